@@ -1,0 +1,334 @@
+#!/usr/bin/env bash
+# The local single-node Slurm cluster with an SSH login node: the embedded default that stands in
+# for LUMI in the demo and the tests.
+#
+#   cluster.sh up       install what is missing, start munge, MariaDB, slurmdbd, slurmctld, slurmd
+#                       and sshd (idempotent: running daemons are left alone)
+#   cluster.sh down     stop what `up` started, by PID file, newest first
+#   cluster.sh status   one line per daemon
+#
+# Runs as root on Debian 12, without systemd. Everything it creates lives under $VCLOUD_CLUSTER_DIR
+# (default /var/lib/vcloud-localcluster), the cluster user's home, /etc/slurm and the project
+# filesystem $VCLOUD_SCRATCH. Jobs run as the unprivileged $VCLOUD_CLUSTER_USER, never as root.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+STATE="${VCLOUD_CLUSTER_DIR:-/var/lib/vcloud-localcluster}"
+CLUSTER_USER="${VCLOUD_CLUSTER_USER:-vcloud}"
+SSH_PORT="${VCLOUD_SSH_PORT:-2222}"
+SCRATCH="${VCLOUD_SCRATCH:-/srv/vcloud/scratch/vcloud}"
+RUNTIME_VENV="${VCLOUD_RUNTIME_VENV:-/opt/vcloud-localcluster/venv}"
+CONN_ID="vcloud_local_cluster"
+SLURM_ACCOUNT="vcloud_local"
+
+APT_PACKAGES=(munge mariadb-server slurmctld slurmd slurmdbd slurm-client openssh-server
+              openssh-client rsync python3-venv shellcheck)
+
+log() { printf '[cluster] %s\n' "$*" >&2; }
+die() { printf '[cluster] ERROR: %s\n' "$*" >&2; exit 1; }
+
+pid_alive() {  # pid_alive PIDFILE: true when the file names a live process
+  local pidfile=$1 pid
+  [[ -s $pidfile ]] || return 1
+  pid=$(<"$pidfile")
+  [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null
+}
+
+wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...: poll until COMMAND succeeds
+  local seconds=$1 what=$2; shift 2
+  local deadline=$((SECONDS + seconds))
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || die "timed out after ${seconds}s waiting for $what (logs: $STATE/log)"
+    sleep 0.5
+  done
+}
+
+render() {  # render TEMPLATE DEST MODE OWNER: fill @VARS@ in a template
+  local template=$1 dest=$2 mode=$3 owner=$4 tmp
+  tmp=$(mktemp "$dest.XXXXXX")
+  sed -e "s|@STATE@|$STATE|g" -e "s|@HOSTNAME@|$(hostname -s)|g" \
+      -e "s|@SSH_PORT@|$SSH_PORT|g" -e "s|@CLUSTER_USER@|$CLUSTER_USER|g" \
+      -e "s|@DB_PASSWORD@|${DB_PASSWORD:-}|g" "$HERE/templates/$template" >"$tmp"
+  chmod "$mode" "$tmp"
+  chown "$owner" "$tmp"
+  mv -f "$tmp" "$dest"
+}
+
+install_packages() {
+  local missing=() pkg
+  for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+  done
+  ((${#missing[@]} == 0)) && return 0
+  log "installing Debian packages: ${missing[*]}"
+  # Package scripts must not start daemons: this script owns their lifecycle.
+  printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+  chmod +x /usr/sbin/policy-rc.d
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  rm -f /usr/sbin/policy-rc.d
+}
+
+prepare_dirs() {
+  mkdir -p "$STATE"/{run,log,ssh,dev,etc} "$STATE/spool/slurmd"
+  mkdir -p "$STATE/spool/slurmctld"
+  chown slurm:slurm "$STATE/spool/slurmctld" "$STATE/log"
+  chmod 755 "$STATE" "$STATE/run" "$STATE/log"
+  local i
+  for i in 0 1 2 3; do
+    [[ -c $STATE/dev/gpu$i ]] || mknod -m 666 "$STATE/dev/gpu$i" c 195 "$i"
+  done
+}
+
+ensure_cluster_user() {
+  if ! id "$CLUSTER_USER" >/dev/null 2>&1; then
+    log "creating cluster user $CLUSTER_USER"
+    useradd --create-home --shell /bin/bash "$CLUSTER_USER"
+  fi
+  # '*' = no password but not locked: sshd (without PAM) refuses locked accounts even for keys.
+  usermod -p '*' "$CLUSTER_USER"
+  local home
+  home=$(getent passwd "$CLUSTER_USER" | cut -d: -f6)
+  install -d -m 700 -o "$CLUSTER_USER" -g "$CLUSTER_USER" "$home/.ssh"
+  [[ -s $STATE/ssh/id_ed25519 ]] || ssh-keygen -q -t ed25519 -N '' -C "airflow@vcloud-local" -f "$STATE/ssh/id_ed25519"
+  chmod 600 "$STATE/ssh/id_ed25519"
+  install -m 600 -o "$CLUSTER_USER" -g "$CLUSTER_USER" "$STATE/ssh/id_ed25519.pub" "$home/.ssh/authorized_keys"
+  install -d -m 755 "$(dirname "$SCRATCH")"
+  install -d -m 755 -o "$CLUSTER_USER" -g "$CLUSTER_USER" "$SCRATCH"
+}
+
+start_munge() {
+  [[ -s /etc/munge/munge.key ]] || { mungekey --create --keyfile=/etc/munge/munge.key 2>/dev/null || \
+    dd if=/dev/urandom bs=1 count=1024 of=/etc/munge/munge.key status=none; }
+  chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key
+  install -d -m 755 -o munge -g munge /run/munge
+  install -d -m 700 -o munge -g munge /var/lib/munge /var/log/munge
+  install -d -m 755 -o munge -g munge "$STATE/run/munge"
+  if pid_alive "$STATE/run/munge/munged.pid"; then return 0; fi
+  log "starting munged"
+  runuser -u munge -- /usr/sbin/munged --pid-file="$STATE/run/munge/munged.pid" --force
+  wait_for 10 munged test -s "$STATE/run/munge/munged.pid"
+  wait_for 10 "munge round trip" sh -c 'munge -n | unmunge'
+}
+
+start_mariadb() {
+  install -d -m 755 -o mysql -g mysql /run/mysqld
+  if ! pid_alive "$STATE/run/mariadb.pid"; then
+    log "starting MariaDB"
+    install -m 640 -o mysql -g adm /dev/null "$STATE/log/mariadb.log"
+    start-stop-daemon --start --background --make-pidfile --pidfile "$STATE/run/mariadb.pid" \
+      --exec /usr/sbin/mariadbd -- --user=mysql --bind-address=127.0.0.1 --innodb-lock-wait-timeout=900 \
+      --log-error="$STATE/log/mariadb.log"
+  fi
+  wait_for 60 MariaDB mysqladmin --protocol=socket ping
+  if [[ ! -s $STATE/etc/db_password ]]; then
+    head -c 18 /dev/urandom | base64 | tr -d '/+=' >"$STATE/etc/db_password"
+    chmod 600 "$STATE/etc/db_password"
+  fi
+  DB_PASSWORD=$(<"$STATE/etc/db_password")
+  mysql --protocol=socket <<SQL
+CREATE DATABASE IF NOT EXISTS slurm_acct_db;
+CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$DB_PASSWORD';
+ALTER USER 'slurm'@'localhost' IDENTIFIED BY '$DB_PASSWORD';
+GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';
+SQL
+}
+
+write_slurm_configs() {
+  install -d -m 755 /etc/slurm
+  render slurm.conf /etc/slurm/slurm.conf 644 root:root
+  render gres.conf /etc/slurm/gres.conf 644 root:root
+  render slurmdbd.conf /etc/slurm/slurmdbd.conf 600 slurm:slurm
+}
+
+start_slurmdbd() {
+  if ! pid_alive "$STATE/run/slurmdbd.pid"; then
+    log "starting slurmdbd"
+    /usr/sbin/slurmdbd
+  fi
+  wait_for 60 slurmdbd sacctmgr -n list cluster
+}
+
+register_accounts() {
+  sacctmgr -i -Q add cluster vcloud-local >/dev/null 2>&1 || true
+  if ! sacctmgr -n -P list account "$SLURM_ACCOUNT" format=account | grep -qx "$SLURM_ACCOUNT"; then
+    sacctmgr -i -Q add account "$SLURM_ACCOUNT" cluster=vcloud-local \
+      description="vcloud local cluster" organization=vcloud >/dev/null
+  fi
+  local user
+  for user in "$CLUSTER_USER" root; do
+    if ! sacctmgr -n -P list assoc users="$user" account="$SLURM_ACCOUNT" format=user | grep -qx "$user"; then
+      sacctmgr -i -Q add user "$user" account="$SLURM_ACCOUNT" defaultaccount="$SLURM_ACCOUNT" \
+        cluster=vcloud-local >/dev/null
+    fi
+  done
+}
+
+start_slurmctld() {
+  if ! pid_alive "$STATE/run/slurmctld.pid"; then
+    log "starting slurmctld"
+    /usr/sbin/slurmctld -i
+  fi
+  wait_for 60 slurmctld scontrol ping
+}
+
+start_slurmd() {
+  if ! pid_alive "$STATE/run/slurmd.pid"; then
+    log "starting slurmd"
+    /usr/sbin/slurmd
+  fi
+  wait_for 60 "node vcnode1 to be usable" node_usable
+}
+
+node_usable() {
+  local state
+  state=$(sinfo -h -n vcnode1 -o '%T' | head -n1)
+  case "$state" in
+    idle*|mixed*|allocated*|completing*) return 0 ;;
+    down*|drain*) scontrol update nodename=vcnode1 state=resume >/dev/null 2>&1; return 1 ;;
+    *) return 1 ;;
+  esac
+}
+
+start_sshd() {
+  [[ -s $STATE/ssh/host_ed25519_key ]] || ssh-keygen -q -t ed25519 -N '' -C vcloud-local-login \
+    -f "$STATE/ssh/host_ed25519_key"
+  render sshd_config "$STATE/etc/sshd_config" 600 root:root
+  install -d -m 755 /run/sshd
+  /usr/sbin/sshd -t -f "$STATE/etc/sshd_config"
+  if ! pid_alive "$STATE/run/sshd.pid"; then
+    log "starting sshd on 127.0.0.1:$SSH_PORT"
+    /usr/sbin/sshd -f "$STATE/etc/sshd_config" -E "$STATE/log/sshd.log"
+  fi
+  wait_for 20 sshd bash -c "exec 3<>/dev/tcp/127.0.0.1/$SSH_PORT"
+}
+
+write_client_config() {
+  local host_key_line host_key_b64
+  host_key_line=$(cut -d' ' -f1,2 "$STATE/ssh/host_ed25519_key.pub")
+  host_key_b64=$(cut -d' ' -f2 "$STATE/ssh/host_ed25519_key.pub")
+  printf '[127.0.0.1]:%s %s\n' "$SSH_PORT" "$host_key_line" >"$STATE/ssh/known_hosts"
+  cat >"$STATE/ssh/config" <<EOF
+# OpenSSH client config for the local cluster's login node (alias: vcloud-local).
+Host vcloud-local
+    HostName 127.0.0.1
+    Port $SSH_PORT
+    User $CLUSTER_USER
+    IdentityFile $STATE/ssh/id_ed25519
+    IdentitiesOnly yes
+    UserKnownHostsFile $STATE/ssh/known_hosts
+    StrictHostKeyChecking yes
+    BatchMode yes
+    ControlMaster auto
+    ControlPath $STATE/run/ssh-%C
+    ControlPersist 10m
+EOF
+  /usr/bin/python3 - "$STATE" "$CONN_ID" "$CLUSTER_USER" "$SSH_PORT" "$host_key_b64" <<'PY'
+import json, shlex, sys
+state, conn_id, user, port, host_key = sys.argv[1:]
+base = {"conn_type": "ssh", "host": "127.0.0.1", "port": int(port), "login": user}
+# Paramiko/asyncssh transport (providers-ssh): key file and the pinned host key.
+paramiko_conn = dict(base, extra={
+    "key_file": f"{state}/ssh/id_ed25519",
+    "host_key": f"ssh-ed25519 {host_key}",
+    "no_host_key_check": False,
+})
+# System OpenSSH transport: the ssh_config alias (ControlMaster, pinned known_hosts).
+openssh_conn = dict(base, extra={
+    "transport": "openssh",
+    "ssh_alias": "vcloud-local",
+    "ssh_config_file": f"{state}/ssh/config",
+})
+conns = {conn_id: paramiko_conn, f"{conn_id}_openssh": openssh_conn}
+with open(f"{state}/airflow_conn.json", "w") as f:
+    json.dump(conns, f, indent=2)
+with open(f"{state}/airflow_conn.env", "w") as f:
+    for cid, conn in conns.items():
+        f.write(f"AIRFLOW_CONN_{cid.upper()}={shlex.quote(json.dumps(conn))}\n")
+PY
+}
+
+ensure_runtime_venv() {
+  # The cluster's own software environment for jobs (what a container image is on LUMI): separate
+  # from Airflow's venv, rebuilt only when the trainer's runtime requirements change.
+  local reqs="$REPO/trainer/requirements-runtime.txt" stamp want
+  [[ -f $reqs ]] || die "missing $reqs"
+  want=$(sha256sum "$reqs" | cut -d' ' -f1)
+  stamp="$RUNTIME_VENV/.requirements.sha256"
+  if [[ -x $RUNTIME_VENV/bin/python && -f $stamp && $(<"$stamp") == "$want" ]]; then return 0; fi
+  log "building the cluster runtime environment in $RUNTIME_VENV"
+  rm -rf "$RUNTIME_VENV"
+  /usr/bin/python3 -m venv "$RUNTIME_VENV"
+  "$RUNTIME_VENV/bin/pip" install -q --disable-pip-version-check -r "$reqs" 2>&1 | grep -v '^WARNING: Location' || true
+  "$RUNTIME_VENV/bin/python" -c 'import torch, numpy, tifffile, rasterio, yaml' \
+    || die "runtime environment in $RUNTIME_VENV does not import its packages"
+  echo "$want" >"$stamp"
+  chmod -R a+rX "$RUNTIME_VENV"
+}
+
+cmd_up() {
+  [[ $(id -u) -eq 0 ]] || die "run as root (it installs packages and starts daemons); jobs run as $CLUSTER_USER"
+  local t0=$SECONDS
+  install_packages
+  prepare_dirs
+  ensure_cluster_user
+  start_munge
+  start_mariadb
+  write_slurm_configs
+  start_slurmdbd
+  register_accounts
+  start_slurmctld
+  start_slurmd
+  start_sshd
+  write_client_config
+  ensure_runtime_venv
+  log "up in $((SECONDS - t0))s: sinfo partitions $(sinfo -h -o '%P' | paste -sd, -); ssh vcloud-local via $STATE/ssh/config"
+}
+
+stop_pidfile() {  # stop_pidfile NAME PIDFILE: TERM, wait, KILL if needed
+  local name=$1 pidfile=$2 pid i
+  pid_alive "$pidfile" || { rm -f "$pidfile"; return 0; }
+  pid=$(<"$pidfile")
+  log "stopping $name (pid $pid)"
+  kill -TERM "$pid" 2>/dev/null || true
+  for i in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+  if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; sleep 0.5; fi
+  rm -f "$pidfile"
+}
+
+cmd_down() {
+  [[ $(id -u) -eq 0 ]] || die "run as root"
+  local master
+  for master in "$STATE"/run/ssh-*; do
+    if [[ -S $master ]]; then
+      ssh -F "$STATE/ssh/config" -o ControlPath="$master" -O exit vcloud-local 2>/dev/null || true
+    fi
+  done
+  stop_pidfile sshd "$STATE/run/sshd.pid"
+  stop_pidfile slurmd "$STATE/run/slurmd.pid"
+  stop_pidfile slurmctld "$STATE/run/slurmctld.pid"
+  stop_pidfile slurmdbd "$STATE/run/slurmdbd.pid"
+  stop_pidfile MariaDB "$STATE/run/mariadb.pid"
+  stop_pidfile munged "$STATE/run/munge/munged.pid"
+  log "down"
+}
+
+cmd_status() {
+  local name rc=0
+  for name in munge/munged mariadb slurmdbd slurmctld slurmd sshd; do
+    if pid_alive "$STATE/run/$name.pid"; then
+      printf '%-10s running (pid %s)\n' "${name#*/}" "$(<"$STATE/run/$name.pid")"
+    else
+      printf '%-10s stopped\n' "${name#*/}"; rc=1
+    fi
+  done
+  return $rc
+}
+
+case "${1:-}" in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+esac

@@ -1,0 +1,71 @@
+"""Fixtures shared by every test area: the local cluster, its Airflow connection, an Airflow home.
+
+Airflow reads its configuration when first imported, so the throwaway AIRFLOW_HOME (SQLite, no
+examples) is set here, at import time, before any test module imports Airflow. Each test process
+(pytest-xdist worker) gets its own home and database.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+_AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="vcloud-airflow-home-"))
+atexit.register(shutil.rmtree, _AIRFLOW_HOME, True)
+os.environ.update({
+    "AIRFLOW_HOME": str(_AIRFLOW_HOME),
+    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+    "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_AIRFLOW_HOME}/airflow.db",
+    "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+    "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(_AIRFLOW_HOME / "logs"),
+})
+
+from localcluster import ClusterUnavailable, LocalCluster, bring_up  # noqa: E402
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that touches the cluster carries the `cluster` marker (`-m "not cluster"` skips them)."""
+    for item in items:
+        if "local_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(scope="session")
+def local_cluster() -> LocalCluster:
+    """The running local cluster; brought up once per session. Fails loudly if it cannot come up."""
+    try:
+        return bring_up()
+    except ClusterUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def cluster_connection(local_cluster: LocalCluster) -> str:
+    """The cluster's SSH login as Airflow connections (`AIRFLOW_CONN_...`); returns the paramiko conn id.
+
+    `<conn_id>_openssh` is the same login through the system OpenSSH client and its ssh_config alias.
+    """
+    os.environ.update(local_cluster.connection_env())
+    return local_cluster.conn_id
+
+
+@pytest.fixture(scope="session")
+def airflow_home() -> Path:
+    """A migrated throwaway Airflow home (SQLite, no examples) for dag.test() and `airflow dags test`."""
+    proc = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], capture_output=True,
+                          text=True, env=os.environ.copy(), timeout=600)
+    if proc.returncode != 0:
+        pytest.fail(f"airflow db migrate failed:\n{proc.stderr[-3000:]}", pytrace=False)
+    return _AIRFLOW_HOME

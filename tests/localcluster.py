@@ -1,0 +1,163 @@
+"""The local Slurm cluster as the tests see it: its files, its SSH login and a few root-side verbs.
+
+Jobs and user-side Slurm commands go through the real SSH login as the unprivileged cluster user.
+Fault injection (draining a node, requeueing a job) runs as root on this machine, never over SSH.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shlex
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+REPO = Path(__file__).resolve().parent.parent
+CLUSTER_SCRIPT = REPO / "include" / "local_cluster" / "cluster.sh"
+SSH_ALIAS = "vcloud-local"
+T = TypeVar("T")
+
+
+def poll_until(check: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.5) -> T:
+    """Call `check` until it returns something truthy (Slurm accounting reaches slurmdbd with a lag)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class ClusterUnavailable(RuntimeError):
+    """The local cluster could not be brought up; the message says what `cluster.sh up` printed."""
+
+
+@dataclass(frozen=True)
+class LocalCluster:
+    state_dir: Path
+    user: str
+    scratch: Path
+    account: str
+    conn_id: str
+
+    @property
+    def ssh_config(self) -> Path:
+        return self.state_dir / "ssh" / "config"
+
+    @property
+    def key_file(self) -> Path:
+        return self.state_dir / "ssh" / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.state_dir / "ssh" / "known_hosts"
+
+    @property
+    def ssh_port(self) -> int:
+        return int(self.connection()["port"])
+
+    def connection(self, conn_id: str | None = None) -> dict:
+        """The Airflow connection (as a dict) that cluster-up wrote for this cluster."""
+        conns = json.loads((self.state_dir / "airflow_conn.json").read_text())
+        return conns[conn_id or self.conn_id]
+
+    def connection_env(self) -> dict[str, str]:
+        """`AIRFLOW_CONN_*` variables for every connection cluster-up wrote."""
+        conns = json.loads((self.state_dir / "airflow_conn.json").read_text())
+        return {f"AIRFLOW_CONN_{cid.upper()}": json.dumps(c) for cid, c in conns.items()}
+
+    def ssh_argv(self, *options: str) -> list[str]:
+        return ["ssh", "-F", str(self.ssh_config), *options, SSH_ALIAS]
+
+    def ssh(self, command: str, *, input: str | None = None, check: bool = True,
+            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run a shell command on the login node as the cluster user."""
+        proc = subprocess.run([*self.ssh_argv(), command], input=input, capture_output=True,
+                              text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"ssh {command!r} exited {proc.returncode}: {proc.stderr.strip()}")
+        return proc
+
+    def root(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run a command as root on this machine (fault injection, inspection)."""
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=60)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{shlex.join(argv)} exited {proc.returncode}: {proc.stderr.strip()}")
+        return proc
+
+    def sbatch(self, script: str, *options: str) -> int:
+        """Submit a batch script (sent on stdin over SSH); returns the job id."""
+        opts = " ".join(shlex.quote(o) for o in ("--parsable", *options))
+        out = self.ssh(f"sbatch {opts}", input=script).stdout.strip()
+        return int(out.split(";")[0])
+
+    def test_dir(self) -> str:
+        """A fresh directory on the cluster's project filesystem, owned by the cluster user."""
+        path = f"{self.scratch}/tests/{uuid.uuid4().hex[:12]}"
+        self.ssh(f"mkdir -p {shlex.quote(path)}")
+        return path
+
+    def sacct_runs(self, job_id: int) -> list[dict[str, str]]:
+        """One dict per run of the job (`sacct -D`), oldest first."""
+        fields = "JobIDRaw,JobName,State,ExitCode,Comment"
+        out = self.root("sacct", "-D", "-X", "-n", "-P", "-S", "now-2days", "-j", str(job_id),
+                        f"--format={fields}").stdout
+        return [dict(zip(fields.split(","), line.split("|", 4))) for line in out.splitlines() if line]
+
+    def wait_for_state(self, job_id: int, states: Iterable[str], timeout: float = 120) -> str:
+        """Poll until the job's newest state (squeue, then sacct) is one of `states`."""
+        wanted = set(states)
+        deadline = time.monotonic() + timeout
+        state = "UNKNOWN"
+        while time.monotonic() < deadline:
+            state = self.current_state(job_id)
+            if state in wanted:
+                return state
+            time.sleep(0.5)
+        raise AssertionError(f"job {job_id} stayed {state}, wanted one of {sorted(wanted)} within {timeout}s")
+
+    def current_state(self, job_id: int) -> str:
+        out = self.root("squeue", "-h", "-j", str(job_id), "-o", "%T", check=False).stdout.strip()
+        if out:
+            return out.split()[0]
+        runs = self.sacct_runs(job_id)
+        return runs[-1]["State"].split()[0] if runs else "UNKNOWN"
+
+    def daemon_pids(self) -> dict[str, int]:
+        pids = {}
+        for name, rel in [("munged", "munge/munged.pid"), ("mariadb", "mariadb.pid"),
+                          ("slurmdbd", "slurmdbd.pid"), ("slurmctld", "slurmctld.pid"),
+                          ("slurmd", "slurmd.pid"), ("sshd", "sshd.pid")]:
+            pidfile = self.state_dir / "run" / rel
+            if pidfile.exists():
+                pids[name] = int(pidfile.read_text().strip())
+        return pids
+
+
+def bring_up() -> LocalCluster:
+    """Start the cluster if needed (idempotent, serialised across test workers)."""
+    state_dir = Path(os.environ.get("VCLOUD_CLUSTER_DIR", "/var/lib/vcloud-localcluster"))
+    if os.geteuid() != 0:
+        raise ClusterUnavailable("the local cluster needs root: run `make test` as root on Debian 12")
+    lock_path = Path("/tmp/vcloud-localcluster.lock")
+    with lock_path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = subprocess.run(["bash", str(CLUSTER_SCRIPT), "up"], capture_output=True, text=True,
+                              timeout=900)
+    if proc.returncode != 0:
+        raise ClusterUnavailable(f"`cluster.sh up` failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return LocalCluster(
+        state_dir=state_dir,
+        user=os.environ.get("VCLOUD_CLUSTER_USER", "vcloud"),
+        scratch=Path(os.environ.get("VCLOUD_SCRATCH", "/srv/vcloud/scratch/vcloud")),
+        account="vcloud_local",
+        conn_id="vcloud_local_cluster",
+    )
