@@ -1,0 +1,33 @@
+#!/bin/bash
+# vcloud @@TITLE@@: inner script, runs @@WHERE@@ on every node of the job.
+# Rendered by vcloud_pipeline.render from profile '@@PROFILE@@' and include/sbatch/inner.sh;
+# change those, not this file.
+set -euo pipefail
+
+@@ENV@@
+cd @@CODE_DIR@@
+
+child_pid=""
+stop_signal=""
+# shellcheck disable=SC2317  # invoked from the traps below
+on_signal() {
+    stop_signal="$1"
+    if [ -n "$child_pid" ]; then
+@@FORWARD@@
+    fi
+}
+trap 'on_signal USR2' USR2
+trap 'on_signal TERM' TERM
+
+@@COMMAND@@ &
+child_pid=$!
+while kill -0 "$child_pid" 2>/dev/null; do
+    wait "$child_pid" || true
+done
+rc=0
+wait "$child_pid" || rc=$?
+@@AFTER@@
+if [ -n "$stop_signal" ]; then
+    echo "vcloud inner script: stopped after SIG${stop_signal}, exit code ${rc}" >&2
+fi
+exit "$rc"

@@ -1,0 +1,102 @@
+"""The remote directory layout of a training run, computed in exactly one place.
+
+Every task that touches the cluster (sync, submit, poll, collect) asks :func:`run_paths` where
+things are, so the layout can change here without hunting through the DAG and the templates::
+
+    <paths.code>/                         synced code tree (trainer/ ...)
+    <paths.code>/.vcloud_manifest.json    content hash of the synced tree (see rsync.py)
+    <paths.data>/                         prepared dataset, shared by all runs
+    <paths.outputs>/<run>/stage{N}/       latest.pt, best.pt, progress.json, COMPLETE
+    <paths.logs>/<run>/                   Slurm .out/.err of every job of the run
+    <paths.viewer>/<run>/                 exported viewer images
+    <paths.jobs>/<run>/                   rendered job scripts
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from vcloud_pipeline.jobspec import STAGES
+from vcloud_pipeline.profiles import ClusterProfile
+
+MANIFEST_NAME = ".vcloud_manifest.json"
+"""Written beside the synced code (and left alone by ``rsync --delete``, see rsync.py)."""
+
+_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class RunNameError(ValueError):
+    """A run name that is unsafe as a directory name and a Slurm job name."""
+
+
+def validate_run_name(run: str) -> str:
+    """Letters, digits, ``.``, ``_`` and ``-``, at most 64, not starting with a dot or dash."""
+    if not isinstance(run, str) or not _RUN_NAME.match(run) or run.endswith("."):
+        raise RunNameError(
+            f"run name {run!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-', starting "
+            "with a letter or digit (it becomes a directory name and part of the Slurm job name)"
+        )
+    return run
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Where everything of one run lives on the cluster."""
+
+    run: str
+    code_dir: PurePosixPath
+    data_dir: PurePosixPath
+    outputs_dir: PurePosixPath
+    logs_dir: PurePosixPath
+    viewer_dir: PurePosixPath
+    jobs_dir: PurePosixPath
+
+    @property
+    def code_manifest(self) -> PurePosixPath:
+        return self.code_dir / MANIFEST_NAME
+
+    @property
+    def pythonpath_dir(self) -> PurePosixPath:
+        """The trainer package's source root inside the synced code."""
+        return self.code_dir / "trainer" / "src"
+
+    def stage_dir(self, stage: int) -> PurePosixPath:
+        if stage not in STAGES:
+            raise ValueError(f"stage {stage!r} not a training stage (known: 0, 1, 2, 3)")
+        return self.outputs_dir / f"stage{stage}"
+
+    def progress_path(self, stage: int) -> PurePosixPath:
+        return self.stage_dir(stage) / "progress.json"
+
+    def complete_path(self, stage: int) -> PurePosixPath:
+        return self.stage_dir(stage) / "COMPLETE"
+
+    def latest_checkpoint(self, stage: int) -> PurePosixPath:
+        return self.stage_dir(stage) / "latest.pt"
+
+    def best_checkpoint(self, stage: int) -> PurePosixPath:
+        return self.stage_dir(stage) / "best.pt"
+
+    def job_script(self, job_name: str, *, inner: bool) -> PurePosixPath:
+        return self.jobs_dir / (f"{job_name}.inner.sh" if inner else f"{job_name}.sbatch")
+
+    def directories_to_create(self) -> tuple[PurePosixPath, ...]:
+        """``mkdir -p`` these before submitting: sbatch does not create the log directory."""
+        return (self.code_dir, self.outputs_dir, self.logs_dir, self.viewer_dir, self.jobs_dir)
+
+
+def run_paths(profile: ClusterProfile, run: str) -> RunPaths:
+    """The layout of run ``run`` on the cluster of ``profile``."""
+    validate_run_name(run)
+    p = profile.paths
+    return RunPaths(
+        run=run,
+        code_dir=PurePosixPath(p.code),
+        data_dir=PurePosixPath(p.data),
+        outputs_dir=PurePosixPath(p.outputs) / run,
+        logs_dir=PurePosixPath(p.logs) / run,
+        viewer_dir=PurePosixPath(p.viewer) / run,
+        jobs_dir=PurePosixPath(p.jobs) / run,
+    )

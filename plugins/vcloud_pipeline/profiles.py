@@ -1,0 +1,865 @@
+"""Cluster profiles: everything cluster-specific, as typed and validated data.
+
+A profile (``include/profiles/<name>.yaml``) says how to reach a cluster, which partitions and
+accelerators it has, how it bills, where the run's files live, and which software environment a job
+runs in. The DAG and the renderers only ever see a :class:`ClusterProfile`, so no cluster name
+appears in pipeline code.
+
+Loading is strict because a wrong profile costs queue time and GPU-hours, not seconds: unknown keys
+are rejected with the list of known ones, every choice names its allowed values, and the lessons of
+the user's field notes (``/work/shared/seeds``) are rules here, e.g. LUMI profiles that ask for
+``singularity --rocm`` or ``module load`` are refused with the reason.
+
+Values may use ``{user}`` and ``{account}`` (and ``{base}`` in paths); they are filled in at load
+time, so an override of ``account`` moves every path with it. ``{job_id}`` is allowed only where a
+value exists per job (node-local staging, the MIOpen cache) and becomes ``${SLURM_JOB_ID}`` in the
+job script. Shell variables (``$USER``) are refused: every value is shell-quoted when rendered.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import yaml
+
+PROFILES_DIR = Path(__file__).resolve().parents[2] / "include" / "profiles"
+"""Where ``load_profile`` looks for ``<name>.yaml`` unless told otherwise."""
+
+DEFAULT_PROFILE = "local"
+"""The embedded default: the local single-node Slurm cluster that stands in for LUMI."""
+
+OVERRIDES_ENV = "VCLOUD_PROFILE_OVERRIDES"
+"""Environment variable holding a JSON object ``{profile name: {overrides}}``."""
+
+PLACEHOLDER = "CHANGE_ME"
+"""Marks a setting the user must supply (an account, a user name) before jobs can be rendered."""
+
+RUNTIME_JOB_ID = "{job_id}"
+"""Placeholder for the Slurm job id, expanded by the shell inside the job."""
+
+NODE_LOCAL_ROOTS = ("/tmp", "/dev/shm", "/var/tmp")
+"""Directories that are private to each compute node (plus a profile's staging directory)."""
+
+SITES = ("lumi", "levante", "cosmos", "local", "other")
+TRANSPORTS = ("openssh", "airflow_ssh")
+ACCELERATORS = ("rocm", "cuda", "none")
+GPU_REQUEST_STYLES = ("gpus", "gres")
+CONTAINER_RUNTIMES = ("singularity", "apptainer")
+
+_PATH_FORBIDDEN = {
+    "%": "sbatch expands % in --output paths",
+    "\\": "sbatch and the shell treat backslashes as escapes",
+    "$": "use {user}, {account} or {job_id} instead of shell variables",
+    "`": "backquotes would be command substitution in a shell",
+    ":": "':' separates entries of PYTHONPATH and bind specifications",
+    ",": "',' separates entries of SINGULARITY_BIND and SINGULARITY_CONTAINLIBS",
+}
+_TEMPLATE_VAR = re.compile(r"\{([^{}]*)\}")
+_SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MODULE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+/-]*$")
+_PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+_MEM_SIZE = re.compile(r"^\d+[KMGT]?$")
+
+
+class ProfileError(ValueError):
+    """A profile is missing, malformed, or asks for something the cluster is known to break on."""
+
+
+# --------------------------------------------------------------------------- Slurm durations
+
+
+def parse_slurm_time(text: str | int) -> int:
+    """Seconds in a Slurm time limit (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM:SS``)."""
+    if isinstance(text, bool):
+        raise ValueError(f"time limit must be a Slurm duration string, got {text!r}")
+    if isinstance(text, int):
+        return text * 60
+    match = _SLURM_TIME.match(str(text).strip())
+    if not match:
+        raise ValueError(f"time limit {text!r} is not a Slurm duration (e.g. 30, 02:00:00, 3-00:00:00)")
+    days, a, b, c = match.groups()
+    a_, b_, c_ = int(a), int(b or 0), int(c or 0)
+    if days is not None:  # D-HH[:MM[:SS]]
+        seconds = int(days) * 86400 + a_ * 3600 + b_ * 60 + c_
+    elif c is not None:  # HH:MM:SS
+        seconds = a_ * 3600 + b_ * 60 + c_
+    elif b is not None:  # MM:SS
+        seconds = a_ * 60 + b_
+    else:  # MM
+        seconds = a_ * 60
+    if seconds <= 0:
+        raise ValueError(f"time limit {text!r} must be positive")
+    return seconds
+
+
+def format_slurm_time(seconds: int) -> str:
+    """``D-HH:MM:SS``, the one spelling every Slurm version parses the same way."""
+    days, rest = divmod(int(seconds), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
+
+
+# --------------------------------------------------------------------------- the profile types
+
+
+@dataclass(frozen=True)
+class ConnectionSpec:
+    """How the Airflow side reaches the cluster's login node."""
+
+    conn_id: str
+    """Airflow connection id used by the Slurm provider's hook."""
+    transport: str
+    """``openssh`` (the system ssh client, the user's ssh config, a ControlMaster socket; needed for
+    OTP logins such as LUMI's) or ``airflow_ssh`` (the SSH provider's hook with a key)."""
+    ssh_alias: str
+    """Host alias in the ssh config; the rsync/ssh destination for ``openssh``."""
+    host: str
+    user: str
+    port: int = 22
+    ssh_config_file: str | None = None
+    """Passed as ``ssh -F``; ``None`` uses the invoking user's ``~/.ssh/config``."""
+    control_path: str | None = None
+    """ControlMaster socket shared by every ssh/rsync call, so one OTP login serves them all."""
+
+
+@dataclass(frozen=True)
+class AcceleratorSpec:
+    """The GPUs (or GCDs, APUs) of one node; the unit Slurm hands out and the cluster bills."""
+
+    kind: str
+    """``rocm``, ``cuda`` or ``none`` (CPU training; the local cluster emulates GRES)."""
+    model: str
+    per_node: int
+    unit: str
+    """What one billed unit is called in messages: ``GCD``, ``GPU``, ``APU``."""
+
+
+@dataclass(frozen=True)
+class GpuRequestSpec:
+    """How a job asks Slurm for accelerators."""
+
+    style: str
+    """``gpus`` (``--gpus=N`` on one node, ``--gpus-per-node=N`` on several) or ``gres``
+    (``--gres=gpu:<type>:N``, per node)."""
+    gres_type: str | None = None
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    """One Slurm partition and the limits a job is checked against before it is submitted."""
+
+    name: str
+    description: str
+    max_time_seconds: int
+    default_time_seconds: int
+    max_nodes: int
+    max_gpus_per_node: int
+    cpus_per_node: int
+    default_cpus_per_gpu: int
+    full_node: bool = False
+    """Nodes are allocated (and billed) whole: every accelerator of every node counts."""
+    mem_per_gpu: str | None = None
+    debug: bool = False
+
+
+@dataclass(frozen=True)
+class BillingSpec:
+    """How GPU time is charged: ``factor`` billing units per accelerator-hour."""
+
+    unit: str
+    factor: float
+    allocation: float | None
+    """Units granted to the project; ``None`` when the cluster's budget is not tracked here."""
+
+
+@dataclass(frozen=True)
+class PathsSpec:
+    """Directories on the cluster. Run-specific paths are derived in :mod:`vcloud_pipeline.layout`."""
+
+    base: str
+    code: str
+    data: str
+    """The prepared dataset (``train/``, ``val/``, ``test/`` and the index)."""
+    outputs: str
+    logs: str
+    viewer: str
+    jobs: str
+    pylibs: str | None = None
+    """Extra Python packages installed outside the container (``pip install --target``)."""
+    fast_tmp: str | None = None
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """The Singularity/Apptainer image the inner script runs in."""
+
+    runtime: str
+    image: str
+    containlibs: tuple[str, ...] = ()
+    """Host libraries injected via ``SINGULARITY_CONTAINLIBS``."""
+    binds: tuple[str, ...] = ()
+    """``-B`` bind flags of ``singularity exec``."""
+    bind_env: tuple[str, ...] = ()
+    """Paths exported as ``SINGULARITY_BIND`` (the LUMI AI-bindings set, without ``--rocm``)."""
+    rocm: bool = False
+    exec_args: tuple[str, ...] = ()
+
+    @property
+    def visible_paths(self) -> tuple[str, ...]:
+        return self.binds + self.bind_env
+
+
+@dataclass(frozen=True)
+class SoftwareSpec:
+    """The job's software environment: interpreter, modules and environment variables."""
+
+    python: str
+    modules: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    miopen_cache_dir: str | None = None
+    """Per-job, node-local MIOpen database and kernel cache (``{job_id}`` in the path)."""
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+
+@dataclass(frozen=True)
+class StagingSpec:
+    """Copy inputs to node-local disk at job start and results back to shared storage."""
+
+    node_local_dir: str
+    stage_data: bool = True
+    stage_outputs: bool = True
+
+
+@dataclass(frozen=True)
+class JobDefaults:
+    """Settings shared by every job script of the profile."""
+
+    signal_lead_seconds: int
+    """``--signal=B:USR2@<lead>``: time for the trainer to reach a step boundary and checkpoint."""
+    master_port: int = 29500
+    preflight_time_seconds: int = 600
+    export_time_seconds: int = 7200
+
+
+@dataclass(frozen=True)
+class ClusterProfile:
+    """One cluster, fully described. Build it with :func:`load_profile`."""
+
+    name: str
+    site: str
+    description: str
+    connection: ConnectionSpec
+    account: str
+    accelerator: AcceleratorSpec
+    gpu_request: GpuRequestSpec
+    partitions: tuple[PartitionSpec, ...]
+    default_partition: str
+    debug_partition: str
+    billing: BillingSpec
+    paths: PathsSpec
+    software: SoftwareSpec
+    jobs: JobDefaults
+    container: ContainerSpec | None = None
+    staging: StagingSpec | None = None
+    placeholders: tuple[str, ...] = field(default=(), compare=False)
+    """Fields still set to ``CHANGE_ME``; :meth:`require_complete` refuses to render jobs then."""
+
+    @property
+    def partition_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.partitions)
+
+    def partition(self, name: str) -> PartitionSpec:
+        for spec in self.partitions:
+            if spec.name == name:
+                return spec
+        raise ProfileError(
+            f"partition {name!r} not in profile {self.name} (known: {', '.join(self.partition_names)})"
+        )
+
+    def require_complete(self) -> None:
+        """Raise unless every ``CHANGE_ME`` setting has been overridden."""
+        if self.placeholders:
+            fields = ", ".join(self.placeholders)
+            raise ProfileError(
+                f"profile {self.name}: {fields} still set to {PLACEHOLDER}; set them with overrides, "
+                f"e.g. load_profile({self.name!r}, overrides={{'account': ...}}) or the "
+                f"{OVERRIDES_ENV} JSON {{\"{self.name}\": {{...}}}}"
+            )
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def available_profiles(profiles_dir: Path | None = None) -> tuple[str, ...]:
+    directory = profiles_dir or PROFILES_DIR
+    return tuple(sorted(p.stem for p in directory.glob("*.yaml")))
+
+
+def load_profile(
+    name: str = DEFAULT_PROFILE,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    profiles_dir: Path | None = None,
+) -> ClusterProfile:
+    """Read ``<profiles_dir>/<name>.yaml``, apply ``overrides`` and validate the result.
+
+    ``overrides`` is a nested dict merged into the YAML (mappings merge, everything else replaces);
+    dotted keys are accepted too: ``{"paths.base": "/scratch/other"}``. The DAG passes the entry of
+    an Airflow Variable or of :data:`OVERRIDES_ENV` for this profile (see :func:`overrides_for`).
+    """
+    directory = profiles_dir or PROFILES_DIR
+    if not isinstance(name, str) or not _PROFILE_NAME.match(name):
+        raise ProfileError(f"profile name {name!r} is not allowed: "
+                           "use lowercase letters, digits, '-' and '_'")
+    path = directory / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(available_profiles(directory)) or "none"
+        raise ProfileError(f"no cluster profile {name!r} in {directory} (known: {known})")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"profile {name}: {path} is not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ProfileError(f"profile {name}: {path} must hold a mapping at the top level")
+    if overrides:
+        raw = merge_overrides(raw, overrides)
+    return profile_from_dict(name, raw)
+
+
+def overrides_for(name: str, source: Mapping[str, Any] | str | None) -> dict[str, Any]:
+    """The overrides for profile ``name`` out of ``{profile: overrides}`` (a dict or its JSON).
+
+    Source of the mapping is the caller's choice: an Airflow Variable, or ``os.environ`` under
+    :data:`OVERRIDES_ENV` via :func:`overrides_from_environ`.
+    """
+    if source is None or source == "":
+        return {}
+    if isinstance(source, str):
+        try:
+            source = json.loads(source)
+        except json.JSONDecodeError as exc:
+            raise ProfileError(f"profile overrides are not valid JSON ({exc}); expected "
+                               f'{{"{name}": {{"account": "..."}}}}') from exc
+    if not isinstance(source, Mapping):
+        raise ProfileError(f"profile overrides must be a mapping of profile name to overrides, "
+                           f"got {type(source).__name__}")
+    selected = source.get(name, {})
+    if not isinstance(selected, Mapping):
+        raise ProfileError(f"profile overrides for {name!r} must be a mapping, got {type(selected).__name__}")
+    return dict(selected)
+
+
+def overrides_from_environ(name: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    env = os.environ if environ is None else environ
+    return overrides_for(name, env.get(OVERRIDES_ENV))
+
+
+def merge_overrides(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``overrides`` into a copy of ``base``; dotted keys address nested mappings."""
+    merged = copy.deepcopy(dict(base))
+    for key, value in overrides.items():
+        parts = str(key).split(".")
+        target = merged
+        for part in parts[:-1]:
+            child = target.get(part)
+            if not isinstance(child, dict):
+                child = {}
+                target[part] = child
+            target = child
+        leaf = parts[-1]
+        if isinstance(value, Mapping) and isinstance(target.get(leaf), dict):
+            target[leaf] = merge_overrides(target[leaf], value)
+        else:
+            target[leaf] = copy.deepcopy(value)
+    return merged
+
+
+_REQUIRED = object()
+
+
+class _Section:
+    """Typed access to one mapping of the profile; :meth:`close` rejects keys nobody asked for."""
+
+    def __init__(self, profile: str, where: str, data: Any, placeholders: list[str]) -> None:
+        if not isinstance(data, Mapping):
+            raise ProfileError(f"profile {profile}: {where or 'the top level'} must be a mapping, "
+                               f"got {type(data).__name__}")
+        self.profile = profile
+        self.where = where
+        self.data = data
+        self.known: list[str] = []
+        self.placeholders = placeholders
+
+    def name(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def error(self, key: str, problem: str) -> ProfileError:
+        return ProfileError(f"profile {self.profile}: {self.name(key)} {problem}")
+
+    def _get(self, key: str, default: Any) -> Any:
+        self.known.append(key)
+        if key not in self.data or self.data[key] is None:
+            if default is _REQUIRED:
+                raise self.error(key, "is required")
+            return default
+        return self.data[key]
+
+    def str(self, key: str, default: Any = _REQUIRED) -> Any:
+        value = self._get(key, default)
+        if value is default and default is not _REQUIRED:
+            return value
+        if not isinstance(value, str) or not value.strip():
+            raise self.error(key, f"must be a non-empty string, got {value!r}")
+        if PLACEHOLDER in value:
+            self.placeholders.append(self.name(key))
+        return value
+
+    def choice(self, key: str, allowed: Sequence[str], default: Any = _REQUIRED) -> Any:
+        value = self.str(key, default)
+        if value is not None and value not in allowed:
+            raise self.error(key, f"{value!r} not allowed (allowed: {', '.join(allowed)})")
+        return value
+
+    def int(self, key: str, default: Any = _REQUIRED, *, minimum: int = 1) -> Any:
+        value = self._get(key, default)
+        if value is default and default is not _REQUIRED:
+            return value
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(key, f"must be an integer, got {value!r}")
+        if value < minimum:
+            raise self.error(key, f"must be at least {minimum}, got {value}")
+        return value
+
+    def float(self, key: str, default: Any = _REQUIRED) -> Any:
+        value = self._get(key, default)
+        if value is default and default is not _REQUIRED:
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise self.error(key, f"must be a positive number, got {value!r}")
+        return float(value)
+
+    def bool(self, key: str, default: Any = _REQUIRED) -> Any:
+        value = self._get(key, default)
+        if not isinstance(value, bool):
+            raise self.error(key, f"must be true or false, got {value!r}")
+        return value
+
+    def duration(self, key: str, default: Any = _REQUIRED) -> Any:
+        value = self._get(key, default)
+        if value is default and default is not _REQUIRED:
+            return value
+        if not isinstance(value, str):
+            raise self.error(key, f"must be a quoted Slurm duration such as '24:00:00' (got {value!r}; "
+                                  "YAML reads an unquoted 24:00:00 as the number 86400)")
+        try:
+            return parse_slurm_time(value)
+        except ValueError as exc:
+            raise self.error(key, str(exc)) from None
+
+    def strings(self, key: str) -> tuple[str, ...]:
+        value = self._get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise self.error(key, f"must be a list of non-empty strings, got {value!r}")
+        return tuple(value)
+
+    def mapping(self, key: str) -> dict[str, str]:
+        value = self._get(key, {})
+        if not isinstance(value, Mapping):
+            raise self.error(key, f"must be a mapping of names to strings, got {value!r}")
+        out: dict[str, str] = {}
+        for k, v in value.items():
+            if not isinstance(k, str) or not _ENV_NAME.match(k):
+                raise self.error(key, f"has an invalid variable name {k!r}")
+            if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+                raise self.error(f"{key}.{k}", f"must be a string or number, got {v!r}")
+            out[k] = str(v)
+        return out
+
+    def section(self, key: str, *, optional: bool = False) -> "_Section | None":
+        value = self._get(key, None if optional else _REQUIRED)
+        if value is None:
+            return None
+        return _Section(self.profile, self.name(key), value, self.placeholders)
+
+    def close(self) -> None:
+        unknown = [k for k in self.data if k not in self.known]
+        if unknown:
+            where = f" in {self.where}" if self.where else ""
+            raise ProfileError(
+                f"profile {self.profile}: unknown key {', '.join(repr(k) for k in unknown)}{where} "
+                f"(known: {', '.join(self.known)})"
+            )
+
+
+def _expand(profile: str, field_name: str, value: str, variables: Mapping[str, str], *,
+            runtime_ok: bool = False) -> str:
+    """Fill ``{user}``-style variables; keep ``{job_id}`` where it is allowed."""
+    if "$" in value:
+        raise ProfileError(
+            f"profile {profile}: {field_name} {value!r} uses a shell variable; write {{user}}, "
+            f"{{account}} or {{job_id}} instead (values are shell-quoted in job scripts)"
+        )
+
+    def substitute(match: re.Match[str]) -> str:
+        var = match.group(1)
+        if var in variables:
+            return variables[var]
+        if var == "job_id" and runtime_ok:
+            return RUNTIME_JOB_ID
+        known = sorted(variables) + (["job_id"] if runtime_ok else [])
+        raise ProfileError(f"profile {profile}: {field_name} uses {{{var}}} (known here: "
+                           f"{', '.join('{' + k + '}' for k in known)})")
+
+    return _TEMPLATE_VAR.sub(substitute, value)
+
+
+def _check_path(profile: str, field_name: str, value: str) -> str:
+    if not value.startswith("/"):
+        raise ProfileError(f"profile {profile}: {field_name} {value!r} must be an absolute path")
+    for char in value:
+        if ord(char) < 32 or ord(char) == 127:
+            raise ProfileError(f"profile {profile}: {field_name} {value!r} contains a control character")
+        if char in _PATH_FORBIDDEN:
+            raise ProfileError(f"profile {profile}: {field_name} {value!r} contains {char!r}: "
+                               f"{_PATH_FORBIDDEN[char]}")
+    return str(PurePosixPath(value))
+
+
+def profile_from_dict(name: str, raw: Mapping[str, Any]) -> ClusterProfile:
+    """Validate a profile mapping (already merged with overrides) into a :class:`ClusterProfile`."""
+    placeholders: list[str] = []
+    top = _Section(name, "", raw, placeholders)
+    site = top.choice("site", SITES)
+    description = top.str("description", "")
+    account = top.str("account")
+
+    conn = top.section("connection")
+    assert conn is not None
+    connection = ConnectionSpec(
+        conn_id=conn.str("conn_id"),
+        transport=conn.choice("transport", TRANSPORTS),
+        ssh_alias=conn.str("ssh_alias"),
+        host=conn.str("host"),
+        user=conn.str("user"),
+        port=conn.int("port", 22),
+        ssh_config_file=conn.str("ssh_config_file", None),
+        control_path=conn.str("control_path", None),
+    )
+    conn.close()
+    variables = {"user": connection.user, "account": account}
+
+    acc = top.section("accelerator")
+    assert acc is not None
+    accelerator = AcceleratorSpec(
+        kind=acc.choice("kind", ACCELERATORS),
+        model=acc.str("model"),
+        per_node=acc.int("per_node"),
+        unit=acc.str("unit"),
+    )
+    acc.close()
+
+    req = top.section("gpu_request")
+    assert req is not None
+    gpu_request = GpuRequestSpec(style=req.choice("style", GPU_REQUEST_STYLES),
+                                 gres_type=req.str("gres_type", None))
+    req.close()
+    if gpu_request.style == "gres" and not gpu_request.gres_type:
+        raise ProfileError(f"profile {name}: gpu_request.gres_type is required with style 'gres' "
+                           f"(e.g. a100_80 for --gres=gpu:a100_80:N)")
+
+    parts = top.section("partitions")
+    assert parts is not None
+    partitions = []
+    for pname in list(parts.data):
+        p = parts.section(pname)
+        assert p is not None
+        max_time = p.duration("max_time")
+        spec = PartitionSpec(
+            name=pname,
+            description=p.str("description", ""),
+            max_time_seconds=max_time,
+            default_time_seconds=p.duration("default_time", max_time),
+            max_nodes=p.int("max_nodes"),
+            max_gpus_per_node=p.int("max_gpus_per_node"),
+            cpus_per_node=p.int("cpus_per_node"),
+            default_cpus_per_gpu=p.int("default_cpus_per_gpu"),
+            full_node=p.bool("full_node", False),
+            mem_per_gpu=p.str("mem_per_gpu", None),
+            debug=p.bool("debug", False),
+        )
+        p.close()
+        if spec.mem_per_gpu is not None and not _MEM_SIZE.match(spec.mem_per_gpu):
+            raise ProfileError(f"profile {name}: partitions.{pname}.mem_per_gpu {spec.mem_per_gpu!r} is not "
+                               "a Slurm memory size (e.g. 64G)")
+        if spec.default_time_seconds > spec.max_time_seconds:
+            raise ProfileError(f"profile {name}: partitions.{pname}.default_time is longer than its max_time")
+        if spec.max_gpus_per_node > accelerator.per_node:
+            raise ProfileError(f"profile {name}: partitions.{pname}.max_gpus_per_node "
+                               f"{spec.max_gpus_per_node} exceeds accelerator.per_node "
+                               f"{accelerator.per_node}")
+        partitions.append(spec)
+    parts.close()
+    if not partitions:
+        raise ProfileError(f"profile {name}: partitions must name at least one partition")
+    names = [p.name for p in partitions]
+    default_partition = top.choice("default_partition", names)
+    debug_partition = top.choice("debug_partition", names)
+
+    bill = top.section("billing")
+    assert bill is not None
+    billing = BillingSpec(unit=bill.str("unit"), factor=bill.float("factor"),
+                          allocation=bill.float("allocation", None))
+    bill.close()
+
+    ps = top.section("paths")
+    assert ps is not None
+
+    def path(key: str, extra: Mapping[str, str], *, required: bool = True) -> str | None:
+        value = ps.str(key, _REQUIRED if required else None)
+        if value is None:
+            return None
+        expanded = _expand(name, ps.name(key), value, {**variables, **extra})
+        return _check_path(name, ps.name(key), expanded)
+
+    base = path("base", {})
+    assert base is not None
+    with_base = {"base": base}
+    paths = PathsSpec(
+        base=base,
+        code=path("code", with_base),  # type: ignore[arg-type]
+        data=path("data", with_base),  # type: ignore[arg-type]
+        outputs=path("outputs", with_base),  # type: ignore[arg-type]
+        logs=path("logs", with_base),  # type: ignore[arg-type]
+        viewer=path("viewer", with_base),  # type: ignore[arg-type]
+        jobs=path("jobs", with_base),  # type: ignore[arg-type]
+        pylibs=path("pylibs", with_base, required=False),
+        fast_tmp=path("fast_tmp", with_base, required=False),
+    )
+    ps.close()
+    path_vars = {**variables, "base": base}
+
+    cs = top.section("container", optional=True)
+    container = None
+    if cs is not None:
+        def cpaths(key: str) -> tuple[str, ...]:
+            return tuple(_check_path(name, f"{cs.name(key)}[{i}]", _expand(name, cs.name(key), v, path_vars))
+                         for i, v in enumerate(cs.strings(key)))
+
+        container = ContainerSpec(
+            runtime=cs.choice("runtime", CONTAINER_RUNTIMES),
+            image=_check_path(name, cs.name("image"),
+                              _expand(name, cs.name("image"), cs.str("image"), path_vars)),
+            containlibs=cpaths("containlibs"),
+            binds=cpaths("binds"),
+            bind_env=cpaths("bind_env"),
+            rocm=cs.bool("rocm", False),
+            exec_args=cs.strings("exec_args"),
+        )
+        cs.close()
+
+    sw = top.section("software")
+    assert sw is not None
+    python = _expand(name, sw.name("python"), sw.str("python"), path_vars)
+    if "/" in python:
+        python = _check_path(name, sw.name("python"), python)
+    modules = sw.strings("modules")
+    for module in modules:
+        if not _MODULE_NAME.match(module):
+            raise ProfileError(f"profile {name}: software.modules entry {module!r} is not a module name")
+    env = {k: _expand(name, f"software.env.{k}", v, path_vars, runtime_ok=True)
+           for k, v in sw.mapping("env").items()}
+    miopen = sw.str("miopen_cache_dir", None)
+    if miopen is not None:
+        miopen = _check_path(name, sw.name("miopen_cache_dir"),
+                             _expand(name, sw.name("miopen_cache_dir"), miopen, path_vars, runtime_ok=True))
+    software = SoftwareSpec(python=python, modules=modules, env=tuple(env.items()), miopen_cache_dir=miopen)
+    sw.close()
+
+    st = top.section("staging", optional=True)
+    staging = None
+    if st is not None:
+        node_local = _expand(name, st.name("node_local_dir"), st.str("node_local_dir"), path_vars,
+                             runtime_ok=True)
+        staging = StagingSpec(
+            node_local_dir=_check_path(name, st.name("node_local_dir"), node_local),
+            stage_data=st.bool("stage_data", True),
+            stage_outputs=st.bool("stage_outputs", True),
+        )
+        st.close()
+
+    jb = top.section("jobs")
+    assert jb is not None
+    jobs = JobDefaults(
+        signal_lead_seconds=jb.int("signal_lead_seconds", minimum=30),
+        master_port=jb.int("master_port", 29500, minimum=1024),
+        preflight_time_seconds=jb.duration("preflight_time", 600),
+        export_time_seconds=jb.duration("export_time", 7200),
+    )
+    jb.close()
+    top.close()
+
+    profile = ClusterProfile(
+        name=name, site=site, description=description, connection=connection, account=account,
+        accelerator=accelerator, gpu_request=gpu_request, partitions=tuple(partitions),
+        default_partition=default_partition, debug_partition=debug_partition, billing=billing,
+        paths=paths, software=software, jobs=jobs, container=container, staging=staging,
+        placeholders=tuple(dict.fromkeys(placeholders)),
+    )
+    for rule in GENERAL_RULES + SITE_RULES.get(site, ()):
+        rule(profile)
+    return profile
+
+
+# --------------------------------------------------------------------------- rules from the field notes
+
+
+def _under(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def _static_prefix(path: str) -> str:
+    """The part of a path before its first per-job placeholder."""
+    return path.split(RUNTIME_JOB_ID, 1)[0].rsplit("/", 1)[0] or "/" if RUNTIME_JOB_ID in path else path
+
+
+def _rule_no_miopen_disable(profile: ClusterProfile) -> None:
+    if "MIOPEN_DISABLE_CACHE" in profile.software.env_dict:
+        raise ProfileError(
+            f"profile {profile.name}: software.env sets MIOPEN_DISABLE_CACHE; with the cache disabled "
+            "MIOpen cannot keep compiled kernels and fails with 'No suitable algorithm was found to "
+            "execute the required convolution' (seed 002). Use software.miopen_cache_dir "
+            "(per job, node-local, e.g. /tmp/miopen_cache_{job_id}) instead"
+        )
+
+
+def _rule_miopen_cache_node_local(profile: ClusterProfile) -> None:
+    cache = profile.software.miopen_cache_dir
+    if profile.accelerator.kind == "rocm" and cache is None:
+        raise ProfileError(
+            f"profile {profile.name}: software.miopen_cache_dir is required for ROCm accelerators: "
+            "MIOpen compiles kernels on first use and needs a writable per-job cache "
+            "(e.g. /tmp/miopen_cache_{job_id}; seed 002)"
+        )
+    if cache is None:
+        return
+    if RUNTIME_JOB_ID not in cache:
+        raise ProfileError(f"profile {profile.name}: software.miopen_cache_dir {cache!r} must contain "
+                           "{job_id} so that jobs never share an MIOpen database (seed 002)")
+    local_roots = NODE_LOCAL_ROOTS
+    if profile.staging:
+        local_roots += (_static_prefix(profile.staging.node_local_dir),)
+    if not any(_under(cache, root) for root in local_roots):
+        raise ProfileError(
+            f"profile {profile.name}: software.miopen_cache_dir {cache!r} is not on node-local disk "
+            f"({', '.join(local_roots)}); on a shared file system the nodes writing one MIOpen SQLite "
+            "database lock each other out (seed 002). Use e.g. /tmp/miopen_cache_{job_id}"
+        )
+
+
+def _rule_container_sees_job_paths(profile: ClusterProfile) -> None:
+    """Every directory the inner script touches must be bound into the container."""
+    if profile.container is None:
+        return
+    p = profile.paths
+    needed = {"paths.code": p.code, "paths.data": p.data, "paths.outputs": p.outputs,
+              "paths.viewer": p.viewer, "paths.jobs": p.jobs}
+    if p.pylibs:
+        needed["paths.pylibs"] = p.pylibs
+    if profile.staging:
+        needed["staging.node_local_dir"] = _static_prefix(profile.staging.node_local_dir)
+    visible = profile.container.visible_paths
+    for field_name, path in needed.items():
+        if not any(_under(path, v) for v in visible):
+            raise ProfileError(
+                f"profile {profile.name}: {field_name} {path} is not visible inside the container; "
+                f"add it (or a parent) to container.binds or container.bind_env "
+                f"(visible now: {', '.join(visible) or 'nothing'})"
+            )
+
+
+def _rule_site_matches_host(profile: ClusterProfile) -> None:
+    if profile.connection.host.endswith("lumi.csc.fi") and profile.site != "lumi":
+        raise ProfileError(f"profile {profile.name}: connection.host {profile.connection.host} is LUMI; "
+                           f"set site: lumi so that LUMI's rules are checked")
+
+
+def _lumi_no_rocm_flag(profile: ClusterProfile) -> None:
+    c = profile.container
+    if c is not None and (c.rocm or "--rocm" in c.exec_args):
+        raise ProfileError(
+            f"profile {profile.name}: container.rocm / '--rocm' is refused on LUMI: "
+            "'singularity exec --rocm' injects the host's libdrm.so, built against GLIBC 2.33, into a "
+            "container that ships GLIBC 2.31, and the job crashes before Python starts (seed 001). "
+            "Keep rocm: false and make host paths visible with container.bind_env (SINGULARITY_BIND) "
+            "and container.containlibs instead"
+        )
+
+
+def _lumi_no_modules(profile: ClusterProfile) -> None:
+    if profile.software.modules:
+        raise ProfileError(
+            f"profile {profile.name}: software.modules must be empty on LUMI "
+            f"(got {', '.join(profile.software.modules)}): 'module load' does not work on LUMI compute "
+            "nodes (lua5.3 is missing there), so the job would fail at its first line (seed 001). "
+            "Everything the job needs comes from the container, SINGULARITY_BIND and SINGULARITY_CONTAINLIBS"
+        )
+
+
+def _lumi_container_gpu_bindings(profile: ClusterProfile) -> None:
+    c = profile.container
+    if c is None:
+        raise ProfileError(f"profile {profile.name}: LUMI jobs run in the CSC PyTorch container; "
+                           "container is required (seed 000)")
+    for lib in ("/usr/lib64/libcxi.so.1", "/opt/rocm/lib/librocm_smi64.so.7"):
+        if lib not in c.containlibs:
+            raise ProfileError(
+                f"profile {profile.name}: container.containlibs must include {lib}; without "
+                "libcxi.so.1 and librocm_smi64.so.7 PyTorch finds no GPU inside the container "
+                "('RuntimeError: No HIP GPUs available', seed 000)"
+            )
+    if not any(_under("/opt/cray/libfabric", v) for v in c.visible_paths):
+        raise ProfileError(
+            f"profile {profile.name}: /opt/cray/libfabric must be bound into the container "
+            "(container.binds or container.bind_env); without it jobs fail with libfabric/CXI errors, "
+            "even on one node (seed 000)"
+        )
+
+
+def _lumi_env(profile: ClusterProfile) -> None:
+    env = profile.software.env_dict
+    if "expandable_segments:True" not in env.get("PYTORCH_HIP_ALLOC_CONF", ""):
+        raise ProfileError(
+            f"profile {profile.name}: software.env.PYTORCH_HIP_ALLOC_CONF must contain "
+            "expandable_segments:True; without it the allocator fragments and jobs run out of memory "
+            "at ~40 GB of the 64 GB per GCD (seed 000)"
+        )
+    if env.get("WANDB_MODE") != "disabled":
+        raise ProfileError(
+            f"profile {profile.name}: software.env.WANDB_MODE must be 'disabled'; WandB hangs for 30+ "
+            "minutes inside Singularity on LUMI trying to reach the network (seeds 000, 001)"
+        )
+
+
+Rule = Callable[[ClusterProfile], None]
+
+GENERAL_RULES: tuple[Rule, ...] = (
+    _rule_site_matches_host,
+    _rule_no_miopen_disable,
+    _rule_miopen_cache_node_local,
+    _rule_container_sees_job_paths,
+)
+SITE_RULES: dict[str, tuple[Rule, ...]] = {
+    "lumi": (_lumi_no_rocm_flag, _lumi_no_modules, _lumi_container_gpu_bindings, _lumi_env),
+}

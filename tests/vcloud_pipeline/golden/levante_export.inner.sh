@@ -1,0 +1,33 @@
+#!/bin/bash
+# vcloud viewer export job of run full: inner script, runs in the job environment on every node of the job.
+# Rendered by vcloud_pipeline.render from profile 'levante' and include/sbatch/inner.sh;
+# change those, not this file.
+set -euo pipefail
+
+export PYTHONPATH=/work/bb1234/b381234/vcloud/code/trainer/src"${PYTHONPATH:+:${PYTHONPATH}}"
+export WANDB_MODE=disabled
+cd /work/bb1234/b381234/vcloud/code
+
+child_pid=""
+stop_signal=""
+# shellcheck disable=SC2317  # invoked from the traps below
+on_signal() {
+    stop_signal="$1"
+    if [ -n "$child_pid" ]; then
+        kill -s "$1" "$child_pid" 2>/dev/null || true
+    fi
+}
+trap 'on_signal USR2' USR2
+trap 'on_signal TERM' TERM
+
+/work/bb1234/b381234/vcloud/venv/bin/python -m vcloud.export --config /work/bb1234/b381234/vcloud/code/trainer/configs/model_tiny.yaml --data /work/bb1234/b381234/vcloud/data/prepared --out /work/bb1234/b381234/vcloud/outputs/full --dest /work/bb1234/b381234/vcloud/viewer_data/full &
+child_pid=$!
+while kill -0 "$child_pid" 2>/dev/null; do
+    wait "$child_pid" || true
+done
+rc=0
+wait "$child_pid" || rc=$?
+if [ -n "$stop_signal" ]; then
+    echo "vcloud inner script: stopped after SIG${stop_signal}, exit code ${rc}" >&2
+fi
+exit "$rc"

@@ -1,0 +1,43 @@
+#!/bin/bash
+# vcloud stage 0 training job of run full: inner script, runs in the job environment on every node of the job.
+# Rendered by vcloud_pipeline.render from profile 'levante' and include/sbatch/inner.sh;
+# change those, not this file.
+set -euo pipefail
+
+export PYTHONPATH=/work/bb1234/b381234/vcloud/code/trainer/src"${PYTHONPATH:+:${PYTHONPATH}}"
+export WANDB_MODE=disabled
+cd /work/bb1234/b381234/vcloud/code
+
+child_pid=""
+stop_signal=""
+# shellcheck disable=SC2317  # invoked from the traps below
+on_signal() {
+    stop_signal="$1"
+    if [ -n "$child_pid" ]; then
+        # torchrun dies on USR2 and gives its workers only 30 s after TERM: signal the
+        # workers (its children) directly so that they finish the step and checkpoint.
+        pkill --signal "$1" --parent "$child_pid" || kill -s TERM "$child_pid" 2>/dev/null || true
+    fi
+}
+trap 'on_signal USR2' USR2
+trap 'on_signal TERM' TERM
+
+/work/bb1234/b381234/vcloud/venv/bin/python -m torch.distributed.run \
+    --nnodes=1 \
+    --node_rank="${SLURM_NODEID}" \
+    --nproc_per_node=4 \
+    --master_addr="${MASTER_ADDR}" \
+    --master_port="${MASTER_PORT}" \
+    -m vcloud.train --stage 0 --config /work/bb1234/b381234/vcloud/code/trainer/configs/model_tiny.yaml --data /work/bb1234/b381234/vcloud/data/prepared --out /work/bb1234/b381234/vcloud/outputs/full --max-epochs 5 &
+child_pid=$!
+while kill -0 "$child_pid" 2>/dev/null; do
+    wait "$child_pid" || true
+done
+rc=0
+wait "$child_pid" || rc=$?
+# torchrun reports a worker's exit 85 (checkpointed after a stop signal) as its own failure.
+if [ -n "$stop_signal" ] && [ "$rc" -ne 0 ]; then rc=85; fi
+if [ -n "$stop_signal" ]; then
+    echo "vcloud inner script: stopped after SIG${stop_signal}, exit code ${rc}" >&2
+fi
+exit "$rc"

@@ -1,0 +1,50 @@
+#!/bin/bash
+# vcloud stage 1 training job of run full: inner script, runs inside the container (singularity) on every node of the job.
+# Rendered by vcloud_pipeline.render from profile 'lumi' and include/sbatch/inner.sh;
+# change those, not this file.
+set -euo pipefail
+
+export PYTHONPATH=/scratch/project_465002500/vcloud/code/trainer/src:/projappl/project_465002500/pylibs"${PYTHONPATH:+:${PYTHONPATH}}"
+export PYTORCH_HIP_ALLOC_CONF=expandable_segments:True
+export WANDB_MODE=disabled
+# MIOpen: a per-job database on node-local disk (a shared one locks up across nodes);
+# kernels are searched and compiled on first use.
+export MIOPEN_USER_DB_PATH=/tmp/miopen_cache_"${SLURM_JOB_ID}"
+export MIOPEN_CUSTOM_CACHE_DIR="${MIOPEN_USER_DB_PATH}"
+export MIOPEN_FIND_MODE=1
+mkdir -p "${MIOPEN_USER_DB_PATH}"
+cd /scratch/project_465002500/vcloud/code
+
+child_pid=""
+stop_signal=""
+# shellcheck disable=SC2317  # invoked from the traps below
+on_signal() {
+    stop_signal="$1"
+    if [ -n "$child_pid" ]; then
+        # torchrun dies on USR2 and gives its workers only 30 s after TERM: signal the
+        # workers (its children) directly so that they finish the step and checkpoint.
+        pkill --signal "$1" --parent "$child_pid" || kill -s TERM "$child_pid" 2>/dev/null || true
+    fi
+}
+trap 'on_signal USR2' USR2
+trap 'on_signal TERM' TERM
+
+python3 -m torch.distributed.run \
+    --nnodes=2 \
+    --node_rank="${SLURM_NODEID}" \
+    --nproc_per_node=8 \
+    --master_addr="${MASTER_ADDR}" \
+    --master_port="${MASTER_PORT}" \
+    -m vcloud.train --stage 1 --config /scratch/project_465002500/vcloud/code/trainer/configs/model_full.yaml --data /scratch/project_465002500/vcloud/data/sen12mscrts_real/prepared --out /scratch/project_465002500/vcloud/outputs/full &
+child_pid=$!
+while kill -0 "$child_pid" 2>/dev/null; do
+    wait "$child_pid" || true
+done
+rc=0
+wait "$child_pid" || rc=$?
+# torchrun reports a worker's exit 85 (checkpointed after a stop signal) as its own failure.
+if [ -n "$stop_signal" ] && [ "$rc" -ne 0 ]; then rc=85; fi
+if [ -n "$stop_signal" ]; then
+    echo "vcloud inner script: stopped after SIG${stop_signal}, exit code ${rc}" >&2
+fi
+exit "$rc"

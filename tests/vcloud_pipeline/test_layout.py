@@ -1,0 +1,54 @@
+"""RunPaths: every remote path of a run, from one function."""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+import pytest
+
+from vcloud_pipeline.layout import MANIFEST_NAME, RunNameError, run_paths
+from vcloud_pipeline.profiles import load_profile
+
+
+def test_lumi_run_paths() -> None:
+    paths = run_paths(load_profile("lumi"), "full")
+    base = PurePosixPath("/scratch/project_465002500/vcloud")
+    assert paths.code_dir == base / "code"
+    assert paths.data_dir == base / "data/sen12mscrts_real/prepared"
+    assert paths.outputs_dir == base / "outputs/full"
+    assert paths.stage_dir(1) == base / "outputs/full/stage1"
+    assert paths.progress_path(2) == base / "outputs/full/stage2/progress.json"
+    assert paths.complete_path(0) == base / "outputs/full/stage0/COMPLETE"
+    assert paths.latest_checkpoint(3) == base / "outputs/full/stage3/latest.pt"
+    assert paths.best_checkpoint(0) == base / "outputs/full/stage0/best.pt"
+    assert paths.logs_dir == base / "logs/full"
+    assert paths.viewer_dir == base / "viewer_data/full"
+    assert paths.jobs_dir == base / "jobs/full"
+    assert paths.code_manifest == base / "code" / MANIFEST_NAME
+    assert paths.pythonpath_dir == base / "code/trainer/src"
+    assert paths.job_script("vcloud-full-stage1", inner=True) == base / "jobs/full/vcloud-full-stage1.inner.sh"
+    assert paths.logs_dir in paths.directories_to_create()
+
+
+def test_runs_do_not_share_outputs() -> None:
+    profile = load_profile("local")
+    a, b = run_paths(profile, "a"), run_paths(profile, "b")
+    assert a.code_dir == b.code_dir and a.data_dir == b.data_dir
+    assert a.outputs_dir != b.outputs_dir and a.logs_dir != b.logs_dir and a.jobs_dir != b.jobs_dir
+
+
+@pytest.mark.parametrize("stage", [-1, 4, "1", None])
+def test_stage_numbers_are_checked(stage: object) -> None:
+    with pytest.raises(ValueError, match="not a training stage"):
+        run_paths(load_profile("local"), "r").stage_dir(stage)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("run", ["", "../x", "a b", ".hidden", "x/y", "a" * 65, "-x", "run;rm", "ends."])
+def test_unsafe_run_names_are_refused(run: str) -> None:
+    with pytest.raises(RunNameError, match="is not allowed"):
+        run_paths(load_profile("local"), run)
+
+
+@pytest.mark.parametrize("run", ["full", "tiny-2026.02.16", "A_1"])
+def test_safe_run_names(run: str) -> None:
+    assert run_paths(load_profile("local"), run).run == run

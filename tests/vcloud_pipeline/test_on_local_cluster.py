@@ -1,0 +1,128 @@
+"""End to end on the local Slurm cluster, through its real SSH login, as the cluster user.
+
+Sync the code with the argv from rsync.py, upload the manifest and the rendered scripts, submit with
+``sbatch``, and read what the job wrote. The stop-signal test uses a stand-in trainer in its own
+code tree, so it shows the whole relay (Slurm -> outer -> srun -> inner -> trainer -> requeue)
+without depending on a dataset.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shlex
+import subprocess
+from pathlib import Path
+
+from localcluster import LocalCluster, poll_until
+from vcloud_pipeline.jobspec import JobSpec
+from vcloud_pipeline.layout import RunPaths, run_paths
+from vcloud_pipeline.profiles import ClusterProfile, load_profile
+from vcloud_pipeline.render import EXIT_CODE_MISMATCH, RenderedJob, render_job
+from vcloud_pipeline.rsync import (
+    CodeManifest,
+    CodeTree,
+    build_manifest,
+    code_hash,
+    code_sync_argv,
+    openssh_command,
+    refuse_unanchored_excludes,
+    scripts_sync_argv,
+    ssh_destination,
+)
+from tests.vcloud_pipeline.test_job_scripts import STAND_IN_TRAINER
+
+REPO = Path(__file__).resolve().parents[2]
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"}
+
+
+def setup_run(cluster: LocalCluster, tree: CodeTree, tmp_path: Path) -> tuple[ClusterProfile, RunPaths, CodeManifest]:
+    """A fresh base directory on the cluster with the tree synced and its manifest in place."""
+    profile = load_profile("local", overrides={"paths.base": cluster.test_dir()})
+    paths = run_paths(profile, "it")
+    cluster.ssh("mkdir -p " + " ".join(shlex.quote(str(d)) for d in paths.directories_to_create()))
+    refuse_unanchored_excludes(tree)
+    manifest = build_manifest(tree, dt.datetime.now(dt.timezone.utc))
+    ssh = openssh_command(profile.connection)
+    subprocess.run(code_sync_argv(tree, ssh_destination(profile.connection), paths.code_dir, ssh),
+                   check=True, capture_output=True, timeout=300)
+    cluster.ssh(f"cat > {shlex.quote(str(paths.code_manifest))}", input=manifest.to_json())
+    return profile, paths, manifest
+
+
+def submit(cluster: LocalCluster, profile: ClusterProfile, job: RenderedJob, tmp_path: Path) -> int:
+    local_jobs = tmp_path / "jobs"
+    local_jobs.mkdir(exist_ok=True)
+    (local_jobs / job.outer_path.name).write_text(job.outer)
+    (local_jobs / job.inner_path.name).write_text(job.inner)
+    ssh = openssh_command(profile.connection)
+    subprocess.run(scripts_sync_argv(local_jobs, ssh_destination(profile.connection), job.outer_path.parent, ssh),
+                   check=True, capture_output=True, timeout=120)
+    return int(cluster.ssh(shlex.join(job.submit_argv)).stdout.strip().split(";")[0])
+
+
+def test_preflight_job_imports_everything_in_the_job_environment(local_cluster: LocalCluster, tmp_path: Path) -> None:
+    tree = CodeTree(REPO)
+    profile, paths, manifest = setup_run(local_cluster, tree, tmp_path)
+
+    # what arrived on the cluster hashes exactly like the local tree
+    back = tmp_path / "back"
+    pull = ["rsync", "-a", "-s", "--exclude=/.vcloud_manifest.json", "-e", shlex.join(openssh_command(profile.connection)),
+            f"{ssh_destination(profile.connection)}:{paths.code_dir}/", f"{back}/"]
+    subprocess.run(pull, check=True, capture_output=True, timeout=300)
+    assert (back / "trainer/src/vcloud/data/__init__.py").exists()
+    assert code_hash(back) == manifest.hash
+
+    job = render_job(profile, JobSpec.preflight(), paths, manifest.hash)
+    job_id = submit(local_cluster, profile, job, tmp_path)
+    state = local_cluster.wait_for_state(job_id, FINAL, timeout=600)
+    log = local_cluster.ssh(f"cat {shlex.quote(str(job.stdout_path(str(job_id))))}", check=False).stdout
+    err = local_cluster.ssh(f"cat {shlex.quote(str(job.stderr_path(str(job_id))))}", check=False).stdout
+    assert state == "COMPLETED", log + err
+    for module in ("vcloud", "vcloud.data", "tifffile", "rasterio", "torch"):
+        assert f"preflight: {module} " in log
+    assert f"{paths.code_dir}/trainer/src/vcloud/data/__init__.py" in log
+    assert "preflight: OK" in log
+    assert f"with code {manifest.hash}" in err
+
+
+def test_job_refuses_to_start_on_changed_code(local_cluster: LocalCluster, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "trainer/src/vcloud").mkdir(parents=True)
+    (src / "trainer/src/vcloud/__init__.py").write_text("")
+    profile, paths, manifest = setup_run(local_cluster, CodeTree(src), tmp_path)
+    stale = "0" * 64
+    job = render_job(profile, JobSpec.preflight(), paths, stale)
+    job_id = submit(local_cluster, profile, job, tmp_path)
+    assert local_cluster.wait_for_state(job_id, FINAL, timeout=600) == "FAILED"
+    runs = poll_until(lambda: [r for r in local_cluster.sacct_runs(job_id) if r["ExitCode"] != "0:0"],
+                      timeout=60, what="the exit code in sacct")
+    assert runs[-1]["ExitCode"] == f"{EXIT_CODE_MISMATCH}:0"
+    err = local_cluster.ssh(f"cat {shlex.quote(str(job.stderr_path(str(job_id))))}").stdout
+    assert f"is not the code this job was rendered for ({stale})" in err and manifest.hash in err
+
+
+def test_pre_timeout_signal_checkpoints_and_requeues(local_cluster: LocalCluster, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "trainer/src/vcloud").mkdir(parents=True)
+    (src / "trainer/src/vcloud/__init__.py").write_text("")
+    (src / "trainer/src/vcloud/train.py").write_text(STAND_IN_TRAINER)
+    profile, paths, manifest = setup_run(local_cluster, CodeTree(src), tmp_path)
+    job = render_job(profile, JobSpec.train(0, time_limit="00:10:00"), paths, manifest.hash)
+    job_id = submit(local_cluster, profile, job, tmp_path)
+    ready = shlex.quote(str(paths.outputs_dir / "ready.0"))
+    stopped = shlex.quote(str(paths.outputs_dir / "stopped.0"))
+    err_path = shlex.quote(str(job.stderr_path(str(job_id))))
+    try:
+        poll_until(lambda: local_cluster.ssh(f"test -e {ready}", check=False).returncode == 0,
+                   timeout=600, what="the stand-in trainer to start")
+        # what Slurm does at <lead> seconds before the time limit: USR2 to the batch shell only
+        local_cluster.ssh(f"scancel --batch --signal=USR2 {job_id}")
+        poll_until(lambda: "restart 1" in local_cluster.ssh(f"cat {err_path}", check=False).stdout,
+                   timeout=600, what="the job to be requeued and start again")
+        err = local_cluster.ssh(f"cat {err_path}").stdout
+        assert "received SIGUSR2" in err
+        assert "job step finished with exit code 85" in err
+        assert "requeued: the next start resumes from the checkpoint" in err
+        assert local_cluster.ssh(f"cat {stopped}").stdout == "USR2"
+    finally:
+        local_cluster.ssh(f"scancel {job_id}", check=False)

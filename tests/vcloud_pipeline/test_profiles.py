@@ -1,0 +1,229 @@
+"""Profiles: the shipped defaults, overrides, strict validation and the rules from the field notes."""
+
+from __future__ import annotations
+
+import pytest
+
+from vcloud_pipeline.profiles import (
+    DEFAULT_PROFILE,
+    OVERRIDES_ENV,
+    ProfileError,
+    available_profiles,
+    format_slurm_time,
+    load_profile,
+    merge_overrides,
+    overrides_for,
+    overrides_from_environ,
+    parse_slurm_time,
+)
+from tests.vcloud_pipeline.conftest import complete_profile
+
+
+def test_four_profiles_ship_and_local_is_the_default() -> None:
+    assert set(available_profiles()) >= {"lumi", "levante", "cosmos", "local"}
+    assert DEFAULT_PROFILE == "local"
+    assert load_profile().name == "local"
+
+
+def test_lumi_defaults_are_the_users_settings() -> None:
+    p = load_profile("lumi")
+    assert (p.connection.conn_id, p.connection.ssh_alias, p.connection.user) == ("lumi", "lumi2", "digifarm")
+    assert p.connection.transport == "openssh" and p.connection.control_path
+    assert p.account == "project_465002500"
+    assert p.partition_names == ("small-g", "standard-g", "dev-g")
+    assert p.partition("small-g").max_gpus_per_node == 4
+    assert p.partition("small-g").max_time_seconds == 3 * 86400
+    assert p.partition("standard-g").full_node and p.partition("standard-g").max_time_seconds == 2 * 86400
+    assert p.partition("dev-g").debug and p.debug_partition == "dev-g"
+    assert p.accelerator.per_node == 8 and p.accelerator.unit == "GCD"
+    assert p.billing.factor == 1.0 and p.billing.allocation == 100_000
+    assert p.paths.code == "/scratch/project_465002500/vcloud/code"
+    assert p.paths.pylibs == "/projappl/project_465002500/pylibs"
+    assert p.paths.fast_tmp == "/flash/project_465002500/vcloud_tmp"
+    assert p.container is not None and p.container.runtime == "singularity"
+    assert p.container.image == "/appl/local/csc/soft/ai/images/pytorch_2.5.1_lumi_rocm6.2.4_flash-attn-3.0.0.post1.sif"
+    assert p.container.containlibs == ("/usr/lib64/libcxi.so.1", "/opt/rocm/lib/librocm_smi64.so.7")
+    assert "/opt/cray" in p.container.bind_env and not p.container.rocm
+    assert p.software.modules == ()
+    assert p.software.env_dict == {"PYTORCH_HIP_ALLOC_CONF": "expandable_segments:True", "WANDB_MODE": "disabled"}
+    assert p.software.miopen_cache_dir == "/tmp/miopen_cache_{job_id}"
+    assert p.placeholders == ()
+
+
+def test_local_profile_matches_the_local_cluster() -> None:
+    p = load_profile("local")
+    assert p.connection.conn_id == "vcloud_local_cluster" and p.account == "vcloud_local"
+    assert p.partition_names[:3] == ("small-g", "standard-g", "dev-g")
+    assert p.container is None and p.accelerator.kind == "none"
+    assert p.software.python == "/opt/vcloud-localcluster/venv/bin/python"
+    assert p.paths.base == "/srv/vcloud/scratch/vcloud"
+    assert p.gpu_request.style == "gpus"
+    assert p.partition("small-g").default_time_seconds <= 1800
+
+
+def test_levante_and_cosmos_need_user_settings_and_paths_follow_them() -> None:
+    for name in ("levante", "cosmos"):
+        raw = load_profile(name)
+        assert set(raw.placeholders) == {"account", "connection.user"}
+        with pytest.raises(ProfileError, match=r"account, connection.user still set to CHANGE_ME"):
+            raw.require_complete()
+    levante = complete_profile("levante")
+    levante.require_complete()
+    assert levante.paths.base == "/work/bb1234/b381234/vcloud"
+    assert levante.gpu_request.gres_type == "a100_80" and levante.partition("gpu").cpus_per_node == 64
+    cosmos = complete_profile("cosmos")
+    assert cosmos.paths.base == "/cosmos/vast/scratch/cosmouser/vcloud"
+    assert cosmos.staging is not None and cosmos.staging.node_local_dir == "/scratch/cosmouser/job_{job_id}"
+    assert cosmos.software.modules == ("rocm/6.3.0", "singularitypro/4.1.3")
+    assert cosmos.software.env_dict["NCCL_SOCKET_IFNAME"] == "hsn0"
+    assert cosmos.software.env_dict["RCCL_MSCCL_ENABLE"] == "1"
+    assert cosmos.accelerator.per_node == 4
+    assert cosmos.partition("default").max_nodes == 4
+    assert cosmos.partition("default").max_time_seconds == 24 * 3600
+
+
+def test_overrides_nested_and_dotted() -> None:
+    p = load_profile("lumi", overrides={"account": "project_1", "paths": {"base": "/scratch/other/vc"},
+                                        "partitions.small-g.max_gpus_per_node": 2})
+    assert p.account == "project_1"
+    assert p.paths.code == "/scratch/other/vc/code"
+    assert p.paths.pylibs == "/projappl/project_1/pylibs"
+    assert p.partition("small-g").max_gpus_per_node == 2
+    assert p.partition("small-g").max_time_seconds == 3 * 86400  # untouched siblings survive the merge
+
+
+def test_merge_overrides_does_not_touch_its_input() -> None:
+    base = {"a": {"b": 1, "c": 2}}
+    merged = merge_overrides(base, {"a.b": 5})
+    assert merged == {"a": {"b": 5, "c": 2}} and base == {"a": {"b": 1, "c": 2}}
+
+
+def test_overrides_from_environment_json() -> None:
+    env = {OVERRIDES_ENV: '{"lumi": {"account": "project_2"}, "local": {}}'}
+    assert overrides_from_environ("lumi", env) == {"account": "project_2"}
+    assert overrides_from_environ("levante", env) == {}
+    assert overrides_from_environ("lumi", {}) == {}
+    with pytest.raises(ProfileError, match="not valid JSON"):
+        overrides_for("lumi", "{not json")
+    with pytest.raises(ProfileError, match="must be a mapping"):
+        overrides_for("lumi", {"lumi": ["account"]})
+
+
+def test_partition_error_names_the_known_partitions() -> None:
+    with pytest.raises(ProfileError) as err:
+        load_profile("lumi").partition("small-gx")
+    assert str(err.value) == "partition 'small-gx' not in profile lumi (known: small-g, standard-g, dev-g)"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"contianer": {}}, r"unknown key 'contianer' \(known: site, description, account, connection"),
+        ({"container.rocmm": True}, r"unknown key 'rocmm' in container \(known: runtime, image, .*rocm"),
+        ({"connection.transport": "telnet"}, r"connection.transport 'telnet' not allowed \(allowed: openssh, airflow_ssh\)"),
+        ({"site": "saga"}, r"site 'saga' not allowed \(allowed: lumi, levante, cosmos, local, other\)"),
+        ({"default_partition": "gpu"}, r"default_partition 'gpu' not allowed \(allowed: small-g, standard-g, dev-g\)"),
+        ({"partitions.small-g.max_time": 4320}, r"quoted Slurm duration .*YAML reads"),
+        ({"paths.base": "/scratch/$USER/vcloud"}, r"paths.base .* uses a shell variable; write \{user\}"),
+        ({"paths.code": "{base}/{project}/code"}, r"paths.code uses \{project\} \(known here: \{account\}, \{base\}, \{user\}\)"),
+        ({"paths.logs": "relative/logs"}, r"paths.logs 'relative/logs' must be an absolute path"),
+        ({"paths.logs": "/scratch/logs%j"}, r"contains '%': sbatch expands %"),
+        ({"accelerator.per_node": 0}, r"accelerator.per_node must be at least 1"),
+        ({"accelerator.per_node": "eight"}, r"accelerator.per_node must be an integer"),
+        ({"partitions.small-g.max_gpus_per_node": 16}, r"max_gpus_per_node 16 exceeds accelerator.per_node 8"),
+        ({"account": None}, r"profile lumi: account is required"),
+    ],
+)
+def test_validation_errors_name_the_field_and_the_allowed_values(overrides: dict, message: str) -> None:
+    with pytest.raises(ProfileError, match=message):
+        load_profile("lumi", overrides=overrides)
+
+
+def test_unknown_profile_lists_the_known_ones() -> None:
+    with pytest.raises(ProfileError, match=r"no cluster profile 'saga' .*known: cosmos, levante, local, lumi"):
+        load_profile("saga")
+    with pytest.raises(ProfileError, match="not allowed"):
+        load_profile("../lumi")
+
+
+# --------------------------------------------------------------------------- field-note rules
+
+
+@pytest.mark.parametrize("overrides", [{"container.rocm": True}, {"container.exec_args": ["--rocm"]}])
+def test_lumi_refuses_singularity_rocm_flag(overrides: dict) -> None:
+    with pytest.raises(ProfileError, match=r"refused on LUMI: .*GLIBC 2\.33.*GLIBC 2\.31"):
+        load_profile("lumi", overrides=overrides)
+
+
+def test_lumi_refuses_module_load() -> None:
+    with pytest.raises(ProfileError, match=r"software.modules must be empty on LUMI .*lua5\.3"):
+        load_profile("lumi", overrides={"software.modules": ["singularity-AI-bindings/24.03"]})
+
+
+def test_rocm_flag_is_a_lumi_rule_not_a_general_one() -> None:
+    assert complete_profile("cosmos").container.rocm  # type: ignore[union-attr]
+
+
+def test_lumi_requires_the_gpu_bindings() -> None:
+    with pytest.raises(ProfileError, match=r"containlibs must include /opt/rocm/lib/librocm_smi64.so.7.*No HIP GPUs"):
+        load_profile("lumi", overrides={"container.containlibs": ["/usr/lib64/libcxi.so.1"]})
+    with pytest.raises(ProfileError, match=r"/opt/cray/libfabric must be bound.*libfabric/CXI"):
+        load_profile("lumi", overrides={"container.bind_env": ["/scratch", "/projappl", "/flash"]})
+    # the guide's -B flags satisfy the rule as well as SINGULARITY_BIND does
+    p = load_profile("lumi", overrides={"container.bind_env": [], "container.binds": [
+        "/opt/cray/libfabric", "/scratch/{account}", "/projappl/{account}", "/flash/{account}"]})
+    assert "/opt/cray/libfabric" in p.container.binds  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"WANDB_MODE": "online"}, r"WANDB_MODE must be 'disabled'; WandB hangs"),
+        ({"PYTORCH_HIP_ALLOC_CONF": "garbage_collection_threshold:0.8"}, r"expandable_segments:True.*40 GB"),
+    ],
+)
+def test_lumi_environment_rules(env: dict, message: str) -> None:
+    with pytest.raises(ProfileError, match=message):
+        load_profile("lumi", overrides={"software": {"env": env}})
+
+
+def test_miopen_cache_rules() -> None:
+    with pytest.raises(ProfileError, match=r"MIOPEN_DISABLE_CACHE.*No suitable algorithm"):
+        load_profile("lumi", overrides={"software.env.MIOPEN_DISABLE_CACHE": "1"})
+    with pytest.raises(ProfileError, match=r"not on node-local disk .*lock each other out"):
+        load_profile("lumi", overrides={"software.miopen_cache_dir": "/scratch/{account}/miopen_{job_id}"})
+    with pytest.raises(ProfileError, match=r"must contain \{job_id\}"):
+        load_profile("lumi", overrides={"software.miopen_cache_dir": "/tmp/miopen_cache"})
+    with pytest.raises(ProfileError, match=r"miopen_cache_dir is required for ROCm"):
+        load_profile("lumi", overrides={"software.miopen_cache_dir": None})
+
+
+def test_job_id_only_where_it_exists_per_job() -> None:
+    with pytest.raises(ProfileError, match=r"paths.outputs uses \{job_id\}"):
+        load_profile("local", overrides={"paths.outputs": "/srv/out_{job_id}"})
+
+
+def test_container_must_see_every_job_path() -> None:
+    with pytest.raises(ProfileError, match=r"staging.node_local_dir /scratch/u not visible|is not visible inside the container"):
+        complete_profile("cosmos", {"container.binds": ["/cosmos/vast/scratch/{user}"]})
+
+
+def test_lumi_host_implies_lumi_rules() -> None:
+    with pytest.raises(ProfileError, match="is LUMI; set site: lumi"):
+        load_profile("lumi", overrides={"site": "other"})
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("30", 1800), ("05:30", 330), ("02:00:00", 7200), ("3-00:00:00", 259200), ("1-12", 129600), (90, 5400)],
+)
+def test_slurm_durations(text: str | int, seconds: int) -> None:
+    assert parse_slurm_time(text) == seconds
+
+
+def test_slurm_duration_round_trip_and_errors() -> None:
+    assert format_slurm_time(259200) == "3-00:00:00"
+    assert parse_slurm_time(format_slurm_time(93784)) == 93784
+    for bad in ("", "abc", "1:2:3:4", "0"):
+        with pytest.raises(ValueError):
+            parse_slurm_time(bad)

@@ -1,0 +1,222 @@
+"""Job scripts: golden files per profile and kind, shellcheck on every render, LUMI's must-haves."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from vcloud_pipeline.jobspec import JobSpec
+from vcloud_pipeline.layout import run_paths
+from vcloud_pipeline.profiles import ProfileError, load_profile
+from vcloud_pipeline.render import (
+    EXIT_CODE_MISMATCH,
+    RenderError,
+    RenderedJob,
+    directive_value,
+    fill_template,
+    render_job,
+    shell_word,
+)
+from tests.vcloud_pipeline.conftest import complete_profile
+
+GOLDEN = Path(__file__).parent / "golden"
+CODE_HASH = hashlib.sha256(b"vcloud golden code tree").hexdigest()
+UPDATE = os.environ.get("VCLOUD_UPDATE_GOLDEN") == "1"
+
+CASES = {
+    "lumi_stage": ("lumi", JobSpec.train(1)),
+    "lumi_stage_multinode": ("lumi", JobSpec.train(1, partition="standard-g", nodes=2, gpus_per_node=8,
+                                                      config="trainer/configs/model_full.yaml")),
+    "lumi_export": ("lumi", JobSpec.export(config="trainer/configs/model_full.yaml")),
+    "lumi_preflight": ("lumi", JobSpec.preflight()),
+    "levante_stage": ("levante", JobSpec.train(0, gpus_per_node=4, max_epochs=5)),
+    "levante_export": ("levante", JobSpec.export()),
+    "levante_preflight": ("levante", JobSpec.preflight()),
+    "cosmos_stage": ("cosmos", JobSpec.train(2)),
+    "cosmos_stage_multinode": ("cosmos", JobSpec.train(3, nodes=4, gpus_per_node=4, restart=True)),
+    "cosmos_export": ("cosmos", JobSpec.export()),
+    "cosmos_preflight": ("cosmos", JobSpec.preflight()),
+    "local_stage": ("local", JobSpec.train(0, max_epochs=2)),
+    "local_export": ("local", JobSpec.export()),
+    "local_preflight": ("local", JobSpec.preflight()),
+}
+
+
+def render_case(case: str) -> RenderedJob:
+    profile_name, spec = CASES[case]
+    profile = complete_profile(profile_name)
+    return render_job(profile, spec, run_paths(profile, "full"), CODE_HASH)
+
+
+def shellcheck(*scripts: str, tmp_path: Path) -> None:
+    exe = shutil.which("shellcheck") or "/usr/bin/shellcheck"
+    files = []
+    for i, text in enumerate(scripts):
+        path = tmp_path / f"script{i}.sh"
+        path.write_text(text)
+        files.append(str(path))
+    result = subprocess.run([exe, "--shell=bash", "--severity=style", *files], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_golden(case: str) -> None:
+    job = render_case(case)
+    for suffix, text in (("outer.sbatch", job.outer), ("inner.sh", job.inner)):
+        path = GOLDEN / f"{case}.{suffix}"
+        if UPDATE:
+            path.write_text(text)
+        assert path.exists(), f"{path} missing: run with VCLOUD_UPDATE_GOLDEN=1 and review the diff"
+        assert text == path.read_text(), f"{case} {suffix} differs from {path} (VCLOUD_UPDATE_GOLDEN=1 to accept)"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_rendered_script_is_shellcheck_clean(case: str, tmp_path: Path) -> None:
+    job = render_case(case)
+    shellcheck(job.outer, job.inner, tmp_path=tmp_path)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_job_requeues_appends_and_gets_usr2_before_the_limit(case: str) -> None:
+    job = render_case(case)
+    lead = complete_profile(CASES[case][0]).jobs.signal_lead_seconds
+    assert "#SBATCH --requeue\n" in job.outer
+    assert "#SBATCH --open-mode=append\n" in job.outer
+    assert f"#SBATCH --signal=B:USR2@{lead}\n" in job.outer
+    assert "USR1" not in job.outer + job.inner
+    assert f"#SBATCH --output={job.stdout_pattern}" in job.outer and "/logs/full/%x_%j.out" in job.outer
+    assert "trap 'on_signal USR2' USR2" in job.outer and "trap 'on_signal USR2' USR2" in job.inner
+    assert f"readonly EXPECTED_CODE_HASH={CODE_HASH}" in job.outer
+    assert f"readonly EXIT_CODE_MISMATCH={EXIT_CODE_MISMATCH}" in job.outer
+    assert job.outer.startswith("#!/bin/bash\n#SBATCH --job-name=vcloud-full-")
+    assert job.submit_argv == ("sbatch", "--parsable", str(job.outer_path))
+    assert str(job.inner_path) in job.outer
+
+
+def test_lumi_render_has_the_guides_settings_and_none_of_the_traps() -> None:
+    job = render_case("lumi_stage")
+    text = job.outer + job.inner
+    assert "--rocm" not in text
+    assert "module load" not in text and "module " not in text
+    assert "export SINGULARITY_CONTAINLIBS=/usr/lib64/libcxi.so.1,/opt/rocm/lib/librocm_smi64.so.7\n" in job.outer
+    assert "export SINGULARITY_BIND=" in job.outer and "/opt/cray" in job.outer
+    assert "export PYTORCH_HIP_ALLOC_CONF=expandable_segments:True\n" in job.inner
+    assert "export WANDB_MODE=disabled\n" in job.inner
+    assert 'export MIOPEN_USER_DB_PATH=/tmp/miopen_cache_"${SLURM_JOB_ID}"\n' in job.inner
+    assert 'export MIOPEN_CUSTOM_CACHE_DIR="${MIOPEN_USER_DB_PATH}"\n' in job.inner
+    assert "export MIOPEN_FIND_MODE=1\n" in job.inner
+    assert "MIOPEN_DISABLE_CACHE" not in text
+    pythonpath = next(line for line in job.inner.splitlines() if line.startswith("export PYTHONPATH="))
+    assert "/scratch/project_465002500/vcloud/code/trainer/src:/projappl/project_465002500/pylibs" in pythonpath
+    assert "singularity exec" in job.outer and "pytorch_2.5.1_lumi_rocm6.2.4" in job.outer
+    assert "#SBATCH --account=project_465002500" in job.outer and "#SBATCH --partition=small-g" in job.outer
+    assert "python3 -m vcloud.train --stage 1 --config" in job.inner
+
+
+def test_lumi_multinode_launch_is_srun_plus_torchrun_with_eight_per_node() -> None:
+    job = render_case("lumi_stage_multinode")
+    assert "#SBATCH --nodes=2" in job.outer and "#SBATCH --gpus-per-node=8" in job.outer
+    assert "#SBATCH --exclusive" in job.outer
+    assert "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=56 singularity exec" in job.outer
+    assert "-m torch.distributed.run" in job.inner and "--nproc_per_node=8" in job.inner
+    assert '--node_rank="${SLURM_NODEID}"' in job.inner and "--nnodes=2" in job.inner
+    assert "MASTER_ADDR=" in job.outer
+
+
+def test_levante_requests_a100_gres_and_no_container() -> None:
+    job = render_case("levante_stage")
+    assert "#SBATCH --gres=gpu:a100_80:4" in job.outer and "--gpus" not in job.outer
+    assert "singularity" not in job.outer
+    assert "--max-epochs 5" in job.inner
+
+
+def test_cosmos_stages_to_node_local_disk_and_syncs_back() -> None:
+    job = render_case("cosmos_stage")
+    assert "module load rocm/6.3.0 singularitypro/4.1.3" in job.outer
+    assert 'readonly NODE_LOCAL=/scratch/cosmouser/job_"${SLURM_JOB_ID}"' in job.outer
+    assert 'rsync -a "${SHARED_DATA}/" "${NODE_LOCAL}/data/"' in job.outer
+    assert job.outer.count("sync_back") >= 3  # defined, on the signal, after the step
+    assert '--data /scratch/cosmouser/job_"${SLURM_JOB_ID}"/data' in job.inner
+    assert "export NCCL_SOCKET_IFNAME=hsn0" in job.inner and "export RCCL_MSCCL_ENABLE=1" in job.inner
+    assert "--dest" not in job.inner
+    assert "--dest /cosmos/vast/scratch/cosmouser/vcloud/viewer_data/full" in render_case("cosmos_export").inner
+
+
+def test_local_requests_one_emulated_gpu_and_uses_the_cluster_venv() -> None:
+    job = render_case("local_stage")
+    assert "#SBATCH --gpus=1" in job.outer and "#SBATCH --account=vcloud_local" in job.outer
+    assert "/opt/vcloud-localcluster/venv/bin/python -m vcloud.train --stage 0" in job.inner
+    assert "#SBATCH --time=0-00:30:00" in job.outer
+
+
+def test_preflight_imports_the_packages_on_the_debug_partition() -> None:
+    job = render_case("lumi_preflight")
+    assert "#SBATCH --partition=dev-g" in job.outer
+    for module in ("vcloud", "vcloud.data", "tifffile", "rasterio", "torch"):
+        assert f'"{module}"' in job.inner
+
+
+def test_placeholders_must_be_filled_before_rendering() -> None:
+    profile = load_profile("levante")
+    with pytest.raises(ProfileError, match="still set to CHANGE_ME"):
+        render_job(profile, JobSpec.train(0), run_paths(profile, "r"), CODE_HASH)
+
+
+def test_code_hash_must_be_a_digest() -> None:
+    profile = load_profile("local")
+    with pytest.raises(RenderError, match="not a sha256 hex digest"):
+        render_job(profile, JobSpec.train(0), run_paths(profile, "r"), "abc; rm -rf /")
+
+
+# --------------------------------------------------------------------------- quoting
+
+AWKWARD_BASE = "/srv/vcloud scratch/it's \"quoted\" #1"
+
+
+def awkward_job(tmp_path: Path | None = None) -> RenderedJob:
+    base = AWKWARD_BASE if tmp_path is None else f"{tmp_path}/{AWKWARD_BASE.lstrip('/')}"
+    profile = load_profile("local", overrides={"paths.base": base})
+    return render_job(profile, JobSpec.train(1, config="trainer/configs/model tiny.yaml"),
+                      run_paths(profile, "full"), CODE_HASH)
+
+
+def test_paths_with_spaces_and_quotes_survive_the_shell(tmp_path: Path) -> None:
+    job = awkward_job()
+    shellcheck(job.outer, job.inner, tmp_path=tmp_path)
+    script = tmp_path / "outer.sbatch"
+    script.write_text(job.outer)
+    probe = (f"eval \"$(grep -E '^readonly (CODE_MANIFEST|INNER_SCRIPT)=' {shlex.quote(str(script))})\"; "
+             'printf "%s\\n%s\\n" "$CODE_MANIFEST" "$INNER_SCRIPT"')
+    out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out == [f"{AWKWARD_BASE}/code/.vcloud_manifest.json", f"{AWKWARD_BASE}/jobs/full/vcloud-full-stage1.inner.sh"]
+    command = next(line for line in job.inner.splitlines() if " -m vcloud.train " in line)
+    words = shlex.split(command.replace(" &", ""))
+    assert words[words.index("--config") + 1] == f"{AWKWARD_BASE}/code/trainer/configs/model tiny.yaml"
+    assert words[words.index("--out") + 1] == f"{AWKWARD_BASE}/outputs/full"
+
+
+def test_directive_values_use_sbatchs_double_quotes() -> None:
+    job = awkward_job()
+    assert '#SBATCH --output="/srv/vcloud scratch/it\'s \\"quoted\\" #1/logs/full/%x_%j.out"' in job.outer
+    assert directive_value("small-g") == "small-g"
+    assert directive_value("B:USR2@600") == "B:USR2@600"
+    with pytest.raises(RenderError):
+        directive_value("a\nb")
+
+
+def test_shell_word_expands_only_the_job_id() -> None:
+    assert shell_word("/tmp/miopen_cache_{job_id}") == '/tmp/miopen_cache_"${SLURM_JOB_ID}"'
+    assert shell_word("/x/$HOME/{job_id}/y z") == "'/x/$HOME/'\"${SLURM_JOB_ID}\"'/y z'"
+    assert shell_word("plain") == "plain"
+
+
+def test_template_markers_must_match_the_values() -> None:
+    assert fill_template("a @@X@@ b\n@@BLOCK@@\nc", {"X": "1", "BLOCK": ""}, name="t") == "a 1 b\nc\n"
+    with pytest.raises(RenderError, match=r"values missing for \['BLOCK'\]"):
+        fill_template("@@X@@\n@@BLOCK@@", {"X": "1"}, name="t")

@@ -1,0 +1,200 @@
+"""Code sync: exclude rules mirrored exactly (checked against real rsync), refusals, hash, argv."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+from vcloud_pipeline.layout import MANIFEST_NAME, run_paths
+from vcloud_pipeline.profiles import load_profile
+from vcloud_pipeline.render import TEMPLATES_DIR
+from vcloud_pipeline.rsync import (
+    DEFAULT_EXCLUDES,
+    CodeManifest,
+    CodeTree,
+    ExcludeError,
+    build_manifest,
+    code_hash,
+    code_sync_argv,
+    openssh_command,
+    refuse_unanchored_excludes,
+    scripts_sync_argv,
+    ssh_destination,
+    ssh_master_command,
+    tree_files,
+)
+
+FILES = {
+    "trainer/src/vcloud/__init__.py": "VERSION = 1\n",
+    "trainer/src/vcloud/data/__init__.py": "",
+    "trainer/src/vcloud/data/dataset.py": "class SeriesDataset: ...\n",
+    "trainer/src/vcloud/models/core_blocks.py": "x = 1\n",
+    "trainer/configs/model_tiny.yaml": "train: {}\n",
+    "trainer/src/vcloud/__pycache__/__init__.cpython-311.pyc": "bytecode",
+    "trainer/core": "a core dump",
+    "trainer/core.4711": "another core dump",
+    "trainer/outputs/stage0/best.pt": "weights",
+    "trainer/.venv/lib/site.py": "venv",
+    "trainer/vcloud.egg-info/PKG-INFO": "meta",
+    "data/raw/series.tif": "top-level data",
+    "data/README": "top-level data",
+    ".git/HEAD": "ref: refs/heads/main",
+    ".venv/bin/python": "interpreter",
+    "plugins/vcloud_pipeline/render.py": "not needed on the cluster",
+    MANIFEST_NAME: '{"hash": "old"}',
+}
+
+
+def make_tree(root: Path, files: dict[str, str] = FILES) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def real_rsync_files(tree: CodeTree, dest: Path) -> list[str]:
+    """What rsync itself transfers with the tree's filters (local copy, same filter engine)."""
+    subprocess.run(["rsync", "-a", *tree.rsync_filters(), f"{tree.root}/", f"{dest}/"], check=True)
+    return sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file() or p.is_symlink())
+
+
+@pytest.mark.parametrize("top_level", [("trainer",), None])
+def test_hashed_files_are_exactly_what_rsync_transfers(tmp_path: Path, top_level: tuple[str, ...] | None) -> None:
+    tree = CodeTree(make_tree(tmp_path / "src"), top_level=top_level)
+    ours = [p.as_posix() for p in tree_files(tree)]
+    assert ours == real_rsync_files(tree, tmp_path / "dst")
+    assert "trainer/src/vcloud/data/dataset.py" in ours
+    assert "trainer/src/vcloud/models/core_blocks.py" in ours
+    for left_out in ("trainer/core", "trainer/core.4711", "trainer/outputs/stage0/best.pt", "data/README",
+                     ".git/HEAD", MANIFEST_NAME, "trainer/.venv/lib/site.py"):
+        assert left_out not in ours
+    assert not any("__pycache__" in p or "egg-info" in p for p in ours)
+    assert ("plugins/vcloud_pipeline/render.py" in ours) is (top_level is None)
+
+
+def test_unanchored_data_exclude_is_refused_with_the_seeds_explanation(tmp_path: Path) -> None:
+    tree = CodeTree(make_tree(tmp_path), excludes=("data", ".git") + DEFAULT_EXCLUDES[2:])
+    with pytest.raises(ExcludeError) as err:
+        refuse_unanchored_excludes(tree)
+    message = str(err.value)
+    assert "exclude 'data' is not anchored" in message
+    assert "trainer/src/vcloud/data/" in message
+    assert "ModuleNotFoundError: No module named 'vcloud.data'" in message
+    assert "'/data'" in message
+    # and rsync really would have dropped the module: the refusal is not hypothetical
+    assert "trainer/src/vcloud/data/dataset.py" not in real_rsync_files(tree, tmp_path / "dst")
+
+
+def test_unanchored_name_that_exists_only_at_the_top_is_accepted(tmp_path: Path) -> None:
+    make_tree(tmp_path, {"trainer/src/vcloud/__init__.py": "", "scratch/x": ""})
+    refuse_unanchored_excludes(CodeTree(tmp_path, top_level=None, excludes=("scratch",) + DEFAULT_EXCLUDES))
+
+
+def test_default_excludes_pass_on_the_real_project() -> None:
+    root = Path(__file__).resolve().parents[2]
+    refuse_unanchored_excludes(CodeTree(root))
+    assert any(p.as_posix() == "trainer/src/vcloud/data/__init__.py" for p in tree_files(CodeTree(root)))
+
+
+def test_core_glob_that_matches_a_module_is_refused(tmp_path: Path) -> None:
+    make_tree(tmp_path, {"trainer/src/vcloud/core.py": "x = 1\n"})
+    refuse_unanchored_excludes(CodeTree(tmp_path))  # the default core.[0-9]* leaves core.py alone
+    with pytest.raises(ExcludeError, match=r"'core\.\*' also matches the Python module trainer/src/vcloud/core.py"):
+        refuse_unanchored_excludes(CodeTree(tmp_path, excludes=("core.*",)))
+
+
+@pytest.mark.parametrize("pattern", ["src/data", "**/data", "/", ""])
+def test_patterns_the_hash_cannot_mirror_are_refused(tmp_path: Path, pattern: str) -> None:
+    with pytest.raises(ExcludeError, match="not supported"):
+        CodeTree(tmp_path, excludes=(pattern,))
+
+
+def test_hash_is_stable_across_copies_and_timestamps(tmp_path: Path) -> None:
+    a = make_tree(tmp_path / "a")
+    first = code_hash(a)
+    assert re.fullmatch(r"[0-9a-f]{64}", first)
+    assert code_hash(a) == first
+    b = tmp_path / "b"
+    shutil.copytree(a, b)
+    os.utime(b / "trainer/src/vcloud/__init__.py", (0, 0))
+    assert code_hash(b) == first
+
+
+@pytest.mark.parametrize(
+    ("change", "same"),
+    [
+        (lambda r: (r / "trainer/src/vcloud/data/dataset.py").write_text("class SeriesDataset: pass\n"), False),
+        (lambda r: (r / "trainer/configs/model_tiny.yaml").rename(r / "trainer/configs/model_small.yaml"), False),
+        (lambda r: (r / "trainer/src/vcloud/data/new.py").write_text(""), False),
+        (lambda r: (r / "trainer/src/vcloud/data/dataset.py").unlink(), False),
+        (lambda r: (r / "trainer/src/vcloud/__pycache__/x.pyc").write_text("other"), True),
+        (lambda r: (r / "trainer/core.99").write_text("dump"), True),
+        (lambda r: (r / "data/more.tif").write_text("data"), True),
+        (lambda r: (r / "plugins/x.py").write_text("dag code"), True),
+        (lambda r: (r / MANIFEST_NAME).write_text("{}"), True),
+    ],
+)
+def test_hash_sees_code_changes_and_ignores_excluded_files(tmp_path: Path, change, same: bool) -> None:
+    root = make_tree(tmp_path)
+    before = code_hash(root)
+    change(root)
+    assert (code_hash(root) == before) is same
+
+
+def test_hash_separates_path_from_content(tmp_path: Path) -> None:
+    a = make_tree(tmp_path / "a", {"trainer/ab": "c"})
+    b = make_tree(tmp_path / "b", {"trainer/a": "bc"})
+    assert code_hash(a) != code_hash(b)
+
+
+def test_manifest_round_trip_and_the_job_scripts_reader(tmp_path: Path) -> None:
+    tree = CodeTree(make_tree(tmp_path / "src"))
+    manifest = build_manifest(tree, dt.datetime(2026, 2, 16, 12, 0, tzinfo=dt.timezone.utc))
+    assert manifest.hash == code_hash(tree.root) and manifest.files == len(tree_files(tree))
+    assert manifest.created_at == "2026-02-16T12:00:00+00:00"
+    text = manifest.to_json()
+    assert CodeManifest.from_json(text) == manifest
+    with pytest.raises(ValueError, match="not a code manifest"):
+        CodeManifest.from_json('{"files": 1}')
+    # the outer job script reads the hash with sed, without Python: use its own line
+    outer = (TEMPLATES_DIR / "outer.sbatch").read_text()
+    sed = next(line for line in outer.splitlines() if line.startswith("synced_hash="))
+    path = tmp_path / "manifest.json"
+    path.write_text(text)
+    probe = f'CODE_MANIFEST={path}; {sed}; printf %s "$synced_hash"'
+    assert subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout == manifest.hash
+
+
+def test_lumi_code_sync_argv() -> None:
+    lumi = load_profile("lumi")
+    tree = CodeTree(Path("/home/me/vcloud"))
+    argv = code_sync_argv(tree, ssh_destination(lumi.connection), run_paths(lumi, "full").code_dir,
+                          openssh_command(lumi.connection))
+    assert argv[:4] == ["rsync", "-az", "-s", "--delete"]
+    assert argv[4:6] == ["-e", "ssh -o BatchMode=yes -o ControlMaster=auto -o 'ControlPath=~/.ssh/vcloud-cm-%C' "
+                               "-o ControlPersist=yes"]
+    assert "--exclude=/data" in argv and "--exclude=/.git" in argv and "--exclude=/.venv" in argv
+    assert "--exclude=__pycache__/" in argv and "--exclude=core" in argv and "--exclude=*.pt" in argv
+    assert argv.index("--include=/trainer") < argv.index("--exclude=/*")
+    assert argv[-2:] == ["/home/me/vcloud/", "lumi2:/scratch/project_465002500/vcloud/code/"]
+    assert ssh_master_command(lumi.connection)[-2:] == ["-fN", "lumi2"]
+
+
+def test_scripts_sync_never_deletes_and_the_manifest_is_protected(tmp_path: Path) -> None:
+    argv = scripts_sync_argv(Path("/tmp/jobs"), "vcloud-local", PurePosixPath("/srv/jobs/full"), ["ssh"])
+    assert "--delete" not in argv and argv[-1] == "vcloud-local:/srv/jobs/full/"
+    with pytest.raises(ExcludeError, match="keeps the manifest"):
+        code_sync_argv(CodeTree(tmp_path, excludes=("/data",)), "h", "/x", ["ssh"])
+
+
+def test_local_profile_uses_the_clusters_ssh_config() -> None:
+    conn = load_profile("local").connection
+    assert openssh_command(conn) == ["ssh", "-F", "/var/lib/vcloud-localcluster/ssh/config", "-o", "BatchMode=yes"]
+    assert ssh_destination(conn) == "vcloud-local"
