@@ -1,0 +1,544 @@
+"""``SlurmHook`` and ``SlurmAsyncHook``: one typed method per Slurm verb, over one SSH connection.
+
+The hooks run the command lines of :mod:`slurm_provider.commands` through a transport
+(:mod:`slurm_provider.transport`) and return what :mod:`slurm_provider.parsers` and
+:mod:`slurm_provider.status` make of the output. They never decide whether a job succeeded.
+
+Each verb is written once, as a *plan*: a generator that validates its arguments, yields the
+:class:`RemoteCommand` it needs, receives the :class:`CommandResult`, maybe yields one more, and
+returns the value. The sync hook drives plans with a blocking runner, the async hook with an
+asyncio runner, so both hooks issue exactly the same commands. Every argument is validated in
+the plan's first step, before anything reaches the cluster.
+
+Failures: a :class:`TransportError` when the login node cannot be reached;
+:class:`SlurmCommandFailed` (a retryable ``TransportError``: the status call failed, the job did
+not) when a read-only Slurm command gives no usable answer; ``parsers.SbatchRefused`` with
+Slurm's own message when sbatch refuses a job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shlex
+from collections import Counter
+from collections.abc import Generator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from airflow.sdk import BaseHook
+
+from slurm_provider.commands import (
+    FIELD_SEPARATOR,
+    SACCT_FIELDS,
+    SQUEUE_FIELDS,
+    TIME_FORMAT_ENV,
+    JobComment,
+    build_read_log,
+    build_read_progress,
+    build_sacct,
+    build_sacct_by_name,
+    build_sbatch_submit,
+    build_sbatch_test_only,
+    build_scancel,
+    build_scontrol_show_job,
+    build_sinfo_unavailable_nodes,
+    build_squeue,
+    build_squeue_by_name,
+)
+from slurm_provider.parsers import (
+    LogChunk,
+    SacctRow,
+    SlurmOutputError,
+    SqueueRow,
+    SubmitResult,
+    TestOnlyResult,
+    is_invalid_job_id_error,
+    parse_log_chunk,
+    parse_progress,
+    parse_sacct,
+    parse_sbatch_parsable,
+    parse_sbatch_test_only,
+    parse_scontrol_show_job,
+    parse_sinfo_unavailable,
+    parse_squeue,
+    runs_of,
+)
+from slurm_provider.status import JobStatus, resolve_statuses
+from slurm_provider.transport import (
+    AsyncRemoteCommandRunner,
+    CommandResult,
+    RemoteCommandRunner,
+    TransportError,
+    async_runner_for_connection,
+    runner_for_connection,
+)
+from slurm_provider.validation import (
+    ValidationError,
+    validate_job_id,
+    validate_job_ids,
+    validate_job_name,
+    validate_remote_path,
+    validate_since,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_COMMAND_TIMEOUT = 60.0
+SUBMIT_TIMEOUT = 120.0
+"""sbatch on a busy production cluster can take tens of seconds to answer."""
+DEFAULT_FIND_SINCE = "now-7days"
+LOG_CHUNK_BYTES = 65536
+
+
+@dataclass(frozen=True)
+class RemoteCommand:
+    """One command line a plan needs run, what it is (for counting), and its stdin."""
+
+    line: str
+    verb: str
+    """The Slurm program or file operation: ``squeue``, ``sacct``, ``sbatch``, ``read_log`` ..."""
+    stdin: str | None = None
+    timeout: float | None = None
+
+
+class SlurmCommandFailed(TransportError):
+    """A read-only Slurm command ran but gave no usable answer (slurmctld busy, unreadable output).
+
+    Nothing is known about the jobs, so this is retryable like a dropped connection: the status
+    call failed, the job did not. ``result`` holds the exit status and Slurm's stderr.
+    """
+
+    retryable = True
+
+    def __init__(self, message: str, result: CommandResult | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+@dataclass(frozen=True)
+class SubmitOptions:
+    """Everything sbatch is told besides the script; see ``commands.build_sbatch_submit``."""
+
+    job_name: str
+    output: str
+    error: str | None = None
+    comment: JobComment | str | None = None
+    chdir: str | None = None
+    export: Mapping[str, str] | None = None
+    export_all: bool = True
+    dependency: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    reservation: str | None = None
+    time_limit: str | None = None
+    extra_options: Sequence[str] | None = None
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    """What ``scancel`` said. Slurm accepts cancelling a finished job silently."""
+
+    job_id: str
+    signal: str | None
+    exit_status: int
+    message: str | None
+    """Slurm's error text, if it printed one."""
+
+    @property
+    def accepted(self) -> bool:
+        return self.exit_status == 0 and not self.message
+
+
+# --- plans: one per verb, pure apart from the commands they yield ---------------------------------
+
+Plan = Generator[RemoteCommand, CommandResult, T]
+
+
+def _options(options: SubmitOptions | None, fields: Mapping[str, Any]) -> SubmitOptions:
+    if options is None:
+        try:
+            return SubmitOptions(**fields)
+        except TypeError as exc:
+            raise ValidationError("options", f"{exc}; valid fields: {', '.join(_SUBMIT_FIELDS)}") from None
+    unknown = sorted(set(fields) - set(_SUBMIT_FIELDS))
+    if unknown:
+        raise ValidationError("options", f"unknown submit options {unknown} (valid: {', '.join(_SUBMIT_FIELDS)})")
+    return dataclasses.replace(options, **fields)
+
+
+_SUBMIT_FIELDS = tuple(f.name for f in dataclasses.fields(SubmitOptions))
+
+
+def _validate_script(script: str) -> str:
+    if not isinstance(script, str) or not script.startswith("#!"):
+        raise ValidationError("script", "must be the text of a batch script starting with '#!' (e.g. #!/bin/bash)")
+    return script
+
+
+def _failed(verb: str, result: CommandResult) -> SlurmCommandFailed:
+    detail = result.stderr.strip() or result.stdout.strip() or "no output"
+    return SlurmCommandFailed(f"{verb} exited {result.exit_status}: {detail[-1000:]}", result)
+
+
+def submit_plan(script: str, options: SubmitOptions) -> Plan[SubmitResult]:
+    command = build_sbatch_submit(**options.as_kwargs())
+    _validate_script(script)
+    result = yield RemoteCommand(command, "sbatch", stdin=script, timeout=SUBMIT_TIMEOUT)
+    return parse_sbatch_parsable(result.stdout, result.stderr)
+
+
+def test_only_plan(script: str, options: SubmitOptions) -> Plan[TestOnlyResult]:
+    command = build_sbatch_test_only(**options.as_kwargs())
+    _validate_script(script)
+    result = yield RemoteCommand(command, "sbatch", stdin=script, timeout=SUBMIT_TIMEOUT)
+    return parse_sbatch_test_only(result.stderr)
+
+
+test_only_plan.__test__ = False  # type: ignore[attr-defined]  # a plan, not a pytest test
+
+
+def _squeue_rows(result: CommandResult) -> list[SqueueRow]:
+    if result.exit_status != 0:
+        if is_invalid_job_id_error(result.stderr):
+            return []  # the only asked id is gone from slurmctld's memory
+        raise _failed("squeue", result)
+    try:
+        return parse_squeue(result.stdout)
+    except SlurmOutputError as exc:
+        raise SlurmCommandFailed(f"squeue printed output that cannot be read: {exc}", result) from exc
+
+
+def _sacct_rows(result: CommandResult) -> list[SacctRow]:
+    if result.exit_status != 0:
+        raise _failed("sacct", result)
+    try:
+        return parse_sacct(result.stdout)
+    except SlurmOutputError as exc:
+        raise SlurmCommandFailed(f"sacct printed output that cannot be read: {exc}", result) from exc
+
+
+def statuses_plan(job_ids: Iterable[str | int]) -> Plan[dict[str, JobStatus]]:
+    """One squeue for every id; one sacct only for ids squeue lists as finished or not at all."""
+    ids = validate_job_ids(job_ids)
+    if not ids:
+        return {}
+    squeue_rows = _squeue_rows((yield RemoteCommand(build_squeue(ids), "squeue")))
+    live = {row.job_id for row in squeue_rows if not JobStatus.from_squeue(row).is_terminal}
+    ask_sacct = [job_id for job_id in ids if job_id not in live]
+    sacct_rows: list[SacctRow] = []
+    if ask_sacct:
+        sacct_rows = _sacct_rows((yield RemoteCommand(build_sacct(ask_sacct), "sacct")))
+    return resolve_statuses(ids, squeue_rows=squeue_rows, sacct_rows=sacct_rows)
+
+
+def runs_plan(job_id: str | int) -> Plan[list[JobStatus]]:
+    """Every run of a (requeued) job from ``sacct -D``, oldest first; ``restarts`` = the run's index."""
+    job = validate_job_id(job_id)
+    rows = _sacct_rows((yield RemoteCommand(build_sacct([job], duplicates=True), "sacct")))
+    return [JobStatus.from_sacct(row, restarts=index) for index, row in enumerate(runs_of(rows, job))]
+
+
+def _squeue_own_jobs() -> str:
+    fields = ",".join(f"{name}:{FIELD_SEPARATOR}" for name in SQUEUE_FIELDS[:-1]) + f",{SQUEUE_FIELDS[-1]}:"
+    return f"{TIME_FORMAT_ENV} " + shlex.join(["squeue", "-h", "-r", "-t", "all", "--me", f"--Format={fields}"])
+
+
+def _sacct_own_jobs(since: str) -> str:
+    return f"{TIME_FORMAT_ENV} " + shlex.join([
+        "sacct", "--parsable2", "--noheader", f"--delimiter={FIELD_SEPARATOR}", f"--format={','.join(SACCT_FIELDS)}",
+        "--allocations", "--duplicates", f"--starttime={validate_since(since)}",
+    ])
+
+
+def find_jobs_plan(name: str | None, comment_contains: str | None, since: str) -> Plan[list[JobStatus]]:
+    """Jobs with this exact name and/or a comment containing the text, live (squeue) or since ``since``
+    (sacct), oldest first. Used to adopt a job submitted before a worker died."""
+    if name is None and not comment_contains:
+        raise ValidationError("name", "give a job name, comment_contains or both")
+    if name is not None:
+        validate_job_name(name)
+        squeue_line, sacct_line = build_squeue_by_name(name), build_sacct_by_name(name, since=since)
+    else:
+        squeue_line, sacct_line = _squeue_own_jobs(), _sacct_own_jobs(since)
+    squeue_rows = _squeue_rows((yield RemoteCommand(squeue_line, "squeue")))
+    sacct_rows = _sacct_rows((yield RemoteCommand(sacct_line, "sacct")))
+    ids = {row.job_id for row in squeue_rows} | {row.job_id for row in sacct_rows if not row.is_step}
+    found = resolve_statuses(sorted(ids, key=_job_order), squeue_rows=squeue_rows, sacct_rows=sacct_rows)
+    return [
+        status for status in found.values()
+        if (name is None or status.name == name)
+        and (not comment_contains or comment_contains in (status.comment or ""))
+    ]
+
+
+def _job_order(job_id: str) -> tuple[int, int]:
+    base, _, task = job_id.partition("_")
+    return int(base), int(task) if task.isdigit() else -1
+
+
+def cancel_plan(job_id: str | int, signal: str | int | None) -> Plan[CancelResult]:
+    job = validate_job_id(job_id)
+    result = yield RemoteCommand(build_scancel([job], signal=signal), "scancel")
+    message = result.stderr.strip() or None
+    return CancelResult(job, None if signal is None else str(signal), result.exit_status, message)
+
+
+def read_log_plan(path: str, offset: int, max_bytes: int) -> Plan[LogChunk]:
+    result = yield RemoteCommand(build_read_log(path, offset, max_bytes), "read_log")
+    if result.exit_status != 0:
+        raise _failed(f"reading {path}", result)
+    try:
+        return parse_log_chunk(result.stdout, offset)
+    except SlurmOutputError as exc:
+        raise SlurmCommandFailed(f"reading {path}: {exc}", result) from exc
+
+
+def read_file_plan(path: str) -> Plan[str | None]:
+    result = yield RemoteCommand(build_read_progress(path), "read_file")
+    if result.exit_status != 0:
+        raise _failed(f"reading {path}", result)
+    return parse_progress(result.stdout)
+
+
+def _file_sizes_command(paths: Sequence[str]) -> str:
+    quoted = " ".join(shlex.quote(validate_remote_path(p, "paths")) for p in paths)
+    return (f'i=0; for f in {quoted}; do if [ -f "$f" ]; then printf "%s %s\\n" "$i" "$(wc -c < "$f")"; fi; '
+            "i=$((i + 1)); done")
+
+
+def file_sizes_plan(paths: Iterable[str]) -> Plan[dict[str, int]]:
+    """Byte sizes of the files that exist (missing ones are left out), in one command."""
+    wanted = list(dict.fromkeys(paths))
+    if not wanted:
+        return {}
+    result = yield RemoteCommand(_file_sizes_command(wanted), "file_sizes")
+    if result.exit_status != 0:
+        raise _failed("file size check", result)
+    sizes = {}
+    for line in result.stdout.splitlines():
+        index, _, size = line.strip().partition(" ")
+        if not (index.isdigit() and size.strip().isdigit() and int(index) < len(wanted)):
+            raise SlurmCommandFailed(f"file size check printed {line!r}", result)
+        sizes[wanted[int(index)]] = int(size)
+    return sizes
+
+
+def scontrol_show_plan(job_id: str | int) -> Plan[list[dict[str, str]]]:
+    """``scontrol show job``: one ``Key -> Value`` dict per job (per element for arrays); [] if unknown."""
+    result = yield RemoteCommand(build_scontrol_show_job(job_id), "scontrol")
+    if result.exit_status != 0:
+        if is_invalid_job_id_error(result.stderr):
+            return []
+        raise _failed("scontrol show job", result)
+    return parse_scontrol_show_job(result.stdout)
+
+
+def unavailable_nodes_plan(partition: str | None) -> Plan[dict[str, str]]:
+    """Nodes sinfo reports down/drained/failing -> their state (feeds pending-reason classification)."""
+    result = yield RemoteCommand(build_sinfo_unavailable_nodes(partition), "sinfo")
+    if result.exit_status != 0:
+        raise _failed("sinfo", result)
+    return parse_sinfo_unavailable(result.stdout)
+
+
+# --- the hooks ------------------------------------------------------------------------------------
+
+
+class _CommandCounter:
+    """Commands issued per verb, so callers (and the poll-cost benchmark) can see what a poll costs."""
+
+    def __init__(self) -> None:
+        self.command_counts: Counter[str] = Counter()
+
+    @property
+    def commands_issued(self) -> int:
+        return sum(self.command_counts.values())
+
+    def _count(self, command: RemoteCommand) -> None:
+        self.command_counts[command.verb] += 1
+
+
+class SlurmHook(BaseHook, _CommandCounter):
+    """Slurm over SSH for operators and sensors (blocking). One connection, opened on first use.
+
+    :param ssh_conn_id: Airflow SSH connection; its extra ``transport`` picks ``paramiko``
+        (default) or ``openssh`` (ssh_config alias with a shared ControlMaster).
+    :param command_timeout: seconds any one command may take (sbatch gets at least 120).
+    :param runner: a ready transport, instead of the one the connection asks for.
+    """
+
+    conn_name_attr = "ssh_conn_id"
+    default_conn_name = "ssh_default"
+    conn_type = "ssh"
+    hook_name = "Slurm (SSH)"
+
+    def __init__(self, ssh_conn_id: str = default_conn_name, *, command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
+                 runner: RemoteCommandRunner | None = None) -> None:
+        BaseHook.__init__(self)
+        _CommandCounter.__init__(self)
+        self.ssh_conn_id = ssh_conn_id
+        self.command_timeout = command_timeout
+        self._runner = runner
+
+    @property
+    def runner(self) -> RemoteCommandRunner:
+        if self._runner is None:
+            self._runner = runner_for_connection(self.ssh_conn_id)
+        return self._runner
+
+    @property
+    def connections_opened(self) -> int:
+        return getattr(self._runner, "connections_opened", 0) if self._runner is not None else 0
+
+    def _drive(self, plan: Plan[T]) -> T:
+        try:
+            command = next(plan)
+            while True:
+                self._count(command)
+                timeout = max(command.timeout or 0.0, self.command_timeout)
+                command = plan.send(self.runner.run(command.line, stdin=command.stdin, timeout=timeout))
+        except StopIteration as done:
+            return done.value
+
+    def submit(self, script: str, options: SubmitOptions | None = None, **fields: Any) -> SubmitResult:
+        """Submit ``script`` (sent on stdin, never written to a file by us); returns the job id."""
+        resolved = _options(options, fields)
+        result = self._drive(submit_plan(script, resolved))
+        log.info("Submitted job %s (%s) on %s", result.job_id, resolved.job_name, self.ssh_conn_id)
+        return result
+
+    def test_only(self, script: str, options: SubmitOptions | None = None, **fields: Any) -> TestOnlyResult:
+        """``sbatch --test-only``: is the request valid, and when would it start? Consumes a job id."""
+        return self._drive(test_only_plan(script, _options(options, fields)))
+
+    def statuses(self, job_ids: Iterable[str | int]) -> dict[str, JobStatus]:
+        """A status for every id (as text); an id neither squeue nor sacct knows is UNKNOWN."""
+        return self._drive(statuses_plan(job_ids))
+
+    def runs(self, job_id: str | int) -> list[JobStatus]:
+        return self._drive(runs_plan(job_id))
+
+    def find_jobs(self, name: str | None = None, comment_contains: str | None = None,
+                  since: str = DEFAULT_FIND_SINCE) -> list[JobStatus]:
+        return self._drive(find_jobs_plan(name, comment_contains, since))
+
+    def cancel(self, job_id: str | int, signal: str | int | None = None) -> CancelResult:
+        result = self._drive(cancel_plan(job_id, signal))
+        log.info("Asked Slurm to %s job %s on %s", f"signal {signal}" if signal else "cancel", job_id,
+                 self.ssh_conn_id)
+        return result
+
+    def read_log_chunk(self, path: str, offset: int = 0, max_bytes: int = LOG_CHUNK_BYTES) -> LogChunk:
+        return self._drive(read_log_plan(path, offset, max_bytes))
+
+    def read_log(self, path: str, offset: int = 0, max_bytes: int = LOG_CHUNK_BYTES) -> tuple[str, int]:
+        """Text from byte ``offset`` and the offset to continue from; a missing file gives ("", offset)."""
+        chunk = self.read_log_chunk(path, offset, max_bytes)
+        return chunk.text, chunk.new_offset
+
+    def read_file(self, path: str) -> str | None:
+        """A small text file (progress marker), or None when it does not exist."""
+        return self._drive(read_file_plan(path))
+
+    def file_sizes(self, paths: Iterable[str]) -> dict[str, int]:
+        return self._drive(file_sizes_plan(paths))
+
+    def scontrol_show(self, job_id: str | int) -> list[dict[str, str]]:
+        return self._drive(scontrol_show_plan(job_id))
+
+    def unavailable_nodes(self, partition: str | None = None) -> dict[str, str]:
+        return self._drive(unavailable_nodes_plan(partition))
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
+
+    def __enter__(self) -> SlurmHook:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class SlurmAsyncHook(BaseHook, _CommandCounter):
+    """Slurm over SSH for triggers (asyncio). Keeps ONE connection open until :meth:`close`.
+
+    Creating it does no I/O; the connection is looked up and opened by the first command.
+    ``commands_issued``, ``command_counts`` and ``connections_opened`` say what polling cost.
+    """
+
+    conn_name_attr = "ssh_conn_id"
+    default_conn_name = "ssh_default"
+    conn_type = "ssh"
+    hook_name = "Slurm (SSH, async)"
+
+    def __init__(self, ssh_conn_id: str = default_conn_name, *, command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
+                 runner: AsyncRemoteCommandRunner | None = None) -> None:
+        BaseHook.__init__(self)
+        _CommandCounter.__init__(self)
+        self.ssh_conn_id = ssh_conn_id
+        self.command_timeout = command_timeout
+        self.runner = runner if runner is not None else async_runner_for_connection(ssh_conn_id)
+
+    @property
+    def connections_opened(self) -> int:
+        return getattr(self.runner, "connections_opened", 0)
+
+    async def _drive(self, plan: Plan[T]) -> T:
+        try:
+            command = next(plan)
+            while True:
+                self._count(command)
+                timeout = max(command.timeout or 0.0, self.command_timeout)
+                result = await self.runner.run(command.line, stdin=command.stdin, timeout=timeout)
+                command = plan.send(result)
+        except StopIteration as done:
+            return done.value
+
+    async def submit(self, script: str, options: SubmitOptions | None = None, **fields: Any) -> SubmitResult:
+        return await self._drive(submit_plan(script, _options(options, fields)))
+
+    async def test_only(self, script: str, options: SubmitOptions | None = None, **fields: Any) -> TestOnlyResult:
+        return await self._drive(test_only_plan(script, _options(options, fields)))
+
+    async def statuses(self, job_ids: Iterable[str | int]) -> dict[str, JobStatus]:
+        return await self._drive(statuses_plan(job_ids))
+
+    async def runs(self, job_id: str | int) -> list[JobStatus]:
+        return await self._drive(runs_plan(job_id))
+
+    async def find_jobs(self, name: str | None = None, comment_contains: str | None = None,
+                        since: str = DEFAULT_FIND_SINCE) -> list[JobStatus]:
+        return await self._drive(find_jobs_plan(name, comment_contains, since))
+
+    async def cancel(self, job_id: str | int, signal: str | int | None = None) -> CancelResult:
+        return await self._drive(cancel_plan(job_id, signal))
+
+    async def read_log_chunk(self, path: str, offset: int = 0, max_bytes: int = LOG_CHUNK_BYTES) -> LogChunk:
+        return await self._drive(read_log_plan(path, offset, max_bytes))
+
+    async def read_log(self, path: str, offset: int = 0, max_bytes: int = LOG_CHUNK_BYTES) -> tuple[str, int]:
+        chunk = await self.read_log_chunk(path, offset, max_bytes)
+        return chunk.text, chunk.new_offset
+
+    async def read_file(self, path: str) -> str | None:
+        return await self._drive(read_file_plan(path))
+
+    async def file_sizes(self, paths: Iterable[str]) -> dict[str, int]:
+        return await self._drive(file_sizes_plan(paths))
+
+    async def scontrol_show(self, job_id: str | int) -> list[dict[str, str]]:
+        return await self._drive(scontrol_show_plan(job_id))
+
+    async def unavailable_nodes(self, partition: str | None = None) -> dict[str, str]:
+        return await self._drive(unavailable_nodes_plan(partition))
+
+    async def close(self) -> None:
+        await self.runner.close()

@@ -1,0 +1,352 @@
+"""``SlurmSubmitOperator``: submit a batch job over SSH, wait deferred, interpret the end.
+
+Submission is idempotent. Every job of a task carries a deterministic name and a JSON comment
+(DAG, task, run, stage, submission number); the job ids are kept in the task state store and in
+the trigger event. Before submitting, and after a submit whose answer was lost (SSH dropped after
+``sbatch`` ran), the operator looks the job up on the cluster and adopts it instead of submitting
+a duplicate. Waiting states never fail the task; an interrupted end (time limit, node failure,
+preemption without requeue) is resubmitted within per-cause budgets when the job made progress.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow.exceptions import AirflowException
+from airflow.sdk import BaseOperator
+
+from slurm_provider.commands import JobComment, parse_job_comment
+from slurm_provider.hints import find_submit_hints, format_hints, hint_for
+from slurm_provider.links import SlurmJobLogLink
+from slurm_provider.parsers import SbatchRefused
+from slurm_provider.resubmission import (
+    DEFAULT_BUDGETS,
+    Submission,
+    SubmissionHistory,
+    decide_resubmission,
+)
+from slurm_provider.states import SlurmState, StateCategory
+from slurm_provider.status import JobStatus
+from slurm_provider.transport import TransportError
+from slurm_provider.triggers import ERROR, FINISHED, LOST, NEVER_STARTS, SlurmJobTrigger
+from slurm_provider.validation import (
+    ValidationError,
+    validate_account,
+    validate_extra_sbatch_options,
+    validate_partition,
+    validate_remote_path,
+    validate_time_limit,
+)
+
+HISTORY_KEY = "slurm_submissions"
+EVENT_KEYS = ("kind", "job_id", "status", "message", "carry")
+LOG_TAIL_BYTES = 6000
+
+
+def job_name_for(dag_id: str, task_id: str, run_id: str, map_index: int = -1) -> str:
+    """Deterministic, Slurm-safe job name of one task in one DAG run (the key adoption searches by)."""
+    base = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{dag_id}.{task_id}")[:80]
+    digest = hashlib.sha1(f"{dag_id}\0{task_id}\0{run_id}\0{map_index}".encode()).hexdigest()[:10]
+    return f"{base}.{digest}"
+
+
+class SlurmSubmitOperator(BaseOperator):
+    """Submit a batch script to Slurm and succeed when the job completes.
+
+    :param conn_id: SSH connection of the cluster's login node.
+    :param script: the complete batch script (``#!/bin/bash`` + ``#SBATCH`` lines + body); sent on
+        stdin to ``sbatch --parsable``, never left in a file the user must manage.
+    :param log_dir: directory on the cluster for the job's output (``<job name>.<job id>.out``).
+    :param partition, account, time_limit: override the script's ``#SBATCH`` values (validated).
+    :param sbatch_options: further ``sbatch`` flags; flags the operator owns (``--job-name``,
+        ``--output``, ``--comment``, ``--parsable``...) are refused.
+    :param export: extra environment variables for the job (``--export=ALL,K=V``).
+    :param stage: a label stored in the job comment (e.g. the training stage).
+    :param progress_path: a file on the cluster that grows when the job makes progress (e.g. the
+        trainer's ``progress.json``); read before resubmitting an interrupted job.
+    :param resubmit_budgets: resubmissions allowed per interrupting state (``TIMEOUT``, ``NODE_FAIL``,
+        ``PREEMPTED``, ``BOOT_FAIL``).
+    :param pending_policy: ``fail`` (default) or ``warn`` when the pending reason means the job can
+        never start.
+    :param gpu_billing_factor: GPU-hours billed per GPU wall-hour (1.0 on LUMI: one GCD-hour each).
+    """
+
+    template_fields: Sequence[str] = ("script", "log_dir", "partition", "account", "time_limit",
+                                      "sbatch_options", "export", "stage", "progress_path")
+    template_fields_renderers = {"script": "bash"}
+    operator_extra_links = (SlurmJobLogLink(),)
+    ui_color = "#d9ecf2"
+
+    def __init__(self, *, conn_id: str, script: str, log_dir: str, partition: str | None = None,
+                 account: str | None = None, time_limit: str | None = None,
+                 sbatch_options: Sequence[str] = (), export: Mapping[str, str] | None = None,
+                 stage: str | None = None, progress_path: str | None = None,
+                 resubmit_budgets: Mapping[str, int] | None = None, pending_policy: str = "fail",
+                 poll_interval: float = 15.0, max_poll_interval: float = 300.0,
+                 first_poll_delay: float = 10.0, gpu_billing_factor: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.conn_id = conn_id
+        self.script = script
+        self.log_dir = log_dir
+        self.partition = partition
+        self.account = account
+        self.time_limit = time_limit
+        self.sbatch_options = list(sbatch_options)
+        self.export = dict(export or {})
+        self.stage = stage
+        self.progress_path = progress_path
+        self.resubmit_budgets = dict(DEFAULT_BUDGETS if resubmit_budgets is None else resubmit_budgets)
+        self.pending_policy = pending_policy
+        self.poll_interval = poll_interval
+        self.max_poll_interval = max_poll_interval
+        self.first_poll_delay = first_poll_delay
+        self.gpu_billing_factor = gpu_billing_factor
+
+    # --- execute: adopt or submit, then defer ------------------------------------------------------
+
+    def execute(self, context: Any) -> Any:
+        self._validate()
+        hook = self._hook()
+        history = self._load_history(context)
+        current = history.current
+        if current is not None:
+            status = hook.statuses([current.job_id]).get(current.job_id)
+            if status is not None and status.state.category is StateCategory.WAITING:
+                self.log.info("Adopting job %s (%s) submitted earlier by this task", current.job_id,
+                              status.state.value)
+                return self._defer(context, history)
+            if status is not None and status.state.is_success:
+                self.log.info("Job %s already completed", current.job_id)
+                return self._finish(context, hook, history, status)
+            if status is not None and status.state.is_retryable:
+                return self._after_interruption(context, hook, history, status)
+            self.log.info("Previous job %s ended %s; this try submits a new job", current.job_id,
+                          status.state.value if status else "UNKNOWN")
+            return self._submit(context, hook, history, cause="retry")
+        adopted = self._find_own_job(context, hook, number=1)
+        if adopted is not None:
+            self.log.info("Adopting job %s (%s) found by name %s", adopted.job_id, adopted.state.value,
+                          self._job_name(context))
+            history.add(Submission(adopted.job_id, 1, "initial", self._try_number(context)))
+            self._store_history(context, history)
+            if adopted.state.is_success:
+                return self._finish(context, hook, history, adopted)
+            return self._defer(context, history)
+        return self._submit(context, hook, history, cause="initial")
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        missing = [key for key in EVENT_KEYS if key not in (event or {})]
+        if missing:
+            raise AirflowException(f"trigger event lacks {missing}: {event!r}")
+        history = SubmissionHistory.merge(self._load_history(context),
+                                          SubmissionHistory.from_json(event["carry"].get("history")))
+        self._store_history(context, history)
+        kind, job_id = event["kind"], event["job_id"]
+        hook = self._hook()
+        if kind == ERROR:
+            raise AirflowException(f"{event['message']}. The job may still be running: a retry of this "
+                                   "task adopts it instead of submitting again.")
+        if kind == LOST:
+            raise AirflowException(f"{event['message']}; check `sacct -j {job_id}` on the cluster.")
+        status = JobStatus.from_event(event["status"])
+        if kind == NEVER_STARTS:
+            self._cancel_own(hook, status, context)
+            raise AirflowException(f"{event['message']}. Job {job_id} was cancelled.")
+        if kind != FINISHED:
+            raise AirflowException(f"unknown trigger event kind {kind!r}")
+        if status.state.is_success:
+            return self._finish(context, hook, history, status)
+        if status.state.is_retryable:
+            return self._after_interruption(context, hook, history, status)
+        raise AirflowException(self._failure_message(hook, status, context))
+
+    # --- submitting ------------------------------------------------------------------------------
+
+    def _submit(self, context: Any, hook: Any, history: SubmissionHistory, *, cause: str,
+                progress: str | None = None) -> Any:
+        number = len(history.submissions) + 1
+        name = self._job_name(context)
+        comment = self._comment(context, number)
+        try:
+            result = hook.submit(self.script, job_name=name, comment=comment,
+                                 output=self._output_pattern(context), partition=self.partition,
+                                 account=self.account, time_limit=self.time_limit,
+                                 extra_options=self.sbatch_options, export=self.export or None)
+            job_id = str(result.job_id)
+        except SbatchRefused as exc:
+            hints = format_hints(find_submit_hints(str(exc)))
+            raise AirflowException(f"sbatch refused {name}: {exc}" + (f"\nHint: {hints}" if hints else "")) from exc
+        except TransportError as exc:
+            if not exc.retryable:
+                raise AirflowException(f"cannot submit {name} on {self.conn_id}: {exc}") from exc
+            # sbatch may have run before the connection dropped: look before submitting again.
+            self.log.warning("Submit of %s interrupted (%s); checking whether the job exists", name, exc)
+            adopted = self._find_own_job(context, hook, number=number, attempts=5)
+            if adopted is None:
+                raise AirflowException(f"submitting {name} failed ({exc}) and no such job exists on the "
+                                       "cluster; a retry of this task submits it again") from exc
+            job_id = adopted.job_id
+            self.log.info("Adopting job %s that was submitted before the connection dropped", job_id)
+        history.add(Submission(job_id, number, cause, self._try_number(context), progress))
+        self._store_history(context, history)
+        self.log.info("Submitted job %s (%s, submission %d, cause %s)", job_id, name, number, cause)
+        return self._defer(context, history)
+
+    def _after_interruption(self, context: Any, hook: Any, history: SubmissionHistory,
+                            status: JobStatus) -> Any:
+        progress = hook.read_file(self.progress_path) if self.progress_path else None
+        decision = decide_resubmission(status.state, history, self.resubmit_budgets,
+                                       progress_now=progress, probe_configured=bool(self.progress_path))
+        self.log.warning("Job %s ended %s: %s", status.job_id, status.state.value, decision.message)
+        if not decision.resubmit:
+            raise AirflowException(f"{self._failure_message(hook, status, context)}\nNot resubmitted: "
+                                   f"{decision.message}")
+        return self._submit(context, hook, history, cause=decision.cause, progress=progress)
+
+    def _find_own_job(self, context: Any, hook: Any, *, number: int, attempts: int = 1) -> JobStatus | None:
+        """The newest job on the cluster with this task's name and comment (submission ``number``)."""
+        name = self._job_name(context)
+        expected = self._comment(context, number)
+        for attempt in range(attempts):
+            try:
+                jobs = hook.find_jobs(name=name)
+                mine = [j for j in jobs if (c := parse_job_comment(j.comment)) is not None
+                        and c.same_task(expected) and c.attempt == number]
+                if mine:
+                    return max(mine, key=lambda j: int(j.job_id.split("_")[0]))
+                return None
+            except TransportError as exc:
+                if attempt + 1 == attempts:
+                    raise
+                self.log.warning("Looking up %s failed (%s); retrying", name, exc)
+                time.sleep(min(30, 2 ** attempt))
+        return None
+
+    def _defer(self, context: Any, history: SubmissionHistory) -> None:
+        current = history.current
+        assert current is not None
+        self.defer(
+            trigger=SlurmJobTrigger(
+                conn_id=self.conn_id, job_id=current.job_id, poll_interval=self.poll_interval,
+                max_poll_interval=self.max_poll_interval, first_poll_delay=self.first_poll_delay,
+                log_path=self._log_path(context, current.job_id), pending_policy=self.pending_policy,
+                expected_job_name=self._job_name(context), carry={"history": history.to_json()},
+            ),
+            method_name="execute_complete",
+        )
+
+    # --- ending ----------------------------------------------------------------------------------
+
+    def _finish(self, context: Any, hook: Any, history: SubmissionHistory, status: JobStatus) -> dict[str, Any]:
+        gpu_hours = 0.0
+        for job_id in history.job_ids:
+            for run in hook.runs(job_id):
+                gpu_hours += run.gpu_hours(self.gpu_billing_factor)
+        summary = {
+            "job_id": status.job_id,
+            "job_ids": history.job_ids,
+            "state": status.state.value,
+            "exit_code": status.exit_code,
+            "elapsed_s": status.elapsed_s,
+            "restarts": status.restarts,
+            "node_list": status.node_list,
+            "gpus": status.gpus,
+            "gpu_hours": round(gpu_hours, 4),
+            "submissions": history.to_json(),
+        }
+        ti = context["ti"]
+        ti.xcom_push(key="slurm_job_id", value=status.job_id)
+        self.log.info("Job %s completed: %s GPU-hours over %d submission(s)", status.job_id,
+                      summary["gpu_hours"], len(history.submissions))
+        return summary
+
+    def _failure_message(self, hook: Any, status: JobStatus, context: Any) -> str:
+        log_path = self._log_path(context, status.job_id)
+        tail = self._log_tail(hook, log_path)
+        parts = [f"Slurm job {status.job_id} ended {status.state.value}: {status.state.description}"]
+        if status.cancelled_by:
+            parts.append(f"Cancelled by uid/user {status.cancelled_by}.")
+        if status.reason and status.reason not in ("None", ""):
+            parts.append(f"Reason: {status.reason}.")
+        if status.exit_code is not None:
+            parts.append(f"Exit code {status.exit_code}" + (f", signal {status.signal}" if status.signal else "") + ".")
+        parts.append(f"Log: {log_path}")
+        hint = hint_for(tail, state=status.state)
+        if hint:
+            parts.append(f"Hint: {hint}")
+        if tail:
+            parts.append("Last lines of the job's output:\n" + "\n".join(tail.splitlines()[-25:]))
+        return "\n".join(parts)
+
+    def _log_tail(self, hook: Any, path: str) -> str:
+        try:
+            size = hook.file_sizes([path]).get(path, 0)
+            text, _ = hook.read_log(path, max(0, size - LOG_TAIL_BYTES))
+            return text
+        except TransportError as exc:
+            return f"(could not read the log: {exc})"
+
+    def _cancel_own(self, hook: Any, status: JobStatus, context: Any) -> None:
+        if status.name == self._job_name(context) and not status.state.is_terminal:
+            hook.cancel(status.job_id)
+
+    def on_kill(self) -> None:
+        """Worker-side kill while not deferred (e.g. during submit): nothing running to stop here."""
+        self.log.info("Task killed outside the deferred wait; the job (if any) is left to the trigger's on_kill")
+
+    # --- naming and persistence -------------------------------------------------------------------
+
+    def _validate(self) -> None:
+        """Every value that reaches a remote command is checked before any SSH connection."""
+        if not isinstance(self.script, str) or not self.script.startswith("#!"):
+            raise ValidationError("script", "must be a complete batch script starting with '#!'")
+        validate_remote_path(self.log_dir, "log_dir", absolute=True)
+        if self.partition is not None:
+            validate_partition(self.partition)
+        if self.account is not None:
+            validate_account(self.account)
+        if self.time_limit is not None:
+            validate_time_limit(self.time_limit)
+        validate_extra_sbatch_options(self.sbatch_options)
+        if self.progress_path is not None:
+            validate_remote_path(self.progress_path, "progress_path", absolute=True)
+
+    def _hook(self) -> Any:
+        from slurm_provider.hooks import SlurmHook
+
+        return SlurmHook(self.conn_id)
+
+    @staticmethod
+    def _try_number(context: Any) -> int:
+        return int(getattr(context["ti"], "try_number", 1) or 1)
+
+    def _job_name(self, context: Any) -> str:
+        ti = context["ti"]
+        return job_name_for(ti.dag_id, ti.task_id, ti.run_id, getattr(ti, "map_index", -1) or -1)
+
+    def _comment(self, context: Any, number: int) -> JobComment:
+        ti = context["ti"]
+        return JobComment(dag=ti.dag_id, task=ti.task_id, run=ti.run_id, attempt=number, stage=self.stage)
+
+    def _output_pattern(self, context: Any) -> str:
+        return f"{self.log_dir.rstrip('/')}/{self._job_name(context)}.%j.out"
+
+    def _log_path(self, context: Any, job_id: str) -> str:
+        return f"{self.log_dir.rstrip('/')}/{self._job_name(context)}.{job_id}.out"
+
+    def _load_history(self, context: Any) -> SubmissionHistory:
+        store = context.get("task_state_store")
+        if store is None:
+            return SubmissionHistory()
+        return SubmissionHistory.from_json(store.get(HISTORY_KEY))
+
+    def _store_history(self, context: Any, history: SubmissionHistory) -> None:
+        store = context.get("task_state_store")
+        if store is not None:
+            from airflow.sdk import NEVER_EXPIRE
+
+            store.set(HISTORY_KEY, history.to_json(), retention=NEVER_EXPIRE)

@@ -1,0 +1,213 @@
+"""One status poller per cluster connection, shared by every trigger in a triggerer process.
+
+A triggerer may watch hundreds of Slurm jobs on the same cluster. Polling each job on its own
+costs one SSH round trip per job per interval and hammers slurmctld; instead every
+:class:`~slurm_provider.triggers.SlurmJobTrigger` of one connection subscribes to the same
+:class:`JobPoller`, which keeps **one** connection open and asks for **all** watched jobs at once
+per cycle (one ``squeue``; ``sacct`` only for the jobs ``squeue`` has forgotten). Log files that
+grew since the last cycle are read over the same connection.
+
+The interval starts at the smallest interval any subscriber asked for and grows by ``growth``
+per quiet cycle (no watched job changed state) up to the smallest cap; any change or a new
+subscriber resets it. Only transport errors are retried (with jittered exponential back-off and a
+fresh connection); anything else is handed to every subscriber.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from slurm_provider.status import JobStatus
+from slurm_provider.transport import TransportError
+
+log = logging.getLogger(__name__)
+
+
+class StatusSource(Protocol):
+    """What the poller needs from a cluster connection (``SlurmAsyncHook`` provides it)."""
+
+    async def statuses(self, job_ids: list[str]) -> dict[str, JobStatus]: ...
+
+    async def read_log(self, path: str, offset: int) -> tuple[str, int]: ...
+
+    async def file_sizes(self, paths: list[str]) -> dict[str, int]: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class PollUpdate:
+    """What one subscriber learns from one poll cycle."""
+
+    status: JobStatus | None
+    new_log_text: str = ""
+    log_offset: int = 0
+    error: BaseException | None = None
+
+
+@dataclass
+class _Subscription:
+    job_id: str
+    poll_interval: float
+    max_poll_interval: float
+    log_path: str | None
+    log_offset: int
+    queue: asyncio.Queue[PollUpdate] = field(default_factory=asyncio.Queue)
+    last_state: str | None = None
+
+
+class JobPoller:
+    """Polls every watched job of one connection in one batched call per cycle."""
+
+    def __init__(self, conn_id: str, source_factory: Callable[[], StatusSource], *, growth: float = 1.5,
+                 max_transport_retries: int = 8, jitter: float = 0.1, coalesce: float = 1.0) -> None:
+        self.conn_id = conn_id
+        self._source_factory = source_factory
+        self._source: StatusSource | None = None
+        self._subs: dict[int, _Subscription] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._growth = growth
+        self._jitter = jitter
+        self._coalesce = coalesce
+        self._max_transport_retries = max_transport_retries
+        self._interval: float | None = None
+        self.cycles = 0
+
+    # --- subscribing -----------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self, job_id: str, *, poll_interval: float, max_poll_interval: float,
+                        log_path: str | None = None, log_offset: int = 0,
+                        first_poll_delay: float = 0.0) -> AsyncIterator[asyncio.Queue[PollUpdate]]:
+        """Watch ``job_id`` until the context exits; updates arrive on the yielded queue each cycle."""
+        sub = _Subscription(str(job_id), poll_interval, max(poll_interval, max_poll_interval), log_path,
+                            log_offset)
+        if first_poll_delay > 0:
+            await asyncio.sleep(first_poll_delay)
+        self._subs[id(sub)] = sub
+        self._interval = None  # a new watcher resets the interval to the smallest requested
+        self._wake.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"slurm-poller-{self.conn_id}")
+        try:
+            yield sub.queue
+        finally:
+            self._subs.pop(id(sub), None)
+            if not self._subs:
+                await self._stop()
+
+    async def source(self) -> StatusSource:
+        """The shared connection (opened on first use) for one-off verbs such as ``scancel``."""
+        if self._source is None:
+            self._source = self._source_factory()
+        return self._source
+
+    # --- the loop ----------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        failures = 0
+        while self._subs:
+            try:
+                changed = await self._cycle()
+                failures = 0
+            except TransportError as exc:
+                failures += 1
+                await self._drop_source()
+                if not exc.retryable or failures > self._max_transport_retries:
+                    self._broadcast_error(exc)
+                    return
+                delay = min(300.0, 2.0 ** failures) * random.uniform(0.5, 1.5)
+                log.warning("Cluster %s unreachable (%s); retry %d/%d in %.0fs with a new connection",
+                            self.conn_id, exc, failures, self._max_transport_retries, delay)
+                await self._sleep(delay)
+                continue
+            except Exception as exc:  # a bug or an unreadable answer: every watcher must hear of it
+                log.exception("Polling cluster %s failed", self.conn_id)
+                self._broadcast_error(exc)
+                return
+            await self._sleep(self._next_interval(changed))
+
+    async def _cycle(self) -> bool:
+        """One batched status query (plus reads of grown logs); returns True if any state changed."""
+        subs = list(self._subs.values())
+        if not subs:
+            return False
+        source = await self.source()
+        job_ids = sorted({s.job_id for s in subs})
+        statuses = await source.statuses(job_ids)
+        self.cycles += 1
+        # One size check for every log that may have grown; read only the ones that did.
+        streaming = [s for s in subs if s.log_path and (st := statuses.get(s.job_id)) and st.state.has_started]
+        sizes = await source.file_sizes(sorted({s.log_path for s in streaming})) if streaming else {}
+        changed = False
+        for sub in subs:
+            status = statuses.get(sub.job_id)
+            state = status.state.value if status is not None else None
+            if state != sub.last_state:
+                changed = True
+                sub.last_state = state
+            text = ""
+            if sub in streaming and sizes.get(sub.log_path, 0) > sub.log_offset:
+                text, sub.log_offset = await source.read_log(sub.log_path, sub.log_offset)
+            sub.queue.put_nowait(PollUpdate(status=status, new_log_text=text, log_offset=sub.log_offset))
+        return changed
+
+    def _next_interval(self, changed: bool) -> float:
+        subs = list(self._subs.values())
+        if not subs:
+            return 0.0
+        floor = min(s.poll_interval for s in subs)
+        cap = min(s.max_poll_interval for s in subs)
+        if changed or self._interval is None:
+            self._interval = floor
+        else:
+            self._interval = min(cap, self._interval * self._growth)
+        return self._interval * random.uniform(1 - self._jitter, 1 + self._jitter)
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep, but wake early when a new job is subscribed so it gets its first status soon.
+
+        After an early wake it waits a moment more, so a burst of new subscriptions shares one cycle.
+        """
+        self._wake.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+            await asyncio.sleep(min(seconds, self._coalesce))
+
+    def _broadcast_error(self, exc: BaseException) -> None:
+        for sub in self._subs.values():
+            sub.queue.put_nowait(PollUpdate(status=None, error=exc, log_offset=sub.log_offset))
+
+    async def _drop_source(self) -> None:
+        source, self._source = self._source, None
+        if source is not None:
+            with contextlib.suppress(Exception):
+                await source.close()
+
+    async def _stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self._drop_source()
+        _POLLERS.pop((id(asyncio.get_running_loop()), self.conn_id), None)
+
+
+_POLLERS: dict[tuple[int, str], JobPoller] = {}
+
+
+def shared_poller(conn_id: str, source_factory: Callable[[], StatusSource], **kwargs: Any) -> JobPoller:
+    """The poller of ``conn_id`` in the running event loop (the triggerer has one loop for all triggers)."""
+    key = (id(asyncio.get_running_loop()), conn_id)
+    poller = _POLLERS.get(key)
+    if poller is None:
+        poller = _POLLERS[key] = JobPoller(conn_id, source_factory, **kwargs)
+    return poller

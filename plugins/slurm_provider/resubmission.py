@@ -1,0 +1,118 @@
+"""Which Slurm jobs a task has submitted, and whether an interrupted one may be submitted again.
+
+Pure: the operator records every submission here (persisted in the task state store and carried
+through trigger events), and asks :func:`decide_resubmission` after a job ended *interrupted*
+(time limit, node failure, preemption without requeue, boot failure). A resubmission needs a
+budget left for that cause and, when a progress probe is configured, evidence that the last run
+moved the training forward: a job that keeps timing out without writing a checkpoint would
+otherwise burn the allocation one walltime at a time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from slurm_provider.states import SlurmState
+
+DEFAULT_BUDGETS: Mapping[str, int] = {
+    SlurmState.TIMEOUT.value: 10,
+    SlurmState.NODE_FAIL.value: 3,
+    SlurmState.PREEMPTED.value: 5,
+    SlurmState.BOOT_FAIL.value: 3,
+}
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One ``sbatch`` this task made (or adopted)."""
+
+    job_id: str
+    number: int
+    """1 for the first submission of the task in this DAG run, 2 for the first resubmission, ..."""
+    cause: str
+    """Why it was submitted: ``initial``, ``retry`` or the Slurm state that ended the previous job."""
+    try_number: int
+    progress: str | None = None
+    """The progress probe's reading when this job was submitted (None: no probe)."""
+
+
+@dataclass
+class SubmissionHistory:
+    submissions: list[Submission] = field(default_factory=list)
+
+    @property
+    def current(self) -> Submission | None:
+        return self.submissions[-1] if self.submissions else None
+
+    @property
+    def job_ids(self) -> list[str]:
+        return [s.job_id for s in self.submissions]
+
+    def add(self, submission: Submission) -> None:
+        if submission.job_id in self.job_ids:
+            return
+        self.submissions.append(submission)
+
+    def resubmissions_for(self, cause: str) -> int:
+        return sum(1 for s in self.submissions if s.cause == cause)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [asdict(s) for s in self.submissions]
+
+    @classmethod
+    def from_json(cls, data: Any) -> SubmissionHistory:
+        if isinstance(data, str):
+            data = json.loads(data)
+        return cls([Submission(**item) for item in data or []])
+
+    @classmethod
+    def merge(cls, *histories: SubmissionHistory) -> SubmissionHistory:
+        """Union by job id, in submission order (the store and an event may each hold a part)."""
+        merged = cls()
+        for sub in sorted((s for h in histories for s in h.submissions), key=lambda s: s.number):
+            merged.add(sub)
+        return merged
+
+
+@dataclass(frozen=True)
+class ResubmitDecision:
+    resubmit: bool
+    cause: str
+    message: str
+
+
+def progress_made(before: str | None, after: str | None) -> bool:
+    """Did the progress file move forward? JSON with ``epoch``/``step`` compares them; else any change."""
+    if after is None:
+        return False
+    if before is None:
+        return True
+    try:
+        old, new = json.loads(before), json.loads(after)
+        key = lambda p: (int(p.get("epoch", -1)), int(p.get("step", -1)))  # noqa: E731
+        return key(new) > key(old)
+    except (ValueError, TypeError, AttributeError):
+        return before != after
+
+
+def decide_resubmission(state: SlurmState, history: SubmissionHistory, budgets: Mapping[str, int],
+                        *, progress_now: str | None, probe_configured: bool) -> ResubmitDecision:
+    """Resubmit after an interrupted end, within the cause's budget and only if progress was made."""
+    cause = state.value
+    if not state.is_retryable:
+        return ResubmitDecision(False, cause, f"{cause} is not an interruption that a resubmission fixes")
+    budget = int(budgets.get(cause, 0))
+    used = history.resubmissions_for(cause)
+    if used >= budget:
+        return ResubmitDecision(False, cause, f"resubmission budget for {cause} used up ({used} of {budget}); "
+                                              f"jobs so far: {', '.join(history.job_ids)}")
+    current = history.current
+    if probe_configured and not progress_made(current.progress if current else None, progress_now):
+        return ResubmitDecision(False, cause, (
+            f"job {current.job_id if current else '?'} ended {cause} without progress "
+            f"(progress file {'missing' if progress_now is None else 'unchanged'}: {progress_now!r}); "
+            "not resubmitting, since another run would likely end the same way"))
+    return ResubmitDecision(True, cause, f"resubmitting after {cause} ({used + 1} of {budget})")

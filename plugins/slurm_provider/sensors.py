@@ -1,0 +1,75 @@
+"""``SlurmJobSensor``: wait for a Slurm job someone else submitted (by id) to end successfully."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.exceptions import AirflowException
+from airflow.sdk.bases.sensor import BaseSensorOperator
+
+from slurm_provider.states import StateCategory
+from slurm_provider.status import JobStatus
+from slurm_provider.triggers import FINISHED, SlurmJobTrigger
+from slurm_provider.validation import validate_job_id
+
+
+class SlurmJobSensor(BaseSensorOperator):
+    """Succeeds when job ``job_id`` completes; fails when it ends any other way.
+
+    Deferrable by default (the wait happens in the triggerer, sharing its poller); with
+    ``deferrable=False`` it pokes with one ``squeue``/``sacct`` per poke.
+    """
+
+    template_fields: Sequence[str] = ("job_id",)
+
+    def __init__(self, *, conn_id: str, job_id: str, deferrable: bool = True, poll_interval: float = 30.0,
+                 max_poll_interval: float = 300.0, first_poll_delay: float = 10.0, **kwargs: Any) -> None:
+        kwargs.setdefault("poke_interval", poll_interval)
+        super().__init__(**kwargs)
+        self.conn_id = conn_id
+        self.job_id = job_id
+        self.deferrable = deferrable
+        self.poll_interval = poll_interval
+        self.max_poll_interval = max_poll_interval
+        self.first_poll_delay = first_poll_delay
+
+    def execute(self, context: Any) -> Any:
+        validate_job_id(self.job_id)
+        if not self.deferrable:
+            return super().execute(context)
+        status = self._status()
+        if status.state.is_terminal:
+            return self._interpret(status)
+        self.defer(trigger=SlurmJobTrigger(conn_id=self.conn_id, job_id=str(self.job_id),
+                                           poll_interval=self.poll_interval,
+                                           max_poll_interval=self.max_poll_interval,
+                                           first_poll_delay=self.first_poll_delay, pending_policy="warn"),
+                   method_name="execute_complete")
+
+    def poke(self, context: Any) -> bool:
+        status = self._status()
+        if status.state.category is StateCategory.WAITING:
+            self.log.info("Job %s is %s", self.job_id, status.state.value)
+            return False
+        self._interpret(status)
+        return True
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        if not event or event.get("kind") != FINISHED or not event.get("status"):
+            raise AirflowException(f"waiting for job {self.job_id} failed: {(event or {}).get('message')}")
+        return self._interpret(JobStatus.from_event(event["status"]))
+
+    def _status(self) -> JobStatus:
+        from slurm_provider.hooks import SlurmHook
+
+        job_id = str(self.job_id)
+        return SlurmHook(self.conn_id).statuses([job_id])[job_id]
+
+    def _interpret(self, status: JobStatus) -> dict[str, Any]:
+        if status.state.category is StateCategory.UNKNOWN:
+            raise AirflowException(f"job {status.job_id} is not known to the cluster (never success)")
+        if not status.state.is_success:
+            raise AirflowException(f"job {status.job_id} ended {status.state.value}: {status.state.description}"
+                                   f" (exit code {status.exit_code}, reason {status.reason})")
+        return status.to_event()

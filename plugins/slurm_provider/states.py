@@ -1,0 +1,561 @@
+"""Slurm job states and pending reasons: the one place that decides what they mean.
+
+Everything here is pure. The hook reports raw text from ``squeue``/``sacct``/``scontrol``;
+this module turns it into a :class:`SlurmState` and a :class:`StateCategory`, and turns a
+pending job's reason into a :class:`PendingReason` that says, in plain words, whether the
+job is merely waiting or will never start without somebody changing something.
+
+State codes follow Slurm 22.05 (``squeue(1)`` and ``sacct(1)``, section JOB STATE CODES).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+from dataclasses import dataclass
+from enum import Enum
+
+from slurm_provider.parsers import expand_hostlist
+
+
+class StateCategory(str, Enum):
+    """What a state means for the task that watches the job."""
+
+    WAITING = "waiting"
+    """Not finished: queued, starting, running, requeued, suspended, completing."""
+    SUCCESS = "success"
+    """Finished and every process exited 0."""
+    INTERRUPTED = "interrupted"
+    """Ended by the system, not by the job's code: a resubmission can succeed (resume from checkpoint)."""
+    FAILED = "failed"
+    """Ended for a reason a plain resubmission will not fix (non-zero exit, cancelled, out of memory)."""
+    UNKNOWN = "unknown"
+    """Slurm does not know the job (yet or any more), or printed a state we cannot read. Never success."""
+
+
+class SlurmState(str, Enum):
+    """Every Slurm 22.05 job state, plus ``UNKNOWN`` for "not found" or unreadable text."""
+
+    PENDING = "PENDING"
+    CONFIGURING = "CONFIGURING"
+    RUNNING = "RUNNING"
+    COMPLETING = "COMPLETING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    TIMEOUT = "TIMEOUT"
+    CANCELLED = "CANCELLED"
+    NODE_FAIL = "NODE_FAIL"
+    PREEMPTED = "PREEMPTED"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+    REQUEUED = "REQUEUED"
+    REQUEUE_HOLD = "REQUEUE_HOLD"
+    REQUEUE_FED = "REQUEUE_FED"
+    RESIZING = "RESIZING"
+    REVOKED = "REVOKED"
+    SIGNALING = "SIGNALING"
+    SPECIAL_EXIT = "SPECIAL_EXIT"
+    STAGE_OUT = "STAGE_OUT"
+    STOPPED = "STOPPED"
+    SUSPENDED = "SUSPENDED"
+    RESV_DEL_HOLD = "RESV_DEL_HOLD"
+    UNKNOWN = "UNKNOWN"
+
+    @property
+    def short_code(self) -> str:
+        """The compact code ``squeue -t``/``%t`` prints (``PD``, ``R``, ...); ``?`` for UNKNOWN."""
+        return _SHORT_CODE_OF[self]
+
+    @property
+    def category(self) -> StateCategory:
+        return _CATEGORY_OF[self]
+
+    @property
+    def is_terminal(self) -> bool:
+        """True when the job will not change state by itself any more."""
+        return self.category in (StateCategory.SUCCESS, StateCategory.INTERRUPTED, StateCategory.FAILED)
+
+    @property
+    def is_success(self) -> bool:
+        return self is SlurmState.COMPLETED
+
+    @property
+    def is_retryable(self) -> bool:
+        """True for system interruptions where resubmitting (and resuming from checkpoint) makes sense."""
+        return self.category is StateCategory.INTERRUPTED
+
+    @property
+    def has_started(self) -> bool:
+        """True once the job holds (or held) an allocation; False while it only waits in the queue."""
+        return self not in (
+            SlurmState.PENDING,
+            SlurmState.REQUEUED,
+            SlurmState.REQUEUE_HOLD,
+            SlurmState.REQUEUE_FED,
+            SlurmState.RESV_DEL_HOLD,
+            SlurmState.UNKNOWN,
+        )
+
+    @property
+    def description(self) -> str:
+        """One sentence for people (UI, failure messages)."""
+        return _DESCRIPTION_OF[self]
+
+
+_W, _S, _I, _F, _U = (
+    StateCategory.WAITING,
+    StateCategory.SUCCESS,
+    StateCategory.INTERRUPTED,
+    StateCategory.FAILED,
+    StateCategory.UNKNOWN,
+)
+
+# state: (short code, category, description)
+_STATE_TABLE: dict[SlurmState, tuple[str, StateCategory, str]] = {
+    SlurmState.PENDING: ("PD", _W, "Waiting in the queue for resources to be allocated."),
+    SlurmState.CONFIGURING: ("CF", _W, "Resources are allocated and being prepared (e.g. nodes booting)."),
+    SlurmState.RUNNING: ("R", _W, "Running."),
+    SlurmState.COMPLETING: ("CG", _W, "Finishing: Slurm is cleaning up processes on the nodes."),
+    SlurmState.COMPLETED: ("CD", _S, "Finished; every process exited with code 0."),
+    SlurmState.FAILED: ("F", _F, "Finished with a non-zero exit code or another failure in the job itself."),
+    SlurmState.TIMEOUT: (
+        "TO",
+        _I,
+        "Stopped by Slurm at its time limit; resubmitting resumes from the latest checkpoint.",
+    ),
+    SlurmState.CANCELLED: ("CA", _F, "Cancelled by a user or an administrator."),
+    SlurmState.NODE_FAIL: (
+        "NF",
+        _I,
+        "Stopped because a node it ran on failed; resubmitting usually works.",
+    ),
+    SlurmState.PREEMPTED: (
+        "PR",
+        _I,
+        "Stopped to make room for a higher-priority job and not requeued; resubmitting usually works.",
+    ),
+    SlurmState.OUT_OF_MEMORY: (
+        "OOM",
+        _F,
+        "Killed because it used more host memory (RAM) than it requested with --mem.",
+    ),
+    SlurmState.BOOT_FAIL: (
+        "BF",
+        _I,
+        "Could not start because a node failed to boot; resubmitting usually works.",
+    ),
+    SlurmState.DEADLINE: ("DL", _F, "Stopped because its --deadline passed."),
+    SlurmState.REQUEUED: ("RQ", _W, "Put back in the queue; it will start again (and should resume)."),
+    SlurmState.REQUEUE_HOLD: (
+        "RH",
+        _W,
+        "Put back in the queue and held; it waits until someone runs 'scontrol release'.",
+    ),
+    SlurmState.REQUEUE_FED: ("RF", _W, "Being requeued by a federation of clusters."),
+    SlurmState.RESIZING: ("RS", _W, "Running; its allocation is about to change size."),
+    SlurmState.REVOKED: (
+        "RV",
+        _F,
+        "Removed from this cluster because another cluster of the federation started it.",
+    ),
+    SlurmState.SIGNALING: ("SI", _W, "Running; Slurm is delivering a signal to it."),
+    SlurmState.SPECIAL_EXIT: (
+        "SE",
+        _F,
+        "Ended with an exit value the site treats specially and was held; it needs a person to look at it.",
+    ),
+    SlurmState.STAGE_OUT: ("SO", _W, "Finished computing; staging files out (burst buffer)."),
+    SlurmState.STOPPED: ("ST", _W, "Stopped with SIGSTOP but still holds its CPUs."),
+    SlurmState.SUSPENDED: ("S", _W, "Suspended; its CPUs were given to other jobs for now."),
+    SlurmState.RESV_DEL_HOLD: (
+        "RD",
+        _W,
+        "Held because the reservation it asked for was deleted; it waits until released.",
+    ),
+    SlurmState.UNKNOWN: ("?", _U, "Slurm does not report this job (not found, purged, or unreadable state)."),
+}
+
+_SHORT_CODE_OF = {state: row[0] for state, row in _STATE_TABLE.items()}
+_CATEGORY_OF = {state: row[1] for state, row in _STATE_TABLE.items()}
+_DESCRIPTION_OF = {state: row[2] for state, row in _STATE_TABLE.items()}
+_BY_SHORT_CODE = {code: state for state, code in _SHORT_CODE_OF.items() if state is not SlurmState.UNKNOWN}
+# Spellings seen in the wild that are not the canonical names.
+_ALIASES = {
+    "CANCELED": SlurmState.CANCELLED,
+    "OOM": SlurmState.OUT_OF_MEMORY,
+    "NOT_FOUND": SlurmState.UNKNOWN,
+}
+
+_STATE_TEXT = re.compile(r"^\s*(?P<word>[A-Za-z_?]+)\+?(?:\s+by\s+(?P<by>\S+))?")
+
+
+@dataclass(frozen=True)
+class ParsedState:
+    """A state word as Slurm printed it, taken apart."""
+
+    state: SlurmState
+    cancelled_by: str | None
+    """The uid (sacct: ``CANCELLED by 1001``) or user name that cancelled the job, if shown."""
+    raw: str
+
+
+def parse_state_text(text: str | None) -> ParsedState:
+    """Read any spelling Slurm uses for a job state.
+
+    Accepts long names (``COMPLETED``), compact codes (``CD``), any case, the ``+`` that
+    sacct appends when a state was truncated, and ``CANCELLED by 1234``. Empty text or a
+    word we do not know gives ``UNKNOWN`` (which is never success).
+    """
+    raw = (text or "").strip()
+    match = _STATE_TEXT.match(raw)
+    if not match:
+        return ParsedState(SlurmState.UNKNOWN, None, raw)
+    word = match.group("word").upper()
+    state = _lookup(word)
+    cancelled_by = match.group("by") if state is SlurmState.CANCELLED else None
+    return ParsedState(state, cancelled_by, raw)
+
+
+def parse_state(text: str | SlurmState | None) -> SlurmState:
+    """Like :func:`parse_state_text` but returns only the state."""
+    if isinstance(text, SlurmState):
+        return text
+    return parse_state_text(text).state
+
+
+def _lookup(word: str) -> SlurmState:
+    if word in SlurmState.__members__:
+        return SlurmState[word]
+    if word in _ALIASES:
+        return _ALIASES[word]
+    return _BY_SHORT_CODE.get(word, SlurmState.UNKNOWN)
+
+
+def category(state: str | SlurmState | None) -> StateCategory:
+    return parse_state(state).category
+
+
+def is_terminal(state: str | SlurmState | None) -> bool:
+    return parse_state(state).is_terminal
+
+
+def is_success(state: str | SlurmState | None) -> bool:
+    return parse_state(state).is_success
+
+
+def is_retryable(state: str | SlurmState | None) -> bool:
+    return parse_state(state).is_retryable
+
+
+# ---------------------------------------------------------------------------------------------
+# Pending reasons
+# ---------------------------------------------------------------------------------------------
+
+
+class ReasonKind(str, Enum):
+    """How hopeful a pending job's reason is."""
+
+    WAITING = "waiting"
+    """Normal queueing: it starts when resources, priority, time or dependencies allow."""
+    LIMIT = "limit"
+    """A concurrency limit of the user/account/QOS is reached: it starts when your other running jobs
+    end. If none are running, the request itself is over the limit and it never starts."""
+    HELD = "held"
+    """Held: it waits until a person runs ``scontrol release``."""
+    NEVER = "never"
+    """It will never start as submitted: a budget is used up, the request breaks a limit, or an
+    account/QOS/dependency/node is invalid. Cancel, fix and resubmit."""
+
+
+@dataclass(frozen=True)
+class PendingReason:
+    """A pending job's reason, classified and explained for people."""
+
+    code: str
+    """Slurm's reason code, e.g. ``AssocGrpBillingMinutes`` (``None`` when Slurm gave none)."""
+    detail: str
+    """Anything Slurm printed after the code, e.g. ``UnavailableNodes:nid[005001-005002]``."""
+    kind: ReasonKind
+    explanation: str
+
+    @property
+    def blocks_forever(self) -> bool:
+        return self.kind is ReasonKind.NEVER
+
+    @property
+    def unavailable_nodes(self) -> str | None:
+        """The hostlist from ``ReqNodeNotAvail, UnavailableNodes:<hostlist>``, if present."""
+        match = re.search(r"UnavailableNodes:(\S*)", self.detail)
+        return match.group(1) or None if match else None
+
+
+_EXACT_REASONS: dict[str, tuple[ReasonKind, str]] = {
+    "None": (ReasonKind.WAITING, "No reason given: the job is running or about to be scheduled."),
+    "Priority": (
+        ReasonKind.WAITING,
+        "Other jobs have higher priority in this partition; it starts when its turn comes.",
+    ),
+    "Resources": (ReasonKind.WAITING, "Waiting for enough free nodes/GPUs/memory; it is next in line."),
+    "BeginTime": (
+        ReasonKind.WAITING,
+        "Its earliest start time has not been reached yet (also used briefly after a requeue).",
+    ),
+    "Dependency": (ReasonKind.WAITING, "Waiting for the jobs it depends on to finish."),
+    "Prolog": (ReasonKind.WAITING, "The site's prolog script is still running; it starts in a moment."),
+    "Cleaning": (ReasonKind.WAITING, "Being requeued; Slurm is still cleaning up the previous run."),
+    "WaitingForScheduling": (ReasonKind.WAITING, "The scheduler has not looked at it yet."),
+    "Reservation": (ReasonKind.WAITING, "Waiting for its advance reservation to begin."),
+    "Licenses": (ReasonKind.WAITING, "Waiting for a license to become free."),
+    "JobArrayTaskLimit": (
+        ReasonKind.WAITING,
+        "Array throttle (%N) reached: this element starts when another element ends.",
+    ),
+    "SchedDefer": (ReasonKind.WAITING, "Scheduling was deferred; it will be considered again shortly."),
+    "BurstBufferResources": (ReasonKind.WAITING, "Waiting for burst-buffer space."),
+    "BurstBufferStageIn": (ReasonKind.WAITING, "Staging files into the burst buffer."),
+    "PartitionDown": (
+        ReasonKind.WAITING,
+        "The partition is down (often maintenance); it starts when administrators bring it back.",
+    ),
+    "PartitionInactive": (
+        ReasonKind.WAITING,
+        "The partition is inactive; it starts when administrators reactivate it.",
+    ),
+    "NodeDown": (ReasonKind.WAITING, "A node it needs is down; it starts when the node is back."),
+    "FrontEndDown": (ReasonKind.WAITING, "No front-end node is available; waiting for one."),
+    "ReqNodeNotAvail": (
+        ReasonKind.WAITING,
+        "A node it can use is unavailable right now (in use, reserved, e.g. for maintenance).",
+    ),
+    "AssociationJobLimit": (
+        ReasonKind.LIMIT,
+        "Your account's maximum number of jobs is reached; it starts when some of your jobs end.",
+    ),
+    "AssociationResourceLimit": (
+        ReasonKind.LIMIT,
+        "Your account's resource limit is reached; it starts when some of your jobs end.",
+    ),
+    "AssociationTimeLimit": (ReasonKind.LIMIT, "Your account's time limit is reached."),
+    "QOSJobLimit": (ReasonKind.LIMIT, "The QOS job-count limit is reached; it starts when jobs end."),
+    "QOSResourceLimit": (ReasonKind.LIMIT, "The QOS resource limit is reached; it starts when jobs end."),
+    "QOSTimeLimit": (ReasonKind.LIMIT, "The QOS time limit is reached."),
+    "JobHeldUser": (ReasonKind.HELD, "Held by its owner; it waits until someone runs 'scontrol release'."),
+    "JobHeldAdmin": (
+        ReasonKind.HELD,
+        "Held by an administrator; ask the cluster support why, or cancel and resubmit.",
+    ),
+    "JobHoldMaxRequeue": (
+        ReasonKind.HELD,
+        "Held after being requeued too many times; look at its log, then release or cancel it.",
+    ),
+    "DependencyNeverSatisfied": (
+        ReasonKind.NEVER,
+        "A job it depends on failed or was cancelled, so this job can never start. Cancel it.",
+    ),
+    "PartitionTimeLimit": (
+        ReasonKind.NEVER,
+        "It asks for more time than the partition allows. Lower --time or use another partition.",
+    ),
+    "PartitionNodeLimit": (
+        ReasonKind.NEVER,
+        "It asks for more (or fewer) nodes than the partition allows, or the nodes it needs are "
+        "down/drained. Change the node count or partition.",
+    ),
+    "PartitionConfig": (
+        ReasonKind.NEVER,
+        "The request does not fit the partition's configuration. Check partition, GPUs and memory.",
+    ),
+    "InvalidAccount": (
+        ReasonKind.NEVER,
+        "The account is invalid or you are not a member of it. Check --account (e.g. project_465002500).",
+    ),
+    "InvalidQOS": (ReasonKind.NEVER, "The QOS is invalid for this account/partition. Check --qos."),
+    "AccountNotAllowed": (ReasonKind.NEVER, "The account may not use this partition."),
+    "QOSNotAllowed": (ReasonKind.NEVER, "The QOS may not be used in this partition."),
+    "BadConstraints": (
+        ReasonKind.NEVER,
+        "No node matches the requested features/GPUs/memory combination. Fix the request.",
+    ),
+    "QOSUsageThreshold": (ReasonKind.NEVER, "The QOS usage threshold is used up."),
+    "InactiveLimit": (ReasonKind.NEVER, "The job reached the system InactiveLimit."),
+    "JobLaunchFailure": (
+        ReasonKind.NEVER,
+        "Slurm could not launch it (file system problem, bad program path, ...). Look at the log.",
+    ),
+    "launch failed requeued held": (
+        ReasonKind.NEVER,
+        "Slurm could not launch it on the node and held it. Look at the log, then cancel and resubmit.",
+    ),
+    "SystemFailure": (ReasonKind.NEVER, "A Slurm, file-system or network failure. Ask the cluster support."),
+    "NonZeroExitCode": (ReasonKind.NEVER, "A previous run ended with a non-zero exit code and it was held."),
+    "TimeLimit": (ReasonKind.NEVER, "It used up its time limit."),
+    "BurstBufferOperation": (ReasonKind.NEVER, "A burst-buffer operation failed."),
+}
+
+_RESOURCE_WORDS = {
+    "Cpu": "CPU",
+    "CPU": "CPU",
+    "Mem": "memory",
+    "Memory": "memory",
+    "Node": "node",
+    "GRES": "GPU/GRES",
+    "Billing": "billing (GPU-hour)",
+    "Energy": "energy",
+    "License": "license",
+    "Wall": "wall-clock",
+    "Jobs": "job-count",
+    "SubmitJobs": "submitted-job",
+    "Unknown": "resource",
+}
+
+_GRP_MINUTES = re.compile(r"^(?P<scope>Assoc|QOS)Grp(?P<what>[A-Za-z]*?)Minutes(?:Limit)?$")
+_GRP_RUN_MINUTES = re.compile(r"^(?P<scope>Assoc|QOS)Grp(?P<what>[A-Za-z]*?)RunMinutes(?:Limit)?$")
+_GRP_WALL = re.compile(r"^(?P<scope>Assoc|QOS)GrpWall(?:Limit)?$")
+_GRP_OTHER = re.compile(r"^(?P<scope>Assoc|QOS)Grp(?P<what>[A-Za-z]+?)(?:Limit)?$")
+_MAX_PER_JOB = re.compile(r"^(?P<scope>Assoc|QOS)Max(?P<what>[A-Za-z]*?)(?:Per(?:Job|Node))(?:Limit)?$")
+_MAX_WALL = re.compile(r"^(?P<scope>Assoc|QOS)MaxWallDurationPerJob(?:Limit)?$")
+_MAX_CONCURRENT = re.compile(
+    r"^(?P<scope>Assoc|QOS)Max(?:Jobs|SubmitJobs?)(?:Per(?:User|Account))?(?:Limit)?$"
+)
+_MAX_PER_USER = re.compile(r"^(?P<scope>Assoc|QOS)Max(?P<what>[A-Za-z]+?)Per(?:User|Account)(?:Limit)?$")
+_QOS_MIN = re.compile(r"^QOSMin(?P<what>[A-Za-z]+?)(?:NotSatisfied|Limit)?$")
+
+_SCOPE_WORDS = {"Assoc": "your project account", "QOS": "the QOS"}
+
+
+def _resource(what: str) -> str:
+    what = what.replace("Per", "")
+    return _RESOURCE_WORDS.get(what, what.lower() or "resource")
+
+
+def _pattern_reason(code: str) -> tuple[ReasonKind, str] | None:
+    """Classify the Assoc*/QOS* limit family, whose names are built from parts."""
+    if match := _GRP_RUN_MINUTES.match(code):
+        scope = _SCOPE_WORDS[match.group("scope")]
+        return (
+            ReasonKind.LIMIT,
+            f"The running {_resource(match.group('what'))}-minutes of {scope} are at their limit; "
+            "it starts as your running jobs finish.",
+        )
+    if match := _GRP_MINUTES.match(code):
+        scope = _SCOPE_WORDS[match.group("scope")]
+        what = _resource(match.group("what"))
+        extra = " The project's GPU-hour allocation is used up." if match.group("what") == "Billing" else ""
+        return (
+            ReasonKind.NEVER,
+            f"The {what}-minutes budget of {scope} is used up, so it will not start until the budget "
+            f"is raised or reset.{extra} Ask the project's PI or the cluster support.",
+        )
+    if match := _GRP_WALL.match(code):
+        scope = _SCOPE_WORDS[match.group("scope")]
+        return (ReasonKind.NEVER, f"The accumulated wall-time budget of {scope} is used up.")
+    if match := _MAX_WALL.match(code):
+        scope = _SCOPE_WORDS[match.group("scope")]
+        return (ReasonKind.NEVER, f"Its --time is above the per-job maximum of {scope}. Lower --time.")
+    if match := _MAX_CONCURRENT.match(code):
+        scope = _SCOPE_WORDS[match.group("scope")]
+        return (
+            ReasonKind.LIMIT,
+            f"The maximum number of running/submitted jobs of {scope} is reached; "
+            "it starts when some of your jobs end.",
+        )
+    if match := _MAX_PER_USER.match(code):
+        return (
+            ReasonKind.LIMIT,
+            f"The per-user {_resource(match.group('what'))} limit of {_SCOPE_WORDS[match.group('scope')]} "
+            "is reached by your "
+            "running jobs; it starts when some of them end.",
+        )
+    if match := _MAX_PER_JOB.match(code):
+        scope = _SCOPE_WORDS[match.group("scope")]
+        return (
+            ReasonKind.NEVER,
+            f"It asks for more {_resource(match.group('what'))} per job than {scope} allows. "
+            "Request less or use another partition/QOS.",
+        )
+    if match := _QOS_MIN.match(code):
+        return (
+            ReasonKind.NEVER,
+            f"It asks for less {_resource(match.group('what'))} than the QOS minimum. Request more.",
+        )
+    if match := _GRP_OTHER.match(code):
+        scope = _SCOPE_WORDS[match.group("scope")]
+        return (
+            ReasonKind.LIMIT,
+            f"The {_resource(match.group('what'))} limit shared by all jobs of {scope} is reached; "
+            "it starts when running jobs of the group end.",
+        )
+    return None
+
+
+# Newer Slurm prints this sentence instead of a code for ReqNodeNotAvail.
+_NODES_DOWN_PREFIX = "Nodes required for job are DOWN"
+
+
+def split_reason(reason: str | None) -> tuple[str, str]:
+    """Split ``ReqNodeNotAvail, UnavailableNodes:nid01`` into code and detail; strip squeue's parentheses."""
+    text = (reason or "").strip()
+    if text.startswith("(") and text.endswith(")"):
+        text = text[1:-1].strip()
+    text = text.replace(",_", ", ")  # scontrol prints spaces in Reason= as underscores
+    if not text:
+        return "None", ""
+    if text.lower().startswith("launch failed requeued held"):
+        return "launch failed requeued held", text[len("launch failed requeued held") :].strip(" ,")
+    code = re.match(r"[^,\s]+", text).group(0)
+    return code, text[len(code) :].strip(" ,")
+
+
+def classify_pending_reason(
+    reason: str | None,
+    *,
+    down_nodes: Collection[str] | None = None,
+) -> PendingReason:
+    """Classify a pending job's reason and explain it in plain words.
+
+    ``down_nodes`` is the set of node names that ``sinfo`` reports down/drained/failing
+    (see ``commands.build_sinfo_unavailable_nodes``). ``ReqNodeNotAvail`` is only "never"
+    when it names unavailable nodes and every one of them is in that set; Slurm lists
+    nodes that are merely reserved for maintenance the same way, and those come back.
+    Unknown codes are treated as ordinary waiting, with Slurm's code in the explanation.
+    """
+    code, detail = split_reason(reason)
+    if (reason or "").strip("() ").startswith(_NODES_DOWN_PREFIX):
+        return PendingReason(
+            "ReqNodeNotAvail",
+            (reason or "").strip("() "),
+            ReasonKind.WAITING,
+            "The nodes it needs are down, drained or reserved for higher-priority jobs right now.",
+        )
+    known = _EXACT_REASONS.get(code) or _pattern_reason(code)
+    if known is None:
+        kind, explanation = ReasonKind.WAITING, f"Slurm reports '{code}'; treating it as ordinary queueing."
+    else:
+        kind, explanation = known
+    result = PendingReason(code, detail, kind, explanation)
+    if code == "ReqNodeNotAvail":
+        result = _classify_req_node_not_avail(result, down_nodes)
+    return result
+
+
+def _classify_req_node_not_avail(reason: PendingReason, down_nodes: Collection[str] | None) -> PendingReason:
+    listed = reason.unavailable_nodes
+    if not listed:
+        return reason
+    nodes = expand_hostlist(listed)
+    if down_nodes is not None and nodes and all(node in down_nodes for node in nodes):
+        return PendingReason(
+            reason.code,
+            reason.detail,
+            ReasonKind.NEVER,
+            f"The node(s) it needs ({listed}) are down or drained; it cannot start until an "
+            "administrator brings them back. Cancel it, or exclude those nodes and resubmit.",
+        )
+    return PendingReason(
+        reason.code,
+        reason.detail,
+        ReasonKind.WAITING,
+        f"Some nodes ({listed}) are unavailable right now (down, drained or reserved); it waits for "
+        "the others or for those to come back.",
+    )

@@ -1,0 +1,453 @@
+"""Transport through the system OpenSSH client and the user's ssh_config alias (e.g. ``lumi2``).
+
+Logins that need a one-time password (LUMI, other CSC machines) cannot be automated. They can be
+*shared*: with ``ControlMaster auto``, ``ControlPath`` and ``ControlPersist`` in the alias, a
+person runs ``ssh lumi2`` once in a terminal, types the code, and every later ``ssh lumi2 ...``
+rides that authenticated master connection without asking again. This runner is such a later
+``ssh``: it always passes ``BatchMode=yes`` so it can never stop at a prompt, and when no master
+is up and the login is refused it says so, with the command the person has to run.
+
+ssh's own diagnostics go to a private log file (``-E``), not to stderr: the command's stderr is
+data, and an exit status of 255 is only a transport failure when ssh itself logged an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_provider.transport.base import (
+    AuthenticationFailed,
+    CommandResult,
+    ControlMasterNotRunning,
+    HostKeyRejected,
+    TransportConfigError,
+    TransportError,
+    TransportTimeout,
+    TransportUnavailable,
+    check_timeout,
+    decode_output,
+    stdin_bytes,
+)
+
+log = logging.getLogger(__name__)
+
+SSH_FAILURE_STATUS = 255
+_ALIAS = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@:%+-]{0,254}$")
+_TRUE = {"true", "yes", "1", "on"}
+_FALSE = {"false", "no", "0", "off", ""}
+_LOCAL_TIMEOUT = 20.0
+"""Local-only ssh calls (``-G``, ``-O check``) answer at once unless something is badly wrong."""
+
+_HOST_KEY_MESSAGES = (
+    "host key verification failed",
+    "remote host identification has changed",
+    "host key for",
+    "no matching host key type",
+)
+_AUTH_MESSAGES = ("permission denied", "too many authentication failures", "authentication failed")
+_CONFIG_MESSAGES = ("bad configuration option", "could not resolve hostname", "terminating, ")
+
+
+def _flag(value: object, field: str) -> bool:
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise TransportConfigError(f"connection extra {field}={value!r} is not a boolean (use true or false)")
+
+
+@dataclass(frozen=True)
+class OpenSSHTarget:
+    """Where and how the system ``ssh`` client logs in, from the connection's extras."""
+
+    alias: str
+    """Host alias in the ssh config (``lumi2``); the config decides host name, user, key, master."""
+    config_file: str | None = None
+    """``-F`` file; None means the user's ``~/.ssh/config`` (and the system-wide one)."""
+    host_key: str | None = None
+    """Pinned host key (``ssh-ed25519 AAAA...``); overrides the config's known_hosts when set."""
+    require_control_master: bool = False
+    """Never log in ourselves: refuse to run unless an authenticated master connection is up."""
+    connect_timeout: int = 10
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.alias, str) or not _ALIAS.match(self.alias):
+            raise TransportConfigError(
+                f"ssh_alias {self.alias!r} is not a host alias (letters, digits and _.@:%+- ; not starting "
+                "with '-'), e.g. 'lumi2'"
+            )
+        if self.config_file is not None and not Path(self.config_file).is_file():
+            raise TransportConfigError(
+                f"ssh_config_file {self.config_file!r} does not exist; fix the connection extra or drop it to "
+                "use ~/.ssh/config"
+            )
+        if self.host_key is not None and len(self.host_key.split()) < 2:
+            raise TransportConfigError(
+                f"host_key must be '<type> <base64>' (e.g. 'ssh-ed25519 AAAA...'), got {self.host_key!r}"
+            )
+        if not isinstance(self.connect_timeout, int) or self.connect_timeout < 1:
+            raise TransportConfigError(f"connect_timeout must be a whole number of seconds >= 1, got "
+                                       f"{self.connect_timeout!r}")
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, object], *, host: str | None = None) -> OpenSSHTarget:
+        """Read ``ssh_alias`` (else the connection's host), ``ssh_config_file``, ``host_key``,
+        ``require_control_master`` and ``connect_timeout`` from a connection's extras."""
+        alias = extra.get("ssh_alias") or host
+        if not alias:
+            raise TransportConfigError("transport 'openssh' needs the connection extra ssh_alias (e.g. 'lumi2')")
+        config_file = extra.get("ssh_config_file")
+        host_key = extra.get("host_key")
+        try:
+            connect_timeout = int(extra.get("connect_timeout", 10))
+        except (TypeError, ValueError):
+            raise TransportConfigError(
+                f"connection extra connect_timeout={extra.get('connect_timeout')!r} is not a whole number of seconds"
+            ) from None
+        return cls(
+            alias=str(alias),
+            config_file=os.path.expanduser(str(config_file)) if config_file else None,
+            host_key=str(host_key).strip() if host_key else None,
+            require_control_master=_flag(extra.get("require_control_master", False), "require_control_master"),
+            connect_timeout=connect_timeout,
+        )
+
+    def base_argv(self) -> list[str]:
+        argv = ["ssh"]
+        if self.config_file:
+            argv += ["-F", self.config_file]
+        return argv
+
+    def interactive_login(self) -> str:
+        """The command a person runs in a terminal to open the master connection."""
+        return shlex.join([*self.base_argv(), self.alias])
+
+    def command_argv(self, command: str, *, log_file: str, known_hosts: str | None, timeout: float) -> list[str]:
+        """``ssh ... <alias> -- <command>`` that never prompts and keeps ssh's messages out of stderr."""
+        connect = max(1, min(self.connect_timeout, int(timeout)))
+        argv = [
+            *self.base_argv(), "-E", log_file, "-T", "-x", "-a",
+            "-o", "BatchMode=yes",
+            "-o", "LogLevel=ERROR",
+            "-o", f"ConnectTimeout={connect}",
+            "-o", "ClearAllForwardings=yes",
+        ]
+        if self.require_control_master:
+            argv += ["-o", "ControlMaster=no"]
+        if known_hosts is not None:
+            argv += ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
+                     "-o", "StrictHostKeyChecking=yes"]
+        return [*argv, self.alias, "--", command]
+
+    def check_argv(self) -> list[str]:
+        return [*self.base_argv(), "-o", "BatchMode=yes", "-O", "check", self.alias]
+
+    def config_argv(self) -> list[str]:
+        return [*self.base_argv(), "-G", self.alias]
+
+
+def parse_ssh_g(text: str) -> dict[str, str]:
+    """``ssh -G`` output (``key value`` lines, keys lower-case) as a dict; repeated keys keep the first."""
+    config: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(" ")
+        if key and key not in config:
+            config[key] = value.strip()
+    return config
+
+
+def uses_control_master(config: Mapping[str, str]) -> bool:
+    """True when the alias can share a master connection (a ControlPath is set)."""
+    return config.get("controlpath", "none").lower() not in ("none", "")
+
+
+def classify_ssh_failure(target: OpenSSHTarget, ssh_log: str, *, shares_master: bool) -> TransportError:
+    """The exception for an ssh run that exited 255 with ``ssh_log`` (ssh's own messages).
+
+    A live master cannot fail authentication, so a refused login on an alias that shares one
+    means the master is missing or gone: the person has to open it again.
+    """
+    text = " ".join(ssh_log.split())
+    lower = text.lower()
+    if any(m in lower for m in _HOST_KEY_MESSAGES):
+        return HostKeyRejected(
+            f"ssh {target.alias}: host key verification failed: refusing to connect ({_last_line(ssh_log)}). "
+            "If the login node's key really changed, update known_hosts or the connection's host_key."
+        )
+    if any(m in lower for m in _AUTH_MESSAGES):
+        if shares_master:
+            return ControlMasterNotRunning(
+                f"no authenticated ControlMaster for {target.alias}: run `{target.interactive_login()}` once in a "
+                f"terminal (OTP), then retry (ssh said: {_last_line(ssh_log)})"
+            )
+        hint = ("" if shares_master else
+                "; for logins that need a one-time password add ControlMaster auto, ControlPath and "
+                "ControlPersist to the alias in your ssh config")
+        return AuthenticationFailed(f"ssh {target.alias}: login refused ({_last_line(ssh_log)}){hint}")
+    if any(m in lower for m in _CONFIG_MESSAGES):
+        return TransportConfigError(f"ssh {target.alias}: {_last_line(ssh_log)}")
+    if "timed out" in lower:
+        return TransportTimeout(f"ssh {target.alias}: {_last_line(ssh_log)}")
+    return TransportUnavailable(f"ssh {target.alias}: {_last_line(ssh_log)}")
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "no message"
+
+
+def _no_master_error(target: OpenSSHTarget) -> ControlMasterNotRunning:
+    return ControlMasterNotRunning(
+        f"no authenticated ControlMaster for {target.alias}: run `{target.interactive_login()}` once in a "
+        "terminal (OTP), then retry"
+    )
+
+
+class _OpenSSHState:
+    """What both runners remember between commands: the resolved config and whether a master is up."""
+
+    def __init__(self, target: OpenSSHTarget) -> None:
+        self.target = target
+        self.config: dict[str, str] | None = None
+        self.master_up: bool | None = None
+        self._workdir: str | None = None
+        self._known_hosts: str | None = None
+        self.connections_opened = 0
+        self.commands_issued = 0
+
+    def _dir(self) -> str:
+        if self._workdir is None:
+            self._workdir = tempfile.mkdtemp(prefix="slurm-provider-ssh-")
+        return self._workdir
+
+    @property
+    def known_hosts(self) -> str | None:
+        """A private known_hosts holding only the pinned key (None: the ssh config decides)."""
+        if self.target.host_key and self._known_hosts is None:
+            key_type, key_data = self.target.host_key.split()[:2]
+            self._known_hosts = os.path.join(self._dir(), "known_hosts")
+            Path(self._known_hosts).write_text(f"* {key_type} {key_data}\n")
+        return self._known_hosts
+
+    @property
+    def shares_master(self) -> bool:
+        return self.config is not None and uses_control_master(self.config)
+
+    def new_log_file(self) -> str:
+        fd, path = tempfile.mkstemp(prefix="ssh-", suffix=".log", dir=self._dir())
+        os.close(fd)
+        return path
+
+    def must_check_master(self) -> bool:
+        return self.shares_master and self.master_up is not True
+
+    def before_command(self) -> None:
+        if self.target.require_control_master:
+            if not self.shares_master:
+                raise TransportConfigError(
+                    f"require_control_master is set but ssh alias {self.target.alias} has no ControlPath: add "
+                    "ControlMaster auto, ControlPath and ControlPersist to it in your ssh config"
+                )
+            if not self.master_up:
+                raise _no_master_error(self.target)
+        self.commands_issued += 1
+
+    def after_command(self, ssh_failed: bool, master_was_up: bool | None) -> None:
+        if ssh_failed:
+            self.master_up = None
+            return
+        if not self.shares_master or not master_was_up:
+            self.connections_opened += 1
+        if not master_was_up:
+            self.master_up = None  # a master may have been started by this command: look next time
+
+    def result(self, command: str, returncode: int, stdout: bytes, stderr: bytes, log_file: str,
+               master_was_up: bool | None) -> CommandResult:
+        ssh_log = Path(log_file).read_text(errors="replace") if os.path.exists(log_file) else ""
+        os.unlink(log_file)
+        if returncode == SSH_FAILURE_STATUS and ssh_log.strip():
+            self.after_command(True, master_was_up)
+            raise classify_ssh_failure(self.target, ssh_log, shares_master=self.shares_master)
+        if returncode < 0:
+            self.after_command(True, master_was_up)
+            raise TransportUnavailable(f"ssh {self.target.alias} was killed by signal {-returncode} on this machine")
+        self.after_command(False, master_was_up)
+        return CommandResult(command, returncode, decode_output(stdout), decode_output(stderr))
+
+    def close(self) -> None:
+        workdir, self._workdir, self._known_hosts = self._workdir, None, None
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+class OpenSSHRunner:
+    """Synchronous runner: one ``ssh`` process per command, sharing the alias's master connection."""
+
+    def __init__(self, target: OpenSSHTarget) -> None:
+        self.target = target
+        self._state = _OpenSSHState(target)
+
+    @property
+    def connections_opened(self) -> int:
+        """Logins this runner caused (0 while it only rides a master someone else opened)."""
+        return self._state.connections_opened
+
+    @property
+    def commands_issued(self) -> int:
+        return self._state.commands_issued
+
+    def _local(self, argv: list[str]) -> subprocess.CompletedProcess[bytes]:
+        try:
+            return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=_LOCAL_TIMEOUT)
+        except FileNotFoundError as exc:
+            raise TransportConfigError("the OpenSSH client `ssh` is not installed on this machine") from exc
+        except subprocess.TimeoutExpired as exc:
+            raise TransportTimeout(f"`{shlex.join(argv)}` did not answer within {_LOCAL_TIMEOUT}s") from exc
+
+    def master_running(self) -> bool:
+        """``ssh -O check <alias>``: is an authenticated master connection up?"""
+        return self._local(self.target.check_argv()).returncode == 0
+
+    def _prepare(self) -> bool | None:
+        if self._state.config is None:
+            proc = self._local(self.target.config_argv())
+            if proc.returncode != 0:
+                raise TransportConfigError(f"`{shlex.join(self.target.config_argv())}` failed: "
+                                           f"{_last_line(decode_output(proc.stderr))}")
+            self._state.config = parse_ssh_g(decode_output(proc.stdout))
+        if self._state.must_check_master():
+            self._state.master_up = self.master_running()
+        return self._state.master_up
+
+    def run(self, command: str, *, stdin: bytes | str | None = None, timeout: float) -> CommandResult:
+        timeout = check_timeout(timeout)
+        master_was_up = self._prepare()
+        self._state.before_command()
+        log_file = self._state.new_log_file()
+        argv = self.target.command_argv(command, log_file=log_file, known_hosts=self._state.known_hosts,
+                                        timeout=timeout)
+        log.debug("Running on %s: %s", self.target.alias, command)
+        data = stdin_bytes(stdin)
+        try:
+            proc = subprocess.run(argv, input=data if data is not None else b"", capture_output=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            os.unlink(log_file)
+            self._state.after_command(True, master_was_up)
+            raise TransportTimeout(f"ssh {self.target.alias}: command did not finish within {timeout}s") from exc
+        except FileNotFoundError as exc:
+            raise TransportConfigError("the OpenSSH client `ssh` is not installed on this machine") from exc
+        return self._state.result(command, proc.returncode, proc.stdout, proc.stderr, log_file, master_was_up)
+
+    def close(self) -> None:
+        """Forget local state; the master connection belongs to the person who opened it and stays up."""
+        self._state.close()
+
+    def __enter__(self) -> OpenSSHRunner:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class AsyncOpenSSHRunner:
+    """Async twin of :class:`OpenSSHRunner` on ``asyncio.create_subprocess_exec``."""
+
+    def __init__(self, target: OpenSSHTarget) -> None:
+        self.target = target
+        self._state = _OpenSSHState(target)
+        self._prepare_lock: asyncio.Lock | None = None
+
+    @property
+    def connections_opened(self) -> int:
+        return self._state.connections_opened
+
+    @property
+    def commands_issued(self) -> int:
+        return self._state.commands_issued
+
+    async def _local(self, argv: list[str]) -> tuple[int, bytes, bytes]:
+        try:
+            return await _communicate(argv, None, _LOCAL_TIMEOUT)
+        except FileNotFoundError as exc:
+            raise TransportConfigError("the OpenSSH client `ssh` is not installed on this machine") from exc
+        except asyncio.TimeoutError as exc:
+            raise TransportTimeout(f"`{shlex.join(argv)}` did not answer within {_LOCAL_TIMEOUT}s") from exc
+
+    async def master_running(self) -> bool:
+        returncode, _, _ = await self._local(self.target.check_argv())
+        return returncode == 0
+
+    async def _prepare(self) -> bool | None:
+        if self._prepare_lock is None:
+            self._prepare_lock = asyncio.Lock()
+        async with self._prepare_lock:
+            if self._state.config is None:
+                returncode, out, err = await self._local(self.target.config_argv())
+                if returncode != 0:
+                    raise TransportConfigError(f"`{shlex.join(self.target.config_argv())}` failed: "
+                                               f"{_last_line(decode_output(err))}")
+                self._state.config = parse_ssh_g(decode_output(out))
+            if self._state.must_check_master():
+                self._state.master_up = await self.master_running()
+            return self._state.master_up
+
+    async def run(self, command: str, *, stdin: bytes | str | None = None, timeout: float) -> CommandResult:
+        timeout = check_timeout(timeout)
+        master_was_up = await self._prepare()
+        self._state.before_command()
+        log_file = self._state.new_log_file()
+        argv = self.target.command_argv(command, log_file=log_file, known_hosts=self._state.known_hosts,
+                                        timeout=timeout)
+        log.debug("Running on %s: %s", self.target.alias, command)
+        try:
+            returncode, out, err = await _communicate(argv, stdin_bytes(stdin), timeout)
+        except asyncio.TimeoutError as exc:
+            os.unlink(log_file)
+            self._state.after_command(True, master_was_up)
+            raise TransportTimeout(f"ssh {self.target.alias}: command did not finish within {timeout}s") from exc
+        except FileNotFoundError as exc:
+            raise TransportConfigError("the OpenSSH client `ssh` is not installed on this machine") from exc
+        return self._state.result(command, returncode, out, err, log_file, master_was_up)
+
+    async def close(self) -> None:
+        self._state.close()
+
+
+async def _communicate(argv: list[str], data: bytes | None, timeout: float) -> tuple[int, bytes, bytes]:
+    """Run ``argv`` with ``data`` on stdin; on timeout or cancellation kill it and re-raise."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(data if data is not None else b""), timeout)
+    except (asyncio.TimeoutError, asyncio.CancelledError):
+        _abandon(proc)
+        raise
+    assert proc.returncode is not None
+    return proc.returncode, out, err
+
+
+def _abandon(proc: asyncio.subprocess.Process) -> None:
+    """Kill ``ssh`` and close our ends of its pipes.
+
+    A ControlMaster client hands its stdio descriptors to the master, which keeps them until the
+    remote command ends; before Python 3.12 ``Process.wait()`` waits for those pipes to close, so
+    a hung remote command would hang us too. Closing the subprocess transport releases them now.
+    """
+    if proc.returncode is None:
+        proc.kill()
+    transport = getattr(proc, "_transport", None)
+    if transport is not None:
+        transport.close()

@@ -1,0 +1,185 @@
+"""``SlurmJobTrigger``: waits in the triggerer for one Slurm job to end, without a worker slot.
+
+Every trigger of one connection subscribes to the connection's shared :class:`JobPoller`, so a
+triggerer watching hundreds of jobs still makes one status query per interval. The trigger streams
+new lines of the job's output file into the task log, fires exactly one event, and carries
+everything the operator needs to resume in that event (``airflow dags test`` drops ``defer()``
+kwargs), including an opaque ``carry`` dict the operator hands in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from slurm_provider.poller import shared_poller
+from slurm_provider.states import SlurmState, StateCategory, classify_pending_reason
+from slurm_provider.status import JobStatus
+
+log = logging.getLogger(__name__)
+
+# Event kinds: the job ended (any terminal state), will never start, vanished, or could not be watched.
+FINISHED, NEVER_STARTS, LOST, ERROR = "finished", "never_starts", "lost", "error"
+PENDING_POLICIES = ("fail", "warn")
+
+
+def _hook_factory(conn_id: str):
+    def make():
+        from slurm_provider.hooks import SlurmAsyncHook
+
+        return SlurmAsyncHook(conn_id)
+
+    return make
+
+
+class SlurmJobTrigger(BaseTrigger):
+    """Fires one event when Slurm job ``job_id`` ends (or will never start, or cannot be found).
+
+    :param conn_id: Airflow SSH connection of the cluster's login node.
+    :param job_id: the Slurm job id to watch.
+    :param poll_interval: first interval between status queries, seconds.
+    :param max_poll_interval: cap of the interval, which grows while nothing changes.
+    :param first_poll_delay: wait before the first query (keep >= 10 s in deployments: a trigger
+        firing within seconds of deferral can race the scheduler).
+    :param log_path: the job's output file on the cluster; new lines are copied to the task log.
+    :param log_offset: bytes of ``log_path`` already shown (survives triggerer restarts).
+    :param pending_policy: ``fail`` ends the wait when the pending reason means the job can never
+        start (e.g. the allocation is used up); ``warn`` logs it and keeps waiting.
+    :param expected_job_name: the job's name, checked before ``on_kill`` cancels anything, so a
+        recycled job id of someone else's job is never cancelled.
+    :param unknown_grace_polls: consecutive polls in which neither squeue nor sacct knows the job
+        before it is reported lost (accounting reaches slurmdbd with a lag).
+    :param carry: opaque JSON-safe data returned unchanged in the event.
+    """
+
+    def __init__(self, *, conn_id: str, job_id: str, poll_interval: float = 15.0,
+                 max_poll_interval: float = 300.0, first_poll_delay: float = 10.0,
+                 log_path: str | None = None, log_offset: int = 0, pending_policy: str = "fail",
+                 expected_job_name: str | None = None, unknown_grace_polls: int = 6,
+                 carry: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        if pending_policy not in PENDING_POLICIES:
+            raise ValueError(f"pending_policy {pending_policy!r} not allowed (known: {', '.join(PENDING_POLICIES)})")
+        self.conn_id = conn_id
+        self.job_id = str(job_id)
+        self.poll_interval = float(poll_interval)
+        self.max_poll_interval = float(max_poll_interval)
+        self.first_poll_delay = float(first_poll_delay)
+        self.log_path = log_path
+        self.log_offset = int(log_offset)
+        self.pending_policy = pending_policy
+        self.expected_job_name = expected_job_name
+        self.unknown_grace_polls = int(unknown_grace_polls)
+        self.carry = dict(carry or {})
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "conn_id": self.conn_id,
+                "job_id": self.job_id,
+                "poll_interval": self.poll_interval,
+                "max_poll_interval": self.max_poll_interval,
+                "first_poll_delay": self.first_poll_delay,
+                "log_path": self.log_path,
+                "log_offset": self.log_offset,
+                "pending_policy": self.pending_policy,
+                "expected_job_name": self.expected_job_name,
+                "unknown_grace_polls": self.unknown_grace_polls,
+                "carry": self.carry,
+            },
+        )
+
+    def _event(self, kind: str, status: JobStatus | None, message: str) -> TriggerEvent:
+        return TriggerEvent({
+            "kind": kind,
+            "conn_id": self.conn_id,
+            "job_id": self.job_id,
+            "status": status.to_event() if status is not None else None,
+            "log_path": self.log_path,
+            "log_offset": self.log_offset,
+            "message": message,
+            "carry": self.carry,
+        })
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        poller = shared_poller(self.conn_id, _hook_factory(self.conn_id))
+        last_state: SlurmState | None = None
+        warned_reason: str | None = None
+        unknown_polls = 0
+        async with poller.subscribe(self.job_id, poll_interval=self.poll_interval,
+                                    max_poll_interval=self.max_poll_interval, log_path=self.log_path,
+                                    log_offset=self.log_offset,
+                                    first_poll_delay=self.first_poll_delay) as updates:
+            while True:
+                update = await updates.get()
+                if update.error is not None:
+                    yield self._event(ERROR, None, f"cannot watch job {self.job_id} on {self.conn_id}: "
+                                                   f"{update.error}")
+                    return
+                self.log_offset = update.log_offset
+                for line in update.new_log_text.splitlines():
+                    self.log.info("[job %s] %s", self.job_id, line)
+                status = update.status
+                if status is None or status.state is SlurmState.UNKNOWN:
+                    unknown_polls += 1
+                    if unknown_polls >= self.unknown_grace_polls:
+                        yield self._event(LOST, status, f"job {self.job_id} is known neither to squeue nor to "
+                                                        f"sacct after {unknown_polls} polls")
+                        return
+                    continue
+                unknown_polls = 0
+                if status.state is not last_state:
+                    self.log.info("Job %s %s", self.job_id, _describe(status))
+                    last_state = status.state
+                if status.state.is_terminal:
+                    yield self._event(FINISHED, status, _describe(status))
+                    return
+                if status.state is SlurmState.PENDING and status.reason:
+                    reason = classify_pending_reason(status.reason)
+                    if reason.blocks_forever:
+                        text = f"job {self.job_id} will not start: {status.reason}: {reason.explanation}"
+                        if self.pending_policy == "fail":
+                            yield self._event(NEVER_STARTS, status, text)
+                            return
+                        if warned_reason != status.reason:
+                            self.log.warning("%s (still waiting: pending_policy=warn)", text)
+                            warned_reason = status.reason
+
+    async def on_kill(self) -> None:
+        """A person stopped the task: cancel the job, but only if it is still the job we submitted."""
+        from slurm_provider.hooks import SlurmAsyncHook
+
+        hook = SlurmAsyncHook(self.conn_id)
+        try:
+            statuses = await asyncio.wait_for(hook.statuses([self.job_id]), timeout=20)
+            status = statuses.get(self.job_id)
+            if status is None or status.state.is_terminal or status.state is SlurmState.UNKNOWN:
+                self.log.info("Task stopped; job %s has already ended, nothing to cancel", self.job_id)
+                return
+            if self.expected_job_name and status.name != self.expected_job_name:
+                self.log.warning("Task stopped, but job %s is now named %r, not %r: not cancelling it",
+                                 self.job_id, status.name, self.expected_job_name)
+                return
+            await asyncio.wait_for(hook.cancel(self.job_id), timeout=20)
+            self.log.info("Task stopped by a user: cancelled job %s", self.job_id)
+        finally:
+            await hook.close()
+
+
+def _describe(status: JobStatus) -> str:
+    """One line for people: state, reason or node list, exit code."""
+    parts = [status.state.value]
+    if status.state.category is StateCategory.WAITING and status.reason and status.reason != "None":
+        parts.append(f"({status.reason})")
+    if status.node_list and status.state.has_started:
+        parts.append(f"on {status.node_list}")
+    if status.state.is_terminal and status.exit_code is not None:
+        parts.append(f"exit code {status.exit_code}")
+    if status.restarts:
+        parts.append(f"after {status.restarts} restart(s)")
+    return " ".join(parts)

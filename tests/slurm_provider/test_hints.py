@@ -1,0 +1,192 @@
+"""Known error signatures in real-looking log tails map to the field-notes fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_provider.hints import LOG_RULES, SUBMIT_RULES, find_hints, find_submit_hints, format_hints, hint_for
+from slurm_provider.states import SlurmState
+
+GOLDEN = Path(__file__).parent / "golden"
+
+LOG_EXCERPTS: dict[str, str] = {
+    "no_hip_gpus": """\
+Loading stage 1 config from config/model_full.yaml
+Traceback (most recent call last):
+  File "/scratch/project_465002500/vcloud/code/scripts/train.py", line 88, in <module>
+    device = torch.device("cuda", local_rank); torch.cuda.set_device(device)
+  File "/usr/local/lib/python3.10/dist-packages/torch/cuda/__init__.py", line 404, in set_device
+    torch._C._cuda_setDevice(device)
+RuntimeError: No HIP GPUs are available
+srun: error: nid005011: task 0: Exited with exit code 1
+""",
+    "no_cuda_gpus": """\
+Conditional diffusion model initialized at 1979-01-01 00:00:00
+RuntimeError: No CUDA GPUs are available
+""",
+    "gpu_out_of_memory": """\
+epoch 3 step 1200 loss=0.0412
+Traceback (most recent call last):
+  File "src/vcloud/train/loop.py", line 212, in train_step
+    loss.backward()
+torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 63.98 GiB of which 1.21 GiB is free.
+""",
+    "vcloud_data_missing": """\
+Traceback (most recent call last):
+  File "/scratch/project_465002500/vcloud/code/scripts/train.py", line 12, in <module>
+    from vcloud.data.dataset import SEN12MSCRTS
+ModuleNotFoundError: No module named 'vcloud.data'
+""",
+    "libfabric_cxi": """\
+libfabric:1234:1700000000::cxi:core:cxip_gen_auth_key():587<warn> nid005011: Error: CXI auth key not found
+MPICH ERROR [Rank 0] [job id 16082076.0] [nid005011]: OFI fi_getinfo() failed
+""",
+    "wandb_hang": """\
+wandb: Currently logged in as: digifarm. Use `wandb login --relogin` to force relogin
+wandb: Network error (ConnectionError), entering retry loop.
+slurmstepd: error: *** JOB 16082076 ON nid005011 CANCELLED AT 2026-02-16T09:12:00 DUE TO TIME LIMIT ***
+""",
+    "tifffile_missing": """\
+  File "/scratch/project_465002500/vcloud/code/src/vcloud/data/io.py", line 3, in <module>
+    import tifffile
+ModuleNotFoundError: No module named 'tifffile'
+""",
+    "rocm_flag_glibc": """\
+/usr/bin/python3: /lib/x86_64-linux-gnu/libc.so.6: version `GLIBC_2.33' not found (required by /opt/rocm/lib/libdrm.so.2)
+srun: error: nid005011: task 0: Exited with exit code 1
+""",
+    "module_load_broken": """\
+/var/spool/slurmd/job16082076/slurm_script: line 14: module: command not found
+""",
+    "miopen_cache": """\
+MIOpen(HIP): Warning [SQLiteBase] Missing system database file: gfx90a6e.kdb
+MIOpen Error: /long_pathname_so_that_rpms_can_package_the_debug_info/src/conv/invokers/impl_gemm.cpp:106: No suitable algorithm was found to execute the required convolution
+RuntimeError: miopenStatusUnknownError
+""",
+    "prefetch_factor": """\
+  File "/usr/local/lib/python3.10/dist-packages/torch/utils/data/dataloader.py", line 251, in __init__
+    raise ValueError('prefetch_factor option could only be specified in multiprocessing.'
+ValueError: prefetch_factor option could only be specified in multiprocessing.let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None.
+""",
+    "too_many_processors": """\
+srun: error: Unable to create step for job 5123456: More processors requested than permitted
+""",
+    "ddp_collective_timeout": """\
+Fine-tuned optimizer configuration:
+  - AdamW optimizer...
+[rank3]:[E ProcessGroupNCCL.cpp:563] [Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600043 milliseconds before timing out.
+""",
+    "host_out_of_memory": """\
+slurmstepd: error: Detected 1 oom_kill event in StepId=16082076.batch. Some of the step tasks have been OOM Killed.
+""",
+    "time_limit": """\
+epoch 46/100 psnr=34.0
+slurmstepd: error: *** JOB 16082076 ON nid005011 CANCELLED AT 2026-02-16T09:12:00 DUE TO TIME LIMIT ***
+""",
+}
+
+
+def test_every_rule_has_an_excerpt() -> None:
+    assert set(LOG_EXCERPTS) == {rule.key for rule in LOG_RULES}
+
+
+@pytest.mark.parametrize("key", sorted(LOG_EXCERPTS))
+def test_each_signature_gives_its_hint(key: str) -> None:
+    hints = find_hints(LOG_EXCERPTS[key])
+    keys = [h.key for h in hints]
+    assert key in keys
+    hint = hints[keys.index(key)]
+    assert hint.evidence and hint.evidence in LOG_EXCERPTS[key]
+    assert hint.hint.endswith(".") and hint.source
+
+
+def test_specific_advice_from_the_field_notes() -> None:
+    by_key = {rule.key: rule.hint for rule in LOG_RULES}
+    assert "SINGULARITY_CONTAINLIBS" in by_key["no_hip_gpus"] and "-B /opt/cray/libfabric" in by_key["no_hip_gpus"]
+    assert "expandable_segments:True" in by_key["gpu_out_of_memory"]
+    assert "gradient checkpointing" in by_key["gpu_out_of_memory"] and "chunked" in by_key["gpu_out_of_memory"]
+    assert "--exclude '/data'" in by_key["vcloud_data_missing"]
+    assert "WANDB_MODE=disabled" in by_key["wandb_hang"]
+    assert "pylibs" in by_key["tifffile_missing"]
+    assert "--rocm" in by_key["rocm_flag_glibc"] and "SINGULARITY_BIND" in by_key["rocm_flag_glibc"]
+    assert "MIOPEN_USER_DB_PATH=/tmp/miopen_cache_$SLURM_JOB_ID" in by_key["miopen_cache"]
+    assert "num_workers > 0" in by_key["prefetch_factor"]
+    assert "fewer CPU cores" in by_key["too_many_processors"]
+    assert "rank 0" in by_key["ddp_collective_timeout"]
+
+
+def test_the_wandb_hang_log_also_hits_the_time_limit() -> None:
+    keys = [h.key for h in find_hints(LOG_EXCERPTS["wandb_hang"])]
+    assert keys == ["wandb_hang", "time_limit"]
+
+
+@pytest.mark.parametrize(
+    "benign",
+    [
+        "NCCL INFO NET/OFI Using aws-ofi-rccl 1.4.0; libfabric version 1.15.2\n",
+        "wandb: Tracking run with wandb version 0.16.0\n",
+        "epoch 12 psnr=35.1 memory=54.2GB\n",
+        "Using MIOpen find mode 1\n",
+        "",
+    ],
+)
+def test_benign_lines_give_no_hint(benign: str) -> None:
+    assert find_hints(benign) == []
+
+
+def test_state_based_hints() -> None:
+    assert [h.key for h in find_hints("", state=SlurmState.OUT_OF_MEMORY)] == ["host_out_of_memory"]
+    assert [h.key for h in find_hints(None, state="TO")] == ["time_limit"]
+    assert find_hints("", state="COMPLETED") == []
+
+
+def test_logs_captured_on_the_real_cluster() -> None:
+    read = lambda name: (GOLDEN / f"log_{name}.txt").read_text()  # noqa: E731
+    assert [h.key for h in find_hints(read("oom"), state="FAILED")] == ["host_out_of_memory"]
+    assert [h.key for h in find_hints(read("timeout"), state="TIMEOUT")] == ["time_limit"]
+    assert [h.key for h in find_hints(read("failed"), state="FAILED")] == ["vcloud_data_missing"]
+    assert find_hints(read("cancelled"), state="CANCELLED") == []
+    assert find_hints(read("requeue"), state="COMPLETED") == []
+
+
+def test_submit_hints_from_real_sbatch_errors() -> None:
+    account = find_submit_hints((GOLDEN / "sbatch_bad_account.stderr.txt").read_text())
+    assert [h.key for h in account] == ["invalid_account"] and "project_465002500" in account[0].hint
+    partition = find_submit_hints((GOLDEN / "sbatch_test_only_bad_partition.stderr.txt").read_text())
+    assert [h.key for h in partition] == ["invalid_partition"]
+    assert find_submit_hints("sbatch: Job 48 to start at 2026-11-22T00:04:03") == []
+
+
+@pytest.mark.parametrize(
+    ("stderr", "key"),
+    [
+        ("sbatch: error: Batch job submission failed: Requested time limit is invalid (missing or exceeds some limit)", "time_limit_invalid"),
+        ("sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit, user's size and/or time limits)", "qos_policy"),
+        ("sbatch: error: Batch job submission failed: Requested node configuration is not available", "node_configuration"),
+        ("sbatch: error: Invalid generic resource (gres) specification", "invalid_gres"),
+        ("sbatch: error: This does not look like a batch script.  The first", "not_a_batch_script"),
+    ],
+)
+def test_submit_rules(stderr: str, key: str) -> None:
+    assert [h.key for h in find_submit_hints(stderr)] == [key]
+
+
+def test_every_submit_rule_is_exercised() -> None:
+    exercised = {"invalid_account", "invalid_partition", "time_limit_invalid", "qos_policy", "node_configuration", "invalid_gres", "not_a_batch_script"}
+    assert exercised == {rule.key for rule in SUBMIT_RULES}
+
+
+def test_format_hints() -> None:
+    text = format_hints(find_hints(LOG_EXCERPTS["vcloud_data_missing"]))
+    assert text.startswith("Hint: The vcloud.data package is missing on the cluster: rsync dropped")
+    assert format_hints([]) == ""
+
+
+def test_hint_for_gives_one_text_or_none() -> None:
+    text = hint_for(LOG_EXCERPTS["wandb_hang"], state="TIMEOUT")
+    assert text is not None
+    assert text.startswith("Weights & Biases cannot reach its server: WandB hangs")
+    assert "\nHint: Time limit reached: Slurm stopped the job" in text
+    assert hint_for("all good\n", state="COMPLETED") is None

@@ -1,0 +1,93 @@
+"""Resubmission policy: budgets per cause, progress evidence, history bookkeeping."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slurm_provider.resubmission import (
+    DEFAULT_BUDGETS,
+    Submission,
+    SubmissionHistory,
+    decide_resubmission,
+    progress_made,
+)
+from slurm_provider.states import SlurmState
+
+
+def _history(*causes: str, progress: str | None = None) -> SubmissionHistory:
+    history = SubmissionHistory()
+    for number, cause in enumerate(causes, start=1):
+        history.add(Submission(str(100 + number), number, cause, try_number=1, progress=progress))
+    return history
+
+
+def _progress(epoch: int, step: int) -> str:
+    return json.dumps({"epoch": epoch, "step": step})
+
+
+def test_timeout_with_progress_is_resubmitted() -> None:
+    history = _history("initial", progress=_progress(0, 0))
+    decision = decide_resubmission(SlurmState.TIMEOUT, history, DEFAULT_BUDGETS,
+                                   progress_now=_progress(3, 120), probe_configured=True)
+    assert decision.resubmit
+    assert decision.cause == "TIMEOUT"
+    assert "1 of 10" in decision.message
+
+
+def test_timeout_without_progress_is_not_resubmitted() -> None:
+    history = _history("initial", progress=_progress(3, 120))
+    decision = decide_resubmission(SlurmState.TIMEOUT, history, DEFAULT_BUDGETS,
+                                   progress_now=_progress(3, 120), probe_configured=True)
+    assert not decision.resubmit
+    assert "without progress" in decision.message
+
+
+def test_missing_progress_file_means_no_progress() -> None:
+    decision = decide_resubmission(SlurmState.NODE_FAIL, _history("initial"), DEFAULT_BUDGETS,
+                                   progress_now=None, probe_configured=True)
+    assert not decision.resubmit
+    assert "missing" in decision.message
+
+
+def test_budget_is_per_cause() -> None:
+    history = _history("initial", "NODE_FAIL", "NODE_FAIL", "NODE_FAIL")
+    spent = decide_resubmission(SlurmState.NODE_FAIL, history, DEFAULT_BUDGETS, progress_now=None,
+                                probe_configured=False)
+    assert not spent.resubmit
+    assert "used up (3 of 3)" in spent.message
+    other = decide_resubmission(SlurmState.TIMEOUT, history, DEFAULT_BUDGETS, progress_now=None,
+                                probe_configured=False)
+    assert other.resubmit
+
+
+@pytest.mark.parametrize("state", [SlurmState.FAILED, SlurmState.CANCELLED, SlurmState.OUT_OF_MEMORY,
+                                   SlurmState.COMPLETED, SlurmState.UNKNOWN])
+def test_non_interruptions_are_never_resubmitted(state: SlurmState) -> None:
+    decision = decide_resubmission(state, _history("initial"), DEFAULT_BUDGETS, progress_now=_progress(9, 9),
+                                   probe_configured=True)
+    assert not decision.resubmit
+
+
+@pytest.mark.parametrize(("before", "after", "expected"), [
+    (None, _progress(0, 1), True),
+    (_progress(1, 10), _progress(1, 11), True),
+    (_progress(2, 0), _progress(1, 999), False),
+    (_progress(1, 10), _progress(1, 10), False),
+    ("epoch 3", "epoch 4", True),
+    ("epoch 3", "epoch 3", False),
+    (_progress(1, 1), None, False),
+])
+def test_progress_made(before: str | None, after: str | None, expected: bool) -> None:
+    assert progress_made(before, after) is expected
+
+
+def test_history_round_trips_and_merges_without_duplicates() -> None:
+    stored = _history("initial", "TIMEOUT")
+    carried = SubmissionHistory.from_json(json.dumps(stored.to_json()))
+    carried.add(Submission("103", 3, "TIMEOUT", try_number=1))
+    merged = SubmissionHistory.merge(stored, carried)
+    assert merged.job_ids == ["101", "102", "103"]
+    assert merged.current.number == 3
+    assert SubmissionHistory.from_json(None).submissions == []

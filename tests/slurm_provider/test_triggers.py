@@ -1,0 +1,161 @@
+"""SlurmJobTrigger driven directly against the real local cluster (run(), serialize(), on_kill())."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+import structlog.testing
+
+from localcluster import LocalCluster
+from slurm_provider.hooks import SlurmHook
+from slurm_provider.triggers import FINISHED, NEVER_STARTS, SlurmJobTrigger
+
+FAST = {"poll_interval": 1.0, "max_poll_interval": 3.0, "first_poll_delay": 0.0}
+
+
+def _submit(cluster: LocalCluster, conn_id: str, body: str, *extra: str, time_limit: str = "2") -> tuple[str, str, str]:
+    name = f"trig-{uuid.uuid4().hex[:10]}"
+    out_dir = cluster.test_dir()
+    result = SlurmHook(conn_id).submit(f"#!/bin/bash\n{body}\n", job_name=name, output=f"{out_dir}/{name}.%j.out",
+                                       time_limit=time_limit, extra_options=list(extra))
+    return str(result.job_id), name, f"{out_dir}/{name}.{result.job_id}.out"
+
+
+def _streamed(logs: list[dict[str, Any]], job_id: str) -> list[str]:
+    return [entry["event"] for entry in logs if str(entry.get("event", "")).startswith(f"[job {job_id}]")]
+
+
+def _run_to_event(trigger: SlurmJobTrigger, timeout: float = 120) -> dict[str, Any]:
+    async def first_event() -> dict[str, Any]:
+        async for event in trigger.run():
+            return event.payload
+        raise AssertionError("trigger ended without an event")
+
+    return asyncio.run(asyncio.wait_for(first_event(), timeout))
+
+
+def test_serialize_round_trips() -> None:
+    trigger = SlurmJobTrigger(conn_id="c", job_id="12", log_path="/p/x.out", log_offset=7, pending_policy="warn",
+                              expected_job_name="n", carry={"history": [{"job_id": "12"}]}, **FAST)
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "slurm_provider.triggers.SlurmJobTrigger"
+    assert SlurmJobTrigger(**kwargs).serialize() == (classpath, kwargs)
+
+
+def test_bad_pending_policy_is_refused() -> None:
+    with pytest.raises(ValueError, match="pending_policy 'maybe' not allowed"):
+        SlurmJobTrigger(conn_id="c", job_id="1", pending_policy="maybe")
+
+
+def test_failed_job_yields_one_event_with_status_and_streams_log(
+        local_cluster: LocalCluster, cluster_connection: str) -> None:
+    job_id, _, log_path = _submit(local_cluster, cluster_connection, "echo first line; sleep 3; echo last line; exit 3")
+    with structlog.testing.capture_logs() as logs:
+        payload = _run_to_event(SlurmJobTrigger(conn_id=cluster_connection, job_id=job_id, log_path=log_path, **FAST))
+    assert payload["kind"] == FINISHED
+    assert payload["status"]["state"] == "FAILED"
+    assert payload["status"]["exit_code"] == 3
+    assert payload["log_offset"] == len(b"first line\nlast line\n")
+    assert _streamed(logs, job_id) == [f"[job {job_id}] first line", f"[job {job_id}] last line"]
+
+
+def test_never_starting_job_is_reported_not_waited_for(local_cluster: LocalCluster, cluster_connection: str) -> None:
+    # small-g allows 3 days: Slurm keeps a 4-day request pending forever (PartitionConfig here).
+    job_id, _, _ = _submit(local_cluster, cluster_connection, "true", time_limit="4-00:00:00")
+    try:
+        payload = _run_to_event(SlurmJobTrigger(conn_id=cluster_connection, job_id=job_id, **FAST), timeout=60)
+        assert payload["kind"] == NEVER_STARTS
+        assert payload["status"]["reason"].startswith("Partition")
+        assert f"job {job_id} will not start: {payload['status']['reason']}" in payload["message"]
+    finally:
+        SlurmHook(cluster_connection).cancel(job_id)
+
+
+def test_restarted_trigger_resumes_the_watch_without_repeating_log_lines(
+        local_cluster: LocalCluster, cluster_connection: str) -> None:
+    job_id, _, log_path = _submit(local_cluster, cluster_connection,
+                                  "echo before; sleep 6; echo after")
+    trigger = SlurmJobTrigger(conn_id=cluster_connection, job_id=job_id, log_path=log_path, **FAST)
+
+    async def watch_briefly_then_stop() -> None:
+        # A triggerer shutdown cancels run(); it must not touch the job (that is on_kill's job only).
+        async def consume() -> None:
+            async for _ in trigger.run():
+                raise AssertionError("the job cannot have ended yet")
+        task = asyncio.ensure_future(consume())
+        await asyncio.sleep(3.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    with structlog.testing.capture_logs() as first_logs:
+        asyncio.run(watch_briefly_then_stop())
+    assert local_cluster.current_state(int(job_id)) == "RUNNING"
+    assert trigger.log_offset == len(b"before\n")
+
+    _, kwargs = trigger.serialize()
+    with structlog.testing.capture_logs() as second_logs:
+        payload = _run_to_event(SlurmJobTrigger(**kwargs))
+    assert payload["status"]["state"] == "COMPLETED"
+    assert _streamed(first_logs, job_id) == [f"[job {job_id}] before"]
+    assert _streamed(second_logs, job_id) == [f"[job {job_id}] after"]
+
+
+def test_on_kill_cancels_our_running_job(local_cluster: LocalCluster, cluster_connection: str) -> None:
+    job_id, name, _ = _submit(local_cluster, cluster_connection, "sleep 120")
+    local_cluster.wait_for_state(int(job_id), {"RUNNING"}, timeout=60)
+    trigger = SlurmJobTrigger(conn_id=cluster_connection, job_id=job_id, expected_job_name=name, **FAST)
+    asyncio.run(trigger.on_kill())
+    assert local_cluster.wait_for_state(int(job_id), {"CANCELLED"}, timeout=60) == "CANCELLED"
+
+
+def test_on_kill_never_cancels_a_job_that_is_not_ours(local_cluster: LocalCluster, cluster_connection: str) -> None:
+    job_id, _, _ = _submit(local_cluster, cluster_connection, "sleep 120")
+    try:
+        local_cluster.wait_for_state(int(job_id), {"RUNNING"}, timeout=60)
+        trigger = SlurmJobTrigger(conn_id=cluster_connection, job_id=job_id, expected_job_name="someone-else", **FAST)
+        asyncio.run(trigger.on_kill())
+        assert local_cluster.current_state(int(job_id)) == "RUNNING"
+    finally:
+        SlurmHook(cluster_connection).cancel(job_id)
+
+
+def test_triggers_of_one_cluster_share_one_connection_and_one_query_per_cycle(
+        local_cluster: LocalCluster, cluster_connection: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_provider import hooks, poller, triggers
+
+    jobs = [_submit(local_cluster, cluster_connection, f"sleep {3 + i}")[0] for i in range(4)]
+    hooks_made: list[Any] = []
+    pollers_used: list[Any] = []
+
+    def factory(conn_id: str):
+        def make():
+            hooks_made.append(hooks.SlurmAsyncHook(conn_id))
+            return hooks_made[-1]
+        return make
+
+    def recording_shared_poller(conn_id: str, source_factory: Any, **kwargs: Any) -> Any:
+        pollers_used.append(poller.shared_poller(conn_id, source_factory, **kwargs))
+        return pollers_used[-1]
+
+    monkeypatch.setattr(triggers, "_hook_factory", factory)
+    monkeypatch.setattr(triggers, "shared_poller", recording_shared_poller)
+
+    async def watch_all() -> list[dict[str, Any]]:
+        async def one(job_id: str) -> dict[str, Any]:
+            async for event in SlurmJobTrigger(conn_id=cluster_connection, job_id=job_id, **FAST).run():
+                return event.payload
+            raise AssertionError("no event")
+        return await asyncio.gather(*(one(j) for j in jobs))
+
+    payloads = asyncio.run(asyncio.wait_for(watch_all(), 120))
+    assert [p["status"]["state"] for p in payloads] == ["COMPLETED"] * 4
+    assert len({id(p) for p in pollers_used}) == 1, "all triggers of one connection share one poller"
+    assert len(hooks_made) == 1 and hooks_made[0].connections_opened == 1
+    cycles = pollers_used[0].cycles
+    assert cycles >= 2
+    assert hooks_made[0].command_counts["squeue"] == cycles, "one squeue per cycle for all watched jobs"
+    assert hooks_made[0].command_counts["sacct"] <= cycles
