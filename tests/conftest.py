@@ -8,6 +8,7 @@ examples) is set here, at import time, before any test module imports Airflow. E
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import subprocess
@@ -30,6 +31,14 @@ os.environ.update({
     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_AIRFLOW_HOME}/airflow.db",
     "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
     "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(_AIRFLOW_HOME / "logs"),
+    # The product's DAGs plus small DAGs that exist only to drive operators in tests (dag.test()
+    # needs a DAG to live in a configured bundle).
+    "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps([
+        {"name": "dags-folder", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+         "kwargs": {"path": str(REPO / "dags")}},
+        {"name": "test-dags", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+         "kwargs": {"path": str(REPO / "tests" / "dag_fixtures")}},
+    ]),
 })
 
 from localcluster import ClusterUnavailable, LocalCluster, bring_up  # noqa: E402

@@ -169,7 +169,9 @@ def _options(options: SubmitOptions | None, fields: Mapping[str, Any]) -> Submit
             raise ValidationError("options", f"{exc}; valid fields: {', '.join(_SUBMIT_FIELDS)}") from None
     unknown = sorted(set(fields) - set(_SUBMIT_FIELDS))
     if unknown:
-        raise ValidationError("options", f"unknown submit options {unknown} (valid: {', '.join(_SUBMIT_FIELDS)})")
+        raise ValidationError(
+            "options", f"unknown submit options {unknown} (valid: {', '.join(_SUBMIT_FIELDS)})"
+        )
     return dataclasses.replace(options, **fields)
 
 
@@ -178,7 +180,9 @@ _SUBMIT_FIELDS = tuple(f.name for f in dataclasses.fields(SubmitOptions))
 
 def _validate_script(script: str) -> str:
     if not isinstance(script, str) or not script.startswith("#!"):
-        raise ValidationError("script", "must be the text of a batch script starting with '#!' (e.g. #!/bin/bash)")
+        raise ValidationError(
+            "script", "must be the text of a batch script starting with '#!' (e.g. #!/bin/bash)"
+        )
     return script
 
 
@@ -247,14 +251,17 @@ def runs_plan(job_id: str | int) -> Plan[list[JobStatus]]:
 
 def _squeue_own_jobs() -> str:
     fields = ",".join(f"{name}:{FIELD_SEPARATOR}" for name in SQUEUE_FIELDS[:-1]) + f",{SQUEUE_FIELDS[-1]}:"
-    return f"{TIME_FORMAT_ENV} " + shlex.join(["squeue", "-h", "-r", "-t", "all", "--me", f"--Format={fields}"])
+    argv = ["squeue", "-h", "-r", "-t", "all", "--me", f"--Format={fields}"]
+    return f"{TIME_FORMAT_ENV} " + shlex.join(argv)
 
 
 def _sacct_own_jobs(since: str) -> str:
-    return f"{TIME_FORMAT_ENV} " + shlex.join([
-        "sacct", "--parsable2", "--noheader", f"--delimiter={FIELD_SEPARATOR}", f"--format={','.join(SACCT_FIELDS)}",
-        "--allocations", "--duplicates", f"--starttime={validate_since(since)}",
-    ])
+    argv = [
+        "sacct", "--parsable2", "--noheader", f"--delimiter={FIELD_SEPARATOR}",
+        f"--format={','.join(SACCT_FIELDS)}", "--allocations", "--duplicates",
+        f"--starttime={validate_since(since)}",
+    ]
+    return f"{TIME_FORMAT_ENV} " + shlex.join(argv)
 
 
 def find_jobs_plan(name: str | None, comment_contains: str | None, since: str) -> Plan[list[JobStatus]]:
@@ -379,8 +386,13 @@ class SlurmHook(BaseHook, _CommandCounter):
     conn_type = "ssh"
     hook_name = "Slurm (SSH)"
 
-    def __init__(self, ssh_conn_id: str = default_conn_name, *, command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
-                 runner: RemoteCommandRunner | None = None) -> None:
+    def __init__(
+        self,
+        ssh_conn_id: str = default_conn_name,
+        *,
+        command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
+        runner: RemoteCommandRunner | None = None,
+    ) -> None:
         BaseHook.__init__(self)
         _CommandCounter.__init__(self)
         self.ssh_conn_id = ssh_conn_id
@@ -479,8 +491,13 @@ class SlurmAsyncHook(BaseHook, _CommandCounter):
     conn_type = "ssh"
     hook_name = "Slurm (SSH, async)"
 
-    def __init__(self, ssh_conn_id: str = default_conn_name, *, command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
-                 runner: AsyncRemoteCommandRunner | None = None) -> None:
+    def __init__(
+        self,
+        ssh_conn_id: str = default_conn_name,
+        *,
+        command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
+        runner: AsyncRemoteCommandRunner | None = None,
+    ) -> None:
         BaseHook.__init__(self)
         _CommandCounter.__init__(self)
         self.ssh_conn_id = ssh_conn_id
@@ -505,7 +522,9 @@ class SlurmAsyncHook(BaseHook, _CommandCounter):
     async def submit(self, script: str, options: SubmitOptions | None = None, **fields: Any) -> SubmitResult:
         return await self._drive(submit_plan(script, _options(options, fields)))
 
-    async def test_only(self, script: str, options: SubmitOptions | None = None, **fields: Any) -> TestOnlyResult:
+    async def test_only(
+        self, script: str, options: SubmitOptions | None = None, **fields: Any
+    ) -> TestOnlyResult:
         return await self._drive(test_only_plan(script, _options(options, fields)))
 
     async def statuses(self, job_ids: Iterable[str | int]) -> dict[str, JobStatus]:

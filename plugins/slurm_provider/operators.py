@@ -21,7 +21,7 @@ from airflow.sdk import BaseOperator
 
 from slurm_provider.commands import JobComment, parse_job_comment
 from slurm_provider.hints import find_submit_hints, format_hints, hint_for
-from slurm_provider.links import SlurmJobLogLink
+from slurm_provider.links import JOB_ID_XCOM_KEY, SlurmJobLogLink
 from slurm_provider.parsers import SbatchRefused
 from slurm_provider.resubmission import (
     DEFAULT_BUDGETS,
@@ -95,8 +95,8 @@ class SlurmSubmitOperator(BaseOperator):
         self.partition = partition
         self.account = account
         self.time_limit = time_limit
-        self.sbatch_options = list(sbatch_options)
-        self.export = dict(export or {})
+        self.sbatch_options = sbatch_options
+        self.export = export
         self.stage = stage
         self.progress_path = progress_path
         self.resubmit_budgets = dict(DEFAULT_BUDGETS if resubmit_budgets is None else resubmit_budgets)
@@ -153,6 +153,8 @@ class SlurmSubmitOperator(BaseOperator):
         if kind == LOST:
             raise AirflowException(f"{event['message']}; check `sacct -j {job_id}` on the cluster.")
         status = JobStatus.from_event(event["status"])
+        if kind == FINISHED:
+            status = self._accounted(hook, status)
         if kind == NEVER_STARTS:
             self._cancel_own(hook, status, context)
             raise AirflowException(f"{event['message']}. Job {job_id} was cancelled.")
@@ -175,7 +177,7 @@ class SlurmSubmitOperator(BaseOperator):
             result = hook.submit(self.script, job_name=name, comment=comment,
                                  output=self._output_pattern(context), partition=self.partition,
                                  account=self.account, time_limit=self.time_limit,
-                                 extra_options=self.sbatch_options, export=self.export or None)
+                                 extra_options=self.sbatch_options, export=dict(self.export or {}) or None)
             job_id = str(result.job_id)
         except SbatchRefused as exc:
             hints = format_hints(find_submit_hints(str(exc)))
@@ -229,6 +231,7 @@ class SlurmSubmitOperator(BaseOperator):
     def _defer(self, context: Any, history: SubmissionHistory) -> None:
         current = history.current
         assert current is not None
+        context["ti"].xcom_push(key=JOB_ID_XCOM_KEY, value=current.job_id)
         self.defer(
             trigger=SlurmJobTrigger(
                 conn_id=self.conn_id, job_id=current.job_id, poll_interval=self.poll_interval,
@@ -258,11 +261,24 @@ class SlurmSubmitOperator(BaseOperator):
             "gpu_hours": round(gpu_hours, 4),
             "submissions": history.to_json(),
         }
-        ti = context["ti"]
-        ti.xcom_push(key="slurm_job_id", value=status.job_id)
+        context["ti"].xcom_push(key=JOB_ID_XCOM_KEY, value=status.job_id)
         self.log.info("Job %s completed: %s GPU-hours over %d submission(s)", status.job_id,
                       summary["gpu_hours"], len(history.submissions))
         return summary
+
+    def _accounted(self, hook: Any, status: JobStatus, wait_s: float = 15.0) -> JobStatus:
+        """The job's final row from accounting (exit code, elapsed, node list are complete there).
+
+        The trigger may have seen the end in ``squeue``; slurmdbd receives the record a moment later.
+        """
+        deadline = time.monotonic() + wait_s
+        while True:
+            runs = hook.runs(status.job_id)
+            if runs and runs[-1].state.is_terminal:
+                return runs[-1]
+            if time.monotonic() > deadline:
+                return status
+            time.sleep(1.0)
 
     def _failure_message(self, hook: Any, status: JobStatus, context: Any) -> str:
         log_path = self._log_path(context, status.job_id)
@@ -311,7 +327,11 @@ class SlurmSubmitOperator(BaseOperator):
             validate_account(self.account)
         if self.time_limit is not None:
             validate_time_limit(self.time_limit)
-        validate_extra_sbatch_options(self.sbatch_options)
+        if isinstance(self.sbatch_options, str):
+            raise ValidationError("sbatch_options", "must be a list of flags such as ['--requeue'], not a string")
+        self.sbatch_options = list(validate_extra_sbatch_options(list(self.sbatch_options or ())))
+        if self.export is not None and not isinstance(self.export, Mapping):
+            raise ValidationError("export", "must be a mapping of environment variable names to values")
         if self.progress_path is not None:
             validate_remote_path(self.progress_path, "progress_path", absolute=True)
 

@@ -7,11 +7,14 @@ Jobs are tiny (`sleep`, `echo`, `--time=1`). Jobs that only need to exist are su
 from __future__ import annotations
 
 import asyncio
+import gc
 import shlex
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import paramiko
 import pytest
 from localcluster import poll_until
 
@@ -103,7 +106,8 @@ def test_submit_sends_the_script_on_stdin_and_quotes_paths(local_cluster, conn_i
     assert hook.command_counts == {"sbatch": 1, "read_log": 1}
 
 
-def test_refused_submission_carries_slurms_message(conn_id: str, cluster_connection: str, workdir: str) -> None:
+def test_refused_submission_carries_slurms_message(conn_id: str, cluster_connection: str,
+                                                   workdir: str) -> None:
     with SlurmHook(conn_id) as hook, pytest.raises(SbatchRefused, match="invalid partition"):
         hook.submit("#!/bin/bash\ntrue\n", _options(workdir, _name("refused"), partition="nosuch-g"))
 
@@ -287,7 +291,9 @@ def test_injection_is_rejected_before_any_command_runs(conn_id: str, cluster_con
     attempts = {
         "partition": lambda h: h.submit(SLEEP, _options(workdir, "x", partition=f"small-g; {touch}")),
         "job_name": lambda h: h.submit(SLEEP, _options(workdir, f"x; {touch}")),
-        "extra_sbatch_options": lambda h: h.submit(SLEEP, _options(workdir, "x", extra_options=[f"; {touch}"])),
+        "extra_sbatch_options": lambda h: h.submit(
+            SLEEP, _options(workdir, "x", extra_options=[f"; {touch}"])
+        ),
         "job_ids": lambda h: h.statuses([f"1; {touch}"]),
         "job_id": lambda h: h.cancel(f"1 && {touch}"),
         "signal": lambda h: h.cancel("1", signal=f"TERM; {touch}"),
@@ -337,3 +343,15 @@ def test_submit_refuses_unknown_options_by_name() -> None:
     with pytest.raises(ValidationError, match="'#!'"):
         hook.submit("echo no shebang", job_name="x", output="/tmp/x")
     assert recorder.commands == []
+
+
+def test_a_hook_dropped_without_close_leaves_no_connection_open(cluster_connection: str) -> None:
+    def transports() -> int:
+        return sum(isinstance(t, paramiko.Transport) and t.is_alive() for t in threading.enumerate())
+
+    gc.collect()
+    before = transports()
+    for _ in range(3):
+        SlurmHook(cluster_connection).statuses(["987654321"])  # never closed, as a poking sensor does
+    gc.collect()
+    poll_until(lambda: transports() <= before, timeout=10, what="dropped hooks to close their connections")

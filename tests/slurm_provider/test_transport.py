@@ -304,7 +304,8 @@ def test_require_control_master_never_logs_in_itself(local_cluster, cluster_conn
 
 
 def test_no_secret_reaches_the_logs(local_cluster, cluster_connection: str, tmp_path: Path,
-                                    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+                                    caplog: pytest.LogCaptureFixture,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
     private_key = local_cluster.key_file.read_text()
     password = "pw-Zq8-never-log-me"
     conn = local_cluster.connection(PARAMIKO_CONN)
@@ -357,7 +358,8 @@ def test_openssh_command_line_never_prompts_and_ends_options() -> None:
     ("Host key verification failed.", HostKeyRejected, False),
     ("ssh: connect to host lumi.csc.fi port 22: Connection refused", TransportUnavailable, True),
     ("ssh: connect to host lumi.csc.fi port 22: Connection timed out", TransportTimeout, True),
-    ("digifarm@lumi.csc.fi: Permission denied (publickey,keyboard-interactive).", ControlMasterNotRunning, False),
+    ("digifarm@lumi.csc.fi: Permission denied (publickey,keyboard-interactive).",
+     ControlMasterNotRunning, False),
     ("/home/u/.ssh/config: line 3: Bad configuration option: foo", TransportConfigError, False),
 ])
 def test_ssh_failures_are_classified(log: str, expected: type, retryable: bool) -> None:
@@ -403,7 +405,8 @@ def test_lost_connection_is_retryable_and_the_next_command_reconnects(cluster_co
         try:
             with pytest.raises(TransportUnavailable) as caught:
                 runner.run(kill_session, timeout=30)
-            return caught.value.retryable, runner.run("echo back", timeout=30).stdout, runner.connections_opened
+            after = runner.run("echo back", timeout=30)
+            return caught.value.retryable, after.stdout, runner.connections_opened
         finally:
             runner.close()
 

@@ -1,4 +1,4 @@
-"""What every transport promises: run one remote command, hand back its output, raise only on transport failure.
+"""What every transport promises: run one remote command, return its output, raise only when unreachable.
 
 A transport never reads Slurm's output. A command that ran and exited non-zero is a
 :class:`CommandResult` like any other; only a failure to *reach* the login node (refused, reset,

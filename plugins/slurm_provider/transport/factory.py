@@ -31,7 +31,8 @@ def transport_name(extra: Mapping[str, Any]) -> str:
     name = str(extra.get("transport") or PARAMIKO).strip().lower()
     if name not in TRANSPORTS:
         raise TransportConfigError(
-            f"connection extra transport={extra.get('transport')!r} is not known (known: {', '.join(TRANSPORTS)})"
+            f"connection extra transport={extra.get('transport')!r} is not known "
+            f"(known: {', '.join(TRANSPORTS)})"
         )
     return name
 

@@ -21,6 +21,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,8 +90,8 @@ class OpenSSHTarget:
             )
         if self.config_file is not None and not Path(self.config_file).is_file():
             raise TransportConfigError(
-                f"ssh_config_file {self.config_file!r} does not exist; fix the connection extra or drop it to "
-                "use ~/.ssh/config"
+                f"ssh_config_file {self.config_file!r} does not exist; fix the connection extra or drop "
+                "it to use ~/.ssh/config"
             )
         if self.host_key is not None and len(self.host_key.split()) < 2:
             raise TransportConfigError(
@@ -106,20 +107,25 @@ class OpenSSHTarget:
         ``require_control_master`` and ``connect_timeout`` from a connection's extras."""
         alias = extra.get("ssh_alias") or host
         if not alias:
-            raise TransportConfigError("transport 'openssh' needs the connection extra ssh_alias (e.g. 'lumi2')")
+            raise TransportConfigError(
+                "transport 'openssh' needs the connection extra ssh_alias (e.g. 'lumi2')"
+            )
         config_file = extra.get("ssh_config_file")
         host_key = extra.get("host_key")
         try:
             connect_timeout = int(extra.get("connect_timeout", 10))
         except (TypeError, ValueError):
             raise TransportConfigError(
-                f"connection extra connect_timeout={extra.get('connect_timeout')!r} is not a whole number of seconds"
+                f"connection extra connect_timeout={extra.get('connect_timeout')!r} is not a whole "
+                "number of seconds"
             ) from None
         return cls(
             alias=str(alias),
             config_file=os.path.expanduser(str(config_file)) if config_file else None,
             host_key=str(host_key).strip() if host_key else None,
-            require_control_master=_flag(extra.get("require_control_master", False), "require_control_master"),
+            require_control_master=_flag(
+                extra.get("require_control_master", False), "require_control_master"
+            ),
             connect_timeout=connect_timeout,
         )
 
@@ -133,7 +139,9 @@ class OpenSSHTarget:
         """The command a person runs in a terminal to open the master connection."""
         return shlex.join([*self.base_argv(), self.alias])
 
-    def command_argv(self, command: str, *, log_file: str, known_hosts: str | None, timeout: float) -> list[str]:
+    def command_argv(
+        self, command: str, *, log_file: str, known_hosts: str | None, timeout: float
+    ) -> list[str]:
         """``ssh ... <alias> -- <command>`` that never prompts and keeps ssh's messages out of stderr."""
         connect = max(1, min(self.connect_timeout, int(timeout)))
         argv = [
@@ -188,8 +196,8 @@ def classify_ssh_failure(target: OpenSSHTarget, ssh_log: str, *, shares_master: 
     if any(m in lower for m in _AUTH_MESSAGES):
         if shares_master:
             return ControlMasterNotRunning(
-                f"no authenticated ControlMaster for {target.alias}: run `{target.interactive_login()}` once in a "
-                f"terminal (OTP), then retry (ssh said: {_last_line(ssh_log)})"
+                f"no authenticated ControlMaster for {target.alias}: run `{target.interactive_login()}` "
+                f"once in a terminal (OTP), then retry (ssh said: {_last_line(ssh_log)})"
             )
         hint = ("" if shares_master else
                 "; for logins that need a one-time password add ControlMaster auto, ControlPath and "
@@ -227,8 +235,11 @@ class _OpenSSHState:
         self.commands_issued = 0
 
     def _dir(self) -> str:
+        """A private directory for ssh's log files and the pinned known_hosts, removed on close or
+        when the runner is garbage-collected (callers that never close do not leak it)."""
         if self._workdir is None:
             self._workdir = tempfile.mkdtemp(prefix="slurm-provider-ssh-")
+            self._cleanup = weakref.finalize(self, shutil.rmtree, self._workdir, True)
         return self._workdir
 
     @property
@@ -256,8 +267,8 @@ class _OpenSSHState:
         if self.target.require_control_master:
             if not self.shares_master:
                 raise TransportConfigError(
-                    f"require_control_master is set but ssh alias {self.target.alias} has no ControlPath: add "
-                    "ControlMaster auto, ControlPath and ControlPersist to it in your ssh config"
+                    f"require_control_master is set but ssh alias {self.target.alias} has no ControlPath: "
+                    "add ControlMaster auto, ControlPath and ControlPersist to it in your ssh config"
                 )
             if not self.master_up:
                 raise _no_master_error(self.target)
@@ -281,14 +292,16 @@ class _OpenSSHState:
             raise classify_ssh_failure(self.target, ssh_log, shares_master=self.shares_master)
         if returncode < 0:
             self.after_command(True, master_was_up)
-            raise TransportUnavailable(f"ssh {self.target.alias} was killed by signal {-returncode} on this machine")
+            raise TransportUnavailable(
+                f"ssh {self.target.alias} was killed by signal {-returncode} on this machine"
+            )
         self.after_command(False, master_was_up)
         return CommandResult(command, returncode, decode_output(stdout), decode_output(stderr))
 
     def close(self) -> None:
-        workdir, self._workdir, self._known_hosts = self._workdir, None, None
-        if workdir is not None:
-            shutil.rmtree(workdir, ignore_errors=True)
+        if self._workdir is not None:
+            self._cleanup()
+        self._workdir, self._known_hosts = None, None
 
 
 class OpenSSHRunner:
@@ -345,7 +358,9 @@ class OpenSSHRunner:
         except subprocess.TimeoutExpired as exc:
             os.unlink(log_file)
             self._state.after_command(True, master_was_up)
-            raise TransportTimeout(f"ssh {self.target.alias}: command did not finish within {timeout}s") from exc
+            raise TransportTimeout(
+                f"ssh {self.target.alias}: command did not finish within {timeout}s"
+            ) from exc
         except FileNotFoundError as exc:
             raise TransportConfigError("the OpenSSH client `ssh` is not installed on this machine") from exc
         return self._state.result(command, proc.returncode, proc.stdout, proc.stderr, log_file, master_was_up)
@@ -416,7 +431,9 @@ class AsyncOpenSSHRunner:
         except asyncio.TimeoutError as exc:
             os.unlink(log_file)
             self._state.after_command(True, master_was_up)
-            raise TransportTimeout(f"ssh {self.target.alias}: command did not finish within {timeout}s") from exc
+            raise TransportTimeout(
+                f"ssh {self.target.alias}: command did not finish within {timeout}s"
+            ) from exc
         except FileNotFoundError as exc:
             raise TransportConfigError("the OpenSSH client `ssh` is not installed on this machine") from exc
         return self._state.result(command, returncode, out, err, log_file, master_was_up)

@@ -18,6 +18,7 @@ import selectors
 import socket
 import threading
 import time
+import weakref
 from typing import Any
 
 import paramiko
@@ -84,6 +85,7 @@ class SSHProviderRunner:
         # One connection attempt per call: retrying (with back-off) is the caller's decision.
         self._hook = ssh_hook or SSHHook(ssh_conn_id=conn_id, conn_retry_attempts=1)
         self._client: paramiko.SSHClient | None = None
+        self._closer: weakref.finalize | None = None
         self.connections_opened = 0
         self.commands_issued = 0
 
@@ -100,6 +102,8 @@ class SSHProviderRunner:
             self._client = self._hook.get_conn()
         except Exception as exc:
             raise map_paramiko_error(exc, self.where) from exc
+        # A caller that never closes (a hook dropped after one poke) must not leak the connection.
+        self._closer = weakref.finalize(self, self._client.close)
         self.connections_opened += 1
         log.info("Connected to %s", self.where)
         transport = self._client.get_transport()
@@ -170,9 +174,9 @@ class SSHProviderRunner:
         return CommandResult(command, exit_status, decode_output(bytes(stdout)), decode_output(bytes(stderr)))
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-        self._client = None
+        if self._closer is not None:
+            self._closer()
+        self._client, self._closer = None, None
         self._hook.client = None
 
     def __enter__(self) -> SSHProviderRunner:

@@ -1,0 +1,38 @@
+"""One SlurmSubmitOperator task whose script and options come from the run's conf.
+
+The Slurm provider's lifecycle tests run this DAG with `dag.test()` against the local cluster;
+polling is fast here because `dag.test()` runs the trigger inline (no scheduler race).
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from slurm_provider.operators import SlurmSubmitOperator
+
+with DAG(
+    dag_id="slurm_lifecycle",
+    schedule=None,
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    render_template_as_native_obj=True,
+    params={"script": "#!/bin/bash\ntrue\n", "log_dir": "/tmp", "time_limit": "2", "sbatch_options": [],
+            "progress_path": None, "pending_policy": "fail"},
+) as dag:
+    SlurmSubmitOperator(
+        task_id="job",
+        conn_id=os.environ.get("SLURM_LIFECYCLE_CONN_ID", "vcloud_local_cluster"),
+        script="{{ params.script }}",
+        log_dir="{{ params.log_dir }}",
+        time_limit="{{ params.time_limit }}",
+        sbatch_options="{{ params.sbatch_options }}",
+        progress_path="{{ params.progress_path }}",
+        stage="lifecycle",
+        poll_interval=2.0,
+        max_poll_interval=4.0,
+        first_poll_delay=0.0,
+        resubmit_budgets={"TIMEOUT": 2, "NODE_FAIL": 2, "PREEMPTED": 2, "BOOT_FAIL": 1},
+    )

@@ -1,0 +1,243 @@
+"""SlurmSubmitOperator through dag.test() on the real local cluster: every way a job can end.
+
+Each test runs the `slurm_lifecycle` DAG (tests/dag_fixtures) with its own script and log
+directory, injects the fault a cluster would produce (requeue, node failure, preemption, a person's
+scancel) from a background thread once the job runs, and counts the task's jobs in `sacct` to
+prove that nothing was submitted twice. Tests that take the whole node down or preempt it are
+marked `exclusive_cluster` and run after the others, alone.
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from lifecycle import LifecycleOutcome, run_lifecycle
+from localcluster import LocalCluster, poll_until
+from slurm_provider.operators import job_name_for
+
+pytestmark = pytest.mark.usefixtures("cluster_connection", "airflow_home")
+
+
+def _job_in(cluster: LocalCluster, log_dir: str) -> int | None:
+    """The id of the job currently in squeue whose output goes to ``log_dir`` (one per test)."""
+    out = cluster.root("squeue", "-h", "-t", "all", "-O", "JobID:20,STDOUT:400", check=False).stdout
+    for line in out.splitlines():
+        parts = line.split(None, 1)
+        if len(parts) == 2 and parts[1].strip().startswith(log_dir + "/"):
+            return int(parts[0])
+    return None
+
+
+class Injector(threading.Thread):
+    """Waits until the test's job runs, then does something to it from the outside."""
+
+    def __init__(self, cluster: LocalCluster, log_dir: str, action: Callable[[int], None]) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.log_dir, self.action = cluster, log_dir, action
+        self.error: BaseException | None = None
+        self.job_id: int | None = None
+
+    def run(self) -> None:
+        try:
+            self.job_id = poll_until(lambda: _job_in(self.cluster, self.log_dir), timeout=120,
+                                     what=f"a job logging to {self.log_dir}")
+            self.cluster.wait_for_state(self.job_id, {"RUNNING"}, timeout=120)
+            time.sleep(1)
+            self.action(self.job_id)
+        except BaseException as exc:  # surfaced by the test after the run
+            self.error = exc
+
+
+def _jobs_of(cluster: LocalCluster, outcome: LifecycleOutcome, expect: int = 1) -> list[str]:
+    """Every job id accounting knows under this task's deterministic name in this run.
+
+    Accounting reaches slurmdbd with a lag, so wait until at least ``expect`` jobs are visible and
+    then read once more: a duplicate submitted earlier would be there by then too.
+    """
+    name = job_name_for("slurm_lifecycle", "job", outcome.run_id)
+
+    def read() -> list[str]:
+        out = cluster.root("sacct", "-X", "-n", "-P", "-S", "now-1days", f"--name={name}",
+                           "--format=JobIDRaw").stdout
+        return sorted({line for line in out.splitlines() if line})
+
+    poll_until(lambda: len(read()) >= expect, timeout=60, what=f"{expect} job(s) named {name} in sacct")
+    time.sleep(2)
+    return read()
+
+
+def _script(body: str) -> str:
+    return f"#!/bin/bash\n{body}\n"
+
+
+def test_completed_job_succeeds_with_summary(local_cluster: LocalCluster, capfd: pytest.CaptureFixture) -> None:
+    log_dir = local_cluster.test_dir()
+    outcome = run_lifecycle(capfd, script=_script("echo working; sleep 2"), log_dir=log_dir,
+                            sbatch_options=["--gpus=1"])
+    assert outcome.state == "success", outcome.output[-3000:]
+    summary = outcome.result
+    assert summary["state"] == "COMPLETED" and summary["exit_code"] == 0
+    assert summary["gpus"] == 1 and summary["elapsed_s"] >= 2
+    assert 0 < summary["gpu_hours"] < 0.1
+    assert summary["node_list"] == "vcnode1"
+    assert _jobs_of(local_cluster, outcome) == [summary["job_id"]]
+    assert f"[job {summary['job_id']}] working" in outcome.output
+
+
+def test_failed_job_reports_exit_code_log_tail_and_hint(local_cluster: LocalCluster,
+                                                         capfd: pytest.CaptureFixture) -> None:
+    log_dir = local_cluster.test_dir()
+    body = "echo 'ModuleNotFoundError: No module named '\"'\"'vcloud.data'\"'\"''; exit 3"
+    outcome = run_lifecycle(capfd, script=_script(body), log_dir=log_dir)
+    assert outcome.state == "failed"
+    (job_id,) = _jobs_of(local_cluster, outcome)
+    assert f"Slurm job {job_id} ended FAILED" in outcome.output
+    assert "Exit code 3." in outcome.output
+    assert "No module named 'vcloud.data'" in outcome.output
+    assert "Hint:" in outcome.output and "/data" in outcome.output
+
+
+PROGRESS_SCRIPT = """
+P={progress}
+epoch=0
+if [ -f "$P" ]; then epoch=$(sed -E 's/.*"epoch": ([0-9]+).*/\\1/' "$P"); fi
+epoch=$((epoch + 1))
+echo "{{\\"epoch\\": $epoch, \\"step\\": 0}}" > "$P"
+echo "run reached epoch $epoch"
+[ "$epoch" -ge 2 ] && exit 0
+sleep 600
+"""
+
+
+@pytest.mark.slow
+def test_timeout_is_resubmitted_and_continues_progress(local_cluster: LocalCluster,
+                                                        capfd: pytest.CaptureFixture) -> None:
+    log_dir = local_cluster.test_dir()
+    progress = f"{log_dir}/progress.json"
+    outcome = run_lifecycle(capfd, script=_script(PROGRESS_SCRIPT.format(progress=shlex.quote(progress))),
+                            log_dir=log_dir, time_limit="1", progress_path=progress)
+    assert outcome.state == "success", outcome.output[-3000:]
+    first, second = outcome.result["job_ids"]
+    assert [s["cause"] for s in outcome.result["submissions"]] == ["initial", "TIMEOUT"]
+    assert local_cluster.sacct_runs(int(first))[-1]["State"] == "TIMEOUT"
+    assert _jobs_of(local_cluster, outcome, expect=2) == sorted([first, second])
+    assert local_cluster.ssh(f"cat {shlex.quote(progress)}").stdout.strip() == '{"epoch": 2, "step": 0}'
+
+
+@pytest.mark.slow
+def test_timeout_without_progress_is_not_resubmitted(local_cluster: LocalCluster,
+                                                      capfd: pytest.CaptureFixture) -> None:
+    log_dir = local_cluster.test_dir()
+    outcome = run_lifecycle(capfd, script=_script("echo stuck; sleep 600"), log_dir=log_dir, time_limit="1",
+                            progress_path=f"{log_dir}/progress.json")
+    assert outcome.state == "failed"
+    assert "ended TIMEOUT without progress" in outcome.output
+    assert len(_jobs_of(local_cluster, outcome)) == 1
+
+
+def test_requeue_mid_run_keeps_waiting_then_completes(local_cluster: LocalCluster,
+                                                       capfd: pytest.CaptureFixture) -> None:
+    log_dir = local_cluster.test_dir()
+    injector = Injector(local_cluster, log_dir, lambda job: local_cluster.root("scontrol", "requeue", str(job)))
+    injector.start()
+    outcome = run_lifecycle(capfd, log_dir=log_dir, sbatch_options=["--requeue", "--open-mode=append"],
+                            script=_script('echo "restart ${SLURM_RESTART_COUNT:-0}"\n'
+                                           '[ "${SLURM_RESTART_COUNT:-0}" -ge 1 ] && exit 0\nsleep 300'))
+    injector.join(5)
+    assert injector.error is None, injector.error
+    assert outcome.state == "success", outcome.output[-3000:]
+    assert outcome.result["restarts"] == 1
+    assert _jobs_of(local_cluster, outcome) == [str(injector.job_id)]
+    states = [run["State"] for run in local_cluster.sacct_runs(injector.job_id)]
+    assert states == ["REQUEUED", "COMPLETED"]
+
+
+def test_cancel_by_a_person_fails_and_says_who(local_cluster: LocalCluster, capfd: pytest.CaptureFixture) -> None:
+    log_dir = local_cluster.test_dir()
+    injector = Injector(local_cluster, log_dir, lambda job: local_cluster.ssh(f"scancel {job}"))
+    injector.start()
+    outcome = run_lifecycle(capfd, script=_script("sleep 300"), log_dir=log_dir)
+    injector.join(5)
+    assert injector.error is None, injector.error
+    assert outcome.state == "failed"
+    uid = local_cluster.ssh("id -u").stdout.strip()
+    assert f"Slurm job {injector.job_id} ended CANCELLED" in outcome.output
+    assert f"Cancelled by uid/user {uid}" in outcome.output
+    assert _jobs_of(local_cluster, outcome) == [str(injector.job_id)]
+
+
+def test_memory_overrun_is_explained(local_cluster: LocalCluster, capfd: pytest.CaptureFixture) -> None:
+    log_dir = local_cluster.test_dir()
+    hog = "python3 -c 'import time; b = bytearray(600 * 2**20); b[::4096] = b\"x\" * len(b[::4096]); time.sleep(30)'"
+    outcome = run_lifecycle(capfd, script=_script(hog), log_dir=log_dir, sbatch_options=["--mem=100M"])
+    assert outcome.state == "failed"
+    (job_id,) = _jobs_of(local_cluster, outcome)
+    # With cgroups Slurm reports OUT_OF_MEMORY; with OverMemoryKill (this cluster) it is FAILED + a log line.
+    assert (f"Slurm job {job_id} ended OUT_OF_MEMORY" in outcome.output
+            or "Exceeded job memory limit" in outcome.output)
+    assert "Hint:" in outcome.output and "--mem" in outcome.output
+
+
+def test_job_that_can_never_start_fails_clearly_and_is_cancelled(local_cluster: LocalCluster,
+                                                                  capfd: pytest.CaptureFixture) -> None:
+    log_dir = local_cluster.test_dir()
+    outcome = run_lifecycle(capfd, script=_script("true"), log_dir=log_dir, time_limit="4-00:00:00")
+    assert outcome.state == "failed"
+    (job_id,) = _jobs_of(local_cluster, outcome)
+    assert f"job {job_id} will not start" in outcome.output
+    assert local_cluster.wait_for_state(int(job_id), {"CANCELLED"}, timeout=30) == "CANCELLED"
+
+
+@pytest.mark.exclusive_cluster
+def test_node_failure_with_requeue_runs_again_and_completes(local_cluster: LocalCluster,
+                                                            capfd: pytest.CaptureFixture) -> None:
+    log_dir = local_cluster.test_dir()
+
+    def fail_node(job: int) -> None:
+        local_cluster.root("scontrol", "update", "nodename=vcnode1", "state=down", "reason=lifecycle-test")
+        try:
+            poll_until(lambda: local_cluster.current_state(job) != "RUNNING", timeout=60,
+                       what="the job to leave the failed node")
+        finally:
+            local_cluster.root("scontrol", "update", "nodename=vcnode1", "state=resume")
+
+    injector = Injector(local_cluster, log_dir, fail_node)
+    injector.start()
+    outcome = run_lifecycle(capfd, log_dir=log_dir, sbatch_options=["--requeue", "--open-mode=append"],
+                            script=_script('[ "${SLURM_RESTART_COUNT:-0}" -ge 1 ] && exit 0\nsleep 300'))
+    injector.join(5)
+    assert injector.error is None, injector.error
+    assert outcome.state == "success", outcome.output[-3000:]
+    states = [run["State"] for run in local_cluster.sacct_runs(injector.job_id)]
+    assert states[0] == "NODE_FAIL" and states[-1] == "COMPLETED"
+    assert _jobs_of(local_cluster, outcome) == [str(injector.job_id)]
+
+
+@pytest.mark.exclusive_cluster
+def test_preemption_by_urgent_partition_requeues_and_completes(local_cluster: LocalCluster,
+                                                               capfd: pytest.CaptureFixture) -> None:
+    log_dir = local_cluster.test_dir()
+    urgent: list[int] = []
+
+    def preempt(job: int) -> None:
+        urgent.append(local_cluster.sbatch("#!/bin/bash\nsleep 3\n", "--partition=urgent", "--gres=gpu:4",
+                                           "--output=/dev/null", "--time=1"))
+
+    injector = Injector(local_cluster, log_dir, preempt)
+    injector.start()
+    outcome = run_lifecycle(capfd, log_dir=log_dir,
+                            sbatch_options=["--requeue", "--open-mode=append", "--gres=gpu:4"],
+                            script=_script('[ "${SLURM_RESTART_COUNT:-0}" -ge 1 ] && exit 0\nsleep 300'))
+    injector.join(5)
+    assert injector.error is None, injector.error
+    assert outcome.state == "success", outcome.output[-3000:]
+    assert outcome.result["restarts"] >= 1
+    states = [run["State"] for run in local_cluster.sacct_runs(injector.job_id)]
+    assert states[0] in ("PREEMPTED", "REQUEUED") and states[-1] == "COMPLETED"
+    assert _jobs_of(local_cluster, outcome) == [str(injector.job_id)]
+    assert local_cluster.wait_for_state(urgent[0], {"COMPLETED"}, timeout=60) == "COMPLETED"
