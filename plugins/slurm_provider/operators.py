@@ -329,7 +329,7 @@ class SlurmSubmitOperator(BaseOperator):
             validate_time_limit(self.time_limit)
         if isinstance(self.sbatch_options, str):
             raise ValidationError("sbatch_options", "must be a list of flags such as ['--requeue'], not a string")
-        self.sbatch_options = list(validate_extra_sbatch_options(list(self.sbatch_options or ())))
+        self.sbatch_options = list(validate_extra_sbatch_options(list(self.sbatch_options or ()), "sbatch_options"))
         if self.export is not None and not isinstance(self.export, Mapping):
             raise ValidationError("export", "must be a mapping of environment variable names to values")
         if self.progress_path is not None:

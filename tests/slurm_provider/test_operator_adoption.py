@@ -1,0 +1,148 @@
+"""Idempotent submission: a task try that lost its worker or its SSH connection adopts its job.
+
+These drive `execute()` directly (as a retried task try would) against the real cluster, with a
+dict-backed stand-in for Airflow's task state store, and count the jobs in `sacct`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow.exceptions import TaskDeferred
+
+from localcluster import LocalCluster, poll_until
+from slurm_provider import hooks
+from slurm_provider.operators import HISTORY_KEY, SlurmSubmitOperator, job_name_for
+from slurm_provider.transport import TransportUnavailable
+from slurm_provider.validation import ValidationError
+
+
+class StateStore:
+    """What `context["task_state_store"]` offers: survives task tries of one task instance."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def set(self, key: str, value: Any, *, retention: Any = None) -> None:
+        self.data[key] = value
+
+
+class TaskTry:
+    def __init__(self, run_id: str, try_number: int) -> None:
+        self.dag_id, self.task_id, self.run_id = "adoption", "train", run_id
+        self.try_number, self.map_index = try_number, -1
+        self.xcom: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcom[key] = value
+
+
+def _context(run_id: str, try_number: int, store: StateStore) -> dict[str, Any]:
+    return {"ti": TaskTry(run_id, try_number), "task_state_store": store}
+
+
+def _operator(conn_id: str, log_dir: str, script: str = "#!/bin/bash\nsleep 60\n", **kwargs: Any) -> SlurmSubmitOperator:
+    return SlurmSubmitOperator(task_id="train", conn_id=conn_id, script=script, log_dir=log_dir, time_limit="2",
+                               poll_interval=2, first_poll_delay=0, **kwargs)
+
+
+def _deferred_job(op: SlurmSubmitOperator, context: dict[str, Any]) -> str:
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    return deferred.value.trigger.job_id
+
+
+def _jobs_named(cluster: LocalCluster, name: str) -> list[str]:
+    def read() -> list[str]:
+        out = cluster.root("squeue", "-h", "-t", "all", f"--name={name}", "-o", "%i").stdout
+        return sorted(set(out.split()))
+    return poll_until(read, timeout=30, what=f"jobs named {name}")
+
+
+@pytest.fixture
+def run_id() -> str:
+    return f"manual__{uuid.uuid4().hex}"
+
+
+def test_retry_after_worker_died_mid_wait_adopts_the_job(local_cluster: LocalCluster, cluster_connection: str,
+                                                         run_id: str) -> None:
+    store, log_dir = StateStore(), local_cluster.test_dir()
+    first = _deferred_job(_operator(cluster_connection, log_dir), _context(run_id, 1, store))
+    assert [s["job_id"] for s in store.data[HISTORY_KEY]] == [first]
+    try:
+        second = _deferred_job(_operator(cluster_connection, log_dir), _context(run_id, 2, store))
+        assert second == first
+        assert _jobs_named(local_cluster, job_name_for("adoption", "train", run_id)) == [first]
+    finally:
+        hooks.SlurmHook(cluster_connection).cancel(first)
+
+
+def test_retry_that_lost_the_stored_id_finds_the_job_by_name_and_comment(
+        local_cluster: LocalCluster, cluster_connection: str, run_id: str) -> None:
+    log_dir = local_cluster.test_dir()
+    first = _deferred_job(_operator(cluster_connection, log_dir), _context(run_id, 1, StateStore()))
+    try:
+        empty_store = StateStore()  # the worker died between sbatch and saving the job id
+        second = _deferred_job(_operator(cluster_connection, log_dir), _context(run_id, 2, empty_store))
+        assert second == first
+        assert [s["job_id"] for s in empty_store.data[HISTORY_KEY]] == [first]
+        assert _jobs_named(local_cluster, job_name_for("adoption", "train", run_id)) == [first]
+    finally:
+        hooks.SlurmHook(cluster_connection).cancel(first)
+
+
+def test_ssh_dropped_right_after_sbatch_adopts_instead_of_submitting_again(
+        local_cluster: LocalCluster, cluster_connection: str, run_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_submit = hooks.SlurmHook.submit
+    submitted: list[str] = []
+
+    def submit_then_lose_connection(self: hooks.SlurmHook, *args: Any, **kwargs: Any) -> Any:
+        submitted.append(str(real_submit(self, *args, **kwargs).job_id))
+        raise TransportUnavailable("connection reset by peer after sbatch")
+
+    monkeypatch.setattr(hooks.SlurmHook, "submit", submit_then_lose_connection)
+    log_dir = local_cluster.test_dir()
+    job_id = _deferred_job(_operator(cluster_connection, log_dir), _context(run_id, 1, StateStore()))
+    try:
+        assert submitted == [job_id]
+        assert _jobs_named(local_cluster, job_name_for("adoption", "train", run_id)) == [job_id]
+    finally:
+        hooks.SlurmHook(cluster_connection).cancel(job_id)
+
+
+def test_new_try_after_the_job_completed_finishes_without_submitting(
+        local_cluster: LocalCluster, cluster_connection: str, run_id: str) -> None:
+    store, log_dir = StateStore(), local_cluster.test_dir()
+    op = _operator(cluster_connection, log_dir, script="#!/bin/bash\necho done\n")
+    job_id = _deferred_job(op, _context(run_id, 1, store))
+    local_cluster.wait_for_state(int(job_id), {"COMPLETED"}, timeout=60)
+    summary = op.execute(_context(run_id, 2, store))
+    assert summary["job_id"] == job_id and summary["state"] == "COMPLETED"
+    assert _jobs_named(local_cluster, job_name_for("adoption", "train", run_id)) == [job_id]
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("partition", "small-g; touch /tmp/pwned"),
+    ("account", "$(touch /tmp/pwned)"),
+    ("time_limit", "1`touch /tmp/pwned`"),
+    ("sbatch_options", ["--job-name=stolen"]),
+    ("log_dir", "relative/logs"),
+])
+def test_bad_input_is_refused_before_any_ssh(field: str, value: Any, monkeypatch: pytest.MonkeyPatch,
+                                             run_id: str) -> None:
+    def no_ssh(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("no SSH connection may be opened for invalid input")
+
+    monkeypatch.setattr(hooks.SlurmHook, "__init__", no_ssh)
+    kwargs = {"log_dir": "/srv/vcloud/scratch/vcloud/logs", field: value}
+    op = SlurmSubmitOperator(task_id="train", conn_id="unused", script="#!/bin/bash\ntrue\n", **kwargs)
+    with pytest.raises(ValidationError) as error:
+        op.execute(_context(run_id, 1, StateStore()))
+    assert error.value.field == field
+    assert not Path("/tmp/pwned").exists()
