@@ -49,7 +49,8 @@ render() {  # render TEMPLATE DEST MODE OWNER: fill @VARS@ in a template
   tmp=$(mktemp "$dest.XXXXXX")
   sed -e "s|@STATE@|$STATE|g" -e "s|@HOSTNAME@|$(hostname -s)|g" \
       -e "s|@SSH_PORT@|$SSH_PORT|g" -e "s|@CLUSTER_USER@|$CLUSTER_USER|g" \
-      -e "s|@DB_PASSWORD@|${DB_PASSWORD:-}|g" "$HERE/templates/$template" >"$tmp"
+      -e "s|@DB_PASSWORD@|${DB_PASSWORD:-}|g" -e "s|@TASK_PLUGIN@|${TASK_PLUGIN:-task/none}|g" \
+      -e "s|@JOBACCT_PARAMS@|${JOBACCT_PARAMS:-OverMemoryKill}|g" "$HERE/templates/$template" >"$tmp"
   chmod "$mode" "$tmp"
   chown "$owner" "$tmp"
   mv -f "$tmp" "$dest"
@@ -135,11 +136,39 @@ GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';
 SQL
 }
 
+choose_memory_enforcement() {
+  # task/cgroup needs a cgroup v1 memory hierarchy we may create groups in (Slurm 22.05 here).
+  local probe=/sys/fs/cgroup/memory/vcloud-localcluster-probe
+  if [[ -d /sys/fs/cgroup/memory ]] && mkdir "$probe" 2>/dev/null; then
+    rmdir "$probe"
+    TASK_PLUGIN=task/cgroup JOBACCT_PARAMS=NoShared
+  else
+    TASK_PLUGIN=task/none JOBACCT_PARAMS=OverMemoryKill
+  fi
+}
+
 write_slurm_configs() {
   install -d -m 755 /etc/slurm
+  choose_memory_enforcement
+  local before
+  before=$(cat /etc/slurm/slurm.conf /etc/slurm/gres.conf /etc/slurm/cgroup.conf 2>/dev/null | sha256sum)
   render slurm.conf /etc/slurm/slurm.conf 644 root:root
   render gres.conf /etc/slurm/gres.conf 644 root:root
+  render cgroup.conf /etc/slurm/cgroup.conf 644 root:root
   render slurmdbd.conf /etc/slurm/slurmdbd.conf 600 slurm:slurm
+  if [[ $(cat /etc/slurm/slurm.conf /etc/slurm/gres.conf /etc/slurm/cgroup.conf | sha256sum) != "$before" ]]; then
+    # Running daemons keep the old plugins until restarted; jobs survive a restart.
+    CONFIG_CHANGED=1
+  fi
+}
+
+restart_if_config_changed() {
+  [[ ${CONFIG_CHANGED:-0} == 1 ]] || return 0
+  if pid_alive "$STATE/run/slurmctld.pid" || pid_alive "$STATE/run/slurmd.pid"; then
+    log "Slurm configuration changed: restarting slurmctld and slurmd"
+    stop_pidfile slurmd "$STATE/run/slurmd.pid"
+    stop_pidfile slurmctld "$STATE/run/slurmctld.pid"
+  fi
 }
 
 start_slurmdbd() {
@@ -278,6 +307,7 @@ cmd_up() {
   write_slurm_configs
   start_slurmdbd
   register_accounts
+  restart_if_config_changed
   start_slurmctld
   start_slurmd
   start_sshd
