@@ -12,6 +12,8 @@ VENV_STAMP := $(VENV)/.lock.sha256
 CLUSTER := include/local_cluster/cluster.sh
 CLUSTER_DIR ?= /var/lib/vcloud-localcluster
 PYTEST_ARGS ?=
+# Slurm tests mostly wait on the cluster, so more workers than cores pays off.
+TEST_WORKERS ?= 4
 
 .PHONY: help venv system-packages cluster-up cluster-down cluster-status test test-fast demo lock clean
 
@@ -48,7 +50,7 @@ cluster-status:
 	@bash $(CLUSTER) status
 
 test: venv cluster-up
-	$(VENV_PY) -m pytest $(PYTEST_ARGS)
+	$(VENV_PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # Unit tests only (no cluster): quick feedback while editing pure logic.
 test-fast: venv

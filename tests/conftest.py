@@ -8,6 +8,7 @@ examples) is set here, at import time, before any test module imports Airflow. E
 from __future__ import annotations
 
 import atexit
+import fcntl
 import json
 import os
 import shutil
@@ -45,10 +46,27 @@ from localcluster import ClusterUnavailable, LocalCluster, bring_up  # noqa: E40
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test that touches the cluster carries the `cluster` marker (`-m "not cluster"` skips them)."""
+    """Mark cluster tests (`-m "not cluster"` skips them) and run whole-cluster fault tests last."""
     for item in items:
         if "local_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
+    items.sort(key=lambda item: item.get_closest_marker("exclusive_cluster") is not None)
+
+
+@pytest.fixture(autouse=True)
+def _cluster_access(request: pytest.FixtureRequest):
+    """Cluster tests share the node; a test that downs or preempts the whole node waits until it is alone.
+
+    A file lock across pytest-xdist workers: shared for ordinary cluster tests, exclusive for
+    `exclusive_cluster` ones.
+    """
+    if "local_cluster" not in request.fixturenames:
+        yield
+        return
+    exclusive = request.node.get_closest_marker("exclusive_cluster") is not None
+    with open("/tmp/vcloud-localcluster-access.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
 
 
 @pytest.fixture(scope="session")
