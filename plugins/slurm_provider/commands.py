@@ -385,6 +385,19 @@ def build_sacct(
     return f"{TIME_FORMAT_ENV} " + _join(argv)
 
 
+def build_squeue_own_jobs() -> str:
+    """``squeue --me``: every job of the login user, every state (adoption by comment without a name)."""
+    argv = ["squeue", "-h", "-r", "-t", "all", "--me", f"--Format={_squeue_format()}"]
+    return f"{TIME_FORMAT_ENV} " + _join(argv)
+
+
+def build_sacct_own_jobs(since: str) -> str:
+    """``sacct`` of the login user's jobs since ``since`` (``now-7days``, ``2026-01-31``), every run."""
+    argv = _sacct_argv(allocations_only=True, duplicates=True)
+    argv.append(f"--starttime={validate_since(since)}")
+    return f"{TIME_FORMAT_ENV} " + _join(argv)
+
+
 def build_sacct_by_name(
     job_name: str,
     *,
@@ -474,6 +487,16 @@ def build_read_log(path: str, offset: int, max_bytes: int = 65536) -> str:
         'if [ "$n" -gt 0 ]; then tail -c +$((o + 1)) -- "$f" | head -c "$n" | base64; fi; '
         f'else printf "{LOG_MARKER} missing\\n"; fi'
     )
+
+
+def build_file_sizes(paths: Sequence[str]) -> str:
+    """Byte size of each existing file, one ``<index> <size>`` line each (missing files print nothing).
+
+    One command for every log the poller streams, so only the logs that grew are read.
+    """
+    quoted = " ".join(shlex.quote(validate_remote_path(p, "paths")) for p in paths)
+    return (f'i=0; for f in {quoted}; do if [ -f "$f" ]; then printf "%s %s\\n" "$i" "$(wc -c < "$f")"; fi; '
+            "i=$((i + 1)); done")
 
 
 def build_read_progress(path: str) -> str:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shlex
 from collections import Counter
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,15 +28,13 @@ from typing import Any, TypeVar
 from airflow.sdk import BaseHook
 
 from slurm_provider.commands import (
-    FIELD_SEPARATOR,
-    SACCT_FIELDS,
-    SQUEUE_FIELDS,
-    TIME_FORMAT_ENV,
     JobComment,
+    build_file_sizes,
     build_read_log,
     build_read_progress,
     build_sacct,
     build_sacct_by_name,
+    build_sacct_own_jobs,
     build_sbatch_submit,
     build_sbatch_test_only,
     build_scancel,
@@ -45,6 +42,7 @@ from slurm_provider.commands import (
     build_sinfo_unavailable_nodes,
     build_squeue,
     build_squeue_by_name,
+    build_squeue_own_jobs,
 )
 from slurm_provider.parsers import (
     LogChunk,
@@ -78,8 +76,6 @@ from slurm_provider.validation import (
     validate_job_id,
     validate_job_ids,
     validate_job_name,
-    validate_remote_path,
-    validate_since,
 )
 
 log = logging.getLogger(__name__)
@@ -249,21 +245,6 @@ def runs_plan(job_id: str | int) -> Plan[list[JobStatus]]:
     return [JobStatus.from_sacct(row, restarts=index) for index, row in enumerate(runs_of(rows, job))]
 
 
-def _squeue_own_jobs() -> str:
-    fields = ",".join(f"{name}:{FIELD_SEPARATOR}" for name in SQUEUE_FIELDS[:-1]) + f",{SQUEUE_FIELDS[-1]}:"
-    argv = ["squeue", "-h", "-r", "-t", "all", "--me", f"--Format={fields}"]
-    return f"{TIME_FORMAT_ENV} " + shlex.join(argv)
-
-
-def _sacct_own_jobs(since: str) -> str:
-    argv = [
-        "sacct", "--parsable2", "--noheader", f"--delimiter={FIELD_SEPARATOR}",
-        f"--format={','.join(SACCT_FIELDS)}", "--allocations", "--duplicates",
-        f"--starttime={validate_since(since)}",
-    ]
-    return f"{TIME_FORMAT_ENV} " + shlex.join(argv)
-
-
 def find_jobs_plan(name: str | None, comment_contains: str | None, since: str) -> Plan[list[JobStatus]]:
     """Jobs with this exact name and/or a comment containing the text, live (squeue) or since ``since``
     (sacct), oldest first. Used to adopt a job submitted before a worker died."""
@@ -273,7 +254,7 @@ def find_jobs_plan(name: str | None, comment_contains: str | None, since: str) -
         validate_job_name(name)
         squeue_line, sacct_line = build_squeue_by_name(name), build_sacct_by_name(name, since=since)
     else:
-        squeue_line, sacct_line = _squeue_own_jobs(), _sacct_own_jobs(since)
+        squeue_line, sacct_line = build_squeue_own_jobs(), build_sacct_own_jobs(since)
     squeue_rows = _squeue_rows((yield RemoteCommand(squeue_line, "squeue")))
     sacct_rows = _sacct_rows((yield RemoteCommand(sacct_line, "sacct")))
     ids = {row.job_id for row in squeue_rows} | {row.job_id for row in sacct_rows if not row.is_step}
@@ -314,18 +295,12 @@ def read_file_plan(path: str) -> Plan[str | None]:
     return parse_progress(result.stdout)
 
 
-def _file_sizes_command(paths: Sequence[str]) -> str:
-    quoted = " ".join(shlex.quote(validate_remote_path(p, "paths")) for p in paths)
-    return (f'i=0; for f in {quoted}; do if [ -f "$f" ]; then printf "%s %s\\n" "$i" "$(wc -c < "$f")"; fi; '
-            "i=$((i + 1)); done")
-
-
 def file_sizes_plan(paths: Iterable[str]) -> Plan[dict[str, int]]:
     """Byte sizes of the files that exist (missing ones are left out), in one command."""
     wanted = list(dict.fromkeys(paths))
     if not wanted:
         return {}
-    result = yield RemoteCommand(_file_sizes_command(wanted), "file_sizes")
+    result = yield RemoteCommand(build_file_sizes(wanted), "file_sizes")
     if result.exit_status != 0:
         raise _failed("file size check", result)
     sizes = {}

@@ -29,7 +29,7 @@ from slurm_provider.resubmission import (
     SubmissionHistory,
     decide_resubmission,
 )
-from slurm_provider.states import SlurmState, StateCategory
+from slurm_provider.states import StateCategory
 from slurm_provider.status import JobStatus
 from slurm_provider.transport import TransportError
 from slurm_provider.triggers import ERROR, FINISHED, LOST, NEVER_STARTS, SlurmJobTrigger
@@ -110,7 +110,10 @@ class SlurmSubmitOperator(BaseOperator):
 
     def execute(self, context: Any) -> Any:
         self._validate()
-        hook = self._hook()
+        with self._hook() as hook:
+            return self._adopt_or_submit(context, hook)
+
+    def _adopt_or_submit(self, context: Any, hook: Any) -> Any:
         history = self._load_history(context)
         current = history.current
         if current is not None:
@@ -145,8 +148,11 @@ class SlurmSubmitOperator(BaseOperator):
         history = SubmissionHistory.merge(self._load_history(context),
                                           SubmissionHistory.from_json(event["carry"].get("history")))
         self._store_history(context, history)
+        with self._hook() as hook:
+            return self._interpret(context, hook, history, event)
+
+    def _interpret(self, context: Any, hook: Any, history: SubmissionHistory, event: dict[str, Any]) -> Any:
         kind, job_id = event["kind"], event["job_id"]
-        hook = self._hook()
         if kind == ERROR:
             raise AirflowException(f"{event['message']}. The job may still be running: a retry of this "
                                    "task adopts it instead of submitting again.")

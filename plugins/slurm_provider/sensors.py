@@ -64,7 +64,8 @@ class SlurmJobSensor(BaseSensorOperator):
         from slurm_provider.hooks import SlurmHook
 
         job_id = str(self.job_id)
-        return SlurmHook(self.conn_id).statuses([job_id])[job_id]
+        with SlurmHook(self.conn_id) as hook:
+            return hook.statuses([job_id])[job_id]
 
     def _interpret(self, status: JobStatus) -> dict[str, Any]:
         if status.state.category is StateCategory.UNKNOWN:

@@ -12,6 +12,9 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
+from airflow.providers.common.compat.connection import get_async_connection
+from airflow.providers.ssh.hooks.ssh import SSHHook
+
 from slurm_provider.transport.base import (
     AsyncRemoteCommandRunner,
     CommandResult,
@@ -39,8 +42,6 @@ def transport_name(extra: Mapping[str, Any]) -> str:
 
 def runner_for_connection(conn_id: str) -> RemoteCommandRunner:
     """A synchronous runner for the Airflow connection ``conn_id``."""
-    from airflow.providers.ssh.hooks.ssh import SSHHook
-
     conn = SSHHook.get_connection(conn_id)
     extra = conn.extra_dejson
     if transport_name(extra) == OPENSSH:
@@ -89,8 +90,6 @@ class AsyncConnectionRunner:
         return self._runner
 
     async def _create(self) -> AsyncRemoteCommandRunner:
-        from airflow.providers.common.compat.connection import get_async_connection
-
         conn = await get_async_connection(self.conn_id)
         extra = conn.extra_dejson
         if transport_name(extra) == OPENSSH:

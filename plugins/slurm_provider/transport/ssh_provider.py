@@ -22,6 +22,7 @@ import weakref
 from typing import Any
 
 import paramiko
+from airflow.providers.ssh.hooks.ssh import SSHHook, SSHHookAsync
 
 from slurm_provider.transport.base import (
     NO_EXIT_STATUS,
@@ -36,6 +37,8 @@ from slurm_provider.transport.base import (
     stdin_bytes,
 )
 
+# asyncssh logs several INFO lines per command; in a triggerer that is per job per poll.
+logging.getLogger("asyncssh").setLevel(logging.WARNING)
 log = logging.getLogger(__name__)
 
 _READ_CHUNK = 65536
@@ -79,8 +82,6 @@ class SSHProviderRunner:
     """Synchronous runner on one paramiko connection opened by the SSH provider's ``SSHHook``."""
 
     def __init__(self, conn_id: str, *, ssh_hook: Any | None = None) -> None:
-        from airflow.providers.ssh.hooks.ssh import SSHHook
-
         self.conn_id = conn_id
         # One connection attempt per call: retrying (with back-off) is the caller's decision.
         self._hook = ssh_hook or SSHHook(ssh_conn_id=conn_id, conn_retry_attempts=1)
@@ -232,8 +233,6 @@ class AsyncSSHProviderRunner:
     def __init__(
         self, conn_id: str, *, where: str | None = None, ssh_hook: Any | None = None, max_sessions: int = 8
     ) -> None:
-        from airflow.providers.ssh.hooks.ssh import SSHHookAsync
-
         self.conn_id = conn_id
         self._hook = ssh_hook or SSHHookAsync(ssh_conn_id=conn_id)
         self._conn: Any = None
