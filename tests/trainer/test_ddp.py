@@ -1,0 +1,124 @@
+"""DDP with two gloo processes under torchrun: same result as one process, only rank 0 writes,
+and a signal reaching one rank stops both at the same step without a deadlock."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from vcloud import exitcodes
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "trainer" / "configs" / "model_tiny.yaml"
+
+# Entry point used under torchrun: records every file each rank writes and its pid, then trains.
+ENTRY = """
+import os, sys
+record_dir = sys.argv[1]
+rank = os.environ["RANK"]
+with open(os.path.join(record_dir, f"pid-rank{rank}"), "w") as fh:
+    fh.write(str(os.getpid()))
+import vcloud.checkpoint as checkpoint
+real_write = checkpoint.atomic_write_bytes
+def recording_write(path, data, **kwargs):
+    with open(os.path.join(record_dir, f"writes-rank{rank}.txt"), "a") as fh:
+        fh.write(f"{path}\\n")
+    return real_write(path, data, **kwargs)
+checkpoint.atomic_write_bytes = recording_write
+from vcloud.train import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO / "trainer" / "src"))
+    return env
+
+
+def _config(tmp_path: Path, batch_size: int, epochs: int) -> Path:
+    raw = yaml.safe_load(TINY.read_text())
+    raw["train"]["stage0"].update(batch_size=batch_size, epochs=epochs)
+    path = tmp_path / f"ddp_b{batch_size}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _torchrun(tmp_path: Path, args: list[str]) -> tuple[list[str], Path]:
+    entry = tmp_path / "ddp_entry.py"
+    entry.write_text(ENTRY)
+    record = tmp_path / "record"
+    record.mkdir()
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(entry), str(record), *args]
+    return command, record
+
+
+@pytest.mark.timeout(240)
+def test_two_gloo_ranks_match_one_process_with_the_global_batch(tiny_prepared: Path, tmp_path: Path) -> None:
+    """Batch 1 on each of 2 ranks sees exactly the samples of batch 2 on 1 rank, step for step
+    (DistributedSampler deals one permutation out), and DDP averages gradients: same weights."""
+    ddp_out, single_out = tmp_path / "ddp", tmp_path / "single"
+    common = ["--stage", "0", "--data", str(tiny_prepared)]
+    command, record = _torchrun(tmp_path, [*common, "--config", str(_config(tmp_path, 1, 2)), "--out", str(ddp_out)])
+    ddp = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=200)
+    assert ddp.returncode == 0, ddp.stdout + ddp.stderr
+    single = subprocess.run([sys.executable, "-m", "vcloud.train", *common, "--config", str(_config(tmp_path, 2, 2)),
+                             "--out", str(single_out)], env=_env(), capture_output=True, text=True, timeout=200)
+    assert single.returncode == 0, single.stdout + single.stderr
+
+    ddp_state = torch.load(ddp_out / "stage0" / "latest.pt", weights_only=True)
+    single_state = torch.load(single_out / "stage0" / "latest.pt", weights_only=True)
+    assert ddp_state["world_size"] == 2 and single_state["world_size"] == 1
+    assert ddp_state["global_step"] == single_state["global_step"] == 6
+    for name, tensor in single_state["model"].items():
+        torch.testing.assert_close(ddp_state["model"][name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+    ddp_psnr = ddp_state["train_state"]["history"][-1]["val_psnr"]
+    assert ddp_psnr == pytest.approx(single_state["train_state"]["history"][-1]["val_psnr"], abs=1e-3)
+
+    # rank 0 alone writes files and prints the progress lines
+    assert (record / "writes-rank0.txt").read_text().count("latest.pt") >= 2
+    assert not (record / "writes-rank1.txt").exists(), (record / "writes-rank1.txt").read_text()
+    assert "rank 0/2 (gloo)" in ddp.stdout
+    assert ddp.stdout.count("stage 0 | epoch 2/2") == 1
+    assert len(ddp_state["rng"]) == 2, "every rank's RNG state is saved"
+
+
+@pytest.mark.timeout(240)
+def test_signal_on_one_rank_stops_both_at_the_same_step(tiny_prepared: Path, tmp_path: Path) -> None:
+    """Slurm may deliver USR2 to the ranks at different moments; here only rank 1 gets it. Both
+    ranks must agree on it at the next step boundary, rank 0 checkpoints and requeues once."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol_calls.txt"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> "{calls}"\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    env = _env()
+    env.update(SLURM_JOB_ID="777", SLURM_REQUEUE="1", PATH=f"{bin_dir}{os.pathsep}{env['PATH']}")
+    out = tmp_path / "run"
+    command, record = _torchrun(tmp_path, ["--stage", "0", "--data", str(tiny_prepared), "--out", str(out),
+                                           "--config", str(_config(tmp_path, 1, 2)), "--max-epochs", "1000"])
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    progress = out / "stage0" / "progress.json"
+    while not (progress.exists() and (record / "pid-rank1").exists()):
+        assert proc.poll() is None, proc.communicate()[0]
+        time.sleep(0.05)
+    os.kill(int((record / "pid-rank1").read_text()), signal.SIGUSR2)
+    output = proc.communicate(timeout=200)[0]
+    assert proc.returncode != 0, output  # torchrun reports the workers' 85 as a failure of its own
+    assert output.count(f"exit {exitcodes.REQUEUE}:") == 1, output  # rank 0's final line
+    assert "stopped on SIGUSR2" in output
+    assert calls.read_text().splitlines() == ["requeue 777"], "exactly one requeue, from rank 0"
+    state = json.loads(progress.read_text())
+    assert state["status"] == "stopped"
+    latest = torch.load(out / "stage0" / "latest.pt", weights_only=True)
+    assert latest["global_step"] == state["step"] >= 1
+    assert not (record / "writes-rank1.txt").exists()

@@ -1,0 +1,95 @@
+"""Viewer export: quicklook PNGs, georeferenced GeoTIFFs, metrics.json and training curves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib.image
+import numpy as np
+import pytest
+import rasterio
+import torch
+
+from vcloud.config import load_config
+from vcloud.data.dataset import SeriesDataset
+from vcloud.export import latest_trained_stage, main, rgb_quicklook
+from vcloud.metrics import psnr
+from vcloud.training.distributed import init_distributed
+from vcloud.training.loop import StageRun, train_stage
+from vcloud.training.signals import StopRequest
+
+TINY = Path(__file__).resolve().parents[2] / "trainer" / "configs" / "model_tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    torch.set_num_threads(1)
+    run_dir = tmp_path_factory.mktemp("export_run")
+    run = StageRun(stage=0, config=load_config(TINY), data_root=tiny_prepared, run_dir=run_dir, max_epochs=3)
+    assert train_stage(run, init_distributed(env={}), StopRequest()) == 0
+    dest = tmp_path_factory.mktemp("viewer")
+    code = main(["--config", str(TINY), "--data", str(tiny_prepared), "--out", str(run_dir), "--dest", str(dest)])
+    assert code == 0
+    return run_dir, dest
+
+
+def test_geotiffs_keep_the_input_georeferencing(exported, tiny_prepared: Path) -> None:
+    _, dest = exported
+    test = SeriesDataset(tiny_prepared, "test")
+    summary = json.loads((dest / "metrics.json").read_text())
+    assert summary["series"] == len(test) > 0
+    for i, entry in enumerate(summary["per_series"]):
+        meta = test.meta(i)
+        with rasterio.open(dest / entry["geotiff"]) as tif:
+            assert tif.count == 13 and tif.dtypes[0] == "uint16"
+            assert tif.crs.to_string() == meta.crs
+            assert tuple(tif.transform)[:6] == pytest.approx(meta.transform)
+            prediction = torch.from_numpy(tif.read().astype(np.float32) / 10000.0)[None]
+        # the GeoTIFF holds the prediction the metrics were computed from (up to uint16 rounding)
+        target = test[i]["target"][None]
+        assert float(psnr(prediction, target)) == pytest.approx(entry["psnr"], abs=0.05)
+
+
+def test_quicklooks_show_three_panels(exported, tiny_prepared: Path) -> None:
+    _, dest = exported
+    summary = json.loads((dest / "metrics.json").read_text())
+    assert summary["panels"] == ["cloudy_input", "prediction", "target"]
+    image = matplotlib.image.imread(dest / summary["per_series"][0]["quicklook"])
+    height = SeriesDataset(tiny_prepared, "test").meta(0).height
+    assert image.shape[0] == height and image.shape[1] == 3 * height + 4
+
+
+def test_metrics_and_curves(exported) -> None:
+    run_dir, dest = exported
+    summary = json.loads((dest / "metrics.json").read_text())
+    assert summary["stage"] == 0 and summary["stage_name"] == "autoencoder"
+    assert summary["mean"]["psnr"] == pytest.approx(np.mean([s["psnr"] for s in summary["per_series"]]))
+    assert summary["curves"] == ["curves/stage0.png"]
+    curve = matplotlib.image.imread(dest / "curves" / "stage0.png")
+    assert curve.ndim == 3 and curve.shape[0] > 100
+    assert curve.std() > 0.01, "the plot is not blank"
+
+
+def test_latest_trained_stage_prefers_the_most_advanced(tmp_path: Path) -> None:
+    for stage in (0, 2):
+        (tmp_path / f"stage{stage}").mkdir()
+        (tmp_path / f"stage{stage}" / "best.pt").write_bytes(b"")
+    (tmp_path / "stage3").mkdir()  # started, no best.pt yet
+    assert latest_trained_stage(tmp_path) == 2
+
+
+def test_export_without_any_trained_stage_fails_clearly(tmp_path: Path, tiny_prepared: Path) -> None:
+    code = main(["--config", str(TINY), "--data", str(tiny_prepared), "--out", str(tmp_path), "--dest",
+                 str(tmp_path / "viewer")])
+    assert code == 1
+
+
+def test_rgb_quicklook_uses_bands_4_3_2_with_a_shared_stretch() -> None:
+    image = np.zeros((13, 4, 4), dtype=np.float32)
+    image[3], image[2], image[1] = 0.2, 0.1, 0.05  # B4 red, B3 green, B2 blue
+    mosaic = rgb_quicklook(image * 0.5, image, image)
+    assert mosaic.shape == (4, 3 * 4 + 4, 3) and mosaic.dtype == np.uint8
+    target_pixel, cloudy_pixel = mosaic[0, -1], mosaic[0, 0]
+    assert tuple(target_pixel) == (255, 128, 64)  # red is the brightest band, stretched to white
+    assert abs(int(cloudy_pixel[0]) - 128) <= 1  # half as bright, same stretch

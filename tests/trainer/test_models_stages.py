@@ -1,0 +1,173 @@
+"""Stages 1-3 through the stage registry, on the tiny synthetic dataset: predecessors load from
+their ``best.pt``, each stage's loss falls on a fixed batch, stage 3 pseudo-labels and caches."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import ConcatDataset, default_collate
+
+from vcloud.checkpoint import save_checkpoint
+from vcloud.config import load_config
+from vcloud.data.dataset import SeriesDataset
+from vcloud.models import stages as model_stages
+from vcloud.models.cfdt import CFDT
+from vcloud.models.refinement import DraftAndRefiner
+from vcloud.models.selftrain import PseudoLabeledSeries
+from vcloud.stages import BuildContext, StageError, get_stage
+
+TINY_YAML = Path(__file__).resolve().parents[2] / "trainer" / "configs" / "model_tiny.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def ctx(tmp_path) -> BuildContext:
+    return BuildContext(config=load_config(TINY_YAML), run_dir=tmp_path, device=torch.device("cpu"))
+
+
+@pytest.fixture
+def batch(tiny_prepared) -> dict:
+    ds = SeriesDataset(tiny_prepared, "train")
+    return default_collate([ds[0], ds[1]])
+
+
+def build(stage: int, ctx: BuildContext) -> torch.nn.Module:
+    spec = get_stage(stage)
+    return spec.build_model(spec.parse_model_config(ctx.config.model.section(stage)), ctx)
+
+
+def save_best(stage: int, model: torch.nn.Module, ctx: BuildContext) -> None:
+    save_checkpoint(ctx.run_dir / f"stage{stage}" / "best.pt",
+                    {"stage": stage, "model": model.state_dict(), "model_config": ctx.config.model.section(stage)})
+
+
+def train_steps(stage: int, model: torch.nn.Module, batch: dict, steps: int, lr: float) -> list[float]:
+    spec = get_stage(stage)
+    model.train()
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
+    losses = []
+    for _ in range(steps):
+        torch.manual_seed(0)  # same diffusion time steps and noise every step: a fixed batch
+        loss = spec.loss(model, batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def perturb(model: torch.nn.Module, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=g))
+
+
+def test_registry_has_stages_1_to_3_with_predecessors():
+    assert [get_stage(n).name for n in (1, 2, 3)] == ["draft", "refiner", "selftrain"]
+    assert get_stage(1).uses_curriculum and get_stage(1).requires == ()
+    assert get_stage(2).requires == (0, 1)
+    assert get_stage(3).requires == (0, 1, 2)
+    assert get_stage(3).train_dataset is model_stages.selftrain_dataset
+
+
+def test_stage1_loss_falls_and_predicts_in_range(ctx, batch):
+    model = build(1, ctx)
+    assert isinstance(model, CFDT) and model.memory.target_only_pyramid  # memory section applied
+    losses = train_steps(1, model, batch, steps=10, lr=5e-4)
+    assert losses[-1] < 0.9 * losses[0], losses
+    pred = get_stage(1).predict(model.eval(), batch)
+    assert pred.shape == batch["target"].shape
+    assert 0.0 <= float(pred.min()) and float(pred.max()) <= 1.0
+
+
+def test_stage2_needs_predecessors(ctx):
+    with pytest.raises(StageError, match=r"stage 0 checkpoint .*best.pt not found: train stage 0 first"):
+        build(2, ctx)
+
+
+def test_stages_2_and_3_load_predecessors_learn_and_pseudo_label(ctx, batch, tiny_prepared, monkeypatch):
+    ae, draft = build(0, ctx), build(1, ctx)
+    perturb(ae, 1)
+    perturb(draft, 2)
+    save_best(0, ae, ctx)
+    save_best(1, draft, ctx)
+
+    stage2 = build(2, ctx)
+    assert isinstance(stage2, DraftAndRefiner)
+    for k, v in draft.state_dict().items():
+        assert torch.equal(stage2.draft_model.state_dict()[k], v), k
+    for k, v in ae.state_dict().items():
+        assert torch.equal(stage2.refiner.autoencoder.state_dict()[k], v), k
+    assert not any(p.requires_grad for p in stage2.draft_model.parameters())
+    frozen_before = {k: v.clone() for k, v in stage2.draft_model.state_dict().items()}
+
+    losses = train_steps(2, stage2, batch, steps=12, lr=2e-3)
+    assert losses[-1] < 0.85 * losses[0], losses
+    for k, v in stage2.draft_model.state_dict().items():
+        assert torch.equal(v, frozen_before[k]), f"stage 2 changed the frozen draft model ({k})"
+    pred = get_stage(2).predict(stage2.eval(), batch)
+    assert pred.shape == batch["target"].shape
+    torch.testing.assert_close(pred, get_stage(2).predict(stage2, batch))  # fixed eval seed
+    save_best(2, stage2, ctx)
+
+    stage3 = build(3, ctx)
+    for k, v in stage2.state_dict().items():
+        assert torch.equal(stage3.state_dict()[k], v), k
+    assert all(p.requires_grad for p in stage3.draft_model.parameters())
+    assert not any(p.requires_grad for p in stage3.refiner.autoencoder.parameters())
+
+    train = SeriesDataset(tiny_prepared, "train")
+    union = model_stages.selftrain_dataset(train, ctx)
+    summary = json.loads((ctx.run_dir / "stage3" / "pseudo_labels.json").read_text())
+    considered, kept = summary["pseudo_labels_considered"], summary["pseudo_labels_kept"]
+    assert considered >= 1, "the tiny train split should hold at least one unlabeled series"
+    assert len(union) == len(train) - considered + kept
+    if kept:
+        assert isinstance(union, ConcatDataset)
+        pseudo = union.datasets[1]
+        assert isinstance(pseudo, PseudoLabeledSeries)
+        item = pseudo[0]
+        assert item["target"].shape == train[0]["target"].shape
+        assert not torch.equal(item["target"], train[pseudo.labels.indices[0]]["target"])
+
+    # a resumed run reuses the cached pseudo-labels instead of sampling again
+    def no_reload(stage):
+        raise AssertionError("pseudo-labels recomputed although cached")
+
+    monkeypatch.setattr(BuildContext, "load_predecessor", lambda self, stage: no_reload(stage))
+    assert len(model_stages.selftrain_dataset(train, ctx)) == len(union)
+    monkeypatch.undo()
+
+    losses = train_steps(3, stage3, batch, steps=10, lr=1e-3)
+    assert losses[-1] < losses[0], losses
+
+
+def test_selftrain_keeps_only_agreeing_pseudo_labels(ctx, tiny_prepared):
+    """Threshold semantics on real refiner samples: a huge threshold keeps every unlabeled
+    series, a tiny one keeps none."""
+    from vcloud.models.selftrain import SelfTrainConfig
+
+    ae, draft = build(0, ctx), build(1, ctx)
+    save_best(0, ae, ctx)
+    save_best(1, draft, ctx)
+    stage2 = build(2, ctx)
+    perturb(stage2.refiner.denoiser, 3)  # non-zero noise predictions: samples differ per seed
+    save_best(2, stage2, ctx)
+    train = SeriesDataset(tiny_prepared, "train")
+    loose = SelfTrainConfig(num_samples=2, agreement_threshold=10.0, sample_steps=2)
+    union = model_stages.selftrain_dataset(train, ctx, loose)
+    considered = json.loads((ctx.run_dir / "stage3" / "pseudo_labels.json").read_text())["pseudo_labels_considered"]
+    assert len(union) == len(train)
+    strict = SelfTrainConfig(num_samples=2, agreement_threshold=1e-9, sample_steps=2)
+    assert len(model_stages.selftrain_dataset(train, ctx, strict)) == len(train) - considered

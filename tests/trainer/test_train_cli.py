@@ -1,0 +1,161 @@
+"""``python -m vcloud.train``: exit codes, argument/config validation, completion, --restart."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from vcloud import exitcodes
+from vcloud.train import main
+from vcloud.training.distributed import describe_device, init_distributed
+from vcloud.training.loop import format_epoch_line
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "trainer" / "configs" / "model_tiny.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread_info_logs(caplog):
+    caplog.set_level(logging.INFO)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _config(tmp_path: Path, edit=None) -> Path:
+    raw = yaml.safe_load(TINY.read_text())
+    if edit:
+        edit(raw)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _train(config: Path, data: Path, out: Path, *extra: str, stage: int = 0) -> int:
+    return main(["--stage", str(stage), "--config", str(config), "--data", str(data), "--out", str(out), *extra])
+
+
+def test_exit_codes_are_the_orchestrator_contract() -> None:
+    assert (exitcodes.STAGE_COMPLETE, exitcodes.ERROR, exitcodes.BAD_CONFIG, exitcodes.REQUEUE) == (0, 1, 2, 85)
+    assert "requeue" in exitcodes.describe(85)
+
+
+def test_unknown_config_key_exits_2_naming_valid_keys(tmp_path: Path, tiny_prepared: Path, caplog) -> None:
+    config = _config(tmp_path, lambda raw: raw["memory"].update(bf16_autocast=True))
+    assert _train(config, tiny_prepared, tmp_path / "run") == exitcodes.BAD_CONFIG
+    assert "memory: unknown key(s) bf16_autocast (valid: bf16, grad_checkpointing" in caplog.text
+    assert not (tmp_path / "run").exists()
+
+
+def test_bad_model_section_exits_2(tmp_path: Path, tiny_prepared: Path, caplog) -> None:
+    config = _config(tmp_path, lambda raw: raw["model"]["stage0"].update(latent_chanels=4))
+    assert _train(config, tiny_prepared, tmp_path / "run") == exitcodes.BAD_CONFIG
+    assert "model.stage0: unknown key(s) latent_chanels" in caplog.text
+
+
+def test_unprepared_data_exits_2(tmp_path: Path, caplog) -> None:
+    assert _train(TINY, tmp_path, tmp_path / "run") == exitcodes.BAD_CONFIG
+    assert "is not a prepared dataset" in caplog.text and "vcloud.data.prepare" in caplog.text
+
+
+def test_argparse_rejects_unknown_stage() -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--stage", "4", "--config", str(TINY), "--data", ".", "--out", "."])
+    assert exit_info.value.code == exitcodes.BAD_CONFIG
+
+
+def test_missing_predecessor_exits_1_saying_what_to_train(tmp_path: Path, tiny_prepared: Path, caplog) -> None:
+    assert _train(TINY, tiny_prepared, tmp_path / "run", stage=2) == exitcodes.ERROR
+    assert "train stage 0 first" in caplog.text
+
+
+def test_complete_stage_is_not_retrained_and_more_epochs_continue(tmp_path: Path, tiny_prepared: Path,
+                                                                  caplog) -> None:
+    out = tmp_path / "run"
+    assert _train(TINY, tiny_prepared, out, "--max-epochs", "1") == 0
+    latest = out / "stage0" / "latest.pt"
+    first = latest.read_bytes()
+    caplog.clear()
+    assert _train(TINY, tiny_prepared, out, "--max-epochs", "1") == 0
+    assert "already complete" in caplog.text
+    assert latest.read_bytes() == first
+
+    assert _train(TINY, tiny_prepared, out, "--max-epochs", "2") == 0
+    complete = json.loads((out / "stage0" / "COMPLETE").read_text())
+    assert complete["epochs"] == 2
+    assert [h["epoch"] for h in json.loads((out / "stage0" / "progress.json").read_text())["history"]] == [1, 2]
+
+
+def test_restart_moves_old_outputs_aside_keeping_best(tmp_path: Path, tiny_prepared: Path, caplog) -> None:
+    out = tmp_path / "run"
+    assert _train(TINY, tiny_prepared, out, "--max-epochs", "1") == 0
+    old_best = (out / "stage0" / "best.pt").read_bytes()
+    assert _train(TINY, tiny_prepared, out, "--max-epochs", "1", "--restart") == 0
+    aside = list(out.glob("stage0.replaced-*"))
+    assert len(aside) == 1 and (aside[0] / "best.pt").read_bytes() == old_best
+    assert "moved the previous stage 0 outputs (best.pt included)" in caplog.text
+    assert "fresh start" in caplog.text
+
+
+def test_best_without_latest_is_kept_aside_not_overwritten(tmp_path: Path, tiny_prepared: Path) -> None:
+    out = tmp_path / "run"
+    (out / "stage0").mkdir(parents=True)
+    (out / "stage0" / "best.pt").write_bytes(b"an older best model")
+    assert _train(TINY, tiny_prepared, out, "--max-epochs", "1") == 0
+    aside = list(out.glob("stage0.replaced-*"))
+    assert len(aside) == 1 and (aside[0] / "best.pt").read_bytes() == b"an older best model"
+
+
+def test_resume_takes_the_architecture_from_the_checkpoint(tmp_path: Path, tiny_prepared: Path, caplog) -> None:
+    out = tmp_path / "run"
+    assert _train(TINY, tiny_prepared, out, "--max-epochs", "1") == 0
+    wider = _config(tmp_path, lambda raw: raw["model"]["stage0"].update(base_channels=16))
+    assert _train(wider, tiny_prepared, out, "--max-epochs", "2") == 0
+    assert "resuming with the checkpoint's architecture" in caplog.text
+    state = torch.load(out / "stage0" / "latest.pt", weights_only=True)
+    assert state["model_config"]["base_channels"] == 8
+
+
+def test_progress_json_is_what_the_orchestrator_reads(tmp_path: Path, tiny_prepared: Path) -> None:
+    out = tmp_path / "run"
+    assert _train(TINY, tiny_prepared, out, "--max-epochs", "2") == 0
+    progress = json.loads((out / "stage0" / "progress.json").read_text())
+    assert {"stage", "status", "epoch", "epochs_total", "step", "best_metric", "last_metrics", "updated_at",
+            "history"} <= set(progress)
+    assert (progress["stage"], progress["status"], progress["epoch"], progress["epochs_total"]) == (0, "complete", 2, 2)
+    assert progress["step"] == 6
+
+
+def test_epoch_line_reads_well_in_a_task_log() -> None:
+    record = {"epoch": 3, "train_loss": 0.04123, "val_psnr": 31.517, "lr": 1.8e-4, "seconds": 95.12,
+              "samples_per_s": 8.43, "phase": "mixed"}
+    assert format_epoch_line(1, 100, record, improved=True) == (
+        "stage 1 | epoch 3/100 | loss 0.0412 | PSNR 31.52 dB | lr 1.8e-04 | 95.1 s | 8.4 samples/s | "
+        "phase mixed | best")
+
+
+def test_start_line_reports_cpu_fallback() -> None:
+    line = describe_device(init_distributed(env={}))
+    assert line.startswith("no GPU visible (torch.cuda.is_available() is False): training on CPU")
+    assert "rank 0/1" in line
+
+
+def test_module_entry_point_runs(tmp_path: Path, tiny_prepared: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "vcloud.train", "--stage", "0", "--config", str(TINY), "--data",
+                           str(tiny_prepared), "--out", str(tmp_path), "--max-epochs", "1"],
+                          capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(REPO / "trainer" / "src"), "OMP_NUM_THREADS": "1",
+                               "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "no GPU visible" in lines[0]
+    assert any(" stage 0 | epoch 1/1 | loss " in line for line in lines)
+    assert lines[-1].endswith("exit 0: stage complete")

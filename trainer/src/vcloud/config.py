@@ -1,0 +1,295 @@
+"""Typed, frozen training configuration loaded from ``trainer/configs/model_*.yaml``.
+
+The YAML has four top-level sections: ``data`` (loading and curriculum), ``train`` (optimisation,
+cadences, per-stage epochs/batch size/lr), ``model`` (one free-form mapping per stage, validated by
+the stage's own model config class) and ``memory`` (the five switches that made the full model fit
+a 64 GB MI250X GCD). Every section is a frozen dataclass; unknown keys are rejected at load time
+with the list of valid ones, and every value is checked against its allowed range, so a typo fails
+in seconds on the login node rather than hours later in the queue.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+STAGES = (0, 1, 2, 3)
+LR_SCHEDULES = ("cosine", "constant")
+BEST_METRICS = {"psnr": "max", "ssim": "max", "sam": "min", "mae": "min", "rmse": "min"}
+"""Validation metrics that can select ``best.pt``, with the direction that counts as better."""
+
+
+class ConfigError(ValueError):
+    """The configuration file is missing, malformed, has an unknown key or an out-of-range value."""
+
+
+def _fail(section: str, name: str, value: Any, allowed: str) -> None:
+    raise ConfigError(f"{section}.{name}={value!r} is invalid (allowed: {allowed})")
+
+
+def _check(ok: bool, section: str, name: str, value: Any, allowed: str) -> None:
+    if not ok:
+        _fail(section, name, value, allowed)
+
+
+@dataclass(frozen=True)
+class CurriculumConfig:
+    """Cloud-type curriculum of the draft model: ``thin_only`` -> ``mixed`` -> ``all``."""
+
+    mixed_from_epoch: int = 30
+    """First epoch that also trains on thick clouds (production: 30 of 100)."""
+    all_from_epoch: int = 90
+    """First epoch that trains on every cloud type, opaque included (production: 90 of 100)."""
+
+    def __post_init__(self) -> None:
+        s = "data.curriculum"
+        _check(self.mixed_from_epoch >= 0, s, "mixed_from_epoch", self.mixed_from_epoch, "an integer >= 0")
+        _check(self.all_from_epoch >= self.mixed_from_epoch, s, "all_from_epoch", self.all_from_epoch,
+               f"an integer >= mixed_from_epoch={self.mixed_from_epoch}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """How batches are loaded."""
+
+    num_workers: int = 0
+    """DataLoader worker processes per rank; 0 loads in the training process (debugging, CI)."""
+    prefetch_factor: int = 2
+    """Batches each worker loads ahead; only passed to the DataLoader when num_workers > 0."""
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    """Epoch boundaries of the cloud-type curriculum (stages that use it)."""
+
+    def __post_init__(self) -> None:
+        _check(self.num_workers >= 0, "data", "num_workers", self.num_workers, "an integer >= 0")
+        _check(self.prefetch_factor >= 1, "data", "prefetch_factor", self.prefetch_factor, "an integer >= 1")
+
+
+@dataclass(frozen=True)
+class StageTrainConfig:
+    """Per-stage optimisation budget."""
+
+    epochs: int = 1
+    """Epochs the stage trains for; reaching it writes ``COMPLETE``."""
+    batch_size: int = 1
+    """Samples per step on each rank (global batch = batch_size x world size)."""
+    lr: float = 2.0e-4
+    """Peak learning rate of AdamW."""
+
+    def validate(self, section: str) -> None:
+        _check(self.epochs >= 1, section, "epochs", self.epochs, "an integer >= 1")
+        _check(self.batch_size >= 1, section, "batch_size", self.batch_size, "an integer >= 1")
+        _check(0.0 < self.lr < 1.0, section, "lr", self.lr, "a float in (0, 1)")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation, cadences and reproducibility, shared by all stages."""
+
+    seed: int = 0
+    """Seeds every RNG; the data order is a pure function of (seed, epoch)."""
+    lr_schedule: str = "cosine"
+    """``cosine`` decays to ``min_lr_ratio`` x lr over the stage's epochs; ``constant`` keeps lr."""
+    warmup_steps: int = 0
+    """Optimizer steps of linear warm-up from 0 to lr at the start of a stage."""
+    min_lr_ratio: float = 0.1
+    """Final learning rate of the cosine schedule as a fraction of lr."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    grad_clip_norm: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+    checkpoint_every_epochs: int = 1
+    """Write ``latest.pt`` after every N-th epoch (and always after the last one)."""
+    checkpoint_every_steps: int = 0
+    """Also write ``latest.pt`` every N optimizer steps within an epoch; 0 only at epoch ends.
+    Bounds the work lost to a node failure on long epochs (production: ~25 min each)."""
+    eval_every_epochs: int = 1
+    """Validate after every N-th epoch (and always after the last one)."""
+    best_metric: str = "psnr"
+    """Validation metric that selects ``best.pt``."""
+    stage0: StageTrainConfig = field(default_factory=StageTrainConfig)
+    """Autoencoder."""
+    stage1: StageTrainConfig = field(default_factory=StageTrainConfig)
+    """Draft model (CFDT)."""
+    stage2: StageTrainConfig = field(default_factory=StageTrainConfig)
+    """Latent diffusion refiner."""
+    stage3: StageTrainConfig = field(default_factory=StageTrainConfig)
+    """Self-training."""
+
+    def __post_init__(self) -> None:
+        s = "train"
+        _check(self.lr_schedule in LR_SCHEDULES, s, "lr_schedule", self.lr_schedule, ", ".join(LR_SCHEDULES))
+        _check(self.warmup_steps >= 0, s, "warmup_steps", self.warmup_steps, "an integer >= 0")
+        _check(0.0 <= self.min_lr_ratio <= 1.0, s, "min_lr_ratio", self.min_lr_ratio, "a float in [0, 1]")
+        _check(self.weight_decay >= 0.0, s, "weight_decay", self.weight_decay, "a float >= 0")
+        _check(self.grad_clip_norm >= 0.0, s, "grad_clip_norm", self.grad_clip_norm, "a float >= 0")
+        _check(self.checkpoint_every_epochs >= 1, s, "checkpoint_every_epochs",
+               self.checkpoint_every_epochs, "an integer >= 1")
+        _check(self.checkpoint_every_steps >= 0, s, "checkpoint_every_steps",
+               self.checkpoint_every_steps, "an integer >= 0 (0 = only at epoch ends)")
+        _check(self.eval_every_epochs >= 1, s, "eval_every_epochs", self.eval_every_epochs, "an integer >= 1")
+        _check(self.best_metric in BEST_METRICS, s, "best_metric", self.best_metric, ", ".join(BEST_METRICS))
+        for stage in STAGES:
+            self.for_stage(stage).validate(f"train.stage{stage}")
+
+    def for_stage(self, stage: int) -> StageTrainConfig:
+        """The epochs/batch size/lr of ``stage``."""
+        return getattr(self, f"stage{stage}")
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """The five memory optimizations (seed 000): only together do they fit 154M params in 64 GB."""
+
+    bf16: bool = True
+    """bfloat16 autocast on GPU (never with a GradScaler); CPU always trains in fp32."""
+    grad_checkpointing: bool = True
+    """Recompute per-date encoder and change-gate activations in backward (use_reentrant=False)."""
+    gate_downsample: int = 64
+    """Side length in pixels the O(T^2) change gate is computed at, then upsampled; 0 = full size."""
+    target_only_pyramid: bool = True
+    """Keep the full multi-scale pyramid for the target date only; other dates keep the coarsest."""
+    pair_chunk_size: int = 64
+    """Date pairs per change-gate convolution chunk; 0 processes all pairs at once."""
+
+    def __post_init__(self) -> None:
+        _check(self.gate_downsample >= 0, "memory", "gate_downsample", self.gate_downsample,
+               "an integer >= 0 (0 = full resolution)")
+        _check(self.pair_chunk_size >= 0, "memory", "pair_chunk_size", self.pair_chunk_size,
+               "an integer >= 0 (0 = no chunking)")
+
+
+@dataclass(frozen=True)
+class ModelSections:
+    """One mapping per stage, validated by that stage's model config class (``from_dict``).
+
+    Kept as read-only mappings here so this module does not depend on the model code; use
+    :meth:`section` to get a plain ``dict`` for ``XConfig.from_dict``.
+    """
+
+    stage0: Mapping[str, Any] = field(default_factory=dict)
+    """Autoencoder (``vcloud.models.autoencoder.AutoencoderConfig``)."""
+    stage1: Mapping[str, Any] = field(default_factory=dict)
+    """Draft model (``vcloud.models.cfdt.CFDTConfig``)."""
+    stage2: Mapping[str, Any] = field(default_factory=dict)
+    """Refiner (``vcloud.models.refiner.RefinerConfig``)."""
+    stage3: Mapping[str, Any] = field(default_factory=dict)
+    """Self-training (``vcloud.models.selftrain.SelfTrainConfig``)."""
+
+    def __post_init__(self) -> None:
+        for stage in STAGES:
+            name = f"stage{stage}"
+            value = getattr(self, name)
+            _check(isinstance(value, Mapping), "model", name, value, "a mapping of model settings")
+            object.__setattr__(self, name, types.MappingProxyType(copy.deepcopy(dict(value))))
+
+    def section(self, stage: int) -> dict[str, Any]:
+        """A fresh, mutable deep copy of ``model.stage{stage}``."""
+        return copy.deepcopy(dict(getattr(self, f"stage{stage}")))
+
+
+@dataclass(frozen=True)
+class VCloudConfig:
+    """The whole training configuration of one model size (tiny, small, full)."""
+
+    name: str = "unnamed"
+    """Human-readable size name, printed at start and stored in checkpoints."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Data loading and curriculum."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Optimisation and cadences."""
+    model: ModelSections = field(default_factory=ModelSections)
+    """Per-stage model architecture."""
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    """Memory switches."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain, YAML/JSON-safe dict; ``config_from_dict(to_dict())`` round-trips."""
+        return _plain(self)
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _coerce(section: str, name: str, value: Any, annotation: Any) -> Any:
+    """Check a scalar against its annotation; accept ints for floats and numeric strings
+    (PyYAML reads ``2e-4`` without a dot as a string)."""
+    if annotation is bool:
+        _check(isinstance(value, bool), section, name, value, "true or false")
+        return value
+    if annotation is int:
+        _check(isinstance(value, int) and not isinstance(value, bool), section, name, value, "an integer")
+        return value
+    if annotation is float:
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                _fail(section, name, value, "a number")
+        _check(isinstance(value, (int, float)) and not isinstance(value, bool), section, name, value,
+               "a number")
+        return float(value)
+    if annotation is str:
+        _check(isinstance(value, str), section, name, value, "a string")
+        return value
+    return value
+
+
+def _build(cls: type, raw: Any, section: str) -> Any:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{section or 'config'}: expected a mapping, got {type(raw).__name__} {raw!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        where = section or "top level"
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(map(str, unknown))} (valid: {', '.join(fields)})"
+        )
+    kwargs: dict[str, Any] = {}
+    for name, value in raw.items():
+        annotation = hints[name]
+        path = f"{section}.{name}" if section else name
+        if dataclasses.is_dataclass(annotation):
+            kwargs[name] = _build(annotation, value, path)
+        else:
+            kwargs[name] = _coerce(section or "config", name, value, annotation)
+    return cls(**kwargs)
+
+
+def config_from_dict(raw: Mapping[str, Any]) -> VCloudConfig:
+    """Validate and freeze a parsed YAML document."""
+    return _build(VCloudConfig, raw, "")
+
+
+def load_config(path: str | Path) -> VCloudConfig:
+    """Read and validate ``path``; raises :class:`ConfigError` naming the file on any problem."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {path} is not valid YAML: {exc}") from None
+    try:
+        return config_from_dict(raw or {})
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None

@@ -1,0 +1,30 @@
+"""Process exit codes of ``python -m vcloud.train``: the contract with the sbatch script and the DAG.
+
+The orchestrator decides what to do next from these numbers alone, so each one means exactly one
+thing and none collides with what Python or Slurm use on their own (1 for an uncaught exception,
+2 for argparse errors, 128+N for death by signal N).
+"""
+
+from __future__ import annotations
+
+STAGE_COMPLETE = 0
+"""The stage reached its epoch count; ``COMPLETE`` and the final checkpoint are on disk."""
+
+ERROR = 1
+"""Training failed (exception, diverged loss, missing predecessor checkpoint)."""
+
+BAD_CONFIG = 2
+"""Invalid command line or configuration; resubmitting the same job cannot help."""
+
+REQUEUE = 85
+"""Stopped on a signal (pre-timeout USR2 or TERM) after writing a checkpoint; resume by rerunning."""
+
+
+def describe(code: int) -> str:
+    """One phrase per exit code, for log lines written by whoever collects the exit status."""
+    return {
+        STAGE_COMPLETE: "stage complete",
+        ERROR: "training error",
+        BAD_CONFIG: "bad arguments or configuration",
+        REQUEUE: "stopped on a signal after checkpointing (requeue)",
+    }.get(code, f"unexpected exit code {code}")

@@ -1,0 +1,205 @@
+"""Viewer export: ``python -m vcloud.export --config CFG --data PREPARED --out RUN_DIR --dest VIEWER_DIR``.
+
+For every series of the test split, with the most advanced trained stage (3 > 2 > 1 > 0, each
+stage's ``best.pt``), writes to ``VIEWER_DIR``:
+
+- ``quicklooks/{series}.png``: true-colour (B4, B3, B2) panels side by side: the cloudy
+  observation of the target date, the prediction, the cloud-free target; one brightness stretch
+  for all three so they compare honestly;
+- ``geotiff/{series}.tif``: the 13-band prediction in Sentinel-2 L1C digital numbers
+  (reflectance x 10000, uint16), with the CRS and affine transform of the input patch;
+- ``metrics.json``: per-series and mean PSNR/SSIM/SAM/MAE/RMSE plus provenance;
+- ``curves/stage{N}.png``: training loss and validation PSNR per epoch of every stage trained.
+
+With only stage 0 trained, the "prediction" is the autoencoder's reconstruction of the least
+cloudy input: a baseline that shows what the later stages add.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vcloud import exitcodes
+from vcloud.config import ConfigError, VCloudConfig, load_config
+from vcloud.stages import BuildContext, StageError, get_stage, load_stage_model
+from vcloud.training.markers import read_json, write_json
+from vcloud.training.paths import StagePaths
+
+log = logging.getLogger("vcloud.export")
+
+RGB_BANDS = (3, 2, 1)
+"""Indices of B4 (red), B3 (green), B2 (blue) among the 13 Sentinel-2 bands."""
+PANELS = ("cloudy_input", "prediction", "target")
+
+
+def latest_trained_stage(run_dir: Path) -> int:
+    """Highest stage with a ``best.pt`` (3 > 2 > 1 > 0)."""
+    for stage in (3, 2, 1, 0):
+        if StagePaths(run_dir, stage).best.is_file():
+            return stage
+    raise StageError(f"no stage{{0..3}}/best.pt under {run_dir}: train stage 0 first")
+
+
+def rgb_quicklook(cloudy: np.ndarray, prediction: np.ndarray, target: np.ndarray, gap: int = 2) -> np.ndarray:
+    """[H, 3W + 2 gap, 3] uint8 mosaic of three [13, H, W] reflectance images.
+
+    The stretch maps the target's 98th RGB percentile to white, shared by all panels."""
+    rgb = [np.moveaxis(img[list(RGB_BANDS)], 0, -1) for img in (cloudy, prediction, target)]
+    white = float(np.percentile(rgb[2], 98))
+    gain = 1.0 / white if white > 1e-6 else 1.0
+    height = rgb[0].shape[0]
+    spacer = np.ones((height, gap, 3), dtype=np.float32)
+    mosaic = np.concatenate([rgb[0] * gain, spacer, rgb[1] * gain, spacer, rgb[2] * gain], axis=1)
+    return (np.clip(mosaic, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+
+
+def to_digital_numbers(prediction: np.ndarray) -> np.ndarray:
+    """Reflectance in [0, 1] -> uint16 L1C digital numbers, the encoding of the input patches."""
+    from vcloud.data.bands import S2_DN_MAX
+
+    return np.round(np.clip(prediction, 0.0, 1.0) * S2_DN_MAX).astype(np.uint16)
+
+
+def plot_training_curves(progress: dict[str, Any], path: Path) -> None:
+    """Training loss and validation PSNR per epoch from ``progress.json``'s history."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    history = progress.get("history") or []
+    epochs = [h["epoch"] for h in history]
+    fig, loss_ax = plt.subplots(figsize=(7, 4), dpi=100)
+    loss_ax.plot(epochs, [h["train_loss"] for h in history], color="tab:blue", marker=".", label="train loss")
+    loss_ax.set_xlabel("epoch")
+    loss_ax.set_ylabel("train loss", color="tab:blue")
+    psnr = [(h["epoch"], h["val_psnr"]) for h in history if "val_psnr" in h]
+    if psnr:
+        psnr_ax = loss_ax.twinx()
+        psnr_ax.plot(*zip(*psnr), color="tab:red", marker=".", label="val PSNR")
+        psnr_ax.set_ylabel("validation PSNR (dB)", color="tab:red")
+    best = progress.get("best_metric") or {}
+    title = f"stage {progress.get('stage')}: {progress.get('epoch')}/{progress.get('epochs_total')} epochs"
+    if best:
+        title += f", best {best['name']} {best['value']:.2f} (epoch {best['epoch']})"
+    loss_ax.set_title(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _safe_name(series_id: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", series_id)
+
+
+def export_viewer(config: VCloudConfig, data_root: Path, run_dir: Path, dest: Path, *, stage: int | None = None,
+                  split: str = "test", limit: int | None = None, device: torch.device | None = None) -> dict[str, Any]:
+    """Write quicklooks, GeoTIFFs, metrics and curves; returns the metrics summary written."""
+    import matplotlib.image
+
+    from vcloud.data.dataset import SeriesDataset
+    from vcloud.data.geotiff import GeoRef, write_geotiff
+    from vcloud.metrics import METRIC_NAMES, per_sample
+    from vcloud.training.precision import resolve_precision
+    from vcloud.training.rng import seed_everything
+
+    seed_everything(config.train.seed)  # diffusion sampling draws noise: same export on every run
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    stage = latest_trained_stage(run_dir) if stage is None else stage
+    best = StagePaths(run_dir, stage).best
+    spec = get_stage(stage)
+    model, checkpoint = load_stage_model(stage, best, BuildContext(config=config, run_dir=run_dir, device=device))
+    model.eval()
+    precision = resolve_precision(device.type, config.memory.bf16)
+    dataset = SeriesDataset(data_root, split)
+    count = len(dataset) if limit is None else min(limit, len(dataset))
+    log.info("exporting %d %s series with stage %d (%s, epoch %s of %s) to %s", count, split, stage, spec.name,
+             checkpoint.get("epoch"), best, dest)
+
+    per_series: list[dict[str, Any]] = []
+    for i in range(count):
+        item = dataset[i]
+        meta = dataset.meta(i)
+        batch = {k: v.unsqueeze(0).to(device) if isinstance(v, torch.Tensor) else [v] for k, v in item.items()}
+        with torch.no_grad(), precision.autocast():
+            prediction = spec.restore_batch(model, batch)
+        prediction = prediction.float().clamp(0.0, 1.0).cpu()
+        scores = {name: float(v[0]) for name, v in per_sample(prediction, item["target"][None]).items()}
+        name = _safe_name(meta.series_id)
+        cloudy = item["inputs"][int(item["target_index"])].numpy()
+        pred = prediction[0].numpy()
+        quicklook = dest / "quicklooks" / f"{name}.png"
+        quicklook.parent.mkdir(parents=True, exist_ok=True)
+        matplotlib.image.imsave(quicklook, rgb_quicklook(cloudy, pred, item["target"].numpy()))
+        geotiff = dest / "geotiff" / f"{name}.tif"
+        write_geotiff(geotiff, to_digital_numbers(pred), GeoRef(crs=meta.crs, transform=meta.transform))
+        per_series.append({"series_id": meta.series_id, "region": meta.region, "target_date": meta.target_date,
+                           "quicklook": str(quicklook.relative_to(dest)), "geotiff": str(geotiff.relative_to(dest)),
+                           **scores})
+
+    mean = {name: float(np.mean([s[name] for s in per_series])) if per_series else float("nan")
+            for name in METRIC_NAMES}
+    curves = []
+    for k in range(4):
+        progress = read_json(StagePaths(run_dir, k).progress)
+        if progress and progress.get("history"):
+            plot_training_curves(progress, dest / "curves" / f"stage{k}.png")
+            curves.append(f"curves/stage{k}.png")
+    summary = {
+        "stage": stage,
+        "stage_name": spec.name,
+        "checkpoint": str(best),
+        "checkpoint_epoch": checkpoint.get("epoch"),
+        "code_version": checkpoint.get("code_version"),
+        "split": split,
+        "series": len(per_series),
+        "panels": list(PANELS),
+        "rgb_bands": ["B4", "B3", "B2"],
+        "mean": mean,
+        "per_series": per_series,
+        "curves": curves,
+    }
+    write_json(dest / "metrics.json", summary)
+    log.info("stage %d on %d %s series: PSNR %.2f dB, SSIM %.3f, SAM %.2f deg", stage, len(per_series), split,
+             mean["psnr"], mean["ssim"], mean["sam"])
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    from vcloud.train import configure_logging
+
+    configure_logging()
+    parser = argparse.ArgumentParser(prog="python -m vcloud.export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--data", type=Path, required=True, help="prepared dataset root")
+    parser.add_argument("--out", type=Path, required=True, help="run output directory with stage{N}/best.pt")
+    parser.add_argument("--dest", type=Path, required=True, help="viewer directory to write")
+    parser.add_argument("--stage", type=int, choices=(0, 1, 2, 3), default=None,
+                        help="stage to export (default: the highest with a best.pt)")
+    parser.add_argument("--split", default="test", choices=("train", "val", "test"))
+    parser.add_argument("--limit", type=int, default=None, help="export at most N series")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return exitcodes.BAD_CONFIG
+    try:
+        export_viewer(config, args.data, args.out, args.dest, stage=args.stage, split=args.split, limit=args.limit)
+    except (StageError, FileNotFoundError) as exc:
+        log.error("export failed: %s", exc)
+        return exitcodes.ERROR
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

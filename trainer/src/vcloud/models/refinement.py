@@ -1,0 +1,79 @@
+"""The draft model and the refiner trained together as one module (stages 2 and 3).
+
+The training loop calls ``model(batch)`` for the loss (so DDP synchronises gradients) and
+``model.refine(batch)`` for predictions. In stage 2 the draft model is frozen and only the
+refiner learns; in stage 3 (self-training) both are fine-tuned.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vcloud.models.cfdt import CFDT
+from vcloud.models.refiner import LatentDiffusionRefiner
+
+EVAL_SEED = 0
+"""DDIM seed of validation predictions, so the best-checkpoint metric is reproducible."""
+
+
+def target_observation(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target date's cloudy observation [B, 13, H, W] and its cloud mask [B, 1, H, W]."""
+    rows = torch.arange(batch["inputs"].shape[0], device=batch["inputs"].device)
+    index = batch["target_index"].long()
+    return batch["inputs"][rows, index], batch["masks"][rows, index]
+
+
+def run_draft(model: CFDT, batch: dict[str, Any]) -> torch.Tensor:
+    """Stage-1 draft of a batch (S1 only passed when the model uses it)."""
+    s1 = batch.get("s1") if model.cfg.use_s1 else None
+    return model(batch["inputs"], batch["masks"], batch["target_index"], s1)
+
+
+class DraftAndRefiner(nn.Module):
+    """CFDT draft followed by the latent diffusion refiner."""
+
+    def __init__(self, draft_model: CFDT, refiner: LatentDiffusionRefiner, *, train_draft: bool,
+                 draft_loss_weight: float = 1.0, refiner_loss_weight: float = 1.0) -> None:
+        super().__init__()
+        self.draft_model = draft_model
+        self.refiner = refiner
+        self.train_draft = train_draft
+        self.draft_loss_weight = draft_loss_weight
+        self.refiner_loss_weight = refiner_loss_weight
+        self.draft_model.requires_grad_(train_draft)
+
+    def train(self, mode: bool = True) -> "DraftAndRefiner":
+        super().train(mode)
+        if not self.train_draft:
+            self.draft_model.eval()
+        return self
+
+    def forward(self, batch: dict[str, Any]) -> torch.Tensor:
+        """Training loss of one batch."""
+        target = batch["target"]
+        observation, mask = target_observation(batch)
+        if self.train_draft:
+            draft = run_draft(self.draft_model, batch)
+        else:
+            with torch.no_grad():
+                draft = run_draft(self.draft_model, batch)
+        draft_f = draft.float()
+        refiner_loss = self.refiner.loss(draft_f.clamp(0, 1), observation, mask, target)
+        if not self.train_draft:
+            return refiner_loss
+        draft_loss = F.l1_loss(draft_f, target)
+        return self.draft_loss_weight * draft_loss + self.refiner_loss_weight * refiner_loss
+
+    @torch.no_grad()
+    def refine(self, batch: dict[str, Any], generator: torch.Generator | None = None,
+               steps: int | None = None) -> torch.Tensor:
+        """Refined target [B, 13, H, W] in [0, 1]; deterministic for a given generator seed."""
+        if generator is None:
+            generator = torch.Generator().manual_seed(EVAL_SEED)
+        draft = run_draft(self.draft_model, batch).float().clamp(0, 1)
+        observation, mask = target_observation(batch)
+        return self.refiner.sample(draft, observation, mask, steps=steps, generator=generator)

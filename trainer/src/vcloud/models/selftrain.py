@@ -1,0 +1,167 @@
+"""Stage 3: self-training on series without a usable cloud-free target.
+
+The stage-2 model refines each unlabeled series several times with different DDIM seeds. Where
+those samples agree (mean per-pixel standard deviation across samples below a threshold) the
+refiner is confident, and the mean sample becomes a pseudo-target; the rest are dropped. Draft
+model and refiner are then fine-tuned on labeled series plus the kept pseudo-labeled ones.
+
+Which series are "unlabeled" is a pure function of the series id (a salted hash), so the split is
+the same on every rank and after every restart, and their ground truth is never read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+from torch.utils.data import Dataset
+
+from vcloud.models.config_fields import config_from_dict, require, require_positive_int
+
+SECTION = "model.stage3"
+
+
+@dataclass(frozen=True)
+class SelfTrainConfig:
+    """How pseudo-labels are made and how the fine-tuning loss is weighted."""
+
+    num_samples: int = 3
+    """DDIM samples (different seeds) per unlabeled series; agreement is measured across them."""
+    agreement_threshold: float = 0.02
+    """Keep a pseudo-label only if the mean per-pixel std across samples (reflectance units) is
+    at most this."""
+    sample_steps: int = 0
+    """DDIM steps for pseudo-labelling; 0 uses the refiner's ``sample_steps``."""
+    unlabeled_split: str = "train"
+    """Split whose series may be treated as unlabeled (their targets hidden)."""
+    unlabeled_fraction: float = 0.3
+    """Fraction of ``unlabeled_split`` series (chosen by series id) treated as unlabeled. With the
+    training split, those series are removed from the labeled set."""
+    seed: int = 0
+    """Salt of the unlabeled selection and base seed of the DDIM samples."""
+    draft_loss_weight: float = 1.0
+    """Weight of the draft model's L1 loss in the fine-tuning objective."""
+    refiner_loss_weight: float = 1.0
+    """Weight of the refiner's noise-prediction loss in the fine-tuning objective."""
+
+    def __post_init__(self) -> None:
+        require_positive_int(SECTION, "num_samples", self.num_samples)
+        require(self.num_samples >= 2, SECTION, "num_samples", self.num_samples,
+                "an integer >= 2 (agreement needs at least two samples)")
+        require(isinstance(self.agreement_threshold, (int, float)) and self.agreement_threshold > 0,
+                SECTION, "agreement_threshold", self.agreement_threshold, "a number > 0")
+        require(isinstance(self.sample_steps, int) and self.sample_steps >= 0, SECTION, "sample_steps",
+                self.sample_steps, "an integer >= 0 (0 = the refiner's sample_steps)")
+        require(self.unlabeled_split in ("train", "val", "test"), SECTION, "unlabeled_split",
+                self.unlabeled_split, "train, val, test")
+        require(isinstance(self.unlabeled_fraction, (int, float)) and 0 < self.unlabeled_fraction <= 1,
+                SECTION, "unlabeled_fraction", self.unlabeled_fraction, "a number in (0, 1]")
+        require(isinstance(self.seed, int), SECTION, "seed", self.seed, "an integer")
+        for name in ("draft_loss_weight", "refiner_loss_weight"):
+            value = getattr(self, name)
+            require(isinstance(value, (int, float)) and value >= 0, SECTION, name, value, "a number >= 0")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "SelfTrainConfig":
+        return config_from_dict(cls, d, section=SECTION)
+
+
+def is_unlabeled(series_id: str, fraction: float, seed: int) -> bool:
+    """Deterministic membership of a series in the unlabeled pool (stable across processes,
+    unlike Python's salted ``hash``)."""
+    digest = hashlib.sha256(f"{seed}:{series_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+def sample_agreement(samples: torch.Tensor) -> torch.Tensor:
+    """[K, B, C, H, W] samples -> [B] mean over pixels and bands of the std across the K samples."""
+    if samples.ndim != 5 or samples.shape[0] < 2:
+        raise ValueError(f"need [K>=2, B, C, H, W] samples, got {list(samples.shape)}")
+    return samples.float().std(dim=0, unbiased=False).mean(dim=(1, 2, 3))
+
+
+@dataclass(frozen=True)
+class PseudoLabels:
+    """Pseudo-targets kept for fine-tuning, with the statistics to report."""
+
+    indices: tuple[int, ...]
+    """Dataset indices of the kept series."""
+    targets: torch.Tensor
+    """[N_kept, 13, H, W] mean of the agreeing samples."""
+    agreement: tuple[float, ...]
+    """Agreement score of every considered series (kept or not), in ``considered`` order."""
+    considered: tuple[int, ...]
+    """Dataset indices of every unlabeled series that was pseudo-labelled."""
+    threshold: float
+
+    @property
+    def kept(self) -> int:
+        return len(self.indices)
+
+    def summary(self) -> dict[str, Any]:
+        return {"pseudo_labels_considered": len(self.considered), "pseudo_labels_kept": self.kept,
+                "agreement_threshold": self.threshold,
+                "agreement_median": float(torch.tensor(self.agreement).median()) if self.agreement else None}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"indices": list(self.indices), "targets": self.targets, "agreement": list(self.agreement),
+                "considered": list(self.considered), "threshold": self.threshold}
+
+    @classmethod
+    def from_state_dict(cls, d: Mapping[str, Any]) -> "PseudoLabels":
+        return cls(tuple(d["indices"]), d["targets"], tuple(d["agreement"]), tuple(d["considered"]),
+                   float(d["threshold"]))
+
+
+def make_pseudo_labels(
+    refine: Callable[[dict[str, torch.Tensor], torch.Generator], torch.Tensor],
+    dataset: Dataset,
+    indices: Iterable[int],
+    cfg: SelfTrainConfig,
+    batch_size: int = 1,
+) -> PseudoLabels:
+    """Refine each series ``num_samples`` times and keep those whose samples agree.
+
+    ``refine(batch, generator)`` returns [B, 13, H, W]; only ``inputs``, ``masks``, ``s1`` and
+    ``target_index`` of the batch are meant to be read (the target stays hidden)."""
+    indices = list(indices)
+    kept_idx: list[int] = []
+    kept_targets: list[torch.Tensor] = []
+    scores: list[float] = []
+    for start in range(0, len(indices), batch_size):
+        chunk = indices[start:start + batch_size]
+        items = [dataset[i] for i in chunk]
+        batch = {k: torch.stack([it[k] for it in items]) for k in ("inputs", "masks", "s1", "target_index")
+                 if k in items[0]}
+        samples = []
+        for k in range(cfg.num_samples):
+            g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + k)
+            samples.append(refine(batch, g).float().cpu())
+        stacked = torch.stack(samples)
+        agreement = sample_agreement(stacked)
+        mean = stacked.mean(0)
+        for j, idx in enumerate(chunk):
+            scores.append(float(agreement[j]))
+            if agreement[j] <= cfg.agreement_threshold:
+                kept_idx.append(idx)
+                kept_targets.append(mean[j].clamp(0, 1))
+    targets = torch.stack(kept_targets) if kept_targets else torch.empty(0)
+    return PseudoLabels(tuple(kept_idx), targets, tuple(scores), tuple(indices), float(cfg.agreement_threshold))
+
+
+class PseudoLabeledSeries(Dataset):
+    """The kept unlabeled series with their pseudo-targets in place of the hidden ground truth."""
+
+    def __init__(self, base: Dataset, labels: PseudoLabels) -> None:
+        self.base = base
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return self.labels.kept
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        item = dict(self.base[self.labels.indices[i]])
+        item["target"] = self.labels.targets[i]
+        return item

@@ -1,0 +1,200 @@
+"""Stages 1-3 for the stage registry in :mod:`vcloud.stages` (imported by it on first lookup).
+
+- stage 1, ``draft``: CFDT trained with L1 to the cloud-free target, on the cloud-type curriculum;
+- stage 2, ``refiner``: latent diffusion refiner on top of the frozen stage-0 autoencoder and the
+  frozen stage-1 draft model, both loaded from their ``best.pt``;
+- stage 3, ``selftrain``: stage-2 model fine-tuned (draft and refiner) on labeled series plus
+  confidently pseudo-labelled ones. Its spec adds ``train_dataset``: the loop passes it the
+  labeled training split and trains on what it returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import ConcatDataset, Dataset, Subset
+
+from vcloud.checkpoint import atomic_write_bytes, atomic_write_text
+from vcloud.models.cfdt import CFDT, CFDTConfig
+from vcloud.models.refinement import DraftAndRefiner, run_draft
+from vcloud.models.refiner import LatentDiffusionRefiner, RefinerConfig
+from vcloud.models.selftrain import (
+    PseudoLabeledSeries,
+    PseudoLabels,
+    SelfTrainConfig,
+    is_unlabeled,
+    make_pseudo_labels,
+)
+from vcloud.stages import Batch, BuildContext, StageSpec, register_stage
+
+log = logging.getLogger(__name__)
+
+PSEUDO_LABELS_FILE = "pseudo_labels.pt"
+PSEUDO_SUMMARY_FILE = "pseudo_labels.json"
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return getattr(model, "module", model)
+
+
+# ---- stage 1: draft model (CFDT) --------------------------------------------------------------
+
+def _build_draft(cfg: CFDTConfig, ctx: BuildContext) -> nn.Module:
+    return CFDT(cfg, memory=ctx.config.memory)
+
+
+def _draft_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    s1 = batch.get("s1") if _unwrap(model).cfg.use_s1 else None
+    draft = model(batch["inputs"], batch["masks"], batch["target_index"], s1)
+    return F.l1_loss(draft.float(), batch["target"])
+
+
+@torch.no_grad()
+def _draft_predict(model: nn.Module, batch: Batch) -> torch.Tensor:
+    return run_draft(_unwrap(model), batch).float().clamp(0.0, 1.0)
+
+
+STAGE1 = StageSpec(
+    number=1,
+    name="draft",
+    parse_model_config=lambda section: CFDTConfig.from_dict(dict(section)),
+    build_model=_build_draft,
+    loss=_draft_loss,
+    predict=_draft_predict,
+    uses_curriculum=True,
+)
+
+
+# ---- stage 2: latent diffusion refiner --------------------------------------------------------
+
+def _build_refiner(cfg: RefinerConfig, ctx: BuildContext) -> nn.Module:
+    autoencoder = ctx.load_predecessor(0)
+    draft_model = ctx.load_predecessor(1)
+    return DraftAndRefiner(draft_model, LatentDiffusionRefiner(cfg, autoencoder), train_draft=False)
+
+
+def _refined_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    return model(batch)
+
+
+def _refined_predict(model: nn.Module, batch: Batch) -> torch.Tensor:
+    return _unwrap(model).refine(batch)
+
+
+STAGE2 = StageSpec(
+    number=2,
+    name="refiner",
+    parse_model_config=lambda section: RefinerConfig.from_dict(dict(section)),
+    build_model=_build_refiner,
+    loss=_refined_loss,
+    predict=_refined_predict,
+    requires=(0, 1),
+)
+
+
+# ---- stage 3: self-training -------------------------------------------------------------------
+
+def _build_selftrain(cfg: SelfTrainConfig, ctx: BuildContext) -> nn.Module:
+    stage2 = ctx.load_predecessor(2)
+    return DraftAndRefiner(stage2.draft_model, stage2.refiner, train_draft=True,
+                           draft_loss_weight=cfg.draft_loss_weight, refiner_loss_weight=cfg.refiner_loss_weight)
+
+
+def _is_main_process() -> bool:
+    return not (torch.distributed.is_available() and torch.distributed.is_initialized()) \
+        or torch.distributed.get_rank() == 0
+
+
+def _collate_to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def pseudo_label_pool(labeled: Dataset, cfg: SelfTrainConfig) -> tuple[Dataset, list[int], Dataset]:
+    """(labeled series actually trained on, indices of unlabeled series, dataset they index).
+
+    With ``unlabeled_split: train`` the unlabeled series are removed from the labeled set, so the
+    ground truth of a pseudo-labelled series is never used."""
+    if cfg.unlabeled_split == "train":
+        source = labeled
+    else:
+        from vcloud.data.dataset import SeriesDataset
+
+        source = SeriesDataset(Path(labeled.root), cfg.unlabeled_split)  # type: ignore[attr-defined]
+    records = getattr(source, "records", None)
+    ids = ([r.series_id for r in records] if records is not None
+           else [source[i]["series_id"] for i in range(len(source))])
+    pool = [i for i, sid in enumerate(ids) if is_unlabeled(sid, cfg.unlabeled_fraction, cfg.seed)]
+    if cfg.unlabeled_split == "train":
+        keep = [i for i in range(len(labeled)) if i not in set(pool)]
+        labeled = Subset(labeled, keep)
+    return labeled, pool, source
+
+
+def selftrain_dataset(labeled: Dataset, ctx: BuildContext, cfg: SelfTrainConfig | None = None) -> Dataset:
+    """Training set of stage 3: labeled series plus kept pseudo-labelled ones.
+
+    Pseudo-labels come from the stage-2 ``best.pt`` (not the model being fine-tuned) and are cached
+    in ``stage3/pseudo_labels.pt`` on first use, so a resumed run trains on exactly the same set.
+    Every rank computes or reads the same deterministic result; only rank 0 writes the cache."""
+    if cfg is None:
+        cfg = SelfTrainConfig.from_dict(ctx.config.model.section(3))
+    labeled_part, pool, source = pseudo_label_pool(labeled, cfg)
+    cache = ctx.run_dir / "stage3" / PSEUDO_LABELS_FILE
+    labels = None
+    if cache.is_file():
+        saved = torch.load(cache, map_location="cpu", weights_only=True)
+        if saved.get("pool") == pool and saved.get("config") == dataclasses.asdict(cfg):
+            labels = PseudoLabels.from_state_dict(saved["labels"])
+    if labels is None:
+        stage2 = ctx.load_predecessor(2)
+        steps = cfg.sample_steps or None
+
+        def refine(batch: dict[str, torch.Tensor], generator: torch.Generator) -> torch.Tensor:
+            return stage2.refine(_collate_to(batch, ctx.device), generator=generator, steps=steps)
+
+        labels = make_pseudo_labels(refine, source, pool, cfg)
+        del stage2
+        if _is_main_process():
+            buffer = io.BytesIO()
+            torch.save({"pool": pool, "config": dataclasses.asdict(cfg), "labels": labels.state_dict()}, buffer)
+            atomic_write_bytes(cache, buffer.getvalue())
+            atomic_write_text(cache.with_name(PSEUDO_SUMMARY_FILE), json.dumps(labels.summary(), indent=1) + "\n")
+    summary = labels.summary()
+    log.info("stage 3: kept %d of %d pseudo-labels (agreement threshold %.4g, median agreement %s); "
+             "%d labeled series", summary["pseudo_labels_kept"], summary["pseudo_labels_considered"],
+             cfg.agreement_threshold, summary["agreement_median"], len(labeled_part))
+    if labels.kept == 0:
+        return labeled_part
+    return ConcatDataset([labeled_part, PseudoLabeledSeries(source, labels)])
+
+
+@dataclass(frozen=True)
+class SelfTrainStageSpec(StageSpec):
+    """Stage spec whose training set differs from the labeled split."""
+
+    train_dataset: Callable[[Dataset, BuildContext], Dataset] | None = None
+    """Given the labeled training split, the dataset to train on (labeled + pseudo-labelled)."""
+
+
+STAGE3 = SelfTrainStageSpec(
+    number=3,
+    name="selftrain",
+    parse_model_config=lambda section: SelfTrainConfig.from_dict(dict(section)),
+    build_model=_build_selftrain,
+    loss=_refined_loss,
+    predict=_refined_predict,
+    requires=(0, 1, 2),
+    train_dataset=selftrain_dataset,
+)
+
+for _spec in (STAGE1, STAGE2, STAGE3):
+    register_stage(_spec)

@@ -1,0 +1,126 @@
+"""Train one stage: ``python -m vcloud.train --stage N --config CFG --data PREPARED --out RUN_DIR``.
+
+Resumes automatically from ``RUN_DIR/stage{N}/latest.pt``; ``--restart`` moves the old outputs
+aside and starts over. Under ``torchrun --nproc_per_node=K`` it trains with DDP. Exit codes are in
+:mod:`vcloud.exitcodes`: 0 complete, 85 stopped on a signal after checkpointing, 1 error, 2 bad
+arguments or configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from vcloud import exitcodes
+from vcloud.checkpoint import CheckpointError
+from vcloud.config import STAGES, ConfigError, VCloudConfig, load_config
+from vcloud.stages import StageError, get_stage
+from vcloud.training.signals import RequeuePolicy, StopRequest, install_stop_handlers
+
+log = logging.getLogger("vcloud.train")
+
+
+class _LogFormat(logging.Formatter):
+    """``2026-02-16 12:00:01 stage 0 | epoch 3/50 | ...``; level shown only when it is not INFO."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        super().__init__(datefmt="%Y-%m-%d %H:%M:%S")
+        self.prefix = f"[rank {rank}] " if world_size > 1 else ""
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = "" if record.levelno == logging.INFO else f"{record.levelname}: "
+        text = f"{self.formatTime(record, self.datefmt)} {self.prefix}{level}{record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+def configure_logging(rank: int = 0, world_size: int = 1) -> None:
+    """One line per event on stdout; ranks other than 0 only report warnings and errors.
+
+    Leaves logging alone when something else configured it already (pytest, an embedding tool)."""
+    root = logging.getLogger()
+    ours = [h for h in root.handlers if isinstance(h.formatter, _LogFormat)]
+    if root.handlers and not ours:
+        return
+    for handler in ours:
+        root.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(_LogFormat(rank, world_size))
+    root.addHandler(handler)
+    root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m vcloud.train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stage", type=int, required=True, choices=STAGES, help="stage to train")
+    parser.add_argument("--config", type=Path, required=True, help="trainer/configs/model_{tiny,small,full}.yaml")
+    parser.add_argument("--data", type=Path, required=True, help="prepared dataset root (vcloud.data.prepare)")
+    parser.add_argument("--out", type=Path, required=True, help="run output directory (stage{N}/ inside)")
+    parser.add_argument("--restart", action="store_true",
+                        help="move this stage's outputs aside (best.pt included) and start over")
+    parser.add_argument("--max-epochs", type=int, default=None,
+                        help="override train.stage{N}.epochs (total epochs of the stage)")
+    parser.add_argument("--requeue", action=argparse.BooleanOptionalAction, default=None,
+                        help="after USR2, ask Slurm to requeue the job (default: env SLURM_REQUEUE=1)")
+    return parser
+
+
+def _validate(args: argparse.Namespace) -> VCloudConfig:
+    """Everything checkable before touching a GPU; raises ConfigError/StageError/ValueError."""
+    config = load_config(args.config)
+    spec = get_stage(args.stage)
+    spec.parse_model_config(config.model.section(args.stage))
+    if args.max_epochs is not None and args.max_epochs < 1:
+        raise ConfigError(f"--max-epochs={args.max_epochs} is invalid (allowed: an integer >= 1)")
+    index = args.data / "index.json"
+    if not args.data.is_dir() or not index.exists():
+        raise ConfigError(f"--data {args.data} is not a prepared dataset (no {index}); "
+                          "run python -m vcloud.data.prepare --raw RAW --out DIR first")
+    return config
+
+
+def main(argv: list[str] | None = None) -> int:
+    stop = install_stop_handlers()  # first: a signal during start-up must not kill the process
+    try:
+        return _main(argv, stop)
+    finally:
+        stop.restore_handlers()
+
+
+def _main(argv: list[str] | None, stop: StopRequest) -> int:
+    configure_logging()
+    args = build_parser().parse_args(argv)
+    try:
+        config = _validate(args)
+    except (ConfigError, StageError, ValueError) as exc:
+        log.error("%s", exc)
+        return exitcodes.BAD_CONFIG
+
+    from vcloud.training.distributed import describe_device, init_distributed, shutdown
+    from vcloud.training.loop import StageRun, TrainingError, train_stage
+
+    ctx = init_distributed()
+    configure_logging(ctx.rank, ctx.world_size)
+    log.info("%s", describe_device(ctx))
+    log.info("config %s (%s), data %s, output %s", args.config, config.name, args.data, args.out)
+    run = StageRun(stage=args.stage, config=config, data_root=args.data, run_dir=args.out, restart=args.restart,
+                   max_epochs=args.max_epochs, requeue=RequeuePolicy.from_env(flag=args.requeue))
+    try:
+        code = train_stage(run, ctx, stop)
+    except (TrainingError, StageError, CheckpointError) as exc:
+        log.error("stage %d failed: %s", args.stage, exc)
+        code = exitcodes.ERROR
+    except Exception:
+        log.exception("stage %d failed with an unexpected error", args.stage)
+        code = exitcodes.ERROR
+    finally:
+        shutdown(ctx)
+    log.info("exit %d: %s", code, exitcodes.describe(code))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
