@@ -10,6 +10,18 @@ that wires them together never names a cluster.
 - :mod:`vcloud_pipeline.render`    ``render_job``: the outer sbatch + inner job scripts
 - :mod:`vcloud_pipeline.rsync`     code-sync argv, anchored excludes, content hash and manifest
 - :mod:`vcloud_pipeline.budget`    worst-case GPU-hours, the ledger, and the budget check
+
+The training DAG (``dags/vcloud_training.py``) is built from:
+
+- :mod:`vcloud_pipeline.params`    the trigger form and ``parse_request`` (validated ``TrainingRequest``)
+- :mod:`vcloud_pipeline.stages`    ``StagePlan`` and the submit-or-skip decision per job
+- :mod:`vcloud_pipeline.sync`      render a run's jobs, mirror code and scripts, upload the manifest
+- :mod:`vcloud_pipeline.remote`    small file operations on the login node
+- :mod:`vcloud_pipeline.preflight` ``sbatch --test-only``, the image, the ledger and the budget check
+- :mod:`vcloud_pipeline.tasks`     what each Python task of the DAG does
+- :mod:`vcloud_pipeline.job_operator`  ``PipelineJobOperator``: the Slurm operator bound to a run
+- :mod:`vcloud_pipeline.assets`    stage checkpoints and the viewer export as Airflow Assets
+- :mod:`vcloud_pipeline.report`    a run's outputs and the ledger (``python -m vcloud_pipeline.report``)
 """
 
 from __future__ import annotations

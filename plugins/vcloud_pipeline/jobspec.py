@@ -24,11 +24,13 @@ class JobSpecError(ValueError):
 
 
 class JobKind(str, Enum):
-    """The three jobs the pipeline submits; one template set renders all of them."""
+    """The jobs the pipeline submits; one template set renders all of them."""
 
     TRAIN = "train"
     EXPORT = "export"
     PREFLIGHT = "preflight"
+    DATA = "data"
+    """Generate a synthetic dataset and prepare it (clusters without the real one)."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ class JobSpec:
     """Trainer config, relative to the synced code directory."""
     max_epochs: int | None = None
     restart: bool = False
+    data_preset: str | None = None
+    """Synthetic dataset preset (``tiny``, ``small``); only for :attr:`JobKind.DATA`."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, JobKind):
@@ -59,6 +63,11 @@ class JobSpec:
                 raise JobSpecError(f"stage {self.stage!r} not a training stage (known: 0, 1, 2, 3)")
         elif self.stage is not None:
             raise JobSpecError(f"{self.kind.value} jobs have no stage (got stage={self.stage})")
+        if (self.kind is JobKind.DATA) != (self.data_preset is not None):
+            raise JobSpecError("data_preset is required for data jobs and only for them "
+                               f"(kind {self.kind.value}, data_preset {self.data_preset!r})")
+        if self.data_preset is not None and not re.fullmatch(r"[a-z0-9_]+", self.data_preset):
+            raise JobSpecError(f"data_preset {self.data_preset!r} is not a preset name (e.g. tiny, small)")
         for name in ("nodes", "gpus_per_node"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -92,6 +101,11 @@ class JobSpec:
         """A short import check on the debug partition, in the exact environment of the jobs."""
         return cls(kind=JobKind.PREFLIGHT, **kwargs)  # type: ignore[arg-type]
 
+    @classmethod
+    def data(cls, preset: str, **kwargs: object) -> "JobSpec":
+        """A short job on the debug partition that writes the synthetic dataset ``preset``."""
+        return cls(kind=JobKind.DATA, data_preset=preset, **kwargs)  # type: ignore[arg-type]
+
     @property
     def label(self) -> str:
         """Short name used in job names and file names: ``stage1``, ``export``, ``preflight``."""
@@ -123,7 +137,7 @@ def resolve_resources(profile: ClusterProfile, spec: JobSpec) -> Resources:
     """Check ``spec`` against the profile's partition limits and fill in the defaults."""
     if spec.partition is not None:
         name = spec.partition
-    elif spec.kind is JobKind.PREFLIGHT:
+    elif spec.kind in (JobKind.PREFLIGHT, JobKind.DATA):
         name = profile.debug_partition
     else:
         name = profile.default_partition
@@ -158,7 +172,7 @@ def resolve_resources(profile: ClusterProfile, spec: JobSpec) -> Resources:
         seconds = parse_slurm_time(spec.time_limit)
     elif spec.kind is JobKind.PREFLIGHT:
         seconds = min(profile.jobs.preflight_time_seconds, part.max_time_seconds)
-    elif spec.kind is JobKind.EXPORT:
+    elif spec.kind in (JobKind.EXPORT, JobKind.DATA):
         seconds = min(profile.jobs.export_time_seconds, part.max_time_seconds)
     else:
         seconds = part.default_time_seconds

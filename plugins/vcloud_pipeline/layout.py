@@ -6,6 +6,7 @@ things are, so the layout can change here without hunting through the DAG and th
     <paths.code>/                         synced code tree (trainer/ ...)
     <paths.code>/.vcloud_manifest.json    content hash of the synced tree (see rsync.py)
     <paths.data>/                         prepared dataset, shared by all runs
+    <paths.data>/../raw/                  raw synthetic dataset (clusters without the real one)
     <paths.outputs>/<run>/stage{N}/       latest.pt, best.pt, progress.json, COMPLETE
     <paths.logs>/<run>/                   Slurm .out/.err of every job of the run
     <paths.viewer>/<run>/                 exported viewer images
@@ -56,6 +57,16 @@ class RunPaths:
     @property
     def code_manifest(self) -> PurePosixPath:
         return self.code_dir / MANIFEST_NAME
+
+    @property
+    def raw_data_dir(self) -> PurePosixPath:
+        """Where a synthetic raw dataset is generated before it is prepared into ``data_dir``."""
+        return self.data_dir.parent / "raw"
+
+    @property
+    def data_index(self) -> PurePosixPath:
+        """Written last by ``vcloud.data.prepare``: the prepared dataset is complete when it exists."""
+        return self.data_dir / "index.json"
 
     @property
     def pythonpath_dir(self) -> PurePosixPath:

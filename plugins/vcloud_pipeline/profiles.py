@@ -273,6 +273,9 @@ class ClusterProfile:
     jobs: JobDefaults
     container: ContainerSpec | None = None
     staging: StagingSpec | None = None
+    synthetic_data: bool = False
+    """The cluster has no real dataset: the pipeline generates and prepares a synthetic one (of
+    the trainer config's size) in ``paths.data`` when it is missing. Real clusters: false."""
     placeholders: tuple[str, ...] = field(default=(), compare=False)
     """Fields still set to ``CHANGE_ME``; :meth:`require_complete` refuses to render jobs then."""
 
@@ -708,6 +711,7 @@ def profile_from_dict(name: str, raw: Mapping[str, Any]) -> ClusterProfile:
         export_time_seconds=jb.duration("export_time", 7200),
     )
     jb.close()
+    synthetic_data = top.bool("synthetic_data", False)
     top.close()
 
     profile = ClusterProfile(
@@ -715,7 +719,7 @@ def profile_from_dict(name: str, raw: Mapping[str, Any]) -> ClusterProfile:
         accelerator=accelerator, gpu_request=gpu_request, partitions=tuple(partitions),
         default_partition=default_partition, debug_partition=debug_partition, billing=billing,
         paths=paths, software=software, jobs=jobs, container=container, staging=staging,
-        placeholders=tuple(dict.fromkeys(placeholders)),
+        synthetic_data=synthetic_data, placeholders=tuple(dict.fromkeys(placeholders)),
     )
     for rule in GENERAL_RULES + SITE_RULES.get(site, ()):
         rule(profile)

@@ -133,6 +133,8 @@ def _title(spec: JobSpec, run: str) -> str:
         return f"stage {spec.stage} training job of run {run}"
     if spec.kind is JobKind.EXPORT:
         return f"viewer export job of run {run}"
+    if spec.kind is JobKind.DATA:
+        return f"synthetic dataset ({spec.data_preset}) job of run {run}"
     return f"preflight import check of run {run}"
 
 
@@ -169,7 +171,7 @@ def _directives(profile: ClusterProfile, res: Resources, job_name: str,
 
 def _node_local(profile: ClusterProfile, spec: JobSpec) -> str | None:
     """The node-local staging directory, for jobs that read the dataset."""
-    if profile.staging is None or spec.kind is JobKind.PREFLIGHT:
+    if profile.staging is None or spec.kind in (JobKind.PREFLIGHT, JobKind.DATA):
         return None
     return profile.staging.node_local_dir
 
@@ -307,6 +309,12 @@ def _inner_command(profile: ClusterProfile, spec: JobSpec, res: Resources, paths
                    templates: str, torchrun: bool) -> tuple[str, str, str]:
     """(command, signal forwarding, after block) of the inner script."""
     python = shell_word(profile.software.python)
+    forward_kill = '        kill -s "$1" "$child_pid" 2>/dev/null || true'
+    if spec.kind is JobKind.DATA:
+        raw, prepared = str(paths.raw_data_dir), str(paths.data_dir)
+        generate = shell_join(["-m", "vcloud.data.synthetic", "--out", raw, "--preset", str(spec.data_preset)])
+        prepare = shell_join(["-m", "vcloud.data.prepare", "--raw", raw, "--out", prepared, "--overwrite"])
+        return f"{python} {generate} && {python} {prepare}", forward_kill, ""
     args = _python_args(profile, spec, paths, templates)
     if not torchrun:
         command = f"{python} {shell_join(args)}"

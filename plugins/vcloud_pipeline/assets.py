@@ -1,0 +1,30 @@
+"""The run's outputs as Airflow Assets: each stage's checkpoint and the viewer export.
+
+URIs name what the asset is, not where one run put it (that differs per profile and run); each
+asset event carries the profile, run, path on the cluster, code hash and final metrics in its
+``extra``, so a downstream DAG (evaluation, publishing the viewer) knows exactly what changed.
+"""
+
+from __future__ import annotations
+
+from airflow.sdk import Asset
+
+GROUP = "vcloud"
+
+STAGE_CHECKPOINTS: dict[int, Asset] = {
+    stage: Asset(name=f"vcloud_stage{stage}_checkpoint", uri=f"vcloud://training/stage{stage}/best.pt", group=GROUP)
+    for stage in (0, 1, 2, 3)
+}
+"""``best.pt`` of each training stage (0 autoencoder, 1 draft, 2 refiner, 3 self-training)."""
+
+VIEWER_EXPORT = Asset(name="vcloud_viewer_export", uri="vcloud://training/viewer", group=GROUP)
+"""The exported viewer images, GeoTIFFs and metrics of a run."""
+
+
+def asset_for(job: str) -> Asset | None:
+    """The asset a job label (``stage2``, ``export``) updates, if any."""
+    if job == "export":
+        return VIEWER_EXPORT
+    if job.startswith("stage") and job[5:].isdigit():
+        return STAGE_CHECKPOINTS.get(int(job[5:]))
+    return None

@@ -1,0 +1,175 @@
+"""``PipelineJobOperator``: one job of a training run, submitted by the Slurm provider's operator.
+
+What the job is (profile, connection, script, log directory, progress file) is only known once
+the run's ``plan`` and ``sync_code`` tasks have run, so the operator binds itself from their XComs
+at the start of ``execute`` and again in ``execute_complete`` (a resumed deferral builds a fresh
+operator). Before submitting it decides, from what is on the cluster, whether the job is needed
+at all (:mod:`vcloud_pipeline.stages`) and whether the allocation can pay for its worst case.
+Submission, deferral, adoption and resubmission are the provider's.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from slurm_provider.operators import HISTORY_KEY, SlurmSubmitOperator
+from slurm_provider.resubmission import DEFAULT_BUDGETS
+
+from vcloud_pipeline.assets import asset_for
+from vcloud_pipeline.budget import BudgetExceeded, check_budget
+from vcloud_pipeline.preflight import read_ledger
+from vcloud_pipeline.remote import move_aside
+from vcloud_pipeline.stages import (
+    DATA,
+    EXPORT,
+    PREFLIGHT,
+    Decision,
+    StageDecisionError,
+    StageFiles,
+    completion_record,
+    decide,
+    decide_data,
+    decide_export,
+)
+from vcloud_pipeline.tasks import PLAN_TASK, SYNC_TASK, RunContext, now_stamp
+
+POLL_ENV = {
+    "poll_interval": ("VCLOUD_POLL_INTERVAL", 15.0),
+    "max_poll_interval": ("VCLOUD_MAX_POLL_INTERVAL", 300.0),
+    "first_poll_delay": ("VCLOUD_FIRST_POLL_DELAY", 10.0),
+}
+"""Status polling of the trigger, overridable per deployment (keep the first poll >= 10 s there;
+``airflow dags test`` on the local cluster can poll every few seconds)."""
+
+_PLACEHOLDER_SCRIPT = "#!/bin/bash\n# bound from the sync_code XCom at run time\n"
+
+
+class PipelineJobOperator(SlurmSubmitOperator):
+    """Submit the run's job ``job`` (``data``, ``preflight``, ``stage0``..``stage3``, ``export``).
+
+    :param job: the job's label in the run's rendered scripts.
+    :param plan_task: task id whose XCom holds the validated run.
+    :param sync_task: task id whose XCom holds the rendered scripts and the code hash.
+    """
+
+    template_fields = ()
+    ui_color = "#e3ecd9"
+
+    def __init__(self, *, job: str, plan_task: str = PLAN_TASK, sync_task: str = SYNC_TASK, **kwargs: Any) -> None:
+        kwargs.setdefault("conn_id", "vcloud_unbound")
+        kwargs.setdefault("script", _PLACEHOLDER_SCRIPT)
+        kwargs.setdefault("log_dir", "/unbound")
+        super().__init__(stage=job, **kwargs)
+        self.job = job
+        self.plan_task = plan_task
+        self.sync_task = sync_task
+
+    # --- binding ---------------------------------------------------------------------------------
+
+    def _bind(self, context: Any) -> tuple[RunContext, dict[str, Any]]:
+        ti = context["ti"]
+        planned = ti.xcom_pull(task_ids=self.plan_task)
+        synced = ti.xcom_pull(task_ids=self.sync_task)
+        if not planned or not synced:
+            raise AirflowFailException(f"{self.job}: no XCom from {self.plan_task}/{self.sync_task}; those tasks "
+                                       "must run first in the same DAG run")
+        ctx = RunContext.from_xcom(planned)
+        scripts = synced["scripts"]
+        if self.job not in scripts:
+            raise AirflowFailException(f"{self.job}: no rendered script (rendered: {', '.join(sorted(scripts))})")
+        self.conn_id = ctx.profile.connection.conn_id
+        self.script = scripts[self.job]
+        self.log_dir = str(ctx.paths.logs_dir)
+        if self.job.startswith("stage"):
+            self.progress_path = str(ctx.paths.progress_path(int(self.job[5:])))
+        budget = ctx.request.max_resubmits
+        self.resubmit_budgets = {cause: budget for cause in DEFAULT_BUDGETS}
+        self.gpu_billing_factor = ctx.profile.billing.factor
+        for attr, (env, default) in POLL_ENV.items():
+            setattr(self, attr, float(os.environ.get(env, default)))
+        return ctx, synced
+
+    # --- deciding ----------------------------------------------------------------------------------
+
+    def _decide(self, ctx: RunContext, hook: Any) -> Decision | None:
+        """None: always submit (preflight import check)."""
+        if self.job == PREFLIGHT:
+            return None
+        if self.job == DATA:
+            sizes = hook.file_sizes([str(ctx.paths.data_index)])
+            return decide_data(ctx.plan, sizes.get(str(ctx.paths.data_index)))
+        if self.job == EXPORT:
+            return decide_export(ctx.plan)
+        stage = int(self.job[5:])
+        wanted = [ctx.paths.complete_path(stage), ctx.paths.best_checkpoint(stage)]
+        if stage > 0:
+            wanted.append(ctx.paths.best_checkpoint(stage - 1))
+        sizes = hook.file_sizes([str(p) for p in wanted])
+        files = StageFiles(complete=sizes.get(str(wanted[0])), best=sizes.get(str(wanted[1])),
+                           predecessor_best=sizes.get(str(wanted[2])) if stage > 0 else None)
+        try:
+            return decide(ctx.plan, stage, files, ctx.paths)
+        except StageDecisionError as exc:
+            raise AirflowFailException(str(exc)) from None
+
+    def _check_budget(self, ctx: RunContext, hook: Any) -> None:
+        ledger = read_ledger(hook, ctx.profile)
+        try:
+            worst = check_budget(ctx.profile, ctx.specs()[self.job], ledger.used, reserved=ledger.reserved)
+        except BudgetExceeded as exc:
+            raise AirflowFailException(str(exc)) from None
+        self.log.info("Budget: %s worst case %.2f %s (%s); used %.2f, held %.2f of %s", self.job, worst.amount,
+                      worst.billing_unit, worst.describe(), ledger.used, ledger.reserved,
+                      ctx.profile.billing.allocation)
+
+    # --- the operator's two entry points ---------------------------------------------------------------
+
+    def execute(self, context: Any) -> Any:
+        ctx, _ = self._bind(context)
+        store = context.get("task_state_store")
+        submitted_before = bool(store is not None and store.get(HISTORY_KEY))
+        if not submitted_before:
+            hook = self._hook()
+            decision = self._decide(ctx, hook)
+            if decision is not None:
+                self.log.info("%s: %s", self.job, decision.reason)
+                if not decision.submit:
+                    raise AirflowSkipException(decision.reason)
+                if decision.restart:
+                    moved = move_aside(hook.runner, ctx.paths.stage_dir(int(self.job[5:])), now_stamp())
+                    if moved:
+                        self.log.warning("mode restart: moved the previous outputs (best.pt included) to %s", moved)
+            self._check_budget(ctx, hook)
+        summary = super().execute(context)  # defers; returns only when the job had already completed
+        return self._report(context, summary)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        self._bind(context)
+        return self._report(context, super().execute_complete(context, event))
+
+    def _report(self, context: Any, summary: dict[str, Any]) -> dict[str, Any]:
+        """Add every job's state, the stage's final metrics and the asset event to the summary."""
+        ctx, synced = self._bind(context)
+        hook = self._hook()
+        states = {job_id: status.state.value for job_id, status in hook.statuses(summary["job_ids"]).items()}
+        record = None
+        if self.job.startswith("stage"):
+            record = completion_record(hook.read_file(str(ctx.paths.complete_path(int(self.job[5:])))))
+        summary.update({"job": self.job, "run": ctx.request.run_name, "profile": ctx.profile.name,
+                        "code_hash": synced["code_hash"], "states": states,
+                        "metrics": (record or {}).get("final_metrics"), "epochs": (record or {}).get("epochs")})
+        asset = asset_for(self.job)
+        if asset is not None and "outlet_events" in context:
+            where = (str(ctx.paths.best_checkpoint(int(self.job[5:]))) if self.job.startswith("stage")
+                     else str(ctx.paths.viewer_dir))
+            context["outlet_events"][asset].extra.update({
+                "profile": ctx.profile.name, "run": ctx.request.run_name, "path": where,
+                "code_hash": synced["code_hash"], "job_ids": summary["job_ids"],
+                "metrics": summary["metrics"],
+            })
+        self.log.info("%s done: jobs %s, %s GPU-hours, metrics %s", self.job, states, summary["gpu_hours"],
+                      summary["metrics"])
+        return summary

@@ -1,0 +1,84 @@
+"""Print a run's outputs and the project's GPU-hour ledger: ``python -m vcloud_pipeline.report``.
+
+What ``make demo`` shows at the end, and what a person checks after a run: checkpoints, viewer
+images and metrics as they are on the cluster, each stage's final metrics from its ``COMPLETE``
+record, and what the project's jobs have cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from vcloud_pipeline.params import RequestError, parse_request
+from vcloud_pipeline.preflight import read_ledger
+from vcloud_pipeline.remote import listing
+from vcloud_pipeline.tasks import RunContext, stage_records
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def ledger_section(ledger, dag_run_id: str | None, unit: str) -> list[str]:
+    """This DAG run's jobs one by one, then every run of the project in one line."""
+    lines = [f"GPU-hour ledger ({unit}; this project's jobs as sacct knows them):"]
+    if dag_run_id:
+        mine = {label: hours for (run, label), hours in ledger.summary.by_stage.items() if run == dag_run_id}
+        lines.append(f"  DAG run {dag_run_id}:")
+        lines += [f"    {label:10} {hours:.4f}" for label, hours in sorted(mine.items())]
+        lines.append(f"    {'total':10} {sum(mine.values()):.4f}")
+    summary = ledger.summary
+    left = "" if summary.allocation is None else f" of {summary.allocation:g} ({summary.left:.4f} left)"
+    lines.append(f"  project: {summary.total:.4f}{left} over {summary.jobs} job(s) in {len(summary.by_run)} "
+                 f"DAG run(s); {ledger.reserved:.4f} held by queued or running jobs")
+    return lines
+
+
+def render_report(ctx: RunContext, hook, dag_run_id: str | None = None) -> str:
+    paths = ctx.paths
+    lines = [f"run {ctx.request.run_name} on profile {ctx.profile.name}", "", f"outputs: {paths.outputs_dir}"]
+    lines += [f"  {_size(size):>10}  {rel}" for rel, size in listing(hook.runner, paths.outputs_dir)]
+    lines += ["", f"viewer export: {paths.viewer_dir}"]
+    lines += [f"  {_size(size):>10}  {rel}" for rel, size in listing(hook.runner, paths.viewer_dir)]
+    metrics = hook.read_file(str(paths.viewer_dir / "metrics.json"))
+    if metrics:
+        lines += ["", "viewer metrics.json:", *("  " + line for line in metrics.strip().splitlines()[:40])]
+    lines += ["", "stages (from COMPLETE):"]
+    for label, record in stage_records(ctx, hook).items():
+        if record is None:
+            lines.append(f"  {label}: not complete")
+            continue
+        final = record.get("final_metrics") or {}
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in final.items() if isinstance(v, (int, float)))
+        lines.append(f"  {label}: {record.get('epochs')} epochs; {shown}")
+    lines += ["", *ledger_section(read_ledger(hook, ctx.profile), dag_run_id, ctx.profile.billing.unit)]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vcloud_pipeline.report", description=__doc__.split("\n")[0])
+    parser.add_argument("--profile", default="local")
+    parser.add_argument("--config", default="tiny")
+    parser.add_argument("--run", required=True, help="run name (the outputs directory)")
+    parser.add_argument("--dag-run-id", default=None, help="Airflow run id whose jobs the ledger lists one by one")
+    args = parser.parse_args(argv)
+    try:
+        ctx = RunContext.build(parse_request({"profile": args.profile, "config": args.config, "run_name": args.run}))
+    except RequestError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from slurm_provider.hooks import SlurmHook
+
+    with SlurmHook(ctx.profile.connection.conn_id) as hook:
+        print(render_report(ctx, hook, args.dag_run_id))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -1,0 +1,119 @@
+"""Code sync for a run: render its job scripts, mirror the code tree, upload scripts and manifest.
+
+One sync serves every job of a run. The manifest (content hash of exactly the files rsync sends)
+is computed locally before the transfer, rendered into every job script, and uploaded next to the
+code only after the code has arrived, so a job never sees a manifest that promises code that is
+not there yet. Everything goes over the profile's SSH login (one ControlMaster socket for OTP
+logins such as LUMI's).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shlex
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from vcloud_pipeline.jobspec import JobSpec
+from vcloud_pipeline.layout import RunPaths
+from vcloud_pipeline.profiles import ClusterProfile
+from vcloud_pipeline.remote import CommandRunner, make_dirs, write_file
+from vcloud_pipeline.render import RenderedJob, render_job
+from vcloud_pipeline.rsync import (
+    CodeManifest,
+    CodeTree,
+    build_manifest,
+    code_sync_argv,
+    openssh_command,
+    refuse_unanchored_excludes,
+    scripts_sync_argv,
+    ssh_destination,
+)
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+"""The project checkout whose ``trainer/`` is synced (the same tree the DAG runs from)."""
+
+RSYNC_TIMEOUT = 1800.0
+
+
+class SyncError(RuntimeError):
+    """The code or the job scripts could not be transferred."""
+
+
+def ssh_command_for(profile: ClusterProfile) -> list[str]:
+    """The ssh client command rsync uses to reach the profile's login node.
+
+    ``openssh`` profiles use the ssh config alias (and its ControlMaster); ``airflow_ssh`` ones
+    the host, port and user of the profile with the worker's own ssh keys and known_hosts.
+    """
+    conn = profile.connection
+    if conn.transport == "openssh":
+        return openssh_command(conn)
+    return ["ssh", "-p", str(conn.port), "-o", "BatchMode=yes"]
+
+
+def run_rsync(argv: Sequence[str], *, what: str, timeout: float = RSYNC_TIMEOUT) -> str:
+    """Run rsync; raise :class:`SyncError` with its stderr (rsync's exit codes say why)."""
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise SyncError(f"{what}: rsync did not finish within {timeout:.0f} s") from exc
+    except FileNotFoundError as exc:
+        raise SyncError(f"{what}: rsync is not installed on the Airflow worker") from exc
+    if proc.returncode != 0:
+        raise SyncError(f"{what}: rsync exited {proc.returncode}: {proc.stderr.strip()[-2000:]}\n"
+                        f"command: {shlex.join(argv)}")
+    return proc.stdout
+
+
+def render_run_jobs(profile: ClusterProfile, specs: Mapping[str, JobSpec], paths: RunPaths,
+                    code_hash: str) -> dict[str, RenderedJob]:
+    """Every job script of the run, by label. Pure."""
+    return {label: render_job(profile, spec, paths, code_hash) for label, spec in specs.items()}
+
+
+def write_jobs(jobs: Mapping[str, RenderedJob], directory: Path) -> None:
+    """Both scripts of every job into ``directory`` (flat, as in the run's jobs directory)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for job in jobs.values():
+        (directory / job.outer_path.name).write_text(job.outer)
+        inner = directory / job.inner_path.name
+        inner.write_text(job.inner)
+        inner.chmod(0o755)
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    manifest: CodeManifest
+    code_seconds: float
+    scripts_seconds: float
+
+
+def sync_run(profile: ClusterProfile, paths: RunPaths, tree: CodeTree, jobs: Mapping[str, RenderedJob],
+             manifest: CodeManifest, runner: CommandRunner, staging_dir: Path) -> SyncResult:
+    """Create the run's directories, mirror the code, upload the scripts, then the manifest."""
+    refuse_unanchored_excludes(tree)
+    ssh = ssh_command_for(profile)
+    destination = ssh_destination(profile.connection)
+    make_dirs(runner, list(paths.directories_to_create()))
+
+    started = time.monotonic()
+    run_rsync(code_sync_argv(tree, destination, paths.code_dir, ssh), what=f"syncing {tree.root} to {paths.code_dir}")
+    code_seconds = time.monotonic() - started
+
+    write_jobs(jobs, staging_dir)
+    started = time.monotonic()
+    run_rsync(scripts_sync_argv(staging_dir, destination, paths.jobs_dir, ssh),
+              what=f"uploading the job scripts to {paths.jobs_dir}")
+    scripts_seconds = time.monotonic() - started
+
+    write_file(runner, paths.code_manifest, manifest.to_json())
+    return SyncResult(manifest=manifest, code_seconds=code_seconds, scripts_seconds=scripts_seconds)
+
+
+def local_manifest(tree: CodeTree, now: dt.datetime | None = None) -> CodeManifest:
+    refuse_unanchored_excludes(tree)
+    return build_manifest(tree, now or dt.datetime.now(dt.timezone.utc))

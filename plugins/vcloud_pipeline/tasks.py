@@ -1,0 +1,171 @@
+"""What the training DAG's Python tasks do, as functions of a validated run and a Slurm hook.
+
+The DAG file only wires these together. Every task after ``plan`` rebuilds its
+:class:`RunContext` from the plan's XCom (profile name, validated request), reloading the profile
+from disk: cheap, and it keeps XComs small and free of derived state that could drift.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vcloud_pipeline.jobspec import JobSpec
+from vcloud_pipeline.layout import RunPaths, run_paths
+from vcloud_pipeline.params import RequestError, TrainingRequest, parse_request
+from vcloud_pipeline.preflight import Ledger, check_image, check_jobs_budget, read_ledger, test_only
+from vcloud_pipeline.profiles import ClusterProfile, ProfileError, load_profile, overrides_from_environ
+from vcloud_pipeline.remote import listing
+from vcloud_pipeline.render import RenderedJob
+from vcloud_pipeline.rsync import CodeTree
+from vcloud_pipeline.stages import StageDecisionError, StagePlan, completion_record
+from vcloud_pipeline.sync import PROJECT_ROOT, local_manifest, render_run_jobs, sync_run
+
+log = logging.getLogger(__name__)
+
+PLAN_TASK = "plan"
+SYNC_TASK = "sync_code"
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """A validated request with its profile, layout and stage plan."""
+
+    request: TrainingRequest
+    profile: ClusterProfile
+    paths: RunPaths
+    plan: StagePlan
+
+    @classmethod
+    def build(cls, request: TrainingRequest) -> "RunContext":
+        try:
+            profile = load_profile(request.profile, overrides=overrides_from_environ(request.profile) or None)
+            profile.require_complete()
+        except ProfileError as exc:
+            raise RequestError(str(exc)) from None
+        plan = StagePlan.build(request, profile)
+        return cls(request=request, profile=profile, paths=run_paths(profile, request.run_name), plan=plan)
+
+    @classmethod
+    def from_xcom(cls, planned: Mapping[str, Any]) -> "RunContext":
+        return cls.build(TrainingRequest.from_dict(planned["request"]))
+
+    def specs(self) -> dict[str, JobSpec]:
+        return self.plan.job_specs()
+
+    def render(self, code_hash: str) -> dict[str, RenderedJob]:
+        return render_run_jobs(self.profile, self.specs(), self.paths, code_hash)
+
+
+def plan_run(params: Mapping[str, Any], *, run_type: str | None = None, logical_date: Any = None) -> dict[str, Any]:
+    """Validate the run's params and profile; everything later builds on this. Fails before any I/O
+    on the cluster."""
+    conf = {k: v for k, v in params.items() if v is not None}
+    request = parse_request(conf, run_type=run_type, logical_date=logical_date)
+    try:
+        ctx = RunContext.build(request)
+    except StageDecisionError as exc:
+        raise RequestError(str(exc)) from None
+    ctx.render("0" * 64)  # every job must render (resources within the partitions' limits)
+    log.info("run %s on profile %s: config %s, stages %s, mode %s%s", request.run_name, request.profile,
+             request.config, list(request.stages), request.mode, " (dry run)" if request.dry_run else "")
+    return {
+        "request": request.to_dict(),
+        "conn_id": ctx.profile.connection.conn_id,
+        "outputs_dir": str(ctx.paths.outputs_dir),
+        "viewer_dir": str(ctx.paths.viewer_dir),
+        "logs_dir": str(ctx.paths.logs_dir),
+    }
+
+
+def sync_code(ctx: RunContext, runner: Any, *, project_root: Path = PROJECT_ROOT) -> dict[str, Any]:
+    """Hash the code tree, render every job with that hash, mirror code and scripts to the cluster."""
+    tree = CodeTree(project_root)
+    manifest = local_manifest(tree)
+    jobs = ctx.render(manifest.hash)
+    with tempfile.TemporaryDirectory(prefix="vcloud-jobs-") as staging:
+        result = sync_run(ctx.profile, ctx.paths, tree, jobs, manifest, runner, Path(staging))
+    log.info("synced %d files (code %s) to %s in %.1f s; job scripts to %s", manifest.files, manifest.hash,
+             ctx.paths.code_dir, result.code_seconds, ctx.paths.jobs_dir)
+    return {
+        "code_hash": manifest.hash,
+        "files": manifest.files,
+        "manifest_path": str(ctx.paths.code_manifest),
+        "code_seconds": round(result.code_seconds, 3),
+        "scripts": {label: job.outer for label, job in jobs.items()},
+    }
+
+
+def preflight_checks(ctx: RunContext, hook: Any, code_hash: str) -> dict[str, Any]:
+    """``sbatch --test-only`` of every job still to run, the container image, and the budget."""
+    jobs = ctx.render(code_hash)
+    to_run = []
+    for label in ctx.plan.training_labels():
+        if label.startswith("stage") and ctx.request.mode == "resume":
+            stage = int(label[5:])
+            sizes = hook.file_sizes([str(ctx.paths.complete_path(stage)), str(ctx.paths.best_checkpoint(stage))])
+            if len(sizes) == 2:
+                log.info("%s is complete: not checked", label)
+                continue
+        to_run.append(label)
+    verdicts = {label: test_only(hook, jobs[label]) for label in to_run}
+    for line in verdicts.values():
+        log.info("test-only: %s", line)
+    image = check_image(hook.runner, ctx.profile)
+    ledger = read_ledger(hook, ctx.profile)
+    worst = check_jobs_budget(ctx.profile, {label: ctx.specs()[label] for label in to_run}, ledger)
+    log.info("ledger: %s", "; ".join(ledger.lines()[-1:] + [f"held by queued/running jobs {ledger.reserved:.2f}"]))
+    for label, case in worst.items():
+        log.info("worst case %s: %.2f %s (%s)", label, case.amount, case.billing_unit, case.describe())
+    return {
+        "test_only": verdicts,
+        "image": image,
+        "ledger_used": round(ledger.used, 4),
+        "ledger_reserved": round(ledger.reserved, 4),
+        "allocation": ctx.profile.billing.allocation,
+        "worst_case": {label: round(case.amount, 4) for label, case in worst.items()},
+    }
+
+
+def stage_records(ctx: RunContext, hook: Any) -> dict[str, Any]:
+    """Every stage's ``COMPLETE`` record (epochs, final metrics) as the cluster has it now."""
+    out: dict[str, Any] = {}
+    for stage in (0, 1, 2, 3):
+        out[f"stage{stage}"] = completion_record(hook.read_file(str(ctx.paths.complete_path(stage))))
+    return out
+
+
+def summarize(ctx: RunContext, hook: Any, job_summaries: Mapping[str, Any]) -> dict[str, Any]:
+    """The run at a glance: per job what ran, per stage the final metrics, the files, the ledger."""
+    ledger = read_ledger(hook, ctx.profile)
+    records = stage_records(ctx, hook)
+    files = listing(hook.runner, ctx.paths.outputs_dir) + [
+        (f"viewer/{rel}", size) for rel, size in listing(hook.runner, ctx.paths.viewer_dir)]
+    return {
+        "run": ctx.request.run_name,
+        "profile": ctx.profile.name,
+        "jobs": dict(job_summaries),
+        "stages": records,
+        "files": len(files),
+        "ledger": ledger_report(ledger),
+    }
+
+
+def ledger_report(ledger: Ledger) -> dict[str, Any]:
+    return {
+        "used": round(ledger.used, 4),
+        "reserved": round(ledger.reserved, 4),
+        "allocation": ledger.summary.allocation,
+        "by_stage": {f"{run} {label}": round(hours, 4) for (run, label), hours in ledger.summary.by_stage.items()},
+        "lines": ledger.lines(),
+    }
+
+
+def now_stamp() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+

@@ -1,0 +1,87 @@
+"""The DAG file: imports cleanly, is wired in the pipeline's order, and refuses bad params up front."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ORDER = ["plan", "sync_code", "prepare_data", "preflight_checks", "preflight_imports",
+         "stage0", "stage1", "stage2", "stage3", "export", "summary"]
+
+
+@pytest.fixture(scope="module")
+def dag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert bag.import_errors == {}
+    return bag.dags["vcloud_training"]
+
+
+def test_dag_imports_without_errors_and_runs_the_pipeline_in_order(dag) -> None:
+    assert dag is not None
+    assert sorted(dag.task_ids) == sorted(ORDER)
+    for upstream, downstream in zip(ORDER[1:-1], ORDER[2:]):
+        assert upstream in dag.get_task(downstream).upstream_task_ids, (upstream, downstream)
+    assert "plan" in dag.get_task("sync_code").upstream_task_ids
+
+
+def test_skipped_stages_do_not_block_later_ones_but_failures_do(dag) -> None:
+    for task_id in ORDER[3:-1]:
+        assert dag.get_task(task_id).trigger_rule == "none_failed", task_id
+    assert dag.get_task("summary").trigger_rule == "all_done"
+
+
+def test_stage_checkpoints_and_viewer_export_are_assets(dag) -> None:
+    for stage in range(4):
+        (outlet,) = dag.get_task(f"stage{stage}").outlets
+        assert outlet.uri == f"vcloud://training/stage{stage}/best.pt"
+    (viewer,) = dag.get_task("export").outlets
+    assert viewer.name == "vcloud_viewer_export"
+
+
+def test_retraining_schedule_without_catchup_and_one_run_at_a_time(dag) -> None:
+    assert dag.catchup is False
+    assert dag.max_active_runs == 1
+    assert dag.timetable.expression == "0 0 1 * *"  # @monthly, VCLOUD_TRAINING_SCHEDULE changes it
+
+
+def test_params_form_has_a_described_field_for_every_request_field(dag) -> None:
+    from vcloud_pipeline.params import FIELDS
+
+    params = dag.params
+    assert set(FIELDS) == set(params.keys())
+    for name in FIELDS:
+        assert params.get_param(name).description, name
+    assert params["config"] == "tiny" and params["stages"] == [0, 1, 2, 3] and params["mode"] == "resume"
+    assert params.get_param("config").schema["enum"] == ["tiny", "small", "full"]
+
+
+def test_the_dag_file_is_wiring_only() -> None:
+    text = (REPO / "dags" / "vcloud_training.py").read_text()
+    for forbidden in ("open(", "subprocess", "load_profile", "yaml", "Variable.get", "requests"):
+        assert forbidden not in text, forbidden
+
+
+@pytest.mark.usefixtures("airflow_home")
+def test_injection_in_the_form_is_refused_before_the_run_starts(dag) -> None:
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    with pytest.raises(ParamValidationError, match="profile"):
+        dag.test(run_conf={"profile": "local; rm -rf ~"})
+    with pytest.raises(ParamValidationError, match="config"):
+        dag.test(run_conf={"config": "$(reboot)"})
+
+
+@pytest.mark.usefixtures("airflow_home")
+def test_an_unknown_profile_fails_the_plan_and_nothing_is_submitted(dag, capfd) -> None:
+    run = dag.test(run_conf={"profile": "nosuch", "run_name": "never"})
+    out = "".join(capfd.readouterr())
+    states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
+    assert states["plan"] == "failed"
+    assert "profile 'nosuch' not known (known: cosmos, levante, local, lumi)" in out
+    for task_id in ORDER[1:-1]:
+        assert states[task_id] == "upstream_failed", (task_id, states)
+    assert "Submitted job" not in out

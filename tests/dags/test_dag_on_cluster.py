@@ -1,0 +1,144 @@
+"""The training DAG end to end on the local Slurm cluster (tiny config), through dag.test().
+
+Each test gets its own project directory on the cluster (``paths.base`` overridden through
+``VCLOUD_PROFILE_OVERRIDES``), so the synthetic dataset job, the code sync and every stage run for
+real. One epoch per stage keeps a run to a few minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localcluster import LocalCluster
+
+pytestmark = [pytest.mark.usefixtures("cluster_connection", "airflow_home"), pytest.mark.timeout(1500)]
+REPO = Path(__file__).resolve().parents[2]
+STAGES = ["stage0", "stage1", "stage2", "stage3"]
+
+
+@pytest.fixture
+def project_dir(local_cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> str:
+    base = local_cluster.test_dir()
+    monkeypatch.setenv("VCLOUD_PROFILE_OVERRIDES", json.dumps({"local": {"paths.base": base}}))
+    monkeypatch.setenv("VCLOUD_POLL_INTERVAL", "2")
+    monkeypatch.setenv("VCLOUD_MAX_POLL_INTERVAL", "5")
+    monkeypatch.setenv("VCLOUD_FIRST_POLL_DELAY", "1")
+    return base
+
+
+def _dag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(REPO / "dags")).dags["vcloud_training"]
+
+
+def run_dag(**conf: Any) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """(run id, task states, return values) of one dag.test() run."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    dag_run = _dag().test(run_conf=conf)
+    states = {ti.task_id: str(ti.state) for ti in dag_run.get_task_instances()}
+    values: dict[str, Any] = {}
+    with create_session() as session:
+        rows = session.query(XComModel).filter_by(dag_id="vcloud_training", run_id=dag_run.run_id,
+                                                  key="return_value").all()
+        for row in rows:
+            values[row.task_id] = json.loads(row.value) if isinstance(row.value, (str, bytes)) else row.value
+    return dag_run.run_id, states, values
+
+
+def asset_events(run_id: str) -> dict[str, dict]:
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = (session.query(AssetModel.name, AssetEvent.extra).join(AssetEvent, AssetEvent.asset_id == AssetModel.id)
+                .filter(AssetEvent.source_run_id == run_id).all())
+    return {name: extra for name, extra in rows}
+
+
+def test_full_run_then_restart_from_stage_2(local_cluster: LocalCluster, project_dir: str) -> None:
+    run_id, states, values = run_dag(profile="local", config="tiny", run_name="e2e", max_epochs=1, max_resubmits=1)
+    assert all(state == "success" for state in states.values()), states
+
+    outputs = f"{project_dir}/outputs/e2e"
+    listing = local_cluster.ssh(f"cd {shlex.quote(outputs)} && ls stage0 stage1 stage2 stage3").stdout
+    assert listing.count("best.pt") == 4 and listing.count("COMPLETE") == 4
+    viewer = local_cluster.ssh(f"ls {shlex.quote(project_dir)}/viewer_data/e2e").stdout.split()
+    assert {"metrics.json", "quicklooks", "geotiff"} <= set(viewer)
+
+    synced = values["sync_code"]
+    manifest = local_cluster.ssh(f"cat {shlex.quote(project_dir)}/code/.vcloud_manifest.json").stdout
+    assert json.loads(manifest)["hash"] == synced["code_hash"]
+    assert local_cluster.ssh(f"test -f {shlex.quote(project_dir)}/code/trainer/src/vcloud/data/__init__.py",
+                             check=False).returncode == 0
+
+    for stage in STAGES:
+        summary = values[stage]
+        assert summary["state"] == "COMPLETED" and summary["states"] == {summary["job_id"]: "COMPLETED"}
+        assert summary["job_ids"] == [summary["job_id"]]
+        assert summary["gpu_hours"] > 0
+        assert summary["code_hash"] == synced["code_hash"]
+        assert summary["epochs"] == 1 and summary["metrics"]["psnr"] > 0
+    assert values["prepare_data"]["state"] == "COMPLETED"
+    assert values["preflight_checks"]["test_only"].keys() == {*STAGES, "export"}
+    assert values["summary"]["stages"]["stage3"]["final_metrics"]["psnr"] == values["stage3"]["metrics"]["psnr"]
+
+    events = asset_events(run_id)
+    assert events["vcloud_stage1_checkpoint"]["path"] == f"{outputs}/stage1/best.pt"
+    assert events["vcloud_stage1_checkpoint"]["run"] == "e2e"
+    assert events["vcloud_viewer_export"]["path"] == f"{project_dir}/viewer_data/e2e"
+
+    # Like the seed's START_STAGE=2: stages 0 and 1 are left alone, 2 and 3 trained again.
+    run_id2, states2, values2 = run_dag(profile="local", config="tiny", run_name="e2e", max_epochs=1,
+                                        start_stage=2, mode="restart", export=False)
+    assert states2["stage0"] == "skipped" and states2["stage1"] == "skipped", states2
+    assert states2["prepare_data"] == "skipped"  # the prepared dataset exists
+    assert states2["stage2"] == "success" and states2["stage3"] == "success", states2
+    assert states2["export"] == "skipped" and states2["summary"] == "success"
+    assert set(values2["preflight_checks"]["test_only"]) == {"stage2", "stage3"}
+    moved = local_cluster.ssh(f"ls -d {shlex.quote(outputs)}/stage*.replaced-*").stdout.split()
+    assert sorted(Path(m).name.split(".")[0] for m in moved) == ["stage2", "stage3"]
+    assert values2["stage2"]["job_id"] != values["stage2"]["job_id"]
+    assert "vcloud_stage0_checkpoint" not in asset_events(run_id2)
+
+    # A third run in resume mode finds everything complete and submits nothing.
+    _, states3, _ = run_dag(profile="local", config="tiny", run_name="e2e", max_epochs=1, export=False)
+    assert [states3[s] for s in STAGES] == ["skipped"] * 4, states3
+
+
+def test_a_stage_without_its_predecessor_fails_before_submitting(project_dir: str, capfd) -> None:
+    _, states, _ = run_dag(profile="local", config="tiny", run_name="orphan", stages=[2], dry_run=False)
+    out = "".join(capfd.readouterr())
+    assert states["stage2"] == "failed", states
+    assert "stage 2 reads stage 1's best.pt" in out and "/outputs/orphan/stage1/best.pt does not exist" in out
+    assert states["stage3"] == "upstream_failed"
+
+
+def test_a_stage_that_hits_its_time_limit_requeues_and_loses_no_epoch(local_cluster: LocalCluster,
+                                                                       project_dir: str) -> None:
+    """Stage 1 with a 2-minute limit: USR2 60 s before it, checkpoint, requeue, resume, complete."""
+    _, states, _ = run_dag(profile="local", config="tiny", run_name="tl", stages=[0], max_epochs=1, export=False)
+    assert states["stage0"] == "success", states
+
+    _, states, values = run_dag(profile="local", config="tiny", run_name="tl", stages=[1], max_epochs=14,
+                                time_limit="00:02:00", export=False)
+    assert states["stage1"] == "success", states
+    summary = values["stage1"]
+    assert summary["restarts"] >= 1, summary  # requeued by the job itself, same job id
+    assert summary["job_ids"] == [summary["job_id"]]
+    assert summary["epochs"] == 14
+
+    stage1 = f"{project_dir}/outputs/tl/stage1"
+    progress = json.loads(local_cluster.ssh(f"cat {shlex.quote(stage1)}/progress.json").stdout)
+    epochs = [entry["epoch"] for entry in progress["history"]]
+    assert epochs == list(range(1, 15)), epochs  # every epoch once: none lost, none repeated
+    log = local_cluster.ssh(f"cat {shlex.quote(project_dir)}/logs/tl/*stage1*.out").stdout
+    assert "stopped on SIGUSR2" in log or "stopped on USR2" in log, log[-3000:]
+    assert "resumed from" in log

@@ -1,0 +1,80 @@
+"""The trigger form's validation: bad names and injection attempts fail before anything is submitted."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from vcloud_pipeline.params import RequestError, TrainingRequest, default_run_name, parse_request
+
+PROFILES = ("cosmos", "levante", "local", "lumi")
+
+
+def parse(**conf):
+    return parse_request(conf, known_profiles=PROFILES)
+
+
+def test_defaults_train_every_stage_of_the_tiny_config_on_the_local_cluster() -> None:
+    request = parse()
+    assert request.profile == "local"
+    assert request.config == "tiny"
+    assert request.stages == (0, 1, 2, 3)
+    assert request.mode == "resume"
+    assert request.run_name == "tiny"
+    assert request.export and not request.dry_run
+    assert request.config_path == "trainer/configs/model_tiny.yaml"
+
+
+def test_start_stage_skips_the_stages_before_it_like_the_seed_start_stage() -> None:
+    assert parse(start_stage=2).stages == (2, 3)
+    assert parse(stages=[3, 1, 1], start_stage="1").stages == (1, 3)
+    with pytest.raises(RequestError, match="start_stage 3 leaves none of the stages"):
+        parse(stages=[0, 1], start_stage=3)
+
+
+@pytest.mark.parametrize(("conf", "message"), [
+    ({"profile": "lumi2"}, r"profile 'lumi2' not known \(known: cosmos, levante, local, lumi\)"),
+    ({"profile": "../../etc/passwd"}, "profile '../../etc/passwd' not known"),
+    ({"profile": "local; rm -rf ~"}, "not known"),
+    ({"config": "huge"}, r"config 'huge' not allowed \(allowed: tiny, small, full\)"),
+    ({"config": "tiny$(id)"}, "config 'tiny\\$\\(id\\)' not allowed"),
+    ({"stages": [4]}, "stages entry must be from 0 to 3, got 4"),
+    ({"stages": ["1; ls"]}, "stages entry must be an integer"),
+    ({"stages": {"a": 1}}, "stages must be a list"),
+    ({"start_stage": -1}, "start_stage must be from 0 to 3"),
+    ({"mode": "fresh"}, r"mode 'fresh' not allowed \(allowed: resume, restart\)"),
+    ({"max_resubmits": 1000}, "max_resubmits must be from 0 to 50"),
+    ({"max_resubmits": True}, "max_resubmits must be an integer"),
+    ({"dry_run": "yes"}, "dry_run must be true or false"),
+    ({"run_name": "a b"}, "run name 'a b' is not allowed"),
+    ({"run_name": "x;touch /tmp/p"}, "is not allowed"),
+    ({"run_name": "../other"}, "is not allowed"),
+    ({"run_name": "-rf"}, "is not allowed"),
+    ({"time_limit": "01:00:00; scancel -u vcloud"}, "is not a Slurm duration"),
+    ({"time_limit": 60}, "must be a Slurm duration string"),
+    ({"max_epochs": 0}, "max_epochs must be from 1"),
+    ({"stage": [2]}, r"unknown param\(s\) stage \(known: profile, config, stages"),
+])
+def test_bad_values_are_refused_naming_the_field_and_the_allowed_values(conf, message) -> None:
+    with pytest.raises(RequestError, match=message):
+        parse(**conf)
+
+
+def test_default_run_name_continues_manual_runs_and_separates_scheduled_ones() -> None:
+    day = dt.datetime(2026, 3, 1, tzinfo=dt.timezone.utc)
+    assert default_run_name("full", "manual", day) == "full"
+    assert default_run_name("full", "scheduled", day) == "full-20260301"
+    assert default_run_name("small", "backfill", day) == "small-20260301"
+    assert parse_request({}, run_type="scheduled", logical_date=day, known_profiles=PROFILES).run_name == "tiny-20260301"
+
+
+def test_request_round_trips_through_xcom() -> None:
+    request = parse(stages=[1, 2], mode="restart", run_name="r1", time_limit="00:10:00", max_epochs=2)
+    assert TrainingRequest.from_dict(request.to_dict()) == request
+
+
+def test_profiles_are_looked_up_in_include_profiles_by_default() -> None:
+    assert parse_request({"profile": "lumi"}).profile == "lumi"
+    with pytest.raises(RequestError, match="known: .*local.*lumi"):
+        parse_request({"profile": "nosuch"})

@@ -1,0 +1,71 @@
+"""The ledger from this project's jobs and the budget check that fails with numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_provider.commands import JobComment
+from slurm_provider.states import SlurmState
+from slurm_provider.status import JobStatus
+from vcloud_pipeline.jobspec import JobSpec
+from vcloud_pipeline.preflight import Ledger, PreflightError, check_jobs_budget, ledger_from_statuses
+from vcloud_pipeline.budget import BudgetExceeded, LedgerSummary
+from vcloud_pipeline.profiles import load_profile
+
+LUMI = load_profile("lumi")
+
+
+def job(job_id: str, state: SlurmState, *, gpus: int, elapsed: int, partition: str = "small-g",
+        stage: str | None = "stage1", account: str = "project_465002500", comment: str | None = None,
+        nodes: str = "nid005001", limit: int | None = None) -> JobStatus:
+    text = comment if comment is not None else JobComment(dag="vcloud_training", task=stage or "t", run="r1",
+                                                          attempt=1, stage=stage).to_json()
+    return JobStatus(job_id=job_id, state=state, gpus=gpus, elapsed_s=elapsed, partition=partition,
+                     account=account, comment=text, node_list=nodes, time_limit_s=limit, source="sacct")
+
+
+def test_ledger_bills_this_project_jobs_and_holds_the_rest_of_running_ones() -> None:
+    statuses = [
+        job("1", SlurmState.COMPLETED, gpus=1, elapsed=36000),                       # 10 GCD-hours
+        job("2", SlurmState.TIMEOUT, gpus=1, elapsed=7200, stage="stage2"),          # 2
+        job("3", SlurmState.COMPLETED, gpus=8, elapsed=3600, partition="standard-g",
+            nodes="nid[005001-005002]"),                                              # 2 nodes x 8 x 1 h = 16
+        job("4", SlurmState.RUNNING, gpus=1, elapsed=3600, limit=4 * 3600),          # 1 spent, 3 held
+        job("5", SlurmState.COMPLETED, gpus=4, elapsed=36000, comment="someone else's job"),
+        job("6", SlurmState.COMPLETED, gpus=4, elapsed=36000, account="project_other"),
+    ]
+    ledger = ledger_from_statuses(LUMI, statuses)
+    assert ledger.used == pytest.approx(10 + 2 + 16 + 1)
+    assert ledger.reserved == pytest.approx(3)
+    assert ledger.summary.by_stage[("r1", "stage2")] == pytest.approx(2)
+    assert ledger.summary.jobs == 4
+
+
+def test_budget_fails_with_the_numbers_when_a_stage_does_not_fit() -> None:
+    ledger = Ledger(summary=LedgerSummary(total=99990.0, allocation=100000.0), reserved=0.0)
+    spec = JobSpec.train(1, time_limit="3-00:00:00")
+    with pytest.raises(BudgetExceeded, match=r"stage 1 needs up to 72.0 GPU-hours \(1 GCDs x 72 h x 1.0\); 10 of 100000 left"):
+        check_jobs_budget(LUMI, {"stage1": spec}, ledger)
+
+
+def test_budget_fails_when_the_stages_together_do_not_fit() -> None:
+    ledger = Ledger(summary=LedgerSummary(total=99900.0, allocation=100000.0), reserved=0.0)
+    specs = {f"stage{s}": JobSpec.train(s, time_limit="1-12:00:00") for s in range(4)}
+    with pytest.raises(PreflightError, match=r"need up to 144.0 GPU-hours together .* 100.0 of 100000 left"):
+        check_jobs_budget(LUMI, specs, ledger)
+    assert set(check_jobs_budget(LUMI, dict(list(specs.items())[:2]), ledger)) == {"stage0", "stage1"}
+
+
+def test_a_missing_container_image_fails_preflight_naming_it(tmp_path) -> None:
+    from tests.dags.test_remote import LocalShell
+
+    from vcloud_pipeline.preflight import check_image
+
+    with pytest.raises(PreflightError, match=r"container image /appl/local/csc/soft/ai/images/pytorch_2.5.1.*\.sif "
+                                             r"of profile lumi is missing"):
+        check_image(LocalShell(), LUMI)
+    image = tmp_path / "pytorch.sif"
+    image.write_bytes(b"SIF")
+    present = load_profile("lumi", overrides={"container.image": str(image)})
+    assert check_image(LocalShell(), present) == str(image)
+    assert check_image(LocalShell(), load_profile("local")) is None

@@ -1,0 +1,92 @@
+"""Skip logic: complete stages are skipped, missing inputs fail with the path, dry runs submit nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from vcloud_pipeline.layout import run_paths
+from vcloud_pipeline.params import parse_request
+from vcloud_pipeline.profiles import load_profile
+from vcloud_pipeline.stages import (
+    StageDecisionError,
+    StageFiles,
+    StagePlan,
+    completion_record,
+    decide,
+    decide_data,
+    decide_export,
+)
+
+LOCAL = load_profile("local")
+LUMI = load_profile("lumi")
+PATHS = run_paths(LOCAL, "r")
+DONE = StageFiles(complete=120, best=4096, predecessor_best=4096)
+FRESH = StageFiles(complete=None, best=None, predecessor_best=4096)
+
+
+def plan(cluster=LOCAL, **conf) -> StagePlan:
+    return StagePlan.build(parse_request({"profile": cluster.name, **conf}), cluster)
+
+
+def test_a_complete_stage_is_skipped_and_an_incomplete_one_submitted() -> None:
+    p = plan()
+    skip = decide(p, 1, DONE, PATHS)
+    assert not skip.submit
+    assert "stage 1 is complete" in skip.reason and str(PATHS.complete_path(1)) in skip.reason
+    assert decide(p, 1, FRESH, PATHS).submit
+    # best.pt without COMPLETE: the stage stopped mid-way and resumes from latest.pt
+    partial = decide(p, 2, StageFiles(complete=None, best=10, predecessor_best=10), PATHS)
+    assert partial.submit and "resuming" in partial.reason and not partial.restart
+
+
+def test_complete_marker_without_best_checkpoint_is_not_complete() -> None:
+    assert decide(plan(), 0, StageFiles(complete=10, best=None), PATHS).submit
+
+
+def test_start_stage_and_stage_selection_skip_the_others() -> None:
+    p = plan(start_stage=2)
+    assert not decide(p, 0, FRESH, PATHS).submit
+    assert "not selected" in decide(p, 1, FRESH, PATHS).reason
+    assert decide(p, 2, FRESH, PATHS).submit
+
+
+def test_restart_trains_complete_stages_again_after_moving_them_aside() -> None:
+    d = decide(plan(mode="restart"), 3, DONE, PATHS)
+    assert d.submit and d.restart
+
+
+def test_a_stage_without_its_predecessor_checkpoint_fails_naming_the_file() -> None:
+    with pytest.raises(StageDecisionError, match=r"stage 2 reads stage 1's best.pt.*/outputs/r/stage1/best.pt"):
+        decide(plan(stages=[2]), 2, StageFiles(complete=None, best=None, predecessor_best=None), PATHS)
+    assert decide(plan(stages=[0]), 0, StageFiles(complete=None, best=None), PATHS).submit
+
+
+def test_dry_run_submits_no_training_data_or_export_job() -> None:
+    p = plan(dry_run=True)
+    assert not decide(p, 0, FRESH, PATHS).submit
+    assert not decide_data(p, None).submit
+    assert not decide_export(p).submit
+
+
+def test_synthetic_data_only_where_the_profile_has_no_real_dataset() -> None:
+    assert plan().data_preset == "tiny"
+    assert decide_data(plan(), None).submit
+    assert not decide_data(plan(), 2048).submit
+    assert plan(LUMI, config="full").data_preset is None
+    assert not decide_data(plan(LUMI), None).submit
+    with pytest.raises(StageDecisionError, match="config full needs the real dataset"):
+        plan(config="full")
+
+
+def test_job_specs_cover_every_job_with_the_requested_limits() -> None:
+    specs = plan(time_limit="00:05:00", max_epochs=2).job_specs()
+    assert list(specs) == ["preflight", "data", "stage0", "stage1", "stage2", "stage3", "export"]
+    assert specs["stage1"].time_limit == "00:05:00" and specs["stage1"].max_epochs == 2
+    assert specs["data"].data_preset == "tiny"
+    assert "data" not in plan(LUMI).job_specs()
+
+
+def test_completion_record_reads_the_trainer_complete_file() -> None:
+    assert completion_record('{"epochs": 3, "final_metrics": {"psnr": 35.5}}')["final_metrics"]["psnr"] == 35.5
+    assert completion_record(None) is None
+    assert completion_record("not json") is None

@@ -1,0 +1,120 @@
+"""Code sync against the real local cluster: anchored excludes, the manifest, and the hash check.
+
+The LUMI guide's rsync lesson (seed 000), run with real rsync both ways: ``--exclude=/data`` leaves
+out the top-level dataset directory and nothing else; ``--exclude=data`` would also have dropped
+``trainer/src/vcloud/data/`` and the job would die with ``No module named 'vcloud.data'``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from localcluster import LocalCluster, poll_until
+from slurm_provider.hooks import SlurmHook
+from vcloud_pipeline.layout import run_paths
+from vcloud_pipeline.params import parse_request
+from vcloud_pipeline.profiles import load_profile
+from vcloud_pipeline.render import EXIT_CODE_MISMATCH
+from vcloud_pipeline.rsync import (
+    DEFAULT_EXCLUDES,
+    CodeTree,
+    ExcludeError,
+    code_hash,
+    code_sync_argv,
+    refuse_unanchored_excludes,
+    rsync_argv,
+    ssh_destination,
+)
+from vcloud_pipeline.stages import StagePlan
+from vcloud_pipeline.sync import local_manifest, render_run_jobs, run_rsync, ssh_command_for, sync_run
+
+pytestmark = pytest.mark.usefixtures("cluster_connection")
+
+
+def project_like_tree(root: Path) -> Path:
+    """A checkout with a top-level dataset directory and the trainer's own ``data`` package."""
+    files = {
+        "data/raw/ROIs1158/s2.tif": "raw dataset bytes",
+        "data/prepared/index.json": "{}",
+        "trainer/src/vcloud/__init__.py": "",
+        "trainer/src/vcloud/data/__init__.py": "",
+        "trainer/src/vcloud/data/dataset.py": "class SeriesDataset: ...\n",
+        "trainer/configs/model_tiny.yaml": "name: tiny\n",
+        "README.md": "vcloud\n",
+    }
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def remote_files(cluster: LocalCluster, directory: str) -> set[str]:
+    out = cluster.ssh(f"cd {shlex.quote(directory)} && find . -type f -printf '%P\\n'").stdout
+    return set(out.split())
+
+
+def test_anchored_exclude_keeps_the_data_package_and_the_unanchored_one_loses_it(
+        local_cluster: LocalCluster, tmp_path: Path) -> None:
+    source = project_like_tree(tmp_path / "src")
+    profile = load_profile("local")
+    ssh, dest = ssh_command_for(profile), ssh_destination(profile.connection)
+    base = local_cluster.test_dir()
+
+    tree = CodeTree(source, top_level=None)  # everything, so only the excludes decide
+    refuse_unanchored_excludes(tree)
+    run_rsync(code_sync_argv(tree, dest, f"{base}/anchored", ssh), what="anchored sync")
+    anchored = remote_files(local_cluster, f"{base}/anchored")
+    assert "trainer/src/vcloud/data/__init__.py" in anchored
+    assert "trainer/src/vcloud/data/dataset.py" in anchored
+    assert not any(f.startswith("data/") for f in anchored), anchored
+    assert "README.md" in anchored
+
+    unanchored = tuple("data" if e == "/data" else e for e in DEFAULT_EXCLUDES)
+    with pytest.raises(ExcludeError, match=r"'data' is not anchored.*No module named 'vcloud.data'"):
+        refuse_unanchored_excludes(CodeTree(source, top_level=None, excludes=unanchored))
+    # what plain rsync does with it, had nothing refused it
+    filters = [f"--exclude={e}" for e in unanchored]
+    run_rsync(rsync_argv(source, dest, f"{base}/unanchored", ssh, filters=filters), what="unanchored sync")
+    lost = remote_files(local_cluster, f"{base}/unanchored")
+    assert "trainer/src/vcloud/__init__.py" in lost
+    assert not any(f.startswith("trainer/src/vcloud/data/") for f in lost), lost
+
+
+def test_a_job_refuses_to_start_when_the_code_on_the_cluster_changed(
+        local_cluster: LocalCluster, tmp_path: Path) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    base = local_cluster.test_dir()
+    profile = load_profile("local", overrides={"paths.base": base})
+    request = parse_request({"profile": "local", "run_name": "hashcheck"})
+    paths = run_paths(profile, request.run_name)
+    tree = CodeTree(repo)
+    manifest = local_manifest(tree)
+    jobs = render_run_jobs(profile, StagePlan.build(request, profile).job_specs(), paths, manifest.hash)
+    with SlurmHook(profile.connection.conn_id) as hook:
+        sync_run(profile, paths, tree, jobs, manifest, hook.runner, tmp_path / "jobs")
+        synced = local_cluster.ssh(f"cat {shlex.quote(str(paths.code_manifest))}").stdout
+        assert f'"hash": "{manifest.hash}"' in synced
+
+        # the code tree arrives byte for byte: pulling it back hashes the same
+        back = tmp_path / "back"
+        run_rsync(["rsync", "-a", "-s", "-e", shlex.join(ssh_command_for(profile)),
+                   f"{ssh_destination(profile.connection)}:{paths.code_dir}/", f"{back}/"], what="pull back")
+        assert code_hash(back) == manifest.hash
+
+        # someone syncs other code before the job starts
+        other = manifest.to_json().replace(manifest.hash, "f" * 64)
+        local_cluster.ssh(f"cat > {shlex.quote(str(paths.code_manifest))}", input=other)
+        job = jobs["preflight"]
+        submitted = hook.submit(job.outer, job_name=job.job_name, output=str(job.stdout_pattern))
+        job_id = str(submitted.job_id)
+        status = poll_until(lambda: (s := hook.statuses([job_id])[job_id]).is_terminal and s, timeout=180,
+                            what=f"job {job_id} to end", interval=1)
+    assert status.state.value == "FAILED"
+    assert status.exit_code == EXIT_CODE_MISMATCH
+    err = local_cluster.ssh(f"cat {shlex.quote(str(job.stderr_path(job_id)))}").stdout
+    assert "refusing to start: the code on the cluster (" + "f" * 64 + ")" in err
+    assert manifest.hash in err
