@@ -1,64 +1,83 @@
 """Code sync cost on the local cluster: full sync, no-change re-sync, one changed file.
 
-Syncs the project's code tree (``trainer/``, anchored excludes, ``--delete``) with the exact argv
-the training DAG uses, into a fresh directory on the cluster, three times: empty destination,
-nothing changed, one file changed. One run each; the machine is shared, so read the figures as
-orders of magnitude. Last line: one JSON object.
+Runs the training DAG's own code-sync step (``vcloud_pipeline.sync.sync_code_tree``: one manifest
+check over the SSH login, then rsync with anchored excludes and ``--delete`` only when needed) on a
+private copy of the project's ``trainer/`` tree into a fresh directory on the cluster, three times:
+empty destination, nothing changed, one file changed. For comparison it also times the plain
+rsync no-change pass that the manifest check replaces. One run each; the machine is shared, so read
+the figures as orders of magnitude. Last line: one JSON object.
+
+    .venv/bin/python benchmarks/rsync_incremental.py
+Needs the local cluster (make cluster-up).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "plugins"), str(REPO / "trainer" / "src")]
+CONN_ENV = Path(os.environ.get("VCLOUD_CLUSTER_DIR", "/var/lib/vcloud-localcluster")) / "airflow_conn.env"
 
+from slurm_provider.transport import runner_for_connection  # noqa: E402
+from vcloud_pipeline.layout import run_paths  # noqa: E402
 from vcloud_pipeline.profiles import load_profile  # noqa: E402
-from vcloud_pipeline.rsync import CodeTree, code_sync_argv, refuse_unanchored_excludes, ssh_destination, tree_files  # noqa: E402
-from vcloud_pipeline.sync import run_rsync, ssh_command_for  # noqa: E402
+from vcloud_pipeline.rsync import CodeTree, code_sync_argv, ssh_destination, tree_files  # noqa: E402
+from vcloud_pipeline.sync import local_manifest, run_rsync, ssh_command_for, sync_code_tree  # noqa: E402
 
 
-def timed(argv: list[str]) -> tuple[float, str]:
+def load_connection_env() -> None:
+    for line in CONN_ENV.read_text().splitlines():
+        key, _, value = line.partition("=")
+        os.environ.setdefault(key, shlex.split(value)[0])
+
+
+def timed(fn) -> tuple[float, object]:
     started = time.perf_counter()
-    out = run_rsync(argv, what="benchmark sync")
-    return time.perf_counter() - started, out
+    result = fn()
+    return time.perf_counter() - started, result
 
 
 def main() -> int:
-    profile = load_profile("local")
-    ssh, dest = ssh_command_for(profile), ssh_destination(profile.connection)
-    remote = f"{profile.paths.base}/benchmarks/rsync-{uuid.uuid4().hex[:8]}"
-    subprocess.run([*ssh, profile.connection.ssh_alias, f"mkdir -p {shlex.quote(remote)}"], check=True, timeout=60)
+    load_connection_env()
     with tempfile.TemporaryDirectory(prefix="vcloud-rsync-bench-") as tmp:
+        base = f"/srv/vcloud/scratch/vcloud/benchmarks/rsync-{Path(tmp).name}"
+        profile = load_profile("local", overrides={"paths.base": base})
+        paths = run_paths(profile, "bench")
+        runner = runner_for_connection(profile.connection.conn_id)
+        runner.run(f"mkdir -p {shlex.quote(str(paths.code_dir))}", timeout=60)
         # a private copy of the tree, so the one-file change never touches the checkout
         subprocess.run(["rsync", "-a", "--exclude=__pycache__/", f"{REPO}/trainer", tmp], check=True)
         tree = CodeTree(Path(tmp))
-        refuse_unanchored_excludes(tree)
         files = tree_files(tree)
         size = sum((Path(tmp) / f).stat().st_size for f in files)
-        argv = code_sync_argv(tree, dest, remote, ssh) + ["--stats"]
 
-        full_s, _ = timed(argv)
-        nochange_s, _ = timed(argv)
+        full_s, sent_full = timed(lambda: sync_code_tree(profile, paths, tree, local_manifest(tree), runner))
+        nochange_s, sent_nochange = timed(lambda: sync_code_tree(profile, paths, tree, local_manifest(tree), runner))
+        argv = code_sync_argv(tree, ssh_destination(profile.connection), paths.code_dir, ssh_command_for(profile))
+        plain_nochange_s, _ = timed(lambda: run_rsync(argv, what="plain rsync re-sync"))
         target = Path(tmp) / "trainer" / "src" / "vcloud" / "metrics.py"
         target.write_text(target.read_text() + "\n# benchmark edit\n")
-        onefile_s, stats = timed(argv)
-    transferred = next((line for line in stats.splitlines() if "regular files transferred" in line), "?")
-    subprocess.run([*ssh, profile.connection.ssh_alias, f"rm -rf -- {shlex.quote(remote)}"], check=False, timeout=120)
+        onefile_s, sent_onefile = timed(lambda: sync_code_tree(profile, paths, tree, local_manifest(tree), runner))
+        runner.run(f"rm -rf -- {shlex.quote(base)}", timeout=120)
 
+    assert (sent_full, sent_nochange, sent_onefile) == (True, False, True)
     print(f"code tree: {len(files)} files, {size / 1024:.0f} KiB (trainer/, anchored excludes)")
-    print(f"full sync          {full_s:7.3f} s")
-    print(f"no-change re-sync  {nochange_s:7.3f} s  ({nochange_s / full_s:.2f} of full)")
-    print(f"one file changed   {onefile_s:7.3f} s  ({transferred.strip()})")
+    print(f"full sync                    {full_s:7.3f} s")
+    print(f"no-change re-sync            {nochange_s:7.3f} s  ({nochange_s / full_s:.2f} of full; manifest check, no rsync)")
+    print(f"plain rsync no-change pass   {plain_nochange_s:7.3f} s  ({plain_nochange_s / full_s:.2f} of full)")
+    print(f"one file changed             {onefile_s:7.3f} s")
     print(json.dumps({"full_s": round(full_s, 4), "nochange_s": round(nochange_s, 4), "onefile_s": round(onefile_s, 4),
-                      "nochange_ratio": round(nochange_s / full_s, 4), "files": len(files), "bytes": size}))
+                      "nochange_ratio": round(nochange_s / full_s, 4),
+                      "plain_rsync_nochange_ratio": round(plain_nochange_s / full_s, 4),
+                      "files": len(files), "bytes": size}))
     return 0
 
 

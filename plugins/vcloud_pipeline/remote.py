@@ -45,10 +45,15 @@ def make_dirs(runner: CommandRunner, directories: Sequence[PurePosixPath | str])
 
 
 def write_file(runner: CommandRunner, path: PurePosixPath | str, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temp file in the same directory, then rename)."""
+    """Write ``text`` to ``path`` atomically (temp file in the same directory, then rename).
+
+    The file's mtime is set after the rename, so it is not older than its directory's: the code
+    manifest relies on being the newest entry of the synced tree.
+    """
     target = shlex.quote(str(path))
     tmp = shlex.quote(f"{path}.tmp")
-    run_checked(runner, f"cat > {tmp} && mv -f -- {tmp} {target}", stdin=text, what=f"writing {path}")
+    run_checked(runner, f"cat > {tmp} && mv -f -- {tmp} {target} && touch -c -- {target}", stdin=text,
+                what=f"writing {path}")
 
 
 def exists(runner: CommandRunner, path: PurePosixPath | str) -> bool:

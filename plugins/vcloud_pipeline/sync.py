@@ -90,28 +90,67 @@ class SyncResult:
     manifest: CodeManifest
     code_seconds: float
     scripts_seconds: float
+    code_sent: bool
+    """False when the cluster already held exactly this code and the transfer was skipped."""
+
+
+_NEWER_MARK = "__VCLOUD_NEWER_THAN_MANIFEST__"
+
+
+def code_is_current(runner: CommandRunner, paths: RunPaths, manifest: CodeManifest) -> bool:
+    """True when the cluster already holds exactly this code, so the transfer can be skipped.
+
+    The manifest there must carry our hash, and nothing under the code directory may have changed
+    since it was written: an edit or a deletion on the cluster gives a file or directory a newer
+    mtime, while rsync -a gives synced files their (older) source mtimes. One command, no rsync.
+    """
+    manifest_path, code_dir = shlex.quote(str(paths.code_manifest)), shlex.quote(str(paths.code_dir))
+    line = (f"[ -f {manifest_path} ] || exit 0; cat {manifest_path}; echo; echo {_NEWER_MARK}; "
+            f"find {code_dir} -newer {manifest_path} -print -quit")
+    result = runner.run(line, timeout=60)
+    if result.exit_status != 0 or _NEWER_MARK not in result.stdout:
+        return False
+    remote_manifest, _, newer = result.stdout.partition(_NEWER_MARK)
+    try:
+        same_hash = CodeManifest.from_json(remote_manifest).hash == manifest.hash
+    except ValueError:
+        return False
+    return same_hash and not newer.strip()
+
+
+def sync_code_tree(profile: ClusterProfile, paths: RunPaths, tree: CodeTree, manifest: CodeManifest,
+                   runner: CommandRunner) -> bool:
+    """Mirror the code tree unless the cluster already has it; returns whether anything was sent.
+
+    The manifest is uploaded only after the code has arrived (a job never sees a manifest that
+    promises code that is not there yet), with an mtime newer than anything rsync wrote.
+    """
+    if code_is_current(runner, paths, manifest):
+        return False
+    refuse_unanchored_excludes(tree)
+    run_rsync(code_sync_argv(tree, ssh_destination(profile.connection), paths.code_dir, ssh_command_for(profile)),
+              what=f"syncing {tree.root} to {paths.code_dir}")
+    write_file(runner, paths.code_manifest, manifest.to_json())
+    return True
 
 
 def sync_run(profile: ClusterProfile, paths: RunPaths, tree: CodeTree, jobs: Mapping[str, RenderedJob],
              manifest: CodeManifest, runner: CommandRunner, staging_dir: Path) -> SyncResult:
-    """Create the run's directories, mirror the code, upload the scripts, then the manifest."""
+    """Create the run's directories, mirror the code (unless already current), upload the scripts."""
     refuse_unanchored_excludes(tree)
-    ssh = ssh_command_for(profile)
-    destination = ssh_destination(profile.connection)
     make_dirs(runner, list(paths.directories_to_create()))
 
     started = time.monotonic()
-    run_rsync(code_sync_argv(tree, destination, paths.code_dir, ssh), what=f"syncing {tree.root} to {paths.code_dir}")
+    sent = sync_code_tree(profile, paths, tree, manifest, runner)
     code_seconds = time.monotonic() - started
 
     write_jobs(jobs, staging_dir)
     started = time.monotonic()
-    run_rsync(scripts_sync_argv(staging_dir, destination, paths.jobs_dir, ssh),
+    run_rsync(scripts_sync_argv(staging_dir, ssh_destination(profile.connection), paths.jobs_dir,
+                                ssh_command_for(profile)),
               what=f"uploading the job scripts to {paths.jobs_dir}")
     scripts_seconds = time.monotonic() - started
-
-    write_file(runner, paths.code_manifest, manifest.to_json())
-    return SyncResult(manifest=manifest, code_seconds=code_seconds, scripts_seconds=scripts_seconds)
+    return SyncResult(manifest=manifest, code_seconds=code_seconds, scripts_seconds=scripts_seconds, code_sent=sent)
 
 
 def local_manifest(tree: CodeTree, now: dt.datetime | None = None) -> CodeManifest:

@@ -90,13 +90,18 @@ def sync_code(ctx: RunContext, runner: Any, *, project_root: Path = PROJECT_ROOT
     jobs = ctx.render(manifest.hash)
     with tempfile.TemporaryDirectory(prefix="vcloud-jobs-") as staging:
         result = sync_run(ctx.profile, ctx.paths, tree, jobs, manifest, runner, Path(staging))
-    log.info("synced %d files (code %s) to %s in %.1f s; job scripts to %s", manifest.files, manifest.hash,
-             ctx.paths.code_dir, result.code_seconds, ctx.paths.jobs_dir)
+    if result.code_sent:
+        log.info("synced %d files (code %s) to %s in %.1f s; job scripts to %s", manifest.files, manifest.hash,
+                 ctx.paths.code_dir, result.code_seconds, ctx.paths.jobs_dir)
+    else:
+        log.info("code %s already on the cluster in %s, unchanged since it was synced; job scripts to %s",
+                 manifest.hash, ctx.paths.code_dir, ctx.paths.jobs_dir)
     return {
         "code_hash": manifest.hash,
         "files": manifest.files,
         "manifest_path": str(ctx.paths.code_manifest),
         "code_seconds": round(result.code_seconds, 3),
+        "code_sent": result.code_sent,
         "scripts": {label: job.outer for label, job in jobs.items()},
     }
 

@@ -29,7 +29,14 @@ from vcloud_pipeline.rsync import (
     ssh_destination,
 )
 from vcloud_pipeline.stages import StagePlan
-from vcloud_pipeline.sync import local_manifest, render_run_jobs, run_rsync, ssh_command_for, sync_run
+from vcloud_pipeline.sync import (
+    local_manifest,
+    render_run_jobs,
+    run_rsync,
+    ssh_command_for,
+    sync_code_tree,
+    sync_run,
+)
 
 pytestmark = pytest.mark.usefixtures("cluster_connection")
 
@@ -118,3 +125,35 @@ def test_a_job_refuses_to_start_when_the_code_on_the_cluster_changed(
     err = local_cluster.ssh(f"cat {shlex.quote(str(job.stderr_path(job_id)))}").stdout
     assert "refusing to start: the code on the cluster (" + "f" * 64 + ")" in err
     assert manifest.hash in err
+
+
+def test_unchanged_code_is_not_sent_again_but_any_change_on_either_side_is(
+        local_cluster: LocalCluster, tmp_path: Path) -> None:
+    source = project_like_tree(tmp_path / "src")
+    base = local_cluster.test_dir()
+    profile = load_profile("local", overrides={"paths.base": base})
+    paths = run_paths(profile, "resync")
+    tree = CodeTree(source)
+    code = shlex.quote(str(paths.code_dir))
+    with SlurmHook(profile.connection.conn_id) as hook:
+        local_cluster.ssh(f"mkdir -p {code}")
+        assert sync_code_tree(profile, paths, tree, local_manifest(tree), hook.runner) is True
+        assert sync_code_tree(profile, paths, tree, local_manifest(tree), hook.runner) is False
+
+        # an edit on the cluster (newer than the manifest) is undone by the next sync
+        dataset = f"{code}/trainer/src/vcloud/data/dataset.py"
+        local_cluster.ssh(f"echo 'edited on the login node' >> {dataset}")
+        assert sync_code_tree(profile, paths, tree, local_manifest(tree), hook.runner) is True
+        assert local_cluster.ssh(f"cat {dataset}").stdout == "class SeriesDataset: ...\n"
+        assert sync_code_tree(profile, paths, tree, local_manifest(tree), hook.runner) is False
+
+        # a file deleted on the cluster comes back
+        local_cluster.ssh(f"rm {code}/trainer/src/vcloud/data/__init__.py")
+        assert sync_code_tree(profile, paths, tree, local_manifest(tree), hook.runner) is True
+        assert "trainer/src/vcloud/data/__init__.py" in remote_files(local_cluster, str(paths.code_dir))
+
+        # a local change is a new hash
+        (source / "trainer" / "configs" / "model_tiny.yaml").write_text("name: tiny\nepochs: 2\n")
+        changed = local_manifest(tree)
+        assert sync_code_tree(profile, paths, tree, changed, hook.runner) is True
+        assert f'"hash": "{changed.hash}"' in local_cluster.ssh(f"cat {shlex.quote(str(paths.code_manifest))}").stdout
