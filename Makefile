@@ -50,6 +50,7 @@ cluster-status:
 	@bash $(CLUSTER) status
 
 test: venv cluster-up
+	@bash include/test_deps.sh
 	$(VENV_PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # Unit tests only (no cluster): quick feedback while editing pure logic.

@@ -6,10 +6,18 @@
 #                       and sshd (idempotent: running daemons are left alone)
 #   cluster.sh down     stop what `up` started, by PID file, newest first
 #   cluster.sh status   one line per daemon
+#   cluster.sh install  only install the Debian packages and the jobs' runtime environment (image builds)
 #
 # Runs as root on Debian 12, without systemd. Everything it creates lives under $VCLOUD_CLUSTER_DIR
 # (default /var/lib/vcloud-localcluster), the cluster user's home, /etc/slurm and the project
 # filesystem $VCLOUD_SCRATCH. Jobs run as the unprivileged $VCLOUD_CLUSTER_USER, never as root.
+#
+# The defaults make a login node on this machine's loopback. The docker-compose `dev-cluster`
+# container (include/docker/cluster.Dockerfile) runs the same bring-up and sets, for Airflow in
+# other containers: VCLOUD_SSH_LISTEN (sshd's listen address), VCLOUD_SSH_HOST (the login node's
+# name in the client config, known_hosts and connections), VCLOUD_CONTROL_PATH (ssh ControlPath
+# of the client config; the state directory is mounted read-only there) and
+# VCLOUD_CLIENT_KEY_OWNER (owner of the client key, the uid Airflow runs as).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -17,6 +25,10 @@ REPO="$(cd "$HERE/../.." && pwd)"
 STATE="${VCLOUD_CLUSTER_DIR:-/var/lib/vcloud-localcluster}"
 CLUSTER_USER="${VCLOUD_CLUSTER_USER:-vcloud}"
 SSH_PORT="${VCLOUD_SSH_PORT:-2222}"
+SSH_LISTEN="${VCLOUD_SSH_LISTEN:-127.0.0.1}"
+SSH_HOST="${VCLOUD_SSH_HOST:-127.0.0.1}"
+CONTROL_PATH="${VCLOUD_CONTROL_PATH:-$STATE/run/ssh-%C}"
+CLIENT_KEY_OWNER="${VCLOUD_CLIENT_KEY_OWNER:-}"
 SCRATCH="${VCLOUD_SCRATCH:-/srv/vcloud/scratch/vcloud}"
 RUNTIME_VENV="${VCLOUD_RUNTIME_VENV:-/opt/vcloud-localcluster/venv}"
 CONN_ID="vcloud_local_cluster"
@@ -48,7 +60,7 @@ render() {  # render TEMPLATE DEST MODE OWNER: fill @VARS@ in a template
   local template=$1 dest=$2 mode=$3 owner=$4 tmp
   tmp=$(mktemp "$dest.XXXXXX")
   sed -e "s|@STATE@|$STATE|g" -e "s|@HOSTNAME@|$(hostname -s)|g" \
-      -e "s|@SSH_PORT@|$SSH_PORT|g" -e "s|@CLUSTER_USER@|$CLUSTER_USER|g" \
+      -e "s|@SSH_PORT@|$SSH_PORT|g" -e "s|@SSH_LISTEN@|$SSH_LISTEN|g" -e "s|@CLUSTER_USER@|$CLUSTER_USER|g" \
       -e "s|@DB_PASSWORD@|${DB_PASSWORD:-}|g" -e "s|@TASK_PLUGIN@|${TASK_PLUGIN:-task/none}|g" \
       -e "s|@JOBACCT_PARAMS@|${JOBACCT_PARAMS:-OverMemoryKill}|g" "$HERE/templates/$template" >"$tmp"
   chmod "$mode" "$tmp"
@@ -94,6 +106,7 @@ ensure_cluster_user() {
   install -d -m 700 -o "$CLUSTER_USER" -g "$CLUSTER_USER" "$home/.ssh"
   [[ -s $STATE/ssh/id_ed25519 ]] || ssh-keygen -q -t ed25519 -N '' -C "airflow@vcloud-local" -f "$STATE/ssh/id_ed25519"
   chmod 600 "$STATE/ssh/id_ed25519"
+  [[ -z $CLIENT_KEY_OWNER ]] || chown "$CLIENT_KEY_OWNER" "$STATE/ssh/id_ed25519"
   install -m 600 -o "$CLUSTER_USER" -g "$CLUSTER_USER" "$STATE/ssh/id_ed25519.pub" "$home/.ssh/authorized_keys"
   install -d -m 755 "$(dirname "$SCRATCH")"
   install -d -m 755 -o "$CLUSTER_USER" -g "$CLUSTER_USER" "$SCRATCH"
@@ -227,7 +240,7 @@ start_sshd() {
   install -d -m 755 /run/sshd
   /usr/sbin/sshd -t -f "$STATE/etc/sshd_config"
   if ! pid_alive "$STATE/run/sshd.pid"; then
-    log "starting sshd on 127.0.0.1:$SSH_PORT"
+    log "starting sshd on $SSH_LISTEN:$SSH_PORT"
     /usr/sbin/sshd -f "$STATE/etc/sshd_config" -E "$STATE/log/sshd.log"
   fi
   wait_for 20 sshd bash -c "exec 3<>/dev/tcp/127.0.0.1/$SSH_PORT"
@@ -237,11 +250,11 @@ write_client_config() {
   local host_key_line host_key_b64
   host_key_line=$(cut -d' ' -f1,2 "$STATE/ssh/host_ed25519_key.pub")
   host_key_b64=$(cut -d' ' -f2 "$STATE/ssh/host_ed25519_key.pub")
-  printf '[127.0.0.1]:%s %s\n' "$SSH_PORT" "$host_key_line" >"$STATE/ssh/known_hosts"
+  printf '[%s]:%s %s\n' "$SSH_HOST" "$SSH_PORT" "$host_key_line" >"$STATE/ssh/known_hosts"
   cat >"$STATE/ssh/config" <<EOF
 # OpenSSH client config for the local cluster's login node (alias: vcloud-local).
 Host vcloud-local
-    HostName 127.0.0.1
+    HostName $SSH_HOST
     Port $SSH_PORT
     User $CLUSTER_USER
     IdentityFile $STATE/ssh/id_ed25519
@@ -250,13 +263,13 @@ Host vcloud-local
     StrictHostKeyChecking yes
     BatchMode yes
     ControlMaster auto
-    ControlPath $STATE/run/ssh-%C
+    ControlPath $CONTROL_PATH
     ControlPersist 10m
 EOF
-  /usr/bin/python3 - "$STATE" "$CONN_ID" "$CLUSTER_USER" "$SSH_PORT" "$host_key_b64" <<'PY'
+  /usr/bin/python3 - "$STATE" "$CONN_ID" "$CLUSTER_USER" "$SSH_PORT" "$host_key_b64" "$SSH_HOST" <<'PY'
 import json, shlex, sys
-state, conn_id, user, port, host_key = sys.argv[1:]
-base = {"conn_type": "ssh", "host": "127.0.0.1", "port": int(port), "login": user}
+state, conn_id, user, port, host_key, host = sys.argv[1:]
+base = {"conn_type": "ssh", "host": host, "port": int(port), "login": user}
 # Paramiko/asyncssh transport (providers-ssh): key file and the pinned host key.
 paramiko_conn = dict(base, extra={
     "key_file": f"{state}/ssh/id_ed25519",
@@ -327,6 +340,12 @@ stop_pidfile() {  # stop_pidfile NAME PIDFILE: TERM, wait, KILL if needed
   rm -f "$pidfile"
 }
 
+cmd_install() {
+  [[ $(id -u) -eq 0 ]] || die "run as root (it installs packages)"
+  install_packages
+  ensure_runtime_venv
+}
+
 cmd_down() {
   [[ $(id -u) -eq 0 ]] || die "run as root"
   local master
@@ -360,5 +379,6 @@ case "${1:-}" in
   up) cmd_up ;;
   down) cmd_down ;;
   status) cmd_status ;;
-  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+  install) cmd_install ;;
+  *) echo "usage: $0 up|down|status|install" >&2; exit 2 ;;
 esac

@@ -1,0 +1,276 @@
+"""The operators' records of Slurm jobs, turned into what the HPC view shows. Pure.
+
+``SlurmSubmitOperator`` leaves two XComs per task: ``slurm_job_id`` as soon as a job is submitted
+(or adopted), and, when the job completed, a return value with every job id of the task
+(resubmissions included), the final state, elapsed time, restarts and the GPU-hours it cost
+(from ``sacct``). The view reads these records from Airflow's metadata database; it never asks
+the cluster on a page view, because on LUMI every ``squeue`` is a command on a shared login node.
+
+A task that is still waiting (deferred) or failed has only its job id here: its Slurm state is
+shown as not known until the refresh asks the cluster (:mod:`hpc_view.live`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from slurm_provider.links import JOB_ID_XCOM_KEY, task_log_url
+from slurm_provider.states import SlurmState, classify_pending_reason, parse_state
+
+RETURN_VALUE_KEY = "return_value"
+SUMMARY_KEYS = ("job_id", "job_ids", "state", "gpu_hours")
+"""Keys every ``SlurmSubmitOperator`` return value has; other return values are not Slurm records."""
+UNASSIGNED = ""
+"""Profile of records that name none (a plain ``SlurmSubmitOperator`` outside the training DAG)."""
+WAITING_TASK_STATES = ("deferred", "running", "queued", "scheduled", "up_for_retry", "up_for_reschedule",
+                       "restarting")
+
+
+@dataclass(frozen=True)
+class XComRow:
+    """One XCom of a Slurm task, with what the view needs from its task instance and DAG run."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+    map_index: int
+    key: str
+    value: Any
+    task_state: str | None = None
+    start_date: datetime | None = None
+    end_date: datetime | None = None
+    run_conf: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Submission:
+    job_id: str
+    number: int
+    cause: str
+
+
+@dataclass(frozen=True)
+class PendingWords:
+    """A pending job's reason in plain words (``classify_pending_reason``)."""
+
+    code: str
+    kind: str
+    explanation: str
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One Slurm task of one DAG run, as its operator recorded it."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+    map_index: int
+    task_state: str | None
+    profile: str
+    run_name: str
+    stage: str
+    job_id: str
+    job_ids: tuple[str, ...]
+    submissions: tuple[Submission, ...] = ()
+    state: str | None = None
+    """Slurm state of the last job (``None``: not recorded yet, the task has not finished)."""
+    exit_code: int | None = None
+    elapsed_s: int | None = None
+    restarts: int = 0
+    node_list: str | None = None
+    gpus: int = 0
+    gpu_hours: float = 0.0
+    finished_at: datetime | None = None
+    pending: PendingWords | None = None
+    metrics: Mapping[str, Any] | None = None
+    final: bool = False
+    """True when this is the operator's final record (its return value): only those are billed here."""
+
+    @property
+    def slurm_state(self) -> SlurmState | None:
+        return None if self.state is None else parse_state(self.state)
+
+    @property
+    def state_description(self) -> str:
+        if self.slurm_state is None:
+            if self.task_state in WAITING_TASK_STATES:
+                return "Submitted; the task waits for the job. Refresh asks the cluster for its state."
+            return "No final record: the task ended without the job completing (see the task log)."
+        return self.slurm_state.description
+
+    @property
+    def resubmissions(self) -> int:
+        return max(len(self.job_ids) - 1, 0)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["job_ids"] = list(self.job_ids)
+        data["submissions"] = [asdict(s) for s in self.submissions]
+        data["finished_at"] = self.finished_at.isoformat() if self.finished_at else None
+        data["state_description"] = self.state_description
+        data["category"] = self.slurm_state.category.value if self.slurm_state else None
+        data["elapsed"] = format_elapsed(self.elapsed_s)
+        data["resubmissions"] = self.resubmissions
+        data["log_url"] = task_log_url("", self.dag_id, self.run_id, self.task_id, self.map_index, self.job_id)
+        return data
+
+
+def is_job_summary(value: Any) -> bool:
+    """True for the return value of a ``SlurmSubmitOperator`` task (and its subclasses)."""
+    return isinstance(value, Mapping) and all(key in value for key in SUMMARY_KEYS)
+
+
+def format_elapsed(seconds: int | None) -> str:
+    """``D-HH:MM:SS`` like Slurm prints it; empty when unknown."""
+    if seconds is None:
+        return ""
+    days, rest = divmod(int(seconds), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    clock = f"{hours:02d}:{minutes:02d}:{secs:02d}"
+    return f"{days}-{clock}" if days else clock
+
+
+def pending_words(state: str | SlurmState | None, reason: str | None) -> PendingWords | None:
+    """The reason of a job waiting in the queue, explained; None once it runs or ended."""
+    parsed = parse_state(state)
+    if parsed not in (SlurmState.PENDING, SlurmState.REQUEUED, SlurmState.REQUEUE_HOLD):
+        return None
+    classified = classify_pending_reason(reason)
+    return PendingWords(code=classified.code, kind=classified.kind.value, explanation=classified.explanation)
+
+
+def _submissions(value: Any) -> tuple[Submission, ...]:
+    out = []
+    for item in value or ():
+        if isinstance(item, Mapping) and "job_id" in item:
+            out.append(Submission(str(item["job_id"]), int(item.get("number") or len(out) + 1),
+                                  str(item.get("cause") or "")))
+    return tuple(out)
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def records_from_xcoms(rows: Iterable[XComRow]) -> list[JobRecord]:
+    """One record per Slurm task instance: its return value when it completed, else its job id.
+
+    A task is a Slurm task when it pushed ``slurm_job_id``; its profile comes from its return value
+    (the training DAG's jobs carry it) or from the DAG run's ``conf``; its stage label from the
+    return value's ``job`` (the training DAG) or the task id.
+    """
+    by_task: dict[tuple[str, str, str, int], dict[str, XComRow]] = {}
+    for row in rows:
+        by_task.setdefault((row.dag_id, row.run_id, row.task_id, row.map_index), {})[row.key] = row
+    records = []
+    for key, xcoms in by_task.items():
+        job_row = xcoms.get(JOB_ID_XCOM_KEY)
+        summary_row = xcoms.get(RETURN_VALUE_KEY)
+        summary = summary_row.value if summary_row is not None and is_job_summary(summary_row.value) else None
+        if job_row is None and summary is None:
+            continue
+        anchor = summary_row if summary is not None else job_row
+        assert anchor is not None
+        conf = anchor.run_conf or {}
+        profile = str((summary or {}).get("profile") or conf.get("profile") or UNASSIGNED)
+        dag_id, run_id, task_id, map_index = key
+        if summary is None:
+            job_id = str(job_row.value)
+            records.append(JobRecord(
+                dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index,
+                task_state=anchor.task_state, profile=profile, run_name=str(conf.get("run_name") or ""),
+                stage=task_id, job_id=job_id, job_ids=(job_id,), finished_at=anchor.end_date))
+            continue
+        job_ids = tuple(str(j) for j in summary.get("job_ids") or [summary["job_id"]])
+        records.append(JobRecord(
+            dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index,
+            task_state=anchor.task_state, profile=profile,
+            run_name=str(summary.get("run") or conf.get("run_name") or ""),
+            stage=str(summary.get("job") or task_id),
+            job_id=str(summary["job_id"]), job_ids=job_ids,
+            submissions=_submissions(summary.get("submissions")),
+            state=str(summary["state"]), exit_code=_int(summary.get("exit_code")),
+            elapsed_s=_int(summary.get("elapsed_s")), restarts=_int(summary.get("restarts")) or 0,
+            node_list=summary.get("node_list"), gpus=_int(summary.get("gpus")) or 0,
+            gpu_hours=float(summary.get("gpu_hours") or 0.0),
+            finished_at=anchor.end_date, metrics=summary.get("metrics"), final=True))
+    records.sort(key=lambda r: (r.finished_at is None, r.finished_at or datetime.min, r.dag_id, r.run_id,
+                                r.task_id), reverse=False)
+    return records
+
+
+@dataclass(frozen=True)
+class BurnPoint:
+    """The allocation after one completed task: cumulative use and what is left."""
+
+    at: datetime | None
+    label: str
+    used: float
+    left: float | None
+
+
+@dataclass(frozen=True)
+class ProfileBudget:
+    """GPU-hours spent by the recorded jobs of one profile, against its allocation."""
+
+    profile: str
+    unit: str
+    allocation: float | None
+    total: float
+    by_run: dict[str, float] = field(default_factory=dict)
+    by_stage: dict[str, float] = field(default_factory=dict)
+    by_run_stage: dict[tuple[str, str], float] = field(default_factory=dict)
+    burn: tuple[BurnPoint, ...] = ()
+    jobs: int = 0
+
+    @property
+    def left(self) -> float | None:
+        return None if self.allocation is None else self.allocation - self.total
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile, "unit": self.unit, "allocation": self.allocation,
+            "used": round(self.total, 4), "left": None if self.left is None else round(self.left, 4),
+            "jobs": self.jobs,
+            "by_run": [{"run_id": run, "gpu_hours": round(h, 4)} for run, h in self.by_run.items()],
+            "by_stage": [{"stage": stage, "gpu_hours": round(h, 4)} for stage, h in self.by_stage.items()],
+            "by_run_stage": [{"run_id": run, "stage": stage, "gpu_hours": round(h, 4)}
+                             for (run, stage), h in self.by_run_stage.items()],
+            "burn": [{"at": p.at.isoformat() if p.at else None, "label": p.label, "used": round(p.used, 4),
+                      "left": None if p.left is None else round(p.left, 4)} for p in self.burn],
+        }
+
+
+def profile_budget(profile: str, records: Iterable[JobRecord], *, allocation: float | None,
+                   unit: str = "GPU-hours") -> ProfileBudget:
+    """Sum the GPU-hours of one profile's completed jobs per run and per stage, in time order.
+
+    The figures are what each operator recorded from ``sacct`` when its job completed (every
+    submission of the task, times the profile's billing factor); tasks that have not completed
+    add nothing yet.
+    """
+    done = sorted((r for r in records if r.profile == profile and r.final),
+                  key=lambda r: (r.finished_at is None, r.finished_at or datetime.min))
+    by_run: dict[str, float] = {}
+    by_stage: dict[str, float] = {}
+    by_run_stage: dict[tuple[str, str], float] = {}
+    burn: list[BurnPoint] = []
+    total = 0.0
+    for record in done:
+        by_run[record.run_id] = by_run.get(record.run_id, 0.0) + record.gpu_hours
+        by_stage[record.stage] = by_stage.get(record.stage, 0.0) + record.gpu_hours
+        key = (record.run_id, record.stage)
+        by_run_stage[key] = by_run_stage.get(key, 0.0) + record.gpu_hours
+        total += record.gpu_hours
+        burn.append(BurnPoint(record.finished_at, f"{record.stage} ({record.job_id})", total,
+                              None if allocation is None else allocation - total))
+    return ProfileBudget(profile=profile, unit=unit, allocation=allocation, total=total, by_run=by_run,
+                         by_stage=by_stage, by_run_stage=by_run_stage, burn=tuple(burn), jobs=len(done))

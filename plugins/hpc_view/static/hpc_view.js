@@ -1,0 +1,142 @@
+// The HPC view: renders api/jobs (or api/refresh) into one section per cluster profile.
+// Plain DOM code, no library: the page is served by the plugin and works without internet.
+"use strict";
+
+const params = new URLSearchParams(window.location.search);
+const focus = { dag_id: params.get("dag_id"), run_id: params.get("run_id"), task_id: params.get("task_id") };
+
+// Same rule as charts.figure: 4 decimals under 10 (or when precise), else 1, with thousands separators.
+function fmt(value, precise) {
+  if (value === null || value === undefined) return "n/a";
+  const digits = precise || Math.abs(value) < 10 ? 4 : 1;
+  return value.toLocaleString("en-US", { maximumFractionDigits: digits, minimumFractionDigits: digits });
+}
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined) continue;
+    if (key === "class") node.className = value; else node.setAttribute(key, value);
+  }
+  for (const child of children) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function apiUrl(path) {
+  const query = new URLSearchParams();
+  for (const key of ["dag_id", "run_id"]) if (focus[key]) query.set(key, focus[key]);
+  const qs = query.toString();
+  return path + (qs ? "?" + qs : "");
+}
+
+function uiLink(path) {
+  // Task pages of the Airflow UI live next to this plugin's prefix.
+  return new URL(".." + path, window.location.href).toString();
+}
+
+function jobsTable(jobs) {
+  const head = el("tr", {}, ...["DAG run", "Task / stage", "Slurm job(s)", "State", "Restarts", "Elapsed",
+    "GPU-hours", "Task", "Log"].map((h, i) => el("th", { class: [4, 5, 6].includes(i) ? "num" : null }, h)));
+  const table = el("table", { class: "jobs" }, el("thead", {}, head));
+  const body = el("tbody");
+  for (const job of jobs) {
+    const ids = el("div", {});
+    const subs = job.submissions.length ? job.submissions : job.job_ids.map((id, i) => ({ job_id: id, number: i + 1, cause: "" }));
+    subs.forEach((s, i) => {
+      if (i) ids.append(", ");
+      ids.append(el("code", { class: "job-id" }, s.job_id));
+      if (s.cause && s.cause !== "initial") ids.append(el("span", { class: "muted" }, " (" + s.cause.toLowerCase() + ")"));
+    });
+    const category = job.category || (job.state ? "unknown" : "waiting");
+    const stateCell = el("td", {}, el("span", { class: "state " + category }, job.state || "not recorded"),
+      el("div", { class: "desc" }, job.state_description));
+    if (job.pending) stateCell.append(el("div", { class: "pending" }, "Pending (" + job.pending.code + "): " + job.pending.explanation));
+    const row = el("tr", { id: "job-" + job.job_id, "data-job-id": job.job_id, "data-task-id": job.task_id, "data-run-id": job.run_id,
+      "data-gpu-hours": String(job.gpu_hours), "data-state": job.state || "" },
+      el("td", {}, el("div", {}, job.run_id), job.run_name ? el("div", { class: "muted" }, "run " + job.run_name) : null),
+      el("td", {}, job.task_id, job.stage !== job.task_id ? el("div", { class: "muted" }, job.stage) : null),
+      el("td", {}, ids, job.resubmissions ? el("div", { class: "muted" }, job.resubmissions + " resubmission(s)") : null),
+      stateCell,
+      el("td", { class: "num" }, job.restarts),
+      el("td", { class: "num" }, job.elapsed),
+      el("td", { class: "num gpu-hours" }, fmt(job.gpu_hours)),
+      el("td", {}, job.task_state || ""),
+      el("td", {}, el("a", { href: uiLink(job.log_url), target: "_top" }, "task log")));
+    if (focus.task_id && job.task_id === focus.task_id && (!focus.run_id || job.run_id === focus.run_id)) row.classList.add("highlight");
+    body.append(row);
+  }
+  table.append(body);
+  return table;
+}
+
+function runStageTable(budget) {
+  const table = el("table", { class: "run-stage" }, el("thead", {}, el("tr", {},
+    el("th", {}, "DAG run"), el("th", {}, "Stage"), el("th", { class: "num" }, budget.unit))));
+  const body = el("tbody");
+  for (const row of budget.by_run_stage) {
+    body.append(el("tr", { "data-run-id": row.run_id, "data-stage": row.stage },
+      el("td", {}, row.run_id), el("td", {}, row.stage), el("td", { class: "num" }, fmt(row.gpu_hours))));
+  }
+  table.append(body);
+  return table;
+}
+
+function svg(text) {
+  const holder = el("div", { class: "chart" });
+  holder.innerHTML = text;  // produced by the plugin from numbers, every label escaped server-side
+  return holder;
+}
+
+function profileSection(profile) {
+  const b = profile.budget;
+  const section = el("section", { class: "profile", id: "profile-" + (profile.profile || "none"), "data-profile": profile.profile });
+  section.append(el("h2", {}, "Profile " + profile.title, profile.description ? el("span", { class: "muted" }, " - " + profile.description) : null));
+  if (profile.problem) section.append(el("p", { class: "problems" }, profile.problem));
+  const line = el("p", { class: "budget-line" });
+  if (b.allocation !== null) {
+    line.append("Allocation ", el("b", { class: "allocation" }, fmt(b.allocation)), " " + b.unit + " - used ",
+      el("b", { class: "used" }, fmt(b.used)), ", left ", el("b", { class: "left" }, fmt(b.left, b.used < 10)));
+  } else {
+    line.append("Used ", el("b", { class: "used" }, fmt(b.used)), " " + b.unit + " (no allocation tracked)");
+  }
+  line.append(" - " + b.jobs + " completed job record(s)");
+  section.append(line);
+  section.append(el("div", { class: "charts" }, svg(profile.charts.burndown), svg(profile.charts.by_stage), svg(profile.charts.by_run)));
+  section.append(el("h3", {}, "GPU-hours per run and stage"), runStageTable(b));
+  section.append(el("h3", {}, "Jobs"), jobsTable(profile.jobs));
+  return section;
+}
+
+function render(view) {
+  const main = document.getElementById("profiles");
+  main.replaceChildren(...view.profiles.map(profileSection));
+  if (!view.profiles.length) main.append(el("p", { class: "muted" }, "No Slurm job recorded yet by the operators (in the DAGs you may read)."));
+  const problems = document.getElementById("problems");
+  problems.replaceChildren(...(view.problems || []).map((p) => el("li", {}, p)));
+  document.getElementById("status").textContent =
+    (view.refreshed ? "refreshed from the cluster " : "loaded ") + new Date().toLocaleTimeString() + " - " + view.jobs + " job record(s)";
+  document.body.setAttribute("data-loaded", "true");
+  const target = window.location.hash && document.querySelector(window.location.hash);
+  if (target) { target.classList.add("highlight"); target.scrollIntoView(); }
+}
+
+async function load(path, method) {
+  const status = document.getElementById("status");
+  status.textContent = "loading...";
+  try {
+    const response = await fetch(apiUrl(path), { method: method || "GET", credentials: "same-origin", headers: { Accept: "application/json" } });
+    if (!response.ok) throw new Error(response.status + " " + (await response.text()));
+    render(await response.json());
+  } catch (err) {
+    status.textContent = "could not load: " + err.message;
+    document.body.setAttribute("data-loaded", "error");
+  }
+}
+
+const scope = [focus.dag_id, focus.run_id, focus.task_id].filter(Boolean).join(" / ");
+document.getElementById("scope").textContent = scope ? "showing " + scope : "";
+document.getElementById("refresh").addEventListener("click", () => load("api/refresh", "POST"));
+load("api/jobs");

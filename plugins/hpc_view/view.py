@@ -1,0 +1,64 @@
+"""What the page shows, per cluster profile: the jobs, the budget and its charts.
+
+Each profile's allocation and billing unit come from its YAML under ``include/profiles/``
+(with the deployment's ``VCLOUD_PROFILE_OVERRIDES``), so the burn-down is drawn against the
+same ``billing.allocation`` the DAG's budget check uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from hpc_view.charts import budget_charts
+from hpc_view.records import UNASSIGNED, JobRecord, profile_budget
+
+
+@dataclass(frozen=True)
+class ProfileInfo:
+    """The parts of a cluster profile the view needs."""
+
+    name: str
+    allocation: float | None
+    unit: str
+    conn_id: str | None
+    description: str = ""
+    problem: str | None = None
+    """Why the profile could not be loaded (then no allocation is shown)."""
+
+
+def profile_info(name: str) -> ProfileInfo:
+    """Load profile ``name``; a missing or broken profile is reported, not raised."""
+    if name == UNASSIGNED:
+        return ProfileInfo(name, None, "GPU-hours", None, "jobs of DAG runs that name no cluster profile")
+    from vcloud_pipeline.profiles import ProfileError, load_profile, overrides_from_environ
+
+    try:
+        profile = load_profile(name, overrides_from_environ(name))
+    except (ProfileError, ValueError) as exc:
+        return ProfileInfo(name, None, "GPU-hours", None, problem=str(exc))
+    return ProfileInfo(name, profile.billing.allocation, profile.billing.unit, profile.connection.conn_id,
+                       profile.description)
+
+
+def build_view(records: Iterable[JobRecord], *,
+               info: Callable[[str], ProfileInfo] = profile_info) -> dict[str, Any]:
+    """The page's JSON: one entry per profile that has records, named profiles first."""
+    records = list(records)
+    names = sorted({r.profile for r in records}, key=lambda n: (n == UNASSIGNED, n))
+    profiles = []
+    for name in names:
+        meta = info(name)
+        mine = [r for r in records if r.profile == name]
+        budget = profile_budget(name, mine, allocation=meta.allocation, unit=meta.unit)
+        profiles.append({
+            "profile": name,
+            "title": name or "no cluster profile",
+            "description": meta.description,
+            "problem": meta.problem,
+            "budget": budget.to_json(),
+            "charts": budget_charts(budget),
+            "jobs": [r.to_json() for r in mine],
+        })
+    return {"profiles": profiles, "jobs": len(records)}

@@ -1,0 +1,65 @@
+"""Pure parts of the HPC view: records from XComs, the refresh's pending reasons and rate limit, charts."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from hpc_view.charts import bars_svg, burndown_svg
+from hpc_view.live import LiveStates, refresh
+from hpc_view.records import XComRow, profile_budget, records_from_xcoms
+from slurm_provider.states import SlurmState
+from slurm_provider.status import JobStatus
+
+T = datetime(2026, 11, 21, 12, tzinfo=timezone.utc)
+
+
+def _rows() -> list[XComRow]:
+    done = {"job_id": "7", "job_ids": ["6", "7"], "state": "COMPLETED", "gpu_hours": 2.0, "elapsed_s": 90061,
+            "job": "stage1", "run": "full", "profile": "lumi",
+            "submissions": [{"job_id": "6", "number": 1, "cause": "initial"},
+                            {"job_id": "7", "number": 2, "cause": "PREEMPTED"}]}
+    return [
+        XComRow("vcloud_training", "r1", "stage1", -1, "slurm_job_id", "7", "success", end_date=T),
+        XComRow("vcloud_training", "r1", "stage1", -1, "return_value", done, "success", end_date=T),
+        XComRow("vcloud_training", "r1", "stage2", -1, "slurm_job_id", "8", "deferred", run_conf={"profile": "lumi"}),
+        XComRow("vcloud_training", "r1", "plan", -1, "return_value", {"job_id": "x"}, "success"),
+    ]
+
+
+def test_records_keep_resubmissions_and_take_the_profile_from_the_run() -> None:
+    records = {r.task_id: r for r in records_from_xcoms(_rows())}
+    assert set(records) == {"stage1", "stage2"}
+    assert records["stage1"].job_ids == ("6", "7") and records["stage1"].resubmissions == 1
+    assert records["stage1"].to_json()["elapsed"] == "1-01:01:01"
+    assert records["stage2"].profile == "lumi" and records["stage2"].state is None
+    budget = profile_budget("lumi", records.values(), allocation=100_000)
+    assert budget.total == 2.0 and budget.left == 99_998.0 and budget.by_stage == {"stage1": 2.0}
+
+
+def test_refresh_explains_pending_jobs_and_asks_each_cluster_at_most_once_per_interval() -> None:
+    calls: list[tuple[str, list[str]]] = []
+    now = [0.0]
+
+    def source(conn_id: str, job_ids: list[str]):
+        calls.append((conn_id, job_ids))
+        return {"8": JobStatus(job_id="8", state=SlurmState.PENDING, reason="AssocGrpBillingMinutes",
+                               source="squeue")}
+
+    live = LiveStates(source=source, clock=lambda: now[0])
+    records, problems = refresh(records_from_xcoms(_rows()), lambda profile: "lumi", live)
+    waiting = {r.task_id: r for r in records}["stage2"]
+    assert problems == [] and waiting.state == "PENDING"
+    assert waiting.pending.kind == "never" and "GPU-hour allocation is used up" in waiting.pending.explanation
+    refresh(records_from_xcoms(_rows()), lambda profile: "lumi", live)
+    assert calls == [("lumi", ["8"])]  # the second press within the interval is answered from memory
+    now[0] += 60
+    refresh(records_from_xcoms(_rows()), lambda profile: "lumi", live)
+    assert len(calls) == 2
+
+
+def test_charts_escape_labels_and_show_the_numbers() -> None:
+    budget = profile_budget("lumi", records_from_xcoms(_rows()), allocation=100_000)
+    svg = burndown_svg(budget)
+    assert svg.startswith("<svg") and "GPU-hours left of 100,000.0: 99,998.0000" in svg
+    bars = bars_svg("per stage", [("<stage>", 1.5)], "GPU-hours")
+    assert "&lt;stage&gt;" in bars and "<stage>" not in bars and "1.5000" in bars
