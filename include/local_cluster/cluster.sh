@@ -40,11 +40,16 @@ APT_PACKAGES=(munge mariadb-server slurmctld slurmd slurmdbd slurm-client openss
 log() { printf '[cluster] %s\n' "$*" >&2; }
 die() { printf '[cluster] ERROR: %s\n' "$*" >&2; exit 1; }
 
-pid_alive() {  # pid_alive PIDFILE: true when the file names a live process
-  local pidfile=$1 pid
+pid_alive() {  # pid_alive PIDFILE: true when the file names a live process of that daemon
+  # The process name must match the pid file's daemon, so a stale file whose pid the kernel has
+  # since given to another process is never taken for ours (and never signalled by `down`).
+  local pidfile=$1 pid daemon
   [[ -s $pidfile ]] || return 1
   pid=$(<"$pidfile")
-  [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null
+  [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 1
+  daemon=$(basename "$pidfile" .pid)
+  [[ $daemon == mariadb ]] && daemon=mariadbd
+  [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$daemon" ]]
 }
 
 wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...: poll until COMMAND succeeds
