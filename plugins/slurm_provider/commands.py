@@ -238,22 +238,7 @@ def build_sbatch_submit(
     ``<id>;<cluster>`` (read it with ``parsers.parse_sbatch_parsable``). ``export`` adds
     variables on top of the submitting environment (``--export=ALL,START_STAGE=2``).
     """
-    argv = _sbatch_argv(
-        job_name=job_name,
-        output=output,
-        error=error,
-        comment=comment,
-        chdir=chdir,
-        export=export,
-        export_all=export_all,
-        dependency=dependency,
-        partition=partition,
-        account=account,
-        qos=qos,
-        reservation=reservation,
-        time_limit=time_limit,
-        extra_options=extra_options,
-    )
+    argv = _sbatch_argv(**locals())  # exactly this function's keyword arguments
     argv.insert(1, "--parsable")
     return _join(argv)
 
@@ -277,22 +262,7 @@ def build_sbatch_test_only(
 ) -> str:
     """``sbatch --test-only ...`` (script on stdin): validates the request and estimates a start
     time without submitting. The answer is on **stderr** (``parsers.parse_sbatch_test_only``)."""
-    argv = _sbatch_argv(
-        job_name=job_name,
-        output=output,
-        error=error,
-        comment=comment,
-        chdir=chdir,
-        export=export,
-        export_all=export_all,
-        dependency=dependency,
-        partition=partition,
-        account=account,
-        qos=qos,
-        reservation=reservation,
-        time_limit=time_limit,
-        extra_options=extra_options,
-    )
+    argv = _sbatch_argv(**locals())  # exactly this function's keyword arguments
     argv.insert(1, "--test-only")
     return _join(argv)
 
