@@ -15,13 +15,14 @@ PYTEST_ARGS ?=
 # Slurm tests mostly wait on the cluster, so more workers than cores pays off.
 TEST_WORKERS ?= 4
 
-.PHONY: help venv system-packages cluster-up cluster-down cluster-status test test-fast demo lock clean
+.PHONY: help venv system-packages cluster-up cluster-down cluster-status image test test-fast demo lock clean
 
 help:
 	@echo "make demo          run the training DAG end to end on the local Slurm cluster (tiny config)"
 	@echo "make test          bring up the local cluster if needed and run every test"
 	@echo "make cluster-up    start the local Slurm cluster and its SSH login node (idempotent)"
 	@echo "make cluster-down  stop the daemons cluster-up started"
+	@echo "make image         build the local cluster's trainer image (Charliecloud) if missing or stale"
 	@echo "make venv          create .venv from requirements-lock.txt"
 
 system-packages:
@@ -49,7 +50,12 @@ cluster-down:
 cluster-status:
 	@bash $(CLUSTER) status
 
-test: venv cluster-up
+# The jobs' container image on the local cluster; rebuilt only when trainer/requirements-runtime.txt
+# or the build script change (the script compares its build hash).
+image:
+	@bash include/local_cluster/build_image.sh
+
+test: venv cluster-up image
 	@bash include/test_deps.sh
 	$(VENV_PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
@@ -57,7 +63,7 @@ test: venv cluster-up
 test-fast: venv
 	$(VENV_PY) -m pytest -m "not cluster" $(PYTEST_ARGS)
 
-demo: venv cluster-up
+demo: venv cluster-up image
 	@bash include/demo.sh
 
 # Re-resolve the pinned set from requirements.txt (torch stays the on-disk CPU 2.13.0 wheel).

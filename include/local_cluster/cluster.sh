@@ -35,7 +35,7 @@ CONN_ID="vcloud_local_cluster"
 SLURM_ACCOUNT="vcloud_local"
 
 APT_PACKAGES=(munge mariadb-server slurmctld slurmd slurmdbd slurm-client openssh-server
-              openssh-client rsync python3-venv shellcheck)
+              openssh-client rsync python3-venv shellcheck charliecloud-runtime)
 
 log() { printf '[cluster] %s\n' "$*" >&2; }
 die() { printf '[cluster] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -297,8 +297,9 @@ PY
 }
 
 ensure_runtime_venv() {
-  # The cluster's own software environment for jobs (what a container image is on LUMI): separate
-  # from Airflow's venv, rebuilt only when the trainer's runtime requirements change.
+  # The bare software environment for jobs (profile override container.runtime: none; by default
+  # jobs run in the Charliecloud image of build_image.sh): separate from Airflow's venv, rebuilt
+  # only when the trainer's runtime requirements change.
   local reqs="$REPO/trainer/requirements-runtime.txt" stamp want
   [[ -f $reqs ]] || die "missing $reqs"
   want=$(sha256sum "$reqs" | cut -d' ' -f1)

@@ -4,6 +4,7 @@
 # change those, not this file.
 set -euo pipefail
 
+@@CONTAINER_CHECK@@
 @@ENV@@
 cd @@CODE_DIR@@
 

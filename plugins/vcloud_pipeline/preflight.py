@@ -120,10 +120,26 @@ def test_only(hook: Any, job: RenderedJob) -> str:
 
 
 def check_image(runner: Any, profile: ClusterProfile) -> str | None:
-    """The container image must be readable on the login node (profiles with a container)."""
+    """The container image must be readable on the login node (profiles with a container).
+
+    A Charliecloud image is a directory, and ``ch-run`` must be installed: both missing is what a
+    local cluster without ``make image`` looks like. Whether the image holds what the jobs import is
+    the preflight import job's question, answered inside the container.
+    """
     if profile.container is None:
         return None
     image = profile.container.image
+    if profile.container.runtime == "charliecloud":
+        result = runner.run("command -v ch-run", timeout=60)
+        if result.exit_status != 0:
+            raise PreflightError(f"ch-run (Charliecloud) is not installed on the login node of profile "
+                                 f"{profile.name}; install charliecloud-runtime (make image does)")
+        result = runner.run(f"test -d {shlex.quote(image)} && test -r {shlex.quote(image)}", timeout=60)
+        if result.exit_status != 0:
+            raise PreflightError(f"Charliecloud image directory {image} of profile {profile.name} is missing or "
+                                 "unreadable on the login node; build it with `make image` "
+                                 "(include/local_cluster/build_image.sh) or fix container.image")
+        return image
     result = runner.run(f"test -r {shlex.quote(image)}", timeout=60)
     if result.exit_status != 0:
         raise PreflightError(f"container image {image} of profile {profile.name} is missing or unreadable on "

@@ -51,7 +51,11 @@ SITES = ("lumi", "levante", "cosmos", "local", "other")
 TRANSPORTS = ("openssh", "airflow_ssh")
 ACCELERATORS = ("rocm", "cuda", "none")
 GPU_REQUEST_STYLES = ("gpus", "gres")
-CONTAINER_RUNTIMES = ("singularity", "apptainer")
+CONTAINER_RUNTIMES = ("singularity", "apptainer", "charliecloud", "none")
+"""``none`` runs the inner script directly in ``software.python``'s environment (a bare run)."""
+SINGULARITY_RUNTIMES = ("singularity", "apptainer")
+CHARLIECLOUD_SHARED = ("/tmp",)
+"""Host paths ``ch-run`` shares with every container without a bind: the node's /tmp."""
 
 _PATH_FORBIDDEN = {
     "%": "sbatch expands % in --output paths",
@@ -200,14 +204,19 @@ class PathsSpec:
 
 @dataclass(frozen=True)
 class ContainerSpec:
-    """The Singularity/Apptainer image the inner script runs in."""
+    """The container image the inner script runs in, and the runtime that starts it.
+
+    ``singularity``/``apptainer`` run a SIF image (LUMI, Cosmos); ``charliecloud`` runs a directory
+    image with ``ch-run``, which replaces itself with the inner script, so signals sent to the job
+    step reach it directly. A profile with ``runtime: none`` has no ``ContainerSpec`` at all.
+    """
 
     runtime: str
     image: str
     containlibs: tuple[str, ...] = ()
-    """Host libraries injected via ``SINGULARITY_CONTAINLIBS``."""
+    """Host libraries injected via ``SINGULARITY_CONTAINLIBS`` (Singularity/Apptainer only)."""
     binds: tuple[str, ...] = ()
-    """``-B`` bind flags of ``singularity exec``."""
+    """Host directories bound at the same path inside the container (``-B`` / ``-b``)."""
     bind_env: tuple[str, ...] = ()
     """Paths exported as ``SINGULARITY_BIND`` (the LUMI AI-bindings set, without ``--rocm``)."""
     rocm: bool = False
@@ -215,7 +224,8 @@ class ContainerSpec:
 
     @property
     def visible_paths(self) -> tuple[str, ...]:
-        return self.binds + self.bind_env
+        shared = CHARLIECLOUD_SHARED if self.runtime == "charliecloud" else ()
+        return self.binds + self.bind_env + shared
 
 
 @dataclass(frozen=True)
@@ -660,7 +670,7 @@ def profile_from_dict(name: str, raw: Mapping[str, Any]) -> ClusterProfile:
             return tuple(_check_path(name, f"{cs.name(key)}[{i}]", _expand(name, cs.name(key), v, path_vars))
                          for i, v in enumerate(cs.strings(key)))
 
-        container = ContainerSpec(
+        spec = ContainerSpec(
             runtime=cs.choice("runtime", CONTAINER_RUNTIMES),
             image=_check_path(name, cs.name("image"),
                               _expand(name, cs.name("image"), cs.str("image"), path_vars)),
@@ -671,6 +681,18 @@ def profile_from_dict(name: str, raw: Mapping[str, Any]) -> ClusterProfile:
             exec_args=cs.strings("exec_args"),
         )
         cs.close()
+        if spec.runtime == "charliecloud":
+            singularity_only = [key for key, value in (("containlibs", spec.containlibs),
+                                                       ("bind_env", spec.bind_env), ("rocm", spec.rocm))
+                                if value]
+            if singularity_only:
+                raise ProfileError(
+                    f"profile {name}: container.{', container.'.join(singularity_only)} only exist for "
+                    f"Singularity/Apptainer, not for runtime {spec.runtime!r}; bind host paths with "
+                    "container.binds instead"
+                )
+        # runtime none keeps the other container keys, so one override switches a bare run on and off.
+        container = None if spec.runtime == "none" else spec
 
     sw = top.section("software")
     assert sw is not None

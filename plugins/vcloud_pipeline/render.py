@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 
 from vcloud_pipeline.jobspec import JobKind, JobSpec, Resources, resolve_resources
 from vcloud_pipeline.layout import RunPaths
-from vcloud_pipeline.profiles import RUNTIME_JOB_ID, ClusterProfile, format_slurm_time
+from vcloud_pipeline.profiles import RUNTIME_JOB_ID, ClusterProfile, ContainerSpec, format_slurm_time
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "include" / "sbatch"
 
@@ -200,6 +200,12 @@ def _outer_setup(profile: ClusterProfile, spec: JobSpec, res: Resources, paths: 
     c = profile.container
     if c is not None:
         setup.append(f"readonly IMAGE={shell_word(c.image)}")
+        if c.runtime == "charliecloud":
+            setup += [
+                "# ch-run refuses to start without $USER (a job's environment may lack it).",
+                'USER="${USER:-$(id -un)}"',
+                "export USER",
+            ]
         if c.containlibs:
             setup.append(f"export SINGULARITY_CONTAINLIBS={shell_word(','.join(c.containlibs))}")
         if c.bind_env:
@@ -256,16 +262,53 @@ def _outer_setup(profile: ClusterProfile, spec: JobSpec, res: Resources, paths: 
                 '    if [ "$rc" -eq 0 ]; then rc=1; fi',
                 "fi",
             ])
-    launch = _launch_prefix(profile, res)
-    if c is not None:
-        exec_args = list(c.exec_args) + (["--rocm"] if c.rocm else [])
-        binds = " ".join(f"-B {shell_word(b)}" for b in c.binds)
-        parts = [launch, c.runtime, "exec", shell_join(exec_args) if exec_args else "", binds,
-                 '"$IMAGE"', 'bash "$INNER_SCRIPT"']
-        launch = " ".join(p for p in parts if p)
-    else:
-        launch = f'{launch} bash "$INNER_SCRIPT"'
+    launch = f"{_launch_prefix(profile, res)} {_container_command(c, paths)}" if c is not None else \
+        f'{_launch_prefix(profile, res)} bash "$INNER_SCRIPT"'
     return "\n".join(setup), launch, on_signal, after
+
+
+def _container_command(c: ContainerSpec, paths: RunPaths) -> str:
+    """The container runtime's command line that runs the inner script (after ``srun``).
+
+    ``srun`` forwards the outer script's USR2/TERM to the process it started. ``singularity exec``
+    relays signals to its payload; ``ch-run`` with a directory image sets up the namespaces and
+    then replaces itself with ``bash``, so the signal lands on the inner script, which relays it to
+    Python. (A SquashFS image would keep a FUSE parent that does not forward signals.)
+    """
+    exec_args = list(c.exec_args)
+    if c.runtime == "charliecloud":
+        # Bound at the same path; /tmp is shared by ch-run itself. --home: $HOME exists inside, as
+        # under Singularity (caches, matplotlib's config).
+        binds = [f"-b {shell_word(f'{b}:{b}')}" for b in c.binds]
+        parts = ["ch-run", shell_join(exec_args), *binds, "--home",
+                 f"--cd={shell_word(paths.code_dir)}", '"$IMAGE"', "--", 'bash "$INNER_SCRIPT"']
+    else:
+        exec_args += ["--rocm"] if c.rocm else []
+        parts = [c.runtime, "exec", shell_join(exec_args), " ".join(f"-B {shell_word(b)}" for b in c.binds),
+                 '"$IMAGE"', 'bash "$INNER_SCRIPT"']
+    return " ".join(p for p in parts if p)
+
+
+IMAGE_HASH_FILE = "/etc/vcloud-image.sha256"
+"""Inside a locally built image (``include/local_cluster/build_image.sh``): the hash it was built
+from. The inner script logs it, so a job's log says which image it ran in."""
+
+
+def _container_check(profile: ClusterProfile) -> str:
+    """Inner-script lines that refuse to run outside the container and log the image's identity."""
+    c = profile.container
+    if c is None or c.runtime != "charliecloud":
+        return ""
+    return "\n".join([
+        "# ch-run sets CH_RUNNING in the container; a bare run would use the host's software instead.",
+        'if [ -z "${CH_RUNNING:-}" ]; then',
+        '    echo "vcloud inner script: not inside a Charliecloud container (CH_RUNNING is unset);'
+        ' the outer script starts it with ch-run" >&2',
+        "    exit 1",
+        "fi",
+        f"image_hash=\"$(cat {IMAGE_HASH_FILE} 2>/dev/null || echo unknown)\"",
+        'echo "vcloud inner script: in Charliecloud image ${image_hash} on $(hostname)" >&2',
+    ])
 
 
 def _inner_env(profile: ClusterProfile, paths: RunPaths) -> str:
@@ -389,6 +432,7 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
         "TITLE": title,
         "WHERE": where,
         "PROFILE": profile.name,
+        "CONTAINER_CHECK": _container_check(profile),
         "ENV": _inner_env(profile, paths),
         "CODE_DIR": shell_word(paths.code_dir),
         "FORWARD": forward,

@@ -2,7 +2,8 @@
 
 Each test gets its own project directory on the cluster (``paths.base`` overridden through
 ``VCLOUD_PROFILE_OVERRIDES``), so the synthetic dataset job, the code sync and every stage run for
-real. One epoch per stage keeps a run to a few minutes on two cores.
+real, as the cluster user, inside the local profile's Charliecloud image: every job log must name
+the image's build hash. One epoch per stage keeps a run to a few minutes on two cores.
 """
 
 from __future__ import annotations
@@ -29,6 +30,21 @@ def project_dir(local_cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("VCLOUD_MAX_POLL_INTERVAL", "5")
     monkeypatch.setenv("VCLOUD_FIRST_POLL_DELAY", "1")
     return base
+
+
+def image_line(cluster: LocalCluster) -> str:
+    """What the inner script logs inside the image `make image` built (its hash is next to it)."""
+    from vcloud_pipeline.profiles import load_profile
+
+    container = load_profile("local").container
+    assert container is not None and container.runtime == "charliecloud"
+    built = cluster.ssh(f"cat {shlex.quote(container.image + '.sha256')}").stdout.strip()
+    return f"vcloud inner script: in Charliecloud image {built} on "
+
+
+def job_err_log(cluster: LocalCluster, project_dir: str, run: str, label: str, job_id: str) -> str:
+    """The stderr log of one job of the run (every start of it: logs are appended across requeues)."""
+    return cluster.ssh(f"cat {shlex.quote(f'{project_dir}/logs/{run}')}/*{label}*_{job_id}.err").stdout
 
 
 def _dag():
@@ -86,6 +102,7 @@ def test_full_run_then_restart_from_stage_2(local_cluster: LocalCluster, project
         assert summary["gpu_hours"] > 0
         assert summary["code_hash"] == synced["code_hash"]
         assert summary["epochs"] == 1 and summary["metrics"]["psnr"] > 0
+        assert image_line(local_cluster) in job_err_log(local_cluster, project_dir, "e2e", stage, summary["job_id"])
     assert values["prepare_data"]["state"] == "COMPLETED"
     assert values["preflight_checks"]["test_only"].keys() == {*STAGES, "export"}
     assert values["summary"]["stages"]["stage3"]["final_metrics"]["psnr"] == values["stage3"]["metrics"]["psnr"]
@@ -142,3 +159,5 @@ def test_a_stage_that_hits_its_time_limit_requeues_and_loses_no_epoch(local_clus
     log = local_cluster.ssh(f"cat {shlex.quote(project_dir)}/logs/tl/*stage1*.out").stdout
     assert "stopped on SIGUSR2" in log or "stopped on USR2" in log, log[-3000:]
     assert "resumed from" in log
+    err = job_err_log(local_cluster, project_dir, "tl", "stage1", summary["job_id"])
+    assert err.count(image_line(local_cluster)) >= 2, err[-3000:]  # the first start and the resumed one

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from slurm_provider.commands import JobComment
@@ -68,4 +70,30 @@ def test_a_missing_container_image_fails_preflight_naming_it(tmp_path) -> None:
     image.write_bytes(b"SIF")
     present = load_profile("lumi", overrides={"container.image": str(image)})
     assert check_image(LocalShell(), present) == str(image)
-    assert check_image(LocalShell(), load_profile("local")) is None
+    assert check_image(LocalShell(), load_profile("local", overrides={"container.runtime": "none"})) is None
+
+
+def test_a_charliecloud_image_must_be_a_directory_and_ch_run_installed(tmp_path, monkeypatch) -> None:
+    from tests.dags.test_remote import LocalShell
+
+    from vcloud_pipeline.preflight import check_image
+
+    image = tmp_path / "vcloud-trainer"
+    profile = load_profile("local", overrides={"container.image": str(image)})
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "bash").symlink_to(shutil.which("bash") or "/bin/bash")
+    monkeypatch.setenv("PATH", str(bin_dir))  # a login node's PATH without ch-run
+    with pytest.raises(PreflightError, match=r"ch-run \(Charliecloud\) is not installed .* charliecloud-runtime"):
+        check_image(LocalShell(), profile)
+    (bin_dir / "ch-run").write_text("#!/bin/sh\n")
+    (bin_dir / "ch-run").chmod(0o755)
+    with pytest.raises(PreflightError, match=r"Charliecloud image directory .*/vcloud-trainer of profile local is "
+                                             r"missing .*`make image`"):
+        check_image(LocalShell(), profile)
+    image.write_text("not a directory image")
+    with pytest.raises(PreflightError, match="is missing or unreadable"):
+        check_image(LocalShell(), profile)
+    image.unlink()
+    image.mkdir()
+    assert check_image(LocalShell(), profile) == str(image)

@@ -40,9 +40,12 @@ sys.exit(85)
 '''
 
 
-def render(tmp_path: Path, spec: JobSpec) -> tuple[RenderedJob, RunPaths]:
+def render(tmp_path: Path, spec: JobSpec, runtime: str = "none") -> tuple[RenderedJob, RunPaths]:
+    """Scripts of the local profile in a temporary project; ``none``: bare, in this interpreter."""
     base = tmp_path / "project dir's"
-    profile = load_profile("local", overrides={"paths.base": str(base), "software.python": sys.executable})
+    profile = load_profile("local", overrides={"paths.base": str(base), "software.python": sys.executable,
+                                               "container.runtime": runtime,
+                                               "container.binds": [str(tmp_path)]})
     paths = run_paths(profile, "r1")
     job = render_job(profile, spec, paths, CODE_HASH)
     for directory in paths.directories_to_create():
@@ -76,6 +79,15 @@ def test_outer_refuses_to_start_when_the_code_was_synced_again(tmp_path: Path) -
     assert result.returncode == EXIT_CODE_MISMATCH
     assert f"the code on the cluster ({'d' * 64}) is not the code this job was rendered for ({CODE_HASH})" \
         in result.stderr
+
+
+def test_the_charliecloud_inner_script_refuses_to_run_outside_the_container(tmp_path: Path) -> None:
+    job, paths = render(tmp_path, JobSpec.train(1), runtime="charliecloud")
+    env = {k: v for k, v in job_env().items() if k != "CH_RUNNING"}
+    result = subprocess.run(["bash", str(job.inner_path)], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "not inside a Charliecloud container (CH_RUNNING is unset)" in result.stderr
+    assert not (Path(paths.outputs_dir) / "ready.0").exists()  # the trainer never started
 
 
 def wait_for(paths: list[Path], process: subprocess.Popen, deadline_s: float = 120) -> None:

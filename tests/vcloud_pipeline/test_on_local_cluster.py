@@ -1,9 +1,11 @@
 """End to end on the local Slurm cluster, through its real SSH login, as the cluster user.
 
 Sync the code with the argv from rsync.py, upload the manifest and the rendered scripts, submit with
-``sbatch``, and read what the job wrote. The stop-signal test uses a stand-in trainer in its own
-code tree, so it shows the whole relay (Slurm -> outer -> srun -> inner -> trainer -> requeue)
-without depending on a dataset.
+``sbatch``, and read what the job wrote. Jobs run in the local profile's Charliecloud image (built by
+``make image``); the inner script logs the image's build hash, which must be the one next to the
+image. The stop-signal tests use a stand-in trainer in its own code tree, so they show the whole
+relay (Slurm -> outer -> srun -> ch-run -> inner -> trainer in the container -> requeue) without
+depending on a dataset.
 """
 
 from __future__ import annotations
@@ -33,6 +35,16 @@ from tests.vcloud_pipeline.test_job_scripts import STAND_IN_TRAINER
 
 REPO = Path(__file__).resolve().parents[2]
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"}
+BUILD_IMAGE = REPO / "include" / "local_cluster" / "build_image.sh"
+
+
+def image_line(cluster: LocalCluster) -> str:
+    """What the inner script logs in the local image: its build hash, as the cluster user reads it."""
+    container = load_profile("local").container
+    assert container is not None and container.runtime == "charliecloud"
+    built = cluster.ssh(f"cat {shlex.quote(container.image + '.sha256')}").stdout.strip()
+    assert len(built) == 64, built
+    return f"vcloud inner script: in Charliecloud image {built} on "
 
 
 def setup_run(cluster: LocalCluster, tree: CodeTree, tmp_path: Path) -> tuple[ClusterProfile, RunPaths, CodeManifest]:
@@ -83,6 +95,23 @@ def test_preflight_job_imports_everything_in_the_job_environment(local_cluster: 
     assert f"{paths.code_dir}/trainer/src/vcloud/data/__init__.py" in log
     assert "preflight: OK" in log
     assert f"with code {manifest.hash}" in err
+    assert image_line(local_cluster) in err  # the imports ran inside the built image
+
+
+def test_the_image_is_current_readable_and_has_a_mount_point_for_every_bind(local_cluster: LocalCluster) -> None:
+    container = load_profile("local").container
+    assert container is not None
+    check = local_cluster.root("bash", str(BUILD_IMAGE), "check", check=False)
+    assert check.returncode == 0, "the image is missing or older than trainer/requirements-runtime.txt: make image"
+    image = shlex.quote(container.image)
+    inside = local_cluster.ssh(f"cat {image}/etc/vcloud-image.sha256").stdout.strip()
+    assert image_line(local_cluster) == f"vcloud inner script: in Charliecloud image {inside} on "
+    for bind in container.binds:
+        assert local_cluster.ssh(f"test -d {image}{shlex.quote(bind)}", check=False).returncode == 0, bind
+    # ch-run as the cluster user, outside Slurm: the image's interpreter, not the host's
+    out = local_cluster.ssh(f"ch-run {image} -- /opt/vcloud-localcluster/venv/bin/python -c "
+                            + shlex.quote("import os, torch; print(os.environ['CH_RUNNING'], torch.__version__)")).stdout
+    assert out.strip() == "Weird Al Yankovic 2.13.0+cpu"
 
 
 def test_job_refuses_to_start_on_changed_code(local_cluster: LocalCluster, tmp_path: Path) -> None:
@@ -124,5 +153,30 @@ def test_pre_timeout_signal_checkpoints_and_requeues(local_cluster: LocalCluster
         assert "job step finished with exit code 85" in err
         assert "requeued: the next start resumes from the checkpoint" in err
         assert local_cluster.ssh(f"cat {stopped}").stdout == "USR2"
+        assert err.count(image_line(local_cluster)) >= 2  # both starts ran in the image
+    finally:
+        local_cluster.ssh(f"scancel {job_id}", check=False)
+
+
+def test_scancel_reaches_the_trainer_inside_the_container(local_cluster: LocalCluster, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "trainer/src/vcloud").mkdir(parents=True)
+    (src / "trainer/src/vcloud/__init__.py").write_text("")
+    (src / "trainer/src/vcloud/train.py").write_text(STAND_IN_TRAINER)
+    profile, paths, manifest = setup_run(local_cluster, CodeTree(src), tmp_path)
+    job = render_job(profile, JobSpec.train(0, time_limit="00:10:00"), paths, manifest.hash)
+    job_id = submit(local_cluster, profile, job, tmp_path)
+    ready = shlex.quote(str(paths.outputs_dir / "ready.0"))
+    stopped = shlex.quote(str(paths.outputs_dir / "stopped.0"))
+    try:
+        poll_until(lambda: local_cluster.ssh(f"test -e {ready}", check=False).returncode == 0,
+                   timeout=600, what="the stand-in trainer to start")
+        local_cluster.ssh(f"scancel {job_id}")
+        assert local_cluster.wait_for_state(job_id, FINAL, timeout=300) == "CANCELLED"
+        poll_until(lambda: local_cluster.ssh(f"test -e {stopped}", check=False).returncode == 0,
+                   timeout=60, what="the trainer's stop record")
+        assert local_cluster.ssh(f"cat {stopped}").stdout == "TERM"  # the trainer's handler ran
+        err = local_cluster.ssh(f"cat {shlex.quote(str(job.stderr_path(str(job_id))))}").stdout
+        assert image_line(local_cluster) in err
     finally:
         local_cluster.ssh(f"scancel {job_id}", check=False)

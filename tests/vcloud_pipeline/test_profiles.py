@@ -54,7 +54,9 @@ def test_local_profile_matches_the_local_cluster() -> None:
     p = load_profile("local")
     assert p.connection.conn_id == "vcloud_local_cluster" and p.account == "vcloud_local"
     assert p.partition_names[:3] == ("small-g", "standard-g", "dev-g")
-    assert p.container is None and p.accelerator.kind == "none"
+    assert p.container is not None and p.container.runtime == "charliecloud" and p.accelerator.kind == "none"
+    assert p.container.image == "/var/lib/vcloud-localcluster/images/vcloud-trainer"
+    assert p.container.binds == ("/srv",) and "/tmp" in p.container.visible_paths  # ch-run shares /tmp
     assert p.software.python == "/opt/vcloud-localcluster/venv/bin/python"
     assert p.paths.base == "/srv/vcloud/scratch/vcloud"
     assert p.gpu_request.style == "gpus"
@@ -227,3 +229,28 @@ def test_slurm_duration_round_trip_and_errors() -> None:
     for bad in ("", "abc", "1:2:3:4", "0"):
         with pytest.raises(ValueError):
             parse_slurm_time(bad)
+
+
+def test_runtime_none_is_a_bare_run_and_keeps_the_other_container_keys() -> None:
+    bare = load_profile("local", overrides={"container.runtime": "none"})
+    assert bare.container is None
+    assert load_profile("local", overrides={"container": None}).container is None
+    with pytest.raises(ProfileError, match=r"container.runtime 'docker' not allowed "
+                                           r"\(allowed: singularity, apptainer, charliecloud, none\)"):
+        load_profile("local", overrides={"container.runtime": "docker"})
+
+
+@pytest.mark.parametrize("key, value", [("containlibs", ["/usr/lib64/libcxi.so.1"]), ("bind_env", ["/srv"]),
+                                        ("rocm", True)])
+def test_singularity_only_keys_are_refused_for_charliecloud(key: str, value: object) -> None:
+    with pytest.raises(ProfileError, match=rf"container.{key} only exist for Singularity/Apptainer, not for "
+                                           r"runtime 'charliecloud'; bind host paths with container.binds"):
+        load_profile("local", overrides={f"container.{key}": value})
+
+
+def test_charliecloud_must_bind_the_project_filesystem() -> None:
+    with pytest.raises(ProfileError, match=r"paths.code /srv/vcloud/scratch/vcloud/code is not visible inside the "
+                                           r"container; .* \(visible now: /opt, /tmp\)"):
+        load_profile("local", overrides={"container.binds": ["/opt"]})
+    staged = load_profile("local", overrides={"staging": {"node_local_dir": "/tmp/vcloud_{job_id}"}})
+    assert staged.staging is not None  # node-local staging under /tmp needs no bind with ch-run

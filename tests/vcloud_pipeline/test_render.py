@@ -45,12 +45,16 @@ CASES = {
     "local_stage": ("local", JobSpec.train(0, max_epochs=2)),
     "local_export": ("local", JobSpec.export()),
     "local_preflight": ("local", JobSpec.preflight()),
+    "local_bare_stage": ("local", JobSpec.train(0, max_epochs=2)),
+    "local_bare_preflight": ("local", JobSpec.preflight()),
 }
+BARE = {"container.runtime": "none"}
+"""The local profile without its container: jobs run in the host's venv."""
 
 
 def render_case(case: str) -> RenderedJob:
     profile_name, spec = CASES[case]
-    profile = complete_profile(profile_name)
+    profile = complete_profile(profile_name, BARE if "_bare_" in case else None)
     return render_job(profile, spec, run_paths(profile, "full"), CODE_HASH)
 
 
@@ -148,11 +152,41 @@ def test_cosmos_stages_to_node_local_disk_and_syncs_back() -> None:
     assert "--dest /cosmos/vast/scratch/cosmouser/vcloud/viewer_data/full" in render_case("cosmos_export").inner
 
 
-def test_local_requests_one_emulated_gpu_and_uses_the_cluster_venv() -> None:
+def test_local_requests_one_emulated_gpu_and_runs_in_the_charliecloud_image() -> None:
     job = render_case("local_stage")
     assert "#SBATCH --gpus=1" in job.outer and "#SBATCH --account=vcloud_local" in job.outer
     assert "/opt/vcloud-localcluster/venv/bin/python -m vcloud.train --stage 0" in job.inner
     assert "#SBATCH --time=0-00:30:00" in job.outer
+    assert "readonly IMAGE=/var/lib/vcloud-localcluster/images/vcloud-trainer\n" in job.outer
+    assert 'USER="${USER:-$(id -un)}"\nexport USER\n' in job.outer  # ch-run refuses to start without it
+    # srun starts ch-run, which becomes bash: srun's forwarded USR2/TERM reach the inner script.
+    assert ('srun --ntasks-per-node=1 --cpus-per-task=2 ch-run -b /srv:/srv --home '
+            '--cd=/srv/vcloud/scratch/vcloud/code "$IMAGE" -- bash "$INNER_SCRIPT" &\n') in job.outer
+    assert "SINGULARITY" not in job.outer and "singularity" not in job.outer
+    assert 'if [ -z "${CH_RUNNING:-}" ]; then' in job.inner
+    assert "cat /etc/vcloud-image.sha256" in job.inner and "in Charliecloud image ${image_hash}" in job.inner
+    assert job.inner.index("CH_RUNNING") < job.inner.index(" -m vcloud.train ")
+
+
+def test_the_bare_runtime_runs_the_inner_script_in_the_hosts_venv() -> None:
+    job = render_case("local_bare_stage")
+    assert 'srun --ntasks-per-node=1 --cpus-per-task=2 bash "$INNER_SCRIPT" &\n' in job.outer
+    assert "ch-run" not in job.outer and "IMAGE" not in job.outer and "CH_RUNNING" not in job.inner
+    assert "/opt/vcloud-localcluster/venv/bin/python -m vcloud.train --stage 0" in job.inner
+    assert "runs in the job environment" in job.inner
+
+
+def test_charliecloud_binds_follow_the_profile_and_paths_stay_quoted() -> None:
+    profile = complete_profile("local", {"container.binds": ["/srv", "/data sets/it's"],
+                                         "container.exec_args": ["--private-tmp"],
+                                         "container.image": "/images/vcloud trainer"})
+    job = render_job(profile, JobSpec.train(1), run_paths(profile, "full"), CODE_HASH)
+    assert "readonly IMAGE='/images/vcloud trainer'\n" in job.outer
+    launch = next(line for line in job.outer.splitlines() if line.startswith("srun "))
+    words = shlex.split(launch.replace(' "$IMAGE"', " IMAGE").replace(' "$INNER_SCRIPT" &', " INNER"))
+    assert words[words.index("ch-run"):] == [
+        "ch-run", "--private-tmp", "-b", "/srv:/srv", "-b", "/data sets/it's:/data sets/it's", "--home",
+        "--cd=/srv/vcloud/scratch/vcloud/code", "IMAGE", "--", "bash", "INNER"]
 
 
 def test_preflight_imports_the_packages_on_the_debug_partition() -> None:

@@ -1,9 +1,16 @@
 #!/bin/bash
-# vcloud stage 0 training job of run full: inner script, runs in the job environment on every node of the job.
+# vcloud stage 0 training job of run full: inner script, runs inside the container (charliecloud) on every node of the job.
 # Rendered by vcloud_pipeline.render from profile 'local' and include/sbatch/inner.sh;
 # change those, not this file.
 set -euo pipefail
 
+# ch-run sets CH_RUNNING in the container; a bare run would use the host's software instead.
+if [ -z "${CH_RUNNING:-}" ]; then
+    echo "vcloud inner script: not inside a Charliecloud container (CH_RUNNING is unset); the outer script starts it with ch-run" >&2
+    exit 1
+fi
+image_hash="$(cat /etc/vcloud-image.sha256 2>/dev/null || echo unknown)"
+echo "vcloud inner script: in Charliecloud image ${image_hash} on $(hostname)" >&2
 export PYTHONPATH=/srv/vcloud/scratch/vcloud/code/trainer/src"${PYTHONPATH:+:${PYTHONPATH}}"
 export WANDB_MODE=disabled
 export OMP_NUM_THREADS=2

@@ -1,0 +1,58 @@
+#!/bin/bash
+# vcloud preflight import check of run full: inner script, runs in the job environment on every node of the job.
+# Rendered by vcloud_pipeline.render from profile 'local' and include/sbatch/inner.sh;
+# change those, not this file.
+set -euo pipefail
+
+export PYTHONPATH=/srv/vcloud/scratch/vcloud/code/trainer/src"${PYTHONPATH:+:${PYTHONPATH}}"
+export WANDB_MODE=disabled
+export OMP_NUM_THREADS=2
+cd /srv/vcloud/scratch/vcloud/code
+
+child_pid=""
+stop_signal=""
+# shellcheck disable=SC2317  # invoked from the traps below
+on_signal() {
+    stop_signal="$1"
+    if [ -n "$child_pid" ]; then
+        kill -s "$1" "$child_pid" 2>/dev/null || true
+    fi
+}
+trap 'on_signal USR2' USR2
+trap 'on_signal TERM' TERM
+
+/opt/vcloud-localcluster/venv/bin/python -c 'import importlib
+import sys
+
+failed = []
+for name in ("vcloud", "vcloud.data", "tifffile", "rasterio", "torch"):
+    try:
+        module = importlib.import_module(name)
+    except Exception as exc:
+        failed.append(name)
+        print("preflight: import", name, "FAILED:", type(exc).__name__, exc, flush=True)
+        continue
+    version = getattr(module, "__version__", "n/a")
+    where = getattr(module, "__file__", "?")
+    print("preflight:", name, version, "from", where, flush=True)
+if "torch" not in failed:
+    import torch
+    print("preflight: torch accelerator available=%s devices=%d hip=%s cuda=%s" % (
+        torch.cuda.is_available(), torch.cuda.device_count(), torch.version.hip, torch.version.cuda), flush=True)
+print("preflight: python", sys.version.split()[0], "at", sys.executable, flush=True)
+if failed:
+    print("preflight: FAILED imports:", ", ".join(failed) + ";",
+          "check PYTHONPATH, the synced code and the extra packages directory", flush=True)
+    sys.exit(1)
+print("preflight: OK", flush=True)
+' &
+child_pid=$!
+while kill -0 "$child_pid" 2>/dev/null; do
+    wait "$child_pid" || true
+done
+rc=0
+wait "$child_pid" || rc=$?
+if [ -n "$stop_signal" ]; then
+    echo "vcloud inner script: stopped after SIG${stop_signal}, exit code ${rc}" >&2
+fi
+exit "$rc"

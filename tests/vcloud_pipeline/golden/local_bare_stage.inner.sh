@@ -1,0 +1,34 @@
+#!/bin/bash
+# vcloud stage 0 training job of run full: inner script, runs in the job environment on every node of the job.
+# Rendered by vcloud_pipeline.render from profile 'local' and include/sbatch/inner.sh;
+# change those, not this file.
+set -euo pipefail
+
+export PYTHONPATH=/srv/vcloud/scratch/vcloud/code/trainer/src"${PYTHONPATH:+:${PYTHONPATH}}"
+export WANDB_MODE=disabled
+export OMP_NUM_THREADS=2
+cd /srv/vcloud/scratch/vcloud/code
+
+child_pid=""
+stop_signal=""
+# shellcheck disable=SC2317  # invoked from the traps below
+on_signal() {
+    stop_signal="$1"
+    if [ -n "$child_pid" ]; then
+        kill -s "$1" "$child_pid" 2>/dev/null || true
+    fi
+}
+trap 'on_signal USR2' USR2
+trap 'on_signal TERM' TERM
+
+/opt/vcloud-localcluster/venv/bin/python -m vcloud.train --stage 0 --config /srv/vcloud/scratch/vcloud/code/trainer/configs/model_tiny.yaml --data /srv/vcloud/scratch/vcloud/data/prepared --out /srv/vcloud/scratch/vcloud/outputs/full --max-epochs 2 &
+child_pid=$!
+while kill -0 "$child_pid" 2>/dev/null; do
+    wait "$child_pid" || true
+done
+rc=0
+wait "$child_pid" || rc=$?
+if [ -n "$stop_signal" ]; then
+    echo "vcloud inner script: stopped after SIG${stop_signal}, exit code ${rc}" >&2
+fi
+exit "$rc"
