@@ -169,7 +169,8 @@ write_slurm_configs() {
   install -d -m 755 /etc/slurm
   choose_memory_enforcement
   local before
-  before=$(cat /etc/slurm/slurm.conf /etc/slurm/gres.conf /etc/slurm/cgroup.conf 2>/dev/null | sha256sum)
+  # (absent on a fresh machine: cat fails, and pipefail must not end the bring-up)
+  before=$( { cat /etc/slurm/slurm.conf /etc/slurm/gres.conf /etc/slurm/cgroup.conf 2>/dev/null || true; } | sha256sum)
   render slurm.conf /etc/slurm/slurm.conf 644 root:root
   render gres.conf /etc/slurm/gres.conf 644 root:root
   render cgroup.conf /etc/slurm/cgroup.conf 644 root:root
