@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -228,3 +229,30 @@ def test_draft_loss_falls_on_fixed_batch(tiny_cfg):
         losses.append(loss.item())
     assert losses[-1] < 0.95 * losses[0], losses
     assert min(losses[-3:]) < min(losses[:3]), losses
+
+
+@pytest.mark.parametrize("decay", [0.0, 1.0])
+def test_untrained_draft_weights_clear_dates_by_distance_from_the_target(tiny_cfg, decay):
+    """Before training (zero correction, uniform gates) the draft is the composite: with
+    ``date_decay`` the clear date one acquisition from the target outweighs the one three away
+    by exp(2 * decay); with 0 both count the same."""
+    cfg = dataclasses.replace(tiny_cfg, date_decay=decay)
+    model = CFDT(cfg).eval()
+    t, h = 4, 32
+    inputs = torch.zeros(1, t, 13, h, h)
+    inputs[0, 1], inputs[0, 3] = 0.2, 0.6
+    masks = torch.ones(1, t, 1, h, h)
+    masks[0, 1], masks[0, 3] = 0.0, 0.0  # the target (date 0) and date 2 are cloudy everywhere
+    with torch.no_grad():
+        draft = model(inputs, masks, torch.tensor([0]), torch.zeros(1, t, 2, h, h))
+    near = math.exp(-decay * 1)
+    far = math.exp(-decay * 3)
+    expected = (0.2 * near + 0.6 * far) / (near + far)
+    assert float(draft.mean()) == pytest.approx(expected, abs=2e-3)
+
+
+def test_date_decay_validation_and_learned(tiny_cfg):
+    with pytest.raises(ModelConfigError, match=r"model\.stage1\.date_decay=-1.*>= 0"):
+        CFDTConfig.from_dict({**dataclasses.asdict(tiny_cfg), "date_decay": -1})
+    model = CFDT(tiny_cfg)
+    assert model.date_decay.requires_grad and float(model.date_decay.detach()) == tiny_cfg.date_decay

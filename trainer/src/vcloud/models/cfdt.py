@@ -12,6 +12,12 @@ which date is the target, CFDT predicts the cloud-free target image:
 4. a draft decoder upsamples the target's TMT features with skip connections from the target
    date's pyramid and predicts a correction to a gate-weighted composite of the clear pixels.
 
+The composite weights a clear pixel of another date by its pair gate and by ``exp(-d * k)`` for a
+date ``k`` acquisitions away from the target (``d`` learned, starting at ``date_decay``): surfaces
+change with time, so a near date is the better default, which is why the nearest-clear mosaic
+beats the mean mosaic. With the decoder's correction starting at zero, the untrained draft is
+already a soft nearest-clear mosaic rather than a mean, and training starts from there.
+
 Dates are reordered internally so the target comes first; the transformer sees the original
 date index through an embedding, so the reordering does not change what is computed.
 The four model-side memory switches are in :mod:`vcloud.models.memory`.
@@ -66,9 +72,14 @@ class CFDTConfig:
     """Hidden width of the transformer MLP relative to ``tmt_dim``."""
     norm_groups: int = 8
     """GroupNorm groups; every convolutional width must be a multiple of it."""
+    date_decay: float = 1.0
+    """Initial decay of a date's composite weight per acquisition away from the target (learned);
+    0 = every clear date counts the same at the start."""
 
     def __post_init__(self) -> None:
         require(isinstance(self.use_s1, bool), SECTION, "use_s1", self.use_s1, "true or false")
+        require(isinstance(self.date_decay, (int, float)) and not isinstance(self.date_decay, bool)
+                and self.date_decay >= 0, SECTION, "date_decay", self.date_decay, "a number >= 0")
         require_positive_int(SECTION, "max_dates", self.max_dates)
         require(self.max_dates >= 2, SECTION, "max_dates", self.max_dates, "an integer >= 2")
         require_positive_int(SECTION, "norm_groups", self.norm_groups)
@@ -255,6 +266,7 @@ class CFDT(nn.Module):
         self.tmt = TemporalTransformer(cfg)
         self.decoder = DraftDecoder(cfg)
         self.target_log_weight = nn.Parameter(torch.tensor(2.0))
+        self.date_decay = nn.Parameter(torch.tensor(float(cfg.date_decay)))
 
     def _check(self, inputs: torch.Tensor, masks: torch.Tensor, target_index: torch.Tensor,
                s1: torch.Tensor | None) -> None:
@@ -341,8 +353,11 @@ class CFDT(nn.Module):
         if target_gates.shape[-2:] != (h, w):
             target_gates = F.interpolate(target_gates, size=(h, w), mode="bilinear", align_corners=False)
         clear = 1.0 - clouds[:, :, 0]
+        steps_away = (order[:, 1:] - target_index.long()[:, None]).abs().to(clear.dtype)  # [B, T-1]
+        recency = torch.exp(-self.date_decay.clamp_min(0.0) * steps_away)[:, :, None, None]
         weights = torch.cat(
-            [clear[:, :1] * self.target_log_weight.exp(), clear[:, 1:] * target_gates.to(clear.dtype)], dim=1
+            [clear[:, :1] * self.target_log_weight.exp(), clear[:, 1:] * target_gates.to(clear.dtype) * recency],
+            dim=1,
         )
         eps = 1e-3
         composite = (weights[:, :, None] * bands).sum(1) + eps * bands.mean(1)

@@ -12,6 +12,8 @@ from typing import Callable
 import torch
 
 SCHEDULES = ("cosine", "linear")
+PREDICTIONS = ("x0", "eps")
+"""What the denoiser outputs: the clean sample (``x0``) or the noise that was added (``eps``)."""
 
 
 def make_alphas_cumprod(schedule: str, timesteps: int) -> torch.Tensor:
@@ -42,20 +44,27 @@ def ddim_timesteps(train_timesteps: int, steps: int) -> list[int]:
 
 
 def ddim_sample(
-    predict_noise: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    predict: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     shape: tuple[int, ...],
     alphas_cumprod: torch.Tensor,
     steps: int,
     generator: torch.Generator | None,
     device: torch.device,
     clip_x0: float = 0.0,
+    prediction: str = "eps",
 ) -> torch.Tensor:
     """Deterministic DDIM (eta = 0): the only randomness is the starting noise, so the same
     ``generator`` seed gives the same sample and different seeds give independent samples.
 
+    ``predict(x, t)`` returns the noise (``prediction="eps"``) or the clean sample (``"x0"``).
+    With ``x0`` a network that outputs zeros samples exactly zero, whatever the starting noise;
+    with ``eps`` the same network returns the starting noise divided by sqrt(alpha_bar).
+
     ``clip_x0`` > 0 clamps each clean-sample estimate to [-clip_x0, clip_x0]: at the noisiest
     step x0 = (x - sqrt(1 - a) eps) / sqrt(a) divides by sqrt(a) ~ 0.003 (cosine schedule), so a
     small error in the predicted noise would otherwise become a huge one in the image."""
+    if prediction not in PREDICTIONS:
+        raise ValueError(f"unknown prediction {prediction!r} (allowed: {', '.join(PREDICTIONS)})")
     x = torch.randn(shape, generator=generator, device="cpu" if generator is None else generator.device)
     x = x.to(device)
     ac = alphas_cumprod.to(device=device, dtype=torch.float32)
@@ -64,10 +73,15 @@ def ddim_sample(
     for i, t in enumerate(times):
         a_t = ac[t]
         a_prev = ac[times[i + 1]] if i + 1 < len(times) else torch.tensor(1.0, device=device)
-        eps = predict_noise(x, torch.full((shape[0],), t, device=device, dtype=torch.long)).float()
-        x0 = (x - (1 - a_t).sqrt() * eps) / a_t.sqrt()
-        if clip_x0 > 0:
-            x0 = x0.clamp(-clip_x0, clip_x0)
+        out = predict(x, torch.full((shape[0],), t, device=device, dtype=torch.long)).float()
+        if prediction == "eps":
+            eps = out
+            x0 = (x - (1 - a_t).sqrt() * eps) / a_t.sqrt()
+            if clip_x0 > 0:
+                x0 = x0.clamp(-clip_x0, clip_x0)
+                eps = (x - a_t.sqrt() * x0) / (1 - a_t).sqrt()
+        else:
+            x0 = out.clamp(-clip_x0, clip_x0) if clip_x0 > 0 else out
             eps = (x - a_t.sqrt() * x0) / (1 - a_t).sqrt()
         x = a_prev.sqrt() * x0 + (1 - a_prev).sqrt() * eps
     return x0

@@ -69,11 +69,20 @@ class DraftAndRefiner(nn.Module):
         return self.draft_loss_weight * draft_loss + self.refiner_loss_weight * refiner_loss
 
     @torch.no_grad()
+    def draft(self, batch: dict[str, Any]) -> torch.Tensor:
+        """The draft [B, 13, H, W] in [0, 1] that :meth:`refine` starts from."""
+        return run_draft(self.draft_model, batch).float().clamp(0, 1)
+
+    @torch.no_grad()
     def refine(self, batch: dict[str, Any], generator: torch.Generator | None = None,
-               steps: int | None = None) -> torch.Tensor:
-        """Refined target [B, 13, H, W] in [0, 1]; deterministic for a given generator seed."""
+               steps: int | None = None, draft: torch.Tensor | None = None) -> torch.Tensor:
+        """Refined target [B, 13, H, W] in [0, 1]; deterministic for a given generator seed.
+
+        ``draft`` (from :meth:`draft` on the same batch) skips the draft model, so several samples
+        of one batch pay for the draft once."""
         if generator is None:
             generator = torch.Generator().manual_seed(EVAL_SEED)
-        draft = run_draft(self.draft_model, batch).float().clamp(0, 1)
+        if draft is None:
+            draft = self.draft(batch)
         observation, mask = target_observation(batch)
         return self.refiner.sample(draft, observation, mask, steps=steps, generator=generator)

@@ -2,10 +2,21 @@
 
 Works in the latent space of the frozen stage-0 autoencoder. It diffuses the *residual* latent
 ``(z_target - z_draft) / latent_scale`` conditioned on the latents of the stage-1 draft and of the
-target's cloudy observation plus its cloud mask, trained with the standard noise-prediction
-objective and sampled with a few deterministic DDIM steps. The refined image is
+target's cloudy observation plus its cloud mask, and is sampled with a few deterministic DDIM
+steps (eta = 0; a fixed generator seed gives a fixed result). The refined image is
 ``draft + decode(z_draft + r) - decode(z_draft)``: the refiner adds a correction to the draft, so
 the autoencoder's own reconstruction error does not cap the output quality.
+
+The denoiser predicts the clean residual (``prediction: x0``) through a zero-initialised output
+layer, so an untrained refiner returns the draft exactly, whatever the starting noise, and
+training moves it away from the draft only where the loss says the draft is wrong. (With noise
+prediction the same untrained network returns the starting noise scaled up, which decodes to a
+refinement several dB worse than the draft it was given.) Besides the diffusion loss, a pixel
+loss on the refinement decoded from the clean-residual estimate (``pixel_loss_weight``; squared
+error relative to the draft's, so 1 means "no better than the draft") trains the correction
+through the actual decoder: when the autoencoder reconstructs worse than the draft is accurate,
+``decode(z_target) - decode(z_draft)`` is not ``target - draft``, and the latent objective alone
+would move the output away from the target.
 
 ``latent_scale`` (LDM's scale factor) is the standard deviation of the residual latent measured on
 the first training batch; it is a buffer, so it is saved and restored with the weights.
@@ -24,7 +35,14 @@ from vcloud.models.attention import SelfAttention
 from vcloud.models.autoencoder import Autoencoder
 from vcloud.models.blocks import Downsample, ResBlock, Upsample, group_norm
 from vcloud.models.config_fields import config_from_dict, require, require_channels, require_positive_int
-from vcloud.models.diffusion import SCHEDULES, ddim_sample, make_alphas_cumprod, q_sample, timestep_embedding
+from vcloud.models.diffusion import (
+    PREDICTIONS,
+    SCHEDULES,
+    ddim_sample,
+    make_alphas_cumprod,
+    q_sample,
+    timestep_embedding,
+)
 
 SECTION = "model.stage2"
 
@@ -51,6 +69,12 @@ class RefinerConfig:
     """GroupNorm groups; every width must be a multiple of it."""
     clip_x0: float = 3.0
     """Clamp DDIM's clean-residual estimates to +-clip_x0 (units of the residual's std); 0 = off."""
+    prediction: str = "x0"
+    """Denoiser output: x0 (the clean residual; untrained = the draft unchanged) or eps (the noise)."""
+    pixel_loss_weight: float = 10.0
+    """Weight of the pixel loss: the decoded refinement's squared error relative to the draft's
+    (1 = no better than the draft). Dominates the diffusion loss so that, while the autoencoder is
+    imperfect, its latent residual cannot pull the output below the draft; 0 = diffusion loss only."""
 
     def __post_init__(self) -> None:
         require_positive_int(SECTION, "norm_groups", self.norm_groups)
@@ -65,6 +89,9 @@ class RefinerConfig:
         top = self.base_channels * self.channel_mult[-1]
         require(top % self.attention_heads == 0, SECTION, "attention_heads", self.attention_heads,
                 f"a divisor of the coarsest width {top}")
+        require(self.prediction in PREDICTIONS, SECTION, "prediction", self.prediction, ", ".join(PREDICTIONS))
+        require(isinstance(self.pixel_loss_weight, (int, float)) and self.pixel_loss_weight >= 0, SECTION,
+                "pixel_loss_weight", self.pixel_loss_weight, "a number >= 0 (0 = diffusion loss only)")
         require(self.schedule in SCHEDULES, SECTION, "schedule", self.schedule, ", ".join(SCHEDULES))
         require_positive_int(SECTION, "train_timesteps", self.train_timesteps)
         require_positive_int(SECTION, "sample_steps", self.sample_steps)
@@ -89,7 +116,8 @@ class _AttentionBlock(nn.Module):
 
 
 class Denoiser(nn.Module):
-    """U-Net predicting the noise in a residual latent, given the time step and the condition."""
+    """U-Net predicting the clean residual latent (or its noise), given the time step and the
+    condition. The output layer starts at zero: see the module docstring."""
 
     def __init__(self, cfg: RefinerConfig, latent_channels: int) -> None:
         super().__init__()
@@ -171,7 +199,9 @@ class LatentDiffusionRefiner(nn.Module):
 
     def loss(self, draft: torch.Tensor, observation: torch.Tensor, mask: torch.Tensor, target: torch.Tensor,
              generator: torch.Generator | None = None) -> torch.Tensor:
-        """Noise-prediction MSE on the residual latent of ``target`` w.r.t. ``draft``.
+        """Diffusion loss on the residual latent of ``target`` w.r.t. ``draft`` (MSE on the clean
+        residual or on the noise, per ``prediction``), plus ``pixel_loss_weight`` times the squared
+        error of the refinement decoded from the clean-residual estimate, relative to the draft's.
 
         draft, observation, target: [B, 13, H, W]; mask: [B, 1, H, W] (1 = cloud)."""
         draft = draft.detach()
@@ -185,8 +215,31 @@ class LatentDiffusionRefiner(nn.Module):
         t = torch.randint(0, self.cfg.train_timesteps, (b,), device=x0.device, generator=generator)
         noise = torch.randn(x0.shape, device=x0.device, generator=generator)
         xt = q_sample(x0, t, noise, self.alphas_cumprod)
-        pred = self.denoiser(xt, t, cond)
-        return F.mse_loss(pred.float(), noise)
+        pred = self.denoiser(xt, t, cond).float()
+        if self.cfg.prediction == "eps":
+            loss = F.mse_loss(pred, noise)
+            if self.cfg.pixel_loss_weight == 0:
+                return loss
+            a = self.alphas_cumprod[t].float().view(-1, 1, 1, 1)
+            x0_hat = (xt - (1 - a).sqrt() * pred) / a.sqrt()
+        else:
+            loss = F.mse_loss(pred, x0)
+            if self.cfg.pixel_loss_weight == 0:
+                return loss
+            x0_hat = pred
+        if self.cfg.clip_x0 > 0:
+            x0_hat = x0_hat.clamp(-self.cfg.clip_x0, self.cfg.clip_x0)
+        refined = self._add_correction(draft, z_draft, x0_hat).float()
+        draft_error = F.mse_loss(draft.float(), target.float()).detach().clamp_min(1e-8)
+        return loss + self.cfg.pixel_loss_weight * F.mse_loss(refined, target.float()) / draft_error
+
+    def _add_correction(self, draft: torch.Tensor, z_draft: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """Draft plus the decoded effect of a (normalised) residual latent; unclamped. A zero
+        residual returns ``draft`` bit for bit."""
+        with torch.no_grad():
+            decoded_draft = self.autoencoder.decode(z_draft)
+        z_refined = z_draft + residual.to(z_draft.dtype) * self._scale()
+        return draft + (self.autoencoder.decode(z_refined) - decoded_draft)
 
     @torch.no_grad()
     def sample(self, draft: torch.Tensor, observation: torch.Tensor, mask: torch.Tensor,
@@ -196,8 +249,6 @@ class LatentDiffusionRefiner(nn.Module):
         residual = ddim_sample(
             lambda x, t: self.denoiser(x.to(cond.dtype), t, cond),
             tuple(z_draft.shape), self.alphas_cumprod, steps or self.cfg.sample_steps, generator, z_draft.device,
-            clip_x0=float(self.cfg.clip_x0),
+            clip_x0=float(self.cfg.clip_x0), prediction=self.cfg.prediction,
         )
-        z_refined = z_draft + residual.to(z_draft.dtype) * self._scale()
-        refined = draft + self.autoencoder.decode(z_refined) - self.autoencoder.decode(z_draft)
-        return refined.clamp(0.0, 1.0)
+        return self._add_correction(draft, z_draft, residual).clamp(0.0, 1.0)

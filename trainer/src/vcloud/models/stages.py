@@ -158,10 +158,17 @@ def selftrain_dataset(labeled: Dataset, ctx: BuildContext, cfg: SelfTrainConfig 
         stage2 = ctx.load_predecessor(2)
         steps = cfg.sample_steps or None
 
-        def refine(batch: dict[str, torch.Tensor], generator: torch.Generator) -> torch.Tensor:
-            return stage2.refine(_collate_to(batch, ctx.device), generator=generator, steps=steps)
+        drafts: dict[str, Any] = {}
 
-        labels = make_pseudo_labels(refine, source, pool, cfg)
+        def refine(batch: dict[str, torch.Tensor], generator: torch.Generator) -> torch.Tensor:
+            # make_pseudo_labels samples the same batch object num_samples times: draft it once
+            on_device = _collate_to(batch, ctx.device)
+            if drafts.get("batch") is not batch:
+                drafts.update(batch=batch, draft=stage2.draft(on_device))
+            return stage2.refine(on_device, generator=generator, steps=steps, draft=drafts["draft"])
+
+        labels = make_pseudo_labels(refine, source, pool, cfg,
+                                    batch_size=ctx.config.train.for_stage(3).batch_size)
         del stage2
         if _is_main_process():
             buffer = io.BytesIO()
