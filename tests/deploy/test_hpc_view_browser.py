@@ -1,10 +1,13 @@
-"""The HPC view in a real browser: ``airflow standalone`` with a finished Slurm run in its history.
+"""The HPC view in a real browser: ``airflow standalone`` with a finished tiny training run in its history.
 
-A real job runs on the local cluster through ``airflow dags test slurm_lifecycle`` (the run names
-profile ``local``), then ``airflow standalone`` (LocalExecutor, SQLite, SimpleAuthManager) serves
-the UI; headless Chromium signs in through Airflow's login page, opens the HPC view, and the test
-compares what the page shows with ``sacct``'s own figures for that job. Screenshots of the page
-and of the same view embedded in Airflow's navigation go to ``.artifacts/``.
+``airflow dags test vcloud_training`` runs the whole DAG (profile ``local``, config ``tiny``) on the
+local cluster, like ``make demo``, with the profile's ``paths.base`` moved to a fresh directory
+(``VCLOUD_PROFILE_OVERRIDES``) so the data job, the code sync and every stage run for real and
+collide with no other test. Then ``airflow standalone`` (LocalExecutor, SQLite, SimpleAuthManager)
+serves the UI on the same database; headless Chromium signs in through Airflow's login page, opens
+the HPC view for that DAG, and the test compares every job and budget figure the page shows with
+``sacct`` and with the run's own records (the operators' XComs, the ``summary`` task's ledger).
+Screenshots of the page and of the same view embedded in Airflow's navigation go to ``.artifacts/``.
 """
 
 from __future__ import annotations
@@ -27,14 +30,33 @@ from localcluster import LocalCluster
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / ".artifacts"
 USER, PASSWORD = "admin", "vcloud-admin-pw"
+DAG_ID = "vcloud_training"
+SLURM_TASKS = ["prepare_data", "preflight_imports", "stage0", "stage1", "stage2", "stage3", "export"]
+"""The tasks of a first run in an empty project directory that each leave one Slurm job record."""
+ALLOCATION = 1000.0  # include/profiles/local.yaml billing.allocation
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
               pytest.mark.skipif(CHROMIUM is None, reason="chromium missing: run include/test_deps.sh")]
 
 
-def _airflow_env(home: Path, port: int) -> dict[str, str]:
+def _airflow_env(home: Path, port: int, project_dir: str) -> dict[str, str]:
+    """What ``include/demo.sh`` sets, plus a standalone of its own on ``port`` with one known user."""
     env = dict(os.environ)
+    pythonpath = os.pathsep.join([str(REPO / "plugins"), str(REPO / "trainer" / "src"), str(REPO)])
     env.update({
+        "PYTHONPATH": pythonpath + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+        "AIRFLOW__LOGGING__NAMESPACE_LEVELS": "asyncssh=WARNING paramiko=WARNING",
+        # This run's project directory on the cluster, and the demo's quick polls of the local cluster.
+        "VCLOUD_PROFILE_OVERRIDES": json.dumps({"local": {"paths.base": project_dir}}),
+        "VCLOUD_POLL_INTERVAL": "2",
+        "VCLOUD_MAX_POLL_INTERVAL": "5",
+        "VCLOUD_FIRST_POLL_DELAY": "1",
+        # The standalone's scheduler must not start a monthly run of its own next to the recorded one.
+        "VCLOUD_TRAINING_SCHEDULE": "none",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
         # standalone starts its components as `airflow ...` found on PATH
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
         "AIRFLOW_HOME": str(home),
@@ -59,28 +81,46 @@ def _run(argv: list[str], env: dict[str, str], timeout: float) -> subprocess.Com
     return proc
 
 
+RECORDS_SCRIPT = """\
+import json, sys
+from airflow.models.dagrun import DagRun
+from airflow.models.taskinstance import TaskInstance
+from airflow.models.xcom import XComModel
+from airflow.utils.session import create_session
+dag_id = sys.argv[1]
+with create_session() as s:
+    runs = s.query(DagRun).filter_by(dag_id=dag_id).all()
+    out = []
+    for run in runs:
+        tis = s.query(TaskInstance).filter_by(dag_id=dag_id, run_id=run.run_id).all()
+        rows = s.query(XComModel).filter_by(dag_id=dag_id, run_id=run.run_id, key="return_value").all()
+        out.append(dict(run_id=run.run_id, state=getattr(run.state, "value", run.state), conf=run.conf,
+                        task_states={ti.task_id: getattr(ti.state, "value", ti.state) for ti in tis},
+                        values={r.task_id: XComModel.deserialize_value(r) for r in rows}))
+print(json.dumps(out))
+"""
+
+
 @pytest.fixture(scope="module")
 def finished_run(local_cluster: LocalCluster, cluster_connection: str,
                  tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """An Airflow home whose history holds one real, completed Slurm job of profile ``local``."""
+    """An Airflow home whose history holds one finished tiny ``vcloud_training`` run of profile ``local``."""
     home = tmp_path_factory.mktemp("standalone-home")
     port = free_port()
-    env = _airflow_env(home, port)
+    project_dir = local_cluster.test_dir()
+    env = _airflow_env(home, port, project_dir)
     (home / "passwords.json").write_text(json.dumps({USER: PASSWORD}))
-    _run([sys.executable, "-m", "airflow", "db", "migrate"], env, 600)
-    log_dir = local_cluster.test_dir()
-    conf = {"profile": "local", "script": "#!/bin/bash\nsleep 5\necho hpc-view-test\n", "log_dir": log_dir,
-            "time_limit": "2", "sbatch_options": ["--gpus=1"]}
-    _run([sys.executable, "-m", "airflow", "dags", "test", "slurm_lifecycle", "-c", json.dumps(conf)], env, 600)
-    script = ("import json\n"
-              "from airflow.models.xcom import XComModel\n"
-              "from airflow.utils.session import create_session\n"
-              "with create_session() as s:\n"
-              "    rows = s.query(XComModel).filter_by(dag_id='slurm_lifecycle', key='return_value').all()\n"
-              "    print(json.dumps([dict(run_id=r.run_id, value=XComModel.deserialize_value(r)) for r in rows]))\n")
-    records = json.loads(_run([sys.executable, "-c", script], env, 120).stdout.strip().splitlines()[-1])
-    assert len(records) == 1, records
-    return {"home": home, "port": port, "env": env, **records[0]}
+    _run([sys.executable, "-m", "airflow", "db", "migrate"], env, 300)
+    run_name = f"hpcview-{Path(project_dir).name}"
+    conf = {"profile": "local", "config": "tiny", "run_name": run_name}
+    _run([sys.executable, "-m", "airflow", "dags", "test", DAG_ID, "--conf", json.dumps(conf)], env, 480)
+    runs = json.loads(_run([sys.executable, "-c", RECORDS_SCRIPT, DAG_ID], env, 120).stdout.strip().splitlines()[-1])
+    assert len(runs) == 1, runs
+    [run] = runs
+    assert run["state"] == "success" and run["conf"]["run_name"] == run_name, run
+    failed = {task: state for task, state in run["task_states"].items() if state != "success"}
+    assert not failed, f"every task of a first tiny run in an empty project directory succeeds: {failed}"
+    return {"home": home, "port": port, "env": env, "project_dir": project_dir, "run_name": run_name, **run}
 
 
 @pytest.fixture(scope="module")
@@ -124,16 +164,16 @@ def browser() -> Iterator[Browser]:
         chrome.close()
 
 
-def _sacct_gpu_hours(cluster: LocalCluster, job_ids: list[str]) -> float:
-    """GPUs x elapsed hours per job, straight from accounting (the ledger's own numbers)."""
+def _sacct_jobs(cluster: LocalCluster, job_ids: list[str]) -> dict[str, tuple[str, float]]:
+    """Per job: its last state and GPUs x elapsed hours over all its starts, straight from accounting."""
     out = cluster.root("sacct", "-X", "-n", "-P", "-D", "-S", "now-2days", "-j", ",".join(job_ids),
-                       "--format=JobIDRaw,ElapsedRaw,AllocTRES").stdout
-    total = 0.0
+                       "--format=JobIDRaw,State,ElapsedRaw,AllocTRES").stdout
+    jobs: dict[str, tuple[str, float]] = {}
     for line in out.splitlines():
-        job, elapsed, tres = line.split("|")
+        job, state, elapsed, tres = line.split("|")
         gpus = sum(int(part.split("=")[1]) for part in tres.split(",") if part.startswith("gres/gpu="))
-        total += gpus * int(elapsed) / 3600
-    return total
+        jobs[job] = (state.split()[0], jobs.get(job, ("", 0.0))[1] + gpus * int(elapsed) / 3600)
+    return jobs
 
 
 PAGE_JS = """JSON.stringify({
@@ -143,6 +183,8 @@ PAGE_JS = """JSON.stringify({
     used: s.querySelector('.budget-line .used')?.textContent,
     left: s.querySelector('.budget-line .left')?.textContent,
     charts: s.querySelectorAll('.charts svg').length,
+    run_stage: [...s.querySelectorAll('table.run-stage tbody tr')].map(r => ({
+      run_id: r.dataset.runId, stage: r.dataset.stage, gpu_hours: r.querySelector('td.num').textContent})),
     burndown: s.querySelector('svg.burndown')?.getAttribute('aria-label'),
     jobs: [...s.querySelectorAll('table.jobs tbody tr')].map(r => ({
       job_id: r.dataset.jobId, run_id: r.dataset.runId, task_id: r.dataset.taskId, state: r.dataset.state,
@@ -156,9 +198,8 @@ PAGE_JS = """JSON.stringify({
 def test_signed_in_user_sees_the_jobs_and_budget_the_ledger_holds(standalone: str, finished_run: dict,
                                                                  local_cluster: LocalCluster,
                                                                  browser: Browser) -> None:
-    summary = finished_run["value"]
-    run_id = finished_run["run_id"]
-    browser.navigate(f"{standalone}/hpc-view/?dag_id=slurm_lifecycle&task_id=job")
+    run_id, values = finished_run["run_id"], finished_run["values"]
+    browser.navigate(f"{standalone}/hpc-view/?dag_id={DAG_ID}&task_id=stage3")
     browser.wait_for("location.pathname.includes('/auth/login') && !!document.querySelector('input[type=password]')",
                      what="Airflow's login page")
     browser.type_into("input:not([type=password])", USER)
@@ -171,17 +212,35 @@ def test_signed_in_user_sees_the_jobs_and_budget_the_ledger_holds(standalone: st
 
     assert [p["profile"] for p in shown["profiles"]] == ["local"]
     local = shown["profiles"][0]
-    [row] = local["jobs"]
-    ledger_hours = _sacct_gpu_hours(local_cluster, summary["job_ids"])
-    assert ledger_hours > 0, "the job asked for --gpus=1, so accounting must bill it"
-    assert row["ids"] == summary["job_ids"] and row["job_id"] == summary["job_id"]
-    assert row["run_id"] == run_id and row["task_id"] == "job" and row["highlighted"]
-    assert row["state"] == "COMPLETED" and "Finished; every process exited with code 0" in row["text"]
-    assert row["gpu_hours"] == f"{ledger_hours:.4f}"
-    assert local["allocation"] == "1,000.0"  # include/profiles/local.yaml billing.allocation
-    assert local["used"] == f"{ledger_hours:.4f}"
-    assert local["left"] == f"{1000 - ledger_hours:,.4f}"
-    assert local["charts"] == 3 and local["burndown"] == f"GPU-hours left of 1,000.0: {1000 - ledger_hours:,.4f}"
+    rows = {row["task_id"]: row for row in local["jobs"]}
+    assert sorted(rows) == sorted(SLURM_TASKS) and len(local["jobs"]) == len(SLURM_TASKS), list(rows)
+
+    recorded = {task: values[task] for task in SLURM_TASKS}
+    all_ids = [job for task in SLURM_TASKS for job in recorded[task]["job_ids"]]
+    ledger = _sacct_jobs(local_cluster, all_ids)
+    assert sorted(ledger) == sorted(all_ids), f"sacct knows jobs {sorted(ledger)}, the run recorded {all_ids}"
+    run_ledger = values["summary"]["ledger"]["by_stage"]
+    for task in SLURM_TASKS:
+        row, summary = rows[task], recorded[task]
+        assert row["run_id"] == run_id and row["highlighted"] == (task == "stage3"), (task, row)
+        assert row["ids"] == summary["job_ids"] and row["job_id"] == summary["job_id"], (task, row, summary)
+        assert finished_run["run_name"] in row["text"]
+        billed = round(sum(ledger[job][1] for job in summary["job_ids"]), 4)
+        assert billed > 0, f"{task}: every job asks for --gpus=1, so accounting must bill it"
+        assert summary["gpu_hours"] == billed, (task, summary["gpu_hours"], billed)
+        assert run_ledger[f"{run_id} {summary['job']}"] == billed, (task, run_ledger)
+        assert row["gpu_hours"] == f"{billed:.4f}", (task, row["gpu_hours"], billed)
+        assert row["state"] == summary["state"] == ledger[summary["job_id"]][0] == "COMPLETED", (task, row)
+        assert "Finished; every process exited with code 0" in row["text"], (task, row["text"])
+
+    used = sum(recorded[task]["gpu_hours"] for task in SLURM_TASKS)
+    assert local["allocation"] == f"{ALLOCATION:,.1f}"
+    assert local["used"] == f"{used:.4f}"
+    assert local["left"] == f"{ALLOCATION - used:,.4f}"
+    assert local["charts"] == 3 and local["burndown"] == f"GPU-hours left of {ALLOCATION:,.1f}: {ALLOCATION - used:,.4f}"
+    per_stage = {(r["run_id"], r["stage"]): r["gpu_hours"] for r in local["run_stage"]}
+    assert per_stage == {(run_id, recorded[task]["job"]): f"{run_ledger[f'{run_id} ' + recorded[task]['job']]:.4f}"
+                         for task in SLURM_TASKS}
 
     # The same page inside Airflow's own UI (navigation entry "HPC jobs", an iframe of /hpc-view/).
     browser.navigate(f"{standalone}/plugin/hpc-view")
