@@ -8,7 +8,10 @@ the image's build hash. One epoch per stage keeps a run to a few minutes on two 
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import math
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -138,24 +141,40 @@ def test_a_stage_without_its_predecessor_fails_before_submitting(project_dir: st
     assert states["stage3"] == "upstream_failed"
 
 
+def _epoch_seconds(log: str) -> float:
+    """Mean wall seconds per epoch from the trainer's per-epoch lines (``<date> <time> stage 1 | epoch k/n``)."""
+    stamps = [dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")
+              for m in re.finditer(r"^(\S+ \S+) stage 1 \| epoch \d+/", log, re.MULTILINE)]
+    assert len(stamps) >= 3, log[-2000:]
+    return max(0.2, (stamps[-1] - stamps[0]).total_seconds() / (len(stamps) - 1))
+
+
 def test_a_stage_that_hits_its_time_limit_requeues_and_loses_no_epoch(local_cluster: LocalCluster,
                                                                        project_dir: str) -> None:
-    """Stage 1 with a 2-minute limit: USR2 60 s before it, checkpoint, requeue, resume, complete."""
+    """Stage 1 with a 2-minute limit: USR2 60 s before it, checkpoint, requeue, resume, complete.
+
+    The epoch count is sized from a measured epoch time so that one 2-minute slot can never hold the
+    whole stage, whatever the machine's speed (about 110 s of training: at least two slots).
+    """
     _, states, _ = run_dag(profile="local", config="tiny", run_name="tl", stages=[0], max_epochs=1, export=False)
     assert states["stage0"] == "success", states
+    _, states, _ = run_dag(profile="local", config="tiny", run_name="tl", stages=[1], max_epochs=6, export=False)
+    assert states["stage1"] == "success", states
+    probe_log = local_cluster.ssh(f"cat {shlex.quote(project_dir)}/logs/tl/*stage1*.out").stdout
+    epochs_total = min(600, max(14, math.ceil(110 / _epoch_seconds(probe_log))))
 
-    _, states, values = run_dag(profile="local", config="tiny", run_name="tl", stages=[1], max_epochs=14,
-                                time_limit="00:02:00", export=False)
+    _, states, values = run_dag(profile="local", config="tiny", run_name="tl", stages=[1], mode="restart",
+                                max_epochs=epochs_total, time_limit="00:02:00", export=False)
     assert states["stage1"] == "success", states
     summary = values["stage1"]
     assert summary["restarts"] >= 1, summary  # requeued by the job itself, same job id
     assert summary["job_ids"] == [summary["job_id"]]
-    assert summary["epochs"] == 14
+    assert summary["epochs"] == epochs_total
 
     stage1 = f"{project_dir}/outputs/tl/stage1"
     progress = json.loads(local_cluster.ssh(f"cat {shlex.quote(stage1)}/progress.json").stdout)
     epochs = [entry["epoch"] for entry in progress["history"]]
-    assert epochs == list(range(1, 15)), epochs  # every epoch once: none lost, none repeated
+    assert epochs == list(range(1, epochs_total + 1)), epochs  # every epoch once: none lost, none repeated
     log = local_cluster.ssh(f"cat {shlex.quote(project_dir)}/logs/tl/*stage1*.out").stdout
     assert "stopped on SIGUSR2" in log or "stopped on USR2" in log, log[-3000:]
     assert "resumed from" in log
