@@ -101,8 +101,9 @@ def test_the_airflow_image_bakes_in_the_locked_requirements() -> None:
     assert 'bash "$CLUSTER" up' in (DOCKER / "cluster-entrypoint.sh").read_text()
 
 
-@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose missing: include/test_deps.sh")
 def test_docker_compose_validates_the_file_and_demands_the_secrets() -> None:
+    if shutil.which("docker-compose") is None:
+        pytest.fail("docker-compose is missing: run include/test_deps.sh (make test does)", pytrace=False)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_", "VCLOUD_"))}
     ok = subprocess.run(["docker-compose", "--profile", "dev-cluster", "config", "-q"], cwd=REPO,
                         env={**env, **SECRETS_ENV}, capture_output=True, text=True, timeout=60)
@@ -133,10 +134,8 @@ def test_connection_check_refuses_unpinned_host_keys(tmp_path: Path) -> None:
     assert all(not c["extra"].get("no_host_key_check") for c in example.values())
 
 
-def test_the_local_clusters_connections_pass_the_check() -> None:
+def test_the_local_clusters_connections_pass_the_check(local_cluster) -> None:
     """What `cluster.sh up` writes (here, or in the dev-cluster container) is accepted by airflow-init."""
-    path = Path("/var/lib/vcloud-localcluster/airflow_conn.json")
-    if not path.is_file():
-        pytest.skip("the local cluster has not been brought up on this machine")
+    path = local_cluster.state_dir / "airflow_conn.json"
     for conn_id, conn in json.loads(path.read_text()).items():
         assert problems_of(conn_id, conn) == [], conn_id

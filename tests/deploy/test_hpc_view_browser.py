@@ -35,8 +35,13 @@ SLURM_TASKS = ["prepare_data", "preflight_imports", "stage0", "stage1", "stage2"
 """The tasks of a first run in an empty project directory that each leave one Slurm job record."""
 ALLOCATION = 1000.0  # include/profiles/local.yaml billing.allocation
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
-              pytest.mark.skipif(CHROMIUM is None, reason="chromium missing: run include/test_deps.sh")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(autouse=True)
+def _chromium_installed() -> None:
+    if CHROMIUM is None:
+        pytest.fail("chromium is missing: run include/test_deps.sh (make test does)", pytrace=False)
 
 
 def _airflow_env(home: Path, port: int, project_dir: str) -> dict[str, str]:

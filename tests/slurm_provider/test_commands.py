@@ -339,10 +339,9 @@ def cluster_reachable() -> bool:
         return False
 
 
-@pytest.mark.cluster
-def test_commands_over_ssh_on_the_local_cluster() -> None:
+def test_commands_over_ssh_on_the_local_cluster(local_cluster) -> None:
     if not cluster_reachable():
-        pytest.skip("local Slurm cluster not reachable over SSH (make cluster-up)")
+        pytest.fail("the local Slurm cluster is up but not reachable over SSH", pytrace=False)
     command = build_sbatch_test_only(
         job_name="slurm-provider-test",
         output="/home/vcloud/it's a dir/%x_%j.out",
