@@ -189,6 +189,17 @@ def test_sync_runner_reuses_its_connection(conn_id: str) -> None:
     assert runner.commands_issued == 2 and runner.connections_opened <= 1
 
 
+def test_paramiko_connection_sends_small_packets_without_delay(cluster_connection: str) -> None:
+    # With Nagle's algorithm on, every short command waited ~40 ms for the peer's delayed ACK.
+    runner = runner_for_connection(PARAMIKO_CONN)
+    try:
+        runner.run("true", timeout=30)
+        sock = runner._connection().sock
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        runner.close()
+
+
 def test_openssh_rides_the_control_master(local_cluster, cluster_connection: str) -> None:
     config = parse_ssh_g(subprocess.run(local_cluster.ssh_argv("-G"), capture_output=True, text=True,
                                         check=True).stdout)
