@@ -76,27 +76,37 @@ def test_never_starting_job_is_reported_not_waited_for(local_cluster: LocalClust
 
 def test_restarted_trigger_resumes_the_watch_without_repeating_log_lines(
         local_cluster: LocalCluster, cluster_connection: str) -> None:
+    # The job holds between its two lines until the test releases it, so the check does not depend on
+    # how fast a loaded machine starts the job or streams the first line.
+    release = f"{local_cluster.test_dir()}/release-{uuid.uuid4().hex[:8]}"
     job_id, _, log_path = _submit(local_cluster, cluster_connection,
-                                  "echo before; sleep 6; echo after")
+                                  f"echo before; until [ -e {release} ]; do sleep 0.5; done; echo after",
+                                  time_limit="5")
     trigger = SlurmJobTrigger(conn_id=cluster_connection, job_id=job_id, log_path=log_path, **FAST)
 
-    async def watch_briefly_then_stop() -> None:
+    async def watch_until_first_line_then_stop() -> None:
         # A triggerer shutdown cancels run(); it must not touch the job (that is on_kill's job only).
         async def consume() -> None:
             async for _ in trigger.run():
                 raise AssertionError("the job cannot have ended yet")
         task = asyncio.ensure_future(consume())
-        await asyncio.sleep(3.5)
+        for _ in range(240):
+            if trigger.log_offset or task.done():
+                break
+            await asyncio.sleep(0.5)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    with structlog.testing.capture_logs() as first_logs:
-        asyncio.run(watch_briefly_then_stop())
-    assert local_cluster.current_state(int(job_id)) == "RUNNING"
-    assert trigger.log_offset == len(b"before\n")
+    try:
+        with structlog.testing.capture_logs() as first_logs:
+            asyncio.run(watch_until_first_line_then_stop())
+        assert local_cluster.current_state(int(job_id)) == "RUNNING"
+        assert trigger.log_offset == len(b"before\n")
+        _, kwargs = trigger.serialize()
+    finally:
+        local_cluster.ssh(f"touch {release}")
 
-    _, kwargs = trigger.serialize()
     with structlog.testing.capture_logs() as second_logs:
         payload = _run_to_event(SlurmJobTrigger(**kwargs))
     assert payload["status"]["state"] == "COMPLETED"
