@@ -41,7 +41,7 @@ with DAG(
 
         context = get_current_context()
         dag_run = context["dag_run"]
-        return plan_run(context["params"], run_type=str(getattr(dag_run, "run_type", "") or ""),
+        return plan_run(context["params"], run_type=getattr(dag_run, "run_type", None),
                         logical_date=context.get("logical_date"))
 
     @task(task_id="sync_code")

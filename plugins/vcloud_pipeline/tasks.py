@@ -62,11 +62,21 @@ class RunContext:
         return render_run_jobs(self.profile, self.specs(), self.paths, code_hash)
 
 
-def plan_run(params: Mapping[str, Any], *, run_type: str | None = None, logical_date: Any = None) -> dict[str, Any]:
+def run_type_name(run_type: Any) -> str | None:
+    """``scheduled``, ``backfill``, ``manual``... from the DAG run's ``run_type``.
+
+    The task SDK hands over an enum whose ``str()`` is ``DagRunType.SCHEDULED``, not its value.
+    """
+    if run_type is None:
+        return None
+    return str(getattr(run_type, "value", run_type))
+
+
+def plan_run(params: Mapping[str, Any], *, run_type: Any = None, logical_date: Any = None) -> dict[str, Any]:
     """Validate the run's params and profile; everything later builds on this. Fails before any I/O
     on the cluster."""
     conf = {k: v for k, v in params.items() if v is not None}
-    request = parse_request(conf, run_type=run_type, logical_date=logical_date)
+    request = parse_request(conf, run_type=run_type_name(run_type), logical_date=logical_date)
     try:
         ctx = RunContext.build(request)
     except StageDecisionError as exc:

@@ -69,6 +69,20 @@ def test_default_run_name_continues_manual_runs_and_separates_scheduled_ones() -
     assert parse_request({}, run_type="scheduled", logical_date=day, known_profiles=PROFILES).run_name == "tiny-20260301"
 
 
+def test_the_task_sdks_run_type_enum_names_scheduled_and_backfill_runs() -> None:
+    # str() of the task SDK's enum is "DagRunType.SCHEDULED": the plan must use its value.
+    from airflow.sdk.api.datamodels._generated import DagRunType
+
+    from vcloud_pipeline.tasks import plan_run, run_type_name
+
+    assert run_type_name(DagRunType.SCHEDULED) == "scheduled"
+    assert run_type_name(DagRunType.BACKFILL) == "backfill"
+    assert run_type_name("manual") == "manual" and run_type_name(None) is None
+    day = dt.datetime(2026, 3, 1, tzinfo=dt.timezone.utc)
+    planned = plan_run({"profile": "local", "config": "tiny"}, run_type=DagRunType.SCHEDULED, logical_date=day)
+    assert planned["request"]["run_name"] == "tiny-20260301"
+
+
 def test_request_round_trips_through_xcom() -> None:
     request = parse(stages=[1, 2], mode="restart", run_name="r1", time_limit="00:10:00", max_epochs=2)
     assert TrainingRequest.from_dict(request.to_dict()) == request
