@@ -13,23 +13,19 @@ Screenshots of the page and of the same view embedded in Airflow's navigation go
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from deploy.cdp import CHROMIUM, Browser, free_port
+from deploy.cdp import CHROMIUM, Browser
 from localcluster import LocalCluster
+from ports import free_port
+from standalone import PASSWORD, USER, airflow, airflow_env, dag_run_records, log_tail
+from standalone import standalone as airflow_standalone
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / ".artifacts"
-USER, PASSWORD = "admin", "vcloud-admin-pw"
 DAG_ID = "vcloud_training"
 SLURM_TASKS = ["prepare_data", "preflight_imports", "stage0", "stage1", "stage2", "stage3", "export"]
 """The tasks of a first run in an empty project directory that each leave one Slurm job record."""
@@ -44,68 +40,6 @@ def _chromium_installed() -> None:
         pytest.fail("chromium is missing: run include/test_deps.sh (make test does)", pytrace=False)
 
 
-def _airflow_env(home: Path, port: int, project_dir: str) -> dict[str, str]:
-    """What ``include/demo.sh`` sets, plus a standalone of its own on ``port`` with one known user."""
-    env = dict(os.environ)
-    pythonpath = os.pathsep.join([str(REPO / "plugins"), str(REPO / "trainer" / "src"), str(REPO)])
-    env.update({
-        "PYTHONPATH": pythonpath + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
-        "AIRFLOW__LOGGING__NAMESPACE_LEVELS": "asyncssh=WARNING paramiko=WARNING",
-        # This run's project directory on the cluster, and the demo's quick polls of the local cluster.
-        "VCLOUD_PROFILE_OVERRIDES": json.dumps({"local": {"paths.base": project_dir}}),
-        "VCLOUD_POLL_INTERVAL": "2",
-        "VCLOUD_MAX_POLL_INTERVAL": "5",
-        "VCLOUD_FIRST_POLL_DELAY": "1",
-        # The standalone's scheduler must not start a monthly run of its own next to the recorded one.
-        "VCLOUD_TRAINING_SCHEDULE": "none",
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
-        # standalone starts its components as `airflow ...` found on PATH
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
-        "AIRFLOW__API__PORT": str(port),
-        "AIRFLOW__API__HOST": "127.0.0.1",
-        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
-        "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-        "AIRFLOW__CORE__LAZY_LOAD_PLUGINS": "False",
-        "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
-    })
-    return env
-
-
-def _run(argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{' '.join(argv[:4])} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
-    return proc
-
-
-RECORDS_SCRIPT = """\
-import json, sys
-from airflow.models.dagrun import DagRun
-from airflow.models.taskinstance import TaskInstance
-from airflow.models.xcom import XComModel
-from airflow.utils.session import create_session
-dag_id = sys.argv[1]
-with create_session() as s:
-    runs = s.query(DagRun).filter_by(dag_id=dag_id).all()
-    out = []
-    for run in runs:
-        tis = s.query(TaskInstance).filter_by(dag_id=dag_id, run_id=run.run_id).all()
-        rows = s.query(XComModel).filter_by(dag_id=dag_id, run_id=run.run_id, key="return_value").all()
-        out.append(dict(run_id=run.run_id, state=getattr(run.state, "value", run.state), conf=run.conf,
-                        task_states={ti.task_id: getattr(ti.state, "value", ti.state) for ti in tis},
-                        values={r.task_id: XComModel.deserialize_value(r) for r in rows}))
-print(json.dumps(out))
-"""
-
-
 @pytest.fixture(scope="module")
 def finished_run(local_cluster: LocalCluster, cluster_connection: str,
                  tmp_path_factory: pytest.TempPathFactory) -> dict:
@@ -113,13 +47,12 @@ def finished_run(local_cluster: LocalCluster, cluster_connection: str,
     home = tmp_path_factory.mktemp("standalone-home")
     port = free_port()
     project_dir = local_cluster.test_dir()
-    env = _airflow_env(home, port, project_dir)
-    (home / "passwords.json").write_text(json.dumps({USER: PASSWORD}))
-    _run([sys.executable, "-m", "airflow", "db", "migrate"], env, 300)
+    env = airflow_env(home, port, project_dir)
+    airflow("db", "migrate", env=env)
     run_name = f"hpcview-{Path(project_dir).name}"
     conf = {"profile": "local", "config": "tiny", "run_name": run_name}
-    _run([sys.executable, "-m", "airflow", "dags", "test", DAG_ID, "--conf", json.dumps(conf)], env, 480)
-    runs = json.loads(_run([sys.executable, "-c", RECORDS_SCRIPT, DAG_ID], env, 120).stdout.strip().splitlines()[-1])
+    airflow("dags", "test", DAG_ID, "--conf", json.dumps(conf), env=env, timeout=480)
+    runs = dag_run_records(DAG_ID, env)
     assert len(runs) == 1, runs
     [run] = runs
     assert run["state"] == "success" and run["conf"]["run_name"] == run_name, run
@@ -130,34 +63,8 @@ def finished_run(local_cluster: LocalCluster, cluster_connection: str,
 
 @pytest.fixture(scope="module")
 def standalone(finished_run: dict) -> Iterator[str]:
-    """``airflow standalone`` on a free port; stopped with SIGINT (SIGTERM would orphan its children)."""
-    home, port = finished_run["home"], finished_run["port"]
-    log = open(home / "standalone.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "airflow", "standalone"], env=finished_run["env"],
-                            stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/api/v2/monitor/health", timeout=5) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None, f"airflow standalone exited early; see {log.name}"
-            assert time.monotonic() < deadline, f"API server not up within 300 s; see {log.name}"
-            time.sleep(1)
+    with airflow_standalone(finished_run["env"], finished_run["home"]) as base:
         yield base
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=30)
-        log.close()
 
 
 @pytest.fixture
@@ -200,6 +107,21 @@ PAGE_JS = """JSON.stringify({
 })"""
 
 
+DIAGNOSE_JS = """(async () => JSON.stringify({
+  jobs: await (await fetch('/hpc-view/api/jobs?dag_id=%s', {credentials: 'same-origin'})).text(),
+  status: document.getElementById('status')?.textContent,
+}))()"""
+
+
+def _diagnose(browser: Browser, standalone: str, finished_run: dict) -> str:
+    """What the page's API and the standalone say now, for a failure message."""
+    try:
+        now = browser.evaluate(DIAGNOSE_JS % DAG_ID)
+    except RuntimeError as exc:
+        now = f"(could not ask the page: {exc})"
+    return f"page API now: {now}\nstandalone log tail:\n{log_tail(finished_run['home'])}"
+
+
 def test_signed_in_user_sees_the_jobs_and_budget_the_ledger_holds(standalone: str, finished_run: dict,
                                                                  local_cluster: LocalCluster,
                                                                  browser: Browser) -> None:
@@ -215,7 +137,7 @@ def test_signed_in_user_sees_the_jobs_and_budget_the_ledger_holds(standalone: st
     shown = json.loads(browser.evaluate(PAGE_JS))
     browser.screenshot(ARTIFACTS / "hpc_view.png")
 
-    assert [p["profile"] for p in shown["profiles"]] == ["local"]
+    assert [p["profile"] for p in shown["profiles"]] == ["local"], _diagnose(browser, standalone, finished_run)
     local = shown["profiles"][0]
     rows = {row["task_id"]: row for row in local["jobs"]}
     assert sorted(rows) == sorted(SLURM_TASKS) and len(local["jobs"]) == len(SLURM_TASKS), list(rows)

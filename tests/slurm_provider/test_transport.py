@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from ports import free_port
 from slurm_provider.transport import (
     AuthenticationFailed,
     CommandResult,
@@ -116,12 +117,6 @@ def marker() -> Iterator[Path]:
     path = Path(tempfile.gettempdir()) / f"slurm-provider-marker-{os.urandom(6).hex()}"
     yield path
     path.unlink(missing_ok=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # --- running commands -----------------------------------------------------------------------------
@@ -254,7 +249,7 @@ def test_wrong_pinned_host_key_is_refused(local_cluster, cluster_connection: str
 
 def test_connection_refused_is_retryable(local_cluster, cluster_connection: str, run, tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    conn = {**local_cluster.connection(PARAMIKO_CONN), "port": _free_port()}
+    conn = {**local_cluster.connection(PARAMIKO_CONN), "port": free_port()}
     conn_id = _set_connection(monkeypatch, "refused_paramiko", conn)
     with pytest.raises(TransportUnavailable) as caught:
         run(conn_id, "true", timeout=15)
@@ -263,7 +258,7 @@ def test_connection_refused_is_retryable(local_cluster, cluster_connection: str,
 
 def test_openssh_connection_refused_is_retryable(local_cluster, cluster_connection: str, run, tmp_path: Path,
                                                  control_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    config = _ssh_config(local_cluster, tmp_path, control_dir, Port=str(_free_port()))
+    config = _ssh_config(local_cluster, tmp_path, control_dir, Port=str(free_port()))
     conn_id = _set_connection(monkeypatch, "refused_openssh", {
         "conn_type": "ssh", "extra": {"transport": "openssh", "ssh_alias": "vcloud-local",
                                       "ssh_config_file": str(config)}})

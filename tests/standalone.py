@@ -1,0 +1,174 @@
+"""A real Airflow deployment for tests: ``airflow standalone`` on its own home, port and SQLite file.
+
+``airflow standalone`` starts the API server, the scheduler (LocalExecutor), the DAG processor and
+the triggerer, the components a deployment runs, configured the way ``include/demo.sh`` configures
+``airflow dags test``: this checkout's ``dags/`` and ``plugins/``, the local cluster's connections
+from the environment, and one known user of the simple auth manager.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+USER, PASSWORD = "admin", "vcloud-admin-pw"
+
+
+def airflow_env(home: Path, port: int, project_dir: str, *, schedule: str = "none",
+                first_poll_delay: float = 1) -> dict[str, str]:
+    """Environment of every Airflow command of one test deployment.
+
+    ``project_dir`` replaces the local profile's ``paths.base``, so the run's data, code and outputs
+    collide with no other test. ``schedule`` is the DAG's retraining schedule
+    (``VCLOUD_TRAINING_SCHEDULE``); DAGs start paused. Keep ``first_poll_delay`` >= 10 s wherever a
+    real triggerer runs the triggers (Airflow 3.3's scheduler loses an event that arrives within
+    ~5 s of the deferral); 1 s is fine for ``airflow dags test``, which runs them inline.
+    """
+    env = dict(os.environ)
+    pythonpath = os.pathsep.join([str(REPO / "plugins"), str(REPO / "trainer" / "src"), str(REPO)])
+    env.update({
+        "PYTHONPATH": pythonpath + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+        "AIRFLOW__LOGGING__NAMESPACE_LEVELS": "asyncssh=WARNING paramiko=WARNING",
+        "VCLOUD_PROFILE_OVERRIDES": json.dumps({"local": {"paths.base": project_dir}}),
+        "VCLOUD_POLL_INTERVAL": "2",
+        "VCLOUD_MAX_POLL_INTERVAL": "5",
+        "VCLOUD_FIRST_POLL_DELAY": str(first_poll_delay),
+        "VCLOUD_TRAINING_SCHEDULE": schedule,
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
+        # standalone starts its components as `airflow ...` found on PATH
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+        "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "AIRFLOW__CORE__LAZY_LOAD_PLUGINS": "False",
+        "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+    })
+    (home / "passwords.json").write_text(json.dumps({USER: PASSWORD}))
+    return env
+
+
+def run_cli(argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run an ``airflow`` (or python) command; fail with its stderr tail."""
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(argv[:4])} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def airflow(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return run_cli([sys.executable, "-m", "airflow", *args], env, timeout)
+
+
+RECORDS_SCRIPT = """\
+import json, sys
+from airflow.models.dagrun import DagRun
+from airflow.models.taskinstance import TaskInstance
+from airflow.models.xcom import XComModel
+from airflow.utils.session import create_session
+dag_id = sys.argv[1]
+with create_session() as s:
+    runs = s.query(DagRun).filter_by(dag_id=dag_id).all()
+    out = []
+    for run in runs:
+        tis = s.query(TaskInstance).filter_by(dag_id=dag_id, run_id=run.run_id).all()
+        rows = s.query(XComModel).filter_by(dag_id=dag_id, run_id=run.run_id, key="return_value").all()
+        out.append(dict(run_id=run.run_id, state=getattr(run.state, "value", run.state), conf=run.conf,
+                        run_type=getattr(run.run_type, "value", run.run_type),
+                        logical_date=run.logical_date.isoformat() if run.logical_date else None,
+                        task_states={ti.task_id: getattr(ti.state, "value", ti.state) for ti in tis},
+                        values={r.task_id: XComModel.deserialize_value(r) for r in rows}))
+print(json.dumps(out))
+"""
+
+
+def dag_run_records(dag_id: str, env: dict[str, str]) -> list[dict[str, Any]]:
+    """Every run of ``dag_id`` in the deployment's database: state, type, conf, task states, XComs."""
+    out = run_cli([sys.executable, "-c", RECORDS_SCRIPT, dag_id], env, 120).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@contextmanager
+def standalone(env: dict[str, str], home: Path, *, timeout: float = 300) -> Iterator[str]:
+    """``airflow standalone`` until the block ends; yields its base URL once the API answers.
+
+    Stopped with SIGINT (SIGTERM would orphan its children); its output goes to
+    ``home/standalone.log``.
+    """
+    base = env["AIRFLOW__API__BASE_URL"]
+    with open(home / "standalone.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "airflow", "standalone"], env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    with urllib.request.urlopen(f"{base}/api/v2/monitor/health", timeout=5) as resp:
+                        if resp.status == 200:
+                            break
+                except OSError:
+                    pass
+                assert proc.poll() is None, f"airflow standalone exited early; see {log.name}"
+                assert time.monotonic() < deadline, f"API server not up within {timeout:.0f} s; see {log.name}"
+                time.sleep(1)
+            yield base
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=30)
+
+
+def log_tail(home: Path, chars: int = 4000) -> str:
+    path = home / "standalone.log"
+    return path.read_text(errors="replace")[-chars:] if path.exists() else "(no standalone.log)"
+
+
+class RestClient:
+    """Airflow's public REST API as the test user (a JWT from the simple auth manager)."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        body = json.dumps({"username": USER, "password": PASSWORD}).encode()
+        request = urllib.request.Request(f"{base}/auth/token", data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            self.token = json.load(resp)["access_token"]
+
+    def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(f"{self.base}{path}", data=data, method=method, headers={
+            "Authorization": f"Bearer {self.token}", "Content-Type": "application/json",
+            "Accept": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as resp:
+                return resp.status, json.load(resp)
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(errors="replace")
+
+    def get(self, path: str) -> Any:
+        status, body = self.call("GET", path)
+        assert status == 200, f"GET {path}: {status} {body}"
+        return body
