@@ -127,21 +127,33 @@ class JobComment:
     attempt: int
     stage: str | None = None
     project: str = PROJECT_TAG
+    clear: int = 0
+    """The DAG run's clear count: after a clear, the task's earlier jobs are no longer its own."""
+    place: str | None = None
+    """Digest of where the job writes its log: the same run id in another Airflow deployment or
+    project directory is another job."""
 
     def to_json(self) -> str:
-        """Compact JSON without spaces and with ``|`` escaped, so it never breaks our output parsing."""
-        text = json.dumps(asdict(self), separators=(",", ":"), sort_keys=True, ensure_ascii=True)
+        """Compact JSON without spaces and with ``|`` escaped, so it never breaks our output parsing.
+
+        ``clear`` and ``place`` are left out at their defaults, keeping comments short.
+        """
+        data = asdict(self)
+        for key, default in _OMITTED_AT_DEFAULT.items():
+            if data[key] == default:
+                del data[key]
+        text = json.dumps(data, separators=(",", ":"), sort_keys=True, ensure_ascii=True)
         return text.replace("|", "\\u007c")
 
     def same_task(self, other: JobComment | None) -> bool:
-        """True when ``other`` is the same task of the same DAG run (any attempt)."""
-        return other is not None and (self.project, self.dag, self.task, self.run, self.stage) == (
-            other.project,
-            other.dag,
-            other.task,
-            other.run,
-            other.stage,
-        )
+        """True when ``other`` is the same task of the same DAG run, clear and place (any attempt)."""
+        return other is not None and self._identity() == other._identity()
+
+    def _identity(self) -> tuple:
+        return (self.project, self.dag, self.task, self.run, self.stage, self.clear, self.place)
+
+
+_OMITTED_AT_DEFAULT = {"clear": 0, "place": None}
 
 
 def parse_job_comment(text: str | None) -> JobComment | None:
@@ -157,6 +169,8 @@ def parse_job_comment(text: str | None) -> JobComment | None:
             attempt=int(data["attempt"]),
             stage=None if data.get("stage") is None else str(data["stage"]),
             project=str(data.get("project", PROJECT_TAG)),
+            clear=int(data.get("clear", 0)),
+            place=None if data.get("place") is None else str(data["place"]),
         )
     except (ValueError, KeyError, TypeError):
         return None

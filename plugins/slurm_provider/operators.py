@@ -134,7 +134,8 @@ class SlurmSubmitOperator(BaseOperator):
         if adopted is not None:
             self.log.info("Adopting job %s (%s) found by name %s", adopted.job_id, adopted.state.value,
                           self._job_name(context))
-            history.add(Submission(adopted.job_id, 1, "initial", self._try_number(context)))
+            history.add(Submission(adopted.job_id, 1, "initial", self._try_number(context),
+                                   clear_number=self._clear_number(context)))
             self._store_history(context, history)
             if adopted.state.is_success:
                 return self._finish(context, hook, history, adopted)
@@ -146,7 +147,8 @@ class SlurmSubmitOperator(BaseOperator):
         if missing:
             raise AirflowException(f"trigger event lacks {missing}: {event!r}")
         history = SubmissionHistory.merge(self._load_history(context),
-                                          SubmissionHistory.from_json(event["carry"].get("history")))
+                                          SubmissionHistory.from_json(event["carry"].get("history")),
+                                          ).since_clear(self._clear_number(context))
         self._store_history(context, history)
         with self._hook() as hook:
             return self._interpret(context, hook, history, event)
@@ -199,7 +201,8 @@ class SlurmSubmitOperator(BaseOperator):
                                        "cluster; a retry of this task submits it again") from exc
             job_id = adopted.job_id
             self.log.info("Adopting job %s that was submitted before the connection dropped", job_id)
-        history.add(Submission(job_id, number, cause, self._try_number(context), progress))
+        history.add(Submission(job_id, number, cause, self._try_number(context), progress,
+                               clear_number=self._clear_number(context)))
         self._store_history(context, history)
         self.log.info("Submitted job %s (%s, submission %d, cause %s)", job_id, name, number, cause)
         return self._defer(context, history)
@@ -350,13 +353,23 @@ class SlurmSubmitOperator(BaseOperator):
     def _try_number(context: Any) -> int:
         return int(getattr(context["ti"], "try_number", 1) or 1)
 
+    @staticmethod
+    def _clear_number(context: Any) -> int:
+        """How often the DAG run was cleared: Airflow counts up on every clear of its tasks."""
+        return int(getattr(context.get("dag_run"), "clear_number", 0) or 0)
+
     def _job_name(self, context: Any) -> str:
         ti = context["ti"]
         return job_name_for(ti.dag_id, ti.task_id, ti.run_id, getattr(ti, "map_index", -1) or -1)
 
     def _comment(self, context: Any, number: int) -> JobComment:
         ti = context["ti"]
-        return JobComment(dag=ti.dag_id, task=ti.task_id, run=ti.run_id, attempt=number, stage=self.stage)
+        return JobComment(dag=ti.dag_id, task=ti.task_id, run=ti.run_id, attempt=number, stage=self.stage,
+                          clear=self._clear_number(context), place=self._place())
+
+    def _place(self) -> str:
+        """Short digest of the connection and log directory the jobs write to."""
+        return hashlib.sha1(f"{self.conn_id}\0{self.log_dir.rstrip('/')}".encode()).hexdigest()[:10]
 
     def _output_pattern(self, context: Any) -> str:
         return f"{self.log_dir.rstrip('/')}/{self._job_name(context)}.%j.out"
@@ -365,10 +378,16 @@ class SlurmSubmitOperator(BaseOperator):
         return f"{self.log_dir.rstrip('/')}/{self._job_name(context)}.{job_id}.out"
 
     def _load_history(self, context: Any) -> SubmissionHistory:
+        """This task's submissions since the DAG run was last cleared."""
         store = context.get("task_state_store")
         if store is None:
             return SubmissionHistory()
-        return SubmissionHistory.from_json(store.get(HISTORY_KEY))
+        stored = SubmissionHistory.from_json(store.get(HISTORY_KEY))
+        current = stored.since_clear(self._clear_number(context))
+        if len(current.submissions) < len(stored.submissions):
+            self.log.info("The DAG run was cleared since jobs %s: this task submits afresh",
+                          ", ".join(j for j in stored.job_ids if j not in current.job_ids))
+        return current
 
     def _store_history(self, context: Any, history: SubmissionHistory) -> None:
         store = context.get("task_state_store")

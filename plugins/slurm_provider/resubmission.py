@@ -37,6 +37,8 @@ class Submission:
     try_number: int
     progress: str | None = None
     """The progress probe's reading when this job was submitted (None: no probe)."""
+    clear_number: int = 0
+    """The DAG run's clear count at submission: a cleared task starts a new history."""
 
 
 @dataclass
@@ -67,6 +69,14 @@ class SubmissionHistory:
         if isinstance(data, str):
             data = json.loads(data)
         return cls([Submission(**item) for item in data or []])
+
+    def since_clear(self, clear_number: int) -> SubmissionHistory:
+        """Only the submissions made since the DAG run was last cleared.
+
+        Clearing a task in Airflow (or reprocessing its run in a backfill) asks for the work to be
+        done again: the jobs of earlier clears are records, not jobs to wait for or adopt.
+        """
+        return SubmissionHistory([s for s in self.submissions if s.clear_number == clear_number])
 
     @classmethod
     def merge(cls, *histories: SubmissionHistory) -> SubmissionHistory:

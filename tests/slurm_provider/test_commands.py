@@ -116,6 +116,16 @@ def test_job_comment_round_trip_and_matching() -> None:
     assert parse_job_comment(tricky.to_json()) == tricky
     assert COMMENT.same_task(JobComment(**{**COMMENT.__dict__, "attempt": 3}))
     assert not COMMENT.same_task(JobComment(**{**COMMENT.__dict__, "run": "other"}))
+    assert not COMMENT.same_task(JobComment(**{**COMMENT.__dict__, "clear": 1}))
+    assert not COMMENT.same_task(JobComment(**{**COMMENT.__dict__, "place": "0123456789"}))
+
+
+def test_comment_keeps_clear_and_place_only_when_set() -> None:
+    assert '"clear"' not in COMMENT.to_json() and '"place"' not in COMMENT.to_json()
+    cleared = JobComment(**{**COMMENT.__dict__, "clear": 2, "place": "ab12cd34ef"})
+    assert '"clear":2' in cleared.to_json() and '"place":"ab12cd34ef"' in cleared.to_json()
+    assert parse_job_comment(cleared.to_json()) == cleared
+    assert parse_job_comment(COMMENT.to_json()) == COMMENT
     assert parse_job_comment("hand-written comment") is None
     assert parse_job_comment('{"dag": "x"}') is None
     assert parse_job_comment(None) is None

@@ -43,8 +43,13 @@ class TaskTry:
         self.xcom[key] = value
 
 
-def _context(run_id: str, try_number: int, store: StateStore) -> dict[str, Any]:
-    return {"ti": TaskTry(run_id, try_number), "task_state_store": store}
+class DagRun:
+    def __init__(self, clear_number: int) -> None:
+        self.clear_number = clear_number
+
+
+def _context(run_id: str, try_number: int, store: StateStore, clear_number: int = 0) -> dict[str, Any]:
+    return {"ti": TaskTry(run_id, try_number), "task_state_store": store, "dag_run": DagRun(clear_number)}
 
 
 def _operator(conn_id: str, log_dir: str, script: str = "#!/bin/bash\nsleep 60\n", **kwargs: Any) -> SlurmSubmitOperator:
@@ -125,6 +130,37 @@ def test_new_try_after_the_job_completed_finishes_without_submitting(
     summary = op.execute(_context(run_id, 2, store))
     assert summary["job_id"] == job_id and summary["state"] == "COMPLETED"
     assert _jobs_named(local_cluster, job_name_for("adoption", "train", run_id)) == [job_id]
+
+
+@pytest.mark.parametrize("store_survives", [True, False])
+def test_cleared_task_submits_a_new_job_instead_of_adopting_the_completed_one(
+        local_cluster: LocalCluster, cluster_connection: str, run_id: str, store_survives: bool) -> None:
+    # Clearing a task (or reprocessing its run in a backfill) asks for the work again: Airflow counts
+    # the DAG run's clear_number up, and the earlier job is a record, not this try's job.
+    store, log_dir = StateStore(), local_cluster.test_dir()
+    op = _operator(cluster_connection, log_dir, script="#!/bin/bash\necho done\n")
+    first = _deferred_job(op, _context(run_id, 1, store))
+    local_cluster.wait_for_state(int(first), {"COMPLETED"}, timeout=60)
+    after_clear = store if store_survives else StateStore()
+    second = _deferred_job(op, _context(run_id, 2, after_clear, clear_number=1))
+    assert second != first
+    assert [s["job_id"] for s in after_clear.data[HISTORY_KEY]] == [second]
+    assert _jobs_named(local_cluster, job_name_for("adoption", "train", run_id)) == sorted([first, second], key=int)
+    local_cluster.wait_for_state(int(second), {"COMPLETED"}, timeout=60)
+    # a retry within the same clear still adopts
+    assert op.execute(_context(run_id, 3, StateStore(), clear_number=1))["job_id"] == second
+
+
+def test_same_run_id_writing_elsewhere_is_another_job(local_cluster: LocalCluster, cluster_connection: str,
+                                                      run_id: str) -> None:
+    # Two deployments (or project directories) with the same DAG and run id share a cluster account.
+    op = _operator(cluster_connection, local_cluster.test_dir(), script="#!/bin/bash\necho done\n")
+    first = _deferred_job(op, _context(run_id, 1, StateStore()))
+    other = _operator(cluster_connection, local_cluster.test_dir(), script="#!/bin/bash\necho done\n")
+    second = _deferred_job(other, _context(run_id, 1, StateStore()))
+    assert second != first
+    for job in (first, second):
+        local_cluster.wait_for_state(int(job), {"COMPLETED"}, timeout=60)
 
 
 @pytest.mark.parametrize(("field", "value"), [

@@ -91,3 +91,14 @@ def test_history_round_trips_and_merges_without_duplicates() -> None:
     assert merged.job_ids == ["101", "102", "103"]
     assert merged.current.number == 3
     assert SubmissionHistory.from_json(None).submissions == []
+
+
+def test_history_since_the_last_clear_keeps_only_that_clears_jobs() -> None:
+    history = SubmissionHistory([Submission("101", 1, "initial", 1), Submission("102", 2, "TIMEOUT", 1),
+                                 Submission("205", 1, "initial", 2, clear_number=1)])
+    assert history.since_clear(1).job_ids == ["205"]
+    assert history.since_clear(0).job_ids == ["101", "102"]
+    assert SubmissionHistory.from_json(history.to_json()).since_clear(1).job_ids == ["205"]
+    # histories stored before clear numbers were recorded belong to the first clear
+    assert SubmissionHistory.from_json([{"job_id": "7", "number": 1, "cause": "initial",
+                                         "try_number": 1}]).since_clear(0).job_ids == ["7"]
