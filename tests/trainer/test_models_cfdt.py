@@ -251,6 +251,31 @@ def test_untrained_draft_weights_clear_dates_by_distance_from_the_target(tiny_cf
     assert float(draft.mean()) == pytest.approx(expected, abs=2e-3)
 
 
+def test_untrained_draft_keeps_the_targets_clear_pixels_as_observed(tiny_cfg):
+    """Where the target itself is clear, the observation is the answer: the composite takes it
+    unchanged (the other dates fill only the cloudy part)."""
+    model = CFDT(tiny_cfg).eval()
+    t, h = 4, 32
+    torch.manual_seed(0)
+    inputs = torch.rand(1, t, 13, h, h)
+    masks = torch.zeros(1, t, 1, h, h)
+    masks[0, 2, :, : h // 2] = 1.0  # the target (date 2) is cloudy in its top half
+    with torch.no_grad():
+        draft = model(inputs, masks, torch.tensor([2]), torch.zeros(1, t, 2, h, h))
+    assert torch.equal(draft[0, :, h // 2:], inputs[0, 2, :, h // 2:])
+    assert not torch.allclose(draft[0, :, : h // 2], inputs[0, 2, :, : h // 2], atol=1e-2)
+
+
+@pytest.mark.parametrize(("field", "value", "allowed"), [
+    ("harmonize_radius", -1, "an integer >= 0"),
+    ("harmonize_radius", 2.5, "an integer >= 0"),
+    ("fill_radii", [2, 0], "a list of integers > 0"),
+])
+def test_composite_settings_are_validated(tiny_cfg, field, value, allowed):
+    with pytest.raises(ModelConfigError, match=rf"model\.stage1\.{field}=.*{allowed}"):
+        CFDTConfig.from_dict({**dataclasses.asdict(tiny_cfg), field: value})
+
+
 def test_date_decay_validation_and_learned(tiny_cfg):
     with pytest.raises(ModelConfigError, match=r"model\.stage1\.date_decay=-1.*>= 0"):
         CFDTConfig.from_dict({**dataclasses.asdict(tiny_cfg), "date_decay": -1})

@@ -10,12 +10,15 @@ which date is the target, CFDT predicts the cloud-free target image:
 3. a temporal transformer (TMT) attends across dates at every pixel of the coarsest level, with
    the pair gates as an additive attention bias (``log g``: changed pairs are ignored);
 4. a draft decoder upsamples the target's TMT features with skip connections from the target
-   date's pyramid and predicts a correction to a gate-weighted composite of the clear pixels.
+   date's pyramid and predicts a correction to a composite of the clear pixels.
 
-The composite weights a clear pixel of another date by its pair gate and by ``exp(-d * k)`` for a
-date ``k`` acquisitions away from the target (``d`` learned, starting at ``date_decay``): surfaces
-change with time, so a near date is the better default, which is why the nearest-clear mosaic
-beats the mean mosaic. With the decoder's correction starting at zero, the untrained draft is
+The composite keeps the target's own clear pixels as observed and fills its cloudy ones from the
+other dates, each first shifted to the target's local brightness where both are clear
+(:mod:`vcloud.models.composite`), weighting a clear pixel of another date by its pair gate and by
+``exp(-d * k)`` for a date ``k`` acquisitions away from the target (``d`` learned, starting at
+``date_decay``): surfaces change with time, so a near date is the better default, which is why the
+nearest-clear mosaic beats the mean mosaic. Pixels no date sees clear are filled from their
+surroundings. With the decoder's correction starting at zero, the untrained draft is
 already a soft nearest-clear mosaic rather than a mean, and training starts from there.
 
 Dates are reordered internally so the target comes first; the transformer sees the original
@@ -35,6 +38,7 @@ from torch.utils.checkpoint import checkpoint
 
 from vcloud.models.attention import TransformerBlock
 from vcloud.models.blocks import Downsample, ResBlock, Upsample, group_norm
+from vcloud.models.composite import fill_gaps, harmonize
 from vcloud.models.config_fields import config_from_dict, require, require_channels, require_positive_int
 from vcloud.models.memory import MemoryOptions
 
@@ -75,11 +79,22 @@ class CFDTConfig:
     date_decay: float = 1.0
     """Initial decay of a date's composite weight per acquisition away from the target (learned);
     0 = every clear date counts the same at the start."""
+    harmonize_radius: int = 15
+    """Half-width in pixels of the window over which another date is shifted to the target's local
+    brightness before it enters the composite; 0 = no harmonisation."""
+    fill_radii: tuple[int, ...] = (2, 8, 32)
+    """Radii of the normalised convolutions that fill pixels no date sees clear; () = none."""
 
     def __post_init__(self) -> None:
         require(isinstance(self.use_s1, bool), SECTION, "use_s1", self.use_s1, "true or false")
         require(isinstance(self.date_decay, (int, float)) and not isinstance(self.date_decay, bool)
                 and self.date_decay >= 0, SECTION, "date_decay", self.date_decay, "a number >= 0")
+        require(isinstance(self.harmonize_radius, int) and not isinstance(self.harmonize_radius, bool)
+                and self.harmonize_radius >= 0, SECTION, "harmonize_radius", self.harmonize_radius,
+                "an integer >= 0")
+        require(isinstance(self.fill_radii, tuple) and all(
+            isinstance(r, int) and not isinstance(r, bool) and r > 0 for r in self.fill_radii),
+            SECTION, "fill_radii", self.fill_radii, "a list of integers > 0")
         require_positive_int(SECTION, "max_dates", self.max_dates)
         require(self.max_dates >= 2, SECTION, "max_dates", self.max_dates, "an integer >= 2")
         require_positive_int(SECTION, "norm_groups", self.norm_groups)
@@ -265,7 +280,6 @@ class CFDT(nn.Module):
         self.gate = ChangeGate(cfg)
         self.tmt = TemporalTransformer(cfg)
         self.decoder = DraftDecoder(cfg)
-        self.target_log_weight = nn.Parameter(torch.tensor(2.0))
         self.date_decay = nn.Parameter(torch.tensor(float(cfg.date_decay)))
 
     def _check(self, inputs: torch.Tensor, masks: torch.Tensor, target_index: torch.Tensor,
@@ -354,13 +368,17 @@ class CFDT(nn.Module):
             target_gates = F.interpolate(target_gates, size=(h, w), mode="bilinear", align_corners=False)
         clear = 1.0 - clouds[:, :, 0]
         steps_away = (order[:, 1:] - target_index.long()[:, None]).abs().to(clear.dtype)  # [B, T-1]
-        recency = torch.exp(-self.date_decay.clamp_min(0.0) * steps_away)[:, :, None, None]
-        weights = torch.cat(
-            [clear[:, :1] * self.target_log_weight.exp(), clear[:, 1:] * target_gates.to(clear.dtype) * recency],
-            dim=1,
-        )
-        eps = 1e-3
-        composite = (weights[:, :, None] * bands).sum(1) + eps * bands.mean(1)
-        coverage = weights.sum(1, keepdim=True)
-        composite = composite / (coverage + eps)
+        trust = clear[:, 1:] * target_gates.to(clear.dtype)  # [B, T-1, H, W]
+        own = clear[:, :1]  # the target's clear pixels are observed: they pass through unchanged
+        others = bands[:, 1:]
+        if self.cfg.harmonize_radius:
+            others = harmonize(others, bands[:, 0], trust * own, self.cfg.harmonize_radius).to(bands.dtype)
+        # Normalised in log space, so a far clear date still wins over near cloudy ones.
+        log_w = torch.log(trust + 1e-6) - self.date_decay.clamp_min(0.0) * steps_away[:, :, None, None]
+        filled = (torch.softmax(log_w, dim=1)[:, :, None] * others).sum(1)
+        composite = own * bands[:, 0] + (1.0 - own) * filled
+        if self.cfg.fill_radii:  # pixels no date sees clear: from their surroundings, not from a cloud
+            seen = own + (1.0 - own) * clear[:, 1:].sum(1, keepdim=True).clamp(max=1.0)
+            composite = fill_gaps(composite, seen, self.cfg.fill_radii).to(bands.dtype)
+        coverage = own + (1.0 - own) * trust.sum(1, keepdim=True).clamp(max=1.0)
         return self.decoder(fused, skips, composite, coverage.clamp(max=1.0), x[:, 0])
