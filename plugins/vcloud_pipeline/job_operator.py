@@ -15,7 +15,7 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from slurm_provider.operators import HISTORY_KEY, SlurmSubmitOperator
+from slurm_provider.operators import SlurmSubmitOperator
 from slurm_provider.resubmission import DEFAULT_BUDGETS
 
 from vcloud_pipeline.assets import asset_for
@@ -129,8 +129,8 @@ class PipelineJobOperator(SlurmSubmitOperator):
 
     def execute(self, context: Any) -> Any:
         ctx, _ = self._bind(context)
-        store = context.get("task_state_store")
-        submitted_before = bool(store is not None and store.get(HISTORY_KEY))
+        # A try that already submitted (since the run was last cleared) goes straight to its job.
+        submitted_before = bool(self._load_history(context).submissions)
         if not submitted_before:
             hook = self._hook()
             decision = self._decide(ctx, hook)

@@ -1,0 +1,128 @@
+"""Retraining on the schedule, then a per-stage backfill, run by a real scheduler and triggerer.
+
+``airflow standalone`` (API server, scheduler with the LocalExecutor, DAG processor, triggerer) on a
+fresh home with ``VCLOUD_TRAINING_SCHEDULE=@daily`` and the local profile moved to a fresh project
+directory. Unpausing the DAG must start exactly one scheduled run (catchup is off: not one per day
+since the start date) that trains every stage of the tiny config and exports, with its own run name
+``tiny-<YYYYMMDD>``. Then the README's per-stage backfill (``airflow backfill create ...
+--reprocess-behavior completed --dag-run-conf '{"stages": [2], "mode": "restart"}'``) over that day
+must retrain stage 2 alone, from stage 1's ``best.pt``, in the same run directory.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shlex
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from localcluster import LocalCluster, poll_until
+from ports import free_port
+from standalone import RestClient, airflow, airflow_env, dag_run_records, log_tail
+from standalone import standalone as airflow_standalone
+
+DAG_ID = "vcloud_training"
+STAGES = ["stage0", "stage1", "stage2", "stage3"]
+TERMINAL = {"success", "failed"}
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+
+@pytest.fixture(scope="module")
+def deployment(local_cluster: LocalCluster, cluster_connection: str,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    home = tmp_path_factory.mktemp("scheduler-home")
+    project_dir = local_cluster.test_dir()
+    # A real triggerer runs the triggers here: keep the first status poll >= 10 s after deferral.
+    env = airflow_env(home, free_port(), project_dir, schedule="@daily", first_poll_delay=10)
+    airflow("db", "migrate", env=env)
+    with airflow_standalone(env, home) as base:
+        yield {"env": env, "home": home, "api": RestClient(base), "project_dir": project_dir}
+
+
+def _runs(api: RestClient) -> list[dict[str, Any]]:
+    return api.get(f"/api/v2/dags/{DAG_ID}/dagRuns?order_by=-run_after&limit=50")["dag_runs"]
+
+
+def _wait_for_run(deployment: dict[str, Any], done: Any, *, what: str, timeout: float = 900) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        return next((run for run in _runs(deployment["api"]) if done(run)), None)
+    try:
+        return poll_until(check, timeout=timeout, what=what, interval=5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; runs: {_runs(deployment['api'])}\n{log_tail(deployment['home'])}") from None
+
+
+def _task_states(api: RestClient, run_id: str) -> dict[str, str]:
+    tis = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances?limit=100")["task_instances"]
+    return {ti["task_id"]: ti["state"] for ti in tis}
+
+
+def _stat(cluster: LocalCluster, path: str) -> str:
+    return cluster.ssh(f"stat -c '%s %Y' {shlex.quote(path)}").stdout.strip()
+
+
+def test_schedule_retrains_once_and_a_backfill_retrains_one_stage(deployment: dict[str, Any],
+                                                                 local_cluster: LocalCluster) -> None:
+    api, env = deployment["api"], deployment["env"]
+    poll_until(lambda: api.call("GET", f"/api/v2/dags/{DAG_ID}")[0] == 200, timeout=300, interval=2,
+               what="the DAG processor to parse vcloud_training")
+    details = api.get(f"/api/v2/dags/{DAG_ID}/details")
+    assert details["is_paused"] is True and details["catchup"] is False, details
+    assert details["timetable_summary"] == "0 0 * * *", details["timetable_summary"]  # @daily
+    assert _runs(api) == []
+
+    # Unpausing starts the retraining schedule: one scheduled run, for the latest day only.
+    status, body = api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
+    assert status == 200, body
+    scheduled = _wait_for_run(deployment, lambda r: r["run_type"] == "scheduled" and r["state"] in TERMINAL,
+                              what="the scheduled run to finish")
+    assert scheduled["state"] == "success", (_task_states(api, scheduled["dag_run_id"]), log_tail(deployment["home"]))
+    assert len(_runs(api)) == 1, "catchup is off: one run, not one per day since the start date"
+    run_id = scheduled["dag_run_id"]
+    logical = dt.datetime.fromisoformat(scheduled["logical_date"].replace("Z", "+00:00"))
+    states = _task_states(api, run_id)
+    assert all(states[task] == "success" for task in [*STAGES, "prepare_data", "export", "summary"]), states
+
+    [first] = dag_run_records(DAG_ID, env)
+    plan = first["values"]["plan"]
+    assert plan["request"]["run_name"] == f"tiny-{logical:%Y%m%d}", plan["request"]
+    outputs = plan["outputs_dir"]
+    assert outputs.endswith(f"/tiny-{logical:%Y%m%d}")
+    stage1_best = _stat(local_cluster, f"{outputs}/stage1/best.pt")
+    first_jobs = {task: first["values"][task]["job_ids"] for task in STAGES}
+
+    # The README's per-stage backfill over that day: the completed run is processed again.
+    day = logical.isoformat()
+    airflow("backfill", "create", "--dag-id", DAG_ID, "--from-date", day, "--to-date", day,
+            "--reprocess-behavior", "completed", "--dag-run-conf", json.dumps({"stages": [2], "mode": "restart"}),
+            env=env, timeout=180)
+    backfilled = _wait_for_run(deployment, lambda r: r["run_type"] == "backfill" and r["state"] in TERMINAL,
+                               what="the backfill run to finish")
+    assert backfilled["dag_run_id"] == run_id and backfilled["conf"] == {"stages": [2], "mode": "restart"}
+    assert backfilled["state"] == "success", (_task_states(api, run_id), log_tail(deployment["home"]))
+    assert len(_runs(api)) == 1
+
+    states = _task_states(api, run_id)
+    assert {task: states[task] for task in STAGES} == {
+        "stage0": "skipped", "stage1": "skipped", "stage2": "success", "stage3": "skipped"}, states
+    assert states["prepare_data"] == "skipped" and states["export"] == "success", states
+
+    [second] = dag_run_records(DAG_ID, env)
+    assert second["values"]["plan"]["request"]["run_name"] == f"tiny-{logical:%Y%m%d}"
+    assert second["values"]["plan"]["request"]["stages"] == [2]
+    new_jobs = second["values"]["stage2"]["job_ids"]
+    assert new_jobs and not set(new_jobs) & set(first_jobs["stage2"]), (new_jobs, first_jobs["stage2"])
+    for job in new_jobs:
+        assert local_cluster.wait_for_state(int(job), {"COMPLETED"}, timeout=120) == "COMPLETED"
+    # Stage 2 trained again from stage 1's best.pt, which stayed as the scheduled run left it.
+    assert _stat(local_cluster, f"{outputs}/stage1/best.pt") == stage1_best
+    moved = local_cluster.ssh(f"ls -d {shlex.quote(outputs)}/stage2.replaced-* 2>/dev/null || true").stdout.split()
+    assert len(moved) == 1, f"mode restart moves the old stage 2 aside once: {moved}"
+    local_cluster.ssh(f"test -s {shlex.quote(outputs)}/stage2/best.pt && test -f {shlex.quote(outputs)}/stage2/COMPLETE")
+
+    backfills = api.get(f"/api/v2/backfills?dag_id={DAG_ID}")["backfills"]
+    assert len(backfills) == 1 and backfills[0]["dag_run_conf"] == {"stages": [2], "mode": "restart"}, backfills
