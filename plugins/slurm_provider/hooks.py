@@ -245,9 +245,14 @@ def runs_plan(job_id: str | int) -> Plan[list[JobStatus]]:
     return [JobStatus.from_sacct(row, restarts=index) for index, row in enumerate(runs_of(rows, job))]
 
 
-def find_jobs_plan(name: str | None, comment_contains: str | None, since: str) -> Plan[list[JobStatus]]:
+def find_jobs_plan(name: str | None, comment_contains: str | None, since: str,
+                   every_run: bool = False) -> Plan[list[JobStatus]]:
     """Jobs with this exact name and/or a comment containing the text, live (squeue) or since ``since``
-    (sacct), oldest first. Used to adopt a job submitted before a worker died."""
+    (sacct), oldest first. Used to adopt a job submitted before a worker died.
+
+    ``every_run`` adds the earlier runs of requeued jobs (one status each, from ``sacct -D``) after
+    the jobs themselves: each run ran on its own allocation, and billing counts them all.
+    """
     if name is None and not comment_contains:
         raise ValidationError("name", "give a job name, comment_contains or both")
     if name is not None:
@@ -259,11 +264,16 @@ def find_jobs_plan(name: str | None, comment_contains: str | None, since: str) -
     sacct_rows = _sacct_rows((yield RemoteCommand(sacct_line, "sacct")))
     ids = {row.job_id for row in squeue_rows} | {row.job_id for row in sacct_rows if not row.is_step}
     found = resolve_statuses(sorted(ids, key=_job_order), squeue_rows=squeue_rows, sacct_rows=sacct_rows)
-    return [
+    matching = [
         status for status in found.values()
         if (name is None or status.name == name)
         and (not comment_contains or comment_contains in (status.comment or ""))
     ]
+    if not every_run:
+        return matching
+    earlier = [JobStatus.from_sacct(row, restarts=index)
+               for status in matching for index, row in enumerate(runs_of(sacct_rows, status.job_id)[:-1])]
+    return matching + earlier
 
 
 def _job_order(job_id: str) -> tuple[int, int]:
@@ -413,8 +423,8 @@ class SlurmHook(BaseHook, _CommandCounter):
         return self._drive(runs_plan(job_id))
 
     def find_jobs(self, name: str | None = None, comment_contains: str | None = None,
-                  since: str = DEFAULT_FIND_SINCE) -> list[JobStatus]:
-        return self._drive(find_jobs_plan(name, comment_contains, since))
+                  since: str = DEFAULT_FIND_SINCE, every_run: bool = False) -> list[JobStatus]:
+        return self._drive(find_jobs_plan(name, comment_contains, since, every_run))
 
     def cancel(self, job_id: str | int, signal: str | int | None = None) -> CancelResult:
         result = self._drive(cancel_plan(job_id, signal))
@@ -509,8 +519,8 @@ class SlurmAsyncHook(BaseHook, _CommandCounter):
         return await self._drive(runs_plan(job_id))
 
     async def find_jobs(self, name: str | None = None, comment_contains: str | None = None,
-                        since: str = DEFAULT_FIND_SINCE) -> list[JobStatus]:
-        return await self._drive(find_jobs_plan(name, comment_contains, since))
+                        since: str = DEFAULT_FIND_SINCE, every_run: bool = False) -> list[JobStatus]:
+        return await self._drive(find_jobs_plan(name, comment_contains, since, every_run))
 
     async def cancel(self, job_id: str | int, signal: str | int | None = None) -> CancelResult:
         return await self._drive(cancel_plan(job_id, signal))

@@ -159,12 +159,12 @@ class LedgerSummary:
 def summarize_ledger(profile: ClusterProfile, rows: Iterable[UsageRow]) -> LedgerSummary:
     by_run: dict[str, float] = defaultdict(float)
     by_stage: dict[tuple[str, str], float] = defaultdict(float)
-    total, count = 0.0, 0
-    for row in rows:
+    total, jobs = 0.0, set()
+    for index, row in enumerate(rows):
         hours = billed_hours(profile, row)
         by_run[row.run] += hours
         by_stage[(row.run, row.label)] += hours
         total += hours
-        count += 1
-    return LedgerSummary(total=total, by_run=dict(by_run), by_stage=dict(by_stage), jobs=count,
+        jobs.add(getattr(row, "job_id", "") or index)  # the runs of a requeued job are one job
+    return LedgerSummary(total=total, by_run=dict(by_run), by_stage=dict(by_stage), jobs=len(jobs),
                          allocation=profile.billing.allocation)

@@ -64,9 +64,15 @@ def _nodes(status: JobStatus) -> int:
 
 
 def ledger_from_statuses(profile: ClusterProfile, statuses: Iterable[JobStatus]) -> Ledger:
-    """Bill this project's jobs (by comment and account); pure."""
+    """Bill this project's jobs (by comment and account); pure.
+
+    A job id may come more than once: first its current state, then each earlier run of a
+    requeued job (``find_jobs(every_run=True)``). Every run is billed; only the current state
+    can still hold time ahead.
+    """
     rows: list[Usage] = []
     reserved = 0.0
+    seen: set[str] = set()
     for status in statuses:
         if not _own(status, profile.account):
             continue
@@ -77,7 +83,9 @@ def ledger_from_statuses(profile: ClusterProfile, statuses: Iterable[JobStatus])
                     nodes=_nodes(status), gpus=status.gpus, elapsed_seconds=float(status.elapsed_s or 0),
                     job_id=status.job_id)
         rows.append(row)
-        if not status.is_terminal and status.time_limit_s:
+        current = status.job_id not in seen
+        seen.add(status.job_id)
+        if current and not status.is_terminal and status.time_limit_s:
             ahead = max(status.time_limit_s - (status.elapsed_s or 0), 0)
             gpus = status.gpus or 1
             reserved += gpus * ahead / 3600 * profile.billing.factor
@@ -85,8 +93,8 @@ def ledger_from_statuses(profile: ClusterProfile, statuses: Iterable[JobStatus])
 
 
 def read_ledger(hook: Any, profile: ClusterProfile, since: str = LEDGER_SINCE) -> Ledger:
-    """This project's jobs from squeue and sacct, through ``SlurmHook.find_jobs``."""
-    statuses = hook.find_jobs(comment_contains=f'"project":"{PROJECT_TAG}"', since=since)
+    """This project's jobs from squeue and sacct, every run of a requeued job billed on its own."""
+    statuses = hook.find_jobs(comment_contains=f'"project":"{PROJECT_TAG}"', since=since, every_run=True)
     return ledger_from_statuses(profile, statuses)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +98,32 @@ def test_a_charliecloud_image_must_be_a_directory_and_ch_run_installed(tmp_path,
     image.unlink()
     image.mkdir()
     assert check_image(LocalShell(), profile) == str(image)
+
+
+def _find_project_jobs(sacct_text: str, *, every_run: bool) -> list[JobStatus]:
+    """``find_jobs_plan`` answered with a real capture: nothing in squeue, ``sacct -D`` rows."""
+    from slurm_provider.hooks import find_jobs_plan
+    from slurm_provider.transport import CommandResult
+
+    plan = find_jobs_plan(None, '"project":"vcloud"', "now-7days", every_run)
+    command = next(plan)
+    try:
+        while True:
+            stdout = sacct_text if command.verb == "sacct" else ""
+            command = plan.send(CommandResult(command.line, 0, stdout, ""))
+    except StopIteration as done:
+        return done.value
+
+
+def test_every_run_of_a_requeued_job_is_billed() -> None:
+    # The local cluster's capture of a job requeued twice (runs of 15 s, 1 s and 0 s), given one GPU.
+    golden = Path(__file__).resolve().parents[1] / "slurm_provider" / "golden" / "sacct_requeue.txt"
+    text = golden.read_text().replace("billing=1,cpu=1,", "billing=1,cpu=1,gres/gpu=1,")
+    latest_only = _find_project_jobs(text, every_run=False)
+    runs = _find_project_jobs(text, every_run=True)
+    assert [(s.job_id, s.state, s.elapsed_s) for s in latest_only] == [("31", SlurmState.COMPLETED, 0)]
+    assert sorted((s.state.value, s.elapsed_s) for s in runs) == [("COMPLETED", 0), ("REQUEUED", 1), ("REQUEUED", 15)]
+    local = load_profile("local")
+    ledger = ledger_from_statuses(local, runs)
+    assert ledger.used == pytest.approx(16 / 3600 * local.billing.factor)
+    assert ledger.summary.jobs == 1 and ledger.reserved == 0
