@@ -216,7 +216,11 @@ class SlurmSubmitOperator(BaseOperator):
         if not decision.resubmit:
             raise AirflowException(f"{self._failure_message(hook, status, context)}\nNot resubmitted: "
                                    f"{decision.message}")
+        self.check_before_resubmit(context, hook)
         return self._submit(context, hook, history, cause=decision.cause, progress=progress)
+
+    def check_before_resubmit(self, context: Any, hook: Any) -> None:
+        """Raise to stop a resubmission the policy allows (e.g. the allocation cannot pay for it)."""
 
     def _find_own_job(self, context: Any, hook: Any, *, number: int, attempts: int = 1) -> JobStatus | None:
         """The newest job on the cluster with this task's name and comment (submission ``number``)."""

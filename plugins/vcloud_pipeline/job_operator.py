@@ -146,6 +146,11 @@ class PipelineJobOperator(SlurmSubmitOperator):
         summary = super().execute(context)  # defers; returns only when the job had already completed
         return self._report(context, summary)
 
+    def check_before_resubmit(self, context: Any, hook: Any) -> None:
+        """A resubmission spends the allocation again: its worst case must still fit."""
+        ctx, _ = self._bind(context)
+        self._check_budget(ctx, hook)
+
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         self._bind(context)
         return self._report(context, super().execute_complete(context, event))

@@ -127,3 +127,27 @@ def test_every_run_of_a_requeued_job_is_billed() -> None:
     ledger = ledger_from_statuses(local, runs)
     assert ledger.used == pytest.approx(16 / 3600 * local.billing.factor)
     assert ledger.summary.jobs == 1 and ledger.reserved == 0
+
+
+def test_a_resubmission_is_checked_against_the_budget_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from vcloud_pipeline.job_operator import PipelineJobOperator
+    from vcloud_pipeline.params import parse_request
+    from vcloud_pipeline.tasks import RunContext
+
+    ctx = RunContext.build(parse_request({"profile": "lumi", "config": "full", "time_limit": "3-00:00:00"}))
+    op = PipelineJobOperator(task_id="stage1", job="stage1")
+    monkeypatch.setattr(op, "_bind", lambda context: (ctx, {}))
+
+    class Cluster:
+        def __init__(self, used_hours: float) -> None:
+            self.used_hours = used_hours
+
+        def find_jobs(self, **kwargs: object) -> list[JobStatus]:
+            assert kwargs.get("every_run") is True
+            return [job("9", SlurmState.COMPLETED, gpus=8, elapsed=int(self.used_hours * 3600 / 8))]
+
+    op.check_before_resubmit({}, Cluster(used_hours=1000))  # plenty left: resubmit
+    with pytest.raises(AirflowFailException, match=r"stage 1 needs up to 72.0 GPU-hours .* of 100000 left"):
+        op.check_before_resubmit({}, Cluster(used_hours=99_990))
