@@ -6,7 +6,9 @@ things are, so the layout can change here without hunting through the DAG and th
     <paths.code>/                         synced code tree (trainer/ ...)
     <paths.code>/.vcloud_manifest.json    content hash of the synced tree (see rsync.py)
     <paths.data>/                         prepared dataset, shared by all runs
-    <paths.data>/../raw/                  raw synthetic dataset (clusters without the real one)
+    <paths.data>/../synthetic-<preset>/   clusters without the real dataset: one synthetic dataset
+                                          per preset (raw/ and prepared/), so a tiny run and a
+                                          small run never train on each other's data
     <paths.outputs>/<run>/stage{N}/       latest.pt, best.pt, progress.json, COMPLETE
     <paths.logs>/<run>/                   Slurm .out/.err of every job of the run
     <paths.viewer>/<run>/                 exported viewer images
@@ -49,6 +51,7 @@ class RunPaths:
     run: str
     code_dir: PurePosixPath
     data_dir: PurePosixPath
+    """The prepared dataset the jobs read."""
     outputs_dir: PurePosixPath
     logs_dir: PurePosixPath
     viewer_dir: PurePosixPath
@@ -98,14 +101,23 @@ class RunPaths:
         return (self.code_dir, self.outputs_dir, self.logs_dir, self.viewer_dir, self.jobs_dir)
 
 
-def run_paths(profile: ClusterProfile, run: str) -> RunPaths:
-    """The layout of run ``run`` on the cluster of ``profile``."""
+def run_paths(profile: ClusterProfile, run: str, synthetic_preset: str | None = None) -> RunPaths:
+    """The layout of run ``run`` on the cluster of ``profile``.
+
+    ``synthetic_preset`` (profiles without the real dataset): the run reads, and if need be
+    generates, the synthetic dataset of that preset in a directory of its own.
+    """
     validate_run_name(run)
     p = profile.paths
+    data_dir = PurePosixPath(p.data)
+    if synthetic_preset is not None:
+        if not _RUN_NAME.match(synthetic_preset):
+            raise RunNameError(f"synthetic preset {synthetic_preset!r} cannot be a directory name")
+        data_dir = data_dir.parent / f"synthetic-{synthetic_preset}" / "prepared"
     return RunPaths(
         run=run,
         code_dir=PurePosixPath(p.code),
-        data_dir=PurePosixPath(p.data),
+        data_dir=data_dir,
         outputs_dir=PurePosixPath(p.outputs) / run,
         logs_dir=PurePosixPath(p.logs) / run,
         viewer_dir=PurePosixPath(p.viewer) / run,

@@ -49,7 +49,8 @@ class RunContext:
         except ProfileError as exc:
             raise RequestError(str(exc)) from None
         plan = StagePlan.build(request, profile)
-        return cls(request=request, profile=profile, paths=run_paths(profile, request.run_name), plan=plan)
+        paths = run_paths(profile, request.run_name, synthetic_preset=plan.data_preset)
+        return cls(request=request, profile=profile, paths=paths, plan=plan)
 
     @classmethod
     def from_xcom(cls, planned: Mapping[str, Any]) -> "RunContext":

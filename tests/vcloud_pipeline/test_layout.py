@@ -37,6 +37,26 @@ def test_runs_do_not_share_outputs() -> None:
     assert a.outputs_dir != b.outputs_dir and a.logs_dir != b.logs_dir and a.jobs_dir != b.jobs_dir
 
 
+def test_each_synthetic_preset_has_its_own_dataset() -> None:
+    profile = load_profile("local")
+    base = PurePosixPath(profile.paths.data).parent
+    tiny, small = run_paths(profile, "r", synthetic_preset="tiny"), run_paths(profile, "r", synthetic_preset="small")
+    assert tiny.data_dir == base / "synthetic-tiny/prepared" and tiny.raw_data_dir == base / "synthetic-tiny/raw"
+    assert small.data_dir == base / "synthetic-small/prepared" and small.data_index == small.data_dir / "index.json"
+    assert run_paths(profile, "r").data_dir == PurePosixPath(profile.paths.data)
+    with pytest.raises(RunNameError):
+        run_paths(profile, "r", synthetic_preset="../x")
+
+
+def test_the_run_context_reads_the_data_of_its_config() -> None:
+    from vcloud_pipeline.params import parse_request
+    from vcloud_pipeline.tasks import RunContext
+
+    ctx = RunContext.build(parse_request({"profile": "local", "config": "small"}))
+    assert ctx.paths.data_dir.parts[-2:] == ("synthetic-small", "prepared")
+    assert "synthetic-small/prepared" in ctx.render("0" * 64)["stage1"].inner
+
+
 @pytest.mark.parametrize("stage", [-1, 4, "1", None])
 def test_stage_numbers_are_checked(stage: object) -> None:
     with pytest.raises(ValueError, match="not a training stage"):
