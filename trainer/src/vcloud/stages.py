@@ -86,6 +86,9 @@ class StageSpec:
     train_dataset: Callable[[Dataset, BuildContext], Dataset] | None = None
     """Given the labeled training split, the dataset to train on (stage 3 adds pseudo-labels).
     Called on every rank before DDP starts, so any cache it builds exists on all ranks."""
+    validate_start: bool = False
+    """The untrained model already gives its predecessor's answer: validate it before the first
+    step, so ``best.pt`` is never worse than what the stage started from."""
 
     def restore_batch(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         return (self.restore or self.predict)(model, batch)

@@ -71,6 +71,7 @@ STAGE1 = StageSpec(
     loss=_draft_loss,
     predict=_draft_predict,
     uses_curriculum=True,
+    validate_start=True,  # the untrained draft is the harmonised composite
 )
 
 
@@ -98,6 +99,7 @@ STAGE2 = StageSpec(
     loss=_refined_loss,
     predict=_refined_predict,
     requires=(0, 1),
+    validate_start=True,  # the zero-initialised refiner returns the draft
 )
 
 
@@ -201,6 +203,7 @@ STAGE3 = SelfTrainStageSpec(
     predict=_refined_predict,
     requires=(0, 1, 2),
     train_dataset=selftrain_dataset,
+    validate_start=True,  # starts from stage 2's draft and refiner
 )
 
 for _spec in (STAGE1, STAGE2, STAGE3):

@@ -164,6 +164,9 @@ def train_stage(run: StageRun, ctx: DistContext, stop: StopRequest) -> int:
                  f"resumed from {resumed[1].name}" if resumed else "fresh start")
         _write_progress(session, state, markers.STATUS_RUNNING)
 
+    if checkpoint is None and session.spec.validate_start:
+        _validate_start(session, state)
+
     every = run.config.train.checkpoint_every_steps
     while state.epoch < budget.epochs:
         data = session.phases[session.phase(state.epoch)]
@@ -385,7 +388,8 @@ def _to_device(batch: Batch, device: torch.device) -> Batch:
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
-def _update_best(run: StageRun, state: TrainState) -> bool:
+def _update_best(run: StageRun, state: TrainState, epoch: int | None = None) -> bool:
+    """Record the last validation as the best if it beats it; ``epoch`` defaults to the one just done."""
     name = run.config.train.best_metric
     value = state.last_metrics.get(name)
     if value is None or math.isnan(value):
@@ -393,8 +397,23 @@ def _update_best(run: StageRun, state: TrainState) -> bool:
     best = state.best
     better = best is None or (value > best["value"] if BEST_METRICS[name] == "max" else value < best["value"])
     if better:
-        state.best = {"name": name, "value": value, "epoch": state.epoch + 1}
+        state.best = {"name": name, "value": value, "epoch": state.epoch + 1 if epoch is None else epoch}
     return better
+
+
+def _validate_start(session: StageSession, state: TrainState) -> None:
+    """Score the model before its first step and keep it as ``best.pt`` (epoch 0).
+
+    For a stage that starts from its predecessor's answer (stage 2's untrained refiner returns
+    the draft, stage 3 starts from stage 2), ``best.pt`` then never scores worse on validation
+    than what the stage was given, however its training goes.
+    """
+    run, ctx = session.run, session.ctx
+    state.last_metrics = evaluate(session.spec, session.model, session.val_loader, session.precision, ctx)
+    if _update_best(run, state, epoch=0):
+        _save_best(session, state, epoch=0)
+    if ctx.is_main:
+        log.info("stage %d before training: %s", run.stage, _fmt_best(state.best))
 
 
 def _epoch_record(state: TrainState, data: PhaseData, ctx: DistContext, lr: float,
@@ -456,11 +475,11 @@ def _save_latest(session: StageSession, state: TrainState) -> None:
     save_checkpoint(session.paths.latest, payload, keep_previous=True)
 
 
-def _save_best(session: StageSession, state: TrainState) -> None:
+def _save_best(session: StageSession, state: TrainState, epoch: int | None = None) -> None:
     """Inference checkpoint: model and provenance, no optimizer (later stages and export read it)."""
     if session.ctx.is_main:
         payload = _checkpoint_payload(session, state)
-        payload.update(epoch=state.epoch + 1, batch_in_epoch=0)
+        payload.update(epoch=state.epoch + 1 if epoch is None else epoch, batch_in_epoch=0)
         save_checkpoint(session.paths.best, payload, keep_previous=False)
 
 
