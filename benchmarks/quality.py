@@ -20,7 +20,10 @@ trainer's in ways that do not touch the model code:
   by the end;
 * stage 1 trains on every cloud type from the start: the cloud-type curriculum is paced in epochs
   (``thin_only`` until epoch 6) and a bounded run sees only a few;
-* there is no validation pass: the last weights of a stage are the ones scored and handed on.
+* validation runs only where it decides something: a stage that starts from its predecessor's
+  answer (``validate_start`` in the stage registry: stages 1-3) is scored on the validation split
+  before and after its bounded training, and the better weights become its ``best.pt``, as the
+  trainer's best-checkpoint rule would choose between them; otherwise the last weights are kept.
 
     nice -n 10 .venv/bin/python benchmarks/quality.py [--budget-minutes 20] [--work DIR] [--threads 2]
 
@@ -30,12 +33,14 @@ Last line: JSON with best_baseline_psnr, stage1_psnr, stage2_psnr, stage3_psnr (
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "trainer" / "src"))
@@ -45,7 +50,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, default_collate  # noq
 
 from vcloud.baselines import score_baselines  # noqa: E402
 from vcloud.checkpoint import save_checkpoint  # noqa: E402
-from vcloud.config import VCloudConfig, config_from_dict, load_config  # noqa: E402
+from vcloud.config import BEST_METRICS, VCloudConfig, config_from_dict, load_config  # noqa: E402
 from vcloud.data.dataset import SeriesDataset  # noqa: E402
 from vcloud.data.prepare import prepare_dataset  # noqa: E402
 from vcloud.data.synthetic import generate_raw  # noqa: E402
@@ -96,6 +101,12 @@ def train_bounded(stage: int, ctx: BuildContext, data: Path, seconds: float) -> 
     torch.manual_seed(cfg.train.seed + stage)
     steps, epochs, losses = 0, 0, []
     deadline = started + seconds
+    val = SeriesDataset(data, "val")
+    metric = cfg.train.best_metric
+    start = None
+    if spec.validate_start:
+        start = (copy.deepcopy(model.state_dict()), score_model(spec, model, val)[metric])
+        model.train()
     train_start = time.monotonic()
     while epochs < budget.epochs and time.monotonic() < deadline:
         for batch in loader:
@@ -114,6 +125,14 @@ def train_bounded(stage: int, ctx: BuildContext, data: Path, seconds: float) -> 
                 break
         else:
             epochs += 1
+    kept = "trained"
+    val_scores: dict[str, float] = {}
+    if start is not None:
+        trained = score_model(spec, model, val)[metric]
+        val_scores = {"start": start[1], "trained": trained}
+        if better(metric, start[1], trained):
+            model.load_state_dict(start[0])
+            kept = "start"
     save_checkpoint(ctx.run_dir / f"stage{stage}" / "best.pt",
                     {"stage": stage, "model": model.state_dict(), "model_config": cfg.model.section(stage)})
     window = max(1, min(20, len(losses) // 4))
@@ -121,20 +140,30 @@ def train_bounded(stage: int, ctx: BuildContext, data: Path, seconds: float) -> 
     head = losses[:window] or [float("nan")]
     return {"steps": steps, "epochs": steps / max(len(loader), 1),
             "first_loss": sum(head) / len(head), "last_loss": sum(tail) / len(tail),
-            "train_series": len(train), "prep_seconds": prep, "seconds": time.monotonic() - started}
+            "train_series": len(train), "prep_seconds": prep, "seconds": time.monotonic() - started,
+            "kept": kept, "val": val_scores}
+
+
+def better(metric: str, a: float, b: float) -> bool:
+    """Is ``a`` strictly better than ``b`` for the trainer's best-checkpoint metric?"""
+    return a > b if BEST_METRICS[metric] == "max" else a < b
 
 
 @torch.no_grad()
-def score(stage: int, ctx: BuildContext, test: Dataset, batch_size: int = 4) -> dict[str, float]:
-    """Mean per-series metrics of a stage's ``best.pt`` predictions on ``test``."""
-    spec = get_stage(stage)
-    model, _ = load_stage_model(stage, ctx.run_dir / f"stage{stage}" / "best.pt", ctx)
+def score_model(spec: Any, model: torch.nn.Module, data: Dataset, batch_size: int = 4) -> dict[str, float]:
+    """Mean per-series metrics of ``model``'s predictions on ``data`` (eval mode)."""
     model.eval()
     totals = MetricTotals()
-    for start in range(0, len(test), batch_size):
-        batch = default_collate([test[i] for i in range(start, min(start + batch_size, len(test)))])
+    for begin in range(0, len(data), batch_size):
+        batch = default_collate([data[i] for i in range(begin, min(begin + batch_size, len(data)))])
         totals.update(spec.predict(model, batch), batch["target"])
     return totals.means()
+
+
+def score(stage: int, ctx: BuildContext, test: Dataset) -> dict[str, float]:
+    """Mean per-series metrics of a stage's ``best.pt`` predictions on ``test``."""
+    model, _ = load_stage_model(stage, ctx.run_dir / f"stage{stage}" / "best.pt", ctx)
+    return score_model(get_stage(stage), model, test)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,6 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         line = (f"stage {stage} trained {info['seconds']:.0f} s: {info['steps']} steps, "
                 f"{info['epochs']:.2f} epochs over {info['train_series']} series, "
                 f"loss {info['first_loss']:.4f} -> {info['last_loss']:.4f}")
+        if info["val"]:
+            line += (f"; validation {cfg.train.best_metric} before {info['val']['start']:.2f}, after "
+                     f"{info['val']['trained']:.2f}: kept the {info['kept']} weights")
+            results[f"stage{stage}_kept"] = info["kept"]
         if stage == 3:
             summary = json.loads((ctx.run_dir / "stage3" / "pseudo_labels.json").read_text())
             line += (f"; pseudo-labels kept {summary['pseudo_labels_kept']} of "
