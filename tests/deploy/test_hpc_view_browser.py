@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from deploy.cdp import CHROMIUM, Browser
-from localcluster import LocalCluster
+from localcluster import LocalCluster, poll_until
 from ports import free_port
-from standalone import PASSWORD, USER, airflow, airflow_env, dag_run_records, log_tail
+from standalone import PASSWORD, USER, RestClient, airflow, airflow_env, dag_run_records, log_tail
 from standalone import standalone as airflow_standalone
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,6 +64,11 @@ def finished_run(local_cluster: LocalCluster, cluster_connection: str,
 @pytest.fixture(scope="module")
 def standalone(finished_run: dict) -> Iterator[str]:
     with airflow_standalone(finished_run["env"], finished_run["home"]) as base:
+        # Ready when Airflow's own DAG list shows the DAG to the user (its DAG processor has
+        # registered the bundles): the HPC view filters by the same readable DAGs.
+        api = RestClient(base)
+        poll_until(lambda: api.get(f"/api/v2/dags?dag_id_pattern={DAG_ID}")["total_entries"] >= 1,
+                   timeout=180, interval=2, what=f"Airflow to list {DAG_ID} to {USER}")
         yield base
 
 
