@@ -151,6 +151,17 @@ def test_stages_2_and_3_load_predecessors_learn_and_pseudo_label(ctx, batch, tin
     assert len(model_stages.selftrain_dataset(train, ctx)) == len(union)
     monkeypatch.undo()
 
+    # another stage-2 model (retrained, restarted) labels again: the cache names its teacher
+    perturb(stage2, seed=5)
+    save_best(2, stage2, ctx)
+    reloads = []
+    real_load = BuildContext.load_predecessor
+    monkeypatch.setattr(BuildContext, "load_predecessor",
+                        lambda self, stage: reloads.append(stage) or real_load(self, stage))
+    model_stages.selftrain_dataset(train, ctx)
+    assert reloads[:1] == [2], reloads
+    monkeypatch.undo()
+
     losses = train_steps(3, stage3, batch, steps=10, lr=1e-3)
     assert losses[-1] < losses[0], losses
 

@@ -13,6 +13,7 @@ A100 resumes on a CPU-only machine and vice versa (seed 003); the caller moves s
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import os
@@ -33,6 +34,15 @@ REQUIRED_KEYS = ("format", "stage", "model")
 
 class CheckpointError(RuntimeError):
     """A checkpoint file exists but cannot be used (truncated, corrupt, wrong format)."""
+
+
+def file_digest(path: Path, chunk: int = 1 << 20) -> str:
+    """SHA-256 of a file's bytes: which checkpoint something was derived from."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def previous_generation(path: Path) -> Path:

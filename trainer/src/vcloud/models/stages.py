@@ -16,14 +16,14 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import ConcatDataset, Dataset, Subset
 
-from vcloud.checkpoint import atomic_write_bytes, atomic_write_text
+from vcloud.checkpoint import atomic_write_bytes, atomic_write_text, file_digest
 from vcloud.models.cfdt import CFDT, CFDTConfig
 from vcloud.models.refinement import DraftAndRefiner, run_draft
 from vcloud.models.refiner import LatentDiffusionRefiner, RefinerConfig
@@ -145,17 +145,22 @@ def selftrain_dataset(labeled: Dataset, ctx: BuildContext, cfg: SelfTrainConfig 
     """Training set of stage 3: labeled series plus kept pseudo-labelled ones.
 
     Pseudo-labels come from the stage-2 ``best.pt`` (not the model being fine-tuned) and are cached
-    in ``stage3/pseudo_labels.pt`` on first use, so a resumed run trains on exactly the same set.
+    in ``stage3/pseudo_labels.pt`` on first use, so a resumed run trains on exactly the same set;
+    the cache names the ``best.pt`` it came from (content digest) and is remade for another one.
     Every rank computes or reads the same deterministic result; only rank 0 writes the cache."""
     if cfg is None:
         cfg = SelfTrainConfig.from_dict(ctx.config.model.section(3))
     labeled_part, pool, source = pseudo_label_pool(labeled, cfg)
     cache = ctx.run_dir / "stage3" / PSEUDO_LABELS_FILE
+    teacher = file_digest(ctx.predecessor_checkpoint(2))
     labels = None
     if cache.is_file():
         saved = torch.load(cache, map_location="cpu", weights_only=True)
-        if saved.get("pool") == pool and saved.get("config") == dataclasses.asdict(cfg):
+        if (saved.get("pool") == pool and saved.get("config") == dataclasses.asdict(cfg)
+                and saved.get("teacher") == teacher):
             labels = PseudoLabels.from_state_dict(saved["labels"])
+        else:
+            log.info("stage 3: %s was made for another pool, config or stage-2 model; labelling again", cache)
     if labels is None:
         stage2 = ctx.load_predecessor(2)
         steps = cfg.sample_steps or None
@@ -174,7 +179,8 @@ def selftrain_dataset(labeled: Dataset, ctx: BuildContext, cfg: SelfTrainConfig 
         del stage2
         if _is_main_process():
             buffer = io.BytesIO()
-            torch.save({"pool": pool, "config": dataclasses.asdict(cfg), "labels": labels.state_dict()}, buffer)
+            torch.save({"pool": pool, "config": dataclasses.asdict(cfg), "teacher": teacher,
+                        "labels": labels.state_dict()}, buffer)
             atomic_write_bytes(cache, buffer.getvalue())
             atomic_write_text(cache.with_name(PSEUDO_SUMMARY_FILE), json.dumps(labels.summary(), indent=1) + "\n")
     summary = labels.summary()
