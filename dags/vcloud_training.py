@@ -79,6 +79,10 @@ with DAG(
         with SlurmHook(ctx.profile.connection.conn_id) as hook:
             return summarize(ctx, hook, {k: v for k, v in jobs.items() if v})
 
+    @task(task_id="verdict", trigger_rule=TriggerRule.NONE_FAILED)
+    def verdict() -> None:
+        """Fails the DAG run when any job or check failed (the summary above runs regardless)."""
+
     planned = plan()
     synced = sync_code(planned)
     data = PipelineJobOperator(task_id="prepare_data", job="data")
@@ -91,4 +95,6 @@ with DAG(
     ]
     export = PipelineJobOperator(task_id="export", job="export", outlets=[VIEWER_EXPORT],
                                  trigger_rule=TriggerRule.NONE_FAILED)
-    chain(synced, data, checks, imports, *stages, export, summary(planned))
+    summarized = summary(planned)
+    chain(synced, data, checks, imports, *stages, export, summarized)
+    [synced, data, checks, imports, *stages, export, summarized] >> verdict()

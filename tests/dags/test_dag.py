@@ -22,7 +22,7 @@ def dag():
 
 def test_dag_imports_without_errors_and_runs_the_pipeline_in_order(dag) -> None:
     assert dag is not None
-    assert sorted(dag.task_ids) == sorted(ORDER)
+    assert sorted(dag.task_ids) == sorted(ORDER + ["verdict"])
     for upstream, downstream in zip(ORDER[1:-1], ORDER[2:]):
         assert upstream in dag.get_task(downstream).upstream_task_ids, (upstream, downstream)
     assert "plan" in dag.get_task("sync_code").upstream_task_ids
@@ -32,6 +32,15 @@ def test_skipped_stages_do_not_block_later_ones_but_failures_do(dag) -> None:
     for task_id in ORDER[3:-1]:
         assert dag.get_task(task_id).trigger_rule == "none_failed", task_id
     assert dag.get_task("summary").trigger_rule == "all_done"
+
+
+def test_a_failed_job_or_check_fails_the_dag_run(dag) -> None:
+    # The summary runs whatever happened (all_done): without a verdict after it, a run whose stage
+    # failed would be marked a success.
+    verdict = dag.get_task("verdict")
+    assert verdict.trigger_rule == "none_failed"
+    assert set(ORDER[1:]) <= verdict.upstream_task_ids
+    assert sorted(t.task_id for t in dag.leaves) == ["verdict"]
 
 
 def test_stage_checkpoints_and_viewer_export_are_assets(dag) -> None:
@@ -80,7 +89,7 @@ def test_an_unknown_profile_fails_the_plan_and_nothing_is_submitted(dag, capfd) 
     run = dag.test(run_conf={"profile": "nosuch", "run_name": "never"})
     out = "".join(capfd.readouterr())
     states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
-    assert states["plan"] == "failed"
+    assert states["plan"] == "failed" and str(run.state) == "failed"
     assert "profile 'nosuch' not known (known: cosmos, levante, local, lumi)" in out
     for task_id in ORDER[1:-1]:
         assert states[task_id] == "upstream_failed", (task_id, states)

@@ -57,12 +57,14 @@ def _dag():
 
 
 def run_dag(**conf: Any) -> tuple[str, dict[str, str], dict[str, Any]]:
-    """(run id, task states, return values) of one dag.test() run."""
+    """(run id, task states, return values) of one dag.test() run; the run's own state is under
+    ``"<run>"`` in the task states."""
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
     dag_run = _dag().test(run_conf=conf)
     states = {ti.task_id: str(ti.state) for ti in dag_run.get_task_instances()}
+    states["<run>"] = str(dag_run.state)
     values: dict[str, Any] = {}
     with create_session() as session:
         rows = session.query(XComModel).filter_by(dag_id="vcloud_training", run_id=dag_run.run_id,
@@ -139,6 +141,7 @@ def test_a_stage_without_its_predecessor_fails_before_submitting(project_dir: st
     assert states["stage2"] == "failed", states
     assert "stage 2 reads stage 1's best.pt" in out and "/outputs/orphan/stage1/best.pt does not exist" in out
     assert states["stage3"] == "upstream_failed"
+    assert states["<run>"] == "failed", "a run whose stage failed is never a success"
 
 
 def _epoch_seconds(log: str) -> float:
