@@ -114,7 +114,7 @@ class SlurmSubmitOperator(BaseOperator):
             return self._adopt_or_submit(context, hook)
 
     def _adopt_or_submit(self, context: Any, hook: Any) -> Any:
-        history = self._load_history(context)
+        history = self.history_since_clear(context)
         current = history.current
         if current is not None:
             status = hook.statuses([current.job_id]).get(current.job_id)
@@ -146,7 +146,7 @@ class SlurmSubmitOperator(BaseOperator):
         missing = [key for key in EVENT_KEYS if key not in (event or {})]
         if missing:
             raise AirflowException(f"trigger event lacks {missing}: {event!r}")
-        history = SubmissionHistory.merge(self._load_history(context),
+        history = SubmissionHistory.merge(self.history_since_clear(context),
                                           SubmissionHistory.from_json(event["carry"].get("history")),
                                           ).since_clear(self._clear_number(context))
         self._store_history(context, history)
@@ -381,8 +381,8 @@ class SlurmSubmitOperator(BaseOperator):
     def _log_path(self, context: Any, job_id: str) -> str:
         return f"{self.log_dir.rstrip('/')}/{self._job_name(context)}.{job_id}.out"
 
-    def _load_history(self, context: Any) -> SubmissionHistory:
-        """This task's submissions since the DAG run was last cleared."""
+    def history_since_clear(self, context: Any) -> SubmissionHistory:
+        """This task's submissions (task state store) since the DAG run was last cleared."""
         store = context.get("task_state_store")
         if store is None:
             return SubmissionHistory()

@@ -130,7 +130,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
     def execute(self, context: Any) -> Any:
         ctx, _ = self._bind(context)
         # A try that already submitted (since the run was last cleared) goes straight to its job.
-        submitted_before = bool(self._load_history(context).submissions)
+        submitted_before = bool(self.history_since_clear(context).submissions)
         if not submitted_before:
             hook = self._hook()
             decision = self._decide(ctx, hook)

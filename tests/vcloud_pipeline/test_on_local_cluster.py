@@ -130,16 +130,25 @@ def test_job_refuses_to_start_on_changed_code(local_cluster: LocalCluster, tmp_p
     assert f"is not the code this job was rendered for ({stale})" in err and manifest.hash in err
 
 
-def test_pre_timeout_signal_checkpoints_and_requeues(local_cluster: LocalCluster, tmp_path: Path) -> None:
+def start_stand_in_trainer(cluster: LocalCluster, tmp_path: Path) -> tuple[RenderedJob, int, str, str]:
+    """Submit stage 0 with the stand-in trainer (it records the signal that stopped it).
+
+    Returns the job, its id, and the quoted paths of the trainer's ready and stop records.
+    """
     src = tmp_path / "src"
     (src / "trainer/src/vcloud").mkdir(parents=True)
     (src / "trainer/src/vcloud/__init__.py").write_text("")
     (src / "trainer/src/vcloud/train.py").write_text(STAND_IN_TRAINER)
-    profile, paths, manifest = setup_run(local_cluster, CodeTree(src), tmp_path)
+    profile, paths, manifest = setup_run(cluster, CodeTree(src), tmp_path)
     job = render_job(profile, JobSpec.train(0, time_limit="00:10:00"), paths, manifest.hash)
-    job_id = submit(local_cluster, profile, job, tmp_path)
+    job_id = submit(cluster, profile, job, tmp_path)
     ready = shlex.quote(str(paths.outputs_dir / "ready.0"))
     stopped = shlex.quote(str(paths.outputs_dir / "stopped.0"))
+    return job, job_id, ready, stopped
+
+
+def test_pre_timeout_signal_checkpoints_and_requeues(local_cluster: LocalCluster, tmp_path: Path) -> None:
+    job, job_id, ready, stopped = start_stand_in_trainer(local_cluster, tmp_path)
     err_path = shlex.quote(str(job.stderr_path(str(job_id))))
     try:
         poll_until(lambda: local_cluster.ssh(f"test -e {ready}", check=False).returncode == 0,
@@ -161,15 +170,7 @@ def test_pre_timeout_signal_checkpoints_and_requeues(local_cluster: LocalCluster
 
 
 def test_scancel_reaches_the_trainer_inside_the_container(local_cluster: LocalCluster, tmp_path: Path) -> None:
-    src = tmp_path / "src"
-    (src / "trainer/src/vcloud").mkdir(parents=True)
-    (src / "trainer/src/vcloud/__init__.py").write_text("")
-    (src / "trainer/src/vcloud/train.py").write_text(STAND_IN_TRAINER)
-    profile, paths, manifest = setup_run(local_cluster, CodeTree(src), tmp_path)
-    job = render_job(profile, JobSpec.train(0, time_limit="00:10:00"), paths, manifest.hash)
-    job_id = submit(local_cluster, profile, job, tmp_path)
-    ready = shlex.quote(str(paths.outputs_dir / "ready.0"))
-    stopped = shlex.quote(str(paths.outputs_dir / "stopped.0"))
+    job, job_id, ready, stopped = start_stand_in_trainer(local_cluster, tmp_path)
     try:
         poll_until(lambda: local_cluster.ssh(f"test -e {ready}", check=False).returncode == 0,
                    timeout=600, what="the stand-in trainer to start")
