@@ -22,8 +22,9 @@ trainer's in ways that do not touch the model code:
   (``thin_only`` until epoch 6) and a bounded run sees only a few;
 * validation runs only where it decides something: a stage that starts from its predecessor's
   answer (``validate_start`` in the stage registry: stages 1-3) is scored on the validation split
-  before and after its bounded training, and the better weights become its ``best.pt``, as the
-  trainer's best-checkpoint rule would choose between them; otherwise the last weights are kept.
+  before and after its bounded training, and the trained weights become its ``best.pt`` only if
+  they beat the start by ``train.start_min_gain``, as the trainer's best-checkpoint rule
+  (:func:`vcloud.training.best.improves`) chooses; otherwise the last weights are kept.
 
     nice -n 10 .venv/bin/python benchmarks/quality.py [--budget-minutes 20] [--work DIR] [--threads 2]
 
@@ -50,12 +51,13 @@ from torch.utils.data import DataLoader, Dataset, Subset, default_collate  # noq
 
 from vcloud.baselines import score_baselines  # noqa: E402
 from vcloud.checkpoint import save_checkpoint  # noqa: E402
-from vcloud.config import BEST_METRICS, VCloudConfig, config_from_dict, load_config  # noqa: E402
+from vcloud.config import VCloudConfig, config_from_dict, load_config  # noqa: E402
 from vcloud.data.dataset import SeriesDataset  # noqa: E402
 from vcloud.data.prepare import prepare_dataset  # noqa: E402
 from vcloud.data.synthetic import generate_raw  # noqa: E402
 from vcloud.metrics import MetricTotals  # noqa: E402
 from vcloud.stages import BuildContext, get_stage, load_stage_model  # noqa: E402
+from vcloud.training.best import improves  # noqa: E402
 
 STAGE_SHARES = {0: 0.12, 1: 0.43, 2: 0.17, 3: 0.28}
 """Fraction of the training time each stage gets (stage 3's includes pseudo-labelling)."""
@@ -130,7 +132,7 @@ def train_bounded(stage: int, ctx: BuildContext, data: Path, seconds: float) -> 
     if start is not None:
         trained = score_model(spec, model, val)[metric]
         val_scores = {"start": start[1], "trained": trained}
-        if better(metric, start[1], trained):
+        if not improves(metric, trained, start[1], cfg.train.start_min_gain):
             model.load_state_dict(start[0])
             kept = "start"
     save_checkpoint(ctx.run_dir / f"stage{stage}" / "best.pt",
@@ -142,11 +144,6 @@ def train_bounded(stage: int, ctx: BuildContext, data: Path, seconds: float) -> 
             "first_loss": sum(head) / len(head), "last_loss": sum(tail) / len(tail),
             "train_series": len(train), "prep_seconds": prep, "seconds": time.monotonic() - started,
             "kept": kept, "val": val_scores}
-
-
-def better(metric: str, a: float, b: float) -> bool:
-    """Is ``a`` strictly better than ``b`` for the trainer's best-checkpoint metric?"""
-    return a > b if BEST_METRICS[metric] == "max" else a < b
 
 
 @torch.no_grad()

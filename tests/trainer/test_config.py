@@ -62,6 +62,8 @@ def test_unknown_model_stage_is_rejected() -> None:
     ("train", "lr_schedule", "linear", "train.lr_schedule='linear' is invalid (allowed: cosine, constant)"),
     ("train", "best_metric", "loss", "train.best_metric='loss' is invalid"),
     ("train", "checkpoint_every_steps", -1, "train.checkpoint_every_steps=-1 is invalid"),
+    ("train", "start_min_gain", -0.1, "train.start_min_gain=-0.1 is invalid (allowed: a number >= 0, in the units "
+     "of best_metric (psnr))"),
     ("memory", "bf16", "yes", "memory.bf16='yes' is invalid (allowed: true or false)"),
     ("memory", "pair_chunk_size", -64, "memory.pair_chunk_size=-64 is invalid"),
     ("data", "num_workers", 1.5, "data.num_workers=1.5 is invalid (allowed: an integer)"),

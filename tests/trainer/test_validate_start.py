@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from torch.utils.data import default_collate
 
@@ -17,6 +18,8 @@ from vcloud.config import config_from_dict, load_config
 from vcloud.data.dataset import SeriesDataset
 from vcloud.stages import BuildContext, get_stage, load_stage_model
 from vcloud.training.distributed import init_distributed
+from vcloud.metrics import METRIC_NAMES
+from vcloud.training import loop
 from vcloud.training.loop import StageRun, train_stage
 from vcloud.training.signals import StopRequest
 
@@ -50,3 +53,39 @@ def test_best_checkpoint_is_the_start_when_training_makes_it_worse(tiny_prepared
         refined = get_stage(2).predict(refiner.eval(), batch)
         drafted = get_stage(1).predict(draft.eval(), batch)
     assert torch.allclose(refined, drafted, atol=1e-5)
+
+
+
+def _tiny_config(**train: object):
+    raw = load_config(TINY).to_dict()
+    raw["train"].update(train)
+    return config_from_dict(raw)
+
+
+def _train(stage: int, cfg, prepared: Path, run_dir: Path, epochs: int) -> None:
+    run = StageRun(stage=stage, config=cfg, data_root=prepared, run_dir=run_dir, max_epochs=epochs)
+    assert train_stage(run, init_distributed(env={}), StopRequest()) == 0
+
+
+
+@pytest.mark.parametrize(("margin", "best_epoch"), [(0.0, 2), (0.05, 2), (0.25, 0)])
+def test_trained_weights_replace_the_start_only_by_beating_it_by_the_margin(
+        tiny_prepared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, margin: float, best_epoch: int) -> None:
+    """Real stage-1 training for 3 epochs; validation PSNR is scripted (start 30.0, then 30.04,
+    30.2, 30.1) so that the first epoch's gain is inside a 0.05 dB margin and the second's is not."""
+    torch.set_num_threads(1)
+    _train(0, _tiny_config(), tiny_prepared, tmp_path, 2)
+    scripted = iter([30.0, 30.04, 30.2, 30.1])
+    monkeypatch.setattr(loop, "evaluate", lambda *args, **kwargs: {name: next(scripted) if name == "psnr" else 0.5
+                                                                    for name in METRIC_NAMES})
+    replaced_at = []
+    save_best = loop._save_best
+    monkeypatch.setattr(loop, "_save_best", lambda session, state, epoch=None: (
+        replaced_at.append(state.best["epoch"]), save_best(session, state, epoch))[1])
+
+    _train(1, _tiny_config(start_min_gain=margin), tiny_prepared, tmp_path, 3)
+
+    best = load_checkpoint(tmp_path / "stage1" / "best.pt")
+    assert next(scripted, None) is None, "validation ran before training and after each of the 3 epochs"
+    assert best["epoch"] == best_epoch and best["best_metric"]["epoch"] == best_epoch, best["best_metric"]
+    assert replaced_at == {0.0: [0, 1, 2], 0.05: [0, 2], 0.25: [0]}[margin]

@@ -114,6 +114,11 @@ class TrainConfig:
     """Validate after every N-th epoch (and always after the last one)."""
     best_metric: str = "psnr"
     """Validation metric that selects ``best.pt``."""
+    start_min_gain: float = 0.0
+    """How much a stage that starts from its predecessor's answer (stages 1-3 score their starting
+    model as epoch 0) must improve ``best_metric`` on validation, in that metric's units (dB for
+    psnr), before trained weights replace the start as ``best.pt``. A fine-tuning stage whose gain
+    is within the noise of the validation split then hands on the model it was given."""
     stage0: StageTrainConfig = field(default_factory=StageTrainConfig)
     """Autoencoder."""
     stage1: StageTrainConfig = field(default_factory=StageTrainConfig)
@@ -136,6 +141,8 @@ class TrainConfig:
                self.checkpoint_every_steps, "an integer >= 0 (0 = only at epoch ends)")
         _check(self.eval_every_epochs >= 1, s, "eval_every_epochs", self.eval_every_epochs, "an integer >= 1")
         _check(self.best_metric in BEST_METRICS, s, "best_metric", self.best_metric, ", ".join(BEST_METRICS))
+        _check(self.start_min_gain >= 0.0, s, "start_min_gain", self.start_min_gain,
+               f"a number >= 0, in the units of best_metric ({self.best_metric})")
         for stage in STAGES:
             self.for_stage(stage).validate(f"train.stage{stage}")
 

@@ -31,9 +31,10 @@ from torch.utils.data import DataLoader
 
 from vcloud import exitcodes
 from vcloud.checkpoint import load_latest, remove_stale_temporaries, save_checkpoint
-from vcloud.config import BEST_METRICS, StageTrainConfig, VCloudConfig
+from vcloud.config import StageTrainConfig, VCloudConfig
 from vcloud.stages import Batch, BuildContext, StageSpec, get_stage
 from vcloud.training import markers
+from vcloud.training.best import improves
 from vcloud.training.distributed import DistContext, all_reduce_sum, barrier, gather_to_main, max_over_ranks
 from vcloud.training.paths import StagePaths
 from vcloud.training.precision import Precision, resolve_precision
@@ -389,13 +390,17 @@ def _to_device(batch: Batch, device: torch.device) -> Batch:
 
 
 def _update_best(run: StageRun, state: TrainState, epoch: int | None = None) -> bool:
-    """Record the last validation as the best if it beats it; ``epoch`` defaults to the one just done."""
+    """Record the last validation as the best if it beats it; ``epoch`` defaults to the one just done.
+
+    While the best is still the stage's starting model (epoch 0), a trained epoch must beat it by
+    ``train.start_min_gain``."""
     name = run.config.train.best_metric
     value = state.last_metrics.get(name)
     if value is None or math.isnan(value):
         return False
     best = state.best
-    better = best is None or (value > best["value"] if BEST_METRICS[name] == "max" else value < best["value"])
+    margin = run.config.train.start_min_gain if best is not None and best["epoch"] == 0 else 0.0
+    better = best is None or improves(name, value, best["value"], margin)
     if better:
         state.best = {"name": name, "value": value, "epoch": state.epoch + 1 if epoch is None else epoch}
     return better
@@ -406,7 +411,8 @@ def _validate_start(session: StageSession, state: TrainState) -> None:
 
     For a stage that starts from its predecessor's answer (stage 2's untrained refiner returns
     the draft, stage 3 starts from stage 2), ``best.pt`` then never scores worse on validation
-    than what the stage was given, however its training goes.
+    than what the stage was given, however its training goes; training replaces it only by beating
+    it by ``train.start_min_gain``.
     """
     run, ctx = session.run, session.ctx
     state.last_metrics = evaluate(session.spec, session.model, session.val_loader, session.precision, ctx)
