@@ -114,7 +114,11 @@ class SlurmSubmitOperator(BaseOperator):
             return self._adopt_or_submit(context, hook)
 
     def _adopt_or_submit(self, context: Any, hook: Any) -> Any:
-        history = self.history_since_clear(context)
+        stored = self._stored_history(context)
+        history = stored.since_clear(self._clear_number(context))
+        if len(history.submissions) < len(stored.submissions):
+            self.log.info("The DAG run was cleared since jobs %s: this task submits afresh",
+                          ", ".join(j for j in stored.job_ids if j not in history.job_ids))
         current = history.current
         if current is not None:
             status = hook.statuses([current.job_id]).get(current.job_id)
@@ -383,15 +387,11 @@ class SlurmSubmitOperator(BaseOperator):
 
     def history_since_clear(self, context: Any) -> SubmissionHistory:
         """This task's submissions (task state store) since the DAG run was last cleared."""
+        return self._stored_history(context).since_clear(self._clear_number(context))
+
+    def _stored_history(self, context: Any) -> SubmissionHistory:
         store = context.get("task_state_store")
-        if store is None:
-            return SubmissionHistory()
-        stored = SubmissionHistory.from_json(store.get(HISTORY_KEY))
-        current = stored.since_clear(self._clear_number(context))
-        if len(current.submissions) < len(stored.submissions):
-            self.log.info("The DAG run was cleared since jobs %s: this task submits afresh",
-                          ", ".join(j for j in stored.job_ids if j not in current.job_ids))
-        return current
+        return SubmissionHistory() if store is None else SubmissionHistory.from_json(store.get(HISTORY_KEY))
 
     def _store_history(self, context: Any, history: SubmissionHistory) -> None:
         store = context.get("task_state_store")

@@ -134,7 +134,8 @@ def test_new_try_after_the_job_completed_finishes_without_submitting(
 
 @pytest.mark.parametrize("store_survives", [True, False])
 def test_cleared_task_submits_a_new_job_instead_of_adopting_the_completed_one(
-        local_cluster: LocalCluster, cluster_connection: str, run_id: str, store_survives: bool) -> None:
+        local_cluster: LocalCluster, cluster_connection: str, run_id: str, store_survives: bool,
+        capfd: pytest.CaptureFixture[str]) -> None:
     # Clearing a task (or reprocessing its run in a backfill) asks for the work again: Airflow counts
     # the DAG run's clear_number up, and the earlier job is a record, not this try's job.
     store, log_dir = StateStore(), local_cluster.test_dir()
@@ -142,8 +143,13 @@ def test_cleared_task_submits_a_new_job_instead_of_adopting_the_completed_one(
     first = _deferred_job(op, _context(run_id, 1, store))
     local_cluster.wait_for_state(int(first), {"COMPLETED"}, timeout=60)
     after_clear = store if store_survives else StateStore()
+    capfd.readouterr()
     second = _deferred_job(op, _context(run_id, 2, after_clear, clear_number=1))
+    printed = capfd.readouterr()  # the task SDK's logger writes to the console, not to logging
     assert second != first
+    said = f"The DAG run was cleared since jobs {first}: this task submits afresh"
+    cleared = [line for line in (printed.out + printed.err).splitlines() if "cleared since" in line]
+    assert len(cleared) == (1 if store_survives else 0) and all(said in line for line in cleared), cleared
     assert [s["job_id"] for s in after_clear.data[HISTORY_KEY]] == [second]
     assert _jobs_named(local_cluster, job_name_for("adoption", "train", run_id)) == sorted([first, second], key=int)
     local_cluster.wait_for_state(int(second), {"COMPLETED"}, timeout=60)
