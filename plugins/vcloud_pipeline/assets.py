@@ -1,8 +1,9 @@
 """The run's outputs as Airflow Assets: each stage's checkpoint and the viewer export.
 
 URIs name what the asset is, not where one run put it (that differs per profile and run); each
-asset event carries the profile, run, path on the cluster, code hash and final metrics in its
-``extra``, so a downstream DAG (evaluation, publishing the viewer) knows exactly what changed.
+asset event carries the profile, run, path on the cluster, code hash and the validation metrics
+of the checkpoint it points at (``best.pt``) in its ``extra``, so a downstream DAG (evaluation,
+publishing the viewer) knows exactly what changed.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from vcloud_pipeline.stages import (
     Decision,
     StageDecisionError,
     StageFiles,
+    best_checkpoint_metrics,
     completion_record,
     decide,
     decide_data,
@@ -156,16 +157,19 @@ class PipelineJobOperator(SlurmSubmitOperator):
         return self._report(context, super().execute_complete(context, event))
 
     def _report(self, context: Any, summary: dict[str, Any]) -> dict[str, Any]:
-        """Add every job's state, the stage's final metrics and the asset event to the summary."""
+        """Add every job's state, the metrics of the stage's ``best.pt`` (and of its last epoch) and
+        the asset event to the summary."""
         ctx, synced = self._bind(context)
         hook = self._hook()
         states = {job_id: status.state.value for job_id, status in hook.statuses(summary["job_ids"]).items()}
         record = None
         if self.job.startswith("stage"):
             record = completion_record(hook.read_file(str(ctx.paths.complete_path(int(self.job[5:])))))
+        best_epoch, best_metrics = best_checkpoint_metrics(record)
         summary.update({"job": self.job, "run": ctx.request.run_name, "profile": ctx.profile.name,
                         "code_hash": synced["code_hash"], "states": states,
-                        "metrics": (record or {}).get("final_metrics"), "epochs": (record or {}).get("epochs")})
+                        "metrics": best_metrics, "best_epoch": best_epoch,
+                        "final_metrics": (record or {}).get("final_metrics"), "epochs": (record or {}).get("epochs")})
         asset = asset_for(self.job)
         if asset is not None and "outlet_events" in context:
             where = (str(ctx.paths.best_checkpoint(int(self.job[5:]))) if self.job.startswith("stage")
@@ -175,6 +179,6 @@ class PipelineJobOperator(SlurmSubmitOperator):
                 "code_hash": synced["code_hash"], "job_ids": summary["job_ids"],
                 "metrics": summary["metrics"],
             })
-        self.log.info("%s done: jobs %s, %s GPU-hours, metrics %s", self.job, states, summary["gpu_hours"],
-                      summary["metrics"])
+        self.log.info("%s done: jobs %s, %s GPU-hours, best.pt from epoch %s: metrics %s", self.job, states,
+                      summary["gpu_hours"], best_epoch, summary["metrics"])
         return summary

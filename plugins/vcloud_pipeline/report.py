@@ -1,8 +1,9 @@
 """Print a run's outputs and the project's GPU-hour ledger: ``python -m vcloud_pipeline.report``.
 
 What ``make demo`` shows at the end, and what a person checks after a run: checkpoints, viewer
-images and metrics as they are on the cluster, each stage's final metrics from its ``COMPLETE``
-record, and what the project's jobs have cost.
+images and metrics as they are on the cluster, each stage's metrics from its ``COMPLETE`` record
+(those of ``best.pt``, the weights handed on, and of the last epoch), and what the project's jobs
+have cost.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from vcloud_pipeline.params import RequestError, parse_request
 from vcloud_pipeline.preflight import read_ledger
 from vcloud_pipeline.remote import listing
+from vcloud_pipeline.stages import best_checkpoint_metrics
 from vcloud_pipeline.tasks import RunContext, stage_records
 
 
@@ -22,6 +24,11 @@ def _size(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
+
+
+def _metrics(values: dict | None) -> str:
+    shown = ", ".join(f"{k} {v:.4g}" for k, v in (values or {}).items() if isinstance(v, (int, float)))
+    return shown or "-"
 
 
 def ledger_section(ledger, dag_run_id: str | None, unit: str) -> list[str]:
@@ -53,9 +60,9 @@ def render_report(ctx: RunContext, hook, dag_run_id: str | None = None) -> str:
         if record is None:
             lines.append(f"  {label}: not complete")
             continue
-        final = record.get("final_metrics") or {}
-        shown = ", ".join(f"{k} {v:.4g}" for k, v in final.items() if isinstance(v, (int, float)))
-        lines.append(f"  {label}: {record.get('epochs')} epochs; {shown}")
+        best_epoch, best = best_checkpoint_metrics(record)
+        lines.append(f"  {label}: {record.get('epochs')} epochs; best.pt from epoch {best_epoch}: {_metrics(best)}; "
+                     f"last epoch: {_metrics(record.get('final_metrics'))}")
     lines += ["", *ledger_section(read_ledger(hook, ctx.profile), dag_run_id, ctx.profile.billing.unit)]
     return "\n".join(lines)
 

@@ -144,7 +144,8 @@ def decide_export(plan: StagePlan) -> Decision:
 
 
 def completion_record(text: str | None) -> dict[str, Any] | None:
-    """The trainer's ``COMPLETE`` file (JSON: epochs, final metrics), or None if absent/unreadable."""
+    """The trainer's ``COMPLETE`` file (JSON: epochs, final and best metrics), or None if
+    absent/unreadable."""
     if not text:
         return None
     try:
@@ -152,3 +153,15 @@ def completion_record(text: str | None) -> dict[str, Any] | None:
     except json.JSONDecodeError:
         return None
     return data if isinstance(data, Mapping) else None
+
+
+def best_checkpoint_metrics(record: Mapping[str, Any] | None) -> tuple[int | None, dict[str, float] | None]:
+    """(epoch, validation metrics) of the stage's ``best.pt``, the weights the next stage and the
+    export use. Epoch 0 is the model the stage started from, kept because training did not beat it.
+    Records written before the best epoch's metrics were stored give the last epoch's instead."""
+    if not record:
+        return None, None
+    best = record.get("best_metric") or {}
+    if isinstance(best.get("metrics"), Mapping):
+        return best.get("epoch"), dict(best["metrics"])
+    return record.get("epochs"), record.get("final_metrics")

@@ -110,7 +110,10 @@ def test_full_run_then_restart_from_stage_2(local_cluster: LocalCluster, project
         assert image_line(local_cluster) in job_err_log(local_cluster, project_dir, "e2e", stage, summary["job_id"])
     assert values["prepare_data"]["state"] == "COMPLETED"
     assert values["preflight_checks"]["test_only"].keys() == {*STAGES, "export"}
-    assert values["summary"]["stages"]["stage3"]["final_metrics"]["psnr"] == values["stage3"]["metrics"]["psnr"]
+    complete3 = values["summary"]["stages"]["stage3"]
+    assert values["stage3"]["final_metrics"] == complete3["final_metrics"]
+    assert (values["stage3"]["best_epoch"], values["stage3"]["metrics"]) == \
+        (complete3["best_metric"]["epoch"], complete3["best_metric"]["metrics"]), "the metrics of best.pt"
 
     events = asset_events(run_id)
     assert events["vcloud_stage1_checkpoint"]["path"] == f"{outputs}/stage1/best.pt"

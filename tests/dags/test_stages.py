@@ -11,6 +11,7 @@ from vcloud_pipeline.stages import (
     StageDecisionError,
     StageFiles,
     StagePlan,
+    best_checkpoint_metrics,
     completion_record,
     decide,
     decide_data,
@@ -90,3 +91,12 @@ def test_completion_record_reads_the_trainer_complete_file() -> None:
     assert completion_record('{"epochs": 3, "final_metrics": {"psnr": 35.5}}')["final_metrics"]["psnr"] == 35.5
     assert completion_record(None) is None
     assert completion_record("not json") is None
+
+
+def test_best_checkpoint_metrics_are_those_of_best_pt_not_of_the_last_epoch() -> None:
+    record = {"epochs": 3, "final_metrics": {"psnr": 45.5},
+              "best_metric": {"name": "psnr", "value": 48.1, "epoch": 0, "metrics": {"psnr": 48.1, "ssim": 0.99}}}
+    assert best_checkpoint_metrics(record) == (0, {"psnr": 48.1, "ssim": 0.99})
+    older = {"epochs": 3, "final_metrics": {"psnr": 45.5}, "best_metric": {"name": "psnr", "value": 48.1, "epoch": 2}}
+    assert best_checkpoint_metrics(older) == (3, {"psnr": 45.5})
+    assert best_checkpoint_metrics(None) == (None, None)

@@ -42,6 +42,9 @@ def test_complete_marker_carries_final_metrics(stage0_run: Path) -> None:
     assert complete["epochs"] == progress["epochs_total"]
     assert complete["final_metrics"]["psnr"] == progress["history"][-1]["val_psnr"]
     assert set(complete["final_metrics"]) == {"psnr", "ssim", "sam", "mae", "rmse"}
+    best = complete["best_metric"]
+    scored = {k[4:]: v for k, v in progress["history"][best["epoch"] - 1].items() if k.startswith("val_")}
+    assert best["metrics"] == scored and best["value"] == scored["psnr"]
 
 
 def test_best_checkpoint_rebuilds_the_model_and_reproduces_its_score(stage0_run: Path, tiny_prepared: Path) -> None:
@@ -57,6 +60,7 @@ def test_best_checkpoint_rebuilds_the_model_and_reproduces_its_score(stage0_run:
     loader = DataLoader(SeriesDataset(tiny_prepared, "val"), batch_size=2)
     scores = evaluate(get_stage(0), model, loader, resolve_precision("cpu", True), ctx)
     assert scores["psnr"] == pytest.approx(state["best_metric"]["value"], abs=1e-6)
+    assert scores == pytest.approx(state["best_metric"]["metrics"], abs=1e-6)
 
 
 def test_least_cloudy_input_picks_the_clearest_date_per_series() -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import json
+
 import pytest
 import torch
 from torch.utils.data import default_collate
@@ -43,6 +45,10 @@ def test_best_checkpoint_is_the_start_when_training_makes_it_worse(tiny_prepared
     assert latest["epoch"] == 1
     trained_psnr = latest["metrics"]["psnr"]
     assert trained_psnr < best["best_metric"]["value"], (trained_psnr, best["best_metric"])
+    complete = json.loads((tmp_path / "stage2" / "COMPLETE").read_text())
+    assert complete["final_metrics"]["psnr"] == trained_psnr, "the last epoch's metrics"
+    assert complete["best_metric"]["epoch"] == 0 and complete["best_metric"]["metrics"] == best["metrics"], \
+        "COMPLETE reports what best.pt (the untrained refiner) scored"
 
     build = BuildContext(config=cfg, run_dir=tmp_path, device=torch.device("cpu"))
     refiner, _ = load_stage_model(2, tmp_path / "stage2" / "best.pt", build)

@@ -79,7 +79,8 @@ class TrainState:
     epoch_samples: int = 0
     epoch_seconds: float = 0.0
     best: dict[str, Any] | None = None
-    """``{"name", "value", "epoch"}`` of the best validation so far."""
+    """``{"name", "value", "epoch", "metrics"}`` of the best validation so far: the epoch whose
+    weights are ``best.pt`` (0 = the starting model) and all its validation metrics."""
     last_metrics: dict[str, float] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
 
@@ -402,7 +403,8 @@ def _update_best(run: StageRun, state: TrainState, epoch: int | None = None) -> 
     margin = run.config.train.start_min_gain if best is not None and best["epoch"] == 0 else 0.0
     better = best is None or improves(name, value, best["value"], margin)
     if better:
-        state.best = {"name": name, "value": value, "epoch": state.epoch + 1 if epoch is None else epoch}
+        state.best = {"name": name, "value": value, "epoch": state.epoch + 1 if epoch is None else epoch,
+                      "metrics": dict(state.last_metrics)}
     return better
 
 

@@ -3,7 +3,8 @@
 Both are tiny JSON files written atomically, so an ``ssh cat`` never sees half a file.
 ``progress.json`` is rewritten at every checkpoint with where training stands and the per-epoch
 history (also the source of the export's training curves); ``COMPLETE`` appears once, when the
-stage reached its epoch count, and carries the final metrics.
+stage reached its epoch count, and carries the last epoch's metrics and those of ``best.pt`` (the
+weights the next stage and the export use; with ``validate_start`` possibly the starting model).
 """
 
 from __future__ import annotations
