@@ -428,3 +428,39 @@ def test_lost_connection_is_retryable_and_the_next_command_reconnects(cluster_co
 
     assert sync() == (True, "back\n", 2)
     assert asyncio.run(asynchronous()) == (True, "back\n", 2)
+
+
+def test_command_that_exits_before_its_input_is_written_still_returns_its_result(
+        cluster_connection: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `sbatch` rejecting an option exits before it reads the script on stdin. On a busy worker the
+    # channel can close before the client writes: the command's exit status and output are the
+    # result, not "cannot reach". Made certain here by waiting for the channel to close first.
+    import asyncssh
+
+    create_session = asyncssh.SSHClientConnection.create_session
+
+    async def slow_client(self, *args, **kwargs):
+        channel, session = await create_session(self, *args, **kwargs)
+        await channel.wait_closed()
+        return channel, session
+
+    monkeypatch.setattr(asyncssh.SSHClientConnection, "create_session", slow_client)
+    result = run_async(PARAMIKO_CONN, "echo rejected >&2; exit 1", stdin="#!/bin/bash\n" * 10_000)
+    assert (result.exit_status, result.stdout, result.stderr) == (1, "", "rejected\n")
+
+
+def test_commands_that_ignore_their_input_return_their_result_on_one_connection(
+        cluster_connection: str, run) -> None:
+    async def many() -> list[CommandResult]:
+        runner = async_runner_for_connection(PARAMIKO_CONN)
+        try:
+            return [await runner.run("exec 0<&-; echo hello", stdin="x" * 100_000, timeout=30) for _ in range(20)]
+        finally:
+            await runner.close()
+
+    if run is run_async:
+        results = asyncio.run(many())
+    else:
+        with runner_for_connection(PARAMIKO_CONN) as runner:
+            results = [runner.run("exec 0<&-; echo hello", stdin="x" * 100_000, timeout=30) for _ in range(20)]
+    assert [(r.exit_status, r.stdout) for r in results] == [(0, "hello\n")] * 20

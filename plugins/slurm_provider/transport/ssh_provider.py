@@ -234,6 +234,19 @@ def map_asyncssh_error(exc: BaseException, where: str) -> TransportError:
     return TransportError(f"SSH to {where} failed: {type(exc).__name__}: {exc}", retryable=False)
 
 
+def _feed_stdin(process: Any, data: bytes | None) -> None:
+    """Write ``data`` and EOF to the remote command's stdin. A command may exit without reading
+    its input (``sbatch`` rejecting an option before it reads the script): once the channel is
+    closed the write fails, and the command's exit status and output are still the result, as
+    with the paramiko transport. A lost connection shows as a missing exit status instead."""
+    try:
+        if data:
+            process.stdin.write(data)
+        process.stdin.write_eof()
+    except BrokenPipeError:
+        log.debug("the remote command closed its input before reading all of it")
+
+
 class AsyncSSHProviderRunner:
     """Async runner on one asyncssh connection opened by the SSH provider's ``SSHHookAsync``.
 
@@ -281,11 +294,14 @@ class AsyncSSHProviderRunner:
         async with self._sessions:
             self.commands_issued += 1
             log.debug("Running on %s: %s", self._where, command)
+            process = None
             try:
-                result = await conn.run(
-                    command, input=data, check=False, encoding=None, timeout=_remaining(deadline)
-                )
+                process = await asyncio.wait_for(conn.create_process(command, encoding=None), _remaining(deadline))
+                _feed_stdin(process, data)
+                result = await process.wait(check=False, timeout=_remaining(deadline))
             except Exception as exc:
+                if process is not None:
+                    process.close()  # a command past its timeout does not keep a session of the connection
                 if conn.is_closed():
                     self._conn = None
                 raise map_asyncssh_error(exc, self._where) from exc
