@@ -24,7 +24,7 @@ trainer's in ways that do not touch the model code:
   answer (``validate_start`` in the stage registry: stages 1-3) is scored on the validation split
   before and after its bounded training, and the trained weights become its ``best.pt`` only if
   they beat the start by ``train.start_min_gain``, as the trainer's best-checkpoint rule
-  (:func:`vcloud.training.best.improves`) chooses; otherwise the last weights are kept.
+  (:func:`vcloud.training.best.improves`) chooses. Stage 0 keeps its last weights.
 
     nice -n 10 .venv/bin/python benchmarks/quality.py [--budget-minutes 20] [--work DIR] [--threads 2]
 

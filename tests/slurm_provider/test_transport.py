@@ -451,10 +451,12 @@ def test_command_that_exits_before_its_input_is_written_still_returns_its_result
 
 def test_commands_that_ignore_their_input_return_their_result_on_one_connection(
         cluster_connection: str, run) -> None:
+    command, payload = "exec 0<&-; echo hello", "x" * 100_000
+
     async def many() -> list[CommandResult]:
         runner = async_runner_for_connection(PARAMIKO_CONN)
         try:
-            return [await runner.run("exec 0<&-; echo hello", stdin="x" * 100_000, timeout=30) for _ in range(20)]
+            return [await runner.run(command, stdin=payload, timeout=30) for _ in range(20)]
         finally:
             await runner.close()
 
@@ -462,5 +464,5 @@ def test_commands_that_ignore_their_input_return_their_result_on_one_connection(
         results = asyncio.run(many())
     else:
         with runner_for_connection(PARAMIKO_CONN) as runner:
-            results = [runner.run("exec 0<&-; echo hello", stdin="x" * 100_000, timeout=30) for _ in range(20)]
+            results = [runner.run(command, stdin=payload, timeout=30) for _ in range(20)]
     assert [(r.exit_status, r.stdout) for r in results] == [(0, "hello\n")] * 20

@@ -7,37 +7,44 @@ the untrained refiner (epoch 0), which predicts exactly the draft.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from torch.utils.data import default_collate
 
 from vcloud.checkpoint import load_checkpoint
-from vcloud.config import config_from_dict, load_config
+from vcloud.config import VCloudConfig, config_from_dict, load_config
 from vcloud.data.dataset import SeriesDataset
-from vcloud.stages import BuildContext, get_stage, load_stage_model
-from vcloud.training.distributed import init_distributed
 from vcloud.metrics import METRIC_NAMES
+from vcloud.stages import BuildContext, get_stage, load_stage_model
 from vcloud.training import loop
+from vcloud.training.distributed import init_distributed
 from vcloud.training.loop import StageRun, train_stage
 from vcloud.training.signals import StopRequest
 
 TINY = Path(__file__).resolve().parents[2] / "trainer" / "configs" / "model_tiny.yaml"
 
 
+def _tiny_config(**train: object) -> VCloudConfig:
+    """The tiny config with top-level ``train`` keys replaced."""
+    raw = load_config(TINY).to_dict()
+    raw["train"].update(train)
+    return config_from_dict(raw)
+
+
+def _train(stage: int, cfg: VCloudConfig, prepared: Path, run_dir: Path, epochs: int) -> None:
+    run = StageRun(stage=stage, config=cfg, data_root=prepared, run_dir=run_dir, max_epochs=epochs)
+    assert train_stage(run, init_distributed(env={}), StopRequest()) == 0
+
+
 def test_best_checkpoint_is_the_start_when_training_makes_it_worse(tiny_prepared: Path, tmp_path: Path) -> None:
     torch.set_num_threads(1)
-    raw = load_config(TINY).to_dict()
-    raw["train"]["stage2"] = {**raw["train"]["stage2"], "lr": 0.9, "epochs": 1}
-    raw["train"]["grad_clip_norm"] = 0.0
-    cfg = config_from_dict(raw)
-    ctx = init_distributed(env={})
+    stage2 = load_config(TINY).to_dict()["train"]["stage2"]
+    cfg = _tiny_config(stage2={**stage2, "lr": 0.9, "epochs": 1}, grad_clip_norm=0.0)
     for stage, epochs in ((0, 2), (1, 1), (2, 1)):
-        run = StageRun(stage=stage, config=cfg, data_root=tiny_prepared, run_dir=tmp_path, max_epochs=epochs)
-        assert train_stage(run, ctx, StopRequest()) == 0
+        _train(stage, cfg, tiny_prepared, tmp_path, epochs)
 
     best = load_checkpoint(tmp_path / "stage2" / "best.pt")
     latest = load_checkpoint(tmp_path / "stage2" / "latest.pt")
@@ -59,18 +66,6 @@ def test_best_checkpoint_is_the_start_when_training_makes_it_worse(tiny_prepared
         refined = get_stage(2).predict(refiner.eval(), batch)
         drafted = get_stage(1).predict(draft.eval(), batch)
     assert torch.allclose(refined, drafted, atol=1e-5)
-
-
-
-def _tiny_config(**train: object):
-    raw = load_config(TINY).to_dict()
-    raw["train"].update(train)
-    return config_from_dict(raw)
-
-
-def _train(stage: int, cfg, prepared: Path, run_dir: Path, epochs: int) -> None:
-    run = StageRun(stage=stage, config=cfg, data_root=prepared, run_dir=run_dir, max_epochs=epochs)
-    assert train_stage(run, init_distributed(env={}), StopRequest()) == 0
 
 
 
