@@ -159,3 +159,40 @@ def test_module_entry_point_runs(tmp_path: Path, tiny_prepared: Path) -> None:
     assert "no GPU visible" in lines[0]
     assert any(" stage 0 | epoch 1/1 | loss " in line for line in lines)
     assert lines[-1].endswith("exit 0: stage complete")
+
+
+_SIGNAL_DURING_START_UP = '''
+import atexit, importlib.abc, os, pathlib, runpy, signal, sys
+record = pathlib.Path(sys.argv.pop(1))
+
+
+class SignalOnTorchImport(importlib.abc.MetaPathFinder):
+    """Sends USR2 to this process as torch starts to import: the slow part of a trainer's start."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGUSR2)
+        return None
+
+
+sys.meta_path.insert(0, SignalOnTorchImport())
+atexit.register(lambda: record.write_text(signal.getsignal(signal.SIGUSR2).name))
+runpy.run_module("vcloud.train", run_name="__main__", alter_sys=True)
+'''
+
+
+def test_usr2_while_torch_imports_stops_with_a_checkpoint_and_is_ignored_at_exit(tmp_path: Path,
+                                                                                 tiny_prepared: Path) -> None:
+    """Slurm may send the pre-timeout USR2 up to a minute early: the handler must be there first."""
+    record = tmp_path / "usr2_at_exit"
+    proc = subprocess.run([sys.executable, "-c", _SIGNAL_DURING_START_UP, str(record), "--stage", "0",
+                           "--config", str(TINY), "--data", str(tiny_prepared), "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(REPO / "trainer" / "src"), "OMP_NUM_THREADS": "1",
+                               "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == exitcodes.REQUEUE, proc.stdout + proc.stderr
+    assert "stage 0 stopped on SIGUSR2 at epoch 0" in proc.stdout
+    assert (tmp_path / "run" / "stage0" / "latest.pt").is_file()
+    # after the stage has its exit code, a late USR2 cannot turn it into death by signal
+    assert record.read_text() == "SIG_IGN"

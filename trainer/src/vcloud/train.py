@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from pathlib import Path
 
 from vcloud import exitcodes
-from vcloud.checkpoint import CheckpointError
 from vcloud.config import STAGES, ConfigError, VCloudConfig, load_config
-from vcloud.stages import StageError, get_stage
-from vcloud.training.signals import RequeuePolicy, StopRequest, install_stop_handlers
+from vcloud.training.signals import STOP_SIGNALS, RequeuePolicy, StopRequest, install_stop_handlers
+
+# Everything that imports torch is imported inside the functions below: importing it takes seconds
+# (tens of seconds on a loaded node), and a stop signal must find its handler installed by then.
 
 log = logging.getLogger("vcloud.train")
 
@@ -70,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _validate(args: argparse.Namespace) -> VCloudConfig:
     """Everything checkable before touching a GPU; raises ConfigError/StageError/ValueError."""
+    from vcloud.stages import get_stage
+
     config = load_config(args.config)
     spec = get_stage(args.stage)
     spec.parse_model_config(config.model.section(args.stage))
@@ -83,6 +87,7 @@ def _validate(args: argparse.Namespace) -> VCloudConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Train in this process (tests, embedding tools); the previous signal handlers are put back."""
     stop = install_stop_handlers()  # first: a signal during start-up must not kill the process
     try:
         return _main(argv, stop)
@@ -93,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None, stop: StopRequest) -> int:
     configure_logging()
     args = build_parser().parse_args(argv)
+    from vcloud.checkpoint import CheckpointError
+    from vcloud.stages import StageError
+
     try:
         config = _validate(args)
     except (ConfigError, StageError, ValueError) as exc:
@@ -122,5 +130,17 @@ def _main(argv: list[str] | None, stop: StopRequest) -> int:
     return code
 
 
+def _run_as_process() -> int:
+    """The job's entry point: a stop signal after the stage has its exit code is ignored.
+
+    Python puts the default action back for signals with Python handlers while it shuts down (and
+    tearing torch down takes a while), so a USR2 arriving then would turn a finished stage's exit
+    0, or a checkpointed stop's 85, into death by signal."""
+    code = _main(None, install_stop_handlers())
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_run_as_process())
