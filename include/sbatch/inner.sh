@@ -22,11 +22,7 @@ trap 'on_signal TERM' TERM
 
 @@COMMAND@@ &
 child_pid=$!
-while kill -0 "$child_pid" 2>/dev/null; do
-    wait "$child_pid" || true
-done
-rc=0
-wait "$child_pid" || rc=$?
+@@WAIT_FOR_CHILD@@
 @@AFTER@@
 if [ -n "$stop_signal" ]; then
     echo "vcloud inner script: stopped after SIG${stop_signal}, exit code ${rc}" >&2

@@ -9,7 +9,8 @@ import check on every cluster; the differences come from the profile.
 Every job is requeueable, appends to its logs across requeues, and gets ``USR2`` some minutes
 before its time limit (not ``USR1``, which NCCL may use). The outer script forwards that signal to
 the trainer, which checkpoints at a step boundary and exits 85; the outer script then requeues
-the job. Every interpolated value is shell-quoted; per-job values (``{job_id}``) expand in the job.
+the job. A training step that dies of that signal (it came before the trainer could handle it)
+counts as stopped too: nothing was trained since the last checkpoint. Every interpolated value is shell-quoted; per-job values (``{job_id}``) expand in the job.
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ def _read_template(directory: str, name: str) -> str:
 
 
 def fill_template(template: str, values: dict[str, str], *, name: str) -> str:
-    """Replace ``@@TOKEN@@`` markers; a marker alone on its line takes a block (or vanishes if empty)."""
+    """Replace ``@@TOKEN@@`` markers; a marker alone on its line takes a block (or vanishes if empty),
+    indented like the marker."""
     wanted = set(_TOKEN.findall(template))
     if wanted != set(values):
         missing, extra = sorted(wanted - set(values)), sorted(set(values) - wanted)
@@ -118,8 +120,9 @@ def fill_template(template: str, values: dict[str, str], *, name: str) -> str:
     for line in template.splitlines():
         alone = _TOKEN.fullmatch(line.strip())
         if alone:
-            block = values[alone.group(1)]
-            lines.extend(block.splitlines())
+            indent = line[:len(line) - len(line.lstrip())]
+            lines.extend(indent + block_line if block_line else "" for block_line in
+                         values[alone.group(1)].splitlines())
         else:
             lines.append(_TOKEN.sub(lambda m: values[m.group(1)], line))
     return "\n".join(lines) + "\n"
@@ -410,6 +413,7 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
     options = _directives(profile, res, name, paths)
     directive_lines = [f"#SBATCH --{k}={directive_value(v)}" if v else f"#SBATCH --{k}" for k, v in options]
     setup, launch, on_signal, after_step = _outer_setup(profile, spec, res, paths, torchrun)
+    wait_for_child = _read_template(templates, "wait_for_child.sh")
     outer = fill_template(_read_template(templates, "outer.sbatch"), {
         "DIRECTIVES": "\n".join(directive_lines),
         "TITLE": title,
@@ -423,6 +427,8 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
         "ON_SIGNAL": on_signal,
         "LAUNCH": launch,
         "AFTER_STEP": after_step,
+        "WAIT_FOR_CHILD": wait_for_child,
+        "STEP_RESUMES": "1" if spec.kind is JobKind.TRAIN else "0",
     }, name="outer.sbatch")
 
     command, forward, after = _inner_command(profile, spec, res, paths, templates, torchrun)
@@ -436,6 +442,7 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
         "ENV": _inner_env(profile, paths),
         "CODE_DIR": shell_word(paths.code_dir),
         "FORWARD": forward,
+        "WAIT_FOR_CHILD": wait_for_child,
         "COMMAND": command,
         "AFTER": after,
     }, name="inner.sh")

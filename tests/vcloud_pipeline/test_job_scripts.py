@@ -2,7 +2,9 @@
 
 The trainer's side of the contract (checkpoint on USR2/TERM at a step boundary, exit 85) is played
 by a stand-in module in a temporary code tree, so these tests exercise the shell plumbing itself:
-trap, forward, wait again, pass the exit code through, and with torchrun, reach its workers.
+trap, forward, wait again, pass the exit code through, and with torchrun, reach its workers. The
+outer script runs with stand-ins for ``srun`` (runs its command) and ``scontrol`` (records its
+arguments) first on PATH.
 """
 
 from __future__ import annotations
@@ -39,8 +41,18 @@ while not stop:
 sys.exit(85)
 '''
 
+SLOW_START = '''
+import os, pathlib, sys, time
+slow_out = pathlib.Path(sys.argv[sys.argv.index("--out") + 1])
+slow_out.mkdir(parents=True, exist_ok=True)
+(slow_out / f"starting.{os.environ.get('RANK', '0')}").write_text("")
+time.sleep(600)  # like importing torch on a loaded node: no signal handler yet
+'''
+"""Prepended to :data:`STAND_IN_TRAINER`: a trainer still starting when the stop signal arrives."""
 
-def render(tmp_path: Path, spec: JobSpec, runtime: str = "none") -> tuple[RenderedJob, RunPaths]:
+
+def render(tmp_path: Path, spec: JobSpec, runtime: str = "none",
+           trainer: str = STAND_IN_TRAINER) -> tuple[RenderedJob, RunPaths]:
     """Scripts of the local profile in a temporary project; ``none``: bare, in this interpreter."""
     base = tmp_path / "project dir's"
     profile = load_profile("local", overrides={"paths.base": str(base), "software.python": sys.executable,
@@ -55,7 +67,8 @@ def render(tmp_path: Path, spec: JobSpec, runtime: str = "none") -> tuple[Render
     package = Path(paths.pythonpath_dir) / "vcloud"
     package.mkdir(parents=True, exist_ok=True)
     (package / "__init__.py").write_text("")
-    (package / "train.py").write_text(STAND_IN_TRAINER)
+    (package / "train.py").write_text(trainer)
+    (package / "export.py").write_text(trainer)
     return job, paths
 
 
@@ -131,3 +144,94 @@ def test_inner_reaches_torchrun_workers_and_reports_the_requeue(tmp_path: Path) 
     _, err = process.communicate(timeout=120)
     assert process.returncode == EXIT_REQUEUE, err
     assert (out / "stopped.0").read_text() == "USR2" and (out / "stopped.1").read_text() == "USR2"
+
+
+def start_outer(job: RenderedJob, paths: RunPaths, tmp_path: Path) -> subprocess.Popen:
+    """The outer script as Slurm would run it, with ``srun``/``scontrol`` stand-ins first on PATH.
+
+    ``hostname`` is one too: it runs during set-up, and when ``hold-setup`` exists it waits (up
+    to a minute) for ``release-setup``, so a test can signal the script in the middle of set-up.
+    """
+    Path(paths.code_manifest).write_text(CodeManifest(CODE_HASH, 3, "2026-02-16T12:00:00+00:00").to_json())
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    stand_ins = {
+        "srun": 'while [[ $1 == --* ]]; do shift; done\nexec "$@"',
+        "scontrol": f'echo "$*" >> {tmp_path}/scontrol.calls',
+        "hostname": (f'if [ -e {tmp_path}/hold-setup ]; then touch {tmp_path}/in-setup;'
+                     f' for _ in $(seq 600); do [ -e {tmp_path}/release-setup ] && break; sleep 0.1; done; fi\n'
+                     'echo node1'),
+    }
+    for name, body in stand_ins.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = job_env(PATH=f"{bin_dir}:{os.environ['PATH']}")
+    return subprocess.Popen(["bash", str(job.outer_path)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def requeue_calls(tmp_path: Path) -> list[str]:
+    calls = tmp_path / "scontrol.calls"
+    return calls.read_text().splitlines() if calls.exists() else []
+
+
+@pytest.mark.parametrize("trainer, marker", [(STAND_IN_TRAINER, "ready.0"), (SLOW_START + STAND_IN_TRAINER, "starting.0")],
+                         ids=["trainer-handles-it", "trainer-still-starting"])
+def test_outer_requeues_a_training_step_stopped_by_usr2(tmp_path: Path, trainer: str, marker: str) -> None:
+    """Slurm sends USR2 up to a minute early: it may find the trainer without its handler yet."""
+    job, paths = render(tmp_path, JobSpec.train(1), trainer=trainer)
+    process = start_outer(job, paths, tmp_path)
+    wait_for([Path(paths.outputs_dir) / marker], process)
+    process.send_signal(signal.SIGUSR2)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == EXIT_REQUEUE, err
+    assert requeue_calls(tmp_path) == ["requeue 4242"], err
+    assert "requeued: the next start resumes from the checkpoint" in err
+    died = "the job step died of SIGUSR2 itself" in err
+    assert died == (marker == "starting.0"), err
+
+
+def test_outer_does_not_start_a_training_step_after_a_signal_during_setup(tmp_path: Path) -> None:
+    job, paths = render(tmp_path, JobSpec.train(1))
+    (tmp_path / "hold-setup").touch()
+    process = start_outer(job, paths, tmp_path)
+    wait_for([tmp_path / "in-setup"], process)
+    process.send_signal(signal.SIGUSR2)
+    (tmp_path / "release-setup").touch()
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == EXIT_REQUEUE, err
+    assert "not starting the job step: SIGUSR2 arrived during set-up" in err
+    assert not (Path(paths.outputs_dir) / "ready.0").exists()
+    assert requeue_calls(tmp_path) == ["requeue 4242"]
+
+
+def test_outer_passes_through_the_death_of_a_step_that_cannot_resume(tmp_path: Path) -> None:
+    """The export starts over when rerun: requeueing it after USR2 could repeat it forever."""
+    job, paths = render(tmp_path, JobSpec.export(), trainer=SLOW_START + STAND_IN_TRAINER)
+    process = start_outer(job, paths, tmp_path)
+    wait_for([Path(paths.outputs_dir) / "starting.0"], process)
+    process.send_signal(signal.SIGUSR2)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGUSR2, err
+    assert requeue_calls(tmp_path) == [] and "died of" not in err
+
+
+def test_inner_reports_a_trainer_killed_by_the_signal_as_such(tmp_path: Path) -> None:
+    """slurmstepd signals the task's whole process group: bash and the trainer at once.
+
+    When the trainer dies of it while bash runs its trap, bash 5.2 has answered the final ``wait``
+    with -1 (exit 255, a plain failure); the outer script must see 128 + USR2 to requeue. The race
+    is timing-dependent, so it is run many times.
+    """
+    job, paths = render(tmp_path, JobSpec.train(1), trainer=SLOW_START + STAND_IN_TRAINER)
+    starting = Path(paths.outputs_dir) / "starting.0"
+    codes = []
+    for _ in range(30):
+        starting.unlink(missing_ok=True)
+        process = subprocess.Popen(["bash", str(job.inner_path)], env=job_env(), stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
+        wait_for([starting], process)
+        os.killpg(process.pid, signal.SIGUSR2)
+        process.communicate(timeout=60)
+        codes.append(process.returncode)
+    assert codes == [128 + signal.SIGUSR2] * 30

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import shlex
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from localcluster import LocalCluster, poll_until
@@ -31,7 +32,7 @@ from vcloud_pipeline.rsync import (
     scripts_sync_argv,
     ssh_destination,
 )
-from tests.vcloud_pipeline.test_job_scripts import STAND_IN_TRAINER
+from tests.vcloud_pipeline.test_job_scripts import SLOW_START, STAND_IN_TRAINER
 
 REPO = Path(__file__).resolve().parents[2]
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"}
@@ -130,25 +131,26 @@ def test_job_refuses_to_start_on_changed_code(local_cluster: LocalCluster, tmp_p
     assert f"is not the code this job was rendered for ({stale})" in err and manifest.hash in err
 
 
-def start_stand_in_trainer(cluster: LocalCluster, tmp_path: Path) -> tuple[RenderedJob, int, str, str]:
+def start_stand_in_trainer(cluster: LocalCluster, tmp_path: Path,
+                           trainer: str = STAND_IN_TRAINER) -> tuple[RenderedJob, int, Callable[[str], str]]:
     """Submit stage 0 with the stand-in trainer (it records the signal that stopped it).
 
-    Returns the job, its id, and the quoted paths of the trainer's ready and stop records.
+    Returns the job, its id, and the quoted path of one of the trainer's records by name
+    (``starting.0``, ``ready.0``, ``stopped.0``).
     """
     src = tmp_path / "src"
     (src / "trainer/src/vcloud").mkdir(parents=True)
     (src / "trainer/src/vcloud/__init__.py").write_text("")
-    (src / "trainer/src/vcloud/train.py").write_text(STAND_IN_TRAINER)
+    (src / "trainer/src/vcloud/train.py").write_text(trainer)
     profile, paths, manifest = setup_run(cluster, CodeTree(src), tmp_path)
     job = render_job(profile, JobSpec.train(0, time_limit="00:10:00"), paths, manifest.hash)
     job_id = submit(cluster, profile, job, tmp_path)
-    ready = shlex.quote(str(paths.outputs_dir / "ready.0"))
-    stopped = shlex.quote(str(paths.outputs_dir / "stopped.0"))
-    return job, job_id, ready, stopped
+    return job, job_id, lambda name: shlex.quote(str(paths.outputs_dir / name))
 
 
 def test_pre_timeout_signal_checkpoints_and_requeues(local_cluster: LocalCluster, tmp_path: Path) -> None:
-    job, job_id, ready, stopped = start_stand_in_trainer(local_cluster, tmp_path)
+    job, job_id, record = start_stand_in_trainer(local_cluster, tmp_path)
+    ready, stopped = record("ready.0"), record("stopped.0")
     err_path = shlex.quote(str(job.stderr_path(str(job_id))))
     try:
         poll_until(lambda: local_cluster.ssh(f"test -e {ready}", check=False).returncode == 0,
@@ -169,8 +171,28 @@ def test_pre_timeout_signal_checkpoints_and_requeues(local_cluster: LocalCluster
         local_cluster.ssh(f"scancel {job_id}", check=False)
 
 
+def test_pre_timeout_signal_before_the_trainer_can_handle_it_requeues(local_cluster: LocalCluster,
+                                                                     tmp_path: Path) -> None:
+    """Slurm may send USR2 up to a minute early, e.g. while the trainer is still importing torch."""
+    job, job_id, record = start_stand_in_trainer(local_cluster, tmp_path, trainer=SLOW_START + STAND_IN_TRAINER)
+    err_path, starting = shlex.quote(str(job.stderr_path(str(job_id)))), record("starting.0")
+    try:
+        poll_until(lambda: local_cluster.ssh(f"test -e {starting}", check=False).returncode == 0,
+                   timeout=600, what="the stand-in trainer to begin starting")
+        local_cluster.ssh(f"scancel --batch --signal=USR2 {job_id}")
+        err = poll_until(lambda: (text := local_cluster.ssh(f"cat {err_path}", check=False).stdout).count(
+            image_line(local_cluster)) >= 2 and text, timeout=600, what="the job to be requeued and start again")
+        assert "vcloud inner script: stopped after SIGUSR2, exit code 140" in err  # 128 + USR2: died of it
+        assert "job step finished with exit code 140" in err
+        assert "the job step died of SIGUSR2 itself" in err
+        assert "requeued: the next start resumes from the checkpoint" in err and "(restart 1)" in err
+    finally:
+        local_cluster.ssh(f"scancel {job_id}", check=False)
+
+
 def test_scancel_reaches_the_trainer_inside_the_container(local_cluster: LocalCluster, tmp_path: Path) -> None:
-    job, job_id, ready, stopped = start_stand_in_trainer(local_cluster, tmp_path)
+    job, job_id, record = start_stand_in_trainer(local_cluster, tmp_path)
+    ready, stopped = record("ready.0"), record("stopped.0")
     try:
         poll_until(lambda: local_cluster.ssh(f"test -e {ready}", check=False).returncode == 0,
                    timeout=600, what="the stand-in trainer to start")

@@ -182,8 +182,8 @@ def test_charliecloud_binds_follow_the_profile_and_paths_stay_quoted() -> None:
                                          "container.image": "/images/vcloud trainer"})
     job = render_job(profile, JobSpec.train(1), run_paths(profile, "full"), CODE_HASH)
     assert "readonly IMAGE='/images/vcloud trainer'\n" in job.outer
-    launch = next(line for line in job.outer.splitlines() if line.startswith("srun "))
-    words = shlex.split(launch.replace(' "$IMAGE"', " IMAGE").replace(' "$INNER_SCRIPT" &', " INNER"))
+    launch = next(line for line in job.outer.splitlines() if line.lstrip().startswith("srun "))
+    words = shlex.split(launch.strip().replace(' "$IMAGE"', " IMAGE").replace(' "$INNER_SCRIPT" &', " INNER"))
     assert words[words.index("ch-run"):] == [
         "ch-run", "--private-tmp", "-b", "/srv:/srv", "-b", "/data sets/it's:/data sets/it's", "--home",
         "--cd=/srv/vcloud/scratch/vcloud/code", "IMAGE", "--", "bash", "INNER"]

@@ -39,11 +39,20 @@ python3 -m torch.distributed.run \
     --master_port="${MASTER_PORT}" \
     -m vcloud.train --stage 3 --config /cosmos/vast/scratch/cosmouser/vcloud/code/trainer/configs/model_tiny.yaml --data /scratch/cosmouser/job_"${SLURM_JOB_ID}"/data --out /scratch/cosmouser/job_"${SLURM_JOB_ID}"/outputs --restart &
 child_pid=$!
+# Wait for "$child_pid" and set rc to its exit status. wait returns early (status > 128) when a
+# trapped signal arrives, so wait again while the child lives; the wait that saw it end has its
+# status. Asking once more covers a child that ended while a trap ran; bash 5.2 sometimes answers
+# that question with -1 (a trap reaped the child), and then the status seen in the loop stands.
+rc=255
 while kill -0 "$child_pid" 2>/dev/null; do
-    wait "$child_pid" || true
+    rc=0
+    wait "$child_pid" || rc=$?
 done
-rc=0
-wait "$child_pid" || rc=$?
+recorded=0
+wait "$child_pid" || recorded=$?
+if [ "$recorded" -ge 0 ] && [ "$recorded" -le 255 ]; then
+    rc=$recorded
+fi
 # torchrun reports a worker's exit 85 (checkpointed after a stop signal) as its own failure.
 if [ -n "$stop_signal" ] && [ "$rc" -ne 0 ]; then rc=85; fi
 if [ -n "$stop_signal" ]; then

@@ -30,11 +30,20 @@ trap 'on_signal TERM' TERM
 
 /opt/vcloud-localcluster/venv/bin/python -m vcloud.export --config /srv/vcloud/scratch/vcloud/code/trainer/configs/model_tiny.yaml --data /srv/vcloud/scratch/vcloud/data/prepared --out /srv/vcloud/scratch/vcloud/outputs/full --dest /srv/vcloud/scratch/vcloud/viewer_data/full &
 child_pid=$!
+# Wait for "$child_pid" and set rc to its exit status. wait returns early (status > 128) when a
+# trapped signal arrives, so wait again while the child lives; the wait that saw it end has its
+# status. Asking once more covers a child that ended while a trap ran; bash 5.2 sometimes answers
+# that question with -1 (a trap reaped the child), and then the status seen in the loop stands.
+rc=255
 while kill -0 "$child_pid" 2>/dev/null; do
-    wait "$child_pid" || true
+    rc=0
+    wait "$child_pid" || rc=$?
 done
-rc=0
-wait "$child_pid" || rc=$?
+recorded=0
+wait "$child_pid" || recorded=$?
+if [ "$recorded" -ge 0 ] && [ "$recorded" -le 255 ]; then
+    rc=$recorded
+fi
 if [ -n "$stop_signal" ]; then
     echo "vcloud inner script: stopped after SIG${stop_signal}, exit code ${rc}" >&2
 fi
