@@ -218,6 +218,18 @@ LOG_RULES: tuple[HintRule, ...] = (
         pattern=re.compile(r"DUE TO TIME LIMIT"),
         states=frozenset({SlurmState.TIMEOUT}),
     ),
+    HintRule(
+        key="no_time_to_train",
+        title="The time limit leaves no time to train after start-up",
+        hint=(
+            "The pre-timeout USR2 came before the trainer could train, start after start, so the job stopped "
+            "requeueing itself; nothing was lost (the last checkpoint stands). Slurm sends it up to a minute "
+            "before the profile's signal_lead_seconds: raise the time limit (time_limit in the run's params) "
+            "well above lead + start-up time, then run the stage again."
+        ),
+        source="Slurm sbatch --signal (sent up to 60 s early)",
+        pattern=re.compile(r"not requeueing: the last \d+ starts of this job ended before the trainer could train"),
+    ),
 )
 
 SUBMIT_RULES: tuple[HintRule, ...] = (

@@ -33,6 +33,10 @@ EXIT_REQUEUE = 85
 EXIT_CODE_MISMATCH = 86
 """The outer script refused to start: the synced code is not the code the job was rendered for."""
 
+MAX_EARLY_STOPS = 3
+"""Starts in a row that a training job may spend without training (a stop signal during set-up or
+before the trainer installed its handler) before it stops requeueing itself."""
+
 _CODE_HASH = re.compile(r"^[0-9a-f]{64}$")
 _TOKEN = re.compile(r"@@([A-Z_]+)@@")
 _DIRECTIVE_SAFE = re.compile(r"^[A-Za-z0-9_./:@%=,+-]+$")
@@ -429,6 +433,8 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
         "AFTER_STEP": after_step,
         "WAIT_FOR_CHILD": wait_for_child,
         "STEP_RESUMES": "1" if spec.kind is JobKind.TRAIN else "0",
+        "EARLY_STOPS_FILE": f'{shell_word(paths.logs_dir)}/.{name}.early-stops."${{SLURM_JOB_ID:-0}}"',
+        "MAX_EARLY_STOPS": str(MAX_EARLY_STOPS),
     }, name="outer.sbatch")
 
     command, forward, after = _inner_command(profile, spec, res, paths, templates, torchrun)

@@ -85,6 +85,11 @@ slurmstepd: error: Detected 1 oom_kill event in StepId=16082076.batch. Some of t
 epoch 46/100 psnr=34.0
 slurmstepd: error: *** JOB 16082076 ON nid005011 CANCELLED AT 2026-02-16T09:12:00 DUE TO TIME LIMIT ***
 """,
+    "no_time_to_train": """\
+vcloud job 16082080: job step finished with exit code 140
+vcloud job 16082080: not requeueing: the last 3 starts of this job ended before the trainer could train \
+(Slurm sends USR2 up to a minute before the lead it was asked for); submit it again with a longer time limit
+""",
 }
 
 

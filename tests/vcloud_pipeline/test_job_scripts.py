@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from slurm_provider.hints import find_hints
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.layout import RunPaths, run_paths
 from vcloud_pipeline.profiles import load_profile
-from vcloud_pipeline.render import EXIT_CODE_MISMATCH, EXIT_REQUEUE, RenderedJob, render_job
+from vcloud_pipeline.render import EXIT_CODE_MISMATCH, EXIT_REQUEUE, MAX_EARLY_STOPS, RenderedJob, render_job
 from vcloud_pipeline.rsync import CodeManifest
 
 CODE_HASH = "c" * 64
@@ -203,6 +204,31 @@ def test_outer_does_not_start_a_training_step_after_a_signal_during_setup(tmp_pa
     assert "not starting the job step: SIGUSR2 arrived during set-up" in err
     assert not (Path(paths.outputs_dir) / "ready.0").exists()
     assert requeue_calls(tmp_path) == ["requeue 4242"]
+
+
+def test_outer_stops_requeueing_a_job_whose_starts_never_reach_training(tmp_path: Path) -> None:
+    """A time limit too short for start-up would otherwise requeue the job forever."""
+    def stop_while_starting(trainer: str, marker: str) -> str:
+        job, paths = render(tmp_path, JobSpec.train(1), trainer=trainer)
+        (Path(paths.outputs_dir) / marker).unlink(missing_ok=True)
+        process = start_outer(job, paths, tmp_path)
+        wait_for([Path(paths.outputs_dir) / marker], process)
+        process.send_signal(signal.SIGUSR2)
+        _, err = process.communicate(timeout=60)
+        assert process.returncode == EXIT_REQUEUE, err
+        return err
+
+    for start in range(1, MAX_EARLY_STOPS):
+        stop_while_starting(SLOW_START + STAND_IN_TRAINER, "starting.0")
+        assert len(requeue_calls(tmp_path)) == start
+    err = stop_while_starting(SLOW_START + STAND_IN_TRAINER, "starting.0")
+    assert f"not requeueing: the last {MAX_EARLY_STOPS} starts of this job ended before the trainer could train" in err
+    assert "no_time_to_train" in [hint.key for hint in find_hints(err)]  # what the failed task shows
+    assert len(requeue_calls(tmp_path)) == MAX_EARLY_STOPS - 1
+
+    stop_while_starting(STAND_IN_TRAINER, "ready.0")  # a start that trains resets the count
+    stop_while_starting(SLOW_START + STAND_IN_TRAINER, "starting.0")
+    assert len(requeue_calls(tmp_path)) == MAX_EARLY_STOPS + 1
 
 
 def test_outer_passes_through_the_death_of_a_step_that_cannot_resume(tmp_path: Path) -> None:
