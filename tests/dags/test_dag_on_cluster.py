@@ -157,7 +157,10 @@ def _epoch_seconds(log: str) -> float:
 
 def test_a_stage_that_hits_its_time_limit_requeues_and_loses_no_epoch(local_cluster: LocalCluster,
                                                                        project_dir: str) -> None:
-    """Stage 1 with a 2-minute limit: USR2 60 s before it, checkpoint, requeue, resume, complete.
+    """Stage 1 with a 2-minute limit: USR2 60-90 s before it, checkpoint, requeue, resume, complete.
+
+    Slurm checks for due signals every 30 s, so a start gets 30-60 s before its USR2; a start whose
+    trainer has not installed its handler yet (or has finished) must still end resumably.
 
     The epoch count is sized from a measured epoch time so that one 2-minute slot can never hold the
     whole stage, whatever the machine's speed (about 110 s of training: at least two slots).
