@@ -147,6 +147,12 @@ def test_a_stage_without_its_predecessor_fails_before_submitting(project_dir: st
     assert states["<run>"] == "failed", "a run whose stage failed is never a success"
 
 
+def job_logs_tail(cluster: LocalCluster, project_dir: str, run: str, label: str, chars: int = 3000) -> str:
+    """The end of every log of one task's jobs in the run: what a failed assertion should show."""
+    logs = shlex.quote(f"{project_dir}/logs/{run}")
+    return cluster.ssh(f"tail -c {chars} {logs}/*{label}* 2>&1", check=False).stdout
+
+
 def _epoch_seconds(log: str) -> float:
     """Mean wall seconds per epoch from the trainer's per-epoch lines (``<date> <time> stage 1 | epoch k/n``)."""
     stamps = [dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")
@@ -165,16 +171,19 @@ def test_a_stage_that_hits_its_time_limit_requeues_and_loses_no_epoch(local_clus
     The epoch count is sized from a measured epoch time so that one 2-minute slot can never hold the
     whole stage, whatever the machine's speed (about 110 s of training: at least two slots).
     """
+    def logs(label: str) -> str:
+        return job_logs_tail(local_cluster, project_dir, "tl", label)
+
     _, states, _ = run_dag(profile="local", config="tiny", run_name="tl", stages=[0], max_epochs=1, export=False)
-    assert states["stage0"] == "success", states
+    assert states["stage0"] == "success", f"{states}\n{logs('stage0')}"
     _, states, _ = run_dag(profile="local", config="tiny", run_name="tl", stages=[1], max_epochs=6, export=False)
-    assert states["stage1"] == "success", states
+    assert states["stage1"] == "success", f"{states}\n{logs('stage1')}"
     probe_log = local_cluster.ssh(f"cat {shlex.quote(project_dir)}/logs/tl/*stage1*.out").stdout
     epochs_total = min(600, max(14, math.ceil(110 / _epoch_seconds(probe_log))))
 
     _, states, values = run_dag(profile="local", config="tiny", run_name="tl", stages=[1], mode="restart",
                                 max_epochs=epochs_total, time_limit="00:02:00", export=False)
-    assert states["stage1"] == "success", states
+    assert states["stage1"] == "success", f"{states}\n{logs('stage1')}"
     summary = values["stage1"]
     assert summary["restarts"] >= 1, summary  # requeued by the job itself, same job id
     assert summary["job_ids"] == [summary["job_id"]]
