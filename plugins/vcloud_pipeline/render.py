@@ -10,7 +10,8 @@ Every job is requeueable, appends to its logs across requeues, and gets ``USR2``
 before its time limit (not ``USR1``, which NCCL may use). The outer script forwards that signal to
 the trainer, which checkpoints at a step boundary and exits 85; the outer script then requeues
 the job. A training step that dies of that signal (it came before the trainer could handle it)
-counts as stopped too: nothing was trained since the last checkpoint. Every interpolated value is shell-quoted; per-job values (``{job_id}``) expand in the job.
+counts as stopped too: nothing was trained since the last checkpoint. Every interpolated value is
+shell-quoted; per-job values (``{job_id}``) expand in the job.
 """
 
 from __future__ import annotations

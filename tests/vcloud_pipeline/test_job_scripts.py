@@ -176,16 +176,27 @@ def requeue_calls(tmp_path: Path) -> list[str]:
     return calls.read_text().splitlines() if calls.exists() else []
 
 
-@pytest.mark.parametrize("trainer, marker", [(STAND_IN_TRAINER, "ready.0"), (SLOW_START + STAND_IN_TRAINER, "starting.0")],
-                         ids=["trainer-handles-it", "trainer-still-starting"])
-def test_outer_requeues_a_training_step_stopped_by_usr2(tmp_path: Path, trainer: str, marker: str) -> None:
-    """Slurm sends USR2 up to a minute early: it may find the trainer without its handler yet."""
-    job, paths = render(tmp_path, JobSpec.train(1), trainer=trainer)
+def usr2_to_outer(tmp_path: Path, spec: JobSpec, trainer: str, marker: str) -> tuple[int, str]:
+    """Run the outer script, send it USR2 once the trainer wrote ``marker``: (exit code, stderr)."""
+    job, paths = render(tmp_path, spec, trainer=trainer)
+    (Path(paths.outputs_dir) / marker).unlink(missing_ok=True)
     process = start_outer(job, paths, tmp_path)
     wait_for([Path(paths.outputs_dir) / marker], process)
     process.send_signal(signal.SIGUSR2)
     _, err = process.communicate(timeout=60)
-    assert process.returncode == EXIT_REQUEUE, err
+    return process.returncode, err
+
+
+HANDLES_IT = (STAND_IN_TRAINER, "ready.0")
+STILL_STARTING = (SLOW_START + STAND_IN_TRAINER, "starting.0")
+
+
+@pytest.mark.parametrize("trainer, marker", [HANDLES_IT, STILL_STARTING],
+                         ids=["trainer-handles-it", "trainer-still-starting"])
+def test_outer_requeues_a_training_step_stopped_by_usr2(tmp_path: Path, trainer: str, marker: str) -> None:
+    """Slurm sends USR2 up to a minute early: it may find the trainer without its handler yet."""
+    code, err = usr2_to_outer(tmp_path, JobSpec.train(1), trainer, marker)
+    assert code == EXIT_REQUEUE, err
     assert requeue_calls(tmp_path) == ["requeue 4242"], err
     assert "requeued: the next start resumes from the checkpoint" in err
     died = "the job step died of SIGUSR2 itself" in err
@@ -208,37 +219,29 @@ def test_outer_does_not_start_a_training_step_after_a_signal_during_setup(tmp_pa
 
 def test_outer_stops_requeueing_a_job_whose_starts_never_reach_training(tmp_path: Path) -> None:
     """A time limit too short for start-up would otherwise requeue the job forever."""
-    def stop_while_starting(trainer: str, marker: str) -> str:
-        job, paths = render(tmp_path, JobSpec.train(1), trainer=trainer)
-        (Path(paths.outputs_dir) / marker).unlink(missing_ok=True)
-        process = start_outer(job, paths, tmp_path)
-        wait_for([Path(paths.outputs_dir) / marker], process)
-        process.send_signal(signal.SIGUSR2)
-        _, err = process.communicate(timeout=60)
-        assert process.returncode == EXIT_REQUEUE, err
+    def stop_once(trainer: str, marker: str) -> str:
+        code, err = usr2_to_outer(tmp_path, JobSpec.train(1), trainer, marker)
+        assert code == EXIT_REQUEUE, err
         return err
 
     for start in range(1, MAX_EARLY_STOPS):
-        stop_while_starting(SLOW_START + STAND_IN_TRAINER, "starting.0")
+        stop_once(*STILL_STARTING)
         assert len(requeue_calls(tmp_path)) == start
-    err = stop_while_starting(SLOW_START + STAND_IN_TRAINER, "starting.0")
-    assert f"not requeueing: the last {MAX_EARLY_STOPS} starts of this job ended before the trainer could train" in err
+    err = stop_once(*STILL_STARTING)
+    assert (f"not requeueing: the last {MAX_EARLY_STOPS} starts of this job ended before the trainer "
+            "could train") in err
     assert "no_time_to_train" in [hint.key for hint in find_hints(err)]  # what the failed task shows
     assert len(requeue_calls(tmp_path)) == MAX_EARLY_STOPS - 1
 
-    stop_while_starting(STAND_IN_TRAINER, "ready.0")  # a start that trains resets the count
-    stop_while_starting(SLOW_START + STAND_IN_TRAINER, "starting.0")
+    stop_once(*HANDLES_IT)  # a start that trains resets the count
+    stop_once(*STILL_STARTING)
     assert len(requeue_calls(tmp_path)) == MAX_EARLY_STOPS + 1
 
 
 def test_outer_passes_through_the_death_of_a_step_that_cannot_resume(tmp_path: Path) -> None:
     """The export starts over when rerun: requeueing it after USR2 could repeat it forever."""
-    job, paths = render(tmp_path, JobSpec.export(), trainer=SLOW_START + STAND_IN_TRAINER)
-    process = start_outer(job, paths, tmp_path)
-    wait_for([Path(paths.outputs_dir) / "starting.0"], process)
-    process.send_signal(signal.SIGUSR2)
-    _, err = process.communicate(timeout=60)
-    assert process.returncode == 128 + signal.SIGUSR2, err
+    code, err = usr2_to_outer(tmp_path, JobSpec.export(), *STILL_STARTING)
+    assert code == 128 + signal.SIGUSR2, err
     assert requeue_calls(tmp_path) == [] and "died of" not in err
 
 
