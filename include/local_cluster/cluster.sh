@@ -33,6 +33,10 @@ SCRATCH="${VCLOUD_SCRATCH:-/srv/vcloud/scratch/vcloud}"
 RUNTIME_VENV="${VCLOUD_RUNTIME_VENV:-/opt/vcloud-localcluster/venv}"
 CONN_ID="vcloud_local_cluster"
 SLURM_ACCOUNT="vcloud_local"
+# The project allocation as Slurm holds it: GrpTRESMins=billing on the account (1000 GPU-hours, the
+# local profile's billing.allocation). Set again at every bring-up, so a test that lowered it and
+# died leaves no lasting change.
+ALLOCATION_BILLING_MINUTES="${VCLOUD_ALLOCATION_BILLING_MINUTES:-60000}"
 
 APT_PACKAGES=(munge mariadb-server slurmctld slurmd slurmdbd slurm-client openssh-server
               openssh-client rsync python3-venv shellcheck charliecloud-runtime)
@@ -211,6 +215,8 @@ register_accounts() {
         cluster=vcloud-local >/dev/null
     fi
   done
+  sacctmgr -i -Q modify account "$SLURM_ACCOUNT" where cluster=vcloud-local \
+    set GrpTRESMins="billing=$ALLOCATION_BILLING_MINUTES" >/dev/null
 }
 
 start_slurmctld() {
