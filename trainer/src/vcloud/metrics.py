@@ -64,24 +64,25 @@ def _gaussian_window(size: int, sigma: float, dtype: torch.dtype, device: torch.
 
 @torch.no_grad()
 def ssim(pred: torch.Tensor, target: torch.Tensor, *, data_range: float = 1.0, window_size: int = 11,
-         sigma: float = 1.5, reduction: str = "mean") -> torch.Tensor:
+         sigma: float = 1.5, reduction: str = "mean", blur_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Structural similarity with a Gaussian window, per band, averaged over bands and valid pixels.
 
     The Gaussian blurs run in float32 (depthwise float64 convolutions are several times slower on CPU)
     on values centred per sample and band; the SSIM formula itself is evaluated in float64. Scores agree
-    with an all-float64 computation to about 1e-5 (relative). Patches smaller than the window use the
-    largest odd window that fits.
+    with an all-float64 computation to about 1e-5 (relative); ``blur_dtype=torch.float64`` is that
+    computation (for references and tests). Patches smaller than the window use the largest odd window
+    that fits.
     """
     p, t = _prepare(pred, target)
     _, channels, height, width = p.shape
     size = min(window_size, height, width)
     size = size if size % 2 == 1 else size - 1
-    g = _gaussian_window(size, sigma, torch.float32, p.device)
+    g = _gaussian_window(size, sigma, blur_dtype, p.device)
     groups = 5 * channels  # the five local moments are blurred in one separable pass
     kh = g.view(1, 1, size, 1).repeat(groups, 1, 1, 1)
     kw = g.view(1, 1, 1, size).repeat(groups, 1, 1, 1)
     centre = 0.5 * (p.mean(dim=(2, 3), keepdim=True) + t.mean(dim=(2, 3), keepdim=True))
-    pc, tc = (p - centre).float(), (t - centre).float()
+    pc, tc = (p - centre).to(blur_dtype), (t - centre).to(blur_dtype)
     moments = torch.cat([pc, tc, pc * pc, tc * tc, pc * tc], dim=1)
     blurred = F.conv2d(F.conv2d(moments, kh, groups=groups), kw, groups=groups).double()
     mu_pc, mu_tc, e_pp, e_tt, e_pt = blurred.split(channels, dim=1)

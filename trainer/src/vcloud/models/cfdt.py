@@ -39,6 +39,7 @@ from torch.utils.checkpoint import checkpoint
 from vcloud.models.attention import TransformerBlock
 from vcloud.models.blocks import Downsample, ResBlock, Upsample, group_norm
 from vcloud.models.composite import fill_gaps, harmonize
+from vcloud.models.dtypes import at_least_float32
 from vcloud.models.config_fields import config_from_dict, require, require_channels, require_positive_int
 from vcloud.models.memory import MemoryOptions
 
@@ -354,13 +355,13 @@ class CFDT(nn.Module):
         gates = self._gates(x)  # [B, P, 1, hg, wg], pairs (0, j) first
         num_pairs = gates.shape[1]
         first, second = ordered_pairs(t, x.device)
-        log_g = torch.log(gates.float().clamp_min(1e-4))
+        log_g = torch.log(at_least_float32(gates).clamp_min(1e-4))
         log_g = F.interpolate(log_g.flatten(0, 1), size=(ch, cw), mode="area").reshape(b, num_pairs, ch, cw)
         bias = log_g.new_zeros(b, t * t, ch, cw)
         bias[:, first * t + second] = log_g
         bias = bias.permute(0, 2, 3, 1).reshape(b * ch * cw, 1, t, t)
 
-        cloud_coarse = F.interpolate(clouds.flatten(0, 1).float(), size=(ch, cw), mode="area")
+        cloud_coarse = F.interpolate(at_least_float32(clouds.flatten(0, 1)), size=(ch, cw), mode="area")
         fused = self.tmt(coarse, order, cloud_coarse.reshape(b, t, ch, cw), bias)
 
         target_gates = gates[:, : t - 1, 0]  # pairs (0, j), j = 1..T-1

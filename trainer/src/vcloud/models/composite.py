@@ -1,7 +1,8 @@
 """Parameter-free steps of the draft's starting composite: local harmonisation and gap filling.
 
 Both are differentiable and cheap (window sums from integral images, O(1) per pixel whatever the
-window), and run in float32 also under bf16 autocast (window sums subtract large running sums).
+window), and run in at least float32 also under bf16 autocast (window sums subtract large running
+sums).
 
 * :func:`harmonize` shifts another date's pixels by the local mean difference to the target,
   measured where both are clear and unchanged, so a date from another season brings its
@@ -16,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
+from vcloud.models.dtypes import at_least_float32
 
 
 def window_sum(x: torch.Tensor, radius: int) -> torch.Tensor:
@@ -41,7 +44,7 @@ def harmonize(others: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, 
     and the date keeps its own values.
     """
     with torch.autocast(device_type=others.device.type, enabled=False):
-        others, target, weight = others.float(), target.float(), weight.float()
+        others, target, weight = (at_least_float32(t) for t in (others, target, weight))
         w = weight[:, :, None]
         support = window_sum(w, radius)
         denom = support.clamp_min(1e-6)
@@ -55,7 +58,7 @@ def fill_gaps(image: torch.Tensor, known: torch.Tensor, radii: Sequence[int]) ->
     """``image`` [B, C, H, W] with pixels of low ``known`` [B, 1, H, W] (0..1) replaced by the
     known-weighted mean of their neighbourhood, trying each radius in turn (small first)."""
     with torch.autocast(device_type=image.device.type, enabled=False):
-        out, have = image.float(), known.float().clamp(0.0, 1.0)
+        out, have = at_least_float32(image), at_least_float32(known).clamp(0.0, 1.0)
         for radius in radii:
             mass = window_sum(have, radius)
             estimate = window_sum(have * out, radius) / mass.clamp_min(1e-6)

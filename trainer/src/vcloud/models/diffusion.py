@@ -11,6 +11,8 @@ from typing import Callable
 
 import torch
 
+from vcloud.models.dtypes import at_least_float32
+
 SCHEDULES = ("cosine", "linear")
 PREDICTIONS = ("x0", "eps")
 """What the denoiser outputs: the clean sample (``x0``) or the noise that was added (``eps``)."""
@@ -67,13 +69,13 @@ def ddim_sample(
         raise ValueError(f"unknown prediction {prediction!r} (allowed: {', '.join(PREDICTIONS)})")
     x = torch.randn(shape, generator=generator, device="cpu" if generator is None else generator.device)
     x = x.to(device)
-    ac = alphas_cumprod.to(device=device, dtype=torch.float32)
+    ac = alphas_cumprod.to(device=device, dtype=x.dtype)  # the default dtype: float32, or a float64 reference
     times = ddim_timesteps(len(alphas_cumprod), steps)
     x0 = x
     for i, t in enumerate(times):
         a_t = ac[t]
         a_prev = ac[times[i + 1]] if i + 1 < len(times) else torch.tensor(1.0, device=device)
-        out = predict(x, torch.full((shape[0],), t, device=device, dtype=torch.long)).float()
+        out = at_least_float32(predict(x, torch.full((shape[0],), t, device=device, dtype=torch.long)))
         if prediction == "eps":
             eps = out
             x0 = (x - (1 - a_t).sqrt() * eps) / a_t.sqrt()

@@ -387,7 +387,15 @@ def _build_val_loader(run: StageRun, budget: StageTrainConfig, ctx: DistContext)
 
 
 def _to_device(batch: Batch, device: torch.device) -> Batch:
-    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    """The batch on ``device``; floating tensors in the parameters' dtype (``torch.get_default_dtype()``).
+
+    Stacks load as float32, so this changes nothing in a normal run; a float64 reference run (default
+    dtype set to float64 before the model is built, as the numerical parity tests do) needs no other
+    change for its inputs to match its weights."""
+    dtype = torch.get_default_dtype()
+    return {k: (v.to(device, dtype=dtype, non_blocking=True) if v.is_floating_point()
+                else v.to(device, non_blocking=True)) if isinstance(v, torch.Tensor) else v
+            for k, v in batch.items()}
 
 
 def _update_best(run: StageRun, state: TrainState, epoch: int | None = None) -> bool:
