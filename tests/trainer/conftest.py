@@ -3,6 +3,10 @@
 ``tiny_raw`` is a raw SEN12MS-CR-TS-layout root (4 locations x 3 patches, 64x64, T=4) and
 ``tiny_prepared`` the prepared root built from it (train/val/test by location). Treat both as
 read-only; copy them into ``tmp_path`` before changing anything.
+
+Every trainer test runs PyTorch on one thread (and its training subprocesses get
+``OMP_NUM_THREADS=1``): how a CPU kernel splits a reduction over threads changes its rounding, so
+the suite must not depend on the machine's core count.
 """
 
 from __future__ import annotations
@@ -10,9 +14,27 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from vcloud.data.prepare import prepare_dataset
 from vcloud.data.synthetic import generate_raw
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread():
+    """Session-wide, so module-scoped training fixtures run on one thread too (small convolutions
+    are also faster on one thread than on two contended ones)."""
+    torch.set_num_threads(1)
+
+
+@pytest.fixture
+def float64_default():
+    """Build tensors and models in float64 for the test (reference computations whose rounding is
+    ~1e-16 relative, so a tolerance holds on any CPU)."""
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(dtype)
 
 
 @pytest.fixture(scope="session")

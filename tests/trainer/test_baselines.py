@@ -17,14 +17,6 @@ from vcloud.metrics import evaluate
 
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small convolutions run faster on one thread than on two contended ones."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
 def _series() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Four dates of a 2x2 patch whose value is the date number; masks chosen per pixel."""
     inputs = torch.stack([torch.full((13, 2, 2), float(v)) for v in (0.1, 0.2, 0.3, 0.4)])

@@ -23,8 +23,10 @@ TINY = REPO / "trainer" / "configs" / "model_tiny.yaml"
 # Entry point used under torchrun: records every file each rank writes and its pid, then trains.
 ENTRY = """
 import os, sys
-record_dir = sys.argv[1]
-rank = os.environ["RANK"]
+record_dir, dtype = sys.argv[1], sys.argv[2]
+import torch
+torch.set_default_dtype(getattr(torch, dtype))
+rank = os.environ.get("RANK", "0")
 with open(os.path.join(record_dir, f"pid-rank{rank}"), "w") as fh:
     fh.write(str(os.getpid()))
 import vcloud.checkpoint as checkpoint
@@ -35,7 +37,7 @@ def recording_write(path, data, **kwargs):
     return real_write(path, data, **kwargs)
 checkpoint.atomic_write_bytes = recording_write
 from vcloud.train import main
-sys.exit(main(sys.argv[2:]))
+sys.exit(main(sys.argv[3:]))
 """
 
 
@@ -53,14 +55,26 @@ def _config(tmp_path: Path, batch_size: int, epochs: int) -> Path:
     return path
 
 
-def _torchrun(tmp_path: Path, args: list[str]) -> tuple[list[str], Path]:
+def _entry_command(tmp_path: Path, args: list[str], *, ranks: int, dtype: str = "float32",
+                   name: str = "record") -> tuple[list[str], Path]:
+    """The entry point under torchrun with ``ranks`` gloo processes, or as one plain process (``ranks=1``)."""
     entry = tmp_path / "ddp_entry.py"
     entry.write_text(ENTRY)
-    record = tmp_path / "record"
+    record = tmp_path / name
     record.mkdir()
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(entry), str(record), *args]
-    return command, record
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"] if ranks > 1 else []
+    return [sys.executable, *launcher, str(entry), str(record), dtype, *args], record
+
+
+# DDP sums the two ranks' gradients in another order than one process summing the batch, so the
+# runs agree only up to rounding, which Adam's per-weight normalisation (g / sqrt(v)) then amplifies
+# step by step. In float32 that left differences up to 5e-5 after 6 steps, above any tolerance that
+# still tells a real divergence from rounding, and their size depends on the CPU's kernels. Both runs
+# therefore train in float64 (unit roundoff 1.1e-16 instead of 6e-8): the same amplification leaves
+# ~1e-13, and TOLERANCE sits four orders of magnitude above that and far below what a real mistake
+# (a sample dealt to the wrong rank, gradients summed instead of averaged: >= 1e-4) produces.
+PARITY_DTYPE = "float64"
+PARITY_RTOL, PARITY_ATOL = 1e-8, 1e-9
 
 
 @pytest.mark.timeout(240)
@@ -69,11 +83,13 @@ def test_two_gloo_ranks_match_one_process_with_the_global_batch(tiny_prepared: P
     (DistributedSampler deals one permutation out), and DDP averages gradients: same weights."""
     ddp_out, single_out = tmp_path / "ddp", tmp_path / "single"
     common = ["--stage", "0", "--data", str(tiny_prepared)]
-    command, record = _torchrun(tmp_path, [*common, "--config", str(_config(tmp_path, 1, 2)), "--out", str(ddp_out)])
+    command, record = _entry_command(tmp_path, [*common, "--config", str(_config(tmp_path, 1, 2)),
+                                                "--out", str(ddp_out)], ranks=2, dtype=PARITY_DTYPE)
     ddp = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=200)
     assert ddp.returncode == 0, ddp.stdout + ddp.stderr
-    single = subprocess.run([sys.executable, "-m", "vcloud.train", *common, "--config", str(_config(tmp_path, 2, 2)),
-                             "--out", str(single_out)], env=_env(), capture_output=True, text=True, timeout=200)
+    command, _ = _entry_command(tmp_path, [*common, "--config", str(_config(tmp_path, 2, 2)), "--out", str(single_out)],
+                                ranks=1, dtype=PARITY_DTYPE, name="record-single")
+    single = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=200)
     assert single.returncode == 0, single.stdout + single.stderr
 
     ddp_state = torch.load(ddp_out / "stage0" / "latest.pt", weights_only=True)
@@ -81,9 +97,24 @@ def test_two_gloo_ranks_match_one_process_with_the_global_batch(tiny_prepared: P
     assert ddp_state["world_size"] == 2 and single_state["world_size"] == 1
     assert ddp_state["global_step"] == single_state["global_step"] == 6
     for name, tensor in single_state["model"].items():
-        torch.testing.assert_close(ddp_state["model"][name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+        assert tensor.dtype == ddp_state["model"][name].dtype == torch.float64, name
+        torch.testing.assert_close(ddp_state["model"][name], tensor, rtol=PARITY_RTOL, atol=PARITY_ATOL, msg=name)
     ddp_psnr = ddp_state["train_state"]["history"][-1]["val_psnr"]
-    assert ddp_psnr == pytest.approx(single_state["train_state"]["history"][-1]["val_psnr"], abs=1e-3)
+    # Validation runs the metrics in float32 (metrics.py); the two float64 models' outputs agree to
+    # ~1e-13, so the PSNRs agree to float32 rounding of a ~20 dB figure.
+    assert ddp_psnr == pytest.approx(single_state["train_state"]["history"][-1]["val_psnr"], abs=1e-4)
+
+    # The tolerance tells a real mistake apart: one process with the per-rank batch (1, not the
+    # global 2) trains on other batches and lands far outside it.
+    wrong_out = tmp_path / "wrong-batch"
+    command, _ = _entry_command(tmp_path, [*common, "--config", str(_config(tmp_path, 1, 2)), "--out", str(wrong_out),
+                                           "--max-epochs", "1"], ranks=1, dtype=PARITY_DTYPE, name="record-wrong")
+    wrong = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=200)
+    assert wrong.returncode == 0, wrong.stdout + wrong.stderr
+    wrong_state = torch.load(wrong_out / "stage0" / "latest.pt", weights_only=True)
+    largest = max(float((wrong_state["model"][n] - t).abs().max()) for n, t in single_state["model"].items()
+                  if t.is_floating_point())
+    assert largest > 1e3 * PARITY_ATOL, largest
 
     # rank 0 alone writes files and prints the progress lines
     assert (record / "writes-rank0.txt").read_text().count("latest.pt") >= 2
@@ -104,8 +135,9 @@ def test_signal_on_one_rank_stops_both_at_the_same_step(tiny_prepared: Path, tmp
     env = _env()
     env.update(SLURM_JOB_ID="777", SLURM_REQUEUE="1", PATH=f"{bin_dir}{os.pathsep}{env['PATH']}")
     out = tmp_path / "run"
-    command, record = _torchrun(tmp_path, ["--stage", "0", "--data", str(tiny_prepared), "--out", str(out),
-                                           "--config", str(_config(tmp_path, 1, 2)), "--max-epochs", "1000"])
+    command, record = _entry_command(tmp_path, ["--stage", "0", "--data", str(tiny_prepared), "--out", str(out),
+                                           "--config", str(_config(tmp_path, 1, 2)), "--max-epochs", "1000"],
+                                     ranks=2)
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     progress = out / "stage0" / "progress.json"
     while not (progress.exists() and (record / "pid-rank1").exists()):

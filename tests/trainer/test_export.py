@@ -24,7 +24,6 @@ TINY = Path(__file__).resolve().parents[2] / "trainer" / "configs" / "model_tiny
 
 @pytest.fixture(scope="module")
 def exported(tiny_prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    torch.set_num_threads(1)
     run_dir = tmp_path_factory.mktemp("export_run")
     run = StageRun(stage=0, config=load_config(TINY), data_root=tiny_prepared, run_dir=run_dir, max_epochs=3)
     assert train_stage(run, init_distributed(env={}), StopRequest()) == 0

@@ -70,7 +70,6 @@ def test_full_config_matches_production_parameter_count_on_meta_device():
 
 def test_reconstruction_loss_falls_on_fixed_batch():
     torch.manual_seed(0)
-    torch.set_num_threads(1)
     model = Autoencoder(AutoencoderConfig.from_dict(TINY))
     x = torch.rand(2, 13, 16, 16)
     opt = torch.optim.Adam(model.parameters(), lr=2e-3)

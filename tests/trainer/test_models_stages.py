@@ -22,14 +22,6 @@ from vcloud.stages import BuildContext, StageError, get_stage
 TINY_YAML = Path(__file__).resolve().parents[2] / "trainer" / "configs" / "model_tiny.yaml"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture
 def ctx(tmp_path) -> BuildContext:
     return BuildContext(config=load_config(TINY_YAML), run_dir=tmp_path, device=torch.device("cpu"))

@@ -20,7 +20,6 @@ TINY = Path(__file__).resolve().parents[2] / "trainer" / "configs" / "model_tiny
 
 @pytest.fixture(scope="module")
 def stage0_run(tiny_prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("stage0")
     run = StageRun(stage=0, config=load_config(TINY), data_root=tiny_prepared, run_dir=out)
     assert train_stage(run, init_distributed(env={}), StopRequest()) == 0

@@ -22,12 +22,8 @@ TINY = REPO / "trainer" / "configs" / "model_tiny.yaml"
 
 
 @pytest.fixture(autouse=True)
-def _one_thread_info_logs(caplog):
+def _info_logs(caplog):
     caplog.set_level(logging.INFO)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _config(tmp_path: Path, edit=None) -> Path:

@@ -40,7 +40,6 @@ def _train(stage: int, cfg: VCloudConfig, prepared: Path, run_dir: Path, epochs:
 
 
 def test_best_checkpoint_is_the_start_when_training_makes_it_worse(tiny_prepared: Path, tmp_path: Path) -> None:
-    torch.set_num_threads(1)
     stage2 = load_config(TINY).to_dict()["train"]["stage2"]
     cfg = _tiny_config(stage2={**stage2, "lr": 0.9, "epochs": 1}, grad_clip_norm=0.0)
     for stage, epochs in ((0, 2), (1, 1), (2, 1)):
@@ -65,7 +64,9 @@ def test_best_checkpoint_is_the_start_when_training_makes_it_worse(tiny_prepared
     with torch.no_grad():
         refined = get_stage(2).predict(refiner.eval(), batch)
         drafted = get_stage(1).predict(draft.eval(), batch)
-    assert torch.allclose(refined, drafted, atol=1e-5)
+    # The untrained refiner's head is zero-initialised: its correction is exactly 0 and the refined
+    # image is the draft, computed by the same operations on the same weights, bit for bit.
+    assert torch.equal(refined, drafted)
 
 
 
@@ -74,7 +75,6 @@ def test_trained_weights_replace_the_start_only_by_beating_it_by_the_margin(
         tiny_prepared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, margin: float, best_epoch: int) -> None:
     """Real stage-1 training for 3 epochs; validation PSNR is scripted (start 30.0, then 30.04,
     30.2, 30.1) so that the first epoch's gain is inside a 0.05 dB margin and the second's is not."""
-    torch.set_num_threads(1)
     _train(0, _tiny_config(), tiny_prepared, tmp_path, 2)
     scripted = iter([30.0, 30.04, 30.2, 30.1])
     monkeypatch.setattr(loop, "evaluate", lambda *args, **kwargs: {name: next(scripted) if name == "psnr" else 0.5
