@@ -20,6 +20,7 @@ from airflow.exceptions import AirflowException
 from airflow.sdk import BaseOperator
 
 from slurm_provider.commands import JobComment, parse_job_comment
+from slurm_provider.exit_codes import explain_exit
 from slurm_provider.hints import find_submit_hints, format_hints, hint_for
 from slurm_provider.links import JOB_ID_XCOM_KEY, SlurmJobLogLink
 from slurm_provider.parsers import SbatchRefused
@@ -44,7 +45,21 @@ from slurm_provider.validation import (
 
 HISTORY_KEY = "slurm_submissions"
 EVENT_KEYS = ("kind", "job_id", "status", "message", "carry")
-LOG_TAIL_BYTES = 6000
+LOG_TAIL_BYTES = 12000
+TAIL_LINES = 25
+TRACEBACK_LINES = 80
+_TRACEBACK_START = "Traceback (most recent call last):"
+
+
+def log_excerpt(text: str, lines: int = TAIL_LINES, traceback_lines: int = TRACEBACK_LINES) -> str:
+    """The end of a log for a failure message: its last ``lines`` lines, or, when the end holds a
+    Python traceback, everything from the last traceback's first line (at most ``traceback_lines``),
+    so the frames that say where it went wrong are not cut off."""
+    all_lines = text.splitlines()
+    start = next((i for i in range(len(all_lines) - 1, -1, -1) if _TRACEBACK_START in all_lines[i]), None)
+    if start is None or len(all_lines) - start <= lines:
+        return "\n".join(all_lines[-lines:])
+    return "\n".join(all_lines[start:][-traceback_lines:])
 
 
 def job_name_for(dag_id: str, task_id: str, run_id: str, map_index: int = -1) -> str:
@@ -60,7 +75,8 @@ class SlurmSubmitOperator(BaseOperator):
     :param conn_id: SSH connection of the cluster's login node.
     :param script: the complete batch script (``#!/bin/bash`` + ``#SBATCH`` lines + body); sent on
         stdin to ``sbatch --parsable``, never left in a file the user must manage.
-    :param log_dir: directory on the cluster for the job's output (``<job name>.<job id>.out``).
+    :param log_dir: directory on the cluster for the job's output (``<job name>.<job id>.out``) and
+        error output (``<job name>.<job id>.err``); both are streamed into the task log.
     :param partition, account, time_limit: override the script's ``#SBATCH`` values (validated).
     :param sbatch_options: further ``sbatch`` flags; flags the operator owns (``--job-name``,
         ``--output``, ``--comment``, ``--parsable``...) are refused.
@@ -73,6 +89,8 @@ class SlurmSubmitOperator(BaseOperator):
     :param pending_policy: ``fail`` (default) or ``warn`` when the pending reason means the job can
         never start.
     :param gpu_billing_factor: GPU-hours billed per GPU wall-hour (1.0 on LUMI: one GCD-hour each).
+    :param exit_code_meanings: what the script's own exit codes mean (``{86: "..."}``), said in the
+        failure message next to Slurm's state; signals and shell codes are explained without it.
     """
 
     template_fields: Sequence[str] = ("script", "log_dir", "partition", "account", "time_limit",
@@ -87,7 +105,8 @@ class SlurmSubmitOperator(BaseOperator):
                  stage: str | None = None, progress_path: str | None = None,
                  resubmit_budgets: Mapping[str, int] | None = None, pending_policy: str = "fail",
                  poll_interval: float = 15.0, max_poll_interval: float = 300.0,
-                 first_poll_delay: float = 10.0, gpu_billing_factor: float = 1.0, **kwargs: Any) -> None:
+                 first_poll_delay: float = 10.0, gpu_billing_factor: float = 1.0,
+                 exit_code_meanings: Mapping[int, str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.conn_id = conn_id
         self.script = script
@@ -105,6 +124,7 @@ class SlurmSubmitOperator(BaseOperator):
         self.max_poll_interval = max_poll_interval
         self.first_poll_delay = first_poll_delay
         self.gpu_billing_factor = gpu_billing_factor
+        self.exit_code_meanings = {int(k): str(v) for k, v in (exit_code_meanings or {}).items()}
 
     # --- execute: adopt or submit, then defer ------------------------------------------------------
 
@@ -187,7 +207,8 @@ class SlurmSubmitOperator(BaseOperator):
         comment = self._comment(context, number)
         try:
             result = hook.submit(self.script, job_name=name, comment=comment,
-                                 output=self._output_pattern(context), partition=self.partition,
+                                 output=self._output_pattern(context), error=self._error_pattern(context),
+                                 partition=self.partition,
                                  account=self.account, time_limit=self.time_limit,
                                  extra_options=self.sbatch_options, export=dict(self.export or {}) or None)
             job_id = str(result.job_id)
@@ -253,7 +274,8 @@ class SlurmSubmitOperator(BaseOperator):
             trigger=SlurmJobTrigger(
                 conn_id=self.conn_id, job_id=current.job_id, poll_interval=self.poll_interval,
                 max_poll_interval=self.max_poll_interval, first_poll_delay=self.first_poll_delay,
-                log_path=self._log_path(context, current.job_id), pending_policy=self.pending_policy,
+                log_path=self._log_path(context, current.job_id),
+                err_log_path=self._log_path(context, current.job_id, stream="err"), pending_policy=self.pending_policy,
                 expected_job_name=self._job_name(context), carry={"history": history.to_json()},
             ),
             method_name="execute_complete",
@@ -299,7 +321,8 @@ class SlurmSubmitOperator(BaseOperator):
 
     def _failure_message(self, hook: Any, status: JobStatus, context: Any) -> str:
         log_path = self._log_path(context, status.job_id)
-        tail = self._log_tail(hook, log_path)
+        err_path = self._log_path(context, status.job_id, stream="err")
+        tail, err_tail = self._log_tail(hook, log_path), self._log_tail(hook, err_path)
         parts = [f"Slurm job {status.job_id} ended {status.state.value}: {status.state.description}"]
         if status.cancelled_by:
             parts.append(f"Cancelled by uid/user {status.cancelled_by}.")
@@ -307,12 +330,17 @@ class SlurmSubmitOperator(BaseOperator):
             parts.append(f"Reason: {status.reason}.")
         if status.exit_code is not None:
             parts.append(f"Exit code {status.exit_code}" + (f", signal {status.signal}" if status.signal else "") + ".")
-        parts.append(f"Log: {log_path}")
-        hint = hint_for(tail, state=status.state)
+        explained = explain_exit(status.exit_code, status.signal, self.exit_code_meanings)
+        if explained:
+            parts.append(explained)
+        parts.append(f"Logs: {log_path} (output), {err_path} (errors)")
+        hint = hint_for(f"{tail}\n{err_tail}", state=status.state)
         if hint:
             parts.append(f"Hint: {hint}")
-        if tail:
-            parts.append("Last lines of the job's output:\n" + "\n".join(tail.splitlines()[-25:]))
+        if err_tail.strip():
+            parts.append("Last lines of the job's error output (stderr):\n" + log_excerpt(err_tail))
+        if tail.strip():
+            parts.append("Last lines of the job's output:\n" + log_excerpt(tail))
         return "\n".join(parts)
 
     def _log_tail(self, hook: Any, path: str) -> str:
@@ -382,8 +410,12 @@ class SlurmSubmitOperator(BaseOperator):
     def _output_pattern(self, context: Any) -> str:
         return f"{self.log_dir.rstrip('/')}/{self._job_name(context)}.%j.out"
 
-    def _log_path(self, context: Any, job_id: str) -> str:
-        return f"{self.log_dir.rstrip('/')}/{self._job_name(context)}.{job_id}.out"
+    def _error_pattern(self, context: Any) -> str:
+        return f"{self.log_dir.rstrip('/')}/{self._job_name(context)}.%j.err"
+
+    def _log_path(self, context: Any, job_id: str, stream: str = "out") -> str:
+        """The file job ``job_id`` writes its output (``out``) or error output (``err``) to."""
+        return f"{self.log_dir.rstrip('/')}/{self._job_name(context)}.{job_id}.{stream}"
 
     def history_since_clear(self, context: Any) -> SubmissionHistory:
         """This task's submissions (task state store) since the DAG run was last cleared."""

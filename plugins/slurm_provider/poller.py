@@ -4,8 +4,8 @@ A triggerer may watch hundreds of Slurm jobs on the same cluster. Polling each j
 costs one SSH round trip per job per interval and hammers slurmctld; instead every
 :class:`~slurm_provider.triggers.SlurmJobTrigger` of one connection subscribes to the same
 :class:`JobPoller`, which keeps **one** connection open and asks for **all** watched jobs at once
-per cycle (one ``squeue``; ``sacct`` only for the jobs ``squeue`` has forgotten). Log files that
-grew since the last cycle are read over the same connection.
+per cycle (one ``squeue``; ``sacct`` only for the jobs ``squeue`` has forgotten). Log files (a job's
+output and its error output) that grew since the last cycle are read over the same connection.
 
 The interval starts at the smallest interval any subscriber asked for and grows by ``growth``
 per quiet cycle (no watched job changed state) up to the smallest cap; any change or a new
@@ -49,6 +49,9 @@ class PollUpdate:
     new_log_text: str = ""
     log_offset: int = 0
     error: BaseException | None = None
+    new_err_text: str = ""
+    """New text of the job's error output (stderr), when it is a file of its own."""
+    err_offset: int = 0
 
 
 @dataclass
@@ -58,8 +61,13 @@ class _Subscription:
     max_poll_interval: float
     log_path: str | None
     log_offset: int
+    err_path: str | None = None
+    err_offset: int = 0
     queue: asyncio.Queue[PollUpdate] = field(default_factory=asyncio.Queue)
     last_state: str | None = None
+
+    def log_files(self) -> list[str]:
+        return [p for p in (self.log_path, self.err_path) if p]
 
 
 class JobPoller:
@@ -85,10 +93,14 @@ class JobPoller:
     @contextlib.asynccontextmanager
     async def subscribe(self, job_id: str, *, poll_interval: float, max_poll_interval: float,
                         log_path: str | None = None, log_offset: int = 0,
+                        err_path: str | None = None, err_offset: int = 0,
                         first_poll_delay: float = 0.0) -> AsyncIterator[asyncio.Queue[PollUpdate]]:
-        """Watch ``job_id`` until the context exits; updates arrive on the yielded queue each cycle."""
+        """Watch ``job_id`` until the context exits; updates arrive on the yielded queue each cycle.
+
+        ``log_path``/``err_path``: the job's output and error output files, streamed from the given
+        byte offsets once the job has started."""
         sub = _Subscription(str(job_id), poll_interval, max(poll_interval, max_poll_interval), log_path,
-                            log_offset)
+                            log_offset, err_path, err_offset)
         if first_poll_delay > 0:
             await asyncio.sleep(first_poll_delay)
         self._subs[id(sub)] = sub
@@ -144,8 +156,9 @@ class JobPoller:
         statuses = await source.statuses(job_ids)
         self.cycles += 1
         # One size check for every log that may have grown; read only the ones that did.
-        streaming = [s for s in subs if s.log_path and (st := statuses.get(s.job_id)) and st.state.has_started]
-        sizes = await source.file_sizes(sorted({s.log_path for s in streaming})) if streaming else {}
+        streaming = [s for s in subs if s.log_files() and (st := statuses.get(s.job_id)) and st.state.has_started]
+        paths = sorted({p for s in streaming for p in s.log_files()})
+        sizes = await source.file_sizes(paths) if paths else {}
         changed = False
         for sub in subs:
             status = statuses.get(sub.job_id)
@@ -153,10 +166,14 @@ class JobPoller:
             if state != sub.last_state:
                 changed = True
                 sub.last_state = state
-            text = ""
-            if sub in streaming and sizes.get(sub.log_path, 0) > sub.log_offset:
-                text, sub.log_offset = await source.read_log(sub.log_path, sub.log_offset)
-            sub.queue.put_nowait(PollUpdate(status=status, new_log_text=text, log_offset=sub.log_offset))
+            text = err_text = ""
+            if sub in streaming:
+                if sub.log_path and sizes.get(sub.log_path, 0) > sub.log_offset:
+                    text, sub.log_offset = await source.read_log(sub.log_path, sub.log_offset)
+                if sub.err_path and sizes.get(sub.err_path, 0) > sub.err_offset:
+                    err_text, sub.err_offset = await source.read_log(sub.err_path, sub.err_offset)
+            sub.queue.put_nowait(PollUpdate(status=status, new_log_text=text, log_offset=sub.log_offset,
+                                            new_err_text=err_text, err_offset=sub.err_offset))
         return changed
 
     def _next_interval(self, changed: bool) -> float:
@@ -183,7 +200,8 @@ class JobPoller:
 
     def _broadcast_error(self, exc: BaseException) -> None:
         for sub in self._subs.values():
-            sub.queue.put_nowait(PollUpdate(status=None, error=exc, log_offset=sub.log_offset))
+            sub.queue.put_nowait(PollUpdate(status=None, error=exc, log_offset=sub.log_offset,
+                                            err_offset=sub.err_offset))
 
     async def _drop_source(self) -> None:
         source, self._source = self._source, None

@@ -2,7 +2,8 @@
 
 Every trigger of one connection subscribes to the connection's shared :class:`JobPoller`, so a
 triggerer watching hundreds of jobs still makes one status query per interval. The trigger streams
-new lines of the job's output file into the task log, fires exactly one event, and carries
+new lines of the job's output file and of its error output (each line marked ``stderr``) into the
+task log, fires exactly one event, and carries
 everything the operator needs to resume in that event (``airflow dags test`` drops ``defer()``
 kwargs), including an opaque ``carry`` dict the operator hands in.
 """
@@ -47,6 +48,9 @@ class SlurmJobTrigger(BaseTrigger):
         firing within seconds of deferral can race the scheduler).
     :param log_path: the job's output file on the cluster; new lines are copied to the task log.
     :param log_offset: bytes of ``log_path`` already shown (survives triggerer restarts).
+    :param err_log_path: the job's error output file (``sbatch --error``), streamed like ``log_path``
+        with its lines marked ``stderr``.
+    :param err_log_offset: bytes of ``err_log_path`` already shown.
     :param pending_policy: ``fail`` ends the wait when the pending reason means the job can never
         start (e.g. the allocation is used up); ``warn`` logs it and keeps waiting.
     :param expected_job_name: the job's name, checked before ``on_kill`` cancels anything, so a
@@ -60,7 +64,8 @@ class SlurmJobTrigger(BaseTrigger):
                  max_poll_interval: float = 300.0, first_poll_delay: float = 10.0,
                  log_path: str | None = None, log_offset: int = 0, pending_policy: str = "fail",
                  expected_job_name: str | None = None, unknown_grace_polls: int = 6,
-                 carry: dict[str, Any] | None = None) -> None:
+                 carry: dict[str, Any] | None = None, err_log_path: str | None = None,
+                 err_log_offset: int = 0) -> None:
         super().__init__()
         if pending_policy not in PENDING_POLICIES:
             raise ValueError(f"pending_policy {pending_policy!r} not allowed (known: {', '.join(PENDING_POLICIES)})")
@@ -71,6 +76,8 @@ class SlurmJobTrigger(BaseTrigger):
         self.first_poll_delay = float(first_poll_delay)
         self.log_path = log_path
         self.log_offset = int(log_offset)
+        self.err_log_path = err_log_path
+        self.err_log_offset = int(err_log_offset)
         self.pending_policy = pending_policy
         self.expected_job_name = expected_job_name
         self.unknown_grace_polls = int(unknown_grace_polls)
@@ -87,6 +94,8 @@ class SlurmJobTrigger(BaseTrigger):
                 "first_poll_delay": self.first_poll_delay,
                 "log_path": self.log_path,
                 "log_offset": self.log_offset,
+                "err_log_path": self.err_log_path,
+                "err_log_offset": self.err_log_offset,
                 "pending_policy": self.pending_policy,
                 "expected_job_name": self.expected_job_name,
                 "unknown_grace_polls": self.unknown_grace_polls,
@@ -102,6 +111,8 @@ class SlurmJobTrigger(BaseTrigger):
             "status": status.to_event() if status is not None else None,
             "log_path": self.log_path,
             "log_offset": self.log_offset,
+            "err_log_path": self.err_log_path,
+            "err_log_offset": self.err_log_offset,
             "message": message,
             "carry": self.carry,
         })
@@ -113,7 +124,8 @@ class SlurmJobTrigger(BaseTrigger):
         unknown_polls = 0
         async with poller.subscribe(self.job_id, poll_interval=self.poll_interval,
                                     max_poll_interval=self.max_poll_interval, log_path=self.log_path,
-                                    log_offset=self.log_offset,
+                                    log_offset=self.log_offset, err_path=self.err_log_path,
+                                    err_offset=self.err_log_offset,
                                     first_poll_delay=self.first_poll_delay) as updates:
             while True:
                 update = await updates.get()
@@ -121,9 +133,11 @@ class SlurmJobTrigger(BaseTrigger):
                     yield self._event(ERROR, None, f"cannot watch job {self.job_id} on {self.conn_id}: "
                                                    f"{update.error}")
                     return
-                self.log_offset = update.log_offset
+                self.log_offset, self.err_log_offset = update.log_offset, update.err_offset
                 for line in update.new_log_text.splitlines():
                     self.log.info("[job %s] %s", self.job_id, line)
+                for line in update.new_err_text.splitlines():
+                    self.log.info("[job %s stderr] %s", self.job_id, line)
                 status = update.status
                 if status is None or status.state is SlurmState.UNKNOWN:
                     unknown_polls += 1

@@ -18,6 +18,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from slurm_provider.operators import SlurmSubmitOperator
 from slurm_provider.resubmission import DEFAULT_BUDGETS
 
+from vcloud_pipeline import job_exits
 from vcloud_pipeline.assets import asset_for
 from vcloud_pipeline.budget import BudgetExceeded, check_budget
 from vcloud_pipeline.preflight import read_ledger
@@ -63,6 +64,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
         kwargs.setdefault("conn_id", "vcloud_unbound")
         kwargs.setdefault("script", _PLACEHOLDER_SCRIPT)
         kwargs.setdefault("log_dir", "/unbound")
+        kwargs.setdefault("exit_code_meanings", job_exits.MEANINGS)
         super().__init__(stage=job, **kwargs)
         self.job = job
         self.plan_task = plan_task

@@ -22,17 +22,16 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
+from vcloud_pipeline.job_exits import EXIT_CODE_MISMATCH, EXIT_REQUEUE
 from vcloud_pipeline.jobspec import JobKind, JobSpec, Resources, resolve_resources
 from vcloud_pipeline.layout import RunPaths
 from vcloud_pipeline.profiles import RUNTIME_JOB_ID, ClusterProfile, ContainerSpec, format_slurm_time
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "include" / "sbatch"
 
-EXIT_REQUEUE = 85
-"""The trainer's "stopped on a signal after writing a checkpoint" (``vcloud.exitcodes.REQUEUE``)."""
-
-EXIT_CODE_MISMATCH = 86
-"""The outer script refused to start: the synced code is not the code the job was rendered for."""
+LOG_OUTPUT_PATTERN, LOG_ERROR_PATTERN = "%x.%j.out", "%x.%j.err"
+"""The job's output and error output in the run's log directory: the names SlurmSubmitOperator gives
+them (``<job name>.<job id>.out/.err``), so a job submitted by hand writes where the DAG looks."""
 
 MAX_EARLY_STOPS = 3
 """Starts in a row that a training job may spend without training (a stop signal during set-up or
@@ -171,8 +170,8 @@ def _directives(profile: ClusterProfile, res: Resources, job_name: str,
         ("requeue", ""),
         ("open-mode", "append"),
         ("signal", f"B:USR2@{profile.jobs.signal_lead_seconds}"),
-        ("output", str(paths.logs_dir / "%x_%j.out")),
-        ("error", str(paths.logs_dir / "%x_%j.err")),
+        ("output", str(paths.logs_dir / LOG_OUTPUT_PATTERN)),
+        ("error", str(paths.logs_dir / LOG_ERROR_PATTERN)),
     ]
     return options
 
@@ -461,7 +460,7 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
         outer_path=outer_path,
         inner_path=inner_path,
         sbatch_options=tuple(f"--{k}={v}" if v else f"--{k}" for k, v in options),
-        stdout_pattern=paths.logs_dir / "%x_%j.out",
-        stderr_pattern=paths.logs_dir / "%x_%j.err",
+        stdout_pattern=paths.logs_dir / LOG_OUTPUT_PATTERN,
+        stderr_pattern=paths.logs_dir / LOG_ERROR_PATTERN,
         resources=res,
     )

@@ -47,7 +47,7 @@ def image_line(cluster: LocalCluster) -> str:
 
 def job_err_log(cluster: LocalCluster, project_dir: str, run: str, label: str, job_id: str) -> str:
     """The stderr log of one job of the run (every start of it: logs are appended across requeues)."""
-    return cluster.ssh(f"cat {shlex.quote(f'{project_dir}/logs/{run}')}/*{label}*_{job_id}.err").stdout
+    return cluster.ssh(f"cat {shlex.quote(f'{project_dir}/logs/{run}')}/*{label}*.{job_id}.err").stdout
 
 
 def _dag():
@@ -198,3 +198,25 @@ def test_a_stage_that_hits_its_time_limit_requeues_and_loses_no_epoch(local_clus
     assert "resumed from" in log
     err = job_err_log(local_cluster, project_dir, "tl", "stage1", summary["job_id"])
     assert err.count(image_line(local_cluster)) >= 2, err[-3000:]  # the first start and the resumed one
+
+
+def test_a_stage_whose_trainer_raises_shows_the_traceback_in_the_task_log(local_cluster: LocalCluster,
+                                                                          project_dir: str, capfd) -> None:
+    """A broken prepared dataset (its index is not JSON) makes the stage-0 trainer raise: the traceback
+    streams into the task log as the job writes it, and the task's failure repeats it with the
+    exit code explained, instead of a bare "exit code 1"."""
+    prepared = f"{project_dir}/data/synthetic-tiny/prepared"
+    local_cluster.ssh(f"mkdir -p {shlex.quote(prepared)} && printf '{{\"format\": ' > {shlex.quote(prepared)}/index.json")
+    _, states, _ = run_dag(profile="local", config="tiny", run_name="raises", stages=[0], max_epochs=1, export=False)
+    out = "".join(capfd.readouterr())
+    assert states["stage0"] == "failed", states
+    failed = re.search(r"Slurm job (\d+) ended FAILED", out)
+    assert failed, out[-4000:]
+    job_id = failed.group(1)
+    streamed, failure = out[:failed.start()], out[failed.start():]
+    assert re.search(rf"\[job {job_id}(?: stderr)?\] Traceback \(most recent call last\):", streamed), streamed[-4000:]
+    assert re.search(rf"\[job {job_id}(?: stderr)?\] json\.decoder\.JSONDecodeError", streamed), streamed[-4000:]
+    assert "Exit code 1: the program raised an error" in failure, failure[:3000]
+    assert "Traceback (most recent call last):" in failure and "JSONDecodeError" in failure, failure[:6000]
+    # the job's error output is streamed too, marked as such (the container launcher writes there)
+    assert f"[job {job_id} stderr] " in streamed, streamed[-4000:]

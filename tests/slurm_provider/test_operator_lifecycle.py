@@ -9,6 +9,7 @@ marked `exclusive_cluster` and run after the others, alone.
 
 from __future__ import annotations
 
+import re
 import shlex
 import threading
 import time
@@ -137,7 +138,32 @@ def test_timeout_without_progress_is_not_resubmitted(local_cluster: LocalCluster
                             progress_path=f"{log_dir}/progress.json")
     assert outcome.state == "failed"
     assert "ended TIMEOUT without progress" in outcome.output
-    assert len(_jobs_of(local_cluster, outcome)) == 1
+    (job_id,) = _jobs_of(local_cluster, outcome)
+    # Slurm's own line (slurmstepd writes it to the job's error output) reaches the task log and the failure
+    streamed, _, failure = outcome.output.partition(f"Slurm job {job_id} ended TIMEOUT")
+    assert re.search(rf"\[job {job_id} stderr\] .*\*\*\* JOB {job_id} ON \S+ CANCELLED AT .* DUE TO TIME LIMIT \*\*\*",
+                     streamed), streamed[-3000:]
+    assert "Last lines of the job's error output (stderr):" in failure and "DUE TO TIME LIMIT" in failure, failure
+
+
+def test_a_traceback_reaches_the_task_log_and_the_failure(local_cluster: LocalCluster,
+                                                          capfd: pytest.CaptureFixture) -> None:
+    """The job's stderr is a file of its own (--error): streamed into the task log line by line,
+    marked as such, and its tail is part of the failure next to the output's."""
+    log_dir = local_cluster.test_dir()
+    body = ("echo preparing\n"
+            "python3 -c 'print(\"loading\", flush=True); raise ValueError(\"band 13 is missing from the stack\")'")
+    outcome = run_lifecycle(capfd, script=_script(body), log_dir=log_dir)
+    assert outcome.state == "failed"
+    (job_id,) = _jobs_of(local_cluster, outcome)
+    streamed, _, failure = outcome.output.partition(f"Slurm job {job_id} ended FAILED")
+    assert f"[job {job_id}] preparing" in streamed and f"[job {job_id}] loading" in streamed, streamed[-3000:]
+    assert f"[job {job_id} stderr] Traceback (most recent call last):" in streamed, streamed[-3000:]
+    assert f"[job {job_id} stderr] ValueError: band 13 is missing from the stack" in streamed
+    assert "Exit code 1." in failure
+    errors = failure.index("Last lines of the job's error output (stderr):")
+    assert "ValueError: band 13 is missing from the stack" in failure[errors:]
+    assert f"{log_dir}/" in failure and f".{job_id}.err (errors)" in failure
 
 
 def test_requeue_mid_run_keeps_waiting_then_completes(local_cluster: LocalCluster,

@@ -94,7 +94,7 @@ def test_every_job_requeues_appends_and_gets_usr2_before_the_limit(case: str) ->
     assert "#SBATCH --open-mode=append\n" in job.outer
     assert f"#SBATCH --signal=B:USR2@{lead}\n" in job.outer
     assert "USR1" not in job.outer + job.inner
-    assert f"#SBATCH --output={job.stdout_pattern}" in job.outer and "/logs/full/%x_%j.out" in job.outer
+    assert f"#SBATCH --output={job.stdout_pattern}" in job.outer and "/logs/full/%x.%j.out" in job.outer
     assert "trap 'on_signal USR2' USR2" in job.outer and "trap 'on_signal USR2' USR2" in job.inner
     assert f"readonly EXPECTED_CODE_HASH={CODE_HASH}" in job.outer
     assert f"readonly EXIT_CODE_MISMATCH={EXIT_CODE_MISMATCH}" in job.outer
@@ -237,7 +237,7 @@ def test_paths_with_spaces_and_quotes_survive_the_shell(tmp_path: Path) -> None:
 
 def test_directive_values_use_sbatchs_double_quotes() -> None:
     job = awkward_job()
-    assert '#SBATCH --output="/srv/vcloud scratch/it\'s \\"quoted\\" #1/logs/full/%x_%j.out"' in job.outer
+    assert '#SBATCH --output="/srv/vcloud scratch/it\'s \\"quoted\\" #1/logs/full/%x.%j.out"' in job.outer
     assert directive_value("small-g") == "small-g"
     assert directive_value("B:USR2@600") == "B:USR2@600"
     with pytest.raises(RenderError):

@@ -1,0 +1,27 @@
+"""What the exit codes of the pipeline's jobs mean, for the task's failure message.
+
+The codes are the contract of the job scripts (include/sbatch/) and the trainer
+(``vcloud.exitcodes``); ``tests/vcloud_pipeline/test_job_exits.py`` pins both sides to these numbers.
+"""
+
+from __future__ import annotations
+
+EXIT_TRAINING_ERROR = 1
+EXIT_BAD_CONFIG = 2
+EXIT_REQUEUE = 85
+"""The trainer's "stopped on a signal after writing a checkpoint" (``vcloud.exitcodes.REQUEUE``)."""
+EXIT_CODE_MISMATCH = 86
+"""The outer script refused to start: the synced code is not the code the job was rendered for."""
+
+MEANINGS: dict[int, str] = {
+    EXIT_TRAINING_ERROR: "the program raised an error; its traceback is in the job's error output (below).",
+    EXIT_BAD_CONFIG: "the trainer refused its arguments or configuration; running the same job again cannot "
+                     "help: fix the config or the run's params.",
+    EXIT_REQUEUE: "the trainer stopped on a signal after writing a checkpoint, and the job did not requeue "
+                  "itself (it does so only after Slurm's pre-timeout USR2, and not after 3 starts in a row "
+                  "that ended before training: then raise time_limit). Run the task again to resume from "
+                  "latest.pt.",
+    EXIT_CODE_MISMATCH: "the job refused to start because the code on the cluster is not the code its scripts "
+                        "were rendered for. Clear the run's sync_code task and this one to render and submit "
+                        "the job from the current code.",
+}
