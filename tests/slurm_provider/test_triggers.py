@@ -39,10 +39,15 @@ def _run_to_event(trigger: SlurmJobTrigger, timeout: float = 120) -> dict[str, A
 
 def test_serialize_round_trips() -> None:
     trigger = SlurmJobTrigger(conn_id="c", job_id="12", log_path="/p/x.out", log_offset=7, pending_policy="warn",
-                              expected_job_name="n", carry={"history": [{"job_id": "12"}]}, **FAST)
+                              expected_job_name="n", carry={"history": [{"job_id": "12"}]},
+                              err_log_path="/p/x.err", err_log_offset=3, **FAST)
     classpath, kwargs = trigger.serialize()
     assert classpath == "slurm_provider.triggers.SlurmJobTrigger"
+    assert kwargs["err_log_path"] == "/p/x.err" and kwargs["err_log_offset"] == 3
     assert SlurmJobTrigger(**kwargs).serialize() == (classpath, kwargs)
+    # a trigger deferred before the error output was streamed still resumes
+    old = {k: v for k, v in kwargs.items() if not k.startswith("err_")}
+    assert SlurmJobTrigger(**old).err_log_path is None
 
 
 def test_bad_pending_policy_is_refused() -> None:
