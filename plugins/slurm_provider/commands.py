@@ -17,11 +17,13 @@ field tuples (``SQUEUE_FIELDS``, ``SACCT_FIELDS``), separated by ``|`` with the 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from slurm_provider.validation import (
     ValidationError,
@@ -132,6 +134,12 @@ class JobComment:
     place: str | None = None
     """Digest of where the job writes its log: the same run id in another Airflow deployment or
     project directory is another job."""
+    xdir: str | None = None
+    """Digest of the directory the job writes exclusively (``exclusive_dir_marker``): at most one live
+    job per directory, whoever submitted it."""
+    ver: str | None = None
+    """Version of what the job runs (e.g. a code hash, shortened): a live job of another version in
+    the same directory is never adopted."""
 
     def to_json(self) -> str:
         """Compact JSON without spaces and with ``|`` escaped, so it never breaks our output parsing.
@@ -153,7 +161,7 @@ class JobComment:
         return (self.project, self.dag, self.task, self.run, self.stage, self.clear, self.place)
 
 
-_OMITTED_AT_DEFAULT = {"clear": 0, "place": None}
+_OMITTED_AT_DEFAULT = {"clear": 0, "place": None, "xdir": None, "ver": None}
 
 
 def parse_job_comment(text: str | None) -> JobComment | None:
@@ -171,6 +179,8 @@ def parse_job_comment(text: str | None) -> JobComment | None:
             project=str(data.get("project", PROJECT_TAG)),
             clear=int(data.get("clear", 0)),
             place=None if data.get("place") is None else str(data["place"]),
+            xdir=None if data.get("xdir") is None else str(data["xdir"]),
+            ver=None if data.get("ver") is None else str(data["ver"]),
         )
     except (ValueError, KeyError, TypeError):
         return None
@@ -255,6 +265,63 @@ def build_sbatch_submit(
     argv = _sbatch_argv(**locals())  # exactly this function's keyword arguments
     argv.insert(1, "--parsable")
     return _join(argv)
+
+
+LIVE_JOB_STATES: tuple[str, ...] = (
+    "PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD",
+    "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "SPECIAL_EXIT",
+)
+"""Every state in which a job may still (or again) write its outputs."""
+
+LIVE_MARKER = "__SLURM_PROVIDER_LIVE__"
+SUBMIT_LOCK_NAME = ".slurm-submit.lock"
+SUBMIT_LOCK_STALE_MINUTES = 2
+"""A lock directory older than this was left by a submit that died; it is taken over."""
+
+
+def exclusive_dir_marker(directory: str) -> str:
+    """The short digest a job comment carries for the directory the job writes (``"xdir":"..."``)."""
+    return hashlib.sha256(directory.rstrip("/").encode()).hexdigest()[:16]
+
+
+def build_squeue_live_own_jobs() -> str:
+    """``squeue --me`` of the login user's live jobs (``LIVE_JOB_STATES``), every field."""
+    argv = ["squeue", "-h", "-r", "--me", f"--states={','.join(LIVE_JOB_STATES)}", f"--Format={_squeue_format()}"]
+    return f"{TIME_FORMAT_ENV} " + _join(argv)
+
+
+def build_exclusive_sbatch_submit(*, exclusive_dir: str, **submit: Any) -> str:
+    """Submit unless a live job of the login user already writes ``exclusive_dir``; one command.
+
+    Under a lock directory inside ``exclusive_dir`` (``mkdir`` is atomic on every POSIX file system,
+    Lustre included), ``squeue --me`` lists the live jobs whose comment names the directory's
+    digest: if there is one, it prints ``LIVE_MARKER`` and those squeue rows and submits nothing;
+    otherwise it runs :func:`build_sbatch_submit` (the script on stdin). Two Airflow deployments
+    that submit for the same directory at the same moment thus get one job between them. The
+    comment in ``submit`` must carry the same digest (``JobComment.xdir``).
+    """
+    directory = validate_remote_path(exclusive_dir.rstrip("/") or "/", "exclusive_dir", absolute=True)
+    comment = submit.get("comment")
+    marker = exclusive_dir_marker(directory)
+    if not isinstance(comment, JobComment) or comment.xdir != marker:
+        raise ValidationError("comment", f"must be a JobComment with xdir={marker!r} for {directory}")
+    lock = f"{directory}/{SUBMIT_LOCK_NAME}"
+    needle = f'"xdir":"{marker}"'
+    return "; ".join([
+        f"mkdir -p {shlex.quote(directory)} || exit 70",
+        f"lock={shlex.quote(lock)}; waited=0",
+        'until mkdir "$lock" 2>/dev/null; do '
+        f'if [ -n "$(find "$lock" -maxdepth 0 -mmin +{SUBMIT_LOCK_STALE_MINUTES} 2>/dev/null)" ]; then '
+        'rmdir "$lock" 2>/dev/null; continue; fi; '
+        'waited=$((waited + 1)); '
+        'if [ "$waited" -gt 1200 ]; then echo "sbatch: error: another submit holds $lock" >&2; exit 75; fi; '
+        "sleep 0.1; done",
+        "trap 'rmdir \"$lock\" 2>/dev/null' EXIT",
+        f"live=$({build_squeue_live_own_jobs()}) || exit $?",
+        f"match=$(printf '%s\\n' \"$live\" | grep -F -- {shlex.quote(needle)})",
+        f'if [ -n "$match" ]; then echo {LIVE_MARKER}; printf \'%s\\n\' "$match"; exit 0; fi',
+        build_sbatch_submit(**submit),
+    ])
 
 
 def build_sbatch_test_only(

@@ -28,7 +28,11 @@ from typing import Any, TypeVar
 from airflow.sdk import BaseHook
 
 from slurm_provider.commands import (
+    LIVE_MARKER,
     JobComment,
+    build_exclusive_sbatch_submit,
+    build_squeue_live_own_jobs,
+    exclusive_dir_marker,
     build_file_sizes,
     build_read_log,
     build_read_progress,
@@ -192,6 +196,37 @@ def submit_plan(script: str, options: SubmitOptions) -> Plan[SubmitResult]:
     _validate_script(script)
     result = yield RemoteCommand(command, "sbatch", stdin=script, timeout=SUBMIT_TIMEOUT)
     return parse_sbatch_parsable(result.stdout, result.stderr)
+
+
+@dataclass(frozen=True)
+class ExclusiveSubmitResult:
+    """A submit for a directory at most one live job may write: the new job, or the live ones found."""
+
+    job_id: str | None
+    """The submitted job; None when a live job already writes the directory."""
+    live: tuple[JobStatus, ...] = ()
+    """Live jobs of the login user whose comment names the directory, oldest first."""
+
+
+def exclusive_submit_plan(script: str, options: SubmitOptions, exclusive_dir: str) -> Plan[ExclusiveSubmitResult]:
+    command = build_exclusive_sbatch_submit(exclusive_dir=exclusive_dir, **options.as_kwargs())
+    _validate_script(script)
+    result = yield RemoteCommand(command, "sbatch", stdin=script, timeout=SUBMIT_TIMEOUT)
+    _, found, rows_text = result.stdout.partition(LIVE_MARKER)
+    if found:
+        rows = parse_squeue(rows_text)
+        statuses = resolve_statuses(sorted({row.job_id for row in rows}, key=_job_order), squeue_rows=rows)
+        return ExclusiveSubmitResult(None, tuple(statuses.values()))
+    return ExclusiveSubmitResult(parse_sbatch_parsable(result.stdout, result.stderr).job_id)
+
+
+def live_writers_plan(exclusive_dir: str) -> Plan[list[JobStatus]]:
+    """Live jobs of the login user whose comment names ``exclusive_dir`` (see ``exclusive_submit_plan``)."""
+    rows = _squeue_rows((yield RemoteCommand(build_squeue_live_own_jobs(), "squeue")))
+    needle = f'"xdir":"{exclusive_dir_marker(exclusive_dir.rstrip("/") or "/")}"'
+    mine = [row for row in rows if needle in (row.comment or "")]
+    statuses = resolve_statuses(sorted({row.job_id for row in mine}, key=_job_order), squeue_rows=mine)
+    return list(statuses.values())
 
 
 def test_only_plan(script: str, options: SubmitOptions) -> Plan[TestOnlyResult]:
@@ -410,6 +445,20 @@ class SlurmHook(BaseHook, _CommandCounter):
         result = self._drive(submit_plan(script, resolved))
         log.info("Submitted job %s (%s) on %s", result.job_id, resolved.job_name, self.ssh_conn_id)
         return result
+
+    def submit_exclusive(self, script: str, exclusive_dir: str, options: SubmitOptions | None = None,
+                         **fields: Any) -> ExclusiveSubmitResult:
+        """Submit ``script`` unless a live job of ours already writes ``exclusive_dir`` (atomically,
+        under a lock in that directory); the comment must carry the directory's digest."""
+        resolved = _options(options, fields)
+        result = self._drive(exclusive_submit_plan(script, resolved, exclusive_dir))
+        if result.job_id is not None:
+            log.info("Submitted job %s (%s) on %s", result.job_id, resolved.job_name, self.ssh_conn_id)
+        return result
+
+    def live_writers(self, exclusive_dir: str) -> list[JobStatus]:
+        """Our live jobs that write ``exclusive_dir`` (submitted with ``submit_exclusive``), oldest first."""
+        return self._drive(live_writers_plan(exclusive_dir))
 
     def test_only(self, script: str, options: SubmitOptions | None = None, **fields: Any) -> TestOnlyResult:
         """``sbatch --test-only``: is the request valid, and when would it start? Consumes a job id."""

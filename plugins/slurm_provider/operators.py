@@ -18,8 +18,9 @@ from typing import Any
 
 from airflow.exceptions import AirflowException
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
 
-from slurm_provider.commands import JobComment, parse_job_comment
+from slurm_provider.commands import JobComment, exclusive_dir_marker, parse_job_comment
 from slurm_provider.exit_codes import explain_exit
 from slurm_provider.hints import find_submit_hints, format_hints, hint_for
 from slurm_provider.links import JOB_ID_XCOM_KEY, SlurmJobLogLink
@@ -91,10 +92,18 @@ class SlurmSubmitOperator(BaseOperator):
     :param gpu_billing_factor: GPU-hours billed per GPU wall-hour (1.0 on LUMI: one GCD-hour each).
     :param exit_code_meanings: what the script's own exit codes mean (``{86: "..."}``), said in the
         failure message next to Slurm's state; signals and shell codes are explained without it.
+    :param exclusive_dir: the directory on the cluster the job writes (e.g. a training stage's
+        output directory). At most one live job writes it, whatever DAG run, clear or Airflow
+        deployment submitted it: before submitting, the operator looks (atomically, under a lock in
+        that directory) for a live job of the login user whose comment names it, and adopts it
+        instead of submitting a second writer.
+    :param job_version: what the job runs (e.g. the code's content hash). A live job of
+        ``exclusive_dir`` with another version is never adopted: the task fails, naming the job.
     """
 
     template_fields: Sequence[str] = ("script", "log_dir", "partition", "account", "time_limit",
-                                      "sbatch_options", "export", "stage", "progress_path")
+                                      "sbatch_options", "export", "stage", "progress_path", "exclusive_dir",
+                                      "job_version")
     template_fields_renderers = {"script": "bash"}
     operator_extra_links = (SlurmJobLogLink(),)
     ui_color = "#d9ecf2"
@@ -106,7 +115,8 @@ class SlurmSubmitOperator(BaseOperator):
                  resubmit_budgets: Mapping[str, int] | None = None, pending_policy: str = "fail",
                  poll_interval: float = 15.0, max_poll_interval: float = 300.0,
                  first_poll_delay: float = 10.0, gpu_billing_factor: float = 1.0,
-                 exit_code_meanings: Mapping[int, str] | None = None, **kwargs: Any) -> None:
+                 exit_code_meanings: Mapping[int, str] | None = None, exclusive_dir: str | None = None,
+                 job_version: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.conn_id = conn_id
         self.script = script
@@ -125,6 +135,8 @@ class SlurmSubmitOperator(BaseOperator):
         self.first_poll_delay = first_poll_delay
         self.gpu_billing_factor = gpu_billing_factor
         self.exit_code_meanings = {int(k): str(v) for k, v in (exit_code_meanings or {}).items()}
+        self.exclusive_dir = exclusive_dir
+        self.job_version = job_version
 
     # --- execute: adopt or submit, then defer ------------------------------------------------------
 
@@ -205,13 +217,18 @@ class SlurmSubmitOperator(BaseOperator):
         number = len(history.submissions) + 1
         name = self._job_name(context)
         comment = self._comment(context, number)
+        options = dict(job_name=name, comment=comment, output=self._output_pattern(context),
+                       error=self._error_pattern(context), partition=self.partition, account=self.account,
+                       time_limit=self.time_limit, extra_options=self.sbatch_options,
+                       export=dict(self.export or {}) or None)
         try:
-            result = hook.submit(self.script, job_name=name, comment=comment,
-                                 output=self._output_pattern(context), error=self._error_pattern(context),
-                                 partition=self.partition,
-                                 account=self.account, time_limit=self.time_limit,
-                                 extra_options=self.sbatch_options, export=dict(self.export or {}) or None)
-            job_id = str(result.job_id)
+            if self.exclusive_dir:
+                outcome = hook.submit_exclusive(self.script, self.exclusive_dir, **options)
+                if outcome.job_id is None:
+                    return self._adopt_live_writer(context, history, outcome.live, number)
+                job_id = str(outcome.job_id)
+            else:
+                job_id = str(hook.submit(self.script, **options).job_id)
         except SbatchRefused as exc:
             hints = format_hints(find_submit_hints(str(exc)))
             raise AirflowException(f"sbatch refused {name}: {exc}" + (f"\nHint: {hints}" if hints else "")) from exc
@@ -231,6 +248,31 @@ class SlurmSubmitOperator(BaseOperator):
         self._store_history(context, history)
         self.log.info("Submitted job %s (%s, submission %d, cause %s)", job_id, name, number, cause)
         return self._defer(context, history)
+
+    def _adopt_live_writer(self, context: Any, history: SubmissionHistory, live: Sequence[JobStatus],
+                           number: int) -> Any:
+        """Watch the live job that already writes ``exclusive_dir`` instead of submitting a second one;
+        fail when it runs another version (two versions must never write one directory)."""
+        job = live[0]
+        theirs = parse_job_comment(job.comment)
+        who = (f"DAG {theirs.dag}, run {theirs.run}, task {theirs.task}" if theirs is not None
+               else f"job name {job.name}")
+        mine = self._version_tag()
+        if mine is not None and (theirs is None or theirs.ver != mine):
+            raise AirflowFailException(
+                f"job {job.job_id} ({who}) is {job.state.value} and writes {self.exclusive_dir}, but it runs "
+                f"version {theirs.ver if theirs else 'unknown'} and this task runs {mine}: two jobs must never "
+                f"write one directory. Wait for job {job.job_id} to end, or cancel it (scancel {job.job_id}), "
+                "then clear this task.")
+        history.add(Submission(job.job_id, number, "adopted", self._try_number(context),
+                               clear_number=self._clear_number(context), name=job.name))
+        self._store_history(context, history)
+        self.log.info("Job %s (%s, %s) already writes %s: watching it instead of submitting a second job",
+                      job.job_id, who, job.state.value, self.exclusive_dir)
+        return self._defer(context, history)
+
+    def _version_tag(self) -> str | None:
+        return self.job_version[:16] if self.job_version else None
 
     def _after_interruption(self, context: Any, hook: Any, history: SubmissionHistory,
                             status: JobStatus) -> Any:
@@ -276,7 +318,7 @@ class SlurmSubmitOperator(BaseOperator):
                 max_poll_interval=self.max_poll_interval, first_poll_delay=self.first_poll_delay,
                 log_path=self._log_path(context, current.job_id),
                 err_log_path=self._log_path(context, current.job_id, stream="err"), pending_policy=self.pending_policy,
-                expected_job_name=self._job_name(context), carry={"history": history.to_json()},
+                expected_job_name=current.name or self._job_name(context), carry={"history": history.to_json()},
             ),
             method_name="execute_complete",
         )
@@ -352,7 +394,7 @@ class SlurmSubmitOperator(BaseOperator):
             return f"(could not read the log: {exc})"
 
     def _cancel_own(self, hook: Any, status: JobStatus, context: Any) -> None:
-        if status.name == self._job_name(context) and not status.state.is_terminal:
+        if status.name == self._name_of_job(context, status.job_id) and not status.state.is_terminal:
             hook.cancel(status.job_id)
 
     def on_kill(self) -> None:
@@ -379,6 +421,8 @@ class SlurmSubmitOperator(BaseOperator):
             raise ValidationError("export", "must be a mapping of environment variable names to values")
         if self.progress_path is not None:
             validate_remote_path(self.progress_path, "progress_path", absolute=True)
+        if self.exclusive_dir is not None:
+            validate_remote_path(self.exclusive_dir, "exclusive_dir", absolute=True)
 
     def _hook(self) -> Any:
         from slurm_provider.hooks import SlurmHook
@@ -401,7 +445,9 @@ class SlurmSubmitOperator(BaseOperator):
     def _comment(self, context: Any, number: int) -> JobComment:
         ti = context["ti"]
         return JobComment(dag=ti.dag_id, task=ti.task_id, run=ti.run_id, attempt=number, stage=self.stage,
-                          clear=self._clear_number(context), place=self._place())
+                          clear=self._clear_number(context), place=self._place(),
+                          xdir=exclusive_dir_marker(self.exclusive_dir) if self.exclusive_dir else None,
+                          ver=self._version_tag())
 
     def _place(self) -> str:
         """Short digest of the connection and log directory the jobs write to."""
@@ -415,7 +461,13 @@ class SlurmSubmitOperator(BaseOperator):
 
     def _log_path(self, context: Any, job_id: str, stream: str = "out") -> str:
         """The file job ``job_id`` writes its output (``out``) or error output (``err``) to."""
-        return f"{self.log_dir.rstrip('/')}/{self._job_name(context)}.{job_id}.{stream}"
+        return f"{self.log_dir.rstrip('/')}/{self._name_of_job(context, job_id)}.{job_id}.{stream}"
+
+    def _name_of_job(self, context: Any, job_id: str) -> str:
+        """This task's job name, or the name of a job it adopted from another submitter."""
+        adopted = next((s.name for s in self._stored_history(context).submissions
+                        if s.job_id == job_id and s.name), None)
+        return adopted or self._job_name(context)
 
     def history_since_clear(self, context: Any) -> SubmissionHistory:
         """This task's submissions (task state store) since the DAG run was last cleared."""

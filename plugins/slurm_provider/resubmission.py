@@ -39,6 +39,9 @@ class Submission:
     """The progress probe's reading when this job was submitted (None: no probe)."""
     clear_number: int = 0
     """The DAG run's clear count at submission: a cleared task starts a new history."""
+    name: str | None = None
+    """The job's Slurm name when it is not this task's own (a live job of the same directory,
+    submitted by another DAG run, clear or deployment, that this task adopted)."""
 
 
 @dataclass

@@ -88,12 +88,24 @@ class PipelineJobOperator(SlurmSubmitOperator):
         self.log_dir = str(ctx.paths.logs_dir)
         if self.job.startswith("stage"):
             self.progress_path = str(ctx.paths.progress_path(int(self.job[5:])))
+        self.exclusive_dir = self._writes(ctx)
+        self.job_version = synced.get("code_hash")
         budget = ctx.request.max_resubmits
         self.resubmit_budgets = {cause: budget for cause in DEFAULT_BUDGETS}
         self.gpu_billing_factor = ctx.profile.billing.factor
         for attr, (env, default) in POLL_ENV.items():
             setattr(self, attr, float(os.environ.get(env, default)))
         return ctx, synced
+
+    def _writes(self, ctx: RunContext) -> str | None:
+        """The directory this job writes, which at most one live job may write at a time."""
+        if self.job.startswith("stage"):
+            return str(ctx.paths.stage_dir(int(self.job[5:])))
+        if self.job == DATA:
+            return str(ctx.paths.data_dir.parent)
+        if self.job == EXPORT:
+            return str(ctx.paths.viewer_dir)
+        return None  # the preflight import check writes nothing but its log
 
     # --- deciding ----------------------------------------------------------------------------------
 
@@ -142,12 +154,22 @@ class PipelineJobOperator(SlurmSubmitOperator):
                 if not decision.submit:
                     raise AirflowSkipException(decision.reason)
                 if decision.restart:
+                    self._refuse_restart_under_a_live_writer(hook)
                     moved = move_aside(hook.runner, ctx.paths.stage_dir(int(self.job[5:])), now_stamp())
                     if moved:
                         self.log.warning("mode restart: moved the previous outputs (best.pt included) to %s", moved)
             self._check_budget(ctx, hook)
         summary = super().execute(context)  # defers; returns only when the job had already completed
         return self._report(context, summary)
+
+    def _refuse_restart_under_a_live_writer(self, hook: Any) -> None:
+        live = hook.live_writers(self.exclusive_dir) if self.exclusive_dir else []
+        if live:
+            job = live[0]
+            raise AirflowFailException(
+                f"mode restart would move {self.exclusive_dir} aside while job {job.job_id} ({job.name}, "
+                f"{job.state.value}) still writes it. Wait for it to end, or cancel it (scancel {job.job_id}), "
+                "then run again.")
 
     def check_before_resubmit(self, context: Any, hook: Any) -> None:
         """A resubmission spends the allocation again: its worst case must still fit."""
