@@ -145,7 +145,8 @@ class SSHCommand:
         log in (what ssh logged decides); a failure of the tool itself is the caller's to judge.
         """
         Path(self.log_file).write_text("")
-        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+        proc = subprocess.run(list(argv), capture_output=True, text=True, errors="replace", timeout=timeout,
+                              check=False)
         if proc.returncode != 0:
             ssh_log = Path(self.log_file).read_text(errors="replace")
             if ssh_log.strip():
