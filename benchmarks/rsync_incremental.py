@@ -32,8 +32,8 @@ CONN_ENV = Path(os.environ.get("VCLOUD_CLUSTER_DIR", "/var/lib/vcloud-localclust
 from slurm_provider.transport import runner_for_connection  # noqa: E402
 from vcloud_pipeline.layout import run_paths  # noqa: E402
 from vcloud_pipeline.profiles import load_profile  # noqa: E402
-from vcloud_pipeline.rsync import CodeTree, code_sync_argv, ssh_destination, tree_files  # noqa: E402
-from vcloud_pipeline.sync import local_manifest, run_rsync, ssh_command_for, sync_code_tree  # noqa: E402
+from vcloud_pipeline.rsync import CodeTree, code_sync_argv, tree_files  # noqa: E402
+from vcloud_pipeline.sync import cluster_ssh, local_manifest, run_rsync, sync_code_tree  # noqa: E402
 
 
 def load_connection_env() -> None:
@@ -65,8 +65,9 @@ def main() -> int:
         hash_s, manifest = timed(lambda: local_manifest(tree))
         full_s, sent_full = timed(lambda: sync_code_tree(profile, paths, tree, manifest, runner))
         nochange_s, sent_nochange = timed(lambda: sync_code_tree(profile, paths, tree, manifest, runner))
-        argv = code_sync_argv(tree, ssh_destination(profile.connection), paths.code_dir, ssh_command_for(profile))
-        plain_nochange_s, _ = timed(lambda: run_rsync(argv, what="plain rsync re-sync"))
+        with cluster_ssh(profile) as ssh:
+            argv = code_sync_argv(tree, ssh.destination, paths.code_dir, ssh.argv)
+            plain_nochange_s, _ = timed(lambda: run_rsync(argv, what="plain rsync re-sync", ssh=ssh))
         target = Path(tmp) / "trainer" / "src" / "vcloud" / "metrics.py"
         target.write_text(target.read_text() + "\n# benchmark edit\n")
         changed = local_manifest(tree)

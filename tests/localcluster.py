@@ -11,6 +11,7 @@ import json
 import os
 import shlex
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -73,6 +74,70 @@ class LocalCluster:
         """`AIRFLOW_CONN_*` variables for every connection cluster-up wrote."""
         conns = json.loads((self.state_dir / "airflow_conn.json").read_text())
         return {f"AIRFLOW_CONN_{cid.upper()}": json.dumps(c) for cid, c in conns.items()}
+
+    def key_only_connection(self, conn_id: str | None = None) -> dict:
+        """The key-based connection with its key as ``private_key`` content instead of a key file."""
+        conn = self.connection(conn_id)
+        extra = {k: v for k, v in conn["extra"].items() if k != "key_file"}
+        return {**conn, "extra": {**extra, "private_key": self.key_file.read_text()}}
+
+    def ssh_config_copy(self, directory: Path, control_path: Path, **options: str) -> Path:
+        """The cluster's ssh_config with a ControlMaster socket of its own (and ``options`` replaced).
+
+        A master already up on the shared socket would carry commands without checking anything
+        again, e.g. a host key a test has just changed.
+        """
+        lines = []
+        for line in self.ssh_config.read_text().splitlines():
+            key = line.strip().split(" ", 1)[0]
+            if key == "ControlPath":
+                line = f"    ControlPath {control_path}"
+            elif key in options:
+                line = f"    {key} {options[key]}"
+            lines.append(line)
+        path = directory / "ssh_config"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def otp_ssh_config(self, directory: Path, control_path: Path) -> Path:
+        """An ssh_config alias that logs in like an OTP login: only through its ControlMaster.
+
+        The alias itself offers no key (``PubkeyAuthentication no``, no password in BatchMode), so
+        without a master every login fails as an OTP login does when nobody types the code;
+        :meth:`open_master` stands in for the person who does.
+        """
+        path = directory / "otp_ssh_config"
+        path.write_text(
+            f"Host {SSH_ALIAS}\n"
+            "    HostName 127.0.0.1\n"
+            f"    Port {self.ssh_port}\n"
+            f"    User {self.user}\n"
+            f"    UserKnownHostsFile {self.known_hosts}\n"
+            "    StrictHostKeyChecking yes\n"
+            "    PubkeyAuthentication no\n"
+            "    PasswordAuthentication no\n"
+            "    KbdInteractiveAuthentication no\n"
+            "    BatchMode yes\n"
+            "    ControlMaster no\n"
+            f"    ControlPath {control_path}\n"
+        )
+        return path
+
+    def open_master(self, config: Path) -> None:
+        """Open the alias's ControlMaster as a person would after typing the code (here: with the key)."""
+        # The master keeps ssh's stdio: a pipe would never reach EOF, so its messages go to a file.
+        with tempfile.TemporaryFile() as messages:
+            argv = ["ssh", "-F", str(config), "-o", "ControlMaster=auto", "-o", "PubkeyAuthentication=yes",
+                    "-o", "IdentitiesOnly=yes", "-i", str(self.key_file), "-fN", SSH_ALIAS]
+            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=messages,
+                                  timeout=60)
+            if proc.returncode != 0:
+                messages.seek(0)
+                raise AssertionError(f"opening the master failed: {messages.read().decode(errors='replace')}")
+
+    def close_master(self, config: Path) -> None:
+        """``ssh -O exit``: the master ends (as when ControlPersist runs out) and its socket goes."""
+        subprocess.run(["ssh", "-F", str(config), "-O", "exit", SSH_ALIAS], capture_output=True, timeout=30)
 
     def ssh_argv(self, *options: str) -> list[str]:
         return ["ssh", "-F", str(self.ssh_config), *options, SSH_ALIAS]

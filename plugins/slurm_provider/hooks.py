@@ -18,10 +18,11 @@ Slurm's own message when sbatch refuses a job.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections import Counter
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -71,9 +72,12 @@ from slurm_provider.transport import (
     AsyncRemoteCommandRunner,
     CommandResult,
     RemoteCommandRunner,
+    SSHCommand,
     TransportError,
     async_runner_for_connection,
+    remote_user_for_connection,
     runner_for_connection,
+    ssh_command_for_connection,
 )
 from slurm_provider.validation import (
     ValidationError,
@@ -501,6 +505,18 @@ class SlurmHook(BaseHook, _CommandCounter):
 
     def unavailable_nodes(self, partition: str | None = None) -> dict[str, str]:
         return self._drive(unavailable_nodes_plan(partition))
+
+    @contextlib.contextmanager
+    def ssh_command(self) -> Iterator[SSHCommand]:
+        """The system ``ssh`` command (and destination) that logs in exactly as this hook does, for
+        ``rsync -e``: the connection's key and pinned host key, or its ssh_config alias and
+        ControlMaster. Private files (key, known_hosts) exist only inside the ``with`` block."""
+        with ssh_command_for_connection(self.ssh_conn_id) as command:
+            yield command
+
+    def remote_user(self) -> str:
+        """The user name the login node sees (for paths such as ``/scratch/<user>``). No network."""
+        return remote_user_for_connection(self.ssh_conn_id)
 
     def close(self) -> None:
         if self._runner is not None:

@@ -9,8 +9,14 @@ output and its error output) that grew since the last cycle are read over the sa
 
 The interval starts at the smallest interval any subscriber asked for and grows by ``growth``
 per quiet cycle (no watched job changed state) up to the smallest cap; any change or a new
-subscriber resets it. Only transport errors are retried (with jittered exponential back-off and a
-fresh connection); anything else is handed to every subscriber.
+subscriber resets it. Only transport errors are retried (with jittered exponential back-off, capped
+at the subscribers' longest allowed poll interval, and a fresh connection); anything else is handed
+to every subscriber.
+
+A login that waits for a person (an OTP ControlMaster that lapsed overnight) is not a failure of the
+watched jobs: they keep running on the cluster. The poller then keeps trying with back-off, without
+a retry limit, and tells every subscriber what a person has to do; the watches pick up as soon as
+the master is open again.
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from slurm_provider.status import JobStatus
-from slurm_provider.transport import TransportError
+from slurm_provider.transport import ControlMasterNotRunning, TransportError
 
 log = logging.getLogger(__name__)
+
+MAX_RETRY_DELAY = 300.0
 
 
 class StatusSource(Protocol):
@@ -49,6 +57,9 @@ class PollUpdate:
     new_log_text: str = ""
     log_offset: int = 0
     error: BaseException | None = None
+    """The watch cannot go on (a bug, or a transport error that retrying cannot fix)."""
+    waiting: str | None = None
+    """No status this cycle: the login waits for a person (what to do); the watch goes on."""
     new_err_text: str = ""
     """New text of the job's error output (stderr), when it is a file of its own."""
     err_offset: int = 0
@@ -124,18 +135,30 @@ class JobPoller:
     # --- the loop ----------------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        failures = 0
+        failures = 0  # transport failures in a row that may go away by themselves
+        waits = 0  # cycles in a row whose login waited for a person
         while self._subs:
             try:
                 changed = await self._cycle()
-                failures = 0
+                if failures or waits:
+                    log.info("Cluster %s reachable again; watching %d job(s)", self.conn_id, len(self._subs))
+                failures = waits = 0
+            except ControlMasterNotRunning as exc:
+                waits += 1
+                await self._drop_source()
+                delay = self._retry_delay(waits)
+                log.warning("Cluster %s: %s. Still watching %d job(s); next try in %.0fs", self.conn_id, exc,
+                            len(self._subs), delay)
+                self._broadcast_waiting(str(exc))
+                await self._sleep(delay)
+                continue
             except TransportError as exc:
                 failures += 1
                 await self._drop_source()
                 if not exc.retryable or failures > self._max_transport_retries:
                     self._broadcast_error(exc)
                     return
-                delay = min(300.0, 2.0 ** failures) * random.uniform(0.5, 1.5)
+                delay = self._retry_delay(failures)
                 log.warning("Cluster %s unreachable (%s); retry %d/%d in %.0fs with a new connection",
                             self.conn_id, exc, failures, self._max_transport_retries, delay)
                 await self._sleep(delay)
@@ -188,6 +211,11 @@ class JobPoller:
             self._interval = min(cap, self._interval * self._growth)
         return self._interval * random.uniform(1 - self._jitter, 1 + self._jitter)
 
+    def _retry_delay(self, attempt: int) -> float:
+        """Back-off never longer than the longest wait between polls a subscriber allows."""
+        cap = min([MAX_RETRY_DELAY, *(s.max_poll_interval for s in self._subs.values())])
+        return retry_delay(attempt, cap)
+
     async def _sleep(self, seconds: float) -> None:
         """Sleep, but wake early when a new job is subscribed so it gets its first status soon.
 
@@ -201,6 +229,11 @@ class JobPoller:
     def _broadcast_error(self, exc: BaseException) -> None:
         for sub in self._subs.values():
             sub.queue.put_nowait(PollUpdate(status=None, error=exc, log_offset=sub.log_offset,
+                                            err_offset=sub.err_offset))
+
+    def _broadcast_waiting(self, what_to_do: str) -> None:
+        for sub in self._subs.values():
+            sub.queue.put_nowait(PollUpdate(status=None, log_offset=sub.log_offset, waiting=what_to_do,
                                             err_offset=sub.err_offset))
 
     async def _drop_source(self) -> None:
@@ -217,6 +250,11 @@ class JobPoller:
                 await task
         await self._drop_source()
         _POLLERS.pop((id(asyncio.get_running_loop()), self.conn_id), None)
+
+
+def retry_delay(attempt: int, cap: float) -> float:
+    """Jittered exponential back-off: up to ``2 ** attempt`` seconds, never more than ``cap``."""
+    return min(cap, 2.0 ** attempt) * random.uniform(0.5, 1.0)
 
 
 _POLLERS: dict[tuple[int, str], JobPoller] = {}

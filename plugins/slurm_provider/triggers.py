@@ -5,7 +5,9 @@ triggerer watching hundreds of jobs still makes one status query per interval. T
 new lines of the job's output file and of its error output (each line marked ``stderr``) into the
 task log, fires exactly one event, and carries
 everything the operator needs to resume in that event (``airflow dags test`` drops ``defer()``
-kwargs), including an opaque ``carry`` dict the operator hands in.
+kwargs), including an opaque ``carry`` dict the operator hands in. While the login waits for a
+person (an OTP ControlMaster that lapsed), the trigger logs what to do once and keeps waiting: the
+job runs on regardless, and the watch picks up when the master is back.
 """
 
 from __future__ import annotations
@@ -121,6 +123,7 @@ class SlurmJobTrigger(BaseTrigger):
         poller = shared_poller(self.conn_id, _hook_factory(self.conn_id))
         last_state: SlurmState | None = None
         warned_reason: str | None = None
+        waiting_for: str | None = None
         unknown_polls = 0
         async with poller.subscribe(self.job_id, poll_interval=self.poll_interval,
                                     max_poll_interval=self.max_poll_interval, log_path=self.log_path,
@@ -133,6 +136,15 @@ class SlurmJobTrigger(BaseTrigger):
                     yield self._event(ERROR, None, f"cannot watch job {self.job_id} on {self.conn_id}: "
                                                    f"{update.error}")
                     return
+                if update.waiting is not None:  # the job keeps running; only our view of it paused
+                    if update.waiting != waiting_for:
+                        self.log.warning("Cannot see job %s right now, still waiting: %s", self.job_id,
+                                         update.waiting)
+                        waiting_for = update.waiting
+                    continue
+                if waiting_for is not None:
+                    self.log.info("Watching job %s again on %s", self.job_id, self.conn_id)
+                    waiting_for = None
                 self.log_offset, self.err_log_offset = update.log_offset, update.err_offset
                 for line in update.new_log_text.splitlines():
                     self.log.info("[job %s] %s", self.job_id, line)

@@ -1,9 +1,11 @@
 """Cluster profiles: everything cluster-specific, as typed and validated data.
 
-A profile (``include/profiles/<name>.yaml``) says how to reach a cluster, which partitions and
-accelerators it has, how it bills, where the run's files live, and which software environment a job
-runs in. The DAG and the renderers only ever see a :class:`ClusterProfile`, so no cluster name
-appears in pipeline code.
+A profile (``include/profiles/<name>.yaml``) names the Airflow connection that reaches a cluster and
+says which partitions and accelerators it has, how it bills, where the run's files live, and which
+software environment a job runs in. How to log in (host, port, user, key, pinned host key, ssh_config
+alias) lives in the Airflow connection only, the one place every SSH command and rsync read it from.
+The DAG and the renderers only ever see a :class:`ClusterProfile`, so no cluster name appears in
+pipeline code.
 
 Loading is strict because a wrong profile costs queue time and GPU-hours, not seconds: unknown keys
 are rejected with the list of known ones, every choice names its allowed values, and the lessons of
@@ -11,14 +13,18 @@ the user's field notes (``/work/shared/seeds``) are rules here, e.g. LUMI profil
 ``singularity --rocm`` or ``module load`` are refused with the reason.
 
 Values may use ``{user}`` and ``{account}`` (and ``{base}`` in paths); they are filled in at load
-time, so an override of ``account`` moves every path with it. ``{job_id}`` is allowed only where a
-value exists per job (node-local staging, the MIOpen cache) and becomes ``${SLURM_JOB_ID}`` in the
-job script. Shell variables (``$USER``) are refused: every value is shell-quoted when rendered.
+time, so an override of ``account`` moves every path with it. ``{user}`` is the login of the
+profile's Airflow connection: pass it as ``load_profile(..., login=...)`` (a run reads it from the
+connection); without it such values keep ``{user}`` and :meth:`ClusterProfile.require_complete`
+refuses. ``{job_id}`` is allowed only where a value exists per job (node-local staging, the MIOpen
+cache) and becomes ``${SLURM_JOB_ID}`` in the job script. Shell variables (``$USER``) are refused:
+every value is shell-quoted when rendered.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import re
@@ -48,7 +54,17 @@ NODE_LOCAL_ROOTS = ("/tmp", "/dev/shm", "/var/tmp")
 """Directories that are private to each compute node (plus a profile's staging directory)."""
 
 SITES = ("lumi", "levante", "cosmos", "local", "other")
-TRANSPORTS = ("openssh", "airflow_ssh")
+LOGIN_VARIABLE = "{user}"
+MOVED_TO_CONNECTION = {
+    "host": "its Host",
+    "port": "its Port",
+    "user": "its Login (paths using {user} follow it)",
+    "transport": 'its extra "transport" ("openssh" for an ssh_config alias; key logins need none)',
+    "ssh_alias": 'its extra "ssh_alias"',
+    "ssh_config_file": 'its extra "ssh_config_file"',
+    "control_path": "the ssh_config alias (ControlMaster, ControlPath, ControlPersist)",
+}
+"""Settings older profiles carried in ``connection:``, and where in the Airflow connection they live now."""
 ACCELERATORS = ("rocm", "cuda", "none")
 GPU_REQUEST_STYLES = ("gpus", "gres")
 CONTAINER_RUNTIMES = ("singularity", "apptainer", "charliecloud", "none")
@@ -117,22 +133,13 @@ def format_slurm_time(seconds: int) -> str:
 
 @dataclass(frozen=True)
 class ConnectionSpec:
-    """How the Airflow side reaches the cluster's login node."""
+    """Which Airflow connection reaches the cluster's login node.
+
+    Everything about *how* (host, port, login, key, pinned host key, or an ssh_config alias with a
+    ControlMaster for OTP logins) is that connection's: the Slurm commands and rsync both read it there.
+    """
 
     conn_id: str
-    """Airflow connection id used by the Slurm provider's hook."""
-    transport: str
-    """``openssh`` (the system ssh client, the user's ssh config, a ControlMaster socket; needed for
-    OTP logins such as LUMI's) or ``airflow_ssh`` (the SSH provider's hook with a key)."""
-    ssh_alias: str
-    """Host alias in the ssh config; the rsync/ssh destination for ``openssh``."""
-    host: str
-    user: str
-    port: int = 22
-    ssh_config_file: str | None = None
-    """Passed as ``ssh -F``; ``None`` uses the invoking user's ``~/.ssh/config``."""
-    control_path: str | None = None
-    """ControlMaster socket shared by every ssh/rsync call, so one OTP login serves them all."""
 
 
 @dataclass(frozen=True)
@@ -288,6 +295,8 @@ class ClusterProfile:
     the trainer config's size) in ``paths.data`` when it is missing. Real clusters: false."""
     placeholders: tuple[str, ...] = field(default=(), compare=False)
     """Fields still set to ``CHANGE_ME``; :meth:`require_complete` refuses to render jobs then."""
+    login_fields: tuple[str, ...] = field(default=(), compare=False)
+    """Fields that use ``{user}`` while no login was given: load again with the connection's login."""
 
     @property
     def partition_names(self) -> tuple[str, ...]:
@@ -302,13 +311,21 @@ class ClusterProfile:
         )
 
     def require_complete(self) -> None:
-        """Raise unless every ``CHANGE_ME`` setting has been overridden."""
+        """Raise unless every ``CHANGE_ME`` setting has been overridden and ``{user}`` is filled in."""
         if self.placeholders:
             fields = ", ".join(self.placeholders)
             raise ProfileError(
                 f"profile {self.name}: {fields} still set to {PLACEHOLDER}; set them with overrides, "
                 f"e.g. load_profile({self.name!r}, overrides={{'account': ...}}) or the "
                 f"{OVERRIDES_ENV} JSON {{\"{self.name}\": {{...}}}}"
+            )
+        if self.login_fields:
+            more = len(self.login_fields) - 2
+            fields = ", ".join(self.login_fields[:2]) + (f" and {more} more" if more > 0 else "")
+            raise ProfileError(
+                f"profile {self.name}: {fields} use {LOGIN_VARIABLE}, the login of the Airflow connection "
+                f"{self.connection.conn_id!r}: load the profile with login=... (a DAG run reads it from the "
+                "connection)"
             )
 
 
@@ -325,12 +342,14 @@ def load_profile(
     overrides: Mapping[str, Any] | None = None,
     *,
     profiles_dir: Path | None = None,
+    login: str | None = None,
 ) -> ClusterProfile:
     """Read ``<profiles_dir>/<name>.yaml``, apply ``overrides`` and validate the result.
 
     ``overrides`` is a nested dict merged into the YAML (mappings merge, everything else replaces);
     dotted keys are accepted too: ``{"paths.base": "/scratch/other"}``. The DAG passes the entry of
     an Airflow Variable or of :data:`OVERRIDES_ENV` for this profile (see :func:`overrides_for`).
+    ``login``: the user the connection logs in as, for values that use ``{user}``.
     """
     directory = profiles_dir or PROFILES_DIR
     if not isinstance(name, str) or not _PROFILE_NAME.match(name):
@@ -348,7 +367,7 @@ def load_profile(
         raise ProfileError(f"profile {name}: {path} must hold a mapping at the top level")
     if overrides:
         raw = merge_overrides(raw, overrides)
-    return profile_from_dict(name, raw)
+    return profile_from_dict(name, raw, login=login)
 
 
 def overrides_for(name: str, source: Mapping[str, Any] | str | None) -> dict[str, Any]:
@@ -550,7 +569,7 @@ def _check_path(profile: str, field_name: str, value: str) -> str:
     return str(PurePosixPath(value))
 
 
-def profile_from_dict(name: str, raw: Mapping[str, Any]) -> ClusterProfile:
+def profile_from_dict(name: str, raw: Mapping[str, Any], *, login: str | None = None) -> ClusterProfile:
     """Validate a profile mapping (already merged with overrides) into a :class:`ClusterProfile`."""
     placeholders: list[str] = []
     top = _Section(name, "", raw, placeholders)
@@ -560,18 +579,12 @@ def profile_from_dict(name: str, raw: Mapping[str, Any]) -> ClusterProfile:
 
     conn = top.section("connection")
     assert conn is not None
-    connection = ConnectionSpec(
-        conn_id=conn.str("conn_id"),
-        transport=conn.choice("transport", TRANSPORTS),
-        ssh_alias=conn.str("ssh_alias"),
-        host=conn.str("host"),
-        user=conn.str("user"),
-        port=conn.int("port", 22),
-        ssh_config_file=conn.str("ssh_config_file", None),
-        control_path=conn.str("control_path", None),
-    )
+    connection = ConnectionSpec(conn_id=conn.str("conn_id"))
+    _refuse_moved_connection_keys(name, connection.conn_id, conn.data)
     conn.close()
-    variables = {"user": connection.user, "account": account}
+    if login is not None and (not isinstance(login, str) or not login.strip() or "/" in login):
+        raise ProfileError(f"profile {name}: login {login!r} is not a user name")
+    variables = {"user": login if login is not None else LOGIN_VARIABLE, "account": account}
 
     acc = top.section("accelerator")
     assert acc is not None
@@ -743,9 +756,39 @@ def profile_from_dict(name: str, raw: Mapping[str, Any]) -> ClusterProfile:
         paths=paths, software=software, jobs=jobs, container=container, staging=staging,
         synthetic_data=synthetic_data, placeholders=tuple(dict.fromkeys(placeholders)),
     )
+    if login is None:
+        profile = dataclasses.replace(profile, login_fields=_fields_using(profile, LOGIN_VARIABLE))
     for rule in GENERAL_RULES + SITE_RULES.get(site, ()):
         rule(profile)
     return profile
+
+
+def _refuse_moved_connection_keys(name: str, conn_id: str, data: Mapping[str, Any]) -> None:
+    moved = [key for key in data if key in MOVED_TO_CONNECTION]
+    if moved:
+        where = "; ".join(f"{key}: {MOVED_TO_CONNECTION[key]}" for key in moved)
+        raise ProfileError(
+            f"profile {name}: {', '.join('connection.' + key for key in moved)} no longer belong in a "
+            f"profile: how to log in lives in the Airflow connection {conn_id!r} only ({where}). Keep "
+            "only connection.conn_id in the profile"
+        )
+
+
+def _fields_using(value: Any, text: str, where: str = "") -> tuple[str, ...]:
+    """Dotted names of the string fields (in dataclasses, tuples, pairs) that contain ``text``."""
+    if isinstance(value, str):
+        return (where,) if text in value else ()
+    found: tuple[str, ...] = ()
+    if dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            if f.compare:
+                found += _fields_using(getattr(value, f.name), text, f"{where}.{f.name}".lstrip("."))
+    elif isinstance(value, tuple):
+        if len(value) == 2 and all(isinstance(v, str) for v in value) and where.endswith(".env"):
+            return _fields_using(value[1], text, f"{where}.{value[0]}")
+        for item in value:
+            found += _fields_using(item, text, where)
+    return tuple(dict.fromkeys(found))
 
 
 # --------------------------------------------------------------------------- rules from the field notes
@@ -815,12 +858,6 @@ def _rule_container_sees_job_paths(profile: ClusterProfile) -> None:
             )
 
 
-def _rule_site_matches_host(profile: ClusterProfile) -> None:
-    if profile.connection.host.endswith("lumi.csc.fi") and profile.site != "lumi":
-        raise ProfileError(f"profile {profile.name}: connection.host {profile.connection.host} is LUMI; "
-                           f"set site: lumi so that LUMI's rules are checked")
-
-
 def _lumi_no_rocm_flag(profile: ClusterProfile) -> None:
     c = profile.container
     if c is not None and (c.rocm or "--rocm" in c.exec_args):
@@ -881,7 +918,6 @@ def _lumi_env(profile: ClusterProfile) -> None:
 Rule = Callable[[ClusterProfile], None]
 
 GENERAL_RULES: tuple[Rule, ...] = (
-    _rule_site_matches_host,
     _rule_no_miopen_disable,
     _rule_miopen_cache_node_local,
     _rule_container_sees_job_paths,

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from vcloud_pipeline.layout import MANIFEST_NAME
-from vcloud_pipeline.profiles import ConnectionSpec
 
 ARTIFACT_EXCLUDES = (
     "__pycache__/",
@@ -240,45 +239,15 @@ def build_manifest(tree: CodeTree, created_at: dt.datetime) -> CodeManifest:
                         created_at=created_at.astimezone(dt.timezone.utc).isoformat(timespec="seconds"))
 
 
-# --------------------------------------------------------------------------- ssh and rsync argv
-
-
-def openssh_command(conn: ConnectionSpec) -> list[str]:
-    """The ssh client command for ``openssh`` profiles, sharing one ControlMaster socket.
-
-    ``BatchMode=yes``: with no live master, an OTP login fails at once with a message instead of
-    waiting for a code nobody will type; open the master with :func:`ssh_master_command`.
-    """
-    command = ["ssh"]
-    if conn.ssh_config_file:
-        command += ["-F", conn.ssh_config_file]
-    command += ["-o", "BatchMode=yes"]
-    if conn.control_path:
-        command += ["-o", "ControlMaster=auto", "-o", f"ControlPath={conn.control_path}",
-                    "-o", "ControlPersist=yes"]
-    return command
-
-
-def ssh_master_command(conn: ConnectionSpec) -> list[str]:
-    """Run once interactively (OTP prompt) to open the socket every later call reuses."""
-    command = ["ssh"]
-    if conn.ssh_config_file:
-        command += ["-F", conn.ssh_config_file]
-    if conn.control_path:
-        command += ["-o", "ControlMaster=yes", "-o", f"ControlPath={conn.control_path}",
-                    "-o", "ControlPersist=yes"]
-    return command + ["-fN", conn.ssh_alias]
-
-
-def ssh_destination(conn: ConnectionSpec) -> str:
-    """Host part of rsync/ssh targets: the ssh-config alias, or ``user@host`` for the hook's ssh."""
-    return conn.ssh_alias if conn.transport == "openssh" else f"{conn.user}@{conn.host}"
+# --------------------------------------------------------------------------- rsync argv
 
 
 def rsync_argv(source_dir: Path, destination: str, remote_dir: PurePosixPath | str,
                ssh_command: Sequence[str], *, filters: Sequence[str] = (), delete: bool = True) -> list[str]:
     """``rsync -az [--delete] -e "ssh ..." <filters> source_dir/ destination:remote_dir/``.
 
+    ``ssh_command`` and ``destination`` come from the cluster's connection
+    (``SlurmHook.ssh_command()``), so rsync logs in exactly as the Slurm commands do.
     ``-s`` keeps the remote path away from the remote shell, so paths with spaces arrive intact.
     """
     if not ssh_command:

@@ -3,19 +3,24 @@
 One sync serves every job of a run. The manifest (content hash of exactly the files rsync sends)
 is computed locally before the transfer, rendered into every job script, and uploaded next to the
 code only after the code has arrived, so a job never sees a manifest that promises code that is
-not there yet. Everything goes over the profile's SSH login (one ControlMaster socket for OTP
-logins such as LUMI's).
+not there yet. Everything goes over the profile's Airflow connection: rsync's ssh logs in exactly
+as the Slurm hook does (the connection's key and pinned host key, or its ssh_config alias and
+ControlMaster socket for OTP logins such as LUMI's).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import shlex
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from slurm_provider.hooks import SlurmHook
+from slurm_provider.transport import SSHCommand, TransportError
 
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.layout import RunPaths
@@ -27,10 +32,8 @@ from vcloud_pipeline.rsync import (
     CodeTree,
     build_manifest,
     code_sync_argv,
-    openssh_command,
     refuse_unanchored_excludes,
     scripts_sync_argv,
-    ssh_destination,
 )
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -43,22 +46,29 @@ class SyncError(RuntimeError):
     """The code or the job scripts could not be transferred."""
 
 
-def ssh_command_for(profile: ClusterProfile) -> list[str]:
-    """The ssh client command rsync uses to reach the profile's login node.
+@contextlib.contextmanager
+def cluster_ssh(profile: ClusterProfile) -> Iterator[SSHCommand]:
+    """The ssh command rsync uses: the one of the profile's Airflow connection, as the hook logs in."""
+    with SlurmHook(profile.connection.conn_id).ssh_command() as ssh:
+        yield ssh
 
-    ``openssh`` profiles use the ssh config alias (and its ControlMaster); ``airflow_ssh`` ones
-    the host, port and user of the profile with the worker's own ssh keys and known_hosts.
+
+def run_rsync(argv: Sequence[str], *, what: str, ssh: SSHCommand | None = None,
+              timeout: float = RSYNC_TIMEOUT) -> str:
+    """Run rsync; raise :class:`SyncError` with its stderr (rsync's exit codes say why).
+
+    With ``ssh`` (the command in ``argv``'s ``-e``), a login that failed raises the transport's own
+    error instead (wrong host key, lapsed ControlMaster ...), worded as the Slurm commands word it.
     """
-    conn = profile.connection
-    if conn.transport == "openssh":
-        return openssh_command(conn)
-    return ["ssh", "-p", str(conn.port), "-o", "BatchMode=yes"]
-
-
-def run_rsync(argv: Sequence[str], *, what: str, timeout: float = RSYNC_TIMEOUT) -> str:
-    """Run rsync; raise :class:`SyncError` with its stderr (rsync's exit codes say why)."""
     try:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+        if ssh is not None:
+            try:
+                proc = ssh.run(argv, timeout=timeout)
+            except TransportError as exc:
+                exc.add_note(f"while {what} with rsync")
+                raise
+        else:
+            proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
         raise SyncError(f"{what}: rsync did not finish within {timeout:.0f} s") from exc
     except FileNotFoundError as exc:
@@ -128,8 +138,9 @@ def sync_code_tree(profile: ClusterProfile, paths: RunPaths, tree: CodeTree, man
     if code_is_current(runner, paths, manifest):
         return False
     refuse_unanchored_excludes(tree)
-    run_rsync(code_sync_argv(tree, ssh_destination(profile.connection), paths.code_dir, ssh_command_for(profile)),
-              what=f"syncing {tree.root} to {paths.code_dir}")
+    with cluster_ssh(profile) as ssh:
+        run_rsync(code_sync_argv(tree, ssh.destination, paths.code_dir, ssh.argv), ssh=ssh,
+                  what=f"syncing {tree.root} to {paths.code_dir}")
     write_file(runner, paths.code_manifest, manifest.to_json())
     return True
 
@@ -146,9 +157,9 @@ def sync_run(profile: ClusterProfile, paths: RunPaths, tree: CodeTree, jobs: Map
 
     write_jobs(jobs, staging_dir)
     started = time.monotonic()
-    run_rsync(scripts_sync_argv(staging_dir, ssh_destination(profile.connection), paths.jobs_dir,
-                                ssh_command_for(profile)),
-              what=f"uploading the job scripts to {paths.jobs_dir}")
+    with cluster_ssh(profile) as ssh:
+        run_rsync(scripts_sync_argv(staging_dir, ssh.destination, paths.jobs_dir, ssh.argv), ssh=ssh,
+                  what=f"uploading the job scripts to {paths.jobs_dir}")
     scripts_seconds = time.monotonic() - started
     return SyncResult(manifest=manifest, code_seconds=code_seconds, scripts_seconds=scripts_seconds, code_sent=sent)
 

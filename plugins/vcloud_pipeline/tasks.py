@@ -44,7 +44,11 @@ class RunContext:
     @classmethod
     def build(cls, request: TrainingRequest) -> "RunContext":
         try:
-            profile = load_profile(request.profile, overrides=overrides_from_environ(request.profile) or None)
+            overrides = overrides_from_environ(request.profile) or None
+            profile = load_profile(request.profile, overrides=overrides)
+            if profile.login_fields:  # paths such as /scratch/{user}: the user is the connection's login
+                profile = load_profile(request.profile, overrides=overrides,
+                                       login=connection_login(profile.connection.conn_id))
             profile.require_complete()
         except ProfileError as exc:
             raise RequestError(str(exc)) from None
@@ -61,6 +65,13 @@ class RunContext:
 
     def render(self, code_hash: str) -> dict[str, RenderedJob]:
         return render_run_jobs(self.profile, self.specs(), self.paths, code_hash)
+
+
+def connection_login(conn_id: str) -> str:
+    """The user the profile's Airflow connection logs in as (reads the connection, no network)."""
+    from slurm_provider.hooks import SlurmHook
+
+    return SlurmHook(conn_id).remote_user()
 
 
 def run_type_name(run_type: Any) -> str | None:

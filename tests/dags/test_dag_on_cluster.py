@@ -138,6 +138,62 @@ def test_full_run_then_restart_from_stage_2(local_cluster: LocalCluster, project
     assert [states3[s] for s in STAGES] == ["skipped"] * 4, states3
 
 
+@pytest.mark.parametrize("conn_id", ["vcloud_local_cluster", "vcloud_local_cluster_openssh"])
+def test_a_dry_run_reaches_the_cluster_with_nothing_but_the_connection(
+        local_cluster: LocalCluster, project_dir: str, conn_id: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key only in the connection (its private_key extra, no key file) and HOME an empty directory:
+    the code sync (rsync), the checks and the imports job (hook and trigger) all log in the connection's
+    way, or not at all. The openssh connection is chosen by the dotted override connection.conn_id."""
+    home = tmp_path / "empty-home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    if conn_id == "vcloud_local_cluster":
+        key_only = local_cluster.key_only_connection()
+        monkeypatch.setenv("AIRFLOW_CONN_VCLOUD_LOCAL_CLUSTER", json.dumps(key_only))
+    monkeypatch.setenv("VCLOUD_PROFILE_OVERRIDES", json.dumps(
+        {"local": {"paths.base": project_dir, "connection.conn_id": conn_id}}))
+    from slurm_provider.transport import SSHCommand
+
+    rsyncs: list[tuple[list[str], str]] = []  # each rsync the sync ran, with the private key it was given
+    real_run = SSHCommand.run
+
+    def recording_run(self: SSHCommand, argv, *, timeout: float):
+        key = Path(self.log_file).parent / "id"
+        rsyncs.append((list(argv), key.read_text() if key.exists() else ""))
+        return real_run(self, argv, timeout=timeout)
+
+    monkeypatch.setattr(SSHCommand, "run", recording_run)
+
+    _, states, values = run_dag(profile="local", config="tiny", run_name="dry", dry_run=True)
+    assert states["<run>"] == "success", states
+    assert states["sync_code"] == "success" and states["preflight_imports"] == "success", states
+    assert [states[s] for s in STAGES] == ["skipped"] * 4 and states["prepare_data"] == "skipped"
+    synced = values["sync_code"]
+    assert synced["code_sent"] is True
+    manifest = json.loads(local_cluster.ssh(f"cat {shlex.quote(synced['manifest_path'])}").stdout)
+    assert manifest["hash"] == synced["code_hash"]
+    uploaded = local_cluster.ssh(f"ls {shlex.quote(project_dir)}/jobs/dry").stdout.split()
+    assert sum(name.endswith(".sbatch") for name in uploaded) == len(synced["scripts"]), uploaded
+    assert sum(name.endswith(".inner.sh") for name in uploaded) == len(synced["scripts"]), uploaded
+    assert values["preflight_imports"]["state"] == "COMPLETED"
+    assert list(home.iterdir()) == [], "something used the worker's HOME"
+
+    assert len(rsyncs) == 2, "code and job scripts"
+    for argv, key in rsyncs:
+        ssh = shlex.split(argv[argv.index("-e") + 1])
+        if conn_id == "vcloud_local_cluster":
+            assert key == local_cluster.key_file.read_text()  # the connection's private_key, nothing else
+            assert ssh[:3] == ["ssh", "-F", "/dev/null"] and "IdentitiesOnly=yes" in ssh
+            assert "StrictHostKeyChecking=yes" in ssh
+            assert any(o.startswith("UserKnownHostsFile=/") for o in ssh)
+            assert argv[-1].startswith("127.0.0.1:")
+        else:
+            assert ssh[:3] == ["ssh", "-F", str(local_cluster.ssh_config)]
+            assert argv[-1].startswith("vcloud-local:")
+            assert not any(o.startswith("ControlPath") for o in ssh), "the alias's own master, not ours"
+
+
 def test_a_stage_without_its_predecessor_fails_before_submitting(project_dir: str, capfd) -> None:
     _, states, _ = run_dag(profile="local", config="tiny", run_name="orphan", stages=[2], dry_run=False)
     out = "".join(capfd.readouterr())

@@ -92,3 +92,27 @@ def test_profiles_are_looked_up_in_include_profiles_by_default() -> None:
     assert parse_request({"profile": "lumi"}).profile == "lumi"
     with pytest.raises(RequestError, match="known: .*local.*lumi"):
         parse_request({"profile": "nosuch"})
+
+
+@pytest.mark.parametrize("transport", ["key", "openssh"])
+def test_user_in_a_profiles_paths_is_the_login_of_its_connection(transport: str, tmp_path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from vcloud_pipeline.tasks import RunContext
+
+    if transport == "key":
+        pin = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA+FyJGmYfy8zo5LMRX2V3JhRuUVxh6TdNGOkT63oaCH"
+        conn = {"conn_type": "ssh", "host": "cosmos.sdsc.edu", "login": "alice", "extra": {"host_key": pin}}
+    else:  # the user is what ssh resolves for the alias (`ssh -G`), whatever the connection's login says
+        config = tmp_path / "ssh_config"
+        config.write_text("Host cosmos\n    HostName cosmos.sdsc.edu\n    User alice\n")
+        conn = {"conn_type": "ssh", "login": "not-used", "extra": {
+            "transport": "openssh", "ssh_alias": "cosmos", "ssh_config_file": str(config)}}
+    monkeypatch.setenv("AIRFLOW_CONN_COSMOS", json.dumps(conn))
+    monkeypatch.setenv("VCLOUD_PROFILE_OVERRIDES", json.dumps({"cosmos": {"account": "csd999"}}))
+    ctx = RunContext.build(parse_request({"profile": "cosmos", "config": "full"}))
+    assert ctx.profile.paths.base == "/cosmos/vast/scratch/alice/vcloud"
+    assert str(ctx.paths.outputs_dir).startswith("/cosmos/vast/scratch/alice/vcloud/outputs/")
+    assert ctx.profile.staging is not None
+    assert ctx.profile.staging.node_local_dir == "/scratch/alice/job_{job_id}"

@@ -7,13 +7,18 @@ out the top-level dataset directory and nothing else; ``--exclude=data`` would a
 
 from __future__ import annotations
 
+import json
 import shlex
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from localcluster import LocalCluster, poll_until
 from slurm_provider.hooks import SlurmHook
+from slurm_provider.transport import HostKeyRejected
 from vcloud_pipeline.layout import run_paths
 from vcloud_pipeline.params import parse_request
 from vcloud_pipeline.profiles import load_profile
@@ -26,14 +31,13 @@ from vcloud_pipeline.rsync import (
     code_sync_argv,
     refuse_unanchored_excludes,
     rsync_argv,
-    ssh_destination,
 )
 from vcloud_pipeline.stages import StagePlan
 from vcloud_pipeline.sync import (
+    cluster_ssh,
     local_manifest,
     render_run_jobs,
     run_rsync,
-    ssh_command_for,
     sync_code_tree,
     sync_run,
 )
@@ -68,12 +72,13 @@ def test_anchored_exclude_keeps_the_data_package_and_the_unanchored_one_loses_it
         local_cluster: LocalCluster, tmp_path: Path) -> None:
     source = project_like_tree(tmp_path / "src")
     profile = load_profile("local")
-    ssh, dest = ssh_command_for(profile), ssh_destination(profile.connection)
     base = local_cluster.test_dir()
 
     tree = CodeTree(source, top_level=None)  # everything, so only the excludes decide
     refuse_unanchored_excludes(tree)
-    run_rsync(code_sync_argv(tree, dest, f"{base}/anchored", ssh), what="anchored sync")
+    with cluster_ssh(profile) as login:
+        ssh, dest = login.argv, login.destination
+        run_rsync(code_sync_argv(tree, dest, f"{base}/anchored", ssh), what="anchored sync", ssh=login)
     anchored = remote_files(local_cluster, f"{base}/anchored")
     assert "trainer/src/vcloud/data/__init__.py" in anchored
     assert "trainer/src/vcloud/data/dataset.py" in anchored
@@ -85,7 +90,9 @@ def test_anchored_exclude_keeps_the_data_package_and_the_unanchored_one_loses_it
         refuse_unanchored_excludes(CodeTree(source, top_level=None, excludes=unanchored))
     # what plain rsync does with it, had nothing refused it
     filters = [f"--exclude={e}" for e in unanchored]
-    run_rsync(rsync_argv(source, dest, f"{base}/unanchored", ssh, filters=filters), what="unanchored sync")
+    with cluster_ssh(profile) as login:
+        run_rsync(rsync_argv(source, login.destination, f"{base}/unanchored", login.argv, filters=filters),
+                  what="unanchored sync", ssh=login)
     lost = remote_files(local_cluster, f"{base}/unanchored")
     assert "trainer/src/vcloud/__init__.py" in lost
     assert not any(f.startswith("trainer/src/vcloud/data/") for f in lost), lost
@@ -108,8 +115,10 @@ def test_a_job_refuses_to_start_when_the_code_on_the_cluster_changed(
 
         # the code tree arrives byte for byte: pulling it back hashes the same
         back = tmp_path / "back"
-        run_rsync(["rsync", "-a", "-s", "-e", shlex.join(ssh_command_for(profile)),
-                   f"{ssh_destination(profile.connection)}:{paths.code_dir}/", f"{back}/"], what="pull back")
+        with cluster_ssh(profile) as login:
+            pull = ["rsync", "-a", "-s", "-e", login.shell, f"{login.destination}:{paths.code_dir}/",
+                    f"{back}/"]
+            run_rsync(pull, what="pull back", ssh=login)
         assert code_hash(back) == manifest.hash
 
         # someone syncs other code before the job starts
@@ -157,3 +166,38 @@ def test_unchanged_code_is_not_sent_again_but_any_change_on_either_side_is(
         changed = local_manifest(tree)
         assert sync_code_tree(profile, paths, tree, changed, hook.runner) is True
         assert f'"hash": "{changed.hash}"' in local_cluster.ssh(f"cat {shlex.quote(str(paths.code_manifest))}").stdout
+
+
+@pytest.mark.parametrize("transport", ["paramiko", "openssh"])
+def test_the_sync_refuses_a_wrong_pinned_host_key_in_the_words_of_the_hook(
+        local_cluster: LocalCluster, tmp_path: Path, transport: str, monkeypatch: pytest.MonkeyPatch,
+        request: pytest.FixtureRequest) -> None:
+    impostor = tmp_path / "impostor"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(impostor)], check=True)
+    wrong_key = " ".join(impostor.with_suffix(".pub").read_text().split()[:2])
+    if transport == "paramiko":
+        conn = local_cluster.key_only_connection()
+    else:  # the cluster's alias with a socket of its own: a master that is already up checks no host key
+        control_dir = Path(tempfile.mkdtemp(prefix="cm-", dir="/tmp"))
+        request.addfinalizer(lambda: shutil.rmtree(control_dir, ignore_errors=True))
+        config = local_cluster.ssh_config_copy(tmp_path, control_dir / "%C")
+        conn = local_cluster.connection("vcloud_local_cluster_openssh")
+        conn["extra"]["ssh_config_file"] = str(config)
+    conn["extra"]["host_key"] = wrong_key
+    monkeypatch.setenv("AIRFLOW_CONN_IMPOSTOR", json.dumps(conn))
+    source = project_like_tree(tmp_path / "src")
+    base = local_cluster.test_dir()
+    profile = load_profile("local", overrides={"paths.base": base, "connection.conn_id": "impostor"})
+    paths = run_paths(profile, "impostor")
+    tree = CodeTree(source)
+
+    with pytest.raises(HostKeyRejected) as by_hook:
+        SlurmHook("impostor").runner.run("true", timeout=30)
+    with SlurmHook("vcloud_local_cluster") as trusted:  # only rsync meets the impostor's pin
+        trusted.runner.run(f"mkdir -p {shlex.quote(str(paths.code_dir))}", timeout=30)
+        with pytest.raises(HostKeyRejected) as by_rsync:
+            sync_code_tree(profile, paths, tree, local_manifest(tree), trusted.runner)
+    assert str(by_rsync.value) == str(by_hook.value)
+    assert "does not match the pinned key" in str(by_rsync.value)
+    assert by_rsync.value.__notes__ == [f"while syncing {source} to {paths.code_dir} with rsync"]
+    assert remote_files(local_cluster, str(paths.code_dir)) == set(), "nothing may arrive"

@@ -290,10 +290,11 @@ def test_openssh_without_master_says_how_to_open_one(local_cluster, cluster_conn
     with pytest.raises(ControlMasterNotRunning) as caught:
         run(conn_id, "true")
     assert not caught.value.retryable
-    assert str(caught.value).startswith(
-        f"no authenticated ControlMaster for vcloud-local: run `ssh -F {config} vcloud-local` once in a "
-        "terminal (OTP), then retry"
-    )
+    message = str(caught.value)
+    assert message.startswith(f"no ControlMaster is running for ssh alias vcloud-local ({config}) "
+                              "(ssh said: ")
+    assert message.endswith("; its login needs a person (one-time password). Open it again with: "
+                            f"ssh -F {config} -o ControlMaster=auto -fN vcloud-local")
 
 
 def test_require_control_master_never_logs_in_itself(local_cluster, cluster_connection: str, run,
@@ -303,7 +304,7 @@ def test_require_control_master_never_logs_in_itself(local_cluster, cluster_conn
     conn_id = _set_connection(monkeypatch, "master_only", {
         "conn_type": "ssh", "extra": {"transport": "openssh", "ssh_alias": "vcloud-local",
                                       "ssh_config_file": str(config), "require_control_master": True}})
-    with pytest.raises(ControlMasterNotRunning, match="no authenticated ControlMaster for vcloud-local"):
+    with pytest.raises(ControlMasterNotRunning, match="no ControlMaster is running for ssh alias vcloud-loc"):
         run(conn_id, f"touch {shlex.quote(str(marker))}")
     assert not marker.exists()
     assert not list(control_dir.iterdir()), "a master connection was opened"
@@ -382,8 +383,10 @@ def test_refused_login_without_a_master_setup_says_how_to_add_one() -> None:
 def test_otp_message_names_the_alias() -> None:
     error = classify_ssh_failure(OpenSSHTarget(alias="lumi2"), "Permission denied (keyboard-interactive).",
                                  shares_master=True)
-    assert str(error).startswith(
-        "no authenticated ControlMaster for lumi2: run `ssh lumi2` once in a terminal (OTP), then retry"
+    assert str(error) == (
+        "no ControlMaster is running for ssh alias lumi2 (ssh said: Permission denied "
+        "(keyboard-interactive).); its login needs a person (one-time password). Open it again with: "
+        "ssh -o ControlMaster=auto -fN lumi2"
     )
 
 

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
+import tempfile
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -174,3 +178,83 @@ def test_triggers_of_one_cluster_share_one_connection_and_one_query_per_cycle(
     assert cycles >= 2
     assert hooks_made[0].command_counts["squeue"] == cycles, "one squeue per cycle for all watched jobs"
     assert hooks_made[0].command_counts["sacct"] <= cycles
+
+
+def test_a_lapsed_control_master_pauses_the_watches_until_a_person_opens_it_again(
+        local_cluster: LocalCluster, cluster_connection: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The OTP stand-in: an alias that logs in only through its master, closed under two running watches."""
+    from slurm_provider import hooks, triggers
+
+    control_dir = Path(tempfile.mkdtemp(prefix="cm-", dir="/tmp"))  # Unix socket paths are short
+    config = local_cluster.otp_ssh_config(tmp_path, control_dir / "master")
+    monkeypatch.setenv("AIRFLOW_CONN_OTP_WATCH", json.dumps({"conn_type": "ssh", "extra": {
+        "transport": "openssh", "ssh_alias": "vcloud-local", "ssh_config_file": str(config)}}))
+    hooks_made: list[Any] = []
+
+    def counting_factory(conn_id: str):
+        def make():
+            hooks_made.append(hooks.SlurmAsyncHook(conn_id))
+            return hooks_made[-1]
+        return make
+
+    monkeypatch.setattr(triggers, "_hook_factory", counting_factory)
+    release = f"{local_cluster.test_dir()}/release"
+    body = f"until [ -e {release} ]; do sleep 0.5; done; exit"
+    jobs = {code: _submit(local_cluster, cluster_connection, f"{body} {code}", time_limit="10")[0]
+            for code in (0, 3)}
+    reopen = f"ssh -F {config} -o ControlMaster=auto -fN vcloud-local"
+
+    async def logged(logs: list[dict[str, Any]], text: str, tasks: list[asyncio.Future]) -> None:
+        for _ in range(240):
+            if any(text in str(entry.get("event", "")) for entry in logs):
+                return
+            assert not any(task.done() for task in tasks), [task.result() for task in tasks if task.done()]
+            await asyncio.sleep(0.5)
+        raise AssertionError(f"never logged: {text}")
+
+    async def watch(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        async def one(job_id: str) -> dict[str, Any]:
+            async for event in SlurmJobTrigger(conn_id="otp_watch", job_id=job_id, **FAST).run():
+                return event.payload
+            raise AssertionError("no event")
+
+        tasks = [asyncio.ensure_future(one(job_id)) for job_id in jobs.values()]
+        for job_id in jobs.values():
+            await logged(logs, f"Job {job_id} RUNNING", tasks)
+        await asyncio.to_thread(local_cluster.close_master, config)  # the master lapses mid-watch
+        for job_id in jobs.values():
+            await logged(logs, f"Cannot see job {job_id} right now, still waiting: no ControlMaster is "
+                               f"running for ssh alias vcloud-local ({config})", tasks)
+        # The jobs end while nobody can see them; the watches keep trying with fresh connections.
+        await asyncio.to_thread(local_cluster.ssh, f"touch {release}")
+        for job_id in jobs.values():
+            await asyncio.to_thread(local_cluster.wait_for_state, int(job_id), {"COMPLETED", "FAILED"}, 120)
+        tries = len(hooks_made)
+        for _ in range(240):
+            if len(hooks_made) >= tries + 2:
+                break
+            await asyncio.sleep(0.5)
+        assert len(hooks_made) >= tries + 2, "the watches stopped trying"
+        assert not any(task.done() for task in tasks), "a watch gave up while the master was down"
+        await asyncio.to_thread(local_cluster.open_master, config)  # a person logs in again
+        return await asyncio.wait_for(asyncio.gather(*tasks), 180)
+
+    local_cluster.open_master(config)
+    try:
+        local_cluster.wait_for_state(int(jobs[0]), {"RUNNING"}, timeout=120)
+        local_cluster.wait_for_state(int(jobs[3]), {"RUNNING"}, timeout=120)
+        with structlog.testing.capture_logs() as logs:
+            payloads = asyncio.run(watch(logs))
+    finally:
+        local_cluster.close_master(config)
+        local_cluster.ssh(f"touch {release}; scancel {jobs[0]} {jobs[3]}", check=False)
+        shutil.rmtree(control_dir, ignore_errors=True)
+
+    assert [(p["kind"], p["status"]["state"], p["status"]["exit_code"]) for p in payloads] == \
+        [(FINISHED, "COMPLETED", 0), (FINISHED, "FAILED", 3)]
+    warnings = [e["event"] for e in logs if "still waiting" in str(e.get("event", ""))]
+    assert len(warnings) == 2, "one message per watch, not one per try"
+    assert all(w.endswith(f"Open it again with: {reopen}") for w in warnings)
+    for job_id in jobs.values():
+        assert any(e.get("event") == f"Watching job {job_id} again on otp_watch" for e in logs)

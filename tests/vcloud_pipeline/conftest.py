@@ -7,17 +7,20 @@ import pytest
 from vcloud_pipeline.profiles import ClusterProfile, load_profile
 
 USER_SETTINGS = {
-    "levante": {"account": "bb1234", "connection.user": "b381234"},
-    "cosmos": {"account": "csd999", "connection.user": "cosmouser"},
+    "levante": {"account": "bb1234"},
+    "cosmos": {"account": "csd999"},
 }
 """What a user supplies for the profiles that ship with CHANGE_ME placeholders."""
+
+LOGINS = {"levante": "b381234", "cosmos": "cosmouser"}
+"""The Login of each profile's Airflow connection, for profiles whose paths use {user}."""
 
 PROFILE_NAMES = ("lumi", "levante", "cosmos", "local")
 
 
 def complete_profile(name: str, extra: dict | None = None) -> ClusterProfile:
     overrides = {**USER_SETTINGS.get(name, {}), **(extra or {})}
-    return load_profile(name, overrides=overrides or None)
+    return load_profile(name, overrides=overrides or None, login=LOGINS.get(name))
 
 
 @pytest.fixture(params=PROFILE_NAMES)

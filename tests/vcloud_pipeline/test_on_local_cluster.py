@@ -16,6 +16,8 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from localcluster import LocalCluster, poll_until
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.layout import RunPaths, run_paths
@@ -27,13 +29,13 @@ from vcloud_pipeline.rsync import (
     build_manifest,
     code_hash,
     code_sync_argv,
-    openssh_command,
     refuse_unanchored_excludes,
     scripts_sync_argv,
-    ssh_destination,
 )
+from vcloud_pipeline.sync import cluster_ssh
 from tests.vcloud_pipeline.test_job_scripts import SLOW_START, STAND_IN_TRAINER
 
+pytestmark = pytest.mark.usefixtures("cluster_connection")  # rsync logs in with the profile's connection
 REPO = Path(__file__).resolve().parents[2]
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"}
 BUILD_IMAGE = REPO / "include" / "local_cluster" / "build_image.sh"
@@ -55,9 +57,9 @@ def setup_run(cluster: LocalCluster, tree: CodeTree, tmp_path: Path) -> tuple[Cl
     cluster.ssh("mkdir -p " + " ".join(shlex.quote(str(d)) for d in paths.directories_to_create()))
     refuse_unanchored_excludes(tree)
     manifest = build_manifest(tree, dt.datetime.now(dt.timezone.utc))
-    ssh = openssh_command(profile.connection)
-    subprocess.run(code_sync_argv(tree, ssh_destination(profile.connection), paths.code_dir, ssh),
-                   check=True, capture_output=True, timeout=300)
+    with cluster_ssh(profile) as ssh:
+        subprocess.run(code_sync_argv(tree, ssh.destination, paths.code_dir, ssh.argv),
+                       check=True, capture_output=True, timeout=300)
     cluster.ssh(f"cat > {shlex.quote(str(paths.code_manifest))}", input=manifest.to_json())
     return profile, paths, manifest
 
@@ -67,9 +69,9 @@ def submit(cluster: LocalCluster, profile: ClusterProfile, job: RenderedJob, tmp
     local_jobs.mkdir(exist_ok=True)
     (local_jobs / job.outer_path.name).write_text(job.outer)
     (local_jobs / job.inner_path.name).write_text(job.inner)
-    ssh = openssh_command(profile.connection)
-    subprocess.run(scripts_sync_argv(local_jobs, ssh_destination(profile.connection), job.outer_path.parent, ssh),
-                   check=True, capture_output=True, timeout=120)
+    with cluster_ssh(profile) as ssh:
+        subprocess.run(scripts_sync_argv(local_jobs, ssh.destination, job.outer_path.parent, ssh.argv),
+                       check=True, capture_output=True, timeout=120)
     return int(cluster.ssh(shlex.join(job.submit_argv)).stdout.strip().split(";")[0])
 
 
@@ -79,9 +81,10 @@ def test_preflight_job_imports_everything_in_the_job_environment(local_cluster: 
 
     # what arrived on the cluster hashes exactly like the local tree
     back = tmp_path / "back"
-    pull = ["rsync", "-a", "-s", "--exclude=/.vcloud_manifest.json", "-e", shlex.join(openssh_command(profile.connection)),
-            f"{ssh_destination(profile.connection)}:{paths.code_dir}/", f"{back}/"]
-    subprocess.run(pull, check=True, capture_output=True, timeout=300)
+    with cluster_ssh(profile) as ssh:
+        pull = ["rsync", "-a", "-s", "--exclude=/.vcloud_manifest.json", "-e", ssh.shell,
+                f"{ssh.destination}:{paths.code_dir}/", f"{back}/"]
+        subprocess.run(pull, check=True, capture_output=True, timeout=300)
     assert (back / "trainer/src/vcloud/data/__init__.py").exists()
     assert code_hash(back) == manifest.hash
 

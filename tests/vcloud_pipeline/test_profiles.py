@@ -6,6 +6,7 @@ import pytest
 
 from vcloud_pipeline.profiles import (
     DEFAULT_PROFILE,
+    ConnectionSpec,
     OVERRIDES_ENV,
     ProfileError,
     available_profiles,
@@ -27,8 +28,7 @@ def test_four_profiles_ship_and_local_is_the_default() -> None:
 
 def test_lumi_defaults_are_the_users_settings() -> None:
     p = load_profile("lumi")
-    assert (p.connection.conn_id, p.connection.ssh_alias, p.connection.user) == ("lumi", "lumi2", "digifarm")
-    assert p.connection.transport == "openssh" and p.connection.control_path
+    assert p.connection == ConnectionSpec(conn_id="lumi")  # how to log in is the Airflow connection's
     assert p.account == "project_465002500"
     assert p.partition_names == ("small-g", "standard-g", "dev-g")
     assert p.partition("small-g").max_gpus_per_node == 4
@@ -65,9 +65,9 @@ def test_local_profile_matches_the_local_cluster() -> None:
 
 def test_levante_and_cosmos_need_user_settings_and_paths_follow_them() -> None:
     for name in ("levante", "cosmos"):
-        raw = load_profile(name)
-        assert set(raw.placeholders) == {"account", "connection.user"}
-        with pytest.raises(ProfileError, match=r"account, connection.user still set to CHANGE_ME"):
+        raw = load_profile(name, login="someone")
+        assert set(raw.placeholders) == {"account"}
+        with pytest.raises(ProfileError, match=r"account still set to CHANGE_ME"):
             raw.require_complete()
     levante = complete_profile("levante")
     levante.require_complete()
@@ -122,7 +122,8 @@ def test_partition_error_names_the_known_partitions() -> None:
     [
         ({"contianer": {}}, r"unknown key 'contianer' \(known: site, description, account, connection"),
         ({"container.rocmm": True}, r"unknown key 'rocmm' in container \(known: runtime, image, .*rocm"),
-        ({"connection.transport": "telnet"}, r"connection.transport 'telnet' not allowed \(allowed: openssh, airflow_ssh\)"),
+        ({"connection.conn_id": ""}, r"connection.conn_id must be a non-empty string"),
+        ({"connection.ssh_key": "~/.ssh/id"}, r"unknown key 'ssh_key' in connection \(known: conn_id\)"),
         ({"site": "saga"}, r"site 'saga' not allowed \(allowed: lumi, levante, cosmos, local, other\)"),
         ({"default_partition": "gpu"}, r"default_partition 'gpu' not allowed \(allowed: small-g, standard-g, dev-g\)"),
         ({"partitions.small-g.max_time": 4320}, r"quoted Slurm duration .*YAML reads"),
@@ -210,9 +211,41 @@ def test_container_must_see_every_job_path() -> None:
         complete_profile("cosmos", {"container.binds": ["/cosmos/vast/scratch/{user}"]})
 
 
-def test_lumi_host_implies_lumi_rules() -> None:
-    with pytest.raises(ProfileError, match="is LUMI; set site: lumi"):
-        load_profile("lumi", overrides={"site": "other"})
+@pytest.mark.parametrize(("key", "lives"), [
+    ("host", "its Host"), ("port", "its Port"), ("user", "its Login"),
+    ("transport", 'its extra "transport"'), ("ssh_alias", 'its extra "ssh_alias"'),
+    ("ssh_config_file", 'its extra "ssh_config_file"'), ("control_path", "the ssh_config alias"),
+])
+def test_login_settings_in_a_profile_say_where_they_live_now(key: str, lives: str) -> None:
+    with pytest.raises(ProfileError) as err:
+        load_profile("lumi", overrides={f"connection.{key}": "x"})
+    message = str(err.value)
+    assert message.startswith(f"profile lumi: connection.{key} no longer belong in a profile: how to log in "
+                              "lives in the Airflow connection 'lumi' only (")
+    assert f"{key}: {lives}" in message and message.endswith("Keep only connection.conn_id in the profile")
+
+
+def test_the_connection_is_chosen_by_a_dotted_override() -> None:
+    p = load_profile("local", overrides={"connection.conn_id": "vcloud_local_cluster_openssh"})
+    assert p.connection == ConnectionSpec(conn_id="vcloud_local_cluster_openssh")
+    assert p.paths == load_profile("local").paths
+
+
+def test_user_in_paths_is_the_connections_login_and_is_required_to_render() -> None:
+    without = load_profile("cosmos", overrides={"account": "csd999"})
+    assert without.paths.base == "/cosmos/vast/scratch/{user}/vcloud"
+    assert without.login_fields[:2] == ("paths.base", "paths.code")
+    assert "staging.node_local_dir" in without.login_fields and "container.binds" in without.login_fields
+    with pytest.raises(ProfileError, match=r"profile cosmos: paths.base, paths.code and 8 more use \{user\}, "
+                                           r"the login of the Airflow connection 'cosmos': load the profile "
+                                           r"with login="):
+        without.require_complete()
+    with_login = load_profile("cosmos", overrides={"account": "csd999"}, login="alice")
+    assert with_login.login_fields == () and with_login.paths.base == "/cosmos/vast/scratch/alice/vcloud"
+    with_login.require_complete()
+    assert load_profile("lumi").login_fields == ()  # LUMI's paths follow the account only
+    with pytest.raises(ProfileError, match="is not a user name"):
+        load_profile("cosmos", login="../x")
 
 
 @pytest.mark.parametrize(

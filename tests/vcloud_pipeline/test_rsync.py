@@ -11,6 +11,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
+from slurm_provider.transport import OpenSSHTarget
 from vcloud_pipeline.layout import MANIFEST_NAME, run_paths
 from vcloud_pipeline.profiles import load_profile
 from vcloud_pipeline.render import TEMPLATES_DIR
@@ -22,11 +23,8 @@ from vcloud_pipeline.rsync import (
     build_manifest,
     code_hash,
     code_sync_argv,
-    openssh_command,
     refuse_unanchored_excludes,
     scripts_sync_argv,
-    ssh_destination,
-    ssh_master_command,
     tree_files,
 )
 
@@ -175,16 +173,16 @@ def test_manifest_round_trip_and_the_job_scripts_reader(tmp_path: Path) -> None:
 def test_lumi_code_sync_argv() -> None:
     lumi = load_profile("lumi")
     tree = CodeTree(Path("/home/me/vcloud"))
-    argv = code_sync_argv(tree, ssh_destination(lumi.connection), run_paths(lumi, "full").code_dir,
-                          openssh_command(lumi.connection))
+    # the ssh of LUMI's openssh connection: the alias's own ControlMaster, never a ControlPath of ours
+    ssh = OpenSSHTarget(alias="lumi2").client_argv(log_file="/tmp/ssh.log", known_hosts=None)
+    argv = code_sync_argv(tree, "lumi2", run_paths(lumi, "full").code_dir, ssh)
     assert argv[:4] == ["rsync", "-az", "-s", "--delete"]
-    assert argv[4:6] == ["-e", "ssh -o BatchMode=yes -o ControlMaster=auto -o 'ControlPath=~/.ssh/vcloud-cm-%C' "
-                               "-o ControlPersist=yes"]
+    assert argv[4:6] == ["-e", "ssh -E /tmp/ssh.log -x -a -o BatchMode=yes -o LogLevel=ERROR "
+                               "-o ConnectTimeout=10 -o ClearAllForwardings=yes"]
     assert "--exclude=/data" in argv and "--exclude=/.git" in argv and "--exclude=/.venv" in argv
     assert "--exclude=__pycache__/" in argv and "--exclude=core" in argv and "--exclude=*.pt" in argv
     assert argv.index("--include=/trainer") < argv.index("--exclude=/*")
     assert argv[-2:] == ["/home/me/vcloud/", "lumi2:/scratch/project_465002500/vcloud/code/"]
-    assert ssh_master_command(lumi.connection)[-2:] == ["-fN", "lumi2"]
 
 
 def test_scripts_sync_never_deletes_and_the_manifest_is_protected(tmp_path: Path) -> None:
@@ -192,9 +190,3 @@ def test_scripts_sync_never_deletes_and_the_manifest_is_protected(tmp_path: Path
     assert "--delete" not in argv and argv[-1] == "vcloud-local:/srv/jobs/full/"
     with pytest.raises(ExcludeError, match="keeps the manifest"):
         code_sync_argv(CodeTree(tmp_path, excludes=("/data",)), "h", "/x", ["ssh"])
-
-
-def test_local_profile_uses_the_clusters_ssh_config() -> None:
-    conn = load_profile("local").connection
-    assert openssh_command(conn) == ["ssh", "-F", "/var/lib/vcloud-localcluster/ssh/config", "-o", "BatchMode=yes"]
-    assert ssh_destination(conn) == "vcloud-local"

@@ -1,7 +1,8 @@
 """Run one command on a cluster's login node and hand back what it printed.
 
 Transports never interpret Slurm; :mod:`slurm_provider.hooks` does. Pick one per Airflow
-connection with :func:`runner_for_connection` / :func:`async_runner_for_connection`.
+connection with :func:`runner_for_connection` / :func:`async_runner_for_connection`; tools that
+start ``ssh`` themselves (rsync) get the same login from :func:`ssh_command_for_connection`.
 """
 
 from slurm_provider.transport.base import (
@@ -27,6 +28,12 @@ from slurm_provider.transport.factory import (
     transport_name,
 )
 from slurm_provider.transport.openssh import AsyncOpenSSHRunner, OpenSSHRunner, OpenSSHTarget
+from slurm_provider.transport.ssh_command import (
+    KeyLogin,
+    SSHCommand,
+    remote_user_for_connection,
+    ssh_command_for_connection,
+)
 from slurm_provider.transport.ssh_provider import AsyncSSHProviderRunner, SSHProviderRunner
 
 __all__ = [
@@ -42,15 +49,19 @@ __all__ = [
     "CommandResult",
     "ControlMasterNotRunning",
     "HostKeyRejected",
+    "KeyLogin",
     "OpenSSHRunner",
     "OpenSSHTarget",
     "RemoteCommandRunner",
+    "SSHCommand",
     "SSHProviderRunner",
     "TransportConfigError",
     "TransportError",
     "TransportTimeout",
     "TransportUnavailable",
     "async_runner_for_connection",
+    "remote_user_for_connection",
     "runner_for_connection",
+    "ssh_command_for_connection",
     "transport_name",
 ]

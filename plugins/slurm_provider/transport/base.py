@@ -8,6 +8,9 @@ whose ``retryable`` flag tells the caller whether trying again later can help.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -68,7 +71,11 @@ class AuthenticationFailed(TransportError):
 
 
 class ControlMasterNotRunning(AuthenticationFailed):
-    """An OpenSSH alias whose login needs a person (one-time password) has no live master connection."""
+    """An OpenSSH alias whose login needs a person (one-time password) has no live master connection.
+
+    Not retryable by the command that met it, but not the end of a watch either: once a person
+    opens the master again, the same connection works (the job poller keeps trying).
+    """
 
 
 class HostKeyRejected(TransportError):
@@ -123,3 +130,67 @@ def check_timeout(timeout: float) -> float:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     return float(timeout)
+
+
+# --- the words every SSH client uses for the same failure ------------------------------------------
+# paramiko, asyncssh, the OpenSSH runner and the ssh that rsync starts all meet the same failures;
+# they describe them with these functions, so a person reads one message whichever client saw it.
+
+
+def describe_login(conn_id: str, user: str | None, host: str | None, port: int | None) -> str:
+    """``user@host:port (connection 'id')``: where a key-based connection logs in."""
+    where = f"{user}@{host}" if user else str(host)
+    return f"{where}:{port} (connection {conn_id!r})" if port else f"{where} (connection {conn_id!r})"
+
+
+def host_key_fingerprint(host_key: str) -> str | None:
+    """``SHA256:...`` of a pinned ``<type> <base64>`` key, as ssh and paramiko print fingerprints."""
+    parts = host_key.split()
+    if len(parts) < 2:
+        return None
+    try:
+        blob = base64.b64decode(parts[1], validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
+def known_hosts_text(host_key: str) -> str:
+    """A known_hosts file that trusts exactly the pinned key, for whatever name the client looks up."""
+    key_type, key_data = host_key.split()[:2]
+    return f"* {key_type} {key_data}\n"
+
+
+HOST_KEY_EXTRA_FIX = "update the connection's host_key extra"
+
+
+def host_key_mismatch(where: str, *, offered: str | None = None, pinned: str | None = None,
+                      fix: str = HOST_KEY_EXTRA_FIX) -> HostKeyRejected:
+    """The login node presented a host key other than the pinned one: possibly a man in the middle."""
+    seen = []
+    if offered:
+        seen.append(f"it sent {offered}")
+    if pinned:
+        seen.append(f"pinned is {pinned}")
+    detail = f" ({', '.join(seen)})" if seen else ""
+    return HostKeyRejected(
+        f"host key of {where} does not match the pinned key{detail}: refusing to connect, nothing was run "
+        f"or copied. If the login node's key really changed (check the new fingerprint with the site), {fix}."
+    )
+
+
+def host_key_unknown(where: str, detail: str | None = None) -> HostKeyRejected:
+    """No key is pinned or known for the login node; we never trust one on first use."""
+    said = f" ({detail})" if detail else ""
+    return HostKeyRejected(
+        f"host key of {where} is not known{said}: refusing to connect. Pin it with the connection's "
+        "host_key extra (ssh-keyscan the login node, check the fingerprint with the site) instead of "
+        "disabling the check."
+    )
+
+
+def login_refused(where: str, detail: str) -> AuthenticationFailed:
+    """The login node refused the connection's credentials."""
+    return AuthenticationFailed(
+        f"authentication to {where} failed ({detail}); check the connection's login and key_file/private_key"
+    )

@@ -20,6 +20,7 @@ from slurm_provider.transport.base import (
     CommandResult,
     RemoteCommandRunner,
     TransportConfigError,
+    describe_login,
 )
 from slurm_provider.transport.openssh import AsyncOpenSSHRunner, OpenSSHRunner, OpenSSHTarget
 from slurm_provider.transport.ssh_provider import AsyncSSHProviderRunner, SSHProviderRunner
@@ -94,8 +95,8 @@ class AsyncConnectionRunner:
         extra = conn.extra_dejson
         if transport_name(extra) == OPENSSH:
             return AsyncOpenSSHRunner(OpenSSHTarget.from_extra(extra, host=conn.host))
-        where = f"{conn.login}@{conn.host}:{conn.port or 22} (connection {self.conn_id!r})"
-        return AsyncSSHProviderRunner(self.conn_id, where=where)
+        where = describe_login(self.conn_id, conn.login, conn.host, conn.port or 22)
+        return AsyncSSHProviderRunner(self.conn_id, where=where, pinned_host_key=extra.get("host_key"))
 
     async def run(self, command: str, *, stdin: bytes | str | None = None, timeout: float) -> CommandResult:
         runner = await self._resolve()

@@ -22,11 +22,12 @@ import shutil
 import subprocess
 import tempfile
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_provider.transport.base import (
+    HOST_KEY_EXTRA_FIX,
     AuthenticationFailed,
     CommandResult,
     ControlMasterNotRunning,
@@ -37,6 +38,10 @@ from slurm_provider.transport.base import (
     TransportUnavailable,
     check_timeout,
     decode_output,
+    host_key_fingerprint,
+    host_key_mismatch,
+    host_key_unknown,
+    known_hosts_text,
     stdin_bytes,
 )
 
@@ -49,12 +54,9 @@ _FALSE = {"false", "no", "0", "off", ""}
 _LOCAL_TIMEOUT = 20.0
 """Local-only ssh calls (``-G``, ``-O check``) answer at once unless something is badly wrong."""
 
-_HOST_KEY_MESSAGES = (
-    "host key verification failed",
-    "remote host identification has changed",
-    "host key for",
-    "no matching host key type",
-)
+_HOST_KEY_CHANGED = ("remote host identification has changed", "has changed and you have requested strict")
+_HOST_KEY_MESSAGES = ("host key verification failed", "host key is known for", "host key for")
+_OFFERED_KEY = re.compile(r"key sent by the remote host is\s+(SHA256:[A-Za-z0-9+/]+)")
 _AUTH_MESSAGES = ("permission denied", "too many authentication failures", "authentication failed")
 _CONFIG_MESSAGES = ("bad configuration option", "could not resolve hostname", "terminating, ")
 
@@ -129,23 +131,41 @@ class OpenSSHTarget:
             connect_timeout=connect_timeout,
         )
 
+    @property
+    def where(self) -> str:
+        """How messages name this login: the alias, and the config file when it is not the default."""
+        return f"ssh alias {self.alias}" + (f" ({self.config_file})" if self.config_file else "")
+
+    @property
+    def host_key_fix(self) -> str:
+        """What a person changes when the login node's key really changed."""
+        if self.host_key:
+            return HOST_KEY_EXTRA_FIX
+        return (f"update the known_hosts file that the ssh config names for {self.alias} "
+                "(UserKnownHostsFile), or pin the key with the connection's host_key extra")
+
     def base_argv(self) -> list[str]:
         argv = ["ssh"]
         if self.config_file:
             argv += ["-F", self.config_file]
         return argv
 
-    def interactive_login(self) -> str:
-        """The command a person runs in a terminal to open the master connection."""
-        return shlex.join([*self.base_argv(), self.alias])
+    def reopen_master_command(self) -> str:
+        """What a person runs in a terminal (typing the one-time password) to open the master again.
 
-    def command_argv(
-        self, command: str, *, log_file: str, known_hosts: str | None, timeout: float
-    ) -> list[str]:
-        """``ssh ... <alias> -- <command>`` that never prompts and keeps ssh's messages out of stderr."""
-        connect = max(1, min(self.connect_timeout, int(timeout)))
+        ``ControlMaster=auto`` also where the alias says ``no`` (a deployment whose containers only
+        ride a master), and it replaces a stale socket left by a master that was killed.
+        """
+        return shlex.join([*self.base_argv(), "-o", "ControlMaster=auto", "-fN", self.alias])
+
+    def client_argv(self, *, log_file: str, known_hosts: str | None,
+                    connect_timeout: int | None = None) -> list[str]:
+        """The ``ssh`` options of every unattended call, commands and rsync's ``-e`` alike: never
+        prompt, ssh's own messages to ``log_file``, no forwarding, the pinned key when there is one,
+        and the alias's own ControlMaster socket (never one of ours). The alias comes after these."""
+        connect = connect_timeout or self.connect_timeout
         argv = [
-            *self.base_argv(), "-E", log_file, "-T", "-x", "-a",
+            *self.base_argv(), "-E", log_file, "-x", "-a",
             "-o", "BatchMode=yes",
             "-o", "LogLevel=ERROR",
             "-o", f"ConnectTimeout={connect}",
@@ -156,7 +176,15 @@ class OpenSSHTarget:
         if known_hosts is not None:
             argv += ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
                      "-o", "StrictHostKeyChecking=yes"]
-        return [*argv, self.alias, "--", command]
+        return argv
+
+    def command_argv(
+        self, command: str, *, log_file: str, known_hosts: str | None, timeout: float
+    ) -> list[str]:
+        """``ssh ... <alias> -- <command>`` that never prompts and keeps ssh's messages out of stderr."""
+        connect = max(1, min(self.connect_timeout, int(timeout)))
+        argv = self.client_argv(log_file=log_file, known_hosts=known_hosts, connect_timeout=connect)
+        return [*argv, "-T", self.alias, "--", command]
 
     def check_argv(self) -> list[str]:
         return [*self.base_argv(), "-o", "BatchMode=yes", "-O", "check", self.alias]
@@ -180,34 +208,50 @@ def uses_control_master(config: Mapping[str, str]) -> bool:
     return config.get("controlpath", "none").lower() not in ("none", "")
 
 
+def classify_ssh_log(ssh_log: str, *, where: str, pinned: str | None, host_key_fix: str,
+                     login_failed: Callable[[str], TransportError]) -> TransportError:
+    """The exception for an ``ssh`` that exited 255 having logged ``ssh_log`` (its ``-E`` file).
+
+    Shared by every caller of the OpenSSH client (this runner, the ssh under rsync), so the same
+    failure reads the same whoever met it. ``login_failed`` words a refused login: what to do
+    depends on how the connection logs in.
+    """
+    lower = " ".join(ssh_log.split()).lower()
+    said = _last_line(ssh_log)
+    if any(m in lower for m in _HOST_KEY_CHANGED):
+        offered = _OFFERED_KEY.search(ssh_log)
+        return host_key_mismatch(where, offered=offered.group(1) if offered else None,
+                                 pinned=host_key_fingerprint(pinned) if pinned else None, fix=host_key_fix)
+    if "no matching host key type" in lower:
+        return HostKeyRejected(f"{where}: {said}")
+    if any(m in lower for m in _HOST_KEY_MESSAGES):
+        return host_key_unknown(where, said)
+    if any(m in lower for m in _AUTH_MESSAGES):
+        return login_failed(said)
+    if any(m in lower for m in _CONFIG_MESSAGES):
+        return TransportConfigError(f"{where}: {said}")
+    if "timed out" in lower:
+        return TransportTimeout(f"{where}: {said}")
+    return TransportUnavailable(f"cannot reach {where}: {said}")
+
+
 def classify_ssh_failure(target: OpenSSHTarget, ssh_log: str, *, shares_master: bool) -> TransportError:
-    """The exception for an ssh run that exited 255 with ``ssh_log`` (ssh's own messages).
+    """The exception for an ssh run on ``target`` that exited 255 with ``ssh_log`` (ssh's own messages).
 
     A live master cannot fail authentication, so a refused login on an alias that shares one
     means the master is missing or gone: the person has to open it again.
     """
-    text = " ".join(ssh_log.split())
-    lower = text.lower()
-    if any(m in lower for m in _HOST_KEY_MESSAGES):
-        return HostKeyRejected(
-            f"ssh {target.alias}: host key verification failed: refusing to connect ({_last_line(ssh_log)}). "
-            "If the login node's key really changed, update known_hosts or the connection's host_key."
-        )
-    if any(m in lower for m in _AUTH_MESSAGES):
+
+    def login_failed(said: str) -> TransportError:
         if shares_master:
-            return ControlMasterNotRunning(
-                f"no authenticated ControlMaster for {target.alias}: run `{target.interactive_login()}` "
-                f"once in a terminal (OTP), then retry (ssh said: {_last_line(ssh_log)})"
-            )
-        hint = ("" if shares_master else
-                "; for logins that need a one-time password add ControlMaster auto, ControlPath and "
-                "ControlPersist to the alias in your ssh config")
-        return AuthenticationFailed(f"ssh {target.alias}: login refused ({_last_line(ssh_log)}){hint}")
-    if any(m in lower for m in _CONFIG_MESSAGES):
-        return TransportConfigError(f"ssh {target.alias}: {_last_line(ssh_log)}")
-    if "timed out" in lower:
-        return TransportTimeout(f"ssh {target.alias}: {_last_line(ssh_log)}")
-    return TransportUnavailable(f"ssh {target.alias}: {_last_line(ssh_log)}")
+            return control_master_lapsed(target, said)
+        return AuthenticationFailed(
+            f"{target.where}: login refused ({said}); for logins that need a one-time password add "
+            "ControlMaster auto, ControlPath and ControlPersist to the alias in your ssh config"
+        )
+
+    return classify_ssh_log(ssh_log, where=target.where, pinned=target.host_key,
+                            host_key_fix=target.host_key_fix, login_failed=login_failed)
 
 
 def _last_line(text: str) -> str:
@@ -215,10 +259,13 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "no message"
 
 
-def _no_master_error(target: OpenSSHTarget) -> ControlMasterNotRunning:
+def control_master_lapsed(target: OpenSSHTarget, said: str | None = None) -> ControlMasterNotRunning:
+    """The one message for an alias whose master connection is not running (never opened, timed
+    out, or closed): only a person can log in again, and this says how."""
+    detail = f" (ssh said: {said})" if said else ""
     return ControlMasterNotRunning(
-        f"no authenticated ControlMaster for {target.alias}: run `{target.interactive_login()}` once in a "
-        "terminal (OTP), then retry"
+        f"no ControlMaster is running for {target.where}{detail}; its login needs a person (one-time "
+        f"password). Open it again with: {target.reopen_master_command()}"
     )
 
 
@@ -246,9 +293,8 @@ class _OpenSSHState:
     def known_hosts(self) -> str | None:
         """A private known_hosts holding only the pinned key (None: the ssh config decides)."""
         if self.target.host_key and self._known_hosts is None:
-            key_type, key_data = self.target.host_key.split()[:2]
             self._known_hosts = os.path.join(self._dir(), "known_hosts")
-            Path(self._known_hosts).write_text(f"* {key_type} {key_data}\n")
+            Path(self._known_hosts).write_text(known_hosts_text(self.target.host_key))
         return self._known_hosts
 
     @property
@@ -263,7 +309,8 @@ class _OpenSSHState:
     def must_check_master(self) -> bool:
         return self.shares_master and self.master_up is not True
 
-    def before_command(self) -> None:
+    def check_master_rule(self) -> None:
+        """With ``require_control_master``, refuse unless the alias's master is up."""
         if self.target.require_control_master:
             if not self.shares_master:
                 raise TransportConfigError(
@@ -271,7 +318,10 @@ class _OpenSSHState:
                     "add ControlMaster auto, ControlPath and ControlPersist to it in your ssh config"
                 )
             if not self.master_up:
-                raise _no_master_error(self.target)
+                raise control_master_lapsed(self.target)
+
+    def before_command(self) -> None:
+        self.check_master_rule()
         self.commands_issued += 1
 
     def after_command(self, ssh_failed: bool, master_was_up: bool | None) -> None:
@@ -293,7 +343,7 @@ class _OpenSSHState:
         if returncode < 0:
             self.after_command(True, master_was_up)
             raise TransportUnavailable(
-                f"ssh {self.target.alias} was killed by signal {-returncode} on this machine"
+                f"{self.target.where}: ssh was killed by signal {-returncode} on this machine"
             )
         self.after_command(False, master_was_up)
         return CommandResult(command, returncode, decode_output(stdout), decode_output(stderr))
@@ -332,16 +382,32 @@ class OpenSSHRunner:
         """``ssh -O check <alias>``: is an authenticated master connection up?"""
         return self._local(self.target.check_argv()).returncode == 0
 
-    def _prepare(self) -> bool | None:
+    def resolved_config(self) -> dict[str, str]:
+        """The alias's settings as ssh resolves them (``ssh -G``: user, hostname, controlpath ...)."""
         if self._state.config is None:
             proc = self._local(self.target.config_argv())
             if proc.returncode != 0:
                 raise TransportConfigError(f"`{shlex.join(self.target.config_argv())}` failed: "
                                            f"{_last_line(decode_output(proc.stderr))}")
             self._state.config = parse_ssh_g(decode_output(proc.stdout))
+        return self._state.config
+
+    def _prepare(self) -> bool | None:
+        self.resolved_config()
         if self._state.must_check_master():
             self._state.master_up = self.master_running()
         return self._state.master_up
+
+    def check_ready(self) -> bool:
+        """For another ``ssh`` on this alias (rsync's): apply ``require_control_master`` as a command
+        would, and say whether the alias shares a master (a refused login then means it lapsed)."""
+        self._prepare()
+        self._state.check_master_rule()
+        return self._state.shares_master
+
+    def classify(self, ssh_log: str) -> TransportError:
+        """What a failed ``ssh`` on this alias means, in the words of this runner's own failures."""
+        return classify_ssh_failure(self.target, ssh_log, shares_master=self._state.shares_master)
 
     def run(self, command: str, *, stdin: bytes | str | None = None, timeout: float) -> CommandResult:
         timeout = check_timeout(timeout)
@@ -359,7 +425,7 @@ class OpenSSHRunner:
             os.unlink(log_file)
             self._state.after_command(True, master_was_up)
             raise TransportTimeout(
-                f"ssh {self.target.alias}: command did not finish within {timeout}s"
+                f"{self.target.where}: command did not finish within {timeout}s"
             ) from exc
         except FileNotFoundError as exc:
             raise TransportConfigError("the OpenSSH client `ssh` is not installed on this machine") from exc
@@ -432,7 +498,7 @@ class AsyncOpenSSHRunner:
             os.unlink(log_file)
             self._state.after_command(True, master_was_up)
             raise TransportTimeout(
-                f"ssh {self.target.alias}: command did not finish within {timeout}s"
+                f"{self.target.where}: command did not finish within {timeout}s"
             ) from exc
         except FileNotFoundError as exc:
             raise TransportConfigError("the OpenSSH client `ssh` is not installed on this machine") from exc

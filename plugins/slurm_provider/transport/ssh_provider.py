@@ -26,14 +26,17 @@ from airflow.providers.ssh.hooks.ssh import SSHHook, SSHHookAsync
 
 from slurm_provider.transport.base import (
     NO_EXIT_STATUS,
-    AuthenticationFailed,
     CommandResult,
-    HostKeyRejected,
     TransportError,
     TransportTimeout,
     TransportUnavailable,
     check_timeout,
     decode_output,
+    describe_login,
+    host_key_fingerprint,
+    host_key_mismatch,
+    host_key_unknown,
+    login_refused,
     stdin_bytes,
 )
 
@@ -46,31 +49,16 @@ _IDLE_WAKEUP = 0.5
 """Longest sleep between checks of a quiet channel (paramiko's fileno misses some close events)."""
 
 
-def _describe(conn_id: str, user: str | None, host: str | None, port: int | None) -> str:
-    where = f"{user}@{host}" if user else str(host)
-    return f"{where}:{port} (connection {conn_id!r})" if port else f"{where} (connection {conn_id!r})"
-
-
 def map_paramiko_error(exc: BaseException, where: str) -> TransportError:
     """Translate a paramiko/socket failure into a :class:`TransportError` with the right retry flag."""
     if isinstance(exc, TransportError):
         return exc
     if isinstance(exc, paramiko.BadHostKeyException):
-        return HostKeyRejected(
-            f"host key of {where} does not match the pinned key ({exc.key.get_name()} "
-            f"{exc.key.fingerprint}, expected {exc.expected_key.fingerprint}): refusing to connect. "
-            "If the login node's key really changed, update the connection's host_key extra."
-        )
+        return host_key_mismatch(where, offered=exc.key.fingerprint, pinned=exc.expected_key.fingerprint)
     if isinstance(exc, paramiko.AuthenticationException):
-        return AuthenticationFailed(
-            f"authentication to {where} failed ({type(exc).__name__}: {exc}); check the connection's "
-            "login and key_file/private_key"
-        )
+        return login_refused(where, f"{type(exc).__name__}: {exc}")
     if isinstance(exc, paramiko.SSHException) and "known_hosts" in str(exc):
-        return HostKeyRejected(
-            f"host key of {where} is unknown ({exc}): pin it with the connection's host_key extra "
-            "(ssh-keyscan the login node from a trusted network) instead of disabling the check"
-        )
+        return host_key_unknown(where, str(exc))
     if isinstance(exc, (socket.timeout, TimeoutError)):
         return TransportTimeout(f"timed out talking to {where}: {exc or 'no answer'}")
     if isinstance(exc, (OSError, EOFError, paramiko.SSHException)):
@@ -92,7 +80,7 @@ class SSHProviderRunner:
 
     @property
     def where(self) -> str:
-        return _describe(self.conn_id, self._hook.username, self._hook.remote_host, self._hook.port)
+        return describe_login(self.conn_id, self._hook.username, self._hook.remote_host, self._hook.port)
 
     def _connection(self) -> paramiko.Transport:
         transport = self._client.get_transport() if self._client else None
@@ -207,22 +195,21 @@ def _remaining(deadline: float) -> float:
     return remaining
 
 
-def map_asyncssh_error(exc: BaseException, where: str) -> TransportError:
-    """Translate an asyncssh/socket failure into a :class:`TransportError` with the right retry flag."""
+def map_asyncssh_error(exc: BaseException, where: str, *, pinned: str | None = None) -> TransportError:
+    """Translate an asyncssh/socket failure into a :class:`TransportError` with the right retry flag.
+
+    ``pinned``: the connection's ``host_key`` extra, if any (asyncssh names no fingerprint itself).
+    """
     import asyncssh
 
     if isinstance(exc, TransportError):
         return exc
     if isinstance(exc, asyncssh.HostKeyNotVerifiable):
-        return HostKeyRejected(
-            f"host key of {where} is not the pinned one ({exc.reason}): refusing to connect. If the login "
-            "node's key really changed, update the connection's host_key extra."
-        )
+        if pinned:
+            return host_key_mismatch(where, pinned=host_key_fingerprint(pinned))
+        return host_key_unknown(where, exc.reason)
     if isinstance(exc, asyncssh.PermissionDenied):
-        return AuthenticationFailed(
-            f"authentication to {where} failed ({exc.reason}); check the connection's login and "
-            "key_file/private_key"
-        )
+        return login_refused(where, exc.reason)
     if isinstance(exc, (asyncssh.KeyExchangeFailed, asyncssh.ProtocolNotSupported, asyncssh.IllegalUserName)):
         return TransportError(f"SSH to {where} failed: {exc.reason}", retryable=False)
     if isinstance(exc, (asyncssh.TimeoutError, asyncio.TimeoutError, TimeoutError, socket.timeout)):
@@ -257,9 +244,11 @@ class AsyncSSHProviderRunner:
     """
 
     def __init__(
-        self, conn_id: str, *, where: str | None = None, ssh_hook: Any | None = None, max_sessions: int = 8
+        self, conn_id: str, *, where: str | None = None, ssh_hook: Any | None = None, max_sessions: int = 8,
+        pinned_host_key: str | None = None,
     ) -> None:
         self.conn_id = conn_id
+        self._pinned = pinned_host_key
         self._hook = ssh_hook or SSHHookAsync(ssh_conn_id=conn_id)
         self._conn: Any = None
         self._connect_lock: asyncio.Lock | None = None
@@ -280,7 +269,7 @@ class AsyncSSHProviderRunner:
             try:
                 conn = await asyncio.wait_for(self._hook.get_conn(), _remaining(deadline))
             except Exception as exc:
-                raise map_asyncssh_error(exc, self._where) from exc
+                raise map_asyncssh_error(exc, self._where, pinned=self._pinned) from exc
             self._conn = conn
             self.connections_opened += 1
             log.info("Connected to %s", self._where)
@@ -304,7 +293,7 @@ class AsyncSSHProviderRunner:
                     process.close()  # a command past its timeout does not keep a session of the connection
                 if conn.is_closed():
                     self._conn = None
-                raise map_asyncssh_error(exc, self._where) from exc
+                raise map_asyncssh_error(exc, self._where, pinned=self._pinned) from exc
         exit_status = result.exit_status
         signal_name = result.exit_signal[0] if result.exit_signal else None
         if exit_status is None:

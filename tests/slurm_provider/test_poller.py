@@ -1,0 +1,104 @@
+"""The shared poller's retry policy, on a scripted status source (fast; the real proof, a ControlMaster
+closed and reopened under a running watch, is in test_triggers.py).
+
+A login that waits for a person is waited out without a limit and announced to every watcher; a
+transport failure that may heal is retried a bounded number of times; anything that cannot heal
+ends every watch with the error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+import pytest
+
+from slurm_provider.poller import JobPoller, PollUpdate, retry_delay
+from slurm_provider.states import SlurmState
+from slurm_provider.status import JobStatus
+from slurm_provider.transport import ControlMasterNotRunning, HostKeyRejected, TransportUnavailable
+
+FAST = {"poll_interval": 0.01, "max_poll_interval": 0.02}
+
+
+class ScriptedSource:
+    """Answers each ``statuses`` call with the next scripted exception or state."""
+
+    opened = 0
+
+    def __init__(self, script: list[BaseException | SlurmState]) -> None:
+        self.script = script
+        ScriptedSource.opened += 1
+
+    async def statuses(self, job_ids: Iterable[str]) -> dict[str, JobStatus]:
+        step = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        if isinstance(step, BaseException):
+            raise step
+        return {job_id: JobStatus(job_id=job_id, state=step) for job_id in job_ids}
+
+    async def read_log(self, path: str, offset: int) -> tuple[str, int]:
+        return "", offset
+
+    async def file_sizes(self, paths: list[str]) -> dict[str, int]:
+        return {}
+
+    async def close(self) -> None:
+        pass
+
+
+def watch(script: list[BaseException | SlurmState], jobs: tuple[str, ...] = ("1", "2"),
+          **poller_kwargs: int) -> dict[str, list[PollUpdate]]:
+    """Every update each job's watcher sees until its job ends or an error arrives."""
+    shared = list(script)
+    ScriptedSource.opened = 0
+    poller = JobPoller("c", lambda: ScriptedSource(shared), **poller_kwargs)
+
+    async def one(job_id: str) -> list[PollUpdate]:
+        seen = []
+        async with poller.subscribe(job_id, **FAST) as updates:
+            while True:
+                update = await asyncio.wait_for(updates.get(), 10)
+                seen.append(update)
+                if update.error is not None or (update.status is not None and update.status.is_terminal):
+                    return seen
+
+    async def all_jobs() -> list[list[PollUpdate]]:
+        return await asyncio.gather(*(one(job_id) for job_id in jobs))
+
+    return dict(zip(jobs, asyncio.run(all_jobs())))
+
+
+def test_a_lapsed_master_pauses_every_watch_without_a_limit_and_they_resume() -> None:
+    lapsed = ControlMasterNotRunning("no ControlMaster is running for ssh alias lumi2; Open it again with: "
+                                     "ssh -o ControlMaster=auto -fN lumi2")
+    script = [SlurmState.RUNNING, *[lapsed] * 12, SlurmState.RUNNING, SlurmState.COMPLETED]
+    seen = watch(script, max_transport_retries=3)  # far more waits than transport retries allowed
+    for updates in seen.values():
+        assert all(u.error is None for u in updates)
+        waiting = [u.waiting for u in updates if u.waiting is not None]
+        assert len(waiting) == 12 and set(waiting) == {str(lapsed)}
+        assert updates[0].status.state is SlurmState.RUNNING
+        assert updates[-1].status.state is SlurmState.COMPLETED
+    assert ScriptedSource.opened == 13  # a fresh connection after every failed try
+
+
+def test_transient_failures_are_retried_a_bounded_number_of_times() -> None:
+    down = TransportUnavailable("cannot reach lumi2: Connection refused")
+    healed = watch([down, down, SlurmState.COMPLETED], max_transport_retries=3)
+    assert all(u.status.state is SlurmState.COMPLETED for u in (ups[-1] for ups in healed.values()))
+    assert not any(u.waiting for ups in healed.values() for u in ups)
+    given_up = watch([down], max_transport_retries=2)
+    assert all(ups[-1].error is down for ups in given_up.values())
+
+
+def test_a_failure_no_retry_can_heal_ends_every_watch_at_once() -> None:
+    impostor = HostKeyRejected("host key of lumi2 does not match the pinned key")
+    seen = watch([SlurmState.RUNNING, impostor])
+    assert all(ups[-1].error is impostor for ups in seen.values())
+
+
+@pytest.mark.parametrize(("attempt", "cap", "most"), [(1, 300.0, 2.0), (5, 300.0, 32.0), (20, 300.0, 300.0),
+                                                     (20, 4.0, 4.0)])
+def test_retry_delay_grows_but_never_exceeds_its_cap(attempt: int, cap: float, most: float) -> None:
+    delays = [retry_delay(attempt, cap) for _ in range(200)]
+    assert all(most / 2 <= d <= most for d in delays)
