@@ -132,11 +132,14 @@ class JobComment:
     place: str | None = None
     """Digest of where the job writes its log: the same run id in another Airflow deployment or
     project directory is another job."""
+    code: str | None = None
+    """The version of the code the job runs (e.g. a content hash): lets a cleanup on the cluster
+    keep every code version a queued, running or requeued job still needs."""
 
     def to_json(self) -> str:
         """Compact JSON without spaces and with ``|`` escaped, so it never breaks our output parsing.
 
-        ``clear`` and ``place`` are left out at their defaults, keeping comments short.
+        ``clear``, ``place`` and ``code`` are left out at their defaults, keeping comments short.
         """
         data = asdict(self)
         for key, default in _OMITTED_AT_DEFAULT.items():
@@ -153,7 +156,7 @@ class JobComment:
         return (self.project, self.dag, self.task, self.run, self.stage, self.clear, self.place)
 
 
-_OMITTED_AT_DEFAULT = {"clear": 0, "place": None}
+_OMITTED_AT_DEFAULT = {"clear": 0, "place": None, "code": None}
 
 
 def parse_job_comment(text: str | None) -> JobComment | None:
@@ -171,6 +174,7 @@ def parse_job_comment(text: str | None) -> JobComment | None:
             project=str(data.get("project", PROJECT_TAG)),
             clear=int(data.get("clear", 0)),
             place=None if data.get("place") is None else str(data["place"]),
+            code=None if data.get("code") is None else str(data["code"]),
         )
     except (ValueError, KeyError, TypeError):
         return None
@@ -373,6 +377,18 @@ def build_squeue_own_jobs() -> str:
     """``squeue --me``: every job of the login user, every state (adoption by comment without a name)."""
     argv = ["squeue", "-h", "-r", "-t", "all", "--me", f"--Format={_squeue_format()}"]
     return f"{TIME_FORMAT_ENV} " + _join(argv)
+
+
+def build_squeue_account_jobs(account: str) -> str:
+    """``squeue`` of every job of the account (all its users) and of the login user, every state.
+
+    One command line, two queries (the user's own jobs may run under another account); a job in
+    both is listed twice.
+    """
+    fields = f"--Format={_squeue_format()}"
+    by_account = ["squeue", "-h", "-r", "-t", "all", f"--account={validate_account(account)}", fields]
+    own = ["squeue", "-h", "-r", "-t", "all", "--me", fields]
+    return f"{TIME_FORMAT_ENV} {_join(by_account)} && {TIME_FORMAT_ENV} {_join(own)}"
 
 
 def build_sacct_own_jobs(since: str) -> str:

@@ -45,6 +45,7 @@ from slurm_provider.validation import (
 HISTORY_KEY = "slurm_submissions"
 EVENT_KEYS = ("kind", "job_id", "status", "message", "carry")
 LOG_TAIL_BYTES = 6000
+_CODE_VERSION = re.compile(r"^[A-Za-z0-9._:+-]{1,128}$")
 
 
 def job_name_for(dag_id: str, task_id: str, run_id: str, map_index: int = -1) -> str:
@@ -66,6 +67,8 @@ class SlurmSubmitOperator(BaseOperator):
         ``--output``, ``--comment``, ``--parsable``...) are refused.
     :param export: extra environment variables for the job (``--export=ALL,K=V``).
     :param stage: a label stored in the job comment (e.g. the training stage).
+    :param code_version: the version of the code the script runs (e.g. a content hash), stored in
+        the job comment so that cleanups on the cluster keep what live jobs use.
     :param progress_path: a file on the cluster that grows when the job makes progress (e.g. the
         trainer's ``progress.json``); read before resubmitting an interrupted job.
     :param resubmit_budgets: resubmissions allowed per interrupting state (``TIMEOUT``, ``NODE_FAIL``,
@@ -76,7 +79,7 @@ class SlurmSubmitOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("script", "log_dir", "partition", "account", "time_limit",
-                                      "sbatch_options", "export", "stage", "progress_path")
+                                      "sbatch_options", "export", "stage", "progress_path", "code_version")
     template_fields_renderers = {"script": "bash"}
     operator_extra_links = (SlurmJobLogLink(),)
     ui_color = "#d9ecf2"
@@ -84,7 +87,7 @@ class SlurmSubmitOperator(BaseOperator):
     def __init__(self, *, conn_id: str, script: str, log_dir: str, partition: str | None = None,
                  account: str | None = None, time_limit: str | None = None,
                  sbatch_options: Sequence[str] = (), export: Mapping[str, str] | None = None,
-                 stage: str | None = None, progress_path: str | None = None,
+                 stage: str | None = None, progress_path: str | None = None, code_version: str | None = None,
                  resubmit_budgets: Mapping[str, int] | None = None, pending_policy: str = "fail",
                  poll_interval: float = 15.0, max_poll_interval: float = 300.0,
                  first_poll_delay: float = 10.0, gpu_billing_factor: float = 1.0, **kwargs: Any) -> None:
@@ -99,6 +102,7 @@ class SlurmSubmitOperator(BaseOperator):
         self.export = export
         self.stage = stage
         self.progress_path = progress_path
+        self.code_version = code_version
         self.resubmit_budgets = dict(DEFAULT_BUDGETS if resubmit_budgets is None else resubmit_budgets)
         self.pending_policy = pending_policy
         self.poll_interval = poll_interval
@@ -351,6 +355,9 @@ class SlurmSubmitOperator(BaseOperator):
             raise ValidationError("export", "must be a mapping of environment variable names to values")
         if self.progress_path is not None:
             validate_remote_path(self.progress_path, "progress_path", absolute=True)
+        if self.code_version is not None and not _CODE_VERSION.match(str(self.code_version)):
+            raise ValidationError("code_version", "must be 1-128 letters, digits or '._:+-' (it goes into the "
+                                  "job comment), e.g. a content hash", self.code_version)
 
     def _hook(self) -> Any:
         from slurm_provider.hooks import SlurmHook
@@ -373,7 +380,7 @@ class SlurmSubmitOperator(BaseOperator):
     def _comment(self, context: Any, number: int) -> JobComment:
         ti = context["ti"]
         return JobComment(dag=ti.dag_id, task=ti.task_id, run=ti.run_id, attempt=number, stage=self.stage,
-                          clear=self._clear_number(context), place=self._place())
+                          clear=self._clear_number(context), place=self._place(), code=self.code_version or None)
 
     def _place(self) -> str:
         """Short digest of the connection and log directory the jobs write to."""
