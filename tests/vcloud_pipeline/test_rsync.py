@@ -175,7 +175,7 @@ def test_manifest_round_trip_and_the_job_scripts_reader(tmp_path: Path) -> None:
 def test_lumi_code_sync_argv() -> None:
     lumi = load_profile("lumi")
     tree = CodeTree(Path("/home/me/vcloud"))
-    argv = code_sync_argv(tree, ssh_destination(lumi.connection), run_paths(lumi, "full").code_dir,
+    argv = code_sync_argv(tree, ssh_destination(lumi.connection), run_paths(lumi, "full").code("e" * 64).dir,
                           openssh_command(lumi.connection))
     assert argv[:4] == ["rsync", "-az", "-s", "--delete"]
     assert argv[4:6] == ["-e", "ssh -o BatchMode=yes -o ControlMaster=auto -o 'ControlPath=~/.ssh/vcloud-cm-%C' "
@@ -183,8 +183,18 @@ def test_lumi_code_sync_argv() -> None:
     assert "--exclude=/data" in argv and "--exclude=/.git" in argv and "--exclude=/.venv" in argv
     assert "--exclude=__pycache__/" in argv and "--exclude=core" in argv and "--exclude=*.pt" in argv
     assert argv.index("--include=/trainer") < argv.index("--exclude=/*")
-    assert argv[-2:] == ["/home/me/vcloud/", "lumi2:/scratch/project_465002500/vcloud/code/"]
+    assert argv[-2:] == ["/home/me/vcloud/", f"lumi2:/scratch/project_465002500/vcloud/code/{'e' * 64}/"]
+    assert not any(a.startswith("--copy-dest") for a in argv)
     assert ssh_master_command(lumi.connection)[-2:] == ["-fN", "lumi2"]
+
+
+def test_a_new_code_directory_copies_unchanged_files_from_its_sibling(tmp_path: Path) -> None:
+    argv = code_sync_argv(CodeTree(tmp_path), "h", f"/x/code/{'e' * 64}", ["ssh"], basis="d" * 64)
+    assert f"--copy-dest=../{'d' * 64}" in argv and "--link-dest" not in " ".join(argv)
+    assert argv.index(f"--copy-dest=../{'d' * 64}") < argv.index("--exclude=/data")
+    for bad in ("", "..", "a/b"):
+        with pytest.raises(ValueError, match="sibling code directory"):
+            code_sync_argv(CodeTree(tmp_path), "h", "/x", ["ssh"], basis=bad)
 
 
 def test_scripts_sync_never_deletes_and_the_manifest_is_protected(tmp_path: Path) -> None:
