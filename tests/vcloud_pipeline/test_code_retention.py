@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -9,6 +13,7 @@ import pytest
 
 from slurm_provider.commands import SQUEUE_FIELDS, JobComment
 from slurm_provider.parsers import parse_squeue
+from slurm_provider.transport.base import CommandResult
 from vcloud_pipeline.code_retention import (
     INCOMPLETE_GRACE_S,
     CodeDir,
@@ -21,9 +26,12 @@ from vcloud_pipeline.code_retention import (
     parse_code_dirs,
     plan_retention,
     removal_command,
+    remove_unused_code_dirs,
 )
-from vcloud_pipeline.layout import MANIFEST_NAME, run_paths
-from vcloud_pipeline.profiles import load_profile
+from vcloud_pipeline.layout import MANIFEST_NAME, RunPaths, run_paths
+from vcloud_pipeline.params import parse_request
+from vcloud_pipeline.profiles import ClusterProfile, load_profile
+from vcloud_pipeline.tasks import RunContext, clean_code_dirs
 
 NOW = 1_800_000_000.0
 A, B, C, D, E, F = (c * 64 for c in "abcdef")
@@ -185,3 +193,61 @@ def test_removal_renames_first_and_touches_nothing_else(tmp_path: Path) -> None:
     subprocess.run(["bash", "-c", command], check=True)
     assert sorted(p.name for p in Path(paths.code_root).iterdir()) == [A]
     assert removal_command(paths, RetentionPlan(newest=(A,))) is None
+
+
+# --------------------------------------------------------------------------- the whole cleanup, in a local shell
+
+
+class LocalShell:
+    """The login node's shell, here, with a stand-in ``squeue`` first on PATH."""
+
+    def __init__(self, bin_dir: Path) -> None:
+        self.env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+        self.commands: list[str] = []
+
+    def run(self, command: str, *, stdin: str | None = None, timeout: float) -> CommandResult:
+        self.commands.append(command)
+        proc = subprocess.run(["bash", "-c", command], input=stdin, capture_output=True, text=True,
+                              timeout=timeout, env=self.env)
+        return CommandResult(command=command, exit_status=proc.returncode, stdout=proc.stdout, stderr=proc.stderr)
+
+
+def cleanup_setup(tmp_path: Path, squeue_body: str) -> tuple[LocalShell, ClusterProfile, RunPaths]:
+    """Code directories A (oldest), B, C (newest) with their manifests, and a stand-in squeue."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text(f"#!/bin/bash\n{squeue_body}\n")
+    (bin_dir / "squeue").chmod(0o755)
+    profile = load_profile("local", overrides={"paths.base": str(tmp_path / "base dir"), "paths.code_keep": 1})
+    paths = run_paths(profile, "r")
+    for age, code in ((300, A), (200, B), (100, C)):
+        code_paths = paths.code(code)
+        Path(code_paths.pythonpath_dir).mkdir(parents=True)
+        Path(code_paths.manifest).write_text("{}")
+        os.utime(code_paths.manifest, (NOW - age, NOW - age))
+    return LocalShell(bin_dir), profile, paths
+
+
+def remaining(paths: RunPaths) -> set[str]:
+    return {p.name for p in Path(paths.code_root).iterdir()}
+
+
+def test_the_cleanup_lists_reads_the_queue_and_removes_in_three_commands(tmp_path: Path) -> None:
+    running_a = squeue_line(7, "RUNNING", JobComment(dag="d", task="stage0", run="r", attempt=1, code=A).to_json())
+    shell, profile, paths = cleanup_setup(tmp_path, f"echo {shlex.quote(running_a)}")
+    plan = remove_unused_code_dirs(profile, paths, shell, current=C)
+    assert (plan.remove, plan.in_use, plan.newest) == ((B,), (A,), (C,))
+    assert remaining(paths) == {A, C}
+    assert len(shell.commands) == 3 and "squeue" in shell.commands[1] and "--account=vcloud_local" in shell.commands[1]
+
+
+def test_nothing_is_removed_when_the_queue_cannot_be_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    shell, _, paths = cleanup_setup(tmp_path, "echo 'slurm_load_jobs error: Socket timed out' >&2; exit 1")
+    monkeypatch.setenv("VCLOUD_PROFILE_OVERRIDES", json.dumps(
+        {"local": {"paths.base": str(tmp_path / "base dir"), "paths.code_keep": 1}}))
+    ctx = RunContext.build(parse_request({"profile": "local"}))
+    with caplog.at_level(logging.WARNING):
+        assert clean_code_dirs(ctx, shell, C) is None  # the sync itself goes on
+    assert "code directories in" in caplog.text and "Socket timed out" in caplog.text
+    assert remaining(paths) == {A, B, C}
