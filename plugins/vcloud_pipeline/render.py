@@ -35,6 +35,10 @@ EXIT_REQUEUE = 85
 EXIT_CODE_MISMATCH = 86
 """The outer script refused to start: its hash's code directory lacks the manifest of that hash."""
 
+CODE_HASH_ENV = "VCLOUD_CODE_HASH"
+"""Set by the inner script to the job's code hash; the trainer records it in every checkpoint
+(``vcloud.training.provenance.CODE_HASH_ENV``)."""
+
 MAX_EARLY_STOPS = 3
 """Starts in a row that a training job may spend without training (a stop signal during set-up or
 before the trainer installed its handler) before it stops requeueing itself."""
@@ -324,7 +328,7 @@ def _inner_env(profile: ClusterProfile, code: CodePaths) -> str:
     record in its checkpoints (``vcloud.training.provenance.code_hash``)."""
     pythonpath = [str(code.pythonpath_dir)] + ([profile.paths.pylibs] if profile.paths.pylibs else [])
     lines = [f'export PYTHONPATH={shell_word(":".join(pythonpath))}"${{PYTHONPATH:+:${{PYTHONPATH}}}}"',
-             f"export VCLOUD_CODE_HASH={shell_word(code.hash)}"]
+             f"export {CODE_HASH_ENV}={shell_word(code.hash)}"]
     lines += [f"export {k}={shell_word(v)}" for k, v in profile.software.env]
     if profile.software.miopen_cache_dir:
         lines += [

@@ -15,6 +15,7 @@ from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.layout import run_paths
 from vcloud_pipeline.profiles import ProfileError, load_profile
 from vcloud_pipeline.render import (
+    CODE_HASH_ENV,
     EXIT_CODE_MISMATCH,
     RenderError,
     RenderedJob,
@@ -113,10 +114,16 @@ def test_a_job_runs_only_the_code_directory_of_its_hash(case: str) -> None:
     text = job.outer + job.inner
     uses = [text[i + len(code_root):i + len(code_root) + 65] for i in range(len(text)) if text.startswith(code_root, i)]
     assert uses and all(use[:64] == CODE_HASH and not use[64:].isalnum() for use in uses), uses
-    assert f"export VCLOUD_CODE_HASH={CODE_HASH}\n" in job.inner
+    assert f"export {CODE_HASH_ENV}={CODE_HASH}\n" in job.inner
     assert f"readonly CODE_MANIFEST={code_root}{CODE_HASH}/.vcloud_manifest.json\n" in job.outer
     other = render_job(profile, CASES[case][1], run_paths(profile, "full"), "0" * 64)
     assert CODE_HASH not in other.outer + other.inner
+
+
+def test_the_trainer_reads_the_code_hash_where_the_scripts_put_it() -> None:
+    from vcloud.training import provenance
+
+    assert provenance.CODE_HASH_ENV == CODE_HASH_ENV
 
 
 def test_lumi_render_has_the_guides_settings_and_none_of_the_traps() -> None:
