@@ -3,7 +3,9 @@
 Runs the training DAG's own code-sync step (``vcloud_pipeline.sync.sync_code_tree``: one manifest
 check over the SSH login, then rsync with anchored excludes and ``--delete`` only when needed) on a
 private copy of the project's ``trainer/`` tree into a fresh directory on the cluster, three times:
-empty destination, nothing changed, one file changed. The times are what the DAG's sync task
+empty destination, nothing changed, one file changed. The changed tree is a new content hash and
+goes into a code directory of its own; rsync copies the unchanged files from the first one on the
+cluster (``--copy-dest``), so only the changed file travels. The times are what the DAG's sync task
 reports as ``code_seconds``: the local content hash is not in them, because the run computes it
 once before any sync (every job script carries it); it is printed on its own line (``hash_s``).
 For comparison it also times the plain rsync no-change pass that the manifest check replaces.
@@ -23,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "plugins"), str(REPO / "trainer" / "src")]
@@ -48,6 +50,15 @@ def timed(fn) -> tuple[float, object]:
     return time.perf_counter() - started, result
 
 
+def bytes_sent(tree: CodeTree, profile, dest: PurePosixPath, basis: str | None) -> int:
+    """rsync's own count (``--stats``) of the bytes it sent to sync ``tree`` into the empty ``dest``."""
+    with cluster_ssh(profile) as ssh:
+        argv = code_sync_argv(tree, ssh.destination, dest, ssh.argv, basis=basis)
+        out = run_rsync([*argv[:-2], "--stats", *argv[-2:]], what="rsync --stats", ssh=ssh)
+    line = next(line for line in out.splitlines() if line.startswith("Total bytes sent:"))
+    return int(line.split(":")[1].strip().replace(",", ""))
+
+
 def main() -> int:
     load_connection_env()
     with tempfile.TemporaryDirectory(prefix="vcloud-rsync-bench-") as tmp:
@@ -55,7 +66,7 @@ def main() -> int:
         profile = load_profile("local", overrides={"paths.base": base})
         paths = run_paths(profile, "bench")
         runner = runner_for_connection(profile.connection.conn_id)
-        runner.run(f"mkdir -p {shlex.quote(str(paths.code_dir))}", timeout=60)
+        runner.run(f"mkdir -p {shlex.quote(str(paths.code_root))}", timeout=60)
         # a private copy of the tree, so the one-file change never touches the checkout
         subprocess.run(["rsync", "-a", "--exclude=__pycache__/", f"{REPO}/trainer", tmp], check=True)
         tree = CodeTree(Path(tmp))
@@ -66,12 +77,15 @@ def main() -> int:
         full_s, sent_full = timed(lambda: sync_code_tree(profile, paths, tree, manifest, runner))
         nochange_s, sent_nochange = timed(lambda: sync_code_tree(profile, paths, tree, manifest, runner))
         with cluster_ssh(profile) as ssh:
-            argv = code_sync_argv(tree, ssh.destination, paths.code_dir, ssh.argv)
+            argv = code_sync_argv(tree, ssh.destination, paths.code(manifest.hash).dir, ssh.argv)
             plain_nochange_s, _ = timed(lambda: run_rsync(argv, what="plain rsync re-sync", ssh=ssh))
         target = Path(tmp) / "trainer" / "src" / "vcloud" / "metrics.py"
         target.write_text(target.read_text() + "\n# benchmark edit\n")
         changed = local_manifest(tree)
         onefile_s, sent_onefile = timed(lambda: sync_code_tree(profile, paths, tree, changed, runner))
+        # what travels for the changed tree into a fresh directory, with and without the basis
+        with_basis = bytes_sent(tree, profile, paths.code_root / "bench-copy-dest", basis=manifest.hash)
+        without_basis = bytes_sent(tree, profile, paths.code_root / "bench-no-basis", basis=None)
         runner.run(f"rm -rf -- {shlex.quote(base)}", timeout=120)
 
     assert (sent_full, sent_nochange, sent_onefile) == (True, False, True)
@@ -80,11 +94,14 @@ def main() -> int:
     print(f"full sync                    {full_s:7.3f} s")
     print(f"no-change re-sync            {nochange_s:7.3f} s  ({nochange_s / full_s:.2f} of full; manifest check, no rsync)")
     print(f"plain rsync no-change pass   {plain_nochange_s:7.3f} s  ({plain_nochange_s / full_s:.2f} of full)")
-    print(f"one file changed             {onefile_s:7.3f} s")
+    print(f"one file changed             {onefile_s:7.3f} s  (a new code directory, unchanged files copied on the cluster)")
+    print(f"bytes sent, one file changed {with_basis:7d}    (--copy-dest from the previous code directory; "
+          f"{without_basis} without it)")
     print(json.dumps({"full_s": round(full_s, 4), "nochange_s": round(nochange_s, 4), "onefile_s": round(onefile_s, 4),
                       "nochange_ratio": round(nochange_s / full_s, 4),
                       "plain_rsync_nochange_ratio": round(plain_nochange_s / full_s, 4),
-                      "hash_s": round(hash_s, 4), "files": len(files), "bytes": size}))
+                      "hash_s": round(hash_s, 4), "files": len(files), "bytes": size,
+                      "onefile_bytes_sent": with_basis, "onefile_bytes_sent_without_basis": without_basis}))
     return 0
 
 

@@ -134,17 +134,18 @@ class JobComment:
     place: str | None = None
     """Digest of where the job writes its log: the same run id in another Airflow deployment or
     project directory is another job."""
+    code: str | None = None
+    """The version of the code the job runs (e.g. a content hash): lets a cleanup on the cluster
+    keep every code version a queued, running or requeued job still needs, and a live job of
+    another version in the same exclusive directory is never adopted."""
     xdir: str | None = None
     """Digest of the directory the job writes exclusively (``exclusive_dir_marker``): at most one live
     job per directory, whoever submitted it."""
-    ver: str | None = None
-    """Version of what the job runs (e.g. a code hash, shortened): a live job of another version in
-    the same directory is never adopted."""
 
     def to_json(self) -> str:
         """Compact JSON without spaces and with ``|`` escaped, so it never breaks our output parsing.
 
-        ``clear`` and ``place`` are left out at their defaults, keeping comments short.
+        ``clear``, ``place`` and ``code`` are left out at their defaults, keeping comments short.
         """
         data = asdict(self)
         for key, default in _OMITTED_AT_DEFAULT.items():
@@ -161,7 +162,7 @@ class JobComment:
         return (self.project, self.dag, self.task, self.run, self.stage, self.clear, self.place)
 
 
-_OMITTED_AT_DEFAULT = {"clear": 0, "place": None, "xdir": None, "ver": None}
+_OMITTED_AT_DEFAULT = {"clear": 0, "place": None, "code": None, "xdir": None}
 
 
 def parse_job_comment(text: str | None) -> JobComment | None:
@@ -179,8 +180,8 @@ def parse_job_comment(text: str | None) -> JobComment | None:
             project=str(data.get("project", PROJECT_TAG)),
             clear=int(data.get("clear", 0)),
             place=None if data.get("place") is None else str(data["place"]),
+            code=None if data.get("code") is None else str(data["code"]),
             xdir=None if data.get("xdir") is None else str(data["xdir"]),
-            ver=None if data.get("ver") is None else str(data["ver"]),
         )
     except (ValueError, KeyError, TypeError):
         return None
@@ -440,6 +441,18 @@ def build_squeue_own_jobs() -> str:
     """``squeue --me``: every job of the login user, every state (adoption by comment without a name)."""
     argv = ["squeue", "-h", "-r", "-t", "all", "--me", f"--Format={_squeue_format()}"]
     return f"{TIME_FORMAT_ENV} " + _join(argv)
+
+
+def build_squeue_account_jobs(account: str) -> str:
+    """``squeue`` of every job of the account (all its users) and of the login user, every state.
+
+    One command line, two queries (the user's own jobs may run under another account); a job in
+    both is listed twice.
+    """
+    fields = f"--Format={_squeue_format()}"
+    by_account = ["squeue", "-h", "-r", "-t", "all", f"--account={validate_account(account)}", fields]
+    own = ["squeue", "-h", "-r", "-t", "all", "--me", fields]
+    return f"{TIME_FORMAT_ENV} {_join(by_account)} && {TIME_FORMAT_ENV} {_join(own)}"
 
 
 def build_sacct_own_jobs(since: str) -> str:

@@ -63,6 +63,9 @@ def log_excerpt(text: str, lines: int = TAIL_LINES, traceback_lines: int = TRACE
     return "\n".join(all_lines[start:][-traceback_lines:])
 
 
+_CODE_VERSION = re.compile(r"^[A-Za-z0-9._:+-]{1,128}$")
+
+
 def job_name_for(dag_id: str, task_id: str, run_id: str, map_index: int = -1) -> str:
     """Deterministic, Slurm-safe job name of one task in one DAG run (the key adoption searches by)."""
     base = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{dag_id}.{task_id}")[:80]
@@ -83,6 +86,9 @@ class SlurmSubmitOperator(BaseOperator):
         ``--output``, ``--comment``, ``--parsable``...) are refused.
     :param export: extra environment variables for the job (``--export=ALL,K=V``).
     :param stage: a label stored in the job comment (e.g. the training stage).
+    :param code_version: the version of the code the script runs (e.g. a content hash), stored in
+        the job comment so that cleanups on the cluster keep what live jobs use, and so that a live
+        job of ``exclusive_dir`` running other code is never adopted.
     :param progress_path: a file on the cluster that grows when the job makes progress (e.g. the
         trainer's ``progress.json``); read before resubmitting an interrupted job.
     :param resubmit_budgets: resubmissions allowed per interrupting state (``TIMEOUT``, ``NODE_FAIL``,
@@ -96,14 +102,13 @@ class SlurmSubmitOperator(BaseOperator):
         output directory). At most one live job writes it, whatever DAG run, clear or Airflow
         deployment submitted it: before submitting, the operator looks (atomically, under a lock in
         that directory) for a live job of the login user whose comment names it, and adopts it
-        instead of submitting a second writer.
-    :param job_version: what the job runs (e.g. the code's content hash). A live job of
-        ``exclusive_dir`` with another version is never adopted: the task fails, naming the job.
+        instead of submitting a second writer; one running another ``code_version`` fails the task,
+        naming the job.
     """
 
     template_fields: Sequence[str] = ("script", "log_dir", "partition", "account", "time_limit",
-                                      "sbatch_options", "export", "stage", "progress_path", "exclusive_dir",
-                                      "job_version")
+                                      "sbatch_options", "export", "stage", "progress_path", "code_version",
+                                      "exclusive_dir")
     template_fields_renderers = {"script": "bash"}
     operator_extra_links = (SlurmJobLogLink(),)
     ui_color = "#d9ecf2"
@@ -111,12 +116,12 @@ class SlurmSubmitOperator(BaseOperator):
     def __init__(self, *, conn_id: str, script: str, log_dir: str, partition: str | None = None,
                  account: str | None = None, time_limit: str | None = None,
                  sbatch_options: Sequence[str] = (), export: Mapping[str, str] | None = None,
-                 stage: str | None = None, progress_path: str | None = None,
+                 stage: str | None = None, progress_path: str | None = None, code_version: str | None = None,
                  resubmit_budgets: Mapping[str, int] | None = None, pending_policy: str = "fail",
                  poll_interval: float = 15.0, max_poll_interval: float = 300.0,
                  first_poll_delay: float = 10.0, gpu_billing_factor: float = 1.0,
                  exit_code_meanings: Mapping[int, str] | None = None, exclusive_dir: str | None = None,
-                 job_version: str | None = None, **kwargs: Any) -> None:
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.conn_id = conn_id
         self.script = script
@@ -128,6 +133,7 @@ class SlurmSubmitOperator(BaseOperator):
         self.export = export
         self.stage = stage
         self.progress_path = progress_path
+        self.code_version = code_version
         self.resubmit_budgets = dict(DEFAULT_BUDGETS if resubmit_budgets is None else resubmit_budgets)
         self.pending_policy = pending_policy
         self.poll_interval = poll_interval
@@ -136,7 +142,6 @@ class SlurmSubmitOperator(BaseOperator):
         self.gpu_billing_factor = gpu_billing_factor
         self.exit_code_meanings = {int(k): str(v) for k, v in (exit_code_meanings or {}).items()}
         self.exclusive_dir = exclusive_dir
-        self.job_version = job_version
 
     # --- execute: adopt or submit, then defer ------------------------------------------------------
 
@@ -257,11 +262,11 @@ class SlurmSubmitOperator(BaseOperator):
         theirs = parse_job_comment(job.comment)
         who = (f"DAG {theirs.dag}, run {theirs.run}, task {theirs.task}" if theirs is not None
                else f"job name {job.name}")
-        mine = self._version_tag()
-        if mine is not None and (theirs is None or theirs.ver != mine):
+        mine = self.code_version or None
+        if mine is not None and (theirs is None or theirs.code != mine):
             raise AirflowFailException(
                 f"job {job.job_id} ({who}) is {job.state.value} and writes {self.exclusive_dir}, but it runs "
-                f"version {theirs.ver if theirs else 'unknown'} and this task runs {mine}: two jobs must never "
+                f"code {theirs.code if theirs else 'unknown'} and this task runs {mine}: two jobs must never "
                 f"write one directory. Wait for job {job.job_id} to end, or cancel it (scancel {job.job_id}), "
                 "then clear this task.")
         history.add(Submission(job.job_id, number, "adopted", self._try_number(context),
@@ -270,9 +275,6 @@ class SlurmSubmitOperator(BaseOperator):
         self.log.info("Job %s (%s, %s) already writes %s: watching it instead of submitting a second job",
                       job.job_id, who, job.state.value, self.exclusive_dir)
         return self._defer(context, history)
-
-    def _version_tag(self) -> str | None:
-        return self.job_version[:16] if self.job_version else None
 
     def _after_interruption(self, context: Any, hook: Any, history: SubmissionHistory,
                             status: JobStatus) -> Any:
@@ -423,6 +425,9 @@ class SlurmSubmitOperator(BaseOperator):
             validate_remote_path(self.progress_path, "progress_path", absolute=True)
         if self.exclusive_dir is not None:
             validate_remote_path(self.exclusive_dir, "exclusive_dir", absolute=True)
+        if self.code_version is not None and not _CODE_VERSION.match(str(self.code_version)):
+            raise ValidationError("code_version", "must be 1-128 letters, digits or '._:+-' (it goes into the "
+                                  "job comment), e.g. a content hash", self.code_version)
 
     def _hook(self) -> Any:
         from slurm_provider.hooks import SlurmHook
@@ -445,9 +450,8 @@ class SlurmSubmitOperator(BaseOperator):
     def _comment(self, context: Any, number: int) -> JobComment:
         ti = context["ti"]
         return JobComment(dag=ti.dag_id, task=ti.task_id, run=ti.run_id, attempt=number, stage=self.stage,
-                          clear=self._clear_number(context), place=self._place(),
-                          xdir=exclusive_dir_marker(self.exclusive_dir) if self.exclusive_dir else None,
-                          ver=self._version_tag())
+                          clear=self._clear_number(context), place=self._place(), code=self.code_version or None,
+                          xdir=exclusive_dir_marker(self.exclusive_dir) if self.exclusive_dir else None)
 
     def _place(self) -> str:
         """Short digest of the connection and log directory the jobs write to."""

@@ -17,6 +17,7 @@ The training DAG (``dags/vcloud_training.py``) is built from:
 - :mod:`vcloud_pipeline.stages`    ``StagePlan`` and the submit-or-skip decision per job
 - :mod:`vcloud_pipeline.sync`      render a run's jobs, mirror code and scripts (rsync over the
   profile's Airflow connection), upload the manifest
+- :mod:`vcloud_pipeline.code_retention`  which code directories no live job uses, and removing them
 - :mod:`vcloud_pipeline.remote`    small file operations on the login node
 - :mod:`vcloud_pipeline.preflight` ``sbatch --test-only``, the image, the ledger and the budget check
 - :mod:`vcloud_pipeline.tasks`     what each Python task of the DAG does

@@ -11,7 +11,7 @@ EXIT_BAD_CONFIG = 2
 EXIT_REQUEUE = 85
 """The trainer's "stopped on a signal after writing a checkpoint" (``vcloud.exitcodes.REQUEUE``)."""
 EXIT_CODE_MISMATCH = 86
-"""The outer script refused to start: the synced code is not the code the job was rendered for."""
+"""The outer script refused to start: its hash's code directory lacks the manifest of that hash."""
 
 MEANINGS: dict[int, str] = {
     EXIT_TRAINING_ERROR: "the program raised an error; its traceback is in the job's error output (below).",
@@ -21,7 +21,7 @@ MEANINGS: dict[int, str] = {
                   "itself (it does so only after Slurm's pre-timeout USR2, and not after 3 starts in a row "
                   "that ended before training: then raise time_limit). Run the task again to resume from "
                   "latest.pt.",
-    EXIT_CODE_MISMATCH: "the job refused to start because the code on the cluster is not the code its scripts "
-                        "were rendered for. Clear the run's sync_code task and this one to render and submit "
-                        "the job from the current code.",
+    EXIT_CODE_MISMATCH: "the job refused to start because the code directory of its hash on the cluster is "
+                        "missing or holds other code (removed by a cleanup, or edited there). Clear the run's "
+                        "sync_code task and this one to sync the code again and submit the job.",
 }

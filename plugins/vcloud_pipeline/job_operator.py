@@ -85,11 +85,11 @@ class PipelineJobOperator(SlurmSubmitOperator):
             raise AirflowFailException(f"{self.job}: no rendered script (rendered: {', '.join(sorted(scripts))})")
         self.conn_id = ctx.profile.connection.conn_id
         self.script = scripts[self.job]
+        self.code_version = synced["code_hash"]  # in the job comment: the cleanup keeps this code
         self.log_dir = str(ctx.paths.logs_dir)
         if self.job.startswith("stage"):
             self.progress_path = str(ctx.paths.progress_path(int(self.job[5:])))
         self.exclusive_dir = self._writes(ctx)
-        self.job_version = synced.get("code_hash")
         budget = ctx.request.max_resubmits
         self.resubmit_budgets = {cause: budget for cause in DEFAULT_BUDGETS}
         self.gpu_billing_factor = ctx.profile.billing.factor
@@ -181,8 +181,12 @@ class PipelineJobOperator(SlurmSubmitOperator):
         return self._report(context, super().execute_complete(context, event))
 
     def _report(self, context: Any, summary: dict[str, Any]) -> dict[str, Any]:
-        """Add every job's state, the metrics of the stage's ``best.pt`` (and of its last epoch) and
-        the asset event to the summary."""
+        """Add every job's state, the code, the metrics of the stage's ``best.pt`` (and of its last
+        epoch) and the asset event to the summary.
+
+        ``code_hash`` is the code the jobs ran; ``trained_code_hash`` the code that finished the
+        stage, as the trainer recorded it in ``COMPLETE`` (and in every checkpoint).
+        """
         ctx, synced = self._bind(context)
         hook = self._hook()
         states = {job_id: status.state.value for job_id, status in hook.statuses(summary["job_ids"]).items()}
@@ -191,7 +195,8 @@ class PipelineJobOperator(SlurmSubmitOperator):
             record = completion_record(hook.read_file(str(ctx.paths.complete_path(int(self.job[5:])))))
         best_epoch, best_metrics = best_checkpoint_metrics(record)
         summary.update({"job": self.job, "run": ctx.request.run_name, "profile": ctx.profile.name,
-                        "code_hash": synced["code_hash"], "states": states,
+                        "code_hash": synced["code_hash"], "trained_code_hash": (record or {}).get("code_hash"),
+                        "states": states,
                         "metrics": best_metrics, "best_epoch": best_epoch,
                         "final_metrics": (record or {}).get("final_metrics"), "epochs": (record or {}).get("epochs")})
         asset = asset_for(self.job)

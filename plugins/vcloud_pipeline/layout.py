@@ -3,8 +3,14 @@
 Every task that touches the cluster (sync, submit, poll, collect) asks :func:`run_paths` where
 things are, so the layout can change here without hunting through the DAG and the templates::
 
-    <paths.code>/                         synced code tree (trainer/ ...)
-    <paths.code>/.vcloud_manifest.json    content hash of the synced tree (see rsync.py)
+    <paths.code>/<hash>/                  one synced code tree (trainer/ ...) per content hash,
+                                          never changed once complete: a job's scripts point at
+                                          their hash's directory, so a later sync of other code
+                                          cannot change what a queued or requeued job runs
+    <paths.code>/<hash>/.vcloud_manifest.json
+                                          written last: the tree is complete and carries <hash>
+                                          (see rsync.py); directories no live job uses are removed
+                                          beyond the newest paths.code_keep (code_retention.py)
     <paths.data>/                         prepared dataset, shared by all runs
     <paths.data>/../synthetic-<preset>/   clusters without the real dataset: one synthetic dataset
                                           per preset (raw/ and prepared/), so a tiny run and a
@@ -25,7 +31,12 @@ from vcloud_pipeline.jobspec import STAGES
 from vcloud_pipeline.profiles import ClusterProfile
 
 MANIFEST_NAME = ".vcloud_manifest.json"
-"""Written beside the synced code (and left alone by ``rsync --delete``, see rsync.py)."""
+"""Written into the synced code directory (and left alone by ``rsync --delete``, see rsync.py)."""
+
+CODE_HASH = re.compile(r"^[0-9a-f]{64}$")
+"""A content hash (sha256 hex, :func:`vcloud_pipeline.rsync.code_hash`): also a code directory's name."""
+
+REMOVING_SUFFIX = ".removing"
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -44,12 +55,34 @@ def validate_run_name(run: str) -> str:
     return run
 
 
+def is_code_hash(value: object) -> bool:
+    return isinstance(value, str) and bool(CODE_HASH.match(value))
+
+
+@dataclass(frozen=True)
+class CodePaths:
+    """One synced code tree: the directory of one content hash."""
+
+    hash: str
+    dir: PurePosixPath
+
+    @property
+    def manifest(self) -> PurePosixPath:
+        return self.dir / MANIFEST_NAME
+
+    @property
+    def pythonpath_dir(self) -> PurePosixPath:
+        """The trainer package's source root inside the synced code."""
+        return self.dir / "trainer" / "src"
+
+
 @dataclass(frozen=True)
 class RunPaths:
     """Where everything of one run lives on the cluster."""
 
     run: str
-    code_dir: PurePosixPath
+    code_root: PurePosixPath
+    """Holds one directory per content hash (:meth:`code`); shared by every run of the profile."""
     data_dir: PurePosixPath
     """The prepared dataset the jobs read."""
     outputs_dir: PurePosixPath
@@ -57,9 +90,16 @@ class RunPaths:
     viewer_dir: PurePosixPath
     jobs_dir: PurePosixPath
 
-    @property
-    def code_manifest(self) -> PurePosixPath:
-        return self.code_dir / MANIFEST_NAME
+    def code_being_removed(self, code_hash: str) -> PurePosixPath:
+        """Where a code directory is renamed before it is deleted, so that nothing ever sees it half gone."""
+        return self.code_root / f".{self.code(code_hash).hash}{REMOVING_SUFFIX}"
+
+    def code(self, code_hash: str) -> CodePaths:
+        """The code directory of ``code_hash``: what a job rendered for that hash runs."""
+        if not is_code_hash(code_hash):
+            raise ValueError(f"code hash {code_hash!r} is not a sha256 hex digest; compute it with "
+                             "vcloud_pipeline.rsync.code_hash over the synced tree")
+        return CodePaths(hash=code_hash, dir=self.code_root / code_hash)
 
     @property
     def raw_data_dir(self) -> PurePosixPath:
@@ -70,11 +110,6 @@ class RunPaths:
     def data_index(self) -> PurePosixPath:
         """Written last by ``vcloud.data.prepare``: the prepared dataset is complete when it exists."""
         return self.data_dir / "index.json"
-
-    @property
-    def pythonpath_dir(self) -> PurePosixPath:
-        """The trainer package's source root inside the synced code."""
-        return self.code_dir / "trainer" / "src"
 
     def stage_dir(self, stage: int) -> PurePosixPath:
         if stage not in STAGES:
@@ -98,7 +133,7 @@ class RunPaths:
 
     def directories_to_create(self) -> tuple[PurePosixPath, ...]:
         """``mkdir -p`` these before submitting: sbatch does not create the log directory."""
-        return (self.code_dir, self.outputs_dir, self.logs_dir, self.viewer_dir, self.jobs_dir)
+        return (self.code_root, self.outputs_dir, self.logs_dir, self.viewer_dir, self.jobs_dir)
 
 
 def run_paths(profile: ClusterProfile, run: str, synthetic_preset: str | None = None) -> RunPaths:
@@ -116,7 +151,7 @@ def run_paths(profile: ClusterProfile, run: str, synthetic_preset: str | None = 
         data_dir = data_dir.parent / f"synthetic-{synthetic_preset}" / "prepared"
     return RunPaths(
         run=run,
-        code_dir=PurePosixPath(p.code),
+        code_root=PurePosixPath(p.code),
         data_dir=data_dir,
         outputs_dir=PurePosixPath(p.outputs) / run,
         logs_dir=PurePosixPath(p.logs) / run,

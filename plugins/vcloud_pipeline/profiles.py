@@ -89,6 +89,10 @@ _PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 _MEM_SIZE = re.compile(r"^\d+[KMGT]?$")
 
 
+DEFAULT_CODE_KEEP = 5
+"""Code versions kept on the cluster by default: a few to go back to, without filling the quota."""
+
+
 class ProfileError(ValueError):
     """A profile is missing, malformed, or asks for something the cluster is known to break on."""
 
@@ -198,6 +202,7 @@ class PathsSpec:
 
     base: str
     code: str
+    """Holds one directory per synced code version (content hash)."""
     data: str
     """The prepared dataset (``train/``, ``val/``, ``test/`` and the index)."""
     outputs: str
@@ -207,6 +212,8 @@ class PathsSpec:
     pylibs: str | None = None
     """Extra Python packages installed outside the container (``pip install --target``)."""
     fast_tmp: str | None = None
+    code_keep: int = DEFAULT_CODE_KEEP
+    """Code directories kept after a sync besides those live jobs use: the newest this many."""
 
 
 @dataclass(frozen=True)
@@ -672,6 +679,7 @@ def profile_from_dict(name: str, raw: Mapping[str, Any], *, login: str | None = 
         jobs=path("jobs", with_base),  # type: ignore[arg-type]
         pylibs=path("pylibs", with_base, required=False),
         fast_tmp=path("fast_tmp", with_base, required=False),
+        code_keep=ps.int("code_keep", DEFAULT_CODE_KEEP, minimum=1),
     )
     ps.close()
     path_vars = {**variables, "base": base}

@@ -1,8 +1,9 @@
 """Job scripts: one pure function from (profile, job spec, run paths, code hash) to script text.
 
 The two-script pattern of the LUMI guide (seed 000): the *outer* script carries the ``#SBATCH``
-directives, checks the synced code, and launches the *inner* script with ``srun`` (inside the
-container when the profile has one); the inner script sets the environment and runs Python. One
+directives, checks the code directory of its hash (``<paths.code>/<hash>/``, which no later sync
+changes), and launches the *inner* script with ``srun`` (inside the container when the profile has
+one); the inner script puts that directory on ``PYTHONPATH`` and runs Python. One
 template pair in ``include/sbatch/`` serves training stages, the viewer export and the preflight
 import check on every cluster; the differences come from the profile.
 
@@ -24,7 +25,7 @@ from pathlib import Path, PurePosixPath
 
 from vcloud_pipeline.job_exits import EXIT_CODE_MISMATCH, EXIT_REQUEUE
 from vcloud_pipeline.jobspec import JobKind, JobSpec, Resources, resolve_resources
-from vcloud_pipeline.layout import RunPaths
+from vcloud_pipeline.layout import CodePaths, RunPaths, is_code_hash
 from vcloud_pipeline.profiles import RUNTIME_JOB_ID, ClusterProfile, ContainerSpec, format_slurm_time
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "include" / "sbatch"
@@ -33,11 +34,14 @@ LOG_OUTPUT_PATTERN, LOG_ERROR_PATTERN = "%x.%j.out", "%x.%j.err"
 """The job's output and error output in the run's log directory: the names SlurmSubmitOperator gives
 them (``<job name>.<job id>.out/.err``), so a job submitted by hand writes where the DAG looks."""
 
+CODE_HASH_ENV = "VCLOUD_CODE_HASH"
+"""Set by the inner script to the job's code hash; the trainer records it in every checkpoint
+(``vcloud.training.provenance.CODE_HASH_ENV``)."""
+
 MAX_EARLY_STOPS = 3
 """Starts in a row that a training job may spend without training (a stop signal during set-up or
 before the trainer installed its handler) before it stops requeueing itself."""
 
-_CODE_HASH = re.compile(r"^[0-9a-f]{64}$")
 _TOKEN = re.compile(r"@@([A-Z_]+)@@")
 _DIRECTIVE_SAFE = re.compile(r"^[A-Za-z0-9_./:@%=,+-]+$")
 
@@ -191,7 +195,7 @@ def _launch_prefix(profile: ClusterProfile, res: Resources) -> str:
     return " ".join(srun)
 
 
-def _outer_setup(profile: ClusterProfile, spec: JobSpec, res: Resources, paths: RunPaths,
+def _outer_setup(profile: ClusterProfile, spec: JobSpec, res: Resources, paths: RunPaths, code: CodePaths,
                  torchrun: bool) -> tuple[str, str, str, str]:
     """(setup block, launch command, on-signal block, after-step block) of the outer script."""
     setup: list[str] = []
@@ -269,12 +273,12 @@ def _outer_setup(profile: ClusterProfile, spec: JobSpec, res: Resources, paths: 
                 '    if [ "$rc" -eq 0 ]; then rc=1; fi',
                 "fi",
             ])
-    launch = f"{_launch_prefix(profile, res)} {_container_command(c, paths)}" if c is not None else \
+    launch = f"{_launch_prefix(profile, res)} {_container_command(c, code)}" if c is not None else \
         f'{_launch_prefix(profile, res)} bash "$INNER_SCRIPT"'
     return "\n".join(setup), launch, on_signal, after
 
 
-def _container_command(c: ContainerSpec, paths: RunPaths) -> str:
+def _container_command(c: ContainerSpec, code: CodePaths) -> str:
     """The container runtime's command line that runs the inner script (after ``srun``).
 
     ``srun`` forwards the outer script's USR2/TERM to the process it started. ``singularity exec``
@@ -288,7 +292,7 @@ def _container_command(c: ContainerSpec, paths: RunPaths) -> str:
         # under Singularity (caches, matplotlib's config).
         binds = [f"-b {shell_word(f'{b}:{b}')}" for b in c.binds]
         parts = ["ch-run", shell_join(exec_args), *binds, "--home",
-                 f"--cd={shell_word(paths.code_dir)}", '"$IMAGE"', "--", 'bash "$INNER_SCRIPT"']
+                 f"--cd={shell_word(code.dir)}", '"$IMAGE"', "--", 'bash "$INNER_SCRIPT"']
     else:
         exec_args += ["--rocm"] if c.rocm else []
         parts = [c.runtime, "exec", shell_join(exec_args), " ".join(f"-B {shell_word(b)}" for b in c.binds),
@@ -318,9 +322,12 @@ def _container_check(profile: ClusterProfile) -> str:
     ])
 
 
-def _inner_env(profile: ClusterProfile, paths: RunPaths) -> str:
-    pythonpath = [str(paths.pythonpath_dir)] + ([profile.paths.pylibs] if profile.paths.pylibs else [])
-    lines = [f'export PYTHONPATH={shell_word(":".join(pythonpath))}"${{PYTHONPATH:+:${{PYTHONPATH}}}}"']
+def _inner_env(profile: ClusterProfile, code: CodePaths) -> str:
+    """The job's environment: its hash's code first on PYTHONPATH, and that hash for the trainer to
+    record in its checkpoints (``vcloud.training.provenance.code_hash``)."""
+    pythonpath = [str(code.pythonpath_dir)] + ([profile.paths.pylibs] if profile.paths.pylibs else [])
+    lines = [f'export PYTHONPATH={shell_word(":".join(pythonpath))}"${{PYTHONPATH:+:${{PYTHONPATH}}}}"',
+             f"export {CODE_HASH_ENV}={shell_word(code.hash)}"]
     lines += [f"export {k}={shell_word(v)}" for k, v in profile.software.env]
     if profile.software.miopen_cache_dir:
         lines += [
@@ -334,13 +341,14 @@ def _inner_env(profile: ClusterProfile, paths: RunPaths) -> str:
     return "\n".join(lines)
 
 
-def _python_args(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, templates: str) -> list[str]:
+def _python_args(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code: CodePaths,
+                 templates: str) -> list[str]:
     node_local = _node_local(profile, spec)
     data = f"{node_local}/data" if node_local and profile.staging and profile.staging.stage_data \
         else str(paths.data_dir)
     out = f"{node_local}/outputs" if node_local and profile.staging and profile.staging.stage_outputs \
         else str(paths.outputs_dir)
-    config = str(paths.code_dir / spec.config)
+    config = str(code.dir / spec.config)
     if spec.kind is JobKind.TRAIN:
         args = ["-m", "vcloud.train", "--stage", str(spec.stage),
                 "--config", config, "--data", data, "--out", out]
@@ -355,7 +363,7 @@ def _python_args(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, templa
     return ["-c", _read_template(templates, "preflight_check.py")]
 
 
-def _inner_command(profile: ClusterProfile, spec: JobSpec, res: Resources, paths: RunPaths,
+def _inner_command(profile: ClusterProfile, spec: JobSpec, res: Resources, paths: RunPaths, code: CodePaths,
                    templates: str, torchrun: bool) -> tuple[str, str, str]:
     """(command, signal forwarding, after block) of the inner script."""
     python = shell_word(profile.software.python)
@@ -365,7 +373,7 @@ def _inner_command(profile: ClusterProfile, spec: JobSpec, res: Resources, paths
         generate = shell_join(["-m", "vcloud.data.synthetic", "--out", raw, "--preset", str(spec.data_preset)])
         prepare = shell_join(["-m", "vcloud.data.prepare", "--raw", raw, "--out", prepared, "--overwrite"])
         return f"{python} {generate} && {python} {prepare}", forward_kill, ""
-    args = _python_args(profile, spec, paths, templates)
+    args = _python_args(profile, spec, paths, code, templates)
     if not torchrun:
         command = f"{python} {shell_join(args)}"
         forward = '        kill -s "$1" "$child_pid" 2>/dev/null || true'
@@ -403,10 +411,11 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
                templates_dir: Path | None = None) -> RenderedJob:
     """Render the outer and inner scripts of one job. Pure: reads only the template files."""
     profile.require_complete()
-    if not isinstance(code_hash, str) or not _CODE_HASH.match(code_hash):
+    if not is_code_hash(code_hash):
         raise RenderError(f"code hash {code_hash!r} is not a sha256 hex digest; compute it with "
                           "vcloud_pipeline.rsync.code_hash over the synced tree")
     templates = str(templates_dir or TEMPLATES_DIR)
+    code = paths.code(code_hash)
     res = resolve_resources(profile, spec)
     name = job_name(paths, spec)
     torchrun = spec.kind is JobKind.TRAIN and res.nodes * res.gpus_per_node > 1
@@ -416,7 +425,7 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
 
     options = _directives(profile, res, name, paths)
     directive_lines = [f"#SBATCH --{k}={directive_value(v)}" if v else f"#SBATCH --{k}" for k, v in options]
-    setup, launch, on_signal, after_step = _outer_setup(profile, spec, res, paths, torchrun)
+    setup, launch, on_signal, after_step = _outer_setup(profile, spec, res, paths, code, torchrun)
     wait_for_child = _read_template(templates, "wait_for_child.sh")
     outer = fill_template(_read_template(templates, "outer.sbatch"), {
         "DIRECTIVES": "\n".join(directive_lines),
@@ -424,7 +433,7 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
         "PROFILE": profile.name,
         "EXIT_REQUEUE": str(EXIT_REQUEUE),
         "EXIT_CODE_MISMATCH": str(EXIT_CODE_MISMATCH),
-        "CODE_MANIFEST": shell_word(paths.code_manifest),
+        "CODE_MANIFEST": shell_word(code.manifest),
         "CODE_HASH": shell_word(code_hash),
         "INNER_SCRIPT": shell_word(inner_path),
         "SETUP": setup,
@@ -437,7 +446,7 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
         "MAX_EARLY_STOPS": str(MAX_EARLY_STOPS),
     }, name="outer.sbatch")
 
-    command, forward, after = _inner_command(profile, spec, res, paths, templates, torchrun)
+    command, forward, after = _inner_command(profile, spec, res, paths, code, templates, torchrun)
     where = f"inside the container ({profile.container.runtime})" if profile.container else \
         "in the job environment"
     inner = fill_template(_read_template(templates, "inner.sh"), {
@@ -445,8 +454,8 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
         "WHERE": where,
         "PROFILE": profile.name,
         "CONTAINER_CHECK": _container_check(profile),
-        "ENV": _inner_env(profile, paths),
-        "CODE_DIR": shell_word(paths.code_dir),
+        "ENV": _inner_env(profile, code),
+        "CODE_DIR": shell_word(code.dir),
         "FORWARD": forward,
         "WAIT_FOR_CHILD": wait_for_child,
         "COMMAND": command,

@@ -7,8 +7,9 @@ the transfer root (``/data``), and :func:`refuse_unanchored_excludes` refuses an
 pattern that would match a directory deeper in the tree.
 
 The same exclude rules feed :func:`code_hash`, a sha256 over the sorted relative paths and bytes
-of exactly the files rsync transfers. The hash goes into a manifest next to the synced code and
-into every rendered job script, which refuses to start when they differ.
+of exactly the files rsync transfers. It names the code's directory on the cluster, goes into the
+manifest written there last and into every rendered job script, which refuses to start when the
+manifest in its directory carries another hash.
 """
 
 from __future__ import annotations
@@ -261,16 +262,24 @@ def rsync_argv(source_dir: Path, destination: str, remote_dir: PurePosixPath | s
 
 
 def code_sync_argv(tree: CodeTree, destination: str, remote_code_dir: PurePosixPath | str,
-                   ssh_command: Sequence[str]) -> list[str]:
-    """Mirror the code tree into the profile's code directory (``--delete``: removed files go too).
+                   ssh_command: Sequence[str], *, basis: str | None = None) -> list[str]:
+    """Mirror the code tree into its hash's code directory (``--delete``: removed files go too).
 
     The manifest is excluded (``/.vcloud_manifest.json``), so ``--delete`` leaves it in place
-    until the new one is uploaded after the transfer.
+    until the new one is uploaded after the transfer. ``basis`` names a sibling code directory
+    (another hash) whose unchanged files rsync copies on the cluster instead of sending them
+    (``--copy-dest``: copies, not hard links, so no two code directories share a file that an
+    edit in one would change in both).
     """
     if f"/{MANIFEST_NAME}" not in tree.excludes:
         raise ExcludeError(f"the code tree must exclude '/{MANIFEST_NAME}' so that rsync --delete "
                            "keeps the manifest on the cluster")
-    return rsync_argv(tree.root, destination, remote_code_dir, ssh_command, filters=tree.rsync_filters())
+    filters = tree.rsync_filters()
+    if basis is not None:
+        if not basis or "/" in basis or basis in (".", ".."):
+            raise ValueError(f"basis {basis!r} must name a sibling code directory")
+        filters = [f"--copy-dest=../{basis}", *filters]
+    return rsync_argv(tree.root, destination, remote_code_dir, ssh_command, filters=filters)
 
 
 def scripts_sync_argv(local_jobs_dir: Path, destination: str, remote_jobs_dir: PurePosixPath | str,

@@ -1,11 +1,14 @@
 """Code sync for a run: render its job scripts, mirror the code tree, upload scripts and manifest.
 
 One sync serves every job of a run. The manifest (content hash of exactly the files rsync sends)
-is computed locally before the transfer, rendered into every job script, and uploaded next to the
-code only after the code has arrived, so a job never sees a manifest that promises code that is
-not there yet. Everything goes over the profile's Airflow connection: rsync's ssh logs in exactly
-as the Slurm hook does (the connection's key and pinned host key, or its ssh_config alias and
-ControlMaster socket for OTP logins such as LUMI's).
+is computed locally before the transfer and rendered into every job script. The code goes into
+the directory of that hash (``<paths.code>/<hash>/``), which no other sync writes to, and the
+manifest is uploaded into it only after the code has arrived, so a job never sees a manifest that
+promises code that is not there yet. Code already there is not sent again; a new hash is sent
+against the newest code directory already there, so only changed files travel. Everything goes
+over the profile's Airflow connection: rsync's ssh logs in exactly as the Slurm hook does (the
+connection's key and pinned host key, or its ssh_config alias and ControlMaster socket for OTP
+logins such as LUMI's).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from slurm_provider.hooks import SlurmHook
 from slurm_provider.transport import SSHCommand, TransportError
 
 from vcloud_pipeline.jobspec import JobSpec
-from vcloud_pipeline.layout import RunPaths
+from vcloud_pipeline.code_retention import list_code_dirs, newest_complete
+from vcloud_pipeline.layout import CodePaths, RunPaths
 from vcloud_pipeline.profiles import ClusterProfile
 from vcloud_pipeline.remote import CommandRunner, make_dirs, write_file
 from vcloud_pipeline.render import RenderedJob, render_job
@@ -107,16 +111,20 @@ class SyncResult:
 _NEWER_MARK = "__VCLOUD_NEWER_THAN_MANIFEST__"
 
 
-def code_is_current(runner: CommandRunner, paths: RunPaths, manifest: CodeManifest) -> bool:
+def code_is_current(runner: CommandRunner, code: CodePaths, manifest: CodeManifest) -> bool:
     """True when the cluster already holds exactly this code, so the transfer can be skipped.
 
-    The manifest there must carry our hash, and nothing under the code directory may have changed
-    since it was written: an edit or a deletion on the cluster gives a file or directory a newer
-    mtime, while rsync -a gives synced files their (older) source mtimes. One command, no rsync.
+    The manifest in the hash's directory must carry our hash, and nothing under that directory may
+    have changed since it was written: an edit or a deletion on the cluster gives a file or
+    directory a newer mtime, while rsync -a gives synced files their (older) source mtimes. When
+    the code is current its manifest is touched: the manifest's mtime says when the code was last
+    synced or reused, which keeps it among the newest for the cleanup. One command, no rsync.
     """
-    manifest_path, code_dir = shlex.quote(str(paths.code_manifest)), shlex.quote(str(paths.code_dir))
+    manifest_path, code_dir = shlex.quote(str(code.manifest)), shlex.quote(str(code.dir))
     line = (f"[ -f {manifest_path} ] || exit 0; cat {manifest_path}; echo; echo {_NEWER_MARK}; "
-            f"find {code_dir} -newer {manifest_path} -print -quit")
+            f"newer=\"$(find {code_dir} -newer {manifest_path} -print -quit)\"; printf '%s\\n' \"$newer\"; "
+            f"if [ -z \"$newer\" ] && grep -qF {shlex.quote(manifest.hash)} {manifest_path}; "
+            f"then touch -c -- {manifest_path}; fi")
     result = runner.run(line, timeout=60)
     if result.exit_status != 0 or _NEWER_MARK not in result.stdout:
         return False
@@ -130,18 +138,22 @@ def code_is_current(runner: CommandRunner, paths: RunPaths, manifest: CodeManife
 
 def sync_code_tree(profile: ClusterProfile, paths: RunPaths, tree: CodeTree, manifest: CodeManifest,
                    runner: CommandRunner) -> bool:
-    """Mirror the code tree unless the cluster already has it; returns whether anything was sent.
+    """Mirror the code tree into its hash's directory unless the cluster already has it there;
+    returns whether anything was sent.
 
-    The manifest is uploaded only after the code has arrived (a job never sees a manifest that
-    promises code that is not there yet), with an mtime newer than anything rsync wrote.
+    Unchanged files are copied on the cluster from the newest complete code directory instead of
+    being sent. The manifest is uploaded only after the code has arrived (a job never sees a
+    manifest that promises code that is not there yet), with an mtime newer than anything rsync wrote.
     """
-    if code_is_current(runner, paths, manifest):
+    code = paths.code(manifest.hash)
+    if code_is_current(runner, code, manifest):
         return False
     refuse_unanchored_excludes(tree)
+    basis = newest_complete(list_code_dirs(runner, paths).dirs, other_than=manifest.hash)
     with cluster_ssh(profile) as ssh:
-        run_rsync(code_sync_argv(tree, ssh.destination, paths.code_dir, ssh.argv), ssh=ssh,
-                  what=f"syncing {tree.root} to {paths.code_dir}")
-    write_file(runner, paths.code_manifest, manifest.to_json())
+        run_rsync(code_sync_argv(tree, ssh.destination, code.dir, ssh.argv, basis=basis), ssh=ssh,
+                  what=f"syncing {tree.root} to {code.dir}")
+    write_file(runner, code.manifest, manifest.to_json())
     return True
 
 

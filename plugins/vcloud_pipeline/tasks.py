@@ -15,12 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slurm_provider.transport.base import TransportError
+
+from vcloud_pipeline.code_retention import RetentionPlan, remove_unused_code_dirs
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.layout import RunPaths, run_paths
 from vcloud_pipeline.params import RequestError, TrainingRequest, parse_request
 from vcloud_pipeline.preflight import Ledger, check_image, check_jobs_budget, read_ledger, test_only
 from vcloud_pipeline.profiles import ClusterProfile, ProfileError, load_profile, overrides_from_environ
-from vcloud_pipeline.remote import listing
+from vcloud_pipeline.remote import RemoteCommandError, listing
 from vcloud_pipeline.render import RenderedJob
 from vcloud_pipeline.rsync import CodeTree
 from vcloud_pipeline.stages import StageDecisionError, StagePlan, completion_record
@@ -106,26 +109,46 @@ def plan_run(params: Mapping[str, Any], *, run_type: Any = None, logical_date: A
 
 
 def sync_code(ctx: RunContext, runner: Any, *, project_root: Path = PROJECT_ROOT) -> dict[str, Any]:
-    """Hash the code tree, render every job with that hash, mirror code and scripts to the cluster."""
+    """Hash the code tree, render every job with that hash, mirror code and scripts to the cluster,
+    then remove code directories that no live job uses beyond the newest few."""
     tree = CodeTree(project_root)
     manifest = local_manifest(tree)
+    code = ctx.paths.code(manifest.hash)
     jobs = ctx.render(manifest.hash)
     with tempfile.TemporaryDirectory(prefix="vcloud-jobs-") as staging:
         result = sync_run(ctx.profile, ctx.paths, tree, jobs, manifest, runner, Path(staging))
     if result.code_sent:
         log.info("synced %d files (code %s) to %s in %.1f s; job scripts to %s", manifest.files, manifest.hash,
-                 ctx.paths.code_dir, result.code_seconds, ctx.paths.jobs_dir)
+                 code.dir, result.code_seconds, ctx.paths.jobs_dir)
     else:
         log.info("code %s already on the cluster in %s, unchanged since it was synced; job scripts to %s",
-                 manifest.hash, ctx.paths.code_dir, ctx.paths.jobs_dir)
+                 manifest.hash, code.dir, ctx.paths.jobs_dir)
+    cleanup = clean_code_dirs(ctx, runner, manifest.hash)
     return {
         "code_hash": manifest.hash,
         "files": manifest.files,
-        "manifest_path": str(ctx.paths.code_manifest),
+        "code_dir": str(code.dir),
+        "manifest_path": str(code.manifest),
         "code_seconds": round(result.code_seconds, 3),
         "code_sent": result.code_sent,
+        "code_dirs_removed": list(cleanup.remove) if cleanup else None,
         "scripts": {label: job.outer for label, job in jobs.items()},
     }
+
+
+def clean_code_dirs(ctx: RunContext, runner: Any, current: str) -> RetentionPlan | None:
+    """Remove unused code directories; a failure is a warning (the run needs none of them), None."""
+    try:
+        plan = remove_unused_code_dirs(ctx.profile, ctx.paths, runner, current)
+    except (RemoteCommandError, TransportError, ValueError) as exc:
+        log.warning("code directories in %s left as they are: %s", ctx.paths.code_root, exc)
+        return None
+    for line in plan.lines():
+        log.info("%s", line)
+    log.info("code directories in %s: %d kept (newest %d), %d removed", ctx.paths.code_root,
+             len(plan.newest) + len(plan.in_use) + len(plan.incomplete), ctx.profile.paths.code_keep,
+             len(plan.remove))
+    return plan
 
 
 def preflight_checks(ctx: RunContext, hook: Any, code_hash: str) -> dict[str, Any]:

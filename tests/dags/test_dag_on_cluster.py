@@ -95,17 +95,20 @@ def test_full_run_then_restart_from_stage_2(local_cluster: LocalCluster, project
     assert {"metrics.json", "quicklooks", "geotiff"} <= set(viewer)
 
     synced = values["sync_code"]
-    manifest = local_cluster.ssh(f"cat {shlex.quote(project_dir)}/code/.vcloud_manifest.json").stdout
+    code_dir = f"{project_dir}/code/{synced['code_hash']}"
+    assert synced["code_dir"] == code_dir
+    manifest = local_cluster.ssh(f"cat {shlex.quote(code_dir)}/.vcloud_manifest.json").stdout
     assert json.loads(manifest)["hash"] == synced["code_hash"]
-    assert local_cluster.ssh(f"test -f {shlex.quote(project_dir)}/code/trainer/src/vcloud/data/__init__.py",
+    assert local_cluster.ssh(f"test -f {shlex.quote(code_dir)}/trainer/src/vcloud/data/__init__.py",
                              check=False).returncode == 0
+    assert local_cluster.ssh(f"ls {shlex.quote(project_dir)}/code").stdout.split() == [synced["code_hash"]]
 
     for stage in STAGES:
         summary = values[stage]
         assert summary["state"] == "COMPLETED" and summary["states"] == {summary["job_id"]: "COMPLETED"}
         assert summary["job_ids"] == [summary["job_id"]]
         assert summary["gpu_hours"] > 0
-        assert summary["code_hash"] == synced["code_hash"]
+        assert summary["code_hash"] == summary["trained_code_hash"] == synced["code_hash"]
         assert summary["epochs"] == 1 and summary["metrics"]["psnr"] > 0
         assert image_line(local_cluster) in job_err_log(local_cluster, project_dir, "e2e", stage, summary["job_id"])
     assert values["prepare_data"]["state"] == "COMPLETED"

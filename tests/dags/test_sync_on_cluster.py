@@ -1,4 +1,5 @@
-"""Code sync against the real local cluster: anchored excludes, the manifest, and the hash check.
+"""Code sync against the real local cluster: anchored excludes, the manifest, the hash check, and
+one code directory per content hash.
 
 The LUMI guide's rsync lesson (seed 000), run with real rsync both ways: ``--exclude=/data`` leaves
 out the top-level dataset directory and nothing else; ``--exclude=data`` would also have dropped
@@ -19,7 +20,8 @@ import pytest
 from localcluster import LocalCluster, poll_until
 from slurm_provider.hooks import SlurmHook
 from slurm_provider.transport import HostKeyRejected
-from vcloud_pipeline.layout import run_paths
+from vcloud_pipeline.code_retention import remove_unused_code_dirs
+from vcloud_pipeline.layout import RunPaths, run_paths
 from vcloud_pipeline.params import parse_request
 from vcloud_pipeline.profiles import load_profile
 from vcloud_pipeline.render import EXIT_CODE_MISMATCH
@@ -108,22 +110,23 @@ def test_a_job_refuses_to_start_when_the_code_on_the_cluster_changed(
     tree = CodeTree(repo)
     manifest = local_manifest(tree)
     jobs = render_run_jobs(profile, StagePlan.build(request, profile).job_specs(), paths, manifest.hash)
+    code = paths.code(manifest.hash)
     with SlurmHook(profile.connection.conn_id) as hook:
         sync_run(profile, paths, tree, jobs, manifest, hook.runner, tmp_path / "jobs")
-        synced = local_cluster.ssh(f"cat {shlex.quote(str(paths.code_manifest))}").stdout
+        synced = local_cluster.ssh(f"cat {shlex.quote(str(code.manifest))}").stdout
         assert f'"hash": "{manifest.hash}"' in synced
 
         # the code tree arrives byte for byte: pulling it back hashes the same
         back = tmp_path / "back"
         with cluster_ssh(profile) as login:
-            pull = ["rsync", "-a", "-s", "-e", login.shell, f"{login.destination}:{paths.code_dir}/",
+            pull = ["rsync", "-a", "-s", "-e", login.shell, f"{login.destination}:{code.dir}/",
                     f"{back}/"]
             run_rsync(pull, what="pull back", ssh=login)
         assert code_hash(back) == manifest.hash
 
-        # someone syncs other code before the job starts
+        # someone changes this hash's code directory on the cluster before the job starts
         other = manifest.to_json().replace(manifest.hash, "f" * 64)
-        local_cluster.ssh(f"cat > {shlex.quote(str(paths.code_manifest))}", input=other)
+        local_cluster.ssh(f"cat > {shlex.quote(str(code.manifest))}", input=other)
         job = jobs["preflight"]
         submitted = hook.submit(job.outer, job_name=job.job_name, output=str(job.stdout_pattern))
         job_id = str(submitted.job_id)
@@ -143,10 +146,11 @@ def test_unchanged_code_is_not_sent_again_but_any_change_on_either_side_is(
     profile = load_profile("local", overrides={"paths.base": base})
     paths = run_paths(profile, "resync")
     tree = CodeTree(source)
-    code = shlex.quote(str(paths.code_dir))
+    first = local_manifest(tree)
+    code = shlex.quote(str(paths.code(first.hash).dir))
     with SlurmHook(profile.connection.conn_id) as hook:
-        local_cluster.ssh(f"mkdir -p {code}")
-        assert sync_code_tree(profile, paths, tree, local_manifest(tree), hook.runner) is True
+        local_cluster.ssh(f"mkdir -p {shlex.quote(str(paths.code_root))}")
+        assert sync_code_tree(profile, paths, tree, first, hook.runner) is True
         assert sync_code_tree(profile, paths, tree, local_manifest(tree), hook.runner) is False
 
         # an edit on the cluster (newer than the manifest) is undone by the next sync
@@ -159,13 +163,65 @@ def test_unchanged_code_is_not_sent_again_but_any_change_on_either_side_is(
         # a file deleted on the cluster comes back
         local_cluster.ssh(f"rm {code}/trainer/src/vcloud/data/__init__.py")
         assert sync_code_tree(profile, paths, tree, local_manifest(tree), hook.runner) is True
-        assert "trainer/src/vcloud/data/__init__.py" in remote_files(local_cluster, str(paths.code_dir))
+        assert "trainer/src/vcloud/data/__init__.py" in remote_files(local_cluster, str(paths.code(first.hash).dir))
+        before = remote_files(local_cluster, str(paths.code(first.hash).dir))
 
-        # a local change is a new hash
+        # A local change is a new hash with a directory of its own; the first one stays as it was.
+        # Unchanged files are copied from it on the cluster, not sent: a same-size, same-mtime edit
+        # made only there (which rsync's quick check cannot see) shows up in the new directory.
+        local_cluster.ssh(f"m=\"$(stat -c %y {dataset})\" && sed -i 's/Dataset: /DatasetX:/' {dataset} && "
+                          f"touch -d \"$m\" {dataset}")
         (source / "trainer" / "configs" / "model_tiny.yaml").write_text("name: tiny\nepochs: 2\n")
         changed = local_manifest(tree)
+        assert changed.hash != first.hash
         assert sync_code_tree(profile, paths, tree, changed, hook.runner) is True
-        assert f'"hash": "{changed.hash}"' in local_cluster.ssh(f"cat {shlex.quote(str(paths.code_manifest))}").stdout
+        new = paths.code(changed.hash)
+        assert f'"hash": "{changed.hash}"' in local_cluster.ssh(f"cat {shlex.quote(str(new.manifest))}").stdout
+        assert remote_files(local_cluster, str(new.dir)) == before
+        assert local_cluster.ssh(f"cat {shlex.quote(str(new.dir))}/trainer/configs/model_tiny.yaml").stdout == \
+            "name: tiny\nepochs: 2\n"
+        assert local_cluster.ssh(f"cat {shlex.quote(str(new.dir))}/trainer/src/vcloud/data/dataset.py").stdout == \
+            "class SeriesDatasetX:...\n", "the unchanged file was sent instead of copied on the cluster"
+        assert f'"hash": "{first.hash}"' in local_cluster.ssh(f"cat {code}/.vcloud_manifest.json").stdout
+
+
+def test_a_cleanup_keeps_the_newest_and_what_live_jobs_use_and_removes_the_rest(
+        local_cluster: LocalCluster, tmp_path: Path) -> None:
+    source = project_like_tree(tmp_path / "src")
+    profile = load_profile("local", overrides={"paths.base": local_cluster.test_dir(), "paths.code_keep": 1})
+    paths = run_paths(profile, "cleanup")
+    tree = CodeTree(source)
+    config = source / "trainer" / "configs" / "model_tiny.yaml"
+    hashes = []
+    with SlurmHook(profile.connection.conn_id) as hook:
+        local_cluster.ssh(f"mkdir -p {shlex.quote(str(paths.code_root))}")
+        for version in (1, 2, 3):
+            config.write_text(f"name: tiny\nversion: {version}\n")
+            manifest = local_manifest(tree)
+            assert sync_code_tree(profile, paths, tree, manifest, hook.runner) is True
+            hashes.append(manifest.hash)
+        oldest, middle, newest = hashes
+
+        # a queued job (held, so it stays queued) of an earlier run still needs the oldest code
+        held = local_cluster.sbatch("#!/bin/bash\ntrue\n", "--hold", "--output=/dev/null",
+                                    f'--comment={{"code":"{oldest}"}}')
+        try:
+            plan = remove_unused_code_dirs(profile, paths, hook.runner, current=newest)
+            assert (plan.remove, plan.in_use, plan.newest) == ((middle,), (oldest,), (newest,))
+            assert remote_code_dirs(local_cluster, paths) == {oldest, newest}
+        finally:
+            local_cluster.ssh(f"scancel {held}")
+        local_cluster.wait_for_state(held, {"CANCELLED"}, timeout=60)
+
+        plan = remove_unused_code_dirs(profile, paths, hook.runner, current=newest)
+        assert (plan.remove, plan.in_use) == ((oldest,), ())
+        assert remote_code_dirs(local_cluster, paths) == {newest}
+        assert remove_unused_code_dirs(profile, paths, hook.runner, current=newest).remove == ()
+
+
+def remote_code_dirs(cluster: LocalCluster, paths: RunPaths) -> set[str]:
+    """Every entry of the code root, hidden ones included (a removal leaves nothing behind)."""
+    return set(cluster.ssh(f"ls -A {shlex.quote(str(paths.code_root))}").stdout.split())
 
 
 @pytest.mark.parametrize("transport", ["paramiko", "openssh"])
@@ -190,14 +246,15 @@ def test_the_sync_refuses_a_wrong_pinned_host_key_in_the_words_of_the_hook(
     profile = load_profile("local", overrides={"paths.base": base, "connection.conn_id": "impostor"})
     paths = run_paths(profile, "impostor")
     tree = CodeTree(source)
+    manifest = local_manifest(tree)
 
     with pytest.raises(HostKeyRejected) as by_hook:
         SlurmHook("impostor").runner.run("true", timeout=30)
     with SlurmHook("vcloud_local_cluster") as trusted:  # only rsync meets the impostor's pin
-        trusted.runner.run(f"mkdir -p {shlex.quote(str(paths.code_dir))}", timeout=30)
+        trusted.runner.run(f"mkdir -p {shlex.quote(str(paths.code_root))}", timeout=30)
         with pytest.raises(HostKeyRejected) as by_rsync:
-            sync_code_tree(profile, paths, tree, local_manifest(tree), trusted.runner)
+            sync_code_tree(profile, paths, tree, manifest, trusted.runner)
     assert str(by_rsync.value) == str(by_hook.value)
     assert "does not match the pinned key" in str(by_rsync.value)
-    assert by_rsync.value.__notes__ == [f"while syncing {source} to {paths.code_dir} with rsync"]
-    assert remote_files(local_cluster, str(paths.code_dir)) == set(), "nothing may arrive"
+    assert by_rsync.value.__notes__ == [f"while syncing {source} to {paths.code(manifest.hash).dir} with rsync"]
+    assert remote_files(local_cluster, str(paths.code_root)) == set(), "nothing may arrive"

@@ -29,6 +29,7 @@ from slurm_provider.commands import (
     build_scontrol_show_job,
     build_sinfo_unavailable_nodes,
     build_squeue,
+    build_squeue_account_jobs,
     build_squeue_by_name,
     expand_filename_pattern,
     parse_job_comment,
@@ -131,6 +132,14 @@ def test_comment_keeps_clear_and_place_only_when_set() -> None:
     assert parse_job_comment(None) is None
 
 
+def test_comment_carries_the_code_version_without_making_it_part_of_the_task() -> None:
+    assert '"code"' not in COMMENT.to_json()
+    versioned = JobComment(**{**COMMENT.__dict__, "code": "ab" * 32})
+    assert f'"code":"{"ab" * 32}"' in versioned.to_json()
+    assert parse_job_comment(versioned.to_json()) == versioned
+    assert versioned.same_task(COMMENT)  # a job is adopted whatever code it runs
+
+
 @pytest.fixture
 def fake_sbatch(tmp_path: Path) -> Path:
     """A stand-in sbatch that prints its argv and stdin as JSON."""
@@ -202,6 +211,16 @@ def test_squeue_many_ids_with_fixed_unambiguous_format() -> None:
     )
     with pytest.raises(ValidationError):
         build_squeue(["1;rm -rf /"])
+
+
+def test_squeue_of_the_account_and_of_the_login_user() -> None:
+    command = build_squeue_account_jobs("project_465002500")
+    by_account, own = command.split(" && ")
+    assert argv_of(by_account)[:6] == ["squeue", "-h", "-r", "-t", "all", "--account=project_465002500"]
+    assert argv_of(own)[:6] == ["squeue", "-h", "-r", "-t", "all", "--me"]
+    assert argv_of(by_account)[-1] == argv_of(own)[-1] == argv_of(build_squeue([1]))[-1]  # the same fields
+    with pytest.raises(ValidationError):
+        build_squeue_account_jobs("p; rm -rf /")
 
 
 def test_squeue_by_name() -> None:

@@ -45,9 +45,9 @@ echo "$id"
 """
 
 
-def _comment(directory: str, run: str = "r1", ver: str | None = "v1") -> JobComment:
+def _comment(directory: str, run: str = "r1", code: str | None = "v1") -> JobComment:
     return JobComment(dag="d", task="stage1", run=run, attempt=1, stage="stage1",
-                      xdir=exclusive_dir_marker(directory), ver=ver)
+                      xdir=exclusive_dir_marker(directory), code=code)
 
 
 def _command(directory: str, run: str) -> str:
@@ -160,7 +160,7 @@ def _context(run_id: str, store: StateStore, *, clear_number: int = 0, dag_id: s
 
 def _operator(conn_id: str, log_dir: str, writes: str, version: str) -> SlurmSubmitOperator:
     return SlurmSubmitOperator(task_id="stage1", conn_id=conn_id, script="#!/bin/bash\nsleep 120\n", log_dir=log_dir,
-                               time_limit="3", exclusive_dir=writes, job_version=version, poll_interval=2,
+                               time_limit="3", exclusive_dir=writes, code_version=version, poll_interval=2,
                                first_poll_delay=0)
 
 
@@ -222,7 +222,7 @@ def test_a_live_job_of_another_version_is_refused_by_id(local_cluster: LocalClus
         message = str(refused.value)
         assert f"job {first.job_id} (DAG exclusive, run manual__" in message
         assert f"writes {writes}" in message and f"scancel {first.job_id}" in message
-        assert "version aaaaaaaaaaaaaaaa" in message and "runs bbbbbbbbbbbbbbbb" in message
+        assert f"runs code {'a' * 64} and this task runs {'b' * 64}" in message
         assert store.data.get(HISTORY_KEY) in (None, []), "nothing adopted, nothing submitted"
         assert [j.job_id for j in hooks.SlurmHook(cluster_connection).live_writers(writes)] == [first.job_id]
     finally:

@@ -15,6 +15,7 @@ from airflow.exceptions import TaskDeferred
 
 from localcluster import LocalCluster, poll_until
 from slurm_provider import hooks
+from slurm_provider.commands import parse_job_comment
 from slurm_provider.operators import HISTORY_KEY, SlurmSubmitOperator, job_name_for
 from slurm_provider.transport import TransportUnavailable
 from slurm_provider.validation import ValidationError
@@ -169,12 +170,26 @@ def test_same_run_id_writing_elsewhere_is_another_job(local_cluster: LocalCluste
         local_cluster.wait_for_state(int(job), {"COMPLETED"}, timeout=60)
 
 
+def test_the_job_comment_names_the_code_the_job_runs(local_cluster: LocalCluster, cluster_connection: str,
+                                                     run_id: str) -> None:
+    """What a cleanup of code directories on the cluster reads to keep the code of live jobs."""
+    code = "ab" * 32
+    op = _operator(cluster_connection, local_cluster.test_dir(), code_version=code)
+    job = _deferred_job(op, _context(run_id, 1, StateStore()))
+    try:
+        comment = local_cluster.root("squeue", "-h", "-j", job, "-O", "Comment:2000").stdout.strip()
+        assert parse_job_comment(comment).code == code, comment
+    finally:
+        local_cluster.ssh(f"scancel {job}", check=False)
+
+
 @pytest.mark.parametrize(("field", "value"), [
     ("partition", "small-g; touch /tmp/pwned"),
     ("account", "$(touch /tmp/pwned)"),
     ("time_limit", "1`touch /tmp/pwned`"),
     ("sbatch_options", ["--job-name=stolen"]),
     ("log_dir", "relative/logs"),
+    ("code_version", "abc|def"),
 ])
 def test_bad_input_is_refused_before_any_ssh(field: str, value: Any, monkeypatch: pytest.MonkeyPatch,
                                              run_id: str) -> None:

@@ -130,6 +130,38 @@ def test_progress_json_is_what_the_orchestrator_reads(tmp_path: Path, tiny_prepa
     assert progress["step"] == 6
 
 
+def test_every_checkpoint_and_marker_records_the_synced_code_hash(tmp_path: Path, tiny_prepared: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    """The job scripts set VCLOUD_CODE_HASH (the code directory the job runs from); the trainer
+    writes it into latest.pt, best.pt, progress.json and COMPLETE, and says when a resume changes it."""
+    out, first, second = tmp_path / "run", "a" * 64, "b" * 64
+    monkeypatch.setenv("VCLOUD_CODE_HASH", first)
+    assert _train(TINY, tiny_prepared, out, "--max-epochs", "1") == 0
+    stage = out / "stage0"
+    for name in ("latest.pt", "best.pt"):
+        assert torch.load(stage / name, weights_only=True)["code_hash"] == first, name
+    assert json.loads((stage / "progress.json").read_text())["code_hash"] == first
+    assert json.loads((stage / "COMPLETE").read_text())["code_hash"] == first
+
+    monkeypatch.setenv("VCLOUD_CODE_HASH", second)
+    caplog.clear()
+    assert _train(TINY, tiny_prepared, out, "--max-epochs", "2") == 0
+    assert f"code {first})" in caplog.text
+    assert f"the checkpoint was written by code {first}; training goes on with code {second}" in caplog.text
+    assert torch.load(stage / "latest.pt", weights_only=True)["code_hash"] == second
+    assert json.loads((stage / "COMPLETE").read_text())["code_hash"] == second  # the code that finished it
+
+
+@pytest.mark.parametrize("value", ["", "not-a-hash", "A" * 64, "a" * 63])
+def test_a_code_hash_that_is_not_a_digest_is_not_recorded(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    from vcloud.training.provenance import code_hash
+
+    monkeypatch.setenv("VCLOUD_CODE_HASH", value)
+    assert code_hash() is None
+    monkeypatch.setenv("VCLOUD_CODE_HASH", "0123456789abcdef" * 4)
+    assert code_hash() == "0123456789abcdef" * 4
+
+
 def test_epoch_line_reads_well_in_a_task_log() -> None:
     record = {"epoch": 3, "train_loss": 0.04123, "val_psnr": 31.517, "lr": 1.8e-4, "seconds": 95.12,
               "samples_per_s": 8.43, "phase": "mixed"}

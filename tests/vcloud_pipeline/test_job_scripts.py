@@ -65,7 +65,7 @@ def render(tmp_path: Path, spec: JobSpec, runtime: str = "none",
         Path(directory).mkdir(parents=True, exist_ok=True)
     Path(job.outer_path).write_text(job.outer)
     Path(job.inner_path).write_text(job.inner)
-    package = Path(paths.pythonpath_dir) / "vcloud"
+    package = Path(paths.code(CODE_HASH).pythonpath_dir) / "vcloud"
     package.mkdir(parents=True, exist_ok=True)
     (package / "__init__.py").write_text("")
     (package / "train.py").write_text(trainer)
@@ -86,9 +86,9 @@ def test_outer_refuses_to_start_without_a_manifest(tmp_path: Path) -> None:
     assert "code manifest" in result.stderr and "is missing" in result.stderr
 
 
-def test_outer_refuses_to_start_when_the_code_was_synced_again(tmp_path: Path) -> None:
+def test_outer_refuses_to_start_when_its_code_directory_holds_other_code(tmp_path: Path) -> None:
     job, paths = render(tmp_path, JobSpec.train(0))
-    Path(paths.code_manifest).write_text(CodeManifest("d" * 64, 3, "2026-02-16T12:00:00+00:00").to_json())
+    Path(paths.code(CODE_HASH).manifest).write_text(CodeManifest("d" * 64, 3, "2026-02-16T12:00:00+00:00").to_json())
     result = subprocess.run(["bash", str(job.outer_path)], env=job_env(), capture_output=True, text=True, timeout=60)
     assert result.returncode == EXIT_CODE_MISMATCH
     assert f"the code on the cluster ({'d' * 64}) is not the code this job was rendered for ({CODE_HASH})" \
@@ -153,7 +153,7 @@ def start_outer(job: RenderedJob, paths: RunPaths, tmp_path: Path) -> subprocess
     ``hostname`` is one too: it runs during set-up, and when ``hold-setup`` exists it waits (up
     to a minute) for ``release-setup``, so a test can signal the script in the middle of set-up.
     """
-    Path(paths.code_manifest).write_text(CodeManifest(CODE_HASH, 3, "2026-02-16T12:00:00+00:00").to_json())
+    Path(paths.code(CODE_HASH).manifest).write_text(CodeManifest(CODE_HASH, 3, "2026-02-16T12:00:00+00:00").to_json())
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     stand_ins = {

@@ -6,14 +6,14 @@ from pathlib import PurePosixPath
 
 import pytest
 
-from vcloud_pipeline.layout import MANIFEST_NAME, RunNameError, run_paths
+from vcloud_pipeline.layout import MANIFEST_NAME, RunNameError, is_code_hash, run_paths
 from vcloud_pipeline.profiles import load_profile
 
 
 def test_lumi_run_paths() -> None:
     paths = run_paths(load_profile("lumi"), "full")
     base = PurePosixPath("/scratch/project_465002500/vcloud")
-    assert paths.code_dir == base / "code"
+    assert paths.code_root == base / "code"
     assert paths.data_dir == base / "data/sen12mscrts_real/prepared"
     assert paths.outputs_dir == base / "outputs/full"
     assert paths.stage_dir(1) == base / "outputs/full/stage1"
@@ -24,8 +24,11 @@ def test_lumi_run_paths() -> None:
     assert paths.logs_dir == base / "logs/full"
     assert paths.viewer_dir == base / "viewer_data/full"
     assert paths.jobs_dir == base / "jobs/full"
-    assert paths.code_manifest == base / "code" / MANIFEST_NAME
-    assert paths.pythonpath_dir == base / "code/trainer/src"
+    code = paths.code("ab" * 32)
+    assert code.dir == base / "code" / ("ab" * 32) and code.hash == "ab" * 32
+    assert code.manifest == base / "code" / ("ab" * 32) / MANIFEST_NAME
+    assert code.pythonpath_dir == base / "code" / ("ab" * 32) / "trainer/src"
+    assert paths.code_being_removed("ab" * 32) == base / "code" / f".{'ab' * 32}.removing"
     assert paths.job_script("vcloud-full-stage1", inner=True) == base / "jobs/full/vcloud-full-stage1.inner.sh"
     assert paths.logs_dir in paths.directories_to_create()
 
@@ -33,7 +36,7 @@ def test_lumi_run_paths() -> None:
 def test_runs_do_not_share_outputs() -> None:
     profile = load_profile("local")
     a, b = run_paths(profile, "a"), run_paths(profile, "b")
-    assert a.code_dir == b.code_dir and a.data_dir == b.data_dir
+    assert a.code("0" * 64) == b.code("0" * 64) and a.data_dir == b.data_dir
     assert a.outputs_dir != b.outputs_dir and a.logs_dir != b.logs_dir and a.jobs_dir != b.jobs_dir
 
 
@@ -55,6 +58,21 @@ def test_the_run_context_reads_the_data_of_its_config() -> None:
     ctx = RunContext.build(parse_request({"profile": "local", "config": "small"}))
     assert ctx.paths.data_dir.parts[-2:] == ("synthetic-small", "prepared")
     assert "synthetic-small/prepared" in ctx.render("0" * 64)["stage1"].inner
+
+
+def test_each_code_hash_has_its_own_directory() -> None:
+    paths = run_paths(load_profile("local"), "r")
+    first, second = paths.code("1" * 64), paths.code("2" * 64)
+    assert first.dir != second.dir and first.dir.parent == second.dir.parent == paths.code_root
+    assert paths.code_root in paths.directories_to_create()
+    assert first.dir not in paths.directories_to_create()  # rsync creates it, the manifest completes it
+
+
+@pytest.mark.parametrize("value", ["", "abc", "../" + "a" * 61, "A" * 64, "a" * 65, None, 7])
+def test_a_code_directory_is_named_only_by_a_digest(value: object) -> None:
+    assert not is_code_hash(value)
+    with pytest.raises(ValueError, match="not a sha256 hex digest"):
+        run_paths(load_profile("local"), "r").code(value)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("stage", [-1, 4, "1", None])

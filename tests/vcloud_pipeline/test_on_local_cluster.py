@@ -57,10 +57,11 @@ def setup_run(cluster: LocalCluster, tree: CodeTree, tmp_path: Path) -> tuple[Cl
     cluster.ssh("mkdir -p " + " ".join(shlex.quote(str(d)) for d in paths.directories_to_create()))
     refuse_unanchored_excludes(tree)
     manifest = build_manifest(tree, dt.datetime.now(dt.timezone.utc))
+    code = paths.code(manifest.hash)
     with cluster_ssh(profile) as ssh:
-        subprocess.run(code_sync_argv(tree, ssh.destination, paths.code_dir, ssh.argv),
+        subprocess.run(code_sync_argv(tree, ssh.destination, code.dir, ssh.argv),
                        check=True, capture_output=True, timeout=300)
-    cluster.ssh(f"cat > {shlex.quote(str(paths.code_manifest))}", input=manifest.to_json())
+    cluster.ssh(f"cat > {shlex.quote(str(code.manifest))}", input=manifest.to_json())
     return profile, paths, manifest
 
 
@@ -83,7 +84,7 @@ def test_preflight_job_imports_everything_in_the_job_environment(local_cluster: 
     back = tmp_path / "back"
     with cluster_ssh(profile) as ssh:
         pull = ["rsync", "-a", "-s", "--exclude=/.vcloud_manifest.json", "-e", ssh.shell,
-                f"{ssh.destination}:{paths.code_dir}/", f"{back}/"]
+                f"{ssh.destination}:{paths.code(manifest.hash).dir}/", f"{back}/"]
         subprocess.run(pull, check=True, capture_output=True, timeout=300)
     assert (back / "trainer/src/vcloud/data/__init__.py").exists()
     assert code_hash(back) == manifest.hash
@@ -96,7 +97,7 @@ def test_preflight_job_imports_everything_in_the_job_environment(local_cluster: 
     assert state == "COMPLETED", log + err
     for module in ("vcloud", "vcloud.data", "tifffile", "rasterio", "torch"):
         assert f"preflight: {module} " in log
-    assert f"{paths.code_dir}/trainer/src/vcloud/data/__init__.py" in log
+    assert f"{paths.code(manifest.hash).dir}/trainer/src/vcloud/data/__init__.py" in log
     assert "preflight: OK" in log
     assert f"with code {manifest.hash}" in err
     assert image_line(local_cluster) in err  # the imports ran inside the built image
@@ -118,7 +119,9 @@ def test_the_image_is_current_readable_and_has_a_mount_point_for_every_bind(loca
     assert out.strip() == "Weird Al Yankovic 2.13.0+cpu"
 
 
-def test_job_refuses_to_start_on_changed_code(local_cluster: LocalCluster, tmp_path: Path) -> None:
+def test_job_refuses_to_start_without_the_code_of_its_hash(local_cluster: LocalCluster, tmp_path: Path) -> None:
+    """Rendered for code the cluster does not hold (never synced, or its directory was removed):
+    the other hash's code directory next to it is never used instead."""
     src = tmp_path / "src"
     (src / "trainer/src/vcloud").mkdir(parents=True)
     (src / "trainer/src/vcloud/__init__.py").write_text("")
@@ -131,7 +134,8 @@ def test_job_refuses_to_start_on_changed_code(local_cluster: LocalCluster, tmp_p
                       timeout=60, what="the exit code in sacct")
     assert runs[-1]["ExitCode"] == f"{EXIT_CODE_MISMATCH}:0"
     err = local_cluster.ssh(f"cat {shlex.quote(str(job.stderr_path(str(job_id))))}").stdout
-    assert f"is not the code this job was rendered for ({stale})" in err and manifest.hash in err
+    assert f"code manifest {paths.code(stale).manifest} is missing" in err
+    assert manifest.hash not in err
 
 
 def start_stand_in_trainer(cluster: LocalCluster, tmp_path: Path,

@@ -94,6 +94,15 @@ def test_overrides_nested_and_dotted() -> None:
     assert p.partition("small-g").max_time_seconds == 3 * 86400  # untouched siblings survive the merge
 
 
+def test_code_versions_kept_after_a_sync() -> None:
+    assert load_profile("local").paths.code_keep == 5  # the default
+    assert load_profile("lumi").paths.code_keep == 5
+    assert load_profile("local", overrides={"paths.code_keep": 1}).paths.code_keep == 1
+    for bad in (0, "3", 2.5):
+        with pytest.raises(ProfileError, match="paths.code_keep must be"):
+            load_profile("local", overrides={"paths.code_keep": bad})
+
+
 def test_merge_overrides_does_not_touch_its_input() -> None:
     base = {"a": {"b": 1, "c": 2}}
     merged = merge_overrides(base, {"a.b": 5})

@@ -15,6 +15,7 @@ from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.layout import run_paths
 from vcloud_pipeline.profiles import ProfileError, load_profile
 from vcloud_pipeline.render import (
+    CODE_HASH_ENV,
     EXIT_CODE_MISMATCH,
     RenderError,
     RenderedJob,
@@ -103,6 +104,28 @@ def test_every_job_requeues_appends_and_gets_usr2_before_the_limit(case: str) ->
     assert str(job.inner_path) in job.outer
 
 
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_job_runs_only_the_code_directory_of_its_hash(case: str) -> None:
+    """PYTHONPATH, the config, ch-run's --cd and the manifest: all inside <paths.code>/<hash>/, so a
+    later sync of other code (another directory) cannot change what a requeued job runs."""
+    job = render_case(case)
+    profile = complete_profile(CASES[case][0], BARE if "_bare_" in case else None)
+    code_root = profile.paths.code.rstrip("/") + "/"
+    text = job.outer + job.inner
+    uses = [text[i + len(code_root):i + len(code_root) + 65] for i in range(len(text)) if text.startswith(code_root, i)]
+    assert uses and all(use[:64] == CODE_HASH and not use[64:].isalnum() for use in uses), uses
+    assert f"export {CODE_HASH_ENV}={CODE_HASH}\n" in job.inner
+    assert f"readonly CODE_MANIFEST={code_root}{CODE_HASH}/.vcloud_manifest.json\n" in job.outer
+    other = render_job(profile, CASES[case][1], run_paths(profile, "full"), "0" * 64)
+    assert CODE_HASH not in other.outer + other.inner
+
+
+def test_the_trainer_reads_the_code_hash_where_the_scripts_put_it() -> None:
+    from vcloud.training import provenance
+
+    assert provenance.CODE_HASH_ENV == CODE_HASH_ENV
+
+
 def test_lumi_render_has_the_guides_settings_and_none_of_the_traps() -> None:
     job = render_case("lumi_stage")
     text = job.outer + job.inner
@@ -117,7 +140,8 @@ def test_lumi_render_has_the_guides_settings_and_none_of_the_traps() -> None:
     assert "export MIOPEN_FIND_MODE=1\n" in job.inner
     assert "MIOPEN_DISABLE_CACHE" not in text
     pythonpath = next(line for line in job.inner.splitlines() if line.startswith("export PYTHONPATH="))
-    assert "/scratch/project_465002500/vcloud/code/trainer/src:/projappl/project_465002500/pylibs" in pythonpath
+    assert f"/scratch/project_465002500/vcloud/code/{CODE_HASH}/trainer/src:/projappl/project_465002500/pylibs" \
+        in pythonpath
     assert "singularity exec" in job.outer and "pytorch_2.5.1_lumi_rocm6.2.4" in job.outer
     assert "#SBATCH --account=project_465002500" in job.outer and "#SBATCH --partition=small-g" in job.outer
     assert "python3 -m vcloud.train --stage 1 --config" in job.inner
@@ -161,7 +185,7 @@ def test_local_requests_one_emulated_gpu_and_runs_in_the_charliecloud_image() ->
     assert 'USER="${USER:-$(id -un)}"\nexport USER\n' in job.outer  # ch-run refuses to start without it
     # srun starts ch-run, which becomes bash: srun's forwarded USR2/TERM reach the inner script.
     assert ('srun --ntasks-per-node=1 --cpus-per-task=2 ch-run -b /srv:/srv --home '
-            '--cd=/srv/vcloud/scratch/vcloud/code "$IMAGE" -- bash "$INNER_SCRIPT" &\n') in job.outer
+            f'--cd=/srv/vcloud/scratch/vcloud/code/{CODE_HASH} "$IMAGE" -- bash "$INNER_SCRIPT" &\n') in job.outer
     assert "SINGULARITY" not in job.outer and "singularity" not in job.outer
     assert 'if [ -z "${CH_RUNNING:-}" ]; then' in job.inner
     assert "cat /etc/vcloud-image.sha256" in job.inner and "in Charliecloud image ${image_hash}" in job.inner
@@ -186,7 +210,7 @@ def test_charliecloud_binds_follow_the_profile_and_paths_stay_quoted() -> None:
     words = shlex.split(launch.strip().replace(' "$IMAGE"', " IMAGE").replace(' "$INNER_SCRIPT" &', " INNER"))
     assert words[words.index("ch-run"):] == [
         "ch-run", "--private-tmp", "-b", "/srv:/srv", "-b", "/data sets/it's:/data sets/it's", "--home",
-        "--cd=/srv/vcloud/scratch/vcloud/code", "IMAGE", "--", "bash", "INNER"]
+        f"--cd=/srv/vcloud/scratch/vcloud/code/{CODE_HASH}", "IMAGE", "--", "bash", "INNER"]
 
 
 def test_preflight_imports_the_packages_on_the_debug_partition() -> None:
@@ -228,10 +252,11 @@ def test_paths_with_spaces_and_quotes_survive_the_shell(tmp_path: Path) -> None:
     probe = (f"eval \"$(grep -E '^readonly (CODE_MANIFEST|INNER_SCRIPT)=' {shlex.quote(str(script))})\"; "
              'printf "%s\\n%s\\n" "$CODE_MANIFEST" "$INNER_SCRIPT"')
     out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout.splitlines()
-    assert out == [f"{AWKWARD_BASE}/code/.vcloud_manifest.json", f"{AWKWARD_BASE}/jobs/full/vcloud-full-stage1.inner.sh"]
+    assert out == [f"{AWKWARD_BASE}/code/{CODE_HASH}/.vcloud_manifest.json",
+                   f"{AWKWARD_BASE}/jobs/full/vcloud-full-stage1.inner.sh"]
     command = next(line for line in job.inner.splitlines() if " -m vcloud.train " in line)
     words = shlex.split(command.replace(" &", ""))
-    assert words[words.index("--config") + 1] == f"{AWKWARD_BASE}/code/trainer/configs/model tiny.yaml"
+    assert words[words.index("--config") + 1] == f"{AWKWARD_BASE}/code/{CODE_HASH}/trainer/configs/model tiny.yaml"
     assert words[words.index("--out") + 1] == f"{AWKWARD_BASE}/outputs/full"
 
 

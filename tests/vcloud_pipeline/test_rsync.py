@@ -175,14 +175,24 @@ def test_lumi_code_sync_argv() -> None:
     tree = CodeTree(Path("/home/me/vcloud"))
     # the ssh of LUMI's openssh connection: the alias's own ControlMaster, never a ControlPath of ours
     ssh = OpenSSHTarget(alias="lumi2").client_argv(log_file="/tmp/ssh.log", known_hosts=None)
-    argv = code_sync_argv(tree, "lumi2", run_paths(lumi, "full").code_dir, ssh)
+    argv = code_sync_argv(tree, "lumi2", run_paths(lumi, "full").code("e" * 64).dir, ssh)
     assert argv[:4] == ["rsync", "-az", "-s", "--delete"]
     assert argv[4:6] == ["-e", "ssh -E /tmp/ssh.log -x -a -o BatchMode=yes -o LogLevel=ERROR "
                                "-o ConnectTimeout=10 -o ClearAllForwardings=yes"]
     assert "--exclude=/data" in argv and "--exclude=/.git" in argv and "--exclude=/.venv" in argv
     assert "--exclude=__pycache__/" in argv and "--exclude=core" in argv and "--exclude=*.pt" in argv
     assert argv.index("--include=/trainer") < argv.index("--exclude=/*")
-    assert argv[-2:] == ["/home/me/vcloud/", "lumi2:/scratch/project_465002500/vcloud/code/"]
+    assert argv[-2:] == ["/home/me/vcloud/", f"lumi2:/scratch/project_465002500/vcloud/code/{'e' * 64}/"]
+    assert not any(a.startswith("--copy-dest") for a in argv)
+
+
+def test_a_new_code_directory_copies_unchanged_files_from_its_sibling(tmp_path: Path) -> None:
+    argv = code_sync_argv(CodeTree(tmp_path), "h", f"/x/code/{'e' * 64}", ["ssh"], basis="d" * 64)
+    assert f"--copy-dest=../{'d' * 64}" in argv and "--link-dest" not in " ".join(argv)
+    assert argv.index(f"--copy-dest=../{'d' * 64}") < argv.index("--exclude=/data")
+    for bad in ("", "..", "a/b"):
+        with pytest.raises(ValueError, match="sibling code directory"):
+            code_sync_argv(CodeTree(tmp_path), "h", "/x", ["ssh"], basis=bad)
 
 
 def test_scripts_sync_never_deletes_and_the_manifest_is_protected(tmp_path: Path) -> None:

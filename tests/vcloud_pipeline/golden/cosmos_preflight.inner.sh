@@ -4,7 +4,8 @@
 # change those, not this file.
 set -euo pipefail
 
-export PYTHONPATH=/cosmos/vast/scratch/cosmouser/vcloud/code/trainer/src"${PYTHONPATH:+:${PYTHONPATH}}"
+export PYTHONPATH=/cosmos/vast/scratch/cosmouser/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908/trainer/src"${PYTHONPATH:+:${PYTHONPATH}}"
+export VCLOUD_CODE_HASH=3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 export NCCL_SOCKET_IFNAME=hsn0
 export RCCL_MSCCL_ENABLE=1
 export PYTORCH_HIP_ALLOC_CONF=expandable_segments:True
@@ -15,7 +16,7 @@ export MIOPEN_USER_DB_PATH=/tmp/miopen_cache_"${SLURM_JOB_ID}"
 export MIOPEN_CUSTOM_CACHE_DIR="${MIOPEN_USER_DB_PATH}"
 export MIOPEN_FIND_MODE=1
 mkdir -p "${MIOPEN_USER_DB_PATH}"
-cd /cosmos/vast/scratch/cosmouser/vcloud/code
+cd /cosmos/vast/scratch/cosmouser/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 
 child_pid=""
 stop_signal=""

@@ -4,7 +4,8 @@
 # change those, not this file.
 set -euo pipefail
 
-export PYTHONPATH=/cosmos/vast/scratch/cosmouser/vcloud/code/trainer/src"${PYTHONPATH:+:${PYTHONPATH}}"
+export PYTHONPATH=/cosmos/vast/scratch/cosmouser/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908/trainer/src"${PYTHONPATH:+:${PYTHONPATH}}"
+export VCLOUD_CODE_HASH=3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 export NCCL_SOCKET_IFNAME=hsn0
 export RCCL_MSCCL_ENABLE=1
 export PYTORCH_HIP_ALLOC_CONF=expandable_segments:True
@@ -15,7 +16,7 @@ export MIOPEN_USER_DB_PATH=/tmp/miopen_cache_"${SLURM_JOB_ID}"
 export MIOPEN_CUSTOM_CACHE_DIR="${MIOPEN_USER_DB_PATH}"
 export MIOPEN_FIND_MODE=1
 mkdir -p "${MIOPEN_USER_DB_PATH}"
-cd /cosmos/vast/scratch/cosmouser/vcloud/code
+cd /cosmos/vast/scratch/cosmouser/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 
 child_pid=""
 stop_signal=""
@@ -29,7 +30,7 @@ on_signal() {
 trap 'on_signal USR2' USR2
 trap 'on_signal TERM' TERM
 
-python3 -m vcloud.train --stage 2 --config /cosmos/vast/scratch/cosmouser/vcloud/code/trainer/configs/model_tiny.yaml --data /scratch/cosmouser/job_"${SLURM_JOB_ID}"/data --out /scratch/cosmouser/job_"${SLURM_JOB_ID}"/outputs &
+python3 -m vcloud.train --stage 2 --config /cosmos/vast/scratch/cosmouser/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908/trainer/configs/model_tiny.yaml --data /scratch/cosmouser/job_"${SLURM_JOB_ID}"/data --out /scratch/cosmouser/job_"${SLURM_JOB_ID}"/outputs &
 child_pid=$!
 # Wait for "$child_pid" and set rc to its exit status. wait returns early (status > 128) when a
 # trapped signal arrives, so wait again while the child lives; the wait that saw it end has its

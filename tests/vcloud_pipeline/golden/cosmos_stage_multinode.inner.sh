@@ -4,7 +4,8 @@
 # change those, not this file.
 set -euo pipefail
 
-export PYTHONPATH=/cosmos/vast/scratch/cosmouser/vcloud/code/trainer/src"${PYTHONPATH:+:${PYTHONPATH}}"
+export PYTHONPATH=/cosmos/vast/scratch/cosmouser/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908/trainer/src"${PYTHONPATH:+:${PYTHONPATH}}"
+export VCLOUD_CODE_HASH=3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 export NCCL_SOCKET_IFNAME=hsn0
 export RCCL_MSCCL_ENABLE=1
 export PYTORCH_HIP_ALLOC_CONF=expandable_segments:True
@@ -15,7 +16,7 @@ export MIOPEN_USER_DB_PATH=/tmp/miopen_cache_"${SLURM_JOB_ID}"
 export MIOPEN_CUSTOM_CACHE_DIR="${MIOPEN_USER_DB_PATH}"
 export MIOPEN_FIND_MODE=1
 mkdir -p "${MIOPEN_USER_DB_PATH}"
-cd /cosmos/vast/scratch/cosmouser/vcloud/code
+cd /cosmos/vast/scratch/cosmouser/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 
 child_pid=""
 stop_signal=""
@@ -37,7 +38,7 @@ python3 -m torch.distributed.run \
     --nproc_per_node=4 \
     --master_addr="${MASTER_ADDR}" \
     --master_port="${MASTER_PORT}" \
-    -m vcloud.train --stage 3 --config /cosmos/vast/scratch/cosmouser/vcloud/code/trainer/configs/model_tiny.yaml --data /scratch/cosmouser/job_"${SLURM_JOB_ID}"/data --out /scratch/cosmouser/job_"${SLURM_JOB_ID}"/outputs --restart &
+    -m vcloud.train --stage 3 --config /cosmos/vast/scratch/cosmouser/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908/trainer/configs/model_tiny.yaml --data /scratch/cosmouser/job_"${SLURM_JOB_ID}"/data --out /scratch/cosmouser/job_"${SLURM_JOB_ID}"/outputs --restart &
 child_pid=$!
 # Wait for "$child_pid" and set rc to its exit status. wait returns early (status > 128) when a
 # trapped signal arrives, so wait again while the child lives; the wait that saw it end has its

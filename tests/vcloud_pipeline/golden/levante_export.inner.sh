@@ -4,9 +4,10 @@
 # change those, not this file.
 set -euo pipefail
 
-export PYTHONPATH=/work/bb1234/b381234/vcloud/code/trainer/src"${PYTHONPATH:+:${PYTHONPATH}}"
+export PYTHONPATH=/work/bb1234/b381234/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908/trainer/src"${PYTHONPATH:+:${PYTHONPATH}}"
+export VCLOUD_CODE_HASH=3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 export WANDB_MODE=disabled
-cd /work/bb1234/b381234/vcloud/code
+cd /work/bb1234/b381234/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 
 child_pid=""
 stop_signal=""
@@ -20,7 +21,7 @@ on_signal() {
 trap 'on_signal USR2' USR2
 trap 'on_signal TERM' TERM
 
-/work/bb1234/b381234/vcloud/venv/bin/python -m vcloud.export --config /work/bb1234/b381234/vcloud/code/trainer/configs/model_tiny.yaml --data /work/bb1234/b381234/vcloud/data/prepared --out /work/bb1234/b381234/vcloud/outputs/full --dest /work/bb1234/b381234/vcloud/viewer_data/full &
+/work/bb1234/b381234/vcloud/venv/bin/python -m vcloud.export --config /work/bb1234/b381234/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908/trainer/configs/model_tiny.yaml --data /work/bb1234/b381234/vcloud/data/prepared --out /work/bb1234/b381234/vcloud/outputs/full --dest /work/bb1234/b381234/vcloud/viewer_data/full &
 child_pid=$!
 # Wait for "$child_pid" and set rc to its exit status. wait returns early (status > 128) when a
 # trapped signal arrives, so wait again while the child lives; the wait that saw it end has its

@@ -4,9 +4,10 @@
 # change those, not this file.
 set -euo pipefail
 
-export PYTHONPATH=/work/bb1234/b381234/vcloud/code/trainer/src"${PYTHONPATH:+:${PYTHONPATH}}"
+export PYTHONPATH=/work/bb1234/b381234/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908/trainer/src"${PYTHONPATH:+:${PYTHONPATH}}"
+export VCLOUD_CODE_HASH=3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 export WANDB_MODE=disabled
-cd /work/bb1234/b381234/vcloud/code
+cd /work/bb1234/b381234/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 
 child_pid=""
 stop_signal=""

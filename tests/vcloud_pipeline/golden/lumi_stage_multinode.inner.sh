@@ -4,7 +4,8 @@
 # change those, not this file.
 set -euo pipefail
 
-export PYTHONPATH=/scratch/project_465002500/vcloud/code/trainer/src:/projappl/project_465002500/pylibs"${PYTHONPATH:+:${PYTHONPATH}}"
+export PYTHONPATH=/scratch/project_465002500/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908/trainer/src:/projappl/project_465002500/pylibs"${PYTHONPATH:+:${PYTHONPATH}}"
+export VCLOUD_CODE_HASH=3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 export PYTORCH_HIP_ALLOC_CONF=expandable_segments:True
 export WANDB_MODE=disabled
 # MIOpen: a per-job database on node-local disk (a shared one locks up across nodes);
@@ -13,7 +14,7 @@ export MIOPEN_USER_DB_PATH=/tmp/miopen_cache_"${SLURM_JOB_ID}"
 export MIOPEN_CUSTOM_CACHE_DIR="${MIOPEN_USER_DB_PATH}"
 export MIOPEN_FIND_MODE=1
 mkdir -p "${MIOPEN_USER_DB_PATH}"
-cd /scratch/project_465002500/vcloud/code
+cd /scratch/project_465002500/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 
 child_pid=""
 stop_signal=""
@@ -35,7 +36,7 @@ python3 -m torch.distributed.run \
     --nproc_per_node=8 \
     --master_addr="${MASTER_ADDR}" \
     --master_port="${MASTER_PORT}" \
-    -m vcloud.train --stage 1 --config /scratch/project_465002500/vcloud/code/trainer/configs/model_full.yaml --data /scratch/project_465002500/vcloud/data/sen12mscrts_real/prepared --out /scratch/project_465002500/vcloud/outputs/full &
+    -m vcloud.train --stage 1 --config /scratch/project_465002500/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908/trainer/configs/model_full.yaml --data /scratch/project_465002500/vcloud/data/sen12mscrts_real/prepared --out /scratch/project_465002500/vcloud/outputs/full &
 child_pid=$!
 # Wait for "$child_pid" and set rc to its exit status. wait returns early (status > 128) when a
 # trapped signal arrives, so wait again while the child lives; the wait that saw it end has its

@@ -160,6 +160,7 @@ def export_viewer(config: VCloudConfig, data_root: Path, run_dir: Path, dest: Pa
         "checkpoint": str(best),
         "checkpoint_epoch": checkpoint.get("epoch"),
         "code_version": checkpoint.get("code_version"),
+        "code_hash": checkpoint.get("code_hash"),
         "split": split,
         "series": len(per_series),
         "panels": list(PANELS),

@@ -38,7 +38,7 @@ from vcloud.training.best import improves
 from vcloud.training.distributed import DistContext, all_reduce_sum, barrier, gather_to_main, max_over_ranks
 from vcloud.training.paths import StagePaths
 from vcloud.training.precision import Precision, resolve_precision
-from vcloud.training.provenance import code_version
+from vcloud.training.provenance import code_hash, code_version
 from vcloud.training.rng import capture_rng_state, restore_rng_state, seed_everything
 from vcloud.training.sampling import ResumableSampler, ShardSampler
 from vcloud.training.schedule import lr_at
@@ -460,6 +460,7 @@ def _checkpoint_payload(session: StageSession, state: TrainState) -> dict[str, A
         "model_config": session.model_section,
         "config": session.run.config.to_dict(),
         "code_version": session.version,
+        "code_hash": code_hash(),
         "epoch": state.epoch,
         "batch_in_epoch": state.batch_in_epoch,
         "global_step": state.global_step,
@@ -517,8 +518,12 @@ def _restore(session: StageSession, checkpoint: dict[str, Any], source: Path) ->
     else:
         seed_everything(run.config.train.seed + ctx.rank + state.global_step)
     if ctx.is_main:
-        log.info("resumed from %s: epoch %d, batch %d, step %d (written by %s)", source, state.epoch,
-                 state.batch_in_epoch, state.global_step, checkpoint.get("code_version", "unknown code"))
+        log.info("resumed from %s: epoch %d, batch %d, step %d (written by %s, code %s)", source, state.epoch,
+                 state.batch_in_epoch, state.global_step, checkpoint.get("code_version", "unknown code"),
+                 checkpoint.get("code_hash") or "of unknown hash")
+        if checkpoint.get("code_hash") and code_hash() and checkpoint["code_hash"] != code_hash():
+            log.warning("the checkpoint was written by code %s; training goes on with code %s",
+                        checkpoint["code_hash"], code_hash())
     return state
 
 
@@ -529,7 +534,7 @@ def _write_progress(session: StageSession, state: TrainState, status: str) -> No
         step=state.global_step, batch_in_epoch=state.batch_in_epoch,
         batches_per_epoch=data.sampler.batches_per_epoch if data else 0, best=state.best,
         last_metrics=state.last_metrics, history=state.history, world_size=session.ctx.world_size,
-        device=session.ctx.device.type))
+        device=session.ctx.device.type, code_hash=code_hash()))
 
 
 def _stop(session: StageSession, state: TrainState, stop_signal: int) -> int:
@@ -552,7 +557,7 @@ def _finish(run: StageRun, paths: StagePaths, budget: StageTrainConfig, state: T
     if not paths.complete.exists():
         markers.write_json(paths.complete, markers.complete_record(
             stage=run.stage, epochs=state.epoch, step=state.global_step, final_metrics=final_metrics,
-            best=state.best, code_version=code_version()))
+            best=state.best, code_version=code_version(), code_hash=code_hash()))
     progress = markers.read_json(paths.progress) or {}
     progress.update(status=markers.STATUS_COMPLETE, epoch=state.epoch, epochs_total=budget.epochs,
                     step=state.global_step, batch_in_epoch=0, best_metric=state.best, history=state.history)

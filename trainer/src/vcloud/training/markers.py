@@ -41,8 +41,9 @@ def read_json(path: Path) -> dict[str, Any] | None:
 def progress_record(*, stage: int, status: str, epoch: int, epochs_total: int, step: int,
                     batch_in_epoch: int, batches_per_epoch: int, best: dict[str, Any] | None,
                     last_metrics: dict[str, float] | None, history: list[dict[str, Any]],
-                    world_size: int, device: str) -> dict[str, Any]:
-    """The content of ``progress.json``; ``epoch`` counts completed epochs."""
+                    world_size: int, device: str, code_hash: str | None = None) -> dict[str, Any]:
+    """The content of ``progress.json``; ``epoch`` counts completed epochs; ``code_hash``: the synced
+    code that wrote it (None outside a cluster job)."""
     return {
         "stage": stage,
         "status": status,
@@ -55,14 +56,16 @@ def progress_record(*, stage: int, status: str, epoch: int, epochs_total: int, s
         "last_metrics": last_metrics or {},
         "world_size": world_size,
         "device": device,
+        "code_hash": code_hash,
         "updated_at": _now(),
         "history": history,
     }
 
 
 def complete_record(*, stage: int, epochs: int, step: int, final_metrics: dict[str, float],
-                    best: dict[str, Any] | None, code_version: str) -> dict[str, Any]:
-    """The content of ``COMPLETE``."""
+                    best: dict[str, Any] | None, code_version: str,
+                    code_hash: str | None = None) -> dict[str, Any]:
+    """The content of ``COMPLETE``; ``code_hash``: the synced code that finished the stage."""
     return {
         "stage": stage,
         "epochs": epochs,
@@ -70,5 +73,6 @@ def complete_record(*, stage: int, epochs: int, step: int, final_metrics: dict[s
         "final_metrics": final_metrics,
         "best_metric": best,
         "code_version": code_version,
+        "code_hash": code_hash,
         "completed_at": _now(),
     }

@@ -1,0 +1,180 @@
+"""Code on the cluster is immutable per content hash, through the training DAG on the local cluster.
+
+Run A trains stage 0 through dag.test() (tiny config). Once A's job has written its first
+checkpoint, a background thread suspends it (as an administrator may), syncs run B's code with the
+DAG's own sync task, and has Slurm requeue A's job. Run B's tree is a copy of the project's
+``trainer/`` with one trainer file changed, so it is another content hash; the profile keeps only
+the newest code directory (``paths.code_keep: 1``), so B's cleanup would remove A's code were it not
+for A's live job. A's job must resume and complete with A's code (its log, its checkpoints, the
+stage's XCom), both code directories must exist until A's job has ended, and the cleanup after that
+removes A's directory only once no queued job references it.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localcluster import LocalCluster, poll_until
+from tests.dags.test_dag_on_cluster import job_err_log, job_logs_tail, run_dag
+
+pytestmark = [pytest.mark.usefixtures("cluster_connection", "airflow_home"), pytest.mark.timeout(1500)]
+REPO = Path(__file__).resolve().parents[2]
+CLUSTER_PYTHON = "/opt/vcloud-localcluster/venv/bin/python"
+RUN_A, RUN_B = "code-a", "code-b"
+EPOCHS = 20
+"""Enough for run A's job to be caught mid-training after its first checkpoint on any machine."""
+
+
+@pytest.fixture
+def project_dir(local_cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> str:
+    base = local_cluster.test_dir()
+    monkeypatch.setenv("VCLOUD_PROFILE_OVERRIDES",
+                       json.dumps({"local": {"paths.base": base, "paths.code_keep": 1}}))
+    monkeypatch.setenv("VCLOUD_POLL_INTERVAL", "2")
+    monkeypatch.setenv("VCLOUD_MAX_POLL_INTERVAL", "5")
+    monkeypatch.setenv("VCLOUD_FIRST_POLL_DELAY", "1")
+    return base
+
+
+def changed_tree(root: Path) -> Path:
+    """A copy of the project's ``trainer/`` with one trainer file changed: another content hash."""
+    shutil.copytree(REPO / "trainer", root / "trainer",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+    metrics = root / "trainer" / "src" / "vcloud" / "metrics.py"
+    metrics.write_text(metrics.read_text() + "\n# run B's change\n")
+    return root
+
+
+def code_dirs(cluster: LocalCluster, project_dir: str) -> set[str]:
+    return set(cluster.ssh(f"ls -A {shlex.quote(project_dir)}/code").stdout.split())
+
+
+def stage_job(cluster: LocalCluster, project_dir: str, run: str, stage: str) -> int | None:
+    """The id of the run's stage job that squeue lists (its output goes to the run's log directory)."""
+    out = cluster.root("squeue", "-h", "-t", "all", "-O", "JobID:20,Name:200,STDOUT:400", check=False).stdout
+    for line in out.splitlines():
+        job_id, name, stdout = (line.split(None, 2) + ["", ""])[:3]
+        if f".{stage}." in name and stdout.startswith(f"{project_dir}/logs/{run}/"):
+            return int(job_id)
+    return None
+
+
+def checkpoint_code_hash(cluster: LocalCluster, path: str) -> str:
+    """The ``code_hash`` a checkpoint records, read on the cluster with the jobs' own interpreter."""
+    code = f"import torch; print(torch.load({path!r}, weights_only=True)['code_hash'])"
+    return cluster.ssh(f"{CLUSTER_PYTHON} -c {shlex.quote(code)}", timeout=120).stdout.strip()
+
+
+class RunB(threading.Thread):
+    """While run A trains: suspend A's job, sync run B's code, then requeue A's job."""
+
+    def __init__(self, cluster: LocalCluster, project_dir: str, tree: Path) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.project_dir, self.tree = cluster, project_dir, tree
+        self.error: BaseException | None = None
+        self.seen: dict[str, Any] = {}
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # surfaced by the test after run A
+            self.error = exc
+
+    def _run(self) -> None:
+        from slurm_provider.hooks import SlurmHook
+        from vcloud_pipeline.params import parse_request
+        from vcloud_pipeline.tasks import RunContext, sync_code
+
+        cluster, progress = self.cluster, f"{self.project_dir}/outputs/{RUN_A}/stage0/progress.json"
+
+        def first_checkpoint() -> bool:
+            text = cluster.ssh(f"cat {shlex.quote(progress)} 2>/dev/null", check=False).stdout
+            return bool(text) and json.loads(text).get("epoch", 0) >= 1
+
+        poll_until(first_checkpoint, timeout=900, interval=0.3, what="run A's first stage 0 checkpoint")
+        job = poll_until(lambda: stage_job(cluster, self.project_dir, RUN_A, "stage0"), timeout=60,
+                         what="run A's stage 0 job in squeue")
+        cluster.root("scontrol", "suspend", str(job))
+        cluster.wait_for_state(job, {"SUSPENDED"}, timeout=60)
+        self.seen["job"] = job
+        self.seen["dirs_before_b"] = code_dirs(cluster, self.project_dir)
+
+        ctx = RunContext.build(parse_request({"profile": "local", "config": "tiny", "run_name": RUN_B,
+                                              "stages": [0], "export": False}))
+        with SlurmHook(ctx.profile.connection.conn_id) as hook:
+            self.seen["b"] = sync_code(ctx, hook.runner, project_root=self.tree)
+        self.seen["dirs_after_b"] = code_dirs(cluster, self.project_dir)
+
+        cluster.root("scontrol", "resume", str(job))
+        cluster.root("scontrol", "requeue", str(job))
+        self.seen["restarted"] = poll_until(
+            lambda: "(restart 1)" in job_err_log(cluster, self.project_dir, RUN_A, "stage0", str(job)),
+            timeout=600, what=f"job {job} to start again after the requeue")
+        self.seen["dirs_while_requeued"] = code_dirs(cluster, self.project_dir)
+
+
+def test_a_requeued_job_runs_its_own_code_after_another_run_synced_new_code(
+        local_cluster: LocalCluster, project_dir: str, tmp_path: Path) -> None:
+    run_b = RunB(local_cluster, project_dir, changed_tree(tmp_path / "run-b"))
+    run_b.start()
+    _, states, values = run_dag(profile="local", config="tiny", run_name=RUN_A, stages=[0], max_epochs=EPOCHS,
+                                export=False)
+    run_b.join(60)
+    assert run_b.error is None, f"{run_b.error!r}\n{job_logs_tail(local_cluster, project_dir, RUN_A, 'stage0')}"
+    assert states["stage0"] == "success", f"{states}\n{job_logs_tail(local_cluster, project_dir, RUN_A, 'stage0')}"
+
+    hash_a, synced_b = values["sync_code"]["code_hash"], run_b.seen["b"]
+    hash_b = synced_b["code_hash"]
+    assert hash_a != hash_b and synced_b["code_sent"]
+    # B's sync left A's code alone although only one directory is to be kept: A's job was suspended
+    assert run_b.seen["dirs_before_b"] == {hash_a}
+    assert synced_b["code_dirs_removed"] == []
+    assert run_b.seen["dirs_after_b"] == run_b.seen["dirs_while_requeued"] == {hash_a, hash_b}
+
+    # A's job was requeued once, resumed from its checkpoint and completed with A's code
+    summary, job = values["stage0"], run_b.seen["job"]
+    assert summary["job_ids"] == [str(job)] and summary["restarts"] >= 1, summary
+    assert summary["code_hash"] == summary["trained_code_hash"] == hash_a
+    assert summary["epochs"] == EPOCHS
+    err = job_err_log(local_cluster, project_dir, RUN_A, "stage0", str(job))
+    assert f"with code {hash_a} (restart 0)" in err and f"with code {hash_a} (restart 1)" in err
+    assert hash_b not in err
+    out = local_cluster.ssh(f"cat {shlex.quote(project_dir)}/logs/{RUN_A}/*stage0*{job}*.out").stdout
+    assert f"resumed from {project_dir}/outputs/{RUN_A}/stage0/latest.pt" in out
+    assert f"code {hash_a})" in out and "training goes on with code" not in out
+    stage = f"{project_dir}/outputs/{RUN_A}/stage0"
+    assert checkpoint_code_hash(local_cluster, f"{stage}/latest.pt") == hash_a
+    assert checkpoint_code_hash(local_cluster, f"{stage}/best.pt") == hash_a
+    complete = json.loads(local_cluster.ssh(f"cat {shlex.quote(stage)}/COMPLETE").stdout)
+    assert complete["code_hash"] == hash_a
+    assert code_dirs(local_cluster, project_dir) == {hash_a, hash_b}  # both, until A's job ended
+
+    # After A's job ended, B syncs again (nothing sent): its cleanup removes A's code once no
+    # queued job references it any more.
+    from slurm_provider.hooks import SlurmHook
+    from vcloud_pipeline.params import parse_request
+    from vcloud_pipeline.tasks import RunContext, sync_code
+
+    ctx = RunContext.build(parse_request({"profile": "local", "config": "tiny", "run_name": RUN_B,
+                                          "stages": [0], "export": False}))
+    held = local_cluster.sbatch("#!/bin/bash\ntrue\n", "--hold", "--output=/dev/null",
+                                f'--comment={{"code":"{hash_a}"}}')  # e.g. a job of run A someone queued by hand
+    try:
+        with SlurmHook(ctx.profile.connection.conn_id) as hook:
+            again = sync_code(ctx, hook.runner, project_root=run_b.tree)
+        assert not again["code_sent"] and again["code_dirs_removed"] == []
+        assert code_dirs(local_cluster, project_dir) == {hash_a, hash_b}
+    finally:
+        local_cluster.ssh(f"scancel {held}")
+    local_cluster.wait_for_state(held, {"CANCELLED"}, timeout=60)
+    with SlurmHook(ctx.profile.connection.conn_id) as hook:
+        last = sync_code(ctx, hook.runner, project_root=run_b.tree)
+    assert last["code_dirs_removed"] == [hash_a]
+    assert code_dirs(local_cluster, project_dir) == {hash_b}
