@@ -27,6 +27,7 @@ from slurm_provider.commands import (
 )
 from slurm_provider.operators import HISTORY_KEY, SlurmSubmitOperator, job_name_for
 from slurm_provider.validation import ValidationError
+from task_context import StateStore, task_context
 
 SQUEUE_STUB = """#!/bin/bash
 # prints the "queue": one line per submitted job, its comment last
@@ -129,33 +130,8 @@ def test_a_stale_lock_left_by_a_dead_submit_is_taken_over(tmp_path: Path, stubs:
 # --- the operator on the real cluster --------------------------------------------------------------
 
 
-class StateStore:
-    def __init__(self) -> None:
-        self.data: dict[str, Any] = {}
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.data.get(key, default)
-
-    def set(self, key: str, value: Any, *, retention: Any = None) -> None:
-        self.data[key] = value
-
-
-class TaskTry:
-    def __init__(self, run_id: str, try_number: int = 1, dag_id: str = "exclusive") -> None:
-        self.dag_id, self.task_id, self.run_id = dag_id, "stage1", run_id
-        self.try_number, self.map_index = try_number, -1
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        pass
-
-
-class DagRun:
-    def __init__(self, clear_number: int) -> None:
-        self.clear_number = clear_number
-
-
 def _context(run_id: str, store: StateStore, *, clear_number: int = 0, dag_id: str = "exclusive") -> dict[str, Any]:
-    return {"ti": TaskTry(run_id, dag_id=dag_id), "task_state_store": store, "dag_run": DagRun(clear_number)}
+    return task_context(run_id, store, dag_id=dag_id, task_id="stage1", clear_number=clear_number)
 
 
 def _operator(conn_id: str, log_dir: str, writes: str, version: str) -> SlurmSubmitOperator:

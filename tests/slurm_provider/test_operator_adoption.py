@@ -19,38 +19,12 @@ from slurm_provider.commands import parse_job_comment
 from slurm_provider.operators import HISTORY_KEY, SlurmSubmitOperator, job_name_for
 from slurm_provider.transport import TransportUnavailable
 from slurm_provider.validation import ValidationError
-
-
-class StateStore:
-    """What `context["task_state_store"]` offers: survives task tries of one task instance."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, Any] = {}
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.data.get(key, default)
-
-    def set(self, key: str, value: Any, *, retention: Any = None) -> None:
-        self.data[key] = value
-
-
-class TaskTry:
-    def __init__(self, run_id: str, try_number: int) -> None:
-        self.dag_id, self.task_id, self.run_id = "adoption", "train", run_id
-        self.try_number, self.map_index = try_number, -1
-        self.xcom: dict[str, Any] = {}
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        self.xcom[key] = value
-
-
-class DagRun:
-    def __init__(self, clear_number: int) -> None:
-        self.clear_number = clear_number
+from task_context import StateStore, task_context
 
 
 def _context(run_id: str, try_number: int, store: StateStore, clear_number: int = 0) -> dict[str, Any]:
-    return {"ti": TaskTry(run_id, try_number), "task_state_store": store, "dag_run": DagRun(clear_number)}
+    return task_context(run_id, store, dag_id="adoption", task_id="train", try_number=try_number,
+                        clear_number=clear_number)
 
 
 def _operator(conn_id: str, log_dir: str, script: str = "#!/bin/bash\nsleep 60\n", **kwargs: Any) -> SlurmSubmitOperator:
