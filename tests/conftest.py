@@ -96,3 +96,15 @@ def airflow_home() -> Path:
     if proc.returncode != 0:
         pytest.fail(f"airflow db migrate failed:\n{proc.stderr[-3000:]}", pytrace=False)
     return _AIRFLOW_HOME
+
+
+@pytest.fixture
+def control_dir():
+    """A short directory for ControlPath sockets (Unix socket paths are limited to ~100 bytes); any
+    master still listening there is stopped afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="cm-", dir="/tmp"))
+    yield path
+    for socket_path in path.iterdir():
+        subprocess.run(["ssh", "-S", str(socket_path), "-O", "exit", "x"], capture_output=True, timeout=10)
+        socket_path.unlink(missing_ok=True)
+    path.rmdir()

@@ -37,6 +37,13 @@ def poll_until(check: Callable[[], T | None], *, timeout: float, what: str, inte
         time.sleep(interval)
 
 
+def new_key_pair(directory: Path, name: str, passphrase: str = "") -> tuple[Path, str]:
+    """A fresh ed25519 key pair: the private key's path and the public key line (``ssh-ed25519 AAAA...``)."""
+    path = directory / name
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-f", str(path)], check=True)
+    return path, " ".join(path.with_suffix(".pub").read_text().split()[:2])
+
+
 class ClusterUnavailable(RuntimeError):
     """The local cluster could not be brought up; the message says what `cluster.sh up` printed."""
 

@@ -4,8 +4,6 @@ live job of another version, a restart)."""
 
 from __future__ import annotations
 
-import json
-import shlex
 import subprocess
 import threading
 import uuid

@@ -15,12 +15,11 @@ import shlex
 import stat
 import subprocess
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from localcluster import LocalCluster
+from localcluster import LocalCluster, new_key_pair
 from slurm_provider.hooks import SlurmHook
 from slurm_provider.transport import (
     ControlMasterNotRunning,
@@ -39,26 +38,9 @@ OPENSSH_CONN = "vcloud_local_cluster_openssh"
 PIN = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA+FyJGmYfy8zo5LMRX2V3JhRuUVxh6TdNGOkT63oaCH"
 
 
-def _keygen(directory: Path, name: str, passphrase: str = "") -> tuple[Path, str]:
-    path = directory / name
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-f", str(path)], check=True)
-    return path, " ".join(path.with_suffix(".pub").read_text().split()[:2])
-
-
 def _set_connection(monkeypatch: pytest.MonkeyPatch, conn_id: str, conn: dict) -> str:
     monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(conn))
     return conn_id
-
-
-@pytest.fixture
-def control_dir() -> Iterator[Path]:
-    """A short directory for a ControlPath socket (Unix socket paths are limited to ~100 bytes)."""
-    path = Path(tempfile.mkdtemp(prefix="cm-", dir="/tmp"))
-    yield path
-    for socket_path in path.iterdir():
-        subprocess.run(["ssh", "-S", str(socket_path), "-O", "exit", "x"], capture_output=True, timeout=10)
-        socket_path.unlink(missing_ok=True)
-    path.rmdir()
 
 
 def rsync_file(hook: SlurmHook, local: Path, remote: str) -> subprocess.CompletedProcess[str]:
@@ -109,7 +91,7 @@ def test_openssh_client_argv_rides_the_aliases_own_master() -> None:
 
 
 def test_fingerprint_of_a_pin_is_what_ssh_keygen_prints(tmp_path: Path) -> None:
-    path, public = _keygen(tmp_path, "host")
+    path, public = new_key_pair(tmp_path, "host")
     printed = subprocess.run(["ssh-keygen", "-lf", f"{path}.pub"], capture_output=True, text=True,
                              check=True).stdout
     assert host_key_fingerprint(public) == printed.split()[1]
@@ -135,7 +117,7 @@ def test_a_changed_host_key_in_sshs_log_names_both_fingerprints() -> None:
 
 
 def test_a_key_with_a_passphrase_is_written_decrypted_for_batch_mode(tmp_path: Path) -> None:
-    path, public = _keygen(tmp_path, "locked", passphrase="correct horse")
+    path, public = new_key_pair(tmp_path, "locked", passphrase="correct horse")
     opened = tmp_path / "opened"
     opened.write_text(private_key_text(path.read_text(), "correct horse"))
     opened.chmod(0o600)
@@ -194,7 +176,7 @@ def test_rsync_logs_in_with_nothing_but_the_connection(local_cluster: LocalClust
 def test_a_wrong_pinned_host_key_is_refused_by_the_hook_and_by_rsync_in_the_same_words(
         local_cluster: LocalCluster, cluster_connection: str, transport: str, tmp_path: Path,
         control_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _, wrong_key = _keygen(tmp_path, "impostor")
+    _, wrong_key = new_key_pair(tmp_path, "impostor")
     if transport == "paramiko":
         conn = local_cluster.key_only_connection()
         conn["extra"]["host_key"] = wrong_key

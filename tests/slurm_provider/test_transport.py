@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from localcluster import new_key_pair
 from ports import free_port
 from slurm_provider.transport import (
     AuthenticationFailed,
@@ -71,39 +72,6 @@ RUNNERS = {"sync": run_sync, "async": run_async}
 @pytest.fixture(params=sorted(RUNNERS))
 def run(request: pytest.FixtureRequest):
     return RUNNERS[request.param]
-
-
-def _keygen(directory: Path, name: str) -> tuple[Path, str]:
-    """A fresh ed25519 key pair; returns the private key path and the public key line."""
-    path = directory / name
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
-    return path, " ".join(path.with_suffix(".pub").read_text().split()[:2])
-
-
-@pytest.fixture
-def control_dir() -> Iterator[Path]:
-    """A short directory for ControlPath sockets (Unix socket paths are limited to ~100 bytes)."""
-    path = Path(tempfile.mkdtemp(prefix="cm-", dir="/tmp"))
-    yield path
-    for socket_path in path.iterdir():
-        subprocess.run(["ssh", "-S", str(socket_path), "-O", "exit", "x"], capture_output=True, timeout=10)
-        socket_path.unlink(missing_ok=True)
-    path.rmdir()
-
-
-def _ssh_config(local_cluster, directory: Path, control_dir: Path, **overrides: str) -> Path:
-    """A copy of the cluster's ssh config with its own ControlPath and the given options replaced."""
-    lines = []
-    for line in local_cluster.ssh_config.read_text().splitlines():
-        key = line.strip().split(" ", 1)[0]
-        if key == "ControlPath":
-            line = f"    ControlPath {control_dir}/%C"
-        elif key in overrides:
-            line = f"    {key} {overrides[key]}"
-        lines.append(line)
-    path = directory / "ssh_config"
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def _set_connection(monkeypatch: pytest.MonkeyPatch, conn_id: str, conn: dict) -> str:
@@ -224,7 +192,7 @@ def test_openssh_rides_the_control_master(local_cluster, cluster_connection: str
 def test_wrong_pinned_host_key_is_refused(local_cluster, cluster_connection: str, run, transport: str,
                                           tmp_path: Path, control_dir: Path, marker: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    _, wrong_key = _keygen(tmp_path, "impostor")
+    _, wrong_key = new_key_pair(tmp_path, "impostor")
     conn = local_cluster.connection(PARAMIKO_CONN)
     if transport == "paramiko":
         conn["extra"] = {**conn["extra"], "host_key": wrong_key}
@@ -233,7 +201,7 @@ def test_wrong_pinned_host_key_is_refused(local_cluster, cluster_connection: str
         wrong_known_hosts.write_text(f"[127.0.0.1]:{local_cluster.ssh_port} {wrong_key}\n")
         overrides = {"UserKnownHostsFile": str(wrong_known_hosts)} if transport == "openssh-config" else {}
         extra = {"transport": "openssh", "ssh_alias": "vcloud-local",
-                 "ssh_config_file": str(_ssh_config(local_cluster, tmp_path, control_dir, **overrides))}
+                 "ssh_config_file": str(local_cluster.ssh_config_copy(tmp_path, control_dir / "%C", **overrides))}
         if transport == "openssh":
             extra["host_key"] = wrong_key
         conn = {"conn_type": "ssh", "host": "127.0.0.1", "port": local_cluster.ssh_port, "extra": extra}
@@ -258,7 +226,7 @@ def test_connection_refused_is_retryable(local_cluster, cluster_connection: str,
 
 def test_openssh_connection_refused_is_retryable(local_cluster, cluster_connection: str, run, tmp_path: Path,
                                                  control_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    config = _ssh_config(local_cluster, tmp_path, control_dir, Port=str(free_port()))
+    config = local_cluster.ssh_config_copy(tmp_path, control_dir / "%C", Port=str(free_port()))
     conn_id = _set_connection(monkeypatch, "refused_openssh", {
         "conn_type": "ssh", "extra": {"transport": "openssh", "ssh_alias": "vcloud-local",
                                       "ssh_config_file": str(config)}})
@@ -269,7 +237,7 @@ def test_openssh_connection_refused_is_retryable(local_cluster, cluster_connecti
 
 def test_rejected_key_is_not_retryable(local_cluster, cluster_connection: str, run, tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    stranger, _ = _keygen(tmp_path, "stranger")
+    stranger, _ = new_key_pair(tmp_path, "stranger")
     conn = local_cluster.connection(PARAMIKO_CONN)
     conn["extra"] = {**conn["extra"], "key_file": str(stranger), "look_for_keys": False}
     conn_id = _set_connection(monkeypatch, "rejected_key", conn)
@@ -282,8 +250,8 @@ def test_openssh_without_master_says_how_to_open_one(local_cluster, cluster_conn
                                                      tmp_path: Path, control_dir: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     # Stands in for an OTP login: without the master, BatchMode ssh cannot log in.
-    stranger, _ = _keygen(tmp_path, "stranger")
-    config = _ssh_config(local_cluster, tmp_path, control_dir, IdentityFile=str(stranger))
+    stranger, _ = new_key_pair(tmp_path, "stranger")
+    config = local_cluster.ssh_config_copy(tmp_path, control_dir / "%C", IdentityFile=str(stranger))
     conn_id = _set_connection(monkeypatch, "otp_alias", {
         "conn_type": "ssh", "extra": {"transport": "openssh", "ssh_alias": "vcloud-local",
                                       "ssh_config_file": str(config)}})
@@ -300,7 +268,7 @@ def test_openssh_without_master_says_how_to_open_one(local_cluster, cluster_conn
 def test_require_control_master_never_logs_in_itself(local_cluster, cluster_connection: str, run,
                                                      tmp_path: Path, control_dir: Path, marker: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    config = _ssh_config(local_cluster, tmp_path, control_dir)  # a login that *would* succeed
+    config = local_cluster.ssh_config_copy(tmp_path, control_dir / "%C")  # a login that *would* succeed
     conn_id = _set_connection(monkeypatch, "master_only", {
         "conn_type": "ssh", "extra": {"transport": "openssh", "ssh_alias": "vcloud-local",
                                       "ssh_config_file": str(config), "require_control_master": True}})
@@ -319,7 +287,7 @@ def test_no_secret_reaches_the_logs(local_cluster, cluster_connection: str, tmp_
     extra = {k: v for k, v in conn["extra"].items() if k != "key_file"}
     conn = {**conn, "password": password, "extra": {**extra, "private_key": private_key}}
     conn_id = _set_connection(monkeypatch, "inline_key", conn)
-    _, wrong_key = _keygen(tmp_path, "impostor")
+    _, wrong_key = new_key_pair(tmp_path, "impostor")
     bad_id = _set_connection(monkeypatch, "inline_key_bad_host",
                              {**conn, "extra": {**conn["extra"], "host_key": wrong_key}})
 
