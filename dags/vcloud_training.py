@@ -4,6 +4,11 @@ Wiring only; what each task does lives in ``plugins/vcloud_pipeline`` (``tasks``
 ``preflight``, ``sync``, ``job_operator``). Trigger from the UI form, on the retraining schedule,
 or for one stage: ``airflow dags trigger vcloud_training --conf '{"stages": [2]}'``.
 
+The job tasks retry a lost watch (worker or triggerer lost, the cluster unreachable for a while)
+with the Slurm provider's defaults, adopting the job they find; a job that failed fails its task for
+good. To change that, pass e.g. ``default_args={"retries": 0}`` to the DAG below, or ``retries=``
+to one task.
+
 Deployment settings (read when the file is parsed, no I/O): ``VCLOUD_TRAINING_SCHEDULE``
 (cron or preset, default ``@monthly``; ``none`` for manual runs only) and
 ``VCLOUD_DEFAULT_PROFILE`` (default ``local``).

@@ -6,6 +6,12 @@ the trigger event. Before submitting, and after a submit whose answer was lost (
 ``sbatch`` ran), the operator looks the job up on the cluster and adopts it instead of submitting
 a duplicate. Waiting states never fail the task; an interrupted end (time limit, node failure,
 preemption without requeue) is resubmitted within per-cause budgets when the job made progress.
+
+Task retries are for a lost watch only (worker or triggerer lost, the cluster unreachable for longer
+than the trigger waits): every task retries by default, and a retry adopts the job it finds. A job
+that itself ended badly (failed, out of memory, cancelled, can never start, resubmission budget
+spent) fails the task with :class:`AirflowFailException`, which Airflow never retries, so a broken
+job is not submitted again behind anyone's back.
 """
 
 from __future__ import annotations
@@ -14,11 +20,11 @@ import hashlib
 import re
 import time
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
-from airflow.exceptions import AirflowException
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from slurm_provider.commands import JobComment, exclusive_dir_marker, parse_job_comment
 from slurm_provider.exit_codes import explain_exit
@@ -65,6 +71,13 @@ def log_excerpt(text: str, lines: int = TAIL_LINES, traceback_lines: int = TRACE
 
 _CODE_VERSION = re.compile(r"^[A-Za-z0-9._:+-]{1,128}$")
 
+# Task retries of a job task: enough to ride out a lost worker or a cluster login node that is down
+# for a while (2-4 min, then 4-8 min with Airflow's jittered doubling), never resubmitting a failed job.
+DEFAULT_RETRIES = 2
+DEFAULT_RETRY_DELAY = timedelta(minutes=2)
+DEFAULT_RETRY_EXPONENTIAL_BACKOFF = 2.0
+DEFAULT_MAX_RETRY_DELAY = timedelta(minutes=30)
+
 
 def job_name_for(dag_id: str, task_id: str, run_id: str, map_index: int = -1) -> str:
     """Deterministic, Slurm-safe job name of one task in one DAG run (the key adoption searches by)."""
@@ -104,6 +117,10 @@ class SlurmSubmitOperator(BaseOperator):
         that directory) for a live job of the login user whose comment names it, and adopts it
         instead of submitting a second writer; one running another ``code_version`` fails the task,
         naming the job.
+    :param retries, retry_delay, retry_exponential_backoff, max_retry_delay: Airflow's task retries,
+        here on by default (``DEFAULT_RETRIES`` tries more, from 2 minutes apart, doubling). A retry
+        adopts the job it finds; a job that ended badly fails the task without retry. Set them per
+        task or per DAG (``default_args``); ``retries=0`` turns them off.
     """
 
     template_fields: Sequence[str] = ("script", "log_dir", "partition", "account", "time_limit",
@@ -121,8 +138,13 @@ class SlurmSubmitOperator(BaseOperator):
                  poll_interval: float = 15.0, max_poll_interval: float = 300.0,
                  first_poll_delay: float = 10.0, gpu_billing_factor: float = 1.0,
                  exit_code_meanings: Mapping[int, str] | None = None, exclusive_dir: str | None = None,
-                 **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+                 retries: int | None = DEFAULT_RETRIES, retry_delay: timedelta | float = DEFAULT_RETRY_DELAY,
+                 retry_exponential_backoff: float = DEFAULT_RETRY_EXPONENTIAL_BACKOFF,
+                 max_retry_delay: timedelta | float | None = DEFAULT_MAX_RETRY_DELAY, **kwargs: Any) -> None:
+        # Named parameters (not kwargs.setdefault): Airflow fills a parameter of this signature from
+        # the DAG's default_args when the task does not set it, so default_args win over these defaults.
+        super().__init__(retries=retries, retry_delay=retry_delay, max_retry_delay=max_retry_delay,
+                         retry_exponential_backoff=retry_exponential_backoff, **kwargs)
         self.conn_id = conn_id
         self.script = script
         self.log_dir = log_dir
@@ -146,7 +168,10 @@ class SlurmSubmitOperator(BaseOperator):
     # --- execute: adopt or submit, then defer ------------------------------------------------------
 
     def execute(self, context: Any) -> Any:
-        self._validate()
+        try:
+            self._validate()
+        except ValidationError as exc:
+            raise AirflowFailException(str(exc)) from exc
         with self._hook() as hook:
             return self._adopt_or_submit(context, hook)
 
@@ -168,8 +193,12 @@ class SlurmSubmitOperator(BaseOperator):
                 return self._finish(context, hook, history, status)
             if status is not None and status.state.is_retryable:
                 return self._after_interruption(context, hook, history, status)
-            self.log.info("Previous job %s ended %s; this try submits a new job", current.job_id,
-                          status.state.value if status else "UNKNOWN")
+            if status is not None and status.state.is_terminal:
+                # The watch was lost and the job ended badly meanwhile: the same as seeing it end.
+                ended = self._accounted(hook, status)
+                raise AirflowFailException(self._failure_message(hook, ended, context))
+            self.log.info("Previous job %s is known neither to squeue nor to sacct; this try submits a new "
+                          "job", current.job_id)
             return self._submit(context, hook, history, cause="retry")
         adopted = self._find_own_job(context, hook, number=1)
         if adopted is not None:
@@ -186,7 +215,7 @@ class SlurmSubmitOperator(BaseOperator):
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         missing = [key for key in EVENT_KEYS if key not in (event or {})]
         if missing:
-            raise AirflowException(f"trigger event lacks {missing}: {event!r}")
+            raise AirflowFailException(f"trigger event lacks {missing}: {event!r}")
         history = SubmissionHistory.merge(self.history_since_clear(context),
                                           SubmissionHistory.from_json(event["carry"].get("history")),
                                           ).since_clear(self._clear_number(context))
@@ -195,25 +224,26 @@ class SlurmSubmitOperator(BaseOperator):
             return self._interpret(context, hook, history, event)
 
     def _interpret(self, context: Any, hook: Any, history: SubmissionHistory, event: dict[str, Any]) -> Any:
+        """Map the trigger's event to success, a resubmission, a retry (lost watch) or a final failure."""
         kind, job_id = event["kind"], event["job_id"]
         if kind == ERROR:
             raise AirflowException(f"{event['message']}. The job may still be running: a retry of this "
                                    "task adopts it instead of submitting again.")
         if kind == LOST:
-            raise AirflowException(f"{event['message']}; check `sacct -j {job_id}` on the cluster.")
+            raise AirflowException(f"{event['message']}; check `sacct -j {job_id}` on the cluster. A retry "
+                                   "of this task looks for the job again before submitting another.")
+        if kind not in (FINISHED, NEVER_STARTS):
+            raise AirflowFailException(f"unknown trigger event kind {kind!r}")
         status = JobStatus.from_event(event["status"])
-        if kind == FINISHED:
-            status = self._accounted(hook, status)
         if kind == NEVER_STARTS:
             self._cancel_own(hook, status, context)
-            raise AirflowException(f"{event['message']}. Job {job_id} was cancelled.")
-        if kind != FINISHED:
-            raise AirflowException(f"unknown trigger event kind {kind!r}")
+            raise AirflowFailException(f"{event['message']}. Job {job_id} was cancelled.")
+        status = self._accounted(hook, status)
         if status.state.is_success:
             return self._finish(context, hook, history, status)
         if status.state.is_retryable:
             return self._after_interruption(context, hook, history, status)
-        raise AirflowException(self._failure_message(hook, status, context))
+        raise AirflowFailException(self._failure_message(hook, status, context))
 
     # --- submitting ------------------------------------------------------------------------------
 
@@ -236,7 +266,8 @@ class SlurmSubmitOperator(BaseOperator):
                 job_id = str(hook.submit(self.script, **options).job_id)
         except SbatchRefused as exc:
             hints = format_hints(find_submit_hints(str(exc)))
-            raise AirflowException(f"sbatch refused {name}: {exc}" + (f"\nHint: {hints}" if hints else "")) from exc
+            raise AirflowFailException(f"sbatch refused {name}: {exc}"
+                                       + (f"\nHint: {hints}" if hints else "")) from exc
         except TransportError as exc:
             if not exc.retryable:
                 raise AirflowException(f"cannot submit {name} on {self.conn_id}: {exc}") from exc
@@ -283,8 +314,8 @@ class SlurmSubmitOperator(BaseOperator):
                                        progress_now=progress, probe_configured=bool(self.progress_path))
         self.log.warning("Job %s ended %s: %s", status.job_id, status.state.value, decision.message)
         if not decision.resubmit:
-            raise AirflowException(f"{self._failure_message(hook, status, context)}\nNot resubmitted: "
-                                   f"{decision.message}")
+            raise AirflowFailException(f"{self._failure_message(hook, status, context)}\nNot resubmitted: "
+                                       f"{decision.message}")
         self.check_before_resubmit(context, hook)
         return self._submit(context, hook, history, cause=decision.cause, progress=progress)
 

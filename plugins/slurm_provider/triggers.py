@@ -22,6 +22,14 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from slurm_provider.poller import shared_poller
 from slurm_provider.states import SlurmState, StateCategory, classify_pending_reason
 from slurm_provider.status import JobStatus
+from slurm_provider.watch_state import (
+    TaskKey,
+    WatchNote,
+    ended_by_a_person,
+    recall_watch,
+    remember_watch,
+    task_state,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +57,17 @@ class SlurmJobTrigger(BaseTrigger):
     :param first_poll_delay: wait before the first query (keep >= 10 s in deployments: a trigger
         firing within seconds of deferral can race the scheduler).
     :param log_path: the job's output file on the cluster; new lines are copied to the task log.
-    :param log_offset: bytes of ``log_path`` already shown (survives triggerer restarts).
+    :param log_offset: bytes of ``log_path`` already shown. In a triggerer the trigger also notes its
+        progress (offsets, last state announced) as an XCom of the task try, so a restarted triggerer
+        goes on where the last one stopped instead of showing lines again.
     :param err_log_path: the job's error output file (``sbatch --error``), streamed like ``log_path``
         with its lines marked ``stderr``.
     :param err_log_offset: bytes of ``err_log_path`` already shown.
     :param pending_policy: ``fail`` ends the wait when the pending reason means the job can never
         start (e.g. the allocation is used up); ``warn`` logs it and keeps waiting.
     :param expected_job_name: the job's name, checked before ``on_kill`` cancels anything, so a
-        recycled job id of someone else's job is never cancelled.
+        recycled job id of someone else's job is never cancelled. None (a sensor watching a job
+        submitted elsewhere): ``on_kill`` never cancels.
     :param unknown_grace_polls: consecutive polls in which neither squeue nor sacct knows the job
         before it is reported lost (accounting reaches slurmdbd with a lag).
     :param carry: opaque JSON-safe data returned unchanged in the event.
@@ -121,7 +132,11 @@ class SlurmJobTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         poller = shared_poller(self.conn_id, _hook_factory(self.conn_id))
-        last_state: SlurmState | None = None
+        task = TaskKey.of(self.task_instance)
+        note = await self._recalled(task)
+        self.log_offset = max(self.log_offset, note.log_offset)
+        self.err_log_offset = max(self.err_log_offset, note.err_offset)
+        last_state = SlurmState(note.state) if note.state in SlurmState.__members__ else None
         warned_reason: str | None = None
         waiting_for: str | None = None
         unknown_polls = 0
@@ -150,8 +165,11 @@ class SlurmJobTrigger(BaseTrigger):
                     self.log.info("[job %s] %s", self.job_id, line)
                 for line in update.new_err_text.splitlines():
                     self.log.info("[job %s stderr] %s", self.job_id, line)
+                shown = bool(update.new_log_text or update.new_err_text)
                 status = update.status
                 if status is None or status.state is SlurmState.UNKNOWN:
+                    if shown:
+                        await self._remember(task, last_state)
                     unknown_polls += 1
                     if unknown_polls >= self.unknown_grace_polls:
                         yield self._event(LOST, status, f"job {self.job_id} is known neither to squeue nor to "
@@ -161,7 +179,9 @@ class SlurmJobTrigger(BaseTrigger):
                 unknown_polls = 0
                 if status.state is not last_state:
                     self.log.info("Job %s %s", self.job_id, _describe(status))
-                    last_state = status.state
+                    last_state, shown = status.state, True
+                if shown:
+                    await self._remember(task, last_state)
                 if status.state.is_terminal:
                     yield self._event(FINISHED, status, _describe(status))
                     return
@@ -176,8 +196,53 @@ class SlurmJobTrigger(BaseTrigger):
                             self.log.warning("%s (still waiting: pending_policy=warn)", text)
                             warned_reason = status.reason
 
+    async def _recalled(self, task: TaskKey | None) -> WatchNote:
+        """What an earlier trigger of this task try showed already (a triggerer restart loses nothing)."""
+        if task is None:
+            return WatchNote(self.log_offset, err_offset=self.err_log_offset)
+        try:
+            return await asyncio.wait_for(recall_watch(task, self.job_id, self.log_path), timeout=30)
+        except Exception as exc:  # never fail the watch over it: at worst lines are shown twice
+            self.log.warning("Could not read how far the watch of job %s got (%s); showing %s from byte %d",
+                             self.job_id, exc, self.log_path, self.log_offset)
+            return WatchNote(self.log_offset)
+
+    async def _remember(self, task: TaskKey | None, state: SlurmState | None) -> None:
+        if task is None:
+            return
+        note = WatchNote(self.log_offset, state.value if state is not None else None, self.err_log_offset)
+        try:
+            await asyncio.wait_for(remember_watch(task, self.job_id, self.log_path, note), timeout=30)
+        except Exception as exc:
+            self.log.warning("Could not note how far the watch of job %s got (%s); a restarted triggerer may "
+                             "show some lines again", self.job_id, exc)
+
     async def on_kill(self) -> None:
-        """A person stopped the task: cancel the job, but only if it is still the job we submitted."""
+        """Airflow stopped this watch because of something done to the task: cancel the job when a
+        person ended the task (marked it failed, success or skipped) and it is still our job.
+
+        Airflow 3.3 calls this whenever the trigger leaves a running triggerer, which also happens
+        when the task was cleared (its next try adopts the job) or the trigger moved to another
+        triggerer (the task is still deferred): the task's state tells them apart. A triggerer that
+        shuts down or restarts never calls it.
+        """
+        if not self.expected_job_name:
+            self.log.info("Watch of job %s stopped; the job was submitted elsewhere, so it is left running",
+                          self.job_id)
+            return
+        task = TaskKey.of(self.task_instance)
+        if task is not None:
+            try:
+                state = await asyncio.wait_for(task_state(task), timeout=20)
+            except Exception as exc:
+                self.log.warning("Watch of job %s stopped, but the task's state could not be read (%s): not "
+                                 "cancelling it; run `scancel %s` on the cluster if it should stop",
+                                 self.job_id, exc, self.job_id)
+                return
+            if not ended_by_a_person(state):
+                self.log.info("Watch of job %s stopped while the task is %s (cleared or moved to another "
+                              "triggerer): the job keeps running for the task to adopt", self.job_id, state)
+                return
         from slurm_provider.hooks import SlurmAsyncHook
 
         hook = SlurmAsyncHook(self.conn_id)
@@ -187,7 +252,7 @@ class SlurmJobTrigger(BaseTrigger):
             if status is None or status.state.is_terminal or status.state is SlurmState.UNKNOWN:
                 self.log.info("Task stopped; job %s has already ended, nothing to cancel", self.job_id)
                 return
-            if self.expected_job_name and status.name != self.expected_job_name:
+            if status.name != self.expected_job_name:
                 self.log.warning("Task stopped, but job %s is now named %r, not %r: not cancelling it",
                                  self.job_id, status.name, self.expected_job_name)
                 return

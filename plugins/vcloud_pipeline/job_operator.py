@@ -153,8 +153,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
                 self.log.info("%s: %s", self.job, decision.reason)
                 if not decision.submit:
                     raise AirflowSkipException(decision.reason)
-                if decision.restart:
-                    self._refuse_restart_under_a_live_writer(hook)
+                if decision.restart and not self._restart_already_submitted(context, hook):
                     moved = move_aside(hook.runner, ctx.paths.stage_dir(int(self.job[5:])), now_stamp())
                     if moved:
                         self.log.warning("mode restart: moved the previous outputs (best.pt included) to %s", moved)
@@ -162,14 +161,22 @@ class PipelineJobOperator(SlurmSubmitOperator):
         summary = super().execute(context)  # defers; returns only when the job had already completed
         return self._report(context, summary)
 
-    def _refuse_restart_under_a_live_writer(self, hook: Any) -> None:
+    def _restart_already_submitted(self, context: Any, hook: Any) -> bool:
+        """Whether this task's own restarted job already writes the stage (a try that died between
+        ``sbatch`` and recording it: the retry adopts it, nothing is moved aside). Another job writing
+        it stops the restart: moving its outputs aside under it would lose them."""
         live = hook.live_writers(self.exclusive_dir) if self.exclusive_dir else []
-        if live:
-            job = live[0]
-            raise AirflowFailException(
-                f"mode restart would move {self.exclusive_dir} aside while job {job.job_id} ({job.name}, "
-                f"{job.state.value}) still writes it. Wait for it to end, or cancel it (scancel {job.job_id}), "
-                "then run again.")
+        if not live:
+            return False
+        job = live[0]
+        if job.name == self._job_name(context):
+            self.log.info("mode restart: job %s of this task already restarted %s; adopting it", job.job_id,
+                          self.exclusive_dir)
+            return True
+        raise AirflowFailException(
+            f"mode restart would move {self.exclusive_dir} aside while job {job.job_id} ({job.name}, "
+            f"{job.state.value}) still writes it. Wait for it to end, or cancel it (scancel {job.job_id}), "
+            "then run again.")
 
     def check_before_resubmit(self, context: Any, hook: Any) -> None:
         """A resubmission spends the allocation again: its worst case must still fit."""

@@ -94,3 +94,20 @@ def test_an_unknown_profile_fails_the_plan_and_nothing_is_submitted(dag, capfd) 
     for task_id in ORDER[1:-1]:
         assert states[task_id] == "upstream_failed", (task_id, states)
     assert "Submitted job" not in out
+
+
+JOB_TASKS = ["prepare_data", "preflight_imports", "stage0", "stage1", "stage2", "stage3", "export"]
+
+
+def test_job_tasks_retry_a_lost_watch_by_default_as_the_scheduler_sees_them(dag) -> None:
+    # The scheduler decides retries from the serialized DAG, not from the parsed file.
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    from slurm_provider.operators import DEFAULT_MAX_RETRY_DELAY, DEFAULT_RETRIES, DEFAULT_RETRY_DELAY
+
+    serialized = DagSerialization.from_dict(DagSerialization.to_dict(dag))
+    for task_id in JOB_TASKS:
+        task = serialized.get_task(task_id)
+        assert (task.retries, task.retry_delay, task.retry_exponential_backoff, task.max_retry_delay) == \
+            (DEFAULT_RETRIES, DEFAULT_RETRY_DELAY, 2.0, DEFAULT_MAX_RETRY_DELAY), task_id
+    assert serialized.get_task("plan").retries == 0  # a bad param stays bad: no retry

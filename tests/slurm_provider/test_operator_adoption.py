@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from airflow.exceptions import TaskDeferred
+from airflow.sdk.exceptions import AirflowFailException
 
 from localcluster import LocalCluster, poll_until
 from slurm_provider import hooks
@@ -107,6 +108,19 @@ def test_new_try_after_the_job_completed_finishes_without_submitting(
     assert _jobs_named(local_cluster, job_name_for("adoption", "train", run_id)) == [job_id]
 
 
+def test_retry_that_finds_its_job_failed_fails_for_good_without_submitting(
+        local_cluster: LocalCluster, cluster_connection: str, run_id: str) -> None:
+    # The watch was lost (worker killed) and the job failed meanwhile: the retry must not resubmit it.
+    store, log_dir = StateStore(), local_cluster.test_dir()
+    op = _operator(cluster_connection, log_dir, script="#!/bin/bash\necho broken\nexit 3\n")
+    job_id = _deferred_job(op, _context(run_id, 1, store))
+    local_cluster.wait_for_state(int(job_id), {"FAILED"}, timeout=60)
+    with pytest.raises(AirflowFailException, match=f"Slurm job {job_id} ended FAILED") as failed:
+        op.execute(_context(run_id, 2, store))
+    assert "Exit code 3." in str(failed.value) and "broken" in str(failed.value)
+    assert _jobs_named(local_cluster, job_name_for("adoption", "train", run_id)) == [job_id]
+
+
 @pytest.mark.parametrize("store_survives", [True, False])
 def test_cleared_task_submits_a_new_job_instead_of_adopting_the_completed_one(
         local_cluster: LocalCluster, cluster_connection: str, run_id: str, store_survives: bool,
@@ -173,7 +187,8 @@ def test_bad_input_is_refused_before_any_ssh(field: str, value: Any, monkeypatch
     monkeypatch.setattr(hooks.SlurmHook, "__init__", no_ssh)
     kwargs = {"log_dir": "/srv/vcloud/scratch/vcloud/logs", field: value}
     op = SlurmSubmitOperator(task_id="train", conn_id="unused", script="#!/bin/bash\ntrue\n", **kwargs)
-    with pytest.raises(ValidationError) as error:
+    with pytest.raises(AirflowFailException) as error:  # bad input stays bad: no retry
         op.execute(_context(run_id, 1, StateStore()))
-    assert error.value.field == field
+    assert isinstance(error.value.__cause__, ValidationError) and error.value.__cause__.field == field
+    assert str(error.value).startswith(f"{field}: ")
     assert not Path("/tmp/pwned").exists()

@@ -8,6 +8,7 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -140,6 +141,48 @@ def test_on_kill_never_cancels_a_job_that_is_not_ours(local_cluster: LocalCluste
         assert local_cluster.current_state(int(job_id)) == "RUNNING"
     finally:
         SlurmHook(cluster_connection).cancel(job_id)
+
+
+def _no_ssh(*args: Any, **kwargs: Any) -> None:
+    raise AssertionError("on_kill must not reach the cluster here")
+
+
+@pytest.mark.parametrize("task_state", [None, "scheduled", "deferred"])
+def test_on_kill_leaves_the_job_when_the_task_was_cleared_or_the_trigger_moved(
+        task_state: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_provider import hooks, triggers
+
+    async def state_of(key: Any) -> str | None:
+        return task_state
+
+    monkeypatch.setattr(triggers, "task_state", state_of)
+    monkeypatch.setattr(hooks, "SlurmAsyncHook", _no_ssh)
+    trigger = SlurmJobTrigger(conn_id="c", job_id="12", expected_job_name="ours", **FAST)
+    trigger.task_instance = SimpleNamespace(dag_id="d", task_id="t", run_id="r", map_index=-1)
+    asyncio.run(trigger.on_kill())
+
+
+def test_on_kill_leaves_the_job_when_the_task_state_cannot_be_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_provider import hooks, triggers
+
+    async def unreadable(key: Any) -> str | None:
+        raise ConnectionError("supervisor gone")
+
+    monkeypatch.setattr(triggers, "task_state", unreadable)
+    monkeypatch.setattr(hooks, "SlurmAsyncHook", _no_ssh)
+    trigger = SlurmJobTrigger(conn_id="c", job_id="12", expected_job_name="ours", **FAST)
+    trigger.task_instance = SimpleNamespace(dag_id="d", task_id="t", run_id="r", map_index=-1)
+    with structlog.testing.capture_logs() as logs:
+        asyncio.run(trigger.on_kill())
+    assert any("run `scancel 12`" in str(entry.get("event")) for entry in logs), logs
+
+
+def test_on_kill_of_a_sensor_watch_never_cancels_a_job_submitted_elsewhere(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_provider import hooks
+
+    monkeypatch.setattr(hooks, "SlurmAsyncHook", _no_ssh)
+    asyncio.run(SlurmJobTrigger(conn_id="c", job_id="12", expected_job_name=None, **FAST).on_kill())
 
 
 def test_triggers_of_one_cluster_share_one_connection_and_one_query_per_cycle(

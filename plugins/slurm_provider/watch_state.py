@@ -1,0 +1,97 @@
+"""What a trigger keeps and asks about its own task in Airflow, over the triggerer's Execution API link.
+
+* **How far the watch got**: the bytes of the job's log already copied into the task log and the
+  last job state announced there, kept as an XCom of the task try. A triggerer that restarts
+  rebuilds every trigger from the arguments it had when the task deferred (offset 0); without this
+  note the new trigger would copy the whole log into the task log again and announce the state
+  again. XComs live as long as the try: a retry starts a new task log, shown from the start.
+* **The task instance's state**, read when Airflow stops a trigger. Airflow 3.3 calls a trigger's
+  ``on_kill`` whenever the trigger leaves a running triggerer: when a person marked the task failed,
+  successful or skipped, but also when the task was cleared (its next try adopts the job) and when
+  the trigger moved to another triggerer (the task is still deferred). Only the first is a stop.
+
+Every function here needs the triggerer's supervisor link; a trigger run without one (in a test, or
+in ``airflow dags test``) has no task instance attached and does not call them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+WATCH_XCOM_KEY = "slurm_watch"
+"""XCom of the task try holding ``{"job_id", "log_path", "log_offset", "state", "err_offset"}`` of the watch
+in progress."""
+
+ENDED_BY_A_PERSON = frozenset({"failed", "success", "skipped", "upstream_failed", "removed"})
+"""Task instance states in which a stopped trigger means "stop the job": the task was ended for good."""
+
+
+def ended_by_a_person(task_state: str | None) -> bool:
+    """True when a stopped watch's task has ended (marked failed, success, skipped...), so its job should
+    stop too; False for a cleared task (None, scheduled, queued...: the next try adopts the job) or a
+    task still deferred (the trigger moved to another triggerer)."""
+    return task_state in ENDED_BY_A_PERSON
+
+
+@dataclass(frozen=True)
+class TaskKey:
+    """The task instance a trigger serves (the triggerer attaches it as ``trigger.task_instance``)."""
+
+    dag_id: str
+    task_id: str
+    run_id: str
+    map_index: int = -1
+
+    @classmethod
+    def of(cls, task_instance: Any) -> TaskKey | None:
+        if task_instance is None:
+            return None
+        map_index = getattr(task_instance, "map_index", -1)
+        return cls(task_instance.dag_id, task_instance.task_id, task_instance.run_id,
+                   -1 if map_index is None else int(map_index))
+
+
+@dataclass(frozen=True)
+class WatchNote:
+    """How far the watch of one job got in this task try."""
+
+    log_offset: int = 0
+    """Bytes of the job's log already copied into the task log."""
+    state: str | None = None
+    """The last job state announced in the task log (a ``SlurmState`` value)."""
+    err_offset: int = 0
+    """Bytes of the job's error output already copied into the task log."""
+
+
+async def recall_watch(key: TaskKey, job_id: str, log_path: str | None) -> WatchNote:
+    """What an earlier trigger of this try noted about watching ``job_id`` (nothing: a fresh note)."""
+    from airflow.sdk.execution_time.xcom import XCom
+
+    note = await XCom.aget_one(key=WATCH_XCOM_KEY, dag_id=key.dag_id, task_id=key.task_id, run_id=key.run_id,
+                               map_index=key.map_index)
+    if isinstance(note, dict) and note.get("job_id") == job_id and note.get("log_path") == log_path:
+        return WatchNote(int(note.get("log_offset") or 0), note.get("state"), int(note.get("err_offset") or 0))
+    return WatchNote()
+
+
+async def remember_watch(key: TaskKey, job_id: str, log_path: str | None, note: WatchNote) -> None:
+    from airflow.sdk.execution_time.xcom import XCom
+
+    await XCom.aset(WATCH_XCOM_KEY, {"job_id": job_id, "log_path": log_path, "log_offset": note.log_offset,
+                                     "state": note.state, "err_offset": note.err_offset},
+                    dag_id=key.dag_id, task_id=key.task_id, run_id=key.run_id, map_index=key.map_index)
+
+
+async def task_state(key: TaskKey) -> str | None:
+    """The task instance's current state as Airflow's API reports it (None: no state, e.g. cleared)."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    states = await asyncio.to_thread(
+        RuntimeTaskInstance.get_task_states, dag_id=key.dag_id, task_ids=[key.task_id], run_ids=[key.run_id],
+        map_index=key.map_index if key.map_index >= 0 else None)
+    of_run = (states or {}).get(key.run_id, {})
+    name = key.task_id if key.map_index < 0 else f"{key.task_id}_{key.map_index}"
+    state = of_run.get(name)
+    return None if state is None else str(getattr(state, "value", state))

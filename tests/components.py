@@ -1,0 +1,107 @@
+"""A real Airflow deployment run as its separate components, each a process the test owns.
+
+``airflow standalone`` starts the same four components but never restarts one, and hides their
+process ids. Here ``airflow api-server``, ``scheduler`` (LocalExecutor), ``dag-processor`` and
+``triggerer`` each run in their own session (so a component and its children can be stopped
+together), configured by :func:`standalone.airflow_env`, with their output in ``<home>/<name>.log``
+(a restarted component appends to its log).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+
+
+class Deployment:
+    """The four components on one Airflow home; ``stop``/``start`` restart one of them."""
+
+    def __init__(self, env: dict[str, str], home: Path) -> None:
+        self.env = {**env, "AIRFLOW__CORE__EXECUTOR": "LocalExecutor"}
+        self.home = home
+        self.base = env["AIRFLOW__API__BASE_URL"]
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, command: str | None = None) -> subprocess.Popen[bytes]:
+        """Start ``airflow <command>`` (default: ``name``) as the component called ``name``."""
+        assert name not in self.procs or self.procs[name].poll() is not None, f"{name} is running"
+        with open(self.home / f"{name}.log", "ab") as log:
+            log.write(f"\n===== starting {name} at {time.strftime('%H:%M:%S')} =====\n".encode())
+            log.flush()
+            argv = [sys.executable, "-m", "airflow", command or name]
+            self.procs[name] = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                                start_new_session=True)
+        return self.procs[name]
+
+    def send(self, name: str, sig: int) -> None:
+        """Send ``sig`` to the component's whole process group (e.g. SIGSTOP/SIGCONT to freeze it)."""
+        os.killpg(self.procs[name].pid, sig)
+
+    def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 120) -> int:
+        """Send ``sig`` to the component's process group (the component and the children it forked)."""
+        proc = self.procs[name]
+        if proc.poll() is None:
+            if sig == signal.SIGKILL:
+                os.killpg(proc.pid, sig)  # a crash takes the whole component with it
+            else:
+                proc.send_signal(sig)  # a graceful stop: the component stops its children itself
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+        _kill_leftovers(proc.pid)
+        return proc.returncode
+
+    def wait_until_up(self, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.base}/api/v2/monitor/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            dead = [n for n, p in self.procs.items() if p.poll() is not None]
+            assert not dead, f"{dead} exited early; see {self.log_tail(dead[0])}"
+            assert time.monotonic() < deadline, \
+                f"API server not up within {timeout:.0f} s\n{self.log_tail('api-server')}"
+            time.sleep(1)
+
+    def log_tail(self, name: str, chars: int = 3000) -> str:
+        path = self.home / f"{name}.log"
+        text = path.read_text(errors="replace")[-chars:] if path.exists() else "(none)"
+        return f"--- {path} ---\n{text}"
+
+    def __enter__(self) -> Deployment:
+        for name in COMPONENTS:
+            self.start(name)
+        try:
+            self.wait_until_up()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name in reversed(list(self.procs)):
+            if self.procs[name].poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self.send(name, signal.SIGCONT)  # a frozen component could not stop
+            self.stop(name, signal.SIGTERM, timeout=60)
+
+
+def _kill_leftovers(pgid: int) -> None:
+    """Children of a stopped component that outlived it (same process group) are stopped too."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
