@@ -73,6 +73,10 @@ class SlurmSubmitOperator(BaseOperator):
     :param pending_policy: ``fail`` (default) or ``warn`` when the pending reason means the job can
         never start.
     :param gpu_billing_factor: GPU-hours billed per GPU wall-hour (1.0 on LUMI: one GCD-hour each).
+    :param exit_codes: what the job's own exit codes mean, one plain sentence each, for the failure
+        message (e.g. ``{87: "the job was given GPUs, but PyTorch saw fewer ..."}``).
+    :param hint_overrides: a site's own advice for known failure signatures, by hint key (see
+        :mod:`slurm_provider.hints`), used instead of the generic text.
     """
 
     template_fields: Sequence[str] = ("script", "log_dir", "partition", "account", "time_limit",
@@ -87,7 +91,9 @@ class SlurmSubmitOperator(BaseOperator):
                  stage: str | None = None, progress_path: str | None = None,
                  resubmit_budgets: Mapping[str, int] | None = None, pending_policy: str = "fail",
                  poll_interval: float = 15.0, max_poll_interval: float = 300.0,
-                 first_poll_delay: float = 10.0, gpu_billing_factor: float = 1.0, **kwargs: Any) -> None:
+                 first_poll_delay: float = 10.0, gpu_billing_factor: float = 1.0,
+                 exit_codes: Mapping[int, str] | None = None, hint_overrides: Mapping[str, str] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.conn_id = conn_id
         self.script = script
@@ -105,6 +111,8 @@ class SlurmSubmitOperator(BaseOperator):
         self.max_poll_interval = max_poll_interval
         self.first_poll_delay = first_poll_delay
         self.gpu_billing_factor = gpu_billing_factor
+        self.exit_codes = dict(exit_codes or {})
+        self.hint_overrides = dict(hint_overrides or {})
 
     # --- execute: adopt or submit, then defer ------------------------------------------------------
 
@@ -306,9 +314,11 @@ class SlurmSubmitOperator(BaseOperator):
         if status.reason and status.reason not in ("None", ""):
             parts.append(f"Reason: {status.reason}.")
         if status.exit_code is not None:
-            parts.append(f"Exit code {status.exit_code}" + (f", signal {status.signal}" if status.signal else "") + ".")
+            code = f"Exit code {status.exit_code}" + (f", signal {status.signal}" if status.signal else "")
+            meaning = self.exit_codes.get(status.exit_code)
+            parts.append(f"{code}: {meaning}." if meaning else f"{code}.")
         parts.append(f"Log: {log_path}")
-        hint = hint_for(tail, state=status.state)
+        hint = hint_for(tail, state=status.state, overrides=self.hint_overrides)
         if hint:
             parts.append(f"Hint: {hint}")
         if tail:

@@ -20,6 +20,7 @@ from slurm_provider.resubmission import DEFAULT_BUDGETS
 
 from vcloud_pipeline.assets import asset_for
 from vcloud_pipeline.budget import BudgetExceeded, check_budget
+from vcloud_pipeline.exitcodes import MEANINGS as JOB_EXIT_CODES
 from vcloud_pipeline.preflight import read_ledger
 from vcloud_pipeline.remote import move_aside
 from vcloud_pipeline.stages import (
@@ -47,6 +48,9 @@ POLL_ENV = {
 
 _PLACEHOLDER_SCRIPT = "#!/bin/bash\n# bound from the sync_code XCom at run time\n"
 
+GPUS_NOT_VISIBLE = "gpus_not_visible"
+"""The hint (``slurm_provider.hints``) whose advice is the profile's ``accelerator.missing_gpu_hint``."""
+
 
 class PipelineJobOperator(SlurmSubmitOperator):
     """Submit the run's job ``job`` (``data``, ``preflight``, ``stage0``..``stage3``, ``export``).
@@ -63,6 +67,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
         kwargs.setdefault("conn_id", "vcloud_unbound")
         kwargs.setdefault("script", _PLACEHOLDER_SCRIPT)
         kwargs.setdefault("log_dir", "/unbound")
+        kwargs.setdefault("exit_codes", JOB_EXIT_CODES)
         super().__init__(stage=job, **kwargs)
         self.job = job
         self.plan_task = plan_task
@@ -89,6 +94,8 @@ class PipelineJobOperator(SlurmSubmitOperator):
         budget = ctx.request.max_resubmits
         self.resubmit_budgets = {cause: budget for cause in DEFAULT_BUDGETS}
         self.gpu_billing_factor = ctx.profile.billing.factor
+        if ctx.profile.accelerator.missing_gpu_hint:
+            self.hint_overrides = {GPUS_NOT_VISIBLE: ctx.profile.accelerator.missing_gpu_hint}
         for attr, (env, default) in POLL_ENV.items():
             setattr(self, attr, float(os.environ.get(env, default)))
         return ctx, synced

@@ -22,17 +22,20 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
+from vcloud_pipeline.exitcodes import EXIT_CODE_MISMATCH, EXIT_GPUS_MISSING, EXIT_REQUEUE
 from vcloud_pipeline.jobspec import JobKind, JobSpec, Resources, resolve_resources
 from vcloud_pipeline.layout import RunPaths
 from vcloud_pipeline.profiles import RUNTIME_JOB_ID, ClusterProfile, ContainerSpec, format_slurm_time
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "include" / "sbatch"
 
-EXIT_REQUEUE = 85
-"""The trainer's "stopped on a signal after writing a checkpoint" (``vcloud.exitcodes.REQUEUE``)."""
+GPUS_REQUIRED_ENV = "VCLOUD_GPUS_REQUIRED"
+"""Set in the inner script of training and preflight jobs when the profile requires GPUs: how many
+this node was given. The trainer (``vcloud.training.distributed``) and the preflight check stop when
+PyTorch sees fewer."""
 
-EXIT_CODE_MISMATCH = 86
-"""The outer script refused to start: the synced code is not the code the job was rendered for."""
+GPU_HINT_ENV = "VCLOUD_GPU_HINT"
+"""The profile's ``accelerator.missing_gpu_hint``, printed by a job that stops for missing GPUs."""
 
 MAX_EARLY_STOPS = 3
 """Starts in a row that a training job may spend without training (a stop signal during set-up or
@@ -335,6 +338,33 @@ def _inner_env(profile: ClusterProfile, paths: RunPaths) -> str:
     return "\n".join(lines)
 
 
+def _gpu_requirement(profile: ClusterProfile, spec: JobSpec, res: Resources) -> str:
+    """Inner-script lines that make training and the preflight check refuse to run on the CPU.
+
+    Only where the profile's accelerator is real. The count is Slurm's own for this node
+    (``SLURM_GPUS_ON_NODE``), the job's request where Slurm does not set it.
+    """
+    if not profile.accelerator.gpus_required or spec.kind not in (JobKind.TRAIN, JobKind.PREFLIGHT):
+        return ""
+    lines = [
+        f"# GPUs are required (accelerator {profile.accelerator.kind}): PyTorch must see as many as Slurm gave",
+        "# this node, or the job stops instead of training on the CPU.",
+        f'export {GPUS_REQUIRED_ENV}="${{SLURM_GPUS_ON_NODE:-{res.gpus_per_node}}}"',
+    ]
+    if profile.accelerator.missing_gpu_hint:
+        lines.append(f"export {GPU_HINT_ENV}={shlex.quote(profile.accelerator.missing_gpu_hint)}")
+    return "\n".join(lines)
+
+
+def _preflight_check(templates: str) -> str:
+    """The preflight import check's Python source, with the names and exit code it shares with us."""
+    return fill_template(_read_template(templates, "preflight_check.py"), {
+        "GPUS_REQUIRED_ENV": GPUS_REQUIRED_ENV,
+        "GPU_HINT_ENV": GPU_HINT_ENV,
+        "EXIT_GPUS_MISSING": str(EXIT_GPUS_MISSING),
+    }, name="preflight_check.py")
+
+
 def _python_args(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, templates: str) -> list[str]:
     node_local = _node_local(profile, spec)
     data = f"{node_local}/data" if node_local and profile.staging and profile.staging.stage_data \
@@ -353,7 +383,7 @@ def _python_args(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, templa
     if spec.kind is JobKind.EXPORT:
         return ["-m", "vcloud.export", "--config", config, "--data", data, "--out", out,
                 "--dest", str(paths.viewer_dir)]
-    return ["-c", _read_template(templates, "preflight_check.py")]
+    return ["-c", _preflight_check(templates)]
 
 
 def _inner_command(profile: ClusterProfile, spec: JobSpec, res: Resources, paths: RunPaths,
@@ -446,7 +476,7 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
         "WHERE": where,
         "PROFILE": profile.name,
         "CONTAINER_CHECK": _container_check(profile),
-        "ENV": _inner_env(profile, paths),
+        "ENV": "\n".join(part for part in (_inner_env(profile, paths), _gpu_requirement(profile, spec, res)) if part),
         "CODE_DIR": shell_word(paths.code_dir),
         "FORWARD": forward,
         "WAIT_FOR_CHILD": wait_for_child,

@@ -108,12 +108,29 @@ def test_module_entry_point_exits_87_at_once_with_the_hint(tmp_path: Path, tiny_
     assert proc.returncode == exitcodes.GPUS_MISSING, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert "ERROR: GPUs required: this node of the job was given 1 GPU, but PyTorch sees 0" in lines[0], lines
-    assert lines[1].endswith(f"ERROR: what to do: {HINT}")
+    assert lines[1].endswith(f" what to do: {HINT}") and "ERROR" not in lines[1]
     assert lines[-1].endswith("exit 87: GPUs required but not visible to PyTorch; not training on the CPU")
     assert len(lines) == 3, lines  # no device line, no data, no model, no epoch
     assert sorted(p.name for p in out.iterdir()) == ["stage0"]
     assert (out / "stage0" / "best.pt").read_bytes() == b"kept"
     print(f"python -m vcloud.train refused in {seconds:.1f} s")
+
+
+def test_the_refusal_with_lumis_advice_reads_as_one_known_signature(tmp_path: Path, tiny_prepared: Path) -> None:
+    """What the operator's failure message is built from: the trainer's real output on a LUMI node."""
+    from slurm_provider.hints import find_hints
+    from vcloud_pipeline.profiles import load_profile
+
+    advice = load_profile("lumi").accelerator.missing_gpu_hint
+    assert advice
+    proc = subprocess.run([sys.executable, "-m", "vcloud.train", "--stage", "1", "--config", str(TINY), "--data",
+                           str(tiny_prepared), "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(REPO / "trainer" / "src"), "OMP_NUM_THREADS": "1",
+                               "PATH": "/usr/bin:/bin", GPUS_REQUIRED_ENV: "8", GPU_HINT_ENV: advice})
+    assert proc.returncode == exitcodes.GPUS_MISSING, proc.stdout + proc.stderr
+    assert "was given 8 GPUs, but PyTorch sees 0" in proc.stdout
+    assert [hint.key for hint in find_hints(proc.stdout)] == ["gpus_not_visible"]
 
 
 def test_exit_code_87_is_its_own() -> None:

@@ -6,6 +6,10 @@ set -euo pipefail
 
 export PYTHONPATH=/work/bb1234/b381234/vcloud/code/trainer/src"${PYTHONPATH:+:${PYTHONPATH}}"
 export WANDB_MODE=disabled
+# GPUs are required (accelerator cuda): PyTorch must see as many as Slurm gave
+# this node, or the job stops instead of training on the CPU.
+export VCLOUD_GPUS_REQUIRED="${SLURM_GPUS_ON_NODE:-4}"
+export VCLOUD_GPU_HINT='Run on the gpu partition with A100s requested (--partition=gpu --gres=gpu:a100_80:N; scontrol show job ID lists Partition=gpu and the Gres), and point software.python at a venv with a CUDA build of PyTorch: python -c "import torch; print(torch.version.cuda, torch.cuda.device_count())" on a gpu node prints a CUDA version and the GPU count, not None and 0.'
 cd /work/bb1234/b381234/vcloud/code
 
 child_pid=""

@@ -113,8 +113,8 @@ def _main(argv: list[str] | None, stop: StopRequest) -> int:
         ctx = init_distributed()  # first after the arguments: a job without its GPUs stops in seconds
     except GpusMissing as exc:
         log.error("%s", exc)
-        if exc.hint:
-            log.error("what to do: %s", exc.hint)
+        if exc.hint:  # not at ERROR level: the log-signature hints would read "error ... libfabric" in it
+            log.info("what to do: %s", exc.hint)
         log.info("exit %d: %s", exitcodes.GPUS_MISSING, exitcodes.describe(exitcodes.GPUS_MISSING))
         return exitcodes.GPUS_MISSING
     from vcloud.training.loop import StageRun, TrainingError, train_stage
