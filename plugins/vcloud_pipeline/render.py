@@ -416,11 +416,20 @@ def _inner_command(profile: ClusterProfile, spec: JobSpec, res: Resources, paths
         "        # workers (its children) directly so that they finish the step and checkpoint.",
         '        pkill --signal "$1" --parent "$child_pid" || kill -s TERM "$child_pid" 2>/dev/null || true',
     ])
-    after = "\n".join([
+    after = [
         "# torchrun reports a worker's exit 85 (checkpointed after a stop signal) as its own failure.",
         f'if [ -n "$stop_signal" ] && [ "$rc" -ne 0 ]; then rc={EXIT_REQUEUE}; fi',
-    ])
-    return command, forward, after
+    ]
+    if profile.accelerator.gpus_required:
+        after += [
+            f"# ...and a worker's exit {EXIT_GPUS_MISSING} (GPUs required, PyTorch sees fewer) too: ask once more.",
+            'if [ -z "$stop_signal" ] && [ "$rc" -ne 0 ]; then',
+            "    gpus_rc=0",
+            f"    {python} -m vcloud.training.distributed >/dev/null 2>&1 || gpus_rc=$?",
+            f'    if [ "$gpus_rc" -eq {EXIT_GPUS_MISSING} ]; then rc={EXIT_GPUS_MISSING}; fi',
+            "fi",
+        ]
+    return command, forward, "\n".join(after)
 
 
 # --------------------------------------------------------------------------- the one entry point

@@ -83,19 +83,24 @@ def test_the_local_cpu_profile_requires_nothing_until_overridden() -> None:
 # --------------------------------------------------------------------------- the preflight job, run by bash
 
 
-def bare_preflight(tmp_path: Path, overrides: dict[str, Any]) -> RenderedJob:
-    """The local profile's preflight job, bare, in this interpreter, with the repository's trainer
-    as the synced code (real imports of vcloud, vcloud.data, tifffile, rasterio and torch)."""
+def bare_job(tmp_path: Path, overrides: dict[str, Any], spec: JobSpec | None = None) -> RenderedJob:
+    """A job of the local profile (the preflight by default), bare, in this interpreter, with the
+    repository's trainer as the synced code (real imports of vcloud, vcloud.data, tifffile, rasterio
+    and torch)."""
     base = tmp_path / "project dir's"
     profile = load_profile("local", overrides={"paths.base": str(base), "software.python": sys.executable,
                                                "container.runtime": "none", **overrides})
     paths = run_paths(profile, "r1")
-    job = render_job(profile, JobSpec.preflight(), paths, CODE_HASH)
+    job = render_job(profile, spec or JobSpec.preflight(), paths, CODE_HASH)
     Path(paths.code_dir).mkdir(parents=True)
     (Path(paths.code_dir) / "trainer").symlink_to(REPO / "trainer")
     Path(job.inner_path).parent.mkdir(parents=True)
     Path(job.inner_path).write_text(job.inner)
     return job
+
+
+def bare_preflight(tmp_path: Path, overrides: dict[str, Any]) -> RenderedJob:
+    return bare_job(tmp_path, overrides)
 
 
 def run_inner(job: RenderedJob, **slurm: str) -> subprocess.CompletedProcess[str]:
@@ -129,6 +134,21 @@ def test_preflight_job_passes_on_the_cpu_when_the_profile_has_no_gpus(tmp_path: 
     result = run_inner(bare_preflight(tmp_path, {}), SLURM_GPUS_ON_NODE="1")
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.endswith("preflight: OK\n") and "GPUs required" not in result.stdout
+
+
+@pytest.mark.slow
+def test_a_torchrun_job_ends_with_87_when_its_workers_refuse(tmp_path: Path) -> None:
+    """torchrun reports its workers' exit 87 as its own exit 1; the inner script says 87 again."""
+    job = bare_job(tmp_path, CUDA, JobSpec.train(0, gpus_per_node=2, config="trainer/configs/model_tiny.yaml"))
+    assert "-m torch.distributed.run" in job.inner and "--nproc_per_node=2" in job.inner
+    data = tmp_path / "project dir's" / "data" / "prepared"
+    data.mkdir(parents=True)
+    (data / "index.json").write_text("{}")  # never read: the workers stop before any data
+    result = run_inner(job, SLURM_GPUS_ON_NODE="2", SLURM_NODEID="0", MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(29500 + os.getpid() % 1000))
+    assert result.returncode == exitcodes.EXIT_GPUS_MISSING, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.count("GPUs required: this node of the job was given 2 GPUs, but PyTorch sees 0") == 2
+    assert "exitcode  : 87" in result.stderr  # what torchrun itself said
 
 
 # --------------------------------------------------------------------------- what the task's failure says

@@ -57,6 +57,12 @@ if [ "$recorded" -ge 0 ] && [ "$recorded" -le 255 ]; then
 fi
 # torchrun reports a worker's exit 85 (checkpointed after a stop signal) as its own failure.
 if [ -n "$stop_signal" ] && [ "$rc" -ne 0 ]; then rc=85; fi
+# ...and a worker's exit 87 (GPUs required, PyTorch sees fewer) too: ask once more.
+if [ -z "$stop_signal" ] && [ "$rc" -ne 0 ]; then
+    gpus_rc=0
+    python3 -m vcloud.training.distributed >/dev/null 2>&1 || gpus_rc=$?
+    if [ "$gpus_rc" -eq 87 ]; then rc=87; fi
+fi
 if [ -n "$stop_signal" ]; then
     echo "vcloud inner script: stopped after SIG${stop_signal}, exit code ${rc}" >&2
 fi
