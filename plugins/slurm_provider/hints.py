@@ -10,7 +10,7 @@ shows them to people, so the text is plain words with the exact setting to chang
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from slurm_provider.states import SlurmState, parse_state
@@ -67,6 +67,20 @@ LOG_RULES: tuple[HintRule, ...] = (
         ),
         source="Levante GPU guide, Troubleshooting 2",
         pattern=re.compile(r"No CUDA GPUs are available|Running on CPU \(GPU not available\)"),
+    ),
+    HintRule(
+        key="gpus_not_visible",
+        title="The job's GPUs are not visible to PyTorch",
+        hint=(
+            "Slurm gave the job GPUs, but PyTorch inside it sees fewer, so it stopped instead of training "
+            "on the CPU. Check that the job's Python has a GPU build of PyTorch (torch.version.hip or "
+            "torch.version.cuda is set) and that the container sees the devices (LUMI: "
+            "SINGULARITY_CONTAINLIBS=/usr/lib64/libcxi.so.1,/opt/rocm/lib/librocm_smi64.so.7 and "
+            "-B /opt/cray/libfabric, never --rocm)."
+        ),
+        source="vcloud trainer and preflight import check (GPUs required by the cluster profile); "
+               "LUMI guide, Common Errors 1",
+        pattern=re.compile(r"GPUs required: .* but PyTorch sees \d+"),
     ),
     HintRule(
         key="gpu_out_of_memory",
@@ -295,26 +309,33 @@ SUBMIT_RULES: tuple[HintRule, ...] = (
 )
 
 
-def _match(rules: Iterable[HintRule], text: str, state: SlurmState | None) -> list[Hint]:
+def _match(rules: Iterable[HintRule], text: str, state: SlurmState | None,
+           overrides: Mapping[str, str] | None = None) -> list[Hint]:
     hints: list[Hint] = []
     lines = text.splitlines()
     for rule in rules:
+        advice = (overrides or {}).get(rule.key) or rule.hint
         if state is not None and state in rule.states:
-            hints.append(Hint(rule.key, rule.title, rule.hint, rule.source, f"job state {state.value}"))
+            hints.append(Hint(rule.key, rule.title, advice, rule.source, f"job state {state.value}"))
             continue
         if rule.pattern is None:
             continue
         for line in reversed(lines):  # the newest evidence is the most relevant
             if rule.pattern.search(line):
-                hints.append(Hint(rule.key, rule.title, rule.hint, rule.source, line.strip()[:300]))
+                hints.append(Hint(rule.key, rule.title, advice, rule.source, line.strip()[:300]))
                 break
     return hints
 
 
-def find_hints(log_text: str | None, state: SlurmState | str | None = None) -> list[Hint]:
-    """Hints for a job's log tail and/or its final state, in table order, each at most once."""
+def find_hints(log_text: str | None, state: SlurmState | str | None = None,
+               overrides: Mapping[str, str] | None = None) -> list[Hint]:
+    """Hints for a job's log tail and/or its final state, in table order, each at most once.
+
+    ``overrides`` replaces the advice of a rule by its key with a site's own (e.g. a cluster
+    profile's ``missing_gpu_hint`` for ``gpus_not_visible``); the signature stays the table's.
+    """
     parsed = None if state is None else parse_state(state)
-    return _match(LOG_RULES, log_text or "", parsed)
+    return _match(LOG_RULES, log_text or "", parsed, overrides)
 
 
 def find_submit_hints(sbatch_stderr: str | None) -> list[Hint]:
@@ -327,10 +348,11 @@ def format_hints(hints: Iterable[Hint]) -> str:
     return "\n".join(f"Hint: {hint}" for hint in hints)
 
 
-def hint_for(log_text: str | None, state: SlurmState | str | None = None) -> str | None:
+def hint_for(log_text: str | None, state: SlurmState | str | None = None,
+             overrides: Mapping[str, str] | None = None) -> str | None:
     """Every matching hint as one text (for a message that prefixes it with ``Hint: ``), or None.
 
     Several hints are separated by a newline and ``Hint: `` so each stays on its own line.
     """
-    hints = find_hints(log_text, state)
+    hints = find_hints(log_text, state, overrides)
     return "\nHint: ".join(str(hint) for hint in hints) or None

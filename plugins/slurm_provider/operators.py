@@ -121,6 +121,8 @@ class SlurmSubmitOperator(BaseOperator):
         here on by default (``DEFAULT_RETRIES`` tries more, from 2 minutes apart, doubling). A retry
         adopts the job it finds; a job that ended badly fails the task without retry. Set them per
         task or per DAG (``default_args``); ``retries=0`` turns them off.
+    :param hint_overrides: a site's own advice for known failure signatures, by hint key (see
+        :mod:`slurm_provider.hints`), used instead of the generic text.
     """
 
     template_fields: Sequence[str] = ("script", "log_dir", "partition", "account", "time_limit",
@@ -138,6 +140,7 @@ class SlurmSubmitOperator(BaseOperator):
                  poll_interval: float = 15.0, max_poll_interval: float = 300.0,
                  first_poll_delay: float = 10.0, gpu_billing_factor: float = 1.0,
                  exit_code_meanings: Mapping[int, str] | None = None, exclusive_dir: str | None = None,
+                 hint_overrides: Mapping[str, str] | None = None,
                  retries: int | None = DEFAULT_RETRIES, retry_delay: timedelta | float = DEFAULT_RETRY_DELAY,
                  retry_exponential_backoff: float = DEFAULT_RETRY_EXPONENTIAL_BACKOFF,
                  max_retry_delay: timedelta | float | None = DEFAULT_MAX_RETRY_DELAY, **kwargs: Any) -> None:
@@ -164,6 +167,7 @@ class SlurmSubmitOperator(BaseOperator):
         self.gpu_billing_factor = gpu_billing_factor
         self.exit_code_meanings = {int(k): str(v) for k, v in (exit_code_meanings or {}).items()}
         self.exclusive_dir = exclusive_dir
+        self.hint_overrides = dict(hint_overrides or {})
 
     # --- execute: adopt or submit, then defer ------------------------------------------------------
 
@@ -409,7 +413,7 @@ class SlurmSubmitOperator(BaseOperator):
         if explained:
             parts.append(explained)
         parts.append(f"Logs: {log_path} (output), {err_path} (errors)")
-        hint = hint_for(f"{tail}\n{err_tail}", state=status.state)
+        hint = hint_for(f"{tail}\n{err_tail}", state=status.state, overrides=self.hint_overrides)
         if hint:
             parts.append(f"Hint: {hint}")
         if err_tail.strip():

@@ -12,6 +12,9 @@ EXIT_REQUEUE = 85
 """The trainer's "stopped on a signal after writing a checkpoint" (``vcloud.exitcodes.REQUEUE``)."""
 EXIT_CODE_MISMATCH = 86
 """The outer script refused to start: its hash's code directory lacks the manifest of that hash."""
+EXIT_GPUS_MISSING = 87
+"""The job was given GPUs (the profile requires them) but PyTorch saw fewer: the trainer or the
+preflight import check stopped instead of running on the CPU (``vcloud.exitcodes.GPUS_MISSING``)."""
 
 MEANINGS: dict[int, str] = {
     EXIT_TRAINING_ERROR: "the program raised an error; its traceback is in the job's error output (below).",
@@ -24,4 +27,7 @@ MEANINGS: dict[int, str] = {
     EXIT_CODE_MISMATCH: "the job refused to start because the code directory of its hash on the cluster is "
                         "missing or holds other code (removed by a cleanup, or edited there). Clear the run's "
                         "sync_code task and this one to sync the code again and submit the job.",
+    EXIT_GPUS_MISSING: "the job was given GPUs, but PyTorch in the job saw fewer, so it stopped instead of "
+                       "running on the CPU and billing GPU-hours for it; nothing was trained, and running it "
+                       "again cannot help until the job's environment shows PyTorch its GPUs (see the hint).",
 }

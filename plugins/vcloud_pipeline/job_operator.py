@@ -48,6 +48,9 @@ POLL_ENV = {
 
 _PLACEHOLDER_SCRIPT = "#!/bin/bash\n# bound from the sync_code XCom at run time\n"
 
+GPUS_NOT_VISIBLE = "gpus_not_visible"
+"""The hint (``slurm_provider.hints``) whose advice is the profile's ``accelerator.missing_gpu_hint``."""
+
 
 class PipelineJobOperator(SlurmSubmitOperator):
     """Submit the run's job ``job`` (``data``, ``preflight``, ``stage0``..``stage3``, ``export``).
@@ -93,6 +96,8 @@ class PipelineJobOperator(SlurmSubmitOperator):
         budget = ctx.request.max_resubmits
         self.resubmit_budgets = {cause: budget for cause in DEFAULT_BUDGETS}
         self.gpu_billing_factor = ctx.profile.billing.factor
+        if ctx.profile.accelerator.missing_gpu_hint:
+            self.hint_overrides = {GPUS_NOT_VISIBLE: ctx.profile.accelerator.missing_gpu_hint}
         for attr, (env, default) in POLL_ENV.items():
             setattr(self, attr, float(os.environ.get(env, default)))
         return ctx, synced

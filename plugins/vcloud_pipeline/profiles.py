@@ -73,6 +73,9 @@ SINGULARITY_RUNTIMES = ("singularity", "apptainer")
 CHARLIECLOUD_SHARED = ("/tmp",)
 """Host paths ``ch-run`` shares with every container without a bind: the node's /tmp."""
 
+MAX_HINT_CHARS = 600
+"""Longest ``accelerator.missing_gpu_hint``: it is one paragraph of a failure message."""
+
 _PATH_FORBIDDEN = {
     "%": "sbatch expands % in --output paths",
     "\\": "sbatch and the shell treat backslashes as escapes",
@@ -151,11 +154,19 @@ class AcceleratorSpec:
     """The GPUs (or GCDs, APUs) of one node; the unit Slurm hands out and the cluster bills."""
 
     kind: str
-    """``rocm``, ``cuda`` or ``none`` (CPU training; the local cluster emulates GRES)."""
+    """``rocm``, ``cuda`` or ``none`` (CPU training; the local cluster emulates GRES). A real kind
+    means GPUs are required: training and the preflight import job refuse to run on the CPU."""
     model: str
     per_node: int
     unit: str
     """What one billed unit is called in messages: ``GCD``, ``GPU``, ``APU``."""
+    missing_gpu_hint: str | None = None
+    """What to do on this cluster when PyTorch in a job sees fewer GPUs than the job was given (one
+    paragraph; required for real accelerators). Printed by the job and shown in the task's failure."""
+
+    @property
+    def gpus_required(self) -> bool:
+        return self.kind != "none"
 
 
 @dataclass(frozen=True)
@@ -595,13 +606,25 @@ def profile_from_dict(name: str, raw: Mapping[str, Any], *, login: str | None = 
 
     acc = top.section("accelerator")
     assert acc is not None
+    hint = acc.str("missing_gpu_hint", None)
     accelerator = AcceleratorSpec(
         kind=acc.choice("kind", ACCELERATORS),
         model=acc.str("model"),
         per_node=acc.int("per_node"),
         unit=acc.str("unit"),
+        missing_gpu_hint=" ".join(hint.split()) if hint is not None else None,  # one line in a log
     )
     acc.close()
+    if accelerator.gpus_required and accelerator.missing_gpu_hint is None:
+        raise ProfileError(
+            f"profile {name}: accelerator.missing_gpu_hint is required when accelerator.kind is "
+            f"{accelerator.kind!r}: say what makes PyTorch see the GPUs in a job on this cluster (the "
+            "container bindings, the modules, the partition); jobs that see fewer GPUs than they were "
+            "given stop and show it"
+        )
+    if accelerator.missing_gpu_hint is not None and len(accelerator.missing_gpu_hint) > MAX_HINT_CHARS:
+        raise ProfileError(f"profile {name}: accelerator.missing_gpu_hint is longer than {MAX_HINT_CHARS} "
+                           "characters; it is read in a failure message, keep it to the fix")
 
     req = top.section("gpu_request")
     assert req is not None
@@ -908,6 +931,28 @@ def _lumi_container_gpu_bindings(profile: ClusterProfile) -> None:
         )
 
 
+def _lumi_gpu_hint(profile: ClusterProfile) -> None:
+    """The advice for invisible GCDs is seed 000's error no. 1 fix, and never ``--rocm`` (seed 001)."""
+    hint = profile.accelerator.missing_gpu_hint or ""
+    c = profile.container
+    needed = ["SINGULARITY_CONTAINLIBS", *(c.containlibs if c else ()), "/opt/cray/libfabric"]
+    missing = [item for item in needed if item not in hint]
+    if missing:
+        raise ProfileError(
+            f"profile {profile.name}: accelerator.missing_gpu_hint must name {', '.join(missing)}: on LUMI "
+            "PyTorch sees no GCD without SINGULARITY_CONTAINLIBS=/usr/lib64/libcxi.so.1,"
+            "/opt/rocm/lib/librocm_smi64.so.7 and the -B /opt/cray/libfabric bind (seed 000)"
+        )
+    for match in re.finditer(r"--rocm\b", hint):
+        before = hint[max(0, match.start() - 40):match.start()].lower()
+        if not any(word in before for word in ("never", "not ", "without", "no ")):
+            raise ProfileError(
+                f"profile {profile.name}: accelerator.missing_gpu_hint suggests '--rocm', which crashes "
+                "jobs on LUMI (the host's libdrm needs GLIBC 2.33, the container has 2.31; seed 001); "
+                "say 'never --rocm' or leave it out"
+            )
+
+
 def _lumi_env(profile: ClusterProfile) -> None:
     env = profile.software.env_dict
     if "expandable_segments:True" not in env.get("PYTORCH_HIP_ALLOC_CONF", ""):
@@ -931,5 +976,5 @@ GENERAL_RULES: tuple[Rule, ...] = (
     _rule_container_sees_job_paths,
 )
 SITE_RULES: dict[str, tuple[Rule, ...]] = {
-    "lumi": (_lumi_no_rocm_flag, _lumi_no_modules, _lumi_container_gpu_bindings, _lumi_env),
+    "lumi": (_lumi_no_rocm_flag, _lumi_no_modules, _lumi_container_gpu_bindings, _lumi_gpu_hint, _lumi_env),
 }

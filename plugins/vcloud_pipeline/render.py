@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
-from vcloud_pipeline.job_exits import EXIT_CODE_MISMATCH, EXIT_REQUEUE
+from vcloud_pipeline.job_exits import EXIT_CODE_MISMATCH, EXIT_GPUS_MISSING, EXIT_REQUEUE
 from vcloud_pipeline.jobspec import JobKind, JobSpec, Resources, resolve_resources
 from vcloud_pipeline.layout import CodePaths, RunPaths, is_code_hash
 from vcloud_pipeline.profiles import RUNTIME_JOB_ID, ClusterProfile, ContainerSpec, format_slurm_time
@@ -37,6 +37,14 @@ them (``<job name>.<job id>.out/.err``), so a job submitted by hand writes where
 CODE_HASH_ENV = "VCLOUD_CODE_HASH"
 """Set by the inner script to the job's code hash; the trainer records it in every checkpoint
 (``vcloud.training.provenance.CODE_HASH_ENV``)."""
+
+GPUS_REQUIRED_ENV = "VCLOUD_GPUS_REQUIRED"
+"""Set in the inner script of training and preflight jobs when the profile requires GPUs: how many
+this node was given. The trainer (``vcloud.training.distributed``) and the preflight check stop when
+PyTorch sees fewer."""
+
+GPU_HINT_ENV = "VCLOUD_GPU_HINT"
+"""The profile's ``accelerator.missing_gpu_hint``, printed by a job that stops for missing GPUs."""
 
 MAX_EARLY_STOPS = 3
 """Starts in a row that a training job may spend without training (a stop signal during set-up or
@@ -341,6 +349,33 @@ def _inner_env(profile: ClusterProfile, code: CodePaths) -> str:
     return "\n".join(lines)
 
 
+def _gpu_requirement(profile: ClusterProfile, spec: JobSpec, res: Resources) -> str:
+    """Inner-script lines that make training and the preflight check refuse to run on the CPU.
+
+    Only where the profile's accelerator is real. The count is Slurm's own for this node
+    (``SLURM_GPUS_ON_NODE``), the job's request where Slurm does not set it.
+    """
+    if not profile.accelerator.gpus_required or spec.kind not in (JobKind.TRAIN, JobKind.PREFLIGHT):
+        return ""
+    lines = [
+        f"# GPUs are required (accelerator {profile.accelerator.kind}): PyTorch must see as many as Slurm gave",
+        "# this node, or the job stops instead of training on the CPU.",
+        f'export {GPUS_REQUIRED_ENV}="${{SLURM_GPUS_ON_NODE:-{res.gpus_per_node}}}"',
+    ]
+    if profile.accelerator.missing_gpu_hint:
+        lines.append(f"export {GPU_HINT_ENV}={shlex.quote(profile.accelerator.missing_gpu_hint)}")
+    return "\n".join(lines)
+
+
+def _preflight_check(templates: str) -> str:
+    """The preflight import check's Python source, with the names and exit code it shares with us."""
+    return fill_template(_read_template(templates, "preflight_check.py"), {
+        "GPUS_REQUIRED_ENV": GPUS_REQUIRED_ENV,
+        "GPU_HINT_ENV": GPU_HINT_ENV,
+        "EXIT_GPUS_MISSING": str(EXIT_GPUS_MISSING),
+    }, name="preflight_check.py")
+
+
 def _python_args(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code: CodePaths,
                  templates: str) -> list[str]:
     node_local = _node_local(profile, spec)
@@ -360,7 +395,7 @@ def _python_args(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code: 
     if spec.kind is JobKind.EXPORT:
         return ["-m", "vcloud.export", "--config", config, "--data", data, "--out", out,
                 "--dest", str(paths.viewer_dir)]
-    return ["-c", _read_template(templates, "preflight_check.py")]
+    return ["-c", _preflight_check(templates)]
 
 
 def _inner_command(profile: ClusterProfile, spec: JobSpec, res: Resources, paths: RunPaths, code: CodePaths,
@@ -393,11 +428,20 @@ def _inner_command(profile: ClusterProfile, spec: JobSpec, res: Resources, paths
         "        # workers (its children) directly so that they finish the step and checkpoint.",
         '        pkill --signal "$1" --parent "$child_pid" || kill -s TERM "$child_pid" 2>/dev/null || true',
     ])
-    after = "\n".join([
+    after = [
         "# torchrun reports a worker's exit 85 (checkpointed after a stop signal) as its own failure.",
         f'if [ -n "$stop_signal" ] && [ "$rc" -ne 0 ]; then rc={EXIT_REQUEUE}; fi',
-    ])
-    return command, forward, after
+    ]
+    if profile.accelerator.gpus_required:
+        after += [
+            f"# ...and a worker's exit {EXIT_GPUS_MISSING} (GPUs required, PyTorch sees fewer) too: ask once more.",
+            'if [ -z "$stop_signal" ] && [ "$rc" -ne 0 ]; then',
+            "    gpus_rc=0",
+            f"    {python} -m vcloud.training.distributed >/dev/null 2>&1 || gpus_rc=$?",
+            f'    if [ "$gpus_rc" -eq {EXIT_GPUS_MISSING} ]; then rc={EXIT_GPUS_MISSING}; fi',
+            "fi",
+        ]
+    return command, forward, "\n".join(after)
 
 
 # --------------------------------------------------------------------------- the one entry point
@@ -454,7 +498,7 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
         "WHERE": where,
         "PROFILE": profile.name,
         "CONTAINER_CHECK": _container_check(profile),
-        "ENV": _inner_env(profile, code),
+        "ENV": "\n".join(part for part in (_inner_env(profile, code), _gpu_requirement(profile, spec, res)) if part),
         "CODE_DIR": shell_word(code.dir),
         "FORWARD": forward,
         "WAIT_FOR_CHILD": wait_for_child,

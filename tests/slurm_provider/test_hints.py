@@ -26,6 +26,16 @@ srun: error: nid005011: task 0: Exited with exit code 1
 Conditional diffusion model initialized at 1979-01-01 00:00:00
 RuntimeError: No CUDA GPUs are available
 """,
+    "gpus_not_visible": """\
+2026-02-16 09:00:14 ERROR: GPUs required: this node of the job was given 1 GPU, but PyTorch sees 0 \
+(torch 2.5.1+rocm6.2, a ROCm build (HIP 6.2.41133)); refusing to train on the CPU
+2026-02-16 09:00:14 what to do: PyTorch in the CSC container sees the GCDs only with the host GPU libraries \
+injected and libfabric bound: export SINGULARITY_CONTAINLIBS=/usr/lib64/libcxi.so.1,/opt/rocm/lib/librocm_smi64.so.7 \
+(container.containlibs) and run singularity exec -B /opt/cray/libfabric (or /opt/cray in container.bind_env); \
+never add --rocm (the host libdrm needs GLIBC 2.33, the container has 2.31).
+2026-02-16 09:00:14 exit 87: GPUs required but not visible to PyTorch; not training on the CPU
+vcloud job 16082076: job step finished with exit code 87
+""",
     "gpu_out_of_memory": """\
 epoch 3 step 1200 loss=0.0412
 Traceback (most recent call last):
@@ -120,6 +130,23 @@ def test_specific_advice_from_the_field_notes() -> None:
     assert "num_workers > 0" in by_key["prefetch_factor"]
     assert "fewer CPU cores" in by_key["too_many_processors"]
     assert "rank 0" in by_key["ddp_collective_timeout"]
+
+
+def test_a_gpu_refusal_with_lumis_advice_gives_only_its_own_hint() -> None:
+    """The advice names libfabric and --rocm; the libfabric and GLIBC signatures must not fire on it."""
+    assert [h.key for h in find_hints(LOG_EXCERPTS["gpus_not_visible"])] == ["gpus_not_visible"]
+
+
+def test_a_site_can_replace_the_advice_of_a_signature() -> None:
+    advice = "Keep accelerator.kind none for the local profile."
+    (hint,) = find_hints(LOG_EXCERPTS["gpus_not_visible"], overrides={"gpus_not_visible": advice})
+    assert (hint.title, hint.hint) == ("The job's GPUs are not visible to PyTorch", advice)
+    assert hint.evidence.startswith("2026-02-16 09:00:14 ERROR: GPUs required: this node of the job was given 1 GPU")
+    assert hint_for(LOG_EXCERPTS["gpus_not_visible"], overrides={"gpus_not_visible": advice}) == \
+        f"The job's GPUs are not visible to PyTorch: {advice}"
+    # other signatures keep the table's advice
+    assert find_hints(LOG_EXCERPTS["tifffile_missing"], overrides={"gpus_not_visible": advice})[0].hint == \
+        find_hints(LOG_EXCERPTS["tifffile_missing"])[0].hint
 
 
 def test_the_wandb_hang_log_also_hits_the_time_limit() -> None:

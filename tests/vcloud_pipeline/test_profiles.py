@@ -187,6 +187,51 @@ def test_lumi_requires_the_gpu_bindings() -> None:
     assert "/opt/cray/libfabric" in p.container.binds  # type: ignore[union-attr]
 
 
+# --------------------------------------------------------------------------- GPUs required
+
+
+def test_real_accelerators_require_gpus_and_say_what_to_do_without_them() -> None:
+    for name in ("lumi", "levante", "cosmos"):
+        accelerator = complete_profile(name).accelerator
+        assert accelerator.gpus_required and accelerator.missing_gpu_hint
+        assert "\n" not in accelerator.missing_gpu_hint  # folded to one line of a log or a message
+    local = load_profile("local").accelerator
+    assert local.kind == "none" and not local.gpus_required
+    assert "keep accelerator.kind none" in (local.missing_gpu_hint or "")
+    assert load_profile("local", overrides={"accelerator.kind": "cuda"}).accelerator.gpus_required
+
+
+def test_a_real_accelerator_without_a_hint_is_refused() -> None:
+    with pytest.raises(ProfileError, match=r"accelerator.missing_gpu_hint is required when accelerator.kind is 'cuda'"):
+        complete_profile("levante", {"accelerator.missing_gpu_hint": None})
+    with pytest.raises(ProfileError, match=r"missing_gpu_hint is required when accelerator.kind is 'rocm'"):
+        load_profile("local", overrides={"accelerator.kind": "rocm", "accelerator.missing_gpu_hint": None,
+                                         "software.miopen_cache_dir": "/tmp/miopen_{job_id}"})
+    assert load_profile("local", overrides={"accelerator.missing_gpu_hint": None}).accelerator.missing_gpu_hint is None
+    with pytest.raises(ProfileError, match=r"longer than 600 characters"):
+        complete_profile("levante", {"accelerator.missing_gpu_hint": "check the partition " * 40})
+
+
+@pytest.mark.parametrize(
+    ("hint", "message"),
+    [
+        ("Bind /opt/cray/libfabric and set SINGULARITY_CONTAINLIBS=/usr/lib64/libcxi.so.1.",
+         r"must name /opt/rocm/lib/librocm_smi64.so.7: on LUMI PyTorch sees no GCD"),
+        ("Run singularity exec --rocm with SINGULARITY_CONTAINLIBS=/usr/lib64/libcxi.so.1,"
+         "/opt/rocm/lib/librocm_smi64.so.7 and -B /opt/cray/libfabric.", r"suggests '--rocm'.*GLIBC 2\.33"),
+    ],
+)
+def test_lumis_gpu_hint_is_the_seed_fix(hint: str, message: str) -> None:
+    with pytest.raises(ProfileError, match=message):
+        load_profile("lumi", overrides={"accelerator.missing_gpu_hint": hint})
+
+
+def test_lumis_shipped_hint_names_the_bindings_and_warns_off_rocm() -> None:
+    hint = load_profile("lumi").accelerator.missing_gpu_hint or ""
+    assert "SINGULARITY_CONTAINLIBS=/usr/lib64/libcxi.so.1,/opt/rocm/lib/librocm_smi64.so.7" in hint
+    assert "-B /opt/cray/libfabric" in hint and "never add --rocm" in hint
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [

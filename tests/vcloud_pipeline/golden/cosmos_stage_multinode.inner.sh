@@ -16,6 +16,10 @@ export MIOPEN_USER_DB_PATH=/tmp/miopen_cache_"${SLURM_JOB_ID}"
 export MIOPEN_CUSTOM_CACHE_DIR="${MIOPEN_USER_DB_PATH}"
 export MIOPEN_FIND_MODE=1
 mkdir -p "${MIOPEN_USER_DB_PATH}"
+# GPUs are required (accelerator rocm): PyTorch must see as many as Slurm gave
+# this node, or the job stops instead of training on the CPU.
+export VCLOUD_GPUS_REQUIRED="${SLURM_GPUS_ON_NODE:-4}"
+export VCLOUD_GPU_HINT='Load the ROCm stack before the container starts (software.modules: rocm/6.3.0 and singularitypro/4.1.3) and run the image with singularity exec --rocm (container.rocm: true, right on Cosmos); the image must hold a ROCm build of PyTorch: python -c "import torch; print(torch.version.hip, torch.cuda.device_count())" in it prints a HIP version and the APU count.'
 cd /cosmos/vast/scratch/cosmouser/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 
 child_pid=""
@@ -56,6 +60,12 @@ if [ "$recorded" -ge 0 ] && [ "$recorded" -le 255 ]; then
 fi
 # torchrun reports a worker's exit 85 (checkpointed after a stop signal) as its own failure.
 if [ -n "$stop_signal" ] && [ "$rc" -ne 0 ]; then rc=85; fi
+# ...and a worker's exit 87 (GPUs required, PyTorch sees fewer) too: ask once more.
+if [ -z "$stop_signal" ] && [ "$rc" -ne 0 ]; then
+    gpus_rc=0
+    python3 -m vcloud.training.distributed >/dev/null 2>&1 || gpus_rc=$?
+    if [ "$gpus_rc" -eq 87 ]; then rc=87; fi
+fi
 if [ -n "$stop_signal" ]; then
     echo "vcloud inner script: stopped after SIG${stop_signal}, exit code ${rc}" >&2
 fi

@@ -7,6 +7,10 @@ set -euo pipefail
 export PYTHONPATH=/work/bb1234/b381234/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908/trainer/src"${PYTHONPATH:+:${PYTHONPATH}}"
 export VCLOUD_CODE_HASH=3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 export WANDB_MODE=disabled
+# GPUs are required (accelerator cuda): PyTorch must see as many as Slurm gave
+# this node, or the job stops instead of training on the CPU.
+export VCLOUD_GPUS_REQUIRED="${SLURM_GPUS_ON_NODE:-1}"
+export VCLOUD_GPU_HINT='Run on the gpu partition with A100s requested (--partition=gpu --gres=gpu:a100_80:N; scontrol show job ID lists Partition=gpu and the Gres), and point software.python at a venv with a CUDA build of PyTorch: python -c "import torch; print(torch.version.cuda, torch.cuda.device_count())" on a gpu node prints a CUDA version and the GPU count, not None and 0.'
 cd /work/bb1234/b381234/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 
 child_pid=""
@@ -22,7 +26,13 @@ trap 'on_signal USR2' USR2
 trap 'on_signal TERM' TERM
 
 /work/bb1234/b381234/vcloud/venv/bin/python -c 'import importlib
+import os
 import sys
+
+# Filled in by vcloud_pipeline.render: the names and the exit code the trainer shares.
+GPUS_REQUIRED_ENV = "VCLOUD_GPUS_REQUIRED"
+GPU_HINT_ENV = "VCLOUD_GPU_HINT"
+EXIT_GPUS_MISSING = int("87")
 
 failed = []
 for name in ("vcloud", "vcloud.data", "tifffile", "rasterio", "torch"):
@@ -35,14 +45,31 @@ for name in ("vcloud", "vcloud.data", "tifffile", "rasterio", "torch"):
     version = getattr(module, "__version__", "n/a")
     where = getattr(module, "__file__", "?")
     print("preflight:", name, version, "from", where, flush=True)
+gpus_missing = False
 if "torch" not in failed:
     import torch
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     print("preflight: torch accelerator available=%s devices=%d hip=%s cuda=%s" % (
-        torch.cuda.is_available(), torch.cuda.device_count(), torch.version.hip, torch.version.cuda), flush=True)
+        torch.cuda.is_available(), visible, torch.version.hip, torch.version.cuda), flush=True)
+    # Set by the job script when the profile requires GPUs: how many Slurm gave this node.
+    required = int(os.environ.get(GPUS_REQUIRED_ENV, "").strip() or 0)
+    if visible < required:
+        gpus_missing = True
+        build = ("a ROCm build (HIP %s)" % torch.version.hip if torch.version.hip
+                 else "a CUDA %s build" % torch.version.cuda if torch.version.cuda else "a CPU-only build")
+        print("preflight: FAILED: GPUs required: this node of the job was given %d %s, but PyTorch sees %d "
+              "(torch %s, %s); the training jobs would run on the CPU" % (
+                  required, "GPU" if required == 1 else "GPUs", visible, torch.__version__, build), flush=True)
+        hint = os.environ.get(GPU_HINT_ENV, "").strip()
+        if hint:
+            print("preflight: what to do:", hint, flush=True)
 print("preflight: python", sys.version.split()[0], "at", sys.executable, flush=True)
 if failed:
     print("preflight: FAILED imports:", ", ".join(failed) + ";",
           "check PYTHONPATH, the synced code and the extra packages directory", flush=True)
+if gpus_missing:
+    sys.exit(EXIT_GPUS_MISSING)
+if failed:
     sys.exit(1)
 print("preflight: OK", flush=True)
 ' &

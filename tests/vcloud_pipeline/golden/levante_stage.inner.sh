@@ -7,6 +7,10 @@ set -euo pipefail
 export PYTHONPATH=/work/bb1234/b381234/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908/trainer/src"${PYTHONPATH:+:${PYTHONPATH}}"
 export VCLOUD_CODE_HASH=3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 export WANDB_MODE=disabled
+# GPUs are required (accelerator cuda): PyTorch must see as many as Slurm gave
+# this node, or the job stops instead of training on the CPU.
+export VCLOUD_GPUS_REQUIRED="${SLURM_GPUS_ON_NODE:-4}"
+export VCLOUD_GPU_HINT='Run on the gpu partition with A100s requested (--partition=gpu --gres=gpu:a100_80:N; scontrol show job ID lists Partition=gpu and the Gres), and point software.python at a venv with a CUDA build of PyTorch: python -c "import torch; print(torch.version.cuda, torch.cuda.device_count())" on a gpu node prints a CUDA version and the GPU count, not None and 0.'
 cd /work/bb1234/b381234/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 
 child_pid=""
@@ -47,6 +51,12 @@ if [ "$recorded" -ge 0 ] && [ "$recorded" -le 255 ]; then
 fi
 # torchrun reports a worker's exit 85 (checkpointed after a stop signal) as its own failure.
 if [ -n "$stop_signal" ] && [ "$rc" -ne 0 ]; then rc=85; fi
+# ...and a worker's exit 87 (GPUs required, PyTorch sees fewer) too: ask once more.
+if [ -z "$stop_signal" ] && [ "$rc" -ne 0 ]; then
+    gpus_rc=0
+    /work/bb1234/b381234/vcloud/venv/bin/python -m vcloud.training.distributed >/dev/null 2>&1 || gpus_rc=$?
+    if [ "$gpus_rc" -eq 87 ]; then rc=87; fi
+fi
 if [ -n "$stop_signal" ]; then
     echo "vcloud inner script: stopped after SIG${stop_signal}, exit code ${rc}" >&2
 fi

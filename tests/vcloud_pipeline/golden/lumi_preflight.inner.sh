@@ -14,6 +14,10 @@ export MIOPEN_USER_DB_PATH=/tmp/miopen_cache_"${SLURM_JOB_ID}"
 export MIOPEN_CUSTOM_CACHE_DIR="${MIOPEN_USER_DB_PATH}"
 export MIOPEN_FIND_MODE=1
 mkdir -p "${MIOPEN_USER_DB_PATH}"
+# GPUs are required (accelerator rocm): PyTorch must see as many as Slurm gave
+# this node, or the job stops instead of training on the CPU.
+export VCLOUD_GPUS_REQUIRED="${SLURM_GPUS_ON_NODE:-1}"
+export VCLOUD_GPU_HINT='PyTorch in the CSC container sees the GCDs only with the host GPU libraries injected and libfabric bound: export SINGULARITY_CONTAINLIBS=/usr/lib64/libcxi.so.1,/opt/rocm/lib/librocm_smi64.so.7 (container.containlibs) and run singularity exec -B /opt/cray/libfabric (or /opt/cray in container.bind_env); never add --rocm (the host libdrm needs GLIBC 2.33, the container has 2.31). Check in a dev-g job: python3 -c "import torch; print(torch.cuda.device_count())" in the container prints the number of GCDs the job asked for.'
 cd /scratch/project_465002500/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 
 child_pid=""
@@ -29,7 +33,13 @@ trap 'on_signal USR2' USR2
 trap 'on_signal TERM' TERM
 
 python3 -c 'import importlib
+import os
 import sys
+
+# Filled in by vcloud_pipeline.render: the names and the exit code the trainer shares.
+GPUS_REQUIRED_ENV = "VCLOUD_GPUS_REQUIRED"
+GPU_HINT_ENV = "VCLOUD_GPU_HINT"
+EXIT_GPUS_MISSING = int("87")
 
 failed = []
 for name in ("vcloud", "vcloud.data", "tifffile", "rasterio", "torch"):
@@ -42,14 +52,31 @@ for name in ("vcloud", "vcloud.data", "tifffile", "rasterio", "torch"):
     version = getattr(module, "__version__", "n/a")
     where = getattr(module, "__file__", "?")
     print("preflight:", name, version, "from", where, flush=True)
+gpus_missing = False
 if "torch" not in failed:
     import torch
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     print("preflight: torch accelerator available=%s devices=%d hip=%s cuda=%s" % (
-        torch.cuda.is_available(), torch.cuda.device_count(), torch.version.hip, torch.version.cuda), flush=True)
+        torch.cuda.is_available(), visible, torch.version.hip, torch.version.cuda), flush=True)
+    # Set by the job script when the profile requires GPUs: how many Slurm gave this node.
+    required = int(os.environ.get(GPUS_REQUIRED_ENV, "").strip() or 0)
+    if visible < required:
+        gpus_missing = True
+        build = ("a ROCm build (HIP %s)" % torch.version.hip if torch.version.hip
+                 else "a CUDA %s build" % torch.version.cuda if torch.version.cuda else "a CPU-only build")
+        print("preflight: FAILED: GPUs required: this node of the job was given %d %s, but PyTorch sees %d "
+              "(torch %s, %s); the training jobs would run on the CPU" % (
+                  required, "GPU" if required == 1 else "GPUs", visible, torch.__version__, build), flush=True)
+        hint = os.environ.get(GPU_HINT_ENV, "").strip()
+        if hint:
+            print("preflight: what to do:", hint, flush=True)
 print("preflight: python", sys.version.split()[0], "at", sys.executable, flush=True)
 if failed:
     print("preflight: FAILED imports:", ", ".join(failed) + ";",
           "check PYTHONPATH, the synced code and the extra packages directory", flush=True)
+if gpus_missing:
+    sys.exit(EXIT_GPUS_MISSING)
+if failed:
     sys.exit(1)
 print("preflight: OK", flush=True)
 ' &

@@ -14,6 +14,10 @@ export MIOPEN_USER_DB_PATH=/tmp/miopen_cache_"${SLURM_JOB_ID}"
 export MIOPEN_CUSTOM_CACHE_DIR="${MIOPEN_USER_DB_PATH}"
 export MIOPEN_FIND_MODE=1
 mkdir -p "${MIOPEN_USER_DB_PATH}"
+# GPUs are required (accelerator rocm): PyTorch must see as many as Slurm gave
+# this node, or the job stops instead of training on the CPU.
+export VCLOUD_GPUS_REQUIRED="${SLURM_GPUS_ON_NODE:-1}"
+export VCLOUD_GPU_HINT='PyTorch in the CSC container sees the GCDs only with the host GPU libraries injected and libfabric bound: export SINGULARITY_CONTAINLIBS=/usr/lib64/libcxi.so.1,/opt/rocm/lib/librocm_smi64.so.7 (container.containlibs) and run singularity exec -B /opt/cray/libfabric (or /opt/cray in container.bind_env); never add --rocm (the host libdrm needs GLIBC 2.33, the container has 2.31). Check in a dev-g job: python3 -c "import torch; print(torch.cuda.device_count())" in the container prints the number of GCDs the job asked for.'
 cd /scratch/project_465002500/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 
 child_pid=""

@@ -19,6 +19,11 @@ BAD_CONFIG = 2
 REQUEUE = 85
 """Stopped on a signal (pre-timeout USR2 or TERM) after writing a checkpoint; resume by rerunning."""
 
+GPUS_MISSING = 87
+"""The job script says GPUs are required, but PyTorch sees fewer than the job was given: refused to
+train on the CPU (which would bill GPU-hours for nothing). Rerunning the same job cannot help until
+the job's environment shows PyTorch its GPUs. (86 is the job script's own refusal: changed code.)"""
+
 
 def describe(code: int) -> str:
     """One phrase per exit code, for log lines written by whoever collects the exit status."""
@@ -27,4 +32,5 @@ def describe(code: int) -> str:
         ERROR: "training error",
         BAD_CONFIG: "bad arguments or configuration",
         REQUEUE: "stopped on a signal after checkpointing (requeue)",
+        GPUS_MISSING: "GPUs required but not visible to PyTorch; not training on the CPU",
     }.get(code, f"unexpected exit code {code}")

@@ -2,8 +2,8 @@
 
 Resumes automatically from ``RUN_DIR/stage{N}/latest.pt``; ``--restart`` moves the old outputs
 aside and starts over. Under ``torchrun --nproc_per_node=K`` it trains with DDP. Exit codes are in
-:mod:`vcloud.exitcodes`: 0 complete, 85 stopped on a signal after checkpointing, 1 error, 2 bad
-arguments or configuration.
+:mod:`vcloud.exitcodes`: 0 complete, 85 stopped on a signal after checkpointing, 87 GPUs required
+(``VCLOUD_GPUS_REQUIRED``) but not visible to PyTorch, 1 error, 2 bad arguments or configuration.
 """
 
 from __future__ import annotations
@@ -107,10 +107,18 @@ def _main(argv: list[str] | None, stop: StopRequest) -> int:
         log.error("%s", exc)
         return exitcodes.BAD_CONFIG
 
-    from vcloud.training.distributed import describe_device, init_distributed, shutdown
+    from vcloud.training.distributed import GpusMissing, describe_device, init_distributed, shutdown
+
+    try:
+        ctx = init_distributed()  # first after the arguments: a job without its GPUs stops in seconds
+    except GpusMissing as exc:
+        log.error("%s", exc)
+        if exc.hint:  # not at ERROR level: the log-signature hints would read "error ... libfabric" in it
+            log.info("what to do: %s", exc.hint)
+        log.info("exit %d: %s", exitcodes.GPUS_MISSING, exitcodes.describe(exitcodes.GPUS_MISSING))
+        return exitcodes.GPUS_MISSING
     from vcloud.training.loop import StageRun, TrainingError, train_stage
 
-    ctx = init_distributed()
     configure_logging(ctx.rank, ctx.world_size)
     log.info("%s", describe_device(ctx))
     log.info("config %s (%s), data %s, output %s", args.config, config.name, args.data, args.out)

@@ -8,6 +8,12 @@ The rule that prevents the seed-002 deadlock lives in the loop, not here: every 
 model, datasets and caches completely *before* the model is wrapped in DDP, and after that no rank
 does one-off work the others would wait for inside a collective. Rank 0 alone writes files; the
 others wait at a barrier.
+
+A job that was given GPUs never trains on the CPU: the job script sets :data:`GPUS_REQUIRED_ENV`
+to the number of GPUs Slurm gave this node when the cluster profile's accelerator is real, and
+:func:`init_distributed` raises :class:`GpusMissing` when PyTorch sees fewer, before any process
+group, model or data exists. Without the variable (the local CPU cluster, tests) the CPU fallback
+stays.
 """
 
 from __future__ import annotations
@@ -23,6 +29,21 @@ import torch
 import torch.distributed as dist
 
 log = logging.getLogger(__name__)
+
+GPUS_REQUIRED_ENV = "VCLOUD_GPUS_REQUIRED"
+"""GPUs this node of the job was given, set by the job script when the profile requires GPUs
+(``vcloud_pipeline.render`` writes the same name); unset or 0: CPU training is allowed."""
+
+GPU_HINT_ENV = "VCLOUD_GPU_HINT"
+"""The cluster profile's advice for a job whose GPUs PyTorch cannot see, logged with the refusal."""
+
+
+class GpusMissing(RuntimeError):
+    """GPUs are required, but PyTorch sees fewer than the job was given: do not train on the CPU."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
 
 
 @dataclass(frozen=True)
@@ -54,12 +75,59 @@ def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
         raise ValueError(f"environment variable {name}={raw!r} is not an integer (set by torchrun)") from None
 
 
+def gpus_required(env: Mapping[str, str]) -> int:
+    """How many GPUs this process must see (:data:`GPUS_REQUIRED_ENV`; 0 when unset)."""
+    raw = env.get(GPUS_REQUIRED_ENV, "").strip()
+    if not raw:
+        return 0
+    if not raw.isdigit():
+        raise ValueError(f"environment variable {GPUS_REQUIRED_ENV}={raw!r} is not a number of GPUs "
+                         "(the job script sets it from the profile and Slurm's SLURM_GPUS_ON_NODE)")
+    return int(raw)
+
+
+def torch_build() -> str:
+    """Which PyTorch this is and what it was built for, for messages about missing GPUs."""
+    if torch.version.hip:
+        target = f"a ROCm build (HIP {torch.version.hip})"
+    elif torch.version.cuda:
+        target = f"a CUDA {torch.version.cuda} build"
+    else:
+        target = "a CPU-only build"
+    return f"torch {torch.__version__}, {target}"
+
+
+def gpu_shortfall(required: int, visible: int, build: str) -> str | None:
+    """Why this process must not start (PyTorch sees fewer GPUs than the job was given), or None."""
+    if required <= 0 or visible >= required:
+        return None
+    gpus = "GPU" if required == 1 else "GPUs"
+    return (f"GPUs required: this node of the job was given {required} {gpus}, but PyTorch sees {visible} "
+            f"({build}); refusing to train on the CPU")
+
+
+def visible_gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_gpus(env: Mapping[str, str]) -> None:
+    """Raise :class:`GpusMissing` when the job was given GPUs that PyTorch does not see."""
+    required = gpus_required(env)
+    if required == 0:
+        return
+    problem = gpu_shortfall(required, visible_gpus(), torch_build())
+    if problem:
+        raise GpusMissing(problem, hint=env.get(GPU_HINT_ENV, "").strip() or None)
+
+
 def init_distributed(env: Mapping[str, str] | None = None, timeout_minutes: int = 30) -> DistContext:
-    """Pick the device and, under torchrun, join the process group."""
+    """Check that the GPUs the job was given are visible, pick the device and, under torchrun, join
+    the process group."""
     env = os.environ if env is None else env
     world_size = _env_int(env, "WORLD_SIZE", 1)
     rank = _env_int(env, "RANK", 0)
     local_rank = _env_int(env, "LOCAL_RANK", 0)
+    check_gpus(env)
     cuda = torch.cuda.is_available()
     if cuda:
         device_index = local_rank % torch.cuda.device_count()
@@ -123,3 +191,24 @@ def gather_to_main(ctx: DistContext, obj: Any) -> list[Any] | None:
 def shutdown(ctx: DistContext) -> None:
     if ctx.distributed and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def main(env: Mapping[str, str] | None = None) -> int:
+    """``python -m vcloud.training.distributed``: exit 87 (printing why) when this node's GPUs are
+    not all visible to PyTorch, else 0.
+
+    torchrun turns a worker's exit 87 into its own exit 1; a job script asks this after a failed
+    launch so that the job still ends with the exit code that says what happened.
+    """
+    from vcloud import exitcodes
+
+    try:
+        check_gpus(os.environ if env is None else env)
+    except GpusMissing as exc:
+        print(exc, flush=True)
+        return exitcodes.GPUS_MISSING
+    return exitcodes.STAGE_COMPLETE
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
