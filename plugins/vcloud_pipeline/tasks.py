@@ -26,7 +26,7 @@ from vcloud_pipeline.profiles import ClusterProfile, ProfileError, load_profile,
 from vcloud_pipeline.remote import RemoteCommandError, listing
 from vcloud_pipeline.render import RenderedJob
 from vcloud_pipeline.rsync import CodeTree
-from vcloud_pipeline.stages import StageDecisionError, StagePlan, completion_record
+from vcloud_pipeline.stages import DATA, PREFLIGHT, StageDecisionError, StagePlan, completion_record, decide_data
 from vcloud_pipeline.sync import PROJECT_ROOT, local_manifest, render_run_jobs, sync_run
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,9 @@ def clean_code_dirs(ctx: RunContext, runner: Any, current: str) -> RetentionPlan
 
 
 def preflight_checks(ctx: RunContext, hook: Any, code_hash: str) -> dict[str, Any]:
-    """``sbatch --test-only`` of every job still to run, the container image, and the budget."""
+    """``sbatch --test-only`` of every training job still to run, the container image, and the budget
+    of every job the run will submit (the preflight import job and the data job included): nothing
+    has been submitted yet when this runs."""
     jobs = ctx.render(code_hash)
     to_run = []
     for label in ctx.plan.training_labels():
@@ -172,7 +174,8 @@ def preflight_checks(ctx: RunContext, hook: Any, code_hash: str) -> dict[str, An
     log.info("allocation (%s): %s", allocation.source, allocation.describe())
     log.info("ledger of this project's jobs: %s", "; ".join(
         ledger.lines()[-1:] + [f"held by queued/running jobs {ledger.reserved:.2f}"]))
-    worst = check_jobs_budget(ctx.profile, {label: ctx.specs()[label] for label in to_run}, allocation)
+    worst = check_jobs_budget(ctx.profile, {label: ctx.specs()[label] for label in _budgeted(ctx, hook, to_run)},
+                              allocation)
     for label, case in worst.items():
         log.info("worst case %s: %.2f %s (%s)", label, case.amount, case.billing_unit, case.describe())
     return {
@@ -183,6 +186,17 @@ def preflight_checks(ctx: RunContext, hook: Any, code_hash: str) -> dict[str, An
         "allocation": allocation.to_json(),
         "worst_case": {label: round(case.amount, 4) for label, case in worst.items()},
     }
+
+
+def _budgeted(ctx: RunContext, hook: Any, to_run: list[str]) -> list[str]:
+    """The jobs the run will submit, in order: the preflight import job, the data job if the dataset
+    is missing, then ``to_run``."""
+    labels = [PREFLIGHT]
+    if DATA in ctx.specs():
+        index = str(ctx.paths.data_index)
+        if decide_data(ctx.plan, hook.file_sizes([index]).get(index)).submit:
+            labels.append(DATA)
+    return labels + to_run
 
 
 def stage_records(ctx: RunContext, hook: Any) -> dict[str, Any]:
