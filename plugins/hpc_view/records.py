@@ -321,8 +321,8 @@ def profile_budget(profile: str, records: Iterable[JobRecord], *, allocation: fl
         elif left is not None:
             left -= record.gpu_hours
         burn.append(BurnPoint(record.finished_at, f"{record.stage} ({record.job_id})", total, left))
-    common = dict(profile=profile, unit=unit, allocation=allocation, total=total, by_run=by_run, by_stage=by_stage,
-                  by_run_stage=by_run_stage, burn=tuple(burn), jobs=len(done))
+    common = dict(profile=profile, unit=unit, allocation=allocation, total=total, by_run=by_run,
+                  by_stage=by_stage, by_run_stage=by_run_stage, burn=tuple(burn), jobs=len(done))
     if newest is None:
         return ProfileBudget(**common, allocation_from=allocation_from)
     record, snap = newest

@@ -469,7 +469,8 @@ class SlurmSubmitOperator(BaseOperator):
                     f"check with `squeue -j {job_id}` and cancel it with `scancel {job_id}` if it is.")
         if status is None or not status.state.keeps_place_in_queue:
             return ""
-        where = status.state.value + (f", reason {status.reason}" if status.reason not in (None, "", "None") else "")
+        reason = status.reason if status.reason not in (None, "", "None") else None
+        where = status.state.value + (f", reason {reason}" if reason else "")
         if status.name != self._name_of_job(context, job_id):
             self.log.warning("Job id %s now names %r, not this task's job: left alone", job_id, status.name)
             return ""
@@ -486,8 +487,10 @@ class SlurmSubmitOperator(BaseOperator):
         else:
             problem = "" if result.accepted else (result.message or f"scancel exited {result.exit_status}")
         if problem:
-            self.log.error("Giving up on job %s (%s): %s; cancelling it failed: %s", job_id, where, why, problem)
-            return f"Job {job_id} ({where}) could not be cancelled ({problem}): cancel it with `scancel {job_id}`."
+            self.log.error("Giving up on job %s (%s): %s; cancelling it failed: %s", job_id, where, why,
+                           problem)
+            return (f"Job {job_id} ({where}) could not be cancelled ({problem}): "
+                    f"cancel it with `scancel {job_id}`.")
         self.log.warning("Cancelled job %s (%s): the task gives up on it: %s", job_id, where, why)
         return (f"Job {job_id} ({where}) was cancelled, so that it is not left in the queue "
                 "(keep_job_on_give_up=True keeps such a job for a person).")

@@ -610,7 +610,8 @@ class TresMinutes:
         return None if self.limit is None else self.limit - self.used - self.running
 
 
-def account_tres_minutes(rows: Iterable[AssociationRow], account: str, tres: str = "billing") -> TresMinutes | None:
+def account_tres_minutes(rows: Iterable[AssociationRow], account: str,
+                         tres: str = "billing") -> TresMinutes | None:
     """The account's own association (no user) for ``tres``; ``None`` when sshare did not list it."""
     for row in rows:
         if row.account == account and row.user is None:

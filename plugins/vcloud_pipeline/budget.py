@@ -168,14 +168,17 @@ class Allocation:
             held=units_from_slurm_minutes(billing, running_minutes) + queued,
             source=SLURM,
             limit_from=f"Slurm association limit GrpTRESMins {tres}={limit_minutes} on account {account}",
-            used_from=f"Slurm GrpTRESRaw {tres}={used_minutes} of account {account}, every job of the account",
-            held_from=f"Slurm TRESRunMins {tres}={running_minutes} of the account's running jobs{queued_words}",
+            used_from=(f"Slurm GrpTRESRaw {tres}={used_minutes} of account {account}, "
+                       "every job of the account"),
+            held_from=(f"Slurm TRESRunMins {tres}={running_minutes} of the account's running "
+                       f"jobs{queued_words}"),
             slurm={"account": account, "tres": tres, "limit": limit_minutes, "used": used_minutes,
                    "running": running_minutes, "minutes_per_unit": billing.slurm_minutes_per_unit},
         )
 
     @classmethod
-    def from_profile(cls, profile: ClusterProfile, *, used: float, held: float, note: str = "") -> "Allocation":
+    def from_profile(cls, profile: ClusterProfile, *, used: float, held: float,
+                     note: str = "") -> "Allocation":
         """From the profile's ``billing.allocation`` and the ledger of this project's own jobs."""
         limit = profile.billing.allocation
         return cls(
@@ -207,7 +210,8 @@ def check_budget(profile: ClusterProfile, spec: JobSpec, allocation: Allocation)
         return worst
     in_slurm = ""
     if allocation.source == SLURM and allocation.slurm:
-        in_slurm = f" = {slurm_minutes_from_units(profile.billing, worst.amount):g} {allocation.slurm['tres']}-minutes"
+        minutes = slurm_minutes_from_units(profile.billing, worst.amount)
+        in_slurm = f" = {minutes:g} {allocation.slurm['tres']}-minutes"
     raise BudgetExceeded(
         f"{worst.label} needs up to {worst.amount:.1f} {worst.billing_unit} ({worst.describe()}{in_slurm}); "
         f"{allocation.headroom()}: {allocation.figures()}. "

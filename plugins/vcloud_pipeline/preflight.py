@@ -156,7 +156,8 @@ def check_jobs_budget(profile: ClusterProfile, specs: Mapping[str, JobSpec],
         detail = ", ".join(f"{label} {w.amount:.1f} ({w.describe()})" for label, w in worst.items())
         in_slurm = ""
         if allocation.slurm:
-            in_slurm = f" = {slurm_minutes_from_units(profile.billing, total):g} {allocation.slurm['tres']}-minutes"
+            minutes = slurm_minutes_from_units(profile.billing, total)
+            in_slurm = f" = {minutes:g} {allocation.slurm['tres']}-minutes"
         raise PreflightError(
             f"the run's jobs need up to {total:.1f} {profile.billing.unit} together{in_slurm} ({detail}); "
             f"{allocation.headroom()}: {allocation.figures()}. "

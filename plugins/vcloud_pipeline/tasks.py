@@ -21,12 +21,26 @@ from vcloud_pipeline.code_retention import RetentionPlan, remove_unused_code_dir
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.layout import RunPaths, run_paths
 from vcloud_pipeline.params import RequestError, TrainingRequest, parse_request
-from vcloud_pipeline.preflight import Ledger, check_image, check_jobs_budget, read_allocation, read_ledger, test_only
+from vcloud_pipeline.preflight import (
+    Ledger,
+    check_image,
+    check_jobs_budget,
+    read_allocation,
+    read_ledger,
+    test_only,
+)
 from vcloud_pipeline.profiles import ClusterProfile, ProfileError, load_profile, overrides_from_environ
 from vcloud_pipeline.remote import RemoteCommandError, listing
 from vcloud_pipeline.render import RenderedJob
 from vcloud_pipeline.rsync import CodeTree
-from vcloud_pipeline.stages import DATA, PREFLIGHT, StageDecisionError, StagePlan, completion_record, decide_data
+from vcloud_pipeline.stages import (
+    DATA,
+    PREFLIGHT,
+    StageDecisionError,
+    StagePlan,
+    completion_record,
+    decide_data,
+)
 from vcloud_pipeline.sync import PROJECT_ROOT, local_manifest, render_run_jobs, sync_run
 
 log = logging.getLogger(__name__)
@@ -174,8 +188,8 @@ def preflight_checks(ctx: RunContext, hook: Any, code_hash: str) -> dict[str, An
     log.info("allocation (%s): %s", allocation.source, allocation.describe())
     log.info("ledger of this project's jobs: %s", "; ".join(
         ledger.lines()[-1:] + [f"held by queued/running jobs {ledger.reserved:.2f}"]))
-    worst = check_jobs_budget(ctx.profile, {label: ctx.specs()[label] for label in _budgeted(ctx, hook, to_run)},
-                              allocation)
+    budgeted = {label: ctx.specs()[label] for label in _budgeted(ctx, hook, to_run)}
+    worst = check_jobs_budget(ctx.profile, budgeted, allocation)
     for label, case in worst.items():
         log.info("worst case %s: %.2f %s (%s)", label, case.amount, case.billing_unit, case.describe())
     return {
