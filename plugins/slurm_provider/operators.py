@@ -492,7 +492,7 @@ class SlurmSubmitOperator(BaseOperator):
             return (f"Job {job_id} ({where}) could not be cancelled ({problem}): "
                     f"cancel it with `scancel {job_id}`.")
         self.log.warning("Cancelled job %s (%s): the task gives up on it: %s", job_id, where, why)
-        return (f"Job {job_id} ({where}) was cancelled, so that it is not left in the queue "
+        return (f"Job {job_id} was cancelled ({where}), so that it is not left in the queue "
                 "(keep_job_on_give_up=True keeps such a job for a person).")
 
     def on_kill(self) -> None:

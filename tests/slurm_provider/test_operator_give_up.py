@@ -10,24 +10,22 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from airflow.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowFailException
 
 from slurm_provider.hooks import CancelResult
-from slurm_provider.operators import SlurmSubmitOperator, job_name_for
+from slurm_provider.operators import HISTORY_KEY, SlurmSubmitOperator, job_name_for
 from slurm_provider.states import SlurmState
 from slurm_provider.status import JobStatus
 from slurm_provider.transport import TransportUnavailable
 from slurm_provider.triggers import FINISHED, NEVER_STARTS
+from task_context import StateStore, TaskTry, task_context
 
 RUN_ID = "manual__give_up"
 NAME = job_name_for("give_up", "train", RUN_ID)
 
 
-class TaskTry:
-    dag_id, task_id, run_id, try_number, map_index = "give_up", "train", RUN_ID, 1, -1
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        pass
+def context() -> dict[str, Any]:
+    return {"ti": TaskTry(RUN_ID, dag_id="give_up", task_id="train")}
 
 
 class Slurm:
@@ -86,8 +84,8 @@ def finish(slurm: Slurm, payload: dict[str, Any], **kwargs: Any) -> str:
     op = SlurmSubmitOperator(task_id="train", conn_id="cluster", script="#!/bin/bash\ntrue\n", log_dir="/logs",
                              **kwargs)
     op._hook = lambda: slurm  # type: ignore[method-assign]
-    with pytest.raises(AirflowException) as failed:
-        op.execute_complete({"ti": TaskTry()}, payload)
+    with pytest.raises(AirflowFailException) as failed:
+        op.execute_complete(context(), payload)
     return str(failed.value)
 
 
@@ -100,7 +98,7 @@ def test_a_job_that_can_never_start_is_cancelled_and_the_failure_says_so(capfd: 
     message = finish(slurm, event(NEVER_STARTS, pending, BUDGET_GONE))
     assert slurm.cancelled == ["42"]
     assert message.startswith(BUDGET_GONE)
-    assert "Job 42 (PENDING, reason AssocGrpBillingMinutes) was cancelled" in message
+    assert "Job 42 was cancelled (PENDING, reason AssocGrpBillingMinutes)" in message
     assert "keep_job_on_give_up=True keeps such a job" in message
     logged = capfd.readouterr().out
     assert "Cancelled job 42 (PENDING, reason AssocGrpBillingMinutes): the task gives up on it: job 42 will not " \
@@ -122,7 +120,7 @@ def test_a_job_held_after_special_exit_is_cancelled_without_waiting_for_accounti
     slurm = Slurm(held)
     message = finish(slurm, event(FINISHED, held))
     assert "Slurm job 42 ended SPECIAL_EXIT" in message
-    assert "Job 42 (SPECIAL_EXIT, reason job requeued in held state) was cancelled" in message
+    assert "Job 42 was cancelled (SPECIAL_EXIT, reason job requeued in held state)" in message
     assert slurm.cancelled == ["42"] and "runs" not in slurm.verbs
 
 
@@ -142,21 +140,21 @@ def test_a_requeued_job_the_policy_does_not_resubmit_is_cancelled() -> None:
     slurm = Slurm(job(SlurmState.PENDING, "BeginTime"), accounted=ended)
     message = finish(slurm, event(FINISHED, ended), resubmit_budgets={"NODE_FAIL": 0})
     assert "Not resubmitted: resubmission budget for NODE_FAIL used up (0 of 0)" in message
-    assert "Job 42 (PENDING, reason BeginTime) was cancelled" in message and slurm.cancelled == ["42"]
+    assert "Job 42 was cancelled (PENDING, reason BeginTime)" in message and slurm.cancelled == ["42"]
 
 
 def test_a_resubmission_refused_by_check_before_resubmit_cancels_a_requeued_job() -> None:
     class Refusing(SlurmSubmitOperator):
         def check_before_resubmit(self, context: Any, hook: Any) -> None:
-            raise AirflowException("the allocation cannot pay for another run")
+            raise AirflowFailException("the allocation cannot pay for another run")
 
     ended = JobStatus(job_id="42", state=SlurmState.PREEMPTED, raw_state="PREEMPTED", name=NAME, source="sacct")
     slurm = Slurm(job(SlurmState.PENDING, "Priority"), accounted=ended)
     op = Refusing(task_id="train", conn_id="cluster", script="#!/bin/bash\ntrue\n", log_dir="/logs")
     op._hook = lambda: slurm  # type: ignore[method-assign]
-    with pytest.raises(AirflowException, match=r"(?s)cannot pay for another run\nJob 42 \(PENDING, reason "
-                                               r"Priority\) was cancelled"):
-        op.execute_complete({"ti": TaskTry()}, event(FINISHED, ended))
+    with pytest.raises(AirflowFailException, match=r"(?s)cannot pay for another run\nJob 42 was cancelled "
+                                                   r"\(PENDING, reason Priority\)"):
+        op.execute_complete(context(), event(FINISHED, ended))
     assert slurm.cancelled == ["42"]
 
 
@@ -172,3 +170,17 @@ def test_a_cancel_that_fails_tells_the_person_to_do_it() -> None:
     message = finish(Slurm(pending, cancel_fails=True), event(NEVER_STARTS, pending, BUDGET_GONE))
     assert "Job 42 (PENDING, reason AssocGrpBillingMinutes) could not be cancelled (connection reset by peer): " \
            "cancel it with `scancel 42`" in message
+
+
+def test_a_retry_that_finds_its_job_held_after_special_exit_cancels_it() -> None:
+    # The watch was lost (a worker died); meanwhile the job asked for a person and Slurm holds it.
+    store = StateStore()
+    store.set(HISTORY_KEY, [{"job_id": "42", "number": 1, "cause": "initial", "try_number": 1}])
+    slurm = Slurm(job(SlurmState.SPECIAL_EXIT, "job requeued in held state"))
+    op = SlurmSubmitOperator(task_id="train", conn_id="cluster", script="#!/bin/bash\ntrue\n", log_dir="/logs")
+    op._hook = lambda: slurm  # type: ignore[method-assign]
+    with pytest.raises(AirflowFailException) as failed:
+        op.execute(task_context(RUN_ID, store, dag_id="give_up", task_id="train", try_number=2))
+    assert "Slurm job 42 ended SPECIAL_EXIT" in str(failed.value)
+    assert "Job 42 was cancelled (SPECIAL_EXIT, reason job requeued in held state)" in str(failed.value)
+    assert slurm.cancelled == ["42"] and "runs" not in slurm.verbs

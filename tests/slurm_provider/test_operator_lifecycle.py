@@ -222,7 +222,7 @@ def test_job_that_can_never_start_fails_clearly_and_is_cancelled(local_cluster: 
     # Slurm says PartitionTimeLimit, or PartitionConfig when it looks at the partition first.
     reason = re.search(rf"job {job_id} will not start: (Partition\w+): ", outcome.output)
     assert reason, outcome.output[-3000:]
-    assert f"Job {job_id} (PENDING, reason {reason.group(1)}) was cancelled" in outcome.output
+    assert f"Job {job_id} was cancelled (PENDING, reason {reason.group(1)})" in outcome.output
     assert local_cluster.wait_for_state(int(job_id), {"CANCELLED"}, timeout=30) == "CANCELLED"
 
 
@@ -252,7 +252,7 @@ def test_job_held_after_special_exit_is_cancelled_not_left_behind(local_cluster:
     assert outcome.state == "failed"
     (job_id,) = _jobs_of(local_cluster, outcome)
     assert f"Slurm job {job_id} ended SPECIAL_EXIT" in outcome.output
-    assert f"Job {job_id} (SPECIAL_EXIT, reason job requeued in held state) was cancelled" in outcome.output
+    assert f"Job {job_id} was cancelled (SPECIAL_EXIT, reason job requeued in held state)" in outcome.output
     assert f"Cancelled job {job_id} (SPECIAL_EXIT" in outcome.output  # the task log says why, too
     assert local_cluster.wait_for_state(int(job_id), {"CANCELLED"}, timeout=30) == "CANCELLED"
 
@@ -287,7 +287,7 @@ def test_allocation_used_up_after_submission_pends_with_slurms_reason_and_is_can
     assert job_id == str(injector.job_id)
     assert f"job {job_id} will not start: AssocGrpBillingMinutes: " in outcome.output
     assert "The project's GPU-hour allocation is used up, or too little of it is left" in outcome.output
-    assert f"Job {job_id} (PENDING, reason AssocGrpBillingMinutes) was cancelled" in outcome.output
+    assert f"Job {job_id} was cancelled (PENDING, reason AssocGrpBillingMinutes)" in outcome.output
     assert local_cluster.wait_for_state(int(job_id), {"CANCELLED"}, timeout=30) == "CANCELLED"
 
 
