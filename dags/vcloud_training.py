@@ -1,4 +1,4 @@
-"""vcloud training on a Slurm cluster: sync code -> checks -> (data) -> preflight job -> stages 0-3 -> export.
+"""vcloud training on a Slurm cluster: sync -> checks -> (data) -> preflight job -> stages 0-3 -> export.
 
 Wiring only; what each task does lives in ``plugins/vcloud_pipeline`` (``tasks``, ``stages``,
 ``preflight``, ``sync``, ``job_operator``). Trigger from the UI form, on the retraining schedule,
