@@ -1,4 +1,4 @@
-"""vcloud training on a Slurm cluster: sync code -> (data) -> preflight -> stages 0-3 -> export.
+"""vcloud training on a Slurm cluster: sync -> checks -> (data) -> preflight job -> stages 0-3 -> export.
 
 Wiring only; what each task does lives in ``plugins/vcloud_pipeline`` (``tasks``, ``stages``,
 ``preflight``, ``sync``, ``job_operator``). Trigger from the UI form, on the retraining schedule,
@@ -90,8 +90,8 @@ with DAG(
 
     planned = plan()
     synced = sync_code(planned)
-    data = PipelineJobOperator(task_id="prepare_data", job="data")
     checks = preflight_checks(planned, synced)
+    data = PipelineJobOperator(task_id="prepare_data", job="data", trigger_rule=TriggerRule.NONE_FAILED)
     imports = PipelineJobOperator(task_id="preflight_imports", job="preflight", trigger_rule=TriggerRule.NONE_FAILED)
     stages = [
         PipelineJobOperator(task_id=f"stage{stage}", job=f"stage{stage}", outlets=[STAGE_CHECKPOINTS[stage]],
@@ -101,5 +101,5 @@ with DAG(
     export = PipelineJobOperator(task_id="export", job="export", outlets=[VIEWER_EXPORT],
                                  trigger_rule=TriggerRule.NONE_FAILED)
     summarized = summary(planned)
-    chain(synced, data, checks, imports, *stages, export, summarized)
-    [synced, data, checks, imports, *stages, export, summarized] >> verdict()
+    chain(synced, checks, data, imports, *stages, export, summarized)
+    [synced, checks, data, imports, *stages, export, summarized] >> verdict()

@@ -14,7 +14,8 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -202,6 +203,46 @@ class LocalCluster:
             return out.split()[0]
         runs = self.sacct_runs(job_id)
         return runs[-1]["State"].split()[0] if runs else "UNKNOWN"
+
+    # --- the allocation as Slurm holds it (GrpTRESMins=billing on the account) -------------------
+
+    def billing_minutes(self) -> tuple[int | None, int, int]:
+        """(limit, used, held by running jobs) of the account's billing TRES, in billing-minutes."""
+        out = self.root("sshare", "-n", "-P", f"--accounts={self.account}",
+                        "--format=Account,User,GrpTRESMins,GrpTRESRaw,TRESRunMins").stdout
+
+        def billing(tres: str) -> int | None:
+            values = dict(item.split("=", 1) for item in tres.split(",") if "=" in item)
+            return int(values["billing"]) if values.get("billing", "").isdigit() else None
+
+        for line in out.splitlines():
+            account, user, limit, used, running = line.strip().split("|")
+            if account == self.account and not user:
+                return billing(limit), billing(used) or 0, billing(running) or 0
+        raise AssertionError(f"sshare lists no association for account {self.account}: {out!r}")
+
+    def set_billing_limit(self, minutes: int) -> None:
+        """Set GrpTRESMins=billing on the account (cluster-wide: only in exclusive_cluster tests)."""
+        self.root("sacctmgr", "-i", "modify", "account", self.account, "where", "cluster=vcloud-local",
+                  "set", f"GrpTRESMins=billing={minutes}")
+        poll_until(lambda: self.billing_minutes()[0] == minutes, timeout=30,
+                   what=f"slurmctld to hold GrpTRESMins=billing={minutes}")
+
+    @contextmanager
+    def billing_limit(self, minutes: int | None = None) -> Iterator[None]:
+        """The account's billing limit set to ``minutes`` inside the block (or changed by the block
+        itself when ``minutes`` is None), and restored after it whatever happened."""
+        before = self.billing_minutes()[0]
+        try:
+            if minutes is not None:
+                self.set_billing_limit(minutes)
+            yield
+        finally:
+            if before is None:
+                self.root("sacctmgr", "-i", "modify", "account", self.account, "where", "cluster=vcloud-local",
+                          "set", "GrpTRESMins=billing=-1")
+            else:
+                self.set_billing_limit(before)
 
     def daemon_pids(self) -> dict[str, int]:
         pids = {}

@@ -33,7 +33,8 @@ def burndown_svg(budget: ProfileBudget) -> str:
     values = [p.left if has_alloc else p.used for p in budget.burn]
     ceiling = budget.allocation if has_alloc else max(values or [0.0])
     ceiling = ceiling if ceiling and ceiling > 0 else 1.0
-    title = (f"{budget.unit} left of {figure(budget.allocation)}: "
+    where = " (Slurm limit)" if budget.source == "slurm" else ""
+    title = (f"{budget.unit} left of {figure(budget.allocation)}{where}: "
              f"{figure(budget.left, precise=budget.total < 10)}"
              if has_alloc else f"{budget.unit} used: {figure(budget.total)} (no allocation tracked)")
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="burndown" width="{WIDTH}" height="{height}" '

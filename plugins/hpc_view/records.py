@@ -5,6 +5,9 @@
 (resubmissions included), the final state, elapsed time, restarts and the GPU-hours it cost
 (from ``sacct``). The view reads these records from Airflow's metadata database; it never asks
 the cluster on a page view, because on LUMI every ``squeue`` is a command on a shared login node.
+The training DAG's jobs also record the allocation when they ended (``allocation``: Slurm's
+``GrpTRESMins`` limit on the account with its usage, or the profile's ``billing.allocation``, each
+figure with its source); the newest such record is the budget the page shows.
 
 A task that is still waiting (deferred) or failed has only its job id here: its Slurm state is
 shown as not known until the refresh asks the cluster (:mod:`hpc_view.live`).
@@ -87,6 +90,8 @@ class JobRecord:
     finished_at: datetime | None = None
     pending: PendingWords | None = None
     metrics: Mapping[str, Any] | None = None
+    allocation: Mapping[str, Any] | None = None
+    """The allocation when the job ended, as the training DAG's operator read it (``Allocation.to_json``)."""
     final: bool = False
     """True when this is the operator's final record (its return value): only those are billed here."""
 
@@ -201,7 +206,9 @@ def records_from_xcoms(rows: Iterable[XComRow]) -> list[JobRecord]:
             elapsed_s=_int(summary.get("elapsed_s")), restarts=_int(summary.get("restarts")) or 0,
             node_list=summary.get("node_list"), gpus=_int(summary.get("gpus")) or 0,
             gpu_hours=float(summary.get("gpu_hours") or 0.0),
-            finished_at=anchor.end_date, metrics=summary.get("metrics"), final=True))
+            finished_at=anchor.end_date, metrics=summary.get("metrics"),
+            allocation=summary["allocation"] if isinstance(summary.get("allocation"), Mapping) else None,
+            final=True))
     records.sort(key=lambda r: (r.finished_at is None, r.finished_at or datetime.min, r.dag_id, r.run_id,
                                 r.task_id), reverse=False)
     return records
@@ -217,9 +224,18 @@ class BurnPoint:
     left: float | None
 
 
+SLURM_SOURCE = "slurm"
+PROFILE_SOURCE = "profile"
+
+
 @dataclass(frozen=True)
 class ProfileBudget:
-    """GPU-hours spent by the recorded jobs of one profile, against its allocation."""
+    """GPU-hours spent by the recorded jobs of one profile, against its allocation.
+
+    ``source`` says where the allocation comes from: ``slurm`` (the account's ``GrpTRESMins`` limit,
+    as the newest job record read it; ``account_used`` is then every job of the account, ours or
+    not) or ``profile`` (``billing.allocation``, against the jobs recorded here).
+    """
 
     profile: str
     unit: str
@@ -230,14 +246,25 @@ class ProfileBudget:
     by_run_stage: dict[tuple[str, str], float] = field(default_factory=dict)
     burn: tuple[BurnPoint, ...] = ()
     jobs: int = 0
+    source: str = PROFILE_SOURCE
+    allocation_from: str = ""
+    account_used: float | None = None
+    used_from: str = "the jobs recorded here"
+    as_of: datetime | None = None
+    """When the Slurm figures were read (the end of the job whose record carries them)."""
 
     @property
     def left(self) -> float | None:
-        return None if self.allocation is None else self.allocation - self.total
+        if self.allocation is None:
+            return None
+        return self.allocation - (self.account_used if self.account_used is not None else self.total)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "profile": self.profile, "unit": self.unit, "allocation": self.allocation,
+            "source": self.source, "allocation_from": self.allocation_from,
+            "account_used": None if self.account_used is None else round(self.account_used, 4),
+            "used_from": self.used_from, "as_of": self.as_of.isoformat() if self.as_of else None,
             "used": round(self.total, 4), "left": None if self.left is None else round(self.left, 4),
             "jobs": self.jobs,
             "by_run": [{"run_id": run, "gpu_hours": round(h, 4)} for run, h in self.by_run.items()],
@@ -249,28 +276,56 @@ class ProfileBudget:
         }
 
 
+def _slurm_snapshot(record: JobRecord) -> Mapping[str, Any] | None:
+    """The record's allocation when it came from Slurm's limit (with the figures the view needs)."""
+    snap = record.allocation
+    if not snap or snap.get("source") != SLURM_SOURCE:
+        return None
+    if not all(isinstance(snap.get(key), (int, float)) for key in ("limit", "used")):
+        return None
+    return snap
+
+
 def profile_budget(profile: str, records: Iterable[JobRecord], *, allocation: float | None,
-                   unit: str = "GPU-hours") -> ProfileBudget:
+                   unit: str = "GPU-hours", allocation_from: str = "") -> ProfileBudget:
     """Sum the GPU-hours of one profile's completed jobs per run and per stage, in time order.
 
     The figures are what each operator recorded from ``sacct`` when its job completed (every
     submission of the task, times the profile's billing factor); tasks that have not completed
-    add nothing yet.
+    add nothing yet. Where the records carry Slurm's figures, the allocation is Slurm's limit on
+    the account as the newest record read it, and the burn-down follows what Slurm said was left
+    after each job (the account's usage, jobs of other pipelines included); otherwise it is
+    ``allocation`` (the profile's) less the recorded GPU-hours.
     """
     done = sorted((r for r in records if r.profile == profile and r.final),
                   key=lambda r: (r.finished_at is None, r.finished_at or datetime.min))
+    slurm = [(r, snap) for r in done if (snap := _slurm_snapshot(r)) is not None]
+    newest = slurm[-1] if slurm else None
+    if newest is not None:
+        allocation = float(newest[1]["limit"])
     by_run: dict[str, float] = {}
     by_stage: dict[str, float] = {}
     by_run_stage: dict[tuple[str, str], float] = {}
     burn: list[BurnPoint] = []
     total = 0.0
+    left = allocation
     for record in done:
         by_run[record.run_id] = by_run.get(record.run_id, 0.0) + record.gpu_hours
         by_stage[record.stage] = by_stage.get(record.stage, 0.0) + record.gpu_hours
         key = (record.run_id, record.stage)
         by_run_stage[key] = by_run_stage.get(key, 0.0) + record.gpu_hours
         total += record.gpu_hours
-        burn.append(BurnPoint(record.finished_at, f"{record.stage} ({record.job_id})", total,
-                              None if allocation is None else allocation - total))
-    return ProfileBudget(profile=profile, unit=unit, allocation=allocation, total=total, by_run=by_run,
-                         by_stage=by_stage, by_run_stage=by_run_stage, burn=tuple(burn), jobs=len(done))
+        snap = _slurm_snapshot(record) if newest is not None else None
+        if snap is not None:
+            left = float(snap["limit"]) - float(snap["used"])
+        elif left is not None:
+            left -= record.gpu_hours
+        burn.append(BurnPoint(record.finished_at, f"{record.stage} ({record.job_id})", total, left))
+    common = dict(profile=profile, unit=unit, allocation=allocation, total=total, by_run=by_run,
+                  by_stage=by_stage, by_run_stage=by_run_stage, burn=tuple(burn), jobs=len(done))
+    if newest is None:
+        return ProfileBudget(**common, allocation_from=allocation_from)
+    record, snap = newest
+    return ProfileBudget(**common, source=SLURM_SOURCE, allocation_from=str(snap.get("limit_from") or ""),
+                         account_used=float(snap["used"]), used_from=str(snap.get("used_from") or ""),
+                         as_of=record.finished_at)

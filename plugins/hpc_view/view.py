@@ -1,8 +1,9 @@
 """What the page shows, per cluster profile: the jobs, the budget and its charts.
 
-Each profile's allocation and billing unit come from its YAML under ``include/profiles/``
-(with the deployment's ``VCLOUD_PROFILE_OVERRIDES``), so the burn-down is drawn against the
-same ``billing.allocation`` the DAG's budget check uses.
+Each profile's billing unit comes from its YAML under ``include/profiles/`` (with the deployment's
+``VCLOUD_PROFILE_OVERRIDES``). The allocation is the one the DAG's budget check used: Slurm's
+``GrpTRESMins`` limit on the account where the jobs' records carry it, else the profile's
+``billing.allocation``; the payload says which (``budget.source``, ``budget.allocation_from``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ def profile_info(name: str) -> ProfileInfo:
                        profile.description)
 
 
+def allocation_words(meta: ProfileInfo) -> str:
+    """Where the profile's own figure comes from, in the words the budget check logs."""
+    if meta.allocation is None:
+        return f"profile {meta.name} sets no billing.allocation" if meta.name else "no profile"
+    return f"profile {meta.name} billing.allocation"
+
+
 def build_view(records: Iterable[JobRecord], *,
                info: Callable[[str], ProfileInfo] = profile_info) -> dict[str, Any]:
     """The page's JSON: one entry per profile that has records, named profiles first."""
@@ -51,7 +59,8 @@ def build_view(records: Iterable[JobRecord], *,
     for name in names:
         meta = info(name)
         mine = [r for r in records if r.profile == name]
-        budget = profile_budget(name, mine, allocation=meta.allocation, unit=meta.unit)
+        budget = profile_budget(name, mine, allocation=meta.allocation, unit=meta.unit,
+                                allocation_from=allocation_words(meta))
         profiles.append({
             "profile": name,
             "title": name or "no cluster profile",

@@ -100,6 +100,10 @@ SACCT_FIELDS: tuple[str, ...] = (
 
 SINFO_FIELDS: tuple[str, ...] = ("NodeList", "StateLong", "Reason")
 
+SSHARE_FIELDS: tuple[str, ...] = ("Account", "User", "GrpTRESMins", "GrpTRESRaw", "TRESRunMins")
+"""Fields of ``sshare --format``: the association, its TRES-minute limits, the TRES-minutes it has
+used (what Slurm holds against ``GrpTRESMins``) and the TRES-minutes its running jobs may still use."""
+
 LOG_MARKER = "__SLURM_PROVIDER_LOG__"
 NOT_FOUND_MARKER = "__SLURM_PROVIDER_NOT_FOUND__"
 MAX_HEREDOC_BYTES = 100_000
@@ -517,6 +521,20 @@ def build_sinfo_unavailable_nodes(partition: str | None = None) -> str:
     if partition is not None:
         argv.append(f"--partition={validate_partition(partition)}")
     argv.append("--format=" + FIELD_SEPARATOR.join(("%N", "%T", "%E")))
+    return _join(argv)
+
+
+def build_sshare_account(account: str) -> str:
+    """``sshare`` of one account: one ``|``-separated line per association (the account's own, with
+    an empty user, then its users), fields :data:`SSHARE_FIELDS`.
+
+    An allocation that Slurm enforces is a ``GrpTRESMins`` limit (``billing=6000000``) on the
+    account; ``GrpTRESRaw`` is the usage counted against it and ``TRESRunMins`` what running jobs
+    still hold (time limit left x TRES), which ``AccountingStorageEnforce=safe`` counts too before it
+    starts a job. An account the user cannot see prints nothing and exits 0.
+    """
+    argv = ["sshare", "--noheader", "--parsable2", f"--accounts={validate_account(account)}",
+            f"--format={','.join(SSHARE_FIELDS)}"]
     return _join(argv)
 
 

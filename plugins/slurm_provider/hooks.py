@@ -46,6 +46,7 @@ from slurm_provider.commands import (
     build_scontrol_show_job,
     build_sinfo_unavailable_nodes,
     build_squeue,
+    build_sshare_account,
     build_squeue_by_name,
     build_squeue_own_jobs,
 )
@@ -56,6 +57,8 @@ from slurm_provider.parsers import (
     SqueueRow,
     SubmitResult,
     TestOnlyResult,
+    TresMinutes,
+    account_tres_minutes,
     is_invalid_job_id_error,
     parse_log_chunk,
     parse_progress,
@@ -65,6 +68,7 @@ from slurm_provider.parsers import (
     parse_scontrol_show_job,
     parse_sinfo_unavailable,
     parse_squeue,
+    parse_sshare,
     runs_of,
 )
 from slurm_provider.status import JobStatus, resolve_statuses
@@ -379,6 +383,18 @@ def unavailable_nodes_plan(partition: str | None) -> Plan[dict[str, str]]:
     return parse_sinfo_unavailable(result.stdout)
 
 
+def account_tres_plan(account: str, tres: str) -> Plan[TresMinutes | None]:
+    """The account's ``GrpTRESMins`` limit on ``tres``, its usage and what running jobs hold (one sshare)."""
+    result = yield RemoteCommand(build_sshare_account(account), "sshare")
+    if result.exit_status != 0:
+        raise _failed("sshare", result)
+    try:
+        rows = parse_sshare(result.stdout)
+    except SlurmOutputError as exc:
+        raise SlurmCommandFailed(f"sshare printed output that cannot be read: {exc}", result) from exc
+    return account_tres_minutes(rows, account, tres)
+
+
 # --- the hooks ------------------------------------------------------------------------------------
 
 
@@ -518,6 +534,12 @@ class SlurmHook(BaseHook, _CommandCounter):
         """The user name the login node sees (for paths such as ``/scratch/<user>``). No network."""
         return remote_user_for_connection(self.ssh_conn_id)
 
+    def account_tres(self, account: str, tres: str = "billing") -> TresMinutes | None:
+        """Limit (``GrpTRESMins``), usage and running jobs' share of one TRES of ``account``, in
+        TRES-minutes; ``limit`` is None where the site sets none, the result None when sshare does
+        not list the account. Raises :class:`SlurmCommandFailed` when sshare fails (no accounting)."""
+        return self._drive(account_tres_plan(account, tres))
+
     def close(self) -> None:
         if self._runner is not None:
             self._runner.close()
@@ -608,6 +630,9 @@ class SlurmAsyncHook(BaseHook, _CommandCounter):
 
     async def unavailable_nodes(self, partition: str | None = None) -> dict[str, str]:
         return await self._drive(unavailable_nodes_plan(partition))
+
+    async def account_tres(self, account: str, tres: str = "billing") -> TresMinutes | None:
+        return await self._drive(account_tres_plan(account, tres))
 
     async def close(self) -> None:
         await self.runner.close()

@@ -12,6 +12,11 @@ than the trigger waits): every task retries by default, and a retry adopts the j
 that itself ended badly (failed, out of memory, cancelled, can never start, resubmission budget
 spent) fails the task with :class:`AirflowFailException`, which Airflow never retries, so a broken
 job is not submitted again behind anyone's back.
+
+When the task gives up on a job that Slurm still keeps in its queue (a reason that means it can
+never start, ``SPECIAL_EXIT`` held for a person, an interrupted job Slurm requeued but the policy
+refuses to wait for again), the job is cancelled with the reason logged, unless
+``keep_job_on_give_up`` asks to leave it there for a person; the failure message says which.
 """
 
 from __future__ import annotations
@@ -79,6 +84,14 @@ DEFAULT_RETRY_EXPONENTIAL_BACKOFF = 2.0
 DEFAULT_MAX_RETRY_DELAY = timedelta(minutes=30)
 
 
+def _with_note(exc: Exception, note: str) -> Exception:
+    """``exc`` again, of the same type where it can be rebuilt from a message, with ``note`` appended."""
+    try:
+        return type(exc)(f"{exc}\n{note}")
+    except Exception:
+        return AirflowException(f"{exc}\n{note}")
+
+
 def job_name_for(dag_id: str, task_id: str, run_id: str, map_index: int = -1) -> str:
     """Deterministic, Slurm-safe job name of one task in one DAG run (the key adoption searches by)."""
     base = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{dag_id}.{task_id}")[:80]
@@ -123,6 +136,9 @@ class SlurmSubmitOperator(BaseOperator):
         task or per DAG (``default_args``); ``retries=0`` turns them off.
     :param hint_overrides: a site's own advice for known failure signatures, by hint key (see
         :mod:`slurm_provider.hints`), used instead of the generic text.
+    :param keep_job_on_give_up: when the task fails while its job is still in Slurm's queue (pending
+        for a reason that never resolves, held after ``SPECIAL_EXIT``, requeued after an end the
+        policy does not resubmit), leave the job there for a person instead of cancelling it.
     """
 
     template_fields: Sequence[str] = ("script", "log_dir", "partition", "account", "time_limit",
@@ -143,7 +159,8 @@ class SlurmSubmitOperator(BaseOperator):
                  hint_overrides: Mapping[str, str] | None = None,
                  retries: int | None = DEFAULT_RETRIES, retry_delay: timedelta | float = DEFAULT_RETRY_DELAY,
                  retry_exponential_backoff: float = DEFAULT_RETRY_EXPONENTIAL_BACKOFF,
-                 max_retry_delay: timedelta | float | None = DEFAULT_MAX_RETRY_DELAY, **kwargs: Any) -> None:
+                 max_retry_delay: timedelta | float | None = DEFAULT_MAX_RETRY_DELAY,
+                 keep_job_on_give_up: bool = False, **kwargs: Any) -> None:
         # Named parameters (not kwargs.setdefault): Airflow fills a parameter of this signature from
         # the DAG's default_args when the task does not set it, so default_args win over these defaults.
         super().__init__(retries=retries, retry_delay=retry_delay, max_retry_delay=max_retry_delay,
@@ -168,6 +185,7 @@ class SlurmSubmitOperator(BaseOperator):
         self.exit_code_meanings = {int(k): str(v) for k, v in (exit_code_meanings or {}).items()}
         self.exclusive_dir = exclusive_dir
         self.hint_overrides = dict(hint_overrides or {})
+        self.keep_job_on_give_up = keep_job_on_give_up
 
     # --- execute: adopt or submit, then defer ------------------------------------------------------
 
@@ -199,8 +217,9 @@ class SlurmSubmitOperator(BaseOperator):
                 return self._after_interruption(context, hook, history, status)
             if status is not None and status.state.is_terminal:
                 # The watch was lost and the job ended badly meanwhile: the same as seeing it end.
-                ended = self._accounted(hook, status)
-                raise AirflowFailException(self._failure_message(hook, ended, context))
+                ended = status if status.state.keeps_place_in_queue else self._accounted(hook, status)
+                left = self._give_up(context, hook, current.job_id, f"it ended {ended.state.value}")
+                raise AirflowFailException(f"{self._failure_message(hook, ended, context)}\n{left}".rstrip())
             self.log.info("Previous job %s is known neither to squeue nor to sacct; this try submits a new "
                           "job", current.job_id)
             return self._submit(context, hook, history, cause="retry")
@@ -240,14 +259,17 @@ class SlurmSubmitOperator(BaseOperator):
             raise AirflowFailException(f"unknown trigger event kind {kind!r}")
         status = JobStatus.from_event(event["status"])
         if kind == NEVER_STARTS:
-            self._cancel_own(hook, status, context)
-            raise AirflowFailException(f"{event['message']}. Job {job_id} was cancelled.")
-        status = self._accounted(hook, status)
+            left = self._give_up(context, hook, job_id, event["message"])
+            raise AirflowFailException(f"{event['message']}.\n{left}".rstrip())
+        if not status.state.keeps_place_in_queue:  # SPECIAL_EXIT has no final accounting row yet
+            status = self._accounted(hook, status)
         if status.state.is_success:
             return self._finish(context, hook, history, status)
         if status.state.is_retryable:
             return self._after_interruption(context, hook, history, status)
-        raise AirflowFailException(self._failure_message(hook, status, context))
+        message = self._failure_message(hook, status, context)
+        left = self._give_up(context, hook, job_id, f"it ended {status.state.value}")
+        raise AirflowFailException(f"{message}\n{left}".rstrip())
 
     # --- submitting ------------------------------------------------------------------------------
 
@@ -318,9 +340,16 @@ class SlurmSubmitOperator(BaseOperator):
                                        progress_now=progress, probe_configured=bool(self.progress_path))
         self.log.warning("Job %s ended %s: %s", status.job_id, status.state.value, decision.message)
         if not decision.resubmit:
+            left = self._give_up(context, hook, status.job_id, f"not resubmitted: {decision.message}")
             raise AirflowFailException(f"{self._failure_message(hook, status, context)}\nNot resubmitted: "
-                                       f"{decision.message}")
-        self.check_before_resubmit(context, hook)
+                                       f"{decision.message}\n{left}".rstrip())
+        try:
+            self.check_before_resubmit(context, hook)
+        except Exception as exc:
+            left = self._give_up(context, hook, status.job_id, f"resubmission refused: {exc}")
+            if not left:
+                raise
+            raise _with_note(exc, left) from exc
         return self._submit(context, hook, history, cause=decision.cause, progress=progress)
 
     def check_before_resubmit(self, context: Any, hook: Any) -> None:
@@ -430,9 +459,45 @@ class SlurmSubmitOperator(BaseOperator):
         except TransportError as exc:
             return f"(could not read the log: {exc})"
 
-    def _cancel_own(self, hook: Any, status: JobStatus, context: Any) -> None:
-        if status.name == self._name_of_job(context, status.job_id) and not status.state.is_terminal:
-            hook.cancel(status.job_id)
+    def _give_up(self, context: Any, hook: Any, job_id: str, why: str) -> str:
+        """The task fails: leave none of its jobs in Slurm's queue unless ``keep_job_on_give_up``.
+
+        Asks Slurm once more (the event may be a poll old) and returns the sentence for the failure
+        message: what happened to the job, or "" when Slurm no longer keeps it.
+        """
+        try:
+            status = hook.statuses([job_id]).get(job_id)
+        except TransportError as exc:
+            self.log.warning("Giving up on job %s (%s), but cannot ask Slurm about it: %s", job_id, why, exc)
+            return (f"Job {job_id} may still be in the queue (could not ask Slurm: {exc}); "
+                    f"check with `squeue -j {job_id}` and cancel it with `scancel {job_id}` if it is.")
+        if status is None or not status.state.keeps_place_in_queue:
+            return ""
+        reason = status.reason if status.reason not in (None, "", "None") else None
+        where = status.state.value + (f", reason {reason}" if reason else "")
+        if status.name != self._name_of_job(context, job_id):
+            self.log.warning("Job id %s now names %r, not this task's job: left alone", job_id, status.name)
+            return ""
+        if self.keep_job_on_give_up:
+            self.log.warning("Giving up on job %s (%s): %s. Keeping it in the queue for a person "
+                             "(keep_job_on_give_up=True)", job_id, where, why)
+            return (f"Job {job_id} was kept in the queue ({where}) because keep_job_on_give_up=True: "
+                    f"release it with `scontrol release {job_id}` or cancel it with `scancel {job_id}`.")
+        try:
+            result = hook.cancel(job_id)
+        except TransportError as exc:
+            result = None
+            problem = str(exc)
+        else:
+            problem = "" if result.accepted else (result.message or f"scancel exited {result.exit_status}")
+        if problem:
+            self.log.error("Giving up on job %s (%s): %s; cancelling it failed: %s", job_id, where, why,
+                           problem)
+            return (f"Job {job_id} ({where}) could not be cancelled ({problem}): "
+                    f"cancel it with `scancel {job_id}`.")
+        self.log.warning("Cancelled job %s (%s): the task gives up on it: %s", job_id, where, why)
+        return (f"Job {job_id} was cancelled ({where}), so that it is not left in the queue "
+                "(keep_job_on_give_up=True keeps such a job for a person).")
 
     def on_kill(self) -> None:
         """Worker-side kill while not deferred (e.g. during submit): nothing running to stop here."""

@@ -22,6 +22,7 @@ from slurm_provider.commands import (
     NOT_FOUND_MARKER,
     SACCT_FIELDS,
     SQUEUE_FIELDS,
+    SSHARE_FIELDS,
 )
 
 
@@ -544,6 +545,79 @@ def parse_sinfo_unavailable(stdout: str | None) -> dict[str, str]:
         for node in expand_hostlist(node_list):
             nodes[node] = state
     return nodes
+
+
+# --- sshare: association limits and usage ------------------------------------------------------
+
+
+def parse_tres_minutes(text: str | None) -> dict[str, int]:
+    """``billing=60000,cpu=0,mem=1133`` -> TRES-minutes per TRES; ``N`` (no limit) and empty are left out."""
+    minutes: dict[str, int] = {}
+    for key, value in parse_tres(text).items():
+        number = parse_int(value)
+        if number is not None:
+            minutes[key] = number
+    return minutes
+
+
+@dataclass(frozen=True)
+class AssociationRow:
+    """One association as ``sshare`` prints it (``commands.build_sshare_account``), in TRES-minutes."""
+
+    account: str
+    user: str | None
+    """``None`` for the account's own association (the one a project allocation is set on)."""
+    limits: dict[str, int]
+    """``GrpTRESMins``: TRES -> minutes the association may use in total; a TRES without a limit is absent."""
+    used: dict[str, int]
+    """``GrpTRESRaw``: TRES -> minutes used so far (what Slurm compares with ``limits``)."""
+    running: dict[str, int]
+    """``TRESRunMins``: TRES -> minutes the association's running jobs may still use (time limit left)."""
+
+
+def parse_sshare(stdout: str | None) -> list[AssociationRow]:
+    """Rows of ``commands.build_sshare_account``; sshare indents user rows with a space."""
+    rows = []
+    for line in _lines(stdout):
+        fields = _split_fields(line, SSHARE_FIELDS, "sshare")
+        account = fields["Account"].strip()
+        if not account:
+            raise SlurmOutputError(f"sshare line names no account: {line!r}")
+        rows.append(AssociationRow(
+            account=account,
+            user=fields["User"].strip() or None,
+            limits=parse_tres_minutes(fields["GrpTRESMins"]),
+            used=parse_tres_minutes(fields["GrpTRESRaw"]),
+            running=parse_tres_minutes(fields["TRESRunMins"]),
+        ))
+    return rows
+
+
+@dataclass(frozen=True)
+class TresMinutes:
+    """One TRES of an account's own association, in TRES-minutes, as Slurm enforces ``GrpTRESMins``."""
+
+    account: str
+    tres: str
+    limit: int | None
+    """``None``: the account has no ``GrpTRESMins`` limit on this TRES."""
+    used: int
+    running: int
+
+    @property
+    def left(self) -> int | None:
+        """What a new job may still use: the limit less usage and running jobs' remaining time."""
+        return None if self.limit is None else self.limit - self.used - self.running
+
+
+def account_tres_minutes(rows: Iterable[AssociationRow], account: str,
+                         tres: str = "billing") -> TresMinutes | None:
+    """The account's own association (no user) for ``tres``; ``None`` when sshare did not list it."""
+    for row in rows:
+        if row.account == account and row.user is None:
+            return TresMinutes(account=account, tres=tres, limit=row.limits.get(tres),
+                               used=row.used.get(tres, 0), running=row.running.get(tres, 0))
+    return None
 
 
 # --- log tail and progress file ------------------------------------------------------------------

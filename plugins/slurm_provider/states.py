@@ -98,6 +98,12 @@ class SlurmState(str, Enum):
         )
 
     @property
+    def keeps_place_in_queue(self) -> bool:
+        """True while Slurm keeps the job in its queue: every waiting state, and ``SPECIAL_EXIT``, whose
+        job is held there for a person. A watcher that gives up on such a job leaves it behind."""
+        return self.category is StateCategory.WAITING or self is SlurmState.SPECIAL_EXIT
+
+    @property
     def description(self) -> str:
         """One sentence for people (UI, failure messages)."""
         return _DESCRIPTION_OF[self]
@@ -400,7 +406,7 @@ _RESOURCE_WORDS = {
     "Memory": "memory",
     "Node": "node",
     "GRES": "GPU/GRES",
-    "Billing": "billing (GPU-hour)",
+    "Billing": "billing",
     "Energy": "energy",
     "License": "license",
     "Wall": "wall-clock",
@@ -441,11 +447,14 @@ def _pattern_reason(code: str) -> tuple[ReasonKind, str] | None:
     if match := _GRP_MINUTES.match(code):
         scope = _SCOPE_WORDS[match.group("scope")]
         what = _resource(match.group("what"))
-        extra = " The project's GPU-hour allocation is used up." if match.group("what") == "Billing" else ""
+        extra = (" The project's GPU-hour allocation is used up, or too little of it is left for this job."
+                 if match.group("what") == "Billing" else "")
         return (
             ReasonKind.NEVER,
-            f"The {what}-minutes budget of {scope} is used up, so it will not start until the budget "
-            f"is raised or reset.{extra} Ask the project's PI or the cluster support.",
+            f"What is left of the {what}-minutes limit of {scope} (GrpTRESMins, less what running jobs "
+            f"still hold) cannot pay for this job's whole time limit, so Slurm will not start it.{extra} "
+            "It starts only once the limit is raised or the usage reset; a shorter --time may fit what is "
+            "left. Ask the project's PI or the cluster support.",
         )
     if match := _GRP_WALL.match(code):
         scope = _SCOPE_WORDS[match.group("scope")]

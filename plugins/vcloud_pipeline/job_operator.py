@@ -20,8 +20,8 @@ from slurm_provider.resubmission import DEFAULT_BUDGETS
 
 from vcloud_pipeline import job_exits
 from vcloud_pipeline.assets import asset_for
-from vcloud_pipeline.budget import BudgetExceeded, check_budget
-from vcloud_pipeline.preflight import read_ledger
+from vcloud_pipeline.budget import Allocation, BudgetExceeded, check_budget
+from vcloud_pipeline.preflight import read_allocation, read_ledger
 from vcloud_pipeline.remote import move_aside
 from vcloud_pipeline.stages import (
     DATA,
@@ -135,15 +135,26 @@ class PipelineJobOperator(SlurmSubmitOperator):
         except StageDecisionError as exc:
             raise AirflowFailException(str(exc)) from None
 
-    def _check_budget(self, ctx: RunContext, hook: Any) -> None:
-        ledger = read_ledger(hook, ctx.profile)
+    def _allocation(self, ctx: RunContext, hook: Any) -> Allocation:
+        return read_allocation(hook, ctx.profile, read_ledger(hook, ctx.profile))
+
+    def _allocation_after(self, ctx: RunContext, hook: Any) -> dict[str, Any] | None:
+        """The allocation once the job ended, for the record (the HPC view's burn-down); a cluster that
+        cannot be asked now costs the record this figure, never the finished job its success."""
         try:
-            worst = check_budget(ctx.profile, ctx.specs()[self.job], ledger.used, reserved=ledger.reserved)
+            return self._allocation(ctx, hook).to_json()
+        except Exception as exc:  # transport errors, unreadable sacct/sshare output
+            self.log.warning("Could not read the allocation after %s finished: %s", self.job, exc)
+            return None
+
+    def _check_budget(self, ctx: RunContext, hook: Any) -> None:
+        allocation = self._allocation(ctx, hook)
+        try:
+            worst = check_budget(ctx.profile, ctx.specs()[self.job], allocation)
         except BudgetExceeded as exc:
             raise AirflowFailException(str(exc)) from None
-        self.log.info("Budget: %s worst case %.2f %s (%s); used %.2f, held %.2f of %s", self.job, worst.amount,
-                      worst.billing_unit, worst.describe(), ledger.used, ledger.reserved,
-                      ctx.profile.billing.allocation)
+        self.log.info("Budget: %s worst case %.2f %s (%s) fits; allocation %s", self.job, worst.amount,
+                      worst.billing_unit, worst.describe(), allocation.describe())
 
     # --- the operator's two entry points ---------------------------------------------------------------
 
@@ -209,6 +220,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
         summary.update({"job": self.job, "run": ctx.request.run_name, "profile": ctx.profile.name,
                         "code_hash": synced["code_hash"], "trained_code_hash": (record or {}).get("code_hash"),
                         "states": states,
+                        "allocation": self._allocation_after(ctx, hook),
                         "metrics": best_metrics, "best_epoch": best_epoch,
                         "final_metrics": (record or {}).get("final_metrics"), "epochs": (record or {}).get("epochs")})
         asset = asset_for(self.job)

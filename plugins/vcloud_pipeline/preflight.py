@@ -7,7 +7,10 @@ other job; this module holds the checks that need only the login node.
 
 The ledger is this project's jobs as ``sacct`` knows them (found by the JSON comment every job
 of the pipeline carries), billed by :mod:`vcloud_pipeline.budget`: spent hours of finished and
-running jobs, plus the worst case still ahead of jobs that are queued or running.
+running jobs, plus the worst case still ahead of jobs that are queued or running. The allocation
+the budget is checked against is the account's ``GrpTRESMins`` limit where Slurm holds one (read
+with one ``sshare``: limit, usage of every job of the account, what running jobs hold), else the
+profile's ``billing.allocation`` against the ledger (:func:`read_allocation`).
 """
 
 from __future__ import annotations
@@ -18,10 +21,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurm_provider.commands import PROJECT_TAG, parse_job_comment
+from slurm_provider.hooks import SlurmCommandFailed
 from slurm_provider.parsers import expand_hostlist
 from slurm_provider.status import JobStatus
 
-from vcloud_pipeline.budget import LedgerSummary, Usage, WorstCase, check_budget, summarize_ledger
+from vcloud_pipeline.budget import (
+    Allocation,
+    LedgerSummary,
+    Usage,
+    WorstCase,
+    check_budget,
+    slurm_minutes_from_units,
+    summarize_ledger,
+)
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.profiles import ClusterProfile
 from vcloud_pipeline.render import RenderedJob
@@ -39,6 +51,9 @@ class Ledger:
     summary: LedgerSummary
     reserved: float
     """Worst case still ahead of this project's queued and running jobs."""
+    queued: float = 0.0
+    """The part of ``reserved`` held by jobs that have not started (Slurm counts only running ones)."""
+    queued_jobs: int = 0
 
     @property
     def used(self) -> float:
@@ -71,7 +86,8 @@ def ledger_from_statuses(profile: ClusterProfile, statuses: Iterable[JobStatus])
     can still hold time ahead.
     """
     rows: list[Usage] = []
-    reserved = 0.0
+    reserved = queued = 0.0
+    queued_jobs = 0
     seen: set[str] = set()
     for status in statuses:
         if not _own(status, profile.account):
@@ -88,8 +104,13 @@ def ledger_from_statuses(profile: ClusterProfile, statuses: Iterable[JobStatus])
         if current and not status.is_terminal and status.time_limit_s:
             ahead = max(status.time_limit_s - (status.elapsed_s or 0), 0)
             gpus = status.gpus or 1
-            reserved += gpus * ahead / 3600 * profile.billing.factor
-    return Ledger(summary=summarize_ledger(profile, rows), reserved=reserved)
+            hours = gpus * ahead / 3600 * profile.billing.factor
+            reserved += hours
+            if not status.state.has_started:
+                queued += hours
+                queued_jobs += 1
+    return Ledger(summary=summarize_ledger(profile, rows), reserved=reserved, queued=queued,
+                  queued_jobs=queued_jobs)
 
 
 def read_ledger(hook: Any, profile: ClusterProfile, since: str = LEDGER_SINCE) -> Ledger:
@@ -98,20 +119,51 @@ def read_ledger(hook: Any, profile: ClusterProfile, since: str = LEDGER_SINCE) -
     return ledger_from_statuses(profile, statuses)
 
 
-def check_jobs_budget(profile: ClusterProfile, specs: Mapping[str, JobSpec], ledger: Ledger) -> dict[str, WorstCase]:
+def read_allocation(hook: Any, profile: ClusterProfile, ledger: Ledger) -> Allocation:
+    """The allocation as Slurm holds it (one ``sshare``), or the profile's figure against the ledger.
+
+    Slurm's figures win where the account has a ``GrpTRESMins`` limit on ``billing.slurm_tres``;
+    the profile's ``billing.allocation`` is used where the site sets none, where sshare fails (no
+    accounting) or where the profile says not to read it, and the note says which.
+    """
+    billing = profile.billing
+    if billing.slurm_tres is None:
+        note = f"profile {profile.name} does not read Slurm's limit (billing.slurm_tres: none)"
+    else:
+        try:
+            figures = hook.account_tres(profile.account, billing.slurm_tres)
+        except SlurmCommandFailed as exc:
+            figures, note = None, f"sshare gave no answer ({exc})"
+        else:
+            if figures is None:
+                note = f"sshare lists no association for account {profile.account}"
+            elif figures.limit is None:
+                note = f"account {profile.account} has no GrpTRESMins limit on {billing.slurm_tres} in Slurm"
+            else:
+                return Allocation.from_slurm(profile, account=profile.account, limit_minutes=figures.limit,
+                                             used_minutes=figures.used, running_minutes=figures.running,
+                                             queued=ledger.queued, queued_jobs=ledger.queued_jobs)
+    return Allocation.from_profile(profile, used=ledger.used, held=ledger.reserved, note=note)
+
+
+def check_jobs_budget(profile: ClusterProfile, specs: Mapping[str, JobSpec],
+                      allocation: Allocation) -> dict[str, WorstCase]:
     """Each job's worst case must fit in what is left; so must all of them together."""
-    worst = {label: check_budget(profile, spec, ledger.used, reserved=ledger.reserved)
-             for label, spec in specs.items()}
-    allocation = profile.billing.allocation
+    worst = {label: check_budget(profile, spec, allocation) for label, spec in specs.items()}
     total = sum(w.amount for w in worst.values())
-    if allocation is not None and total > allocation - ledger.used - ledger.reserved:
-        left = max(allocation - ledger.used - ledger.reserved, 0.0)
+    left = allocation.left
+    if left is not None and total > left:
         detail = ", ".join(f"{label} {w.amount:.1f} ({w.describe()})" for label, w in worst.items())
+        in_slurm = ""
+        if allocation.slurm:
+            minutes = slurm_minutes_from_units(profile.billing, total)
+            in_slurm = f" = {minutes:g} {allocation.slurm['tres']}-minutes"
         raise PreflightError(
-            f"the run's jobs need up to {total:.1f} {profile.billing.unit} together ({detail}); "
-            f"{left:.1f} of {allocation:g} left (used {ledger.used:.1f}, held {ledger.reserved:.1f}). "
-            "Run fewer stages, shorten time_limit, or raise billing.allocation of profile "
-            f"{profile.name} if the project got more"
+            f"the run's jobs need up to {total:.1f} {profile.billing.unit} together{in_slurm} ({detail}); "
+            f"{allocation.headroom()}: {allocation.figures()}. "
+            "Run fewer stages or shorten time_limit; "
+            + ("ask the project's PI or the cluster support for more" if allocation.slurm
+               else f"raise billing.allocation of profile {profile.name} if the project got more")
         )
     return worst
 

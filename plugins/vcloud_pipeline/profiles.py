@@ -76,6 +76,9 @@ CHARLIECLOUD_SHARED = ("/tmp",)
 MAX_HINT_CHARS = 600
 """Longest ``accelerator.missing_gpu_hint``: it is one paragraph of a failure message."""
 
+_TRES_NAME = re.compile(r"^[a-z]+(?:/[A-Za-z0-9_.:-]+)?$")
+"""A Slurm TRES name as sshare prints it: ``billing``, ``cpu``, ``gres/gpu``, ``gres/gpu:mi250``."""
+
 _PATH_FORBIDDEN = {
     "%": "sbatch expands % in --output paths",
     "\\": "sbatch and the shell treat backslashes as escapes",
@@ -199,12 +202,25 @@ class PartitionSpec:
 
 @dataclass(frozen=True)
 class BillingSpec:
-    """How GPU time is charged: ``factor`` billing units per accelerator-hour."""
+    """How GPU time is charged: ``factor`` billing units per accelerator-hour.
+
+    Where the site holds the allocation in Slurm (a ``GrpTRESMins`` limit on the account), the
+    budget check reads it from there; ``slurm_tres`` and ``slurm_minutes_per_unit`` say how Slurm's
+    TRES-minutes map to the units here (see :mod:`vcloud_pipeline.budget`, the one place that
+    converts).
+    """
 
     unit: str
     factor: float
     allocation: float | None
-    """Units granted to the project; ``None`` when the cluster's budget is not tracked here."""
+    """Units granted to the project, used when Slurm holds no limit; ``None``: not tracked here."""
+    slurm_tres: str | None = "billing"
+    """The TRES whose ``GrpTRESMins`` on the account is the allocation (``billing``, ``gres/gpu``);
+    ``None`` (``none`` in YAML): do not read the allocation from Slurm."""
+    slurm_minutes_per_unit: float = 60.0
+    """TRES-minutes of ``slurm_tres`` that one unit costs: 60 x the TRES weight of one
+    accelerator / ``factor``. 60 where ``TRESBillingWeights`` gives one accelerator the weight 1.0
+    (``GRES/gpu=1.0``) and a unit is one accelerator-hour."""
 
 
 @dataclass(frozen=True)
@@ -553,6 +569,11 @@ class _Section:
             )
 
 
+def _none_word(value: str) -> str | None:
+    """``none`` switches a feature off where ``null`` would mean "use the default"."""
+    return None if value.strip().lower() == "none" else value
+
+
 def _expand(profile: str, field_name: str, value: str, variables: Mapping[str, str], *,
             runtime_ok: bool = False) -> str:
     """Fill ``{user}``-style variables; keep ``{job_id}`` where it is allowed."""
@@ -676,7 +697,12 @@ def profile_from_dict(name: str, raw: Mapping[str, Any], *, login: str | None = 
     bill = top.section("billing")
     assert bill is not None
     billing = BillingSpec(unit=bill.str("unit"), factor=bill.float("factor"),
-                          allocation=bill.float("allocation", None))
+                          allocation=bill.float("allocation", None),
+                          slurm_tres=_none_word(bill.str("slurm_tres", "billing")),
+                          slurm_minutes_per_unit=bill.float("slurm_minutes_per_unit", 60.0))
+    if billing.slurm_tres is not None and not _TRES_NAME.match(billing.slurm_tres):
+        raise ProfileError(f"profile {name}: billing.slurm_tres {billing.slurm_tres!r} is not a TRES name "
+                           "(e.g. billing, gres/gpu)")
     bill.close()
 
     ps = top.section("paths")

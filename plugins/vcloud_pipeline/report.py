@@ -2,8 +2,9 @@
 
 What ``make demo`` shows at the end, and what a person checks after a run: checkpoints, viewer
 images and metrics as they are on the cluster, each stage's metrics from its ``COMPLETE`` record
-(those of ``best.pt``, the weights handed on, and of the last epoch), and what the project's jobs
-have cost.
+(those of ``best.pt``, the weights handed on, and of the last epoch), what the project's jobs
+have cost, and the allocation with the source of each figure (Slurm's limit on the account, or the
+profile's ``billing.allocation``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import argparse
 import sys
 
 from vcloud_pipeline.params import RequestError, parse_request
-from vcloud_pipeline.preflight import read_ledger
+from vcloud_pipeline.budget import Allocation
+from vcloud_pipeline.preflight import read_allocation, read_ledger
 from vcloud_pipeline.remote import listing
 from vcloud_pipeline.stages import best_checkpoint_metrics
 from vcloud_pipeline.tasks import RunContext, stage_records
@@ -40,9 +42,24 @@ def ledger_section(ledger, dag_run_id: str | None, unit: str) -> list[str]:
         lines += [f"    {label:10} {hours:.4f}" for label, hours in sorted(mine.items())]
         lines.append(f"    {'total':10} {sum(mine.values()):.4f}")
     summary = ledger.summary
-    left = "" if summary.allocation is None else f" of {summary.allocation:g} ({summary.left:.4f} left)"
-    lines.append(f"  project: {summary.total:.4f}{left} over {summary.jobs} job(s) in {len(summary.by_run)} "
+    lines.append(f"  project: {summary.total:.4f} over {summary.jobs} job(s) in {len(summary.by_run)} "
                  f"DAG run(s); {ledger.reserved:.4f} held by queued or running jobs")
+    return lines
+
+
+def allocation_section(allocation: Allocation) -> list[str]:
+    """The allocation the budget check uses: each figure with its source, and what is left."""
+    lines = [f"Allocation ({allocation.unit}, from {allocation.source}):"]
+    if allocation.limit is None:
+        lines.append(f"  limit: none tracked ({allocation.limit_from})")
+    else:
+        lines.append(f"  limit: {allocation.limit:.4f} ({allocation.limit_from})")
+    lines.append(f"  used:  {allocation.used:.4f} ({allocation.used_from})")
+    lines.append(f"  held:  {allocation.held:.4f} ({allocation.held_from})")
+    if allocation.left is not None:
+        lines.append(f"  left:  {allocation.left:.4f}")
+    if allocation.note:
+        lines.append(f"  (not from Slurm: {allocation.note})")
     return lines
 
 
@@ -63,7 +80,9 @@ def render_report(ctx: RunContext, hook, dag_run_id: str | None = None) -> str:
         best_epoch, best = best_checkpoint_metrics(record)
         lines.append(f"  {label}: {record.get('epochs')} epochs; best.pt from epoch {best_epoch}: {_metrics(best)}; "
                      f"last epoch: {_metrics(record.get('final_metrics'))}")
-    lines += ["", *ledger_section(read_ledger(hook, ctx.profile), dag_run_id, ctx.profile.billing.unit)]
+    ledger = read_ledger(hook, ctx.profile)
+    lines += ["", *ledger_section(ledger, dag_run_id, ctx.profile.billing.unit)]
+    lines += ["", *allocation_section(read_allocation(hook, ctx.profile, ledger))]
     return "\n".join(lines)
 
 

@@ -21,12 +21,26 @@ from vcloud_pipeline.code_retention import RetentionPlan, remove_unused_code_dir
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.layout import RunPaths, run_paths
 from vcloud_pipeline.params import RequestError, TrainingRequest, parse_request
-from vcloud_pipeline.preflight import Ledger, check_image, check_jobs_budget, read_ledger, test_only
+from vcloud_pipeline.preflight import (
+    Ledger,
+    check_image,
+    check_jobs_budget,
+    read_allocation,
+    read_ledger,
+    test_only,
+)
 from vcloud_pipeline.profiles import ClusterProfile, ProfileError, load_profile, overrides_from_environ
 from vcloud_pipeline.remote import RemoteCommandError, listing
 from vcloud_pipeline.render import RenderedJob
 from vcloud_pipeline.rsync import CodeTree
-from vcloud_pipeline.stages import StageDecisionError, StagePlan, completion_record
+from vcloud_pipeline.stages import (
+    DATA,
+    PREFLIGHT,
+    StageDecisionError,
+    StagePlan,
+    completion_record,
+    decide_data,
+)
 from vcloud_pipeline.sync import PROJECT_ROOT, local_manifest, render_run_jobs, sync_run
 
 log = logging.getLogger(__name__)
@@ -152,7 +166,9 @@ def clean_code_dirs(ctx: RunContext, runner: Any, current: str) -> RetentionPlan
 
 
 def preflight_checks(ctx: RunContext, hook: Any, code_hash: str) -> dict[str, Any]:
-    """``sbatch --test-only`` of every job still to run, the container image, and the budget."""
+    """``sbatch --test-only`` of every training job still to run, the container image, and the budget
+    of every job the run will submit (the preflight import job and the data job included): nothing
+    has been submitted yet when this runs."""
     jobs = ctx.render(code_hash)
     to_run = []
     for label in ctx.plan.training_labels():
@@ -168,8 +184,12 @@ def preflight_checks(ctx: RunContext, hook: Any, code_hash: str) -> dict[str, An
         log.info("test-only: %s", line)
     image = check_image(hook.runner, ctx.profile)
     ledger = read_ledger(hook, ctx.profile)
-    worst = check_jobs_budget(ctx.profile, {label: ctx.specs()[label] for label in to_run}, ledger)
-    log.info("ledger: %s", "; ".join(ledger.lines()[-1:] + [f"held by queued/running jobs {ledger.reserved:.2f}"]))
+    allocation = read_allocation(hook, ctx.profile, ledger)
+    log.info("allocation (%s): %s", allocation.source, allocation.describe())
+    log.info("ledger of this project's jobs: %s", "; ".join(
+        ledger.lines()[-1:] + [f"held by queued/running jobs {ledger.reserved:.2f}"]))
+    budgeted = {label: ctx.specs()[label] for label in _budgeted(ctx, hook, to_run)}
+    worst = check_jobs_budget(ctx.profile, budgeted, allocation)
     for label, case in worst.items():
         log.info("worst case %s: %.2f %s (%s)", label, case.amount, case.billing_unit, case.describe())
     return {
@@ -177,9 +197,20 @@ def preflight_checks(ctx: RunContext, hook: Any, code_hash: str) -> dict[str, An
         "image": image,
         "ledger_used": round(ledger.used, 4),
         "ledger_reserved": round(ledger.reserved, 4),
-        "allocation": ctx.profile.billing.allocation,
+        "allocation": allocation.to_json(),
         "worst_case": {label: round(case.amount, 4) for label, case in worst.items()},
     }
+
+
+def _budgeted(ctx: RunContext, hook: Any, to_run: list[str]) -> list[str]:
+    """The jobs the run will submit, in order: the preflight import job, the data job if the dataset
+    is missing, then ``to_run``."""
+    labels = [PREFLIGHT]
+    if DATA in ctx.specs():
+        index = str(ctx.paths.data_index)
+        if decide_data(ctx.plan, hook.file_sizes([index]).get(index)).submit:
+            labels.append(DATA)
+    return labels + to_run
 
 
 def stage_records(ctx: RunContext, hook: Any) -> dict[str, Any]:
@@ -193,6 +224,8 @@ def stage_records(ctx: RunContext, hook: Any) -> dict[str, Any]:
 def summarize(ctx: RunContext, hook: Any, job_summaries: Mapping[str, Any]) -> dict[str, Any]:
     """The run at a glance: per job what ran, per stage the final metrics, the files, the ledger."""
     ledger = read_ledger(hook, ctx.profile)
+    allocation = read_allocation(hook, ctx.profile, ledger)
+    log.info("allocation (%s): %s", allocation.source, allocation.describe())
     records = stage_records(ctx, hook)
     files = listing(hook.runner, ctx.paths.outputs_dir) + [
         (f"viewer/{rel}", size) for rel, size in listing(hook.runner, ctx.paths.viewer_dir)]
@@ -203,14 +236,15 @@ def summarize(ctx: RunContext, hook: Any, job_summaries: Mapping[str, Any]) -> d
         "stages": records,
         "files": len(files),
         "ledger": ledger_report(ledger),
+        "allocation": allocation.to_json(),
     }
 
 
 def ledger_report(ledger: Ledger) -> dict[str, Any]:
+    """This project's jobs as sacct bills them (per run and stage); the allocation is reported apart."""
     return {
         "used": round(ledger.used, 4),
         "reserved": round(ledger.reserved, 4),
-        "allocation": ledger.summary.allocation,
         "by_stage": {f"{run} {label}": round(hours, 4) for (run, label), hours in ledger.summary.by_stage.items()},
         "lines": ledger.lines(),
     }

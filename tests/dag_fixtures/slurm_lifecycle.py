@@ -2,6 +2,7 @@
 
 The Slurm provider's lifecycle tests run this DAG with `dag.test()` against the local cluster;
 polling is fast here because `dag.test()` runs the trigger inline (no scheduler race).
+`SLURM_LIFECYCLE_KEEP_JOB=1` sets `keep_job_on_give_up` (read when a test loads the DAG).
 """
 
 from __future__ import annotations
@@ -35,4 +36,5 @@ with DAG(
         max_poll_interval=4.0,
         first_poll_delay=0.0,
         resubmit_budgets={"TIMEOUT": 2, "NODE_FAIL": 2, "PREEMPTED": 2, "BOOT_FAIL": 1},
+        keep_job_on_give_up=os.environ.get("SLURM_LIFECYCLE_KEEP_JOB") == "1",
     )

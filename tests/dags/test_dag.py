@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-ORDER = ["plan", "sync_code", "prepare_data", "preflight_checks", "preflight_imports",
+ORDER = ["plan", "sync_code", "preflight_checks", "prepare_data", "preflight_imports",
          "stage0", "stage1", "stage2", "stage3", "export", "summary"]
 
 

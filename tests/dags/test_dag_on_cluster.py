@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from localcluster import LocalCluster
+from localcluster import LocalCluster, poll_until
 
 pytestmark = [pytest.mark.usefixtures("cluster_connection", "airflow_home"), pytest.mark.timeout(1500)]
 REPO = Path(__file__).resolve().parents[2]
@@ -204,6 +204,40 @@ def test_a_stage_without_its_predecessor_fails_before_submitting(project_dir: st
     assert "stage 2 reads stage 1's best.pt" in out and "/outputs/orphan/stage1/best.pt does not exist" in out
     assert states["stage3"] == "upstream_failed"
     assert states["<run>"] == "failed", "a run whose stage failed is never a success"
+
+
+@pytest.mark.exclusive_cluster
+def test_preflight_refuses_a_run_slurms_allocation_cannot_pay_for_before_submitting_anything(
+        local_cluster: LocalCluster, project_dir: str, capfd) -> None:
+    # Nothing of the account runs (so its usage stays put), then Slurm's limit leaves 25
+    # billing-minutes: the preflight job (5) and the data job (20) fit, stage 0 (1 GPU x 30 min) not.
+    poll_until(lambda: local_cluster.billing_minutes()[2] == 0, timeout=600, interval=5,
+               what="no running job of the account")
+    before, used, _ = local_cluster.billing_minutes()
+    with local_cluster.billing_limit(used + 25):
+        run_id, states, values = run_dag(profile="local", config="tiny", run_name="budget", max_epochs=1)
+    out = "".join(capfd.readouterr())
+    assert states["preflight_checks"] == "failed", states
+    later = ["prepare_data", "preflight_imports", *STAGES, "export"]
+    assert {task: states[task] for task in later} == dict.fromkeys(later, "upstream_failed"), states
+    assert states["<run>"] == "failed"
+    refusal = re.search(
+        r"stage 0 needs up to 0\.5 GPU-hours \(1 GPUs x 0\.5 h x 1\.0 = 30 billing-minutes\); 0\.42 of (\S+) left: "
+        r"limit \S+ \(Slurm association limit GrpTRESMins billing=(\d+) on account vcloud_local\), "
+        r"used \S+ \(Slurm GrpTRESRaw billing=(\d+) of account vcloud_local, every job of the account\), "
+        r"held 0 \(Slurm TRESRunMins billing=0 of the account's running jobs\)\. .*ask the project's PI or the "
+        r"cluster support to raise GrpTRESMins of account vcloud_local", out)
+    assert refusal, out[-4000:]
+    assert int(refusal.group(2)) == used + 25 and int(refusal.group(3)) == used
+    assert refusal.group(1) == f"{(used + 25) / 60:.2f}".rstrip("0").rstrip(".")
+    # The summary still reports the allocation, with its source.
+    assert values["summary"]["allocation"]["source"] == "slurm"
+    assert values["summary"]["allocation"]["slurm"]["limit"] == used + 25
+    # Not one job of this DAG run reached Slurm (sbatch --test-only makes no job).
+    comments = local_cluster.root("sacct", "-a", "-X", "-n", "-P", "-S", "now-1hours",
+                                  "--format=JobIDRaw,Comment").stdout
+    assert run_id not in comments
+    assert local_cluster.billing_minutes()[0] == before, "the limit is restored"
 
 
 def job_logs_tail(cluster: LocalCluster, project_dir: str, run: str, label: str, chars: int = 3000) -> str:

@@ -1,4 +1,5 @@
-"""The ledger from this project's jobs and the budget check that fails with numbers."""
+"""The ledger from this project's jobs, the allocation (Slurm's limit or the profile's) and the budget
+check that fails with the numbers and their sources."""
 
 from __future__ import annotations
 
@@ -8,11 +9,19 @@ from pathlib import Path
 import pytest
 
 from slurm_provider.commands import JobComment
+from slurm_provider.hooks import SlurmCommandFailed
+from slurm_provider.parsers import TresMinutes
 from slurm_provider.states import SlurmState
 from slurm_provider.status import JobStatus
 from vcloud_pipeline.jobspec import JobSpec
-from vcloud_pipeline.preflight import Ledger, PreflightError, check_jobs_budget, ledger_from_statuses
-from vcloud_pipeline.budget import BudgetExceeded, LedgerSummary
+from vcloud_pipeline.preflight import (
+    Ledger,
+    PreflightError,
+    check_jobs_budget,
+    ledger_from_statuses,
+    read_allocation,
+)
+from vcloud_pipeline.budget import Allocation, BudgetExceeded, LedgerSummary
 from vcloud_pipeline.profiles import load_profile
 
 LUMI = load_profile("lumi")
@@ -39,24 +48,81 @@ def test_ledger_bills_this_project_jobs_and_holds_the_rest_of_running_ones() -> 
     ]
     ledger = ledger_from_statuses(LUMI, statuses)
     assert ledger.used == pytest.approx(10 + 2 + 16 + 1)
-    assert ledger.reserved == pytest.approx(3)
+    assert ledger.reserved == pytest.approx(3) and ledger.queued == 0
     assert ledger.summary.by_stage[("r1", "stage2")] == pytest.approx(2)
     assert ledger.summary.jobs == 4
 
 
 def test_budget_fails_with_the_numbers_when_a_stage_does_not_fit() -> None:
-    ledger = Ledger(summary=LedgerSummary(total=99990.0, allocation=100000.0), reserved=0.0)
+    allocation = Allocation.from_profile(LUMI, used=99990.0, held=0.0)
     spec = JobSpec.train(1, time_limit="3-00:00:00")
     with pytest.raises(BudgetExceeded, match=r"stage 1 needs up to 72.0 GPU-hours \(1 GCDs x 72 h x 1.0\); 10 of 100000 left"):
-        check_jobs_budget(LUMI, {"stage1": spec}, ledger)
+        check_jobs_budget(LUMI, {"stage1": spec}, allocation)
 
 
 def test_budget_fails_when_the_stages_together_do_not_fit() -> None:
-    ledger = Ledger(summary=LedgerSummary(total=99900.0, allocation=100000.0), reserved=0.0)
+    allocation = Allocation.from_profile(LUMI, used=99900.0, held=0.0)
     specs = {f"stage{s}": JobSpec.train(s, time_limit="1-12:00:00") for s in range(4)}
-    with pytest.raises(PreflightError, match=r"need up to 144.0 GPU-hours together .* 100.0 of 100000 left"):
-        check_jobs_budget(LUMI, specs, ledger)
-    assert set(check_jobs_budget(LUMI, dict(list(specs.items())[:2]), ledger)) == {"stage0", "stage1"}
+    with pytest.raises(PreflightError, match=r"need up to 144.0 GPU-hours together .* 100 of 100000 left: limit "
+                                             r"100000 \(profile lumi billing.allocation\)"):
+        check_jobs_budget(LUMI, specs, allocation)
+    assert set(check_jobs_budget(LUMI, dict(list(specs.items())[:2]), allocation)) == {"stage0", "stage1"}
+    in_slurm = Allocation.from_slurm(LUMI, account="project_465002500", limit_minutes=6_000_000,
+                                     used_minutes=5_994_000, running_minutes=0)
+    with pytest.raises(PreflightError, match=r"144.0 GPU-hours together = 8640 billing-minutes .* 100 of 100000 "
+                                             r"left: limit 100000 \(Slurm association limit GrpTRESMins "
+                                             r"billing=6000000 on account project_465002500\)"):
+        check_jobs_budget(LUMI, specs, in_slurm)
+
+
+class Accounting:
+    """``SlurmHook.account_tres`` as a site answers it: a limit, no limit, no association, no sshare."""
+
+    def __init__(self, answer: TresMinutes | None | Exception) -> None:
+        self.answer = answer
+        self.asked: list[tuple[str, str]] = []
+
+    def account_tres(self, account: str, tres: str = "billing") -> TresMinutes | None:
+        self.asked.append((account, tres))
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+def test_the_allocation_is_slurms_where_the_site_sets_a_limit_else_the_profiles() -> None:
+    local = load_profile("local")
+    statuses = [job("1", SlurmState.COMPLETED, gpus=1, elapsed=1800, account="vcloud_local"),
+                job("2", SlurmState.PENDING, gpus=0, elapsed=0, account="vcloud_local", limit=1800),
+                job("3", SlurmState.RUNNING, gpus=1, elapsed=600, account="vcloud_local", limit=1800)]
+    ledger = ledger_from_statuses(local, statuses)
+    assert (ledger.used, ledger.queued_jobs) == (pytest.approx(0.5 + 600 / 3600), 1)
+    assert (ledger.queued, ledger.reserved) == (pytest.approx(0.5), pytest.approx(0.5 + 1200 / 3600))
+
+    slurm = Accounting(TresMinutes("vcloud_local", "billing", limit=60000, used=4200, running=20))
+    allocation = read_allocation(slurm, local, ledger)
+    assert slurm.asked == [("vcloud_local", "billing")]
+    assert allocation.source == "slurm" and allocation.limit == 1000 and allocation.used == 70
+    # Slurm holds the running job's time; this project's pending job is added to it.
+    assert allocation.held == pytest.approx(20 / 60 + 0.5)
+    assert "+ 1 queued job(s) of this project" in allocation.held_from
+
+    cases = {
+        "account vcloud_local has no GrpTRESMins limit on billing in Slurm":
+            TresMinutes("vcloud_local", "billing", limit=None, used=4200, running=20),
+        "sshare lists no association for account vcloud_local": None,
+        "sshare gave no answer (sshare exited 1: sshare: error: Problem talking to the database)":
+            SlurmCommandFailed("sshare exited 1: sshare: error: Problem talking to the database"),
+    }
+    for note, answer in cases.items():
+        fallback = read_allocation(Accounting(answer), local, ledger)
+        assert fallback.source == "profile" and fallback.note == note
+        assert (fallback.limit, fallback.used, fallback.held) == (1000, ledger.used, ledger.reserved)
+        assert fallback.limit_from == "profile local billing.allocation"
+        assert fallback.used_from == "ledger: this project's jobs in sacct"
+
+    never_asked = Accounting(AssertionError("the profile says not to ask"))
+    off = read_allocation(never_asked, load_profile("local", overrides={"billing.slurm_tres": "none"}), ledger)
+    assert off.source == "profile" and "billing.slurm_tres: none" in off.note and never_asked.asked == []
 
 
 def test_a_missing_container_image_fails_preflight_naming_it(tmp_path) -> None:
@@ -147,6 +213,9 @@ def test_a_resubmission_is_checked_against_the_budget_again(monkeypatch: pytest.
         def find_jobs(self, **kwargs: object) -> list[JobStatus]:
             assert kwargs.get("every_run") is True
             return [job("9", SlurmState.COMPLETED, gpus=8, elapsed=int(self.used_hours * 3600 / 8))]
+
+        def account_tres(self, account: str, tres: str) -> None:
+            return None  # no limit in Slurm: the profile's allocation and the ledger
 
     op.check_before_resubmit({}, Cluster(used_hours=1000))  # plenty left: resubmit
     with pytest.raises(AirflowFailException, match=r"stage 1 needs up to 72.0 GPU-hours .* of 100000 left"):

@@ -75,6 +75,9 @@ def test_jobs_per_profile_with_budget_from_the_operators_records(client) -> None
 
     budget = local["budget"]
     assert budget["allocation"] == 1000 and budget["unit"] == "GPU-hours"
+    # None of these records carries Slurm's figures: the profile's number, and it says so.
+    assert budget["source"] == "profile" and budget["allocation_from"] == "profile local billing.allocation"
+    assert budget["account_used"] is None and budget["used_from"] == "the jobs recorded here"
     assert budget["used"] == pytest.approx(1.75) and budget["left"] == pytest.approx(998.25)
     assert {row["stage"]: row["gpu_hours"] for row in budget["by_stage"]} == {"stage0": 0.5, "stage1": 1.25}
     assert budget["by_run"] == [{"run_id": "manual__api_1", "gpu_hours": 1.75}]

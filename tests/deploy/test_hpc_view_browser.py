@@ -29,7 +29,7 @@ ARTIFACTS = REPO / ".artifacts"
 DAG_ID = "vcloud_training"
 SLURM_TASKS = ["prepare_data", "preflight_imports", "stage0", "stage1", "stage2", "stage3", "export"]
 """The tasks of a first run in an empty project directory that each leave one Slurm job record."""
-ALLOCATION = 1000.0  # include/profiles/local.yaml billing.allocation
+ALLOCATION = 1000.0  # GrpTRESMins=billing=60000 on account vcloud_local (cluster.sh), 60 billing-minutes a GPU-hour
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -99,6 +99,9 @@ PAGE_JS = """JSON.stringify({
     allocation: s.querySelector('.budget-line .allocation')?.textContent,
     used: s.querySelector('.budget-line .used')?.textContent,
     left: s.querySelector('.budget-line .left')?.textContent,
+    account_used: s.querySelector('.budget-line .account-used')?.textContent,
+    source: s.querySelector('.budget-source')?.dataset.source,
+    source_text: s.querySelector('.budget-source')?.textContent,
     charts: s.querySelectorAll('.charts svg').length,
     run_stage: [...s.querySelectorAll('table.run-stage tbody tr')].map(r => ({
       run_id: r.dataset.runId, stage: r.dataset.stage, gpu_hours: r.querySelector('td.num').textContent})),
@@ -166,10 +169,21 @@ def test_signed_in_user_sees_the_jobs_and_budget_the_ledger_holds(standalone: st
         assert "Finished; every process exited with code 0" in row["text"], (task, row["text"])
 
     used = sum(recorded[task]["gpu_hours"] for task in SLURM_TASKS)
+    # The budget is the Slurm limit on the account, as the run's last job read it when it ended.
+    slurm = recorded["export"]["allocation"]
+    assert slurm["source"] == "slurm" and slurm["limit"] == ALLOCATION, slurm
+    assert local["source"] == "slurm", local["source_text"]
+    assert "Allocation from: Slurm association limit GrpTRESMins billing=60000 on account vcloud_local" \
+        in local["source_text"]
+    assert "Slurm GrpTRESRaw billing=" in local["source_text"]
     assert local["allocation"] == f"{ALLOCATION:,.1f}"
     assert local["used"] == f"{used:.4f}"
-    assert local["left"] == f"{ALLOCATION - used:,.4f}"
-    assert local["charts"] == 3 and local["burndown"] == f"GPU-hours left of {ALLOCATION:,.1f}: {ALLOCATION - used:,.4f}"
+    shown_used = f"{slurm['used']:,.4f}" if slurm["used"] < 10 else f"{slurm['used']:,.1f}"
+    assert local["account_used"] == shown_used
+    assert local["left"] == f"{ALLOCATION - slurm['used']:,.4f}"
+    left = ALLOCATION - slurm["used"]
+    shown_left = f"{left:,.4f}" if used < 10 else f"{left:,.1f}"
+    assert local["charts"] == 3 and local["burndown"] == f"GPU-hours left of {ALLOCATION:,.1f} (Slurm limit): {shown_left}"
     per_stage = {(r["run_id"], r["stage"]): r["gpu_hours"] for r in local["run_stage"]}
     assert per_stage == {(run_id, recorded[task]["job"]): f"{run_ledger[f'{run_id} ' + recorded[task]['job']]:.4f}"
                          for task in SLURM_TASKS}

@@ -32,8 +32,44 @@ def test_records_keep_resubmissions_and_take_the_profile_from_the_run() -> None:
     assert records["stage1"].job_ids == ("6", "7") and records["stage1"].resubmissions == 1
     assert records["stage1"].to_json()["elapsed"] == "1-01:01:01"
     assert records["stage2"].profile == "lumi" and records["stage2"].state is None
-    budget = profile_budget("lumi", records.values(), allocation=100_000)
+    budget = profile_budget("lumi", records.values(), allocation=100_000,
+                            allocation_from="profile lumi billing.allocation")
     assert budget.total == 2.0 and budget.left == 99_998.0 and budget.by_stage == {"stage1": 2.0}
+    assert budget.source == "profile" and budget.to_json()["allocation_from"] == "profile lumi billing.allocation"
+    assert budget.account_used is None
+
+
+def _slurm_allocation(limit: float, used: float) -> dict:
+    """An ``Allocation.to_json()`` read from Slurm (1 GPU-hour = 60 billing-minutes)."""
+    return {"source": "slurm", "unit": "GPU-hours", "limit": limit, "used": used, "held": 0.0,
+            "left": limit - used, "remaining": limit - used, "note": "",
+            "limit_from": f"Slurm association limit GrpTRESMins billing={limit * 60:.0f} on account project_465002500",
+            "used_from": f"Slurm GrpTRESRaw billing={used * 60:.0f} of account project_465002500, every job of the account",
+            "held_from": "Slurm TRESRunMins billing=0 of the account's running jobs",
+            "slurm": {"account": "project_465002500", "tres": "billing", "limit": limit * 60, "used": used * 60,
+                      "running": 0}}
+
+
+def test_the_budget_is_slurms_limit_and_account_usage_where_the_jobs_recorded_them() -> None:
+    # stage0 ran before the records carried the allocation; stage1 and stage2 read Slurm's figures.
+    def done(task: str, job: str, hours: float, at: datetime, allocation: dict | None) -> list[XComRow]:
+        value = {"job_id": job, "job_ids": [job], "state": "COMPLETED", "gpu_hours": hours, "job": task,
+                 "run": "full", "profile": "lumi", "allocation": allocation}
+        return [XComRow("vcloud_training", "r1", task, -1, "slurm_job_id", job, "success", end_date=at),
+                XComRow("vcloud_training", "r1", task, -1, "return_value", value, "success", end_date=at)]
+
+    rows = (done("stage0", "1", 10.0, T, None)
+            + done("stage1", "2", 20.0, T.replace(hour=13), _slurm_allocation(90_000, 50_000))
+            + done("stage2", "3", 30.0, T.replace(hour=14), _slurm_allocation(90_000, 50_100)))
+    budget = profile_budget("lumi", records_from_xcoms(rows), allocation=100_000,
+                            allocation_from="profile lumi billing.allocation")
+    assert budget.source == "slurm" and budget.allocation == 90_000
+    assert budget.allocation_from == "Slurm association limit GrpTRESMins billing=5400000 on account project_465002500"
+    assert budget.account_used == 50_100 and budget.left == 39_900  # every job of the account, not only ours
+    assert budget.total == 60.0 and budget.as_of == T.replace(hour=14)
+    assert [p.left for p in budget.burn] == [89_990.0, 40_000.0, 39_900.0]
+    assert budget.to_json()["used_from"].startswith("Slurm GrpTRESRaw billing=3006000 of account")
+    assert "GPU-hours left of 90,000.0 (Slurm limit): 39,900.0" in burndown_svg(budget)
 
 
 def test_refresh_explains_pending_jobs_and_asks_each_cluster_at_most_once_per_interval() -> None:

@@ -31,6 +31,7 @@ from slurm_provider.commands import (
     build_squeue,
     build_squeue_account_jobs,
     build_squeue_by_name,
+    build_sshare_account,
     expand_filename_pattern,
     parse_job_comment,
     with_stdin_heredoc,
@@ -263,6 +264,14 @@ def test_scontrol_and_scancel() -> None:
 def test_sinfo_unavailable_nodes() -> None:
     argv = argv_of(build_sinfo_unavailable_nodes("small-g"))
     assert argv[:3] == ["sinfo", "-h", "-N"] and "--partition=small-g" in argv
+
+
+def test_sshare_of_one_account_with_fixed_fields() -> None:
+    assert argv_of(build_sshare_account("project_465002500")) == [
+        "sshare", "--noheader", "--parsable2", "--accounts=project_465002500",
+        "--format=Account,User,GrpTRESMins,GrpTRESRaw,TRESRunMins"]
+    with pytest.raises(ValidationError, match="account"):
+        build_sshare_account("project;scancel -u $USER")
 
 
 # --- log and progress files, run in a real shell ----------------------------------------------------

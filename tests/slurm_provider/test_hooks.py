@@ -254,6 +254,29 @@ def test_read_file_and_file_sizes(local_cluster, conn_id: str, workdir: str) -> 
         assert hook.file_sizes([path, missing]) == {path: 12}
 
 
+def test_account_tres_reads_the_limit_and_usage_slurm_holds(local_cluster, conn_id: str) -> None:
+    # What Slurm itself stores, read as root, against what the hook reads as the cluster user.
+    stored = local_cluster.root("sacctmgr", "-n", "-P", "show", "assoc", f"account={local_cluster.account}",
+                                "format=User,GrpTRESMins").stdout.splitlines()
+    limit = next(line.split("|")[1] for line in stored if line.startswith("|"))
+    with SlurmHook(conn_id) as hook:
+        billing = hook.account_tres(local_cluster.account)
+        unknown = hook.account_tres("no_such_account")
+        assert hook.command_counts == {"sshare": 2}
+    assert billing is not None and f"billing={billing.limit}" == limit
+    assert billing.used >= 0 and billing.running >= 0 and billing.left <= billing.limit
+    assert unknown is None
+
+    async def read() -> object:
+        async_hook = SlurmAsyncHook(conn_id)
+        try:
+            return await async_hook.account_tres(local_cluster.account)
+        finally:
+            await async_hook.close()
+
+    assert asyncio.run(read()).limit == billing.limit
+
+
 # --- validation happens before anything reaches the cluster -------------------------------------
 
 
@@ -299,6 +322,7 @@ def test_injection_is_rejected_before_any_command_runs(conn_id: str, cluster_con
         "signal": lambda h: h.cancel("1", signal=f"TERM; {touch}"),
         "log_path": lambda h: h.read_log(f"/tmp/x\n{touch}", 0),
         "since": lambda h: h.find_jobs(name="x", since=f"now; {touch}"),
+        "account": lambda h: h.account_tres(f"vcloud_local; {touch}"),
     }
     for field, attempt in attempts.items():
         with pytest.raises(ValidationError) as caught:

@@ -10,6 +10,7 @@ marked `exclusive_cluster` and run after the others, alone.
 from __future__ import annotations
 
 import re
+import re
 import shlex
 import threading
 import time
@@ -35,11 +36,12 @@ def _job_in(cluster: LocalCluster, log_dir: str) -> int | None:
 
 
 class Injector(threading.Thread):
-    """Waits until the test's job runs, then does something to it from the outside."""
+    """Waits until the test's job runs (or is in any of ``states``), then does something to it from the outside."""
 
-    def __init__(self, cluster: LocalCluster, log_dir: str, action: Callable[[int], None]) -> None:
+    def __init__(self, cluster: LocalCluster, log_dir: str, action: Callable[[int], None],
+                 states: frozenset[str] = frozenset({"RUNNING"})) -> None:
         super().__init__(daemon=True)
-        self.cluster, self.log_dir, self.action = cluster, log_dir, action
+        self.cluster, self.log_dir, self.action, self.states = cluster, log_dir, action, states
         self.error: BaseException | None = None
         self.job_id: int | None = None
 
@@ -47,7 +49,7 @@ class Injector(threading.Thread):
         try:
             self.job_id = poll_until(lambda: _job_in(self.cluster, self.log_dir), timeout=120,
                                      what=f"a job logging to {self.log_dir}")
-            self.cluster.wait_for_state(self.job_id, {"RUNNING"}, timeout=120)
+            self.cluster.wait_for_state(self.job_id, self.states, timeout=120)
             time.sleep(1)
             self.action(self.job_id)
         except BaseException as exc:  # surfaced by the test after the run
@@ -217,7 +219,75 @@ def test_job_that_can_never_start_fails_clearly_and_is_cancelled(local_cluster: 
     outcome = run_lifecycle(capfd, script=_script("true"), log_dir=log_dir, time_limit="4-00:00:00")
     assert outcome.state == "failed"
     (job_id,) = _jobs_of(local_cluster, outcome)
-    assert f"job {job_id} will not start" in outcome.output
+    # Slurm says PartitionTimeLimit, or PartitionConfig when it looks at the partition first.
+    reason = re.search(rf"job {job_id} will not start: (Partition\w+): ", outcome.output)
+    assert reason, outcome.output[-3000:]
+    assert f"Job {job_id} was cancelled (PENDING, reason {reason.group(1)})" in outcome.output
+    assert local_cluster.wait_for_state(int(job_id), {"CANCELLED"}, timeout=30) == "CANCELLED"
+
+
+def test_keep_job_on_give_up_leaves_a_job_that_cannot_start_for_a_person(
+        local_cluster: LocalCluster, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_LIFECYCLE_KEEP_JOB", "1")
+    log_dir = local_cluster.test_dir()
+    outcome = run_lifecycle(capfd, script=_script("true"), log_dir=log_dir, time_limit="4-00:00:00")
+    (job_id,) = _jobs_of(local_cluster, outcome)
+    try:
+        assert outcome.state == "failed"
+        reason = re.search(rf"job {job_id} will not start: (Partition\w+): ", outcome.output)
+        assert reason, outcome.output[-3000:]
+        assert (f"Job {job_id} was kept in the queue (PENDING, reason {reason.group(1)}) because "
+                "keep_job_on_give_up=True") in outcome.output
+        assert local_cluster.current_state(int(job_id)) == "PENDING"
+    finally:
+        local_cluster.root("scancel", job_id, check=False)
+
+
+def test_job_held_after_special_exit_is_cancelled_not_left_behind(local_cluster: LocalCluster,
+                                                                  capfd: pytest.CaptureFixture) -> None:
+    # The job asks for a person (scontrol requeuehold State=SpecialExit): Slurm holds it in the queue.
+    log_dir = local_cluster.test_dir()
+    body = 'echo "needs a person"\nscontrol requeuehold State=SpecialExit "$SLURM_JOB_ID"\nsleep 60'
+    outcome = run_lifecycle(capfd, script=_script(body), log_dir=log_dir)
+    assert outcome.state == "failed"
+    (job_id,) = _jobs_of(local_cluster, outcome)
+    assert f"Slurm job {job_id} ended SPECIAL_EXIT" in outcome.output
+    assert f"Job {job_id} was cancelled (SPECIAL_EXIT, reason job requeued in held state)" in outcome.output
+    assert f"Cancelled job {job_id} (SPECIAL_EXIT" in outcome.output  # the task log says why, too
+    assert local_cluster.wait_for_state(int(job_id), {"CANCELLED"}, timeout=30) == "CANCELLED"
+
+
+@pytest.mark.exclusive_cluster
+def test_allocation_used_up_after_submission_pends_with_slurms_reason_and_is_cancelled(
+        local_cluster: LocalCluster, capfd: pytest.CaptureFixture) -> None:
+    # Submitted held while the allocation is fine; then Slurm's limit drops below what the job needs
+    # and the job is released: Slurm itself keeps it pending (AccountingStorageEnforce=safe).
+    log_dir = local_cluster.test_dir()
+    job_minutes = 24 * 60  # 1 GPU for a day: more than any limit set below leaves
+
+    def use_up_the_allocation(job: int) -> None:
+        _, used, running = local_cluster.billing_minutes()
+        # Left for new jobs: at most 2 minutes, now and later (usage only grows); running jobs of the
+        # account still fit, so Slurm kills none of them for the limit.
+        assert running + 2 < job_minutes, f"running jobs of the account hold {running} billing-minutes"
+        local_cluster.set_billing_limit(used + running + 2)
+        local_cluster.root("scontrol", "release", str(job))
+
+    injector = Injector(local_cluster, log_dir, use_up_the_allocation, states=frozenset({"PENDING"}))
+    with local_cluster.billing_limit():
+        before = local_cluster.billing_minutes()[0]
+        injector.start()
+        outcome = run_lifecycle(capfd, script=_script("echo never runs"), log_dir=log_dir, time_limit="1-00:00:00",
+                                sbatch_options=["--gpus=1", "--hold"])
+        injector.join(5)
+    assert local_cluster.billing_minutes()[0] == before  # restored
+    assert injector.error is None, injector.error
+    assert outcome.state == "failed"
+    (job_id,) = _jobs_of(local_cluster, outcome)
+    assert job_id == str(injector.job_id)
+    assert f"job {job_id} will not start: AssocGrpBillingMinutes: " in outcome.output
+    assert "The project's GPU-hour allocation is used up, or too little of it is left" in outcome.output
+    assert f"Job {job_id} was cancelled (PENDING, reason AssocGrpBillingMinutes)" in outcome.output
     assert local_cluster.wait_for_state(int(job_id), {"CANCELLED"}, timeout=30) == "CANCELLED"
 
 

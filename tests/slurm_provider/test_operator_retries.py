@@ -18,6 +18,7 @@ from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from slurm_provider import hooks
+from slurm_provider.hooks import CancelResult
 from slurm_provider.operators import HISTORY_KEY, SlurmSubmitOperator, job_name_for
 from slurm_provider.parsers import SbatchRefused, SubmitResult
 from slurm_provider.resubmission import Submission, SubmissionHistory
@@ -64,8 +65,9 @@ class Cluster:
         self.submitted.append(job_id)
         return SubmitResult(job_id=job_id, cluster=None)
 
-    def cancel(self, job_id: Any, signal: Any = None) -> None:
+    def cancel(self, job_id: Any, signal: Any = None) -> CancelResult:
         self.cancelled.append(str(job_id))
+        return CancelResult(str(job_id), None, 0, None)
 
     def file_sizes(self, paths: Any) -> dict[str, int]:
         return {}

@@ -301,3 +301,26 @@ def test_hostlists_and_sinfo() -> None:
 def test_progress() -> None:
     assert parsers.parse_progress(raw("read_progress.txt")).startswith('{"epoch": 3')
     assert parsers.parse_progress(raw("read_progress_missing.txt")) is None
+
+
+def test_sshare_gives_the_accounts_limit_usage_and_what_running_jobs_hold() -> None:
+    # Captured with one --gpus=1 -t 5 job running after a 65-s --gpus=1 job: billing counts GPUs.
+    rows = parsers.parse_sshare(raw("sshare_account.txt"))
+    assert [(row.account, row.user) for row in rows] == [("vcloud_local", None), ("vcloud_local", "vcloud")]
+    account = parsers.account_tres_minutes(rows, "vcloud_local")
+    assert (account.limit, account.used, account.running) == (60000, 1, 5)
+    assert account.left == 60000 - 1 - 5
+    assert rows[1].limits == {}  # the limit is the account's, not the user's
+    assert parsers.account_tres_minutes(rows, "other_account") is None
+    assert parsers.parse_sshare(raw("sshare_unknown_account.txt")) == []
+
+
+def test_sshare_without_a_limit_and_unreadable_lines() -> None:
+    line = raw("sshare_account.txt").splitlines()[0].replace("|billing=60000|", "||")
+    account = parsers.account_tres_minutes(parsers.parse_sshare(line), "vcloud_local")
+    assert account.limit is None and account.left is None and account.used == 1
+    assert parsers.parse_tres_minutes("cpu=N(5),billing=N,gres/gpu=120") == {"gres/gpu": 120}
+    gres = parsers.account_tres_minutes(parsers.parse_sshare(raw("sshare_account.txt")), "vcloud_local", "gres/gpu")
+    assert (gres.limit, gres.used, gres.running) == (None, 1, 5)
+    with pytest.raises(SlurmOutputError, match="sshare line has 2 fields"):
+        parsers.parse_sshare("vcloud_local|billing=1\n")

@@ -202,6 +202,17 @@ def test_budget_exhausted_is_explained_in_plain_words() -> None:
     result = classify_pending_reason("AssocGrpBillingMinutes")
     assert result.kind is ReasonKind.NEVER
     assert "GPU-hour allocation is used up" in result.explanation
+    assert "GrpTRESMins" in result.explanation and "shorter --time" in result.explanation
+    assert "GPU/GRES-minutes limit" in classify_pending_reason("AssocGrpGRESMinutes").explanation
+
+
+def test_special_exit_is_over_for_its_watcher_but_keeps_its_place_in_the_queue() -> None:
+    waiting = [s for s in SlurmState if s.category is StateCategory.WAITING]
+    assert all(s.keeps_place_in_queue for s in waiting) and SlurmState.REQUEUE_HOLD in waiting
+    assert SlurmState.SPECIAL_EXIT.is_terminal and SlurmState.SPECIAL_EXIT.keeps_place_in_queue
+    gone = [SlurmState.COMPLETED, SlurmState.FAILED, SlurmState.CANCELLED, SlurmState.TIMEOUT,
+            SlurmState.NODE_FAIL, SlurmState.PREEMPTED, SlurmState.OUT_OF_MEMORY, SlurmState.UNKNOWN]
+    assert not any(s.keeps_place_in_queue for s in gone)
 
 
 def test_unknown_reason_is_waiting_and_names_the_code() -> None:

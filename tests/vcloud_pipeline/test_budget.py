@@ -5,12 +5,15 @@ from __future__ import annotations
 import pytest
 
 from vcloud_pipeline.budget import (
+    Allocation,
     BudgetExceeded,
     Usage,
     billed_hours,
     check_budget,
     gpus_from_tres,
+    slurm_minutes_from_units,
     summarize_ledger,
+    units_from_slurm_minutes,
     worst_case,
 )
 from vcloud_pipeline.jobspec import JobSpec
@@ -37,22 +40,59 @@ def test_the_seeds_576_gpu_hours_and_the_failure_message() -> None:
     spec = JobSpec.train(1, gpus_per_node=8)
     assert worst_case(lumi, spec).amount == 576.0
     with pytest.raises(BudgetExceeded) as err:
-        check_budget(lumi, spec, used=100_000 - 412.5)
+        check_budget(lumi, spec, ledger(lumi, used=100_000 - 412.5))
     assert str(err.value).startswith(
-        "stage 1 needs up to 576.0 GPU-hours (8 GCDs x 72 h x 1.0); 412.5 of 100000 left")
-    assert check_budget(lumi, spec, used=100_000 - 576).amount == 576.0
+        "stage 1 needs up to 576.0 GPU-hours (8 GCDs x 72 h x 1.0); 412.5 of 100000 left: limit 100000 "
+        "(profile lumi billing.allocation), used 99587.5 (ledger: this project's jobs in sacct), held 0 (")
+    assert str(err.value).endswith("raise billing.allocation of profile lumi if the project got more")
+    assert check_budget(lumi, spec, ledger(lumi, used=100_000 - 576)).amount == 576.0
+
+
+def ledger(profile, *, used: float, held: float = 0.0) -> Allocation:
+    return Allocation.from_profile(profile, used=used, held=held)
 
 
 def test_reserved_hours_of_queued_jobs_count() -> None:
     lumi = load_profile("lumi")
-    check_budget(lumi, JobSpec.train(0), used=99_900)
-    with pytest.raises(BudgetExceeded, match=r"28 of 100000 left, 72 held by queued jobs"):
-        check_budget(lumi, JobSpec.train(0), used=99_900, reserved=72)
+    check_budget(lumi, JobSpec.train(0), ledger(lumi, used=99_900))
+    with pytest.raises(BudgetExceeded, match=r"28 of 100000 left: .* held 72 \(this project's queued and running"):
+        check_budget(lumi, JobSpec.train(0), ledger(lumi, used=99_900, held=72))
 
 
 def test_untracked_allocation_always_fits() -> None:
     levante = complete_profile("levante")
-    assert check_budget(levante, JobSpec.train(0, gpus_per_node=4), used=1e9).amount == 48.0
+    untracked = Allocation.from_profile(levante, used=1e9, held=0.0)
+    assert untracked.limit is None and untracked.left is None
+    assert check_budget(levante, JobSpec.train(0, gpus_per_node=4), untracked).amount == 48.0
+
+
+def test_slurm_minutes_and_gpu_hours_convert_in_one_place() -> None:
+    local = load_profile("local")  # TRESBillingWeights=GRES/gpu=1.0: one GPU-hour is 60 billing-minutes
+    assert (local.billing.slurm_tres, local.billing.slurm_minutes_per_unit) == ("billing", 60.0)
+    assert units_from_slurm_minutes(local.billing, 60000) == 1000.0 == local.billing.allocation
+    assert slurm_minutes_from_units(local.billing, worst_case(local, JobSpec.train(0)).amount) == 30.0
+    halved = load_profile("local", overrides={"billing.slurm_minutes_per_unit": 120})
+    assert units_from_slurm_minutes(halved.billing, 60000) == 500.0
+
+
+def test_slurms_limit_wins_and_the_refusal_names_every_figure_and_its_source() -> None:
+    local = load_profile("local")
+    held = Allocation.from_slurm(local, account="vcloud_local", limit_minutes=600, used_minutes=540,
+                                 running_minutes=30, queued=0.25, queued_jobs=1)
+    assert (held.limit, held.used, held.held, held.left) == (10.0, 9.0, 0.75, 0.25)
+    assert held.source == "slurm" and held.remaining == 1.0
+    with pytest.raises(BudgetExceeded) as err:
+        check_budget(local, JobSpec.train(0), held)  # 1 GPU x 30 min = 0.5 GPU-hours
+    assert str(err.value) == (
+        "stage 0 needs up to 0.5 GPU-hours (1 GPUs x 0.5 h x 1.0 = 30 billing-minutes); 0.25 of 10 left: "
+        "limit 10 (Slurm association limit GrpTRESMins billing=600 on account vcloud_local), "
+        "used 9 (Slurm GrpTRESRaw billing=540 of account vcloud_local, every job of the account), "
+        "held 0.75 (Slurm TRESRunMins billing=30 of the account's running jobs + 1 queued job(s) of this project). "
+        "Shorten the time limit, use fewer GPUs, or ask the project's PI or the cluster support to raise "
+        "GrpTRESMins of account vcloud_local")
+    assert held.to_json()["slurm"] == {"account": "vcloud_local", "tres": "billing", "limit": 600, "used": 540,
+                                       "running": 30, "minutes_per_unit": 60.0}
+    assert "billing=600" in held.describe() and held.to_json()["left"] == 0.25
 
 
 def test_ledger_per_run_and_stage() -> None:
@@ -69,7 +109,7 @@ def test_ledger_per_run_and_stage() -> None:
     assert summary.by_run["ddp-test"] == pytest.approx(0.05)
     assert summary.total == pytest.approx(12 + 20.7 + 16 + 0.05)
     assert summary.jobs == 4 and summary.left == pytest.approx(100_000 - summary.total)
-    assert summary.lines()[-1] == "total: 48.75 of 100000 (99951.25 left) over 4 job(s)"
+    assert summary.lines()[-1] == "total: 48.75 over 4 job(s)"
 
 
 def test_unknown_partition_in_the_ledger_bills_allocated_gpus() -> None:

@@ -96,7 +96,11 @@ function profileSection(profile) {
   section.append(el("h2", {}, "Profile " + profile.title, profile.description ? el("span", { class: "muted" }, " - " + profile.description) : null));
   if (profile.problem) section.append(el("p", { class: "problems" }, profile.problem));
   const line = el("p", { class: "budget-line" });
-  if (b.allocation !== null) {
+  if (b.allocation !== null && b.source === "slurm") {
+    line.append("Allocation ", el("b", { class: "allocation" }, fmt(b.allocation)), " " + b.unit + " - used by the account ",
+      el("b", { class: "account-used" }, fmt(b.account_used)), ", left ", el("b", { class: "left" }, fmt(b.left, true)),
+      " - used by the jobs recorded here ", el("b", { class: "used" }, fmt(b.used)));
+  } else if (b.allocation !== null) {
     line.append("Allocation ", el("b", { class: "allocation" }, fmt(b.allocation)), " " + b.unit + " - used ",
       el("b", { class: "used" }, fmt(b.used)), ", left ", el("b", { class: "left" }, fmt(b.left, b.used < 10)));
   } else {
@@ -104,6 +108,15 @@ function profileSection(profile) {
   }
   line.append(" - " + b.jobs + " completed job record(s)");
   section.append(line);
+  // Where each figure comes from: Slurm's limit on the account, or the profile's billing.allocation.
+  const source = el("p", { class: "budget-source muted", "data-source": b.source },
+    "Allocation from: " + (b.allocation_from || "none"));
+  if (b.source === "slurm") {
+    source.append(el("br"), "Used by the account from: " + b.used_from + (b.as_of ? " (read when a job ended, " + new Date(b.as_of).toLocaleString() + ")" : ""));
+  } else {
+    source.append(el("br"), "Used from: the GPU-hours the jobs recorded here cost (sacct)");
+  }
+  section.append(source);
   section.append(el("div", { class: "charts" }, svg(profile.charts.burndown), svg(profile.charts.by_stage), svg(profile.charts.by_run)));
   section.append(el("h3", {}, "GPU-hours per run and stage"), runStageTable(b));
   section.append(el("h3", {}, "Jobs"), jobsTable(profile.jobs));

@@ -102,6 +102,9 @@ save scontrol_pending "$(build "c.build_scontrol_show_job($PARTLIMIT_ID)")"
 save scontrol_running "$(build "c.build_scontrol_show_job($CANCEL_ID)")"
 save scontrol_array "$(build "c.build_scontrol_show_job($THROTTLED_ID)")"
 save squeue_by_name "$(build "c.build_squeue_by_name('gc-begin', user='vcloud')")"
+# The account's allocation as Slurm holds it, while jobs run (TRESRunMins) and after GPU jobs ran.
+save sshare_account "$(build "c.build_sshare_account('vcloud_local')")"
+save sshare_unknown_account "$(build "c.build_sshare_account('nosuch_account')")"
 
 # --- cancel by the user ----------------------------------------------------------------------
 save scancel "$(build "c.build_scancel([$CANCEL_ID])")"

@@ -91,6 +91,13 @@ def expected_for(name: str) -> Any:
         return {"progress": parsers.parse_progress(stdout)}
     if name.startswith("scancel"):
         return {"stdout": stdout, "stderr": stderr}  # scancel is silent, even for finished jobs
+    if name.startswith("sshare_"):
+        rows = parsers.parse_sshare(stdout)
+        return {
+            "rows": _plain(rows),
+            "billing": {account: _plain(parsers.account_tres_minutes(rows, account))
+                        for account in ("vcloud_local", "nosuch_account")},
+        }
     if name.startswith("sinfo_"):
         return {"nodes": parsers.parse_sinfo_unavailable(stdout)}
     raise KeyError(f"no parser mapping for golden file {name!r}")
