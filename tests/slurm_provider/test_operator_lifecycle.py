@@ -219,10 +219,11 @@ def test_job_that_can_never_start_fails_clearly_and_is_cancelled(local_cluster: 
     outcome = run_lifecycle(capfd, script=_script("true"), log_dir=log_dir, time_limit="4-00:00:00")
     assert outcome.state == "failed"
     (job_id,) = _jobs_of(local_cluster, outcome)
-    # Slurm says PartitionTimeLimit, or PartitionConfig when it looks at the partition first.
-    reason = re.search(rf"job {job_id} will not start: (Partition\w+): ", outcome.output)
-    assert reason, outcome.output[-3000:]
-    assert f"Job {job_id} was cancelled (PENDING, reason {reason.group(1)})" in outcome.output
+    # Slurm says PartitionTimeLimit or PartitionConfig, and may switch between them from one
+    # scheduling pass to the next: the cancel names the reason Slurm gave at that moment.
+    assert re.search(rf"job {job_id} will not start: Partition(TimeLimit|Config): ", outcome.output)
+    assert re.search(rf"Job {job_id} was cancelled \(PENDING, reason Partition(TimeLimit|Config)\)",
+                     outcome.output)
     assert local_cluster.wait_for_state(int(job_id), {"CANCELLED"}, timeout=30) == "CANCELLED"
 
 
@@ -234,10 +235,9 @@ def test_keep_job_on_give_up_leaves_a_job_that_cannot_start_for_a_person(
     (job_id,) = _jobs_of(local_cluster, outcome)
     try:
         assert outcome.state == "failed"
-        reason = re.search(rf"job {job_id} will not start: (Partition\w+): ", outcome.output)
-        assert reason, outcome.output[-3000:]
-        assert (f"Job {job_id} was kept in the queue (PENDING, reason {reason.group(1)}) because "
-                "keep_job_on_give_up=True") in outcome.output
+        assert re.search(rf"job {job_id} will not start: Partition(TimeLimit|Config): ", outcome.output)
+        assert re.search(rf"Job {job_id} was kept in the queue \(PENDING, reason Partition(TimeLimit|Config)\) "
+                         "because keep_job_on_give_up=True", outcome.output)
         assert local_cluster.current_state(int(job_id)) == "PENDING"
     finally:
         local_cluster.root("scancel", job_id, check=False)
