@@ -113,6 +113,15 @@ def test_full_run_then_restart_from_stage_2(local_cluster: LocalCluster, project
         assert image_line(local_cluster) in job_err_log(local_cluster, project_dir, "e2e", stage, summary["job_id"])
     assert values["prepare_data"]["state"] == "COMPLETED"
     assert values["preflight_checks"]["test_only"].keys() == {*STAGES, "export"}
+    # The budget is what Slurm holds on the account, checked before anything ran and recorded after
+    # each job; its usage only grows as the run's jobs are billed.
+    checked = values["preflight_checks"]["allocation"]
+    assert checked["source"] == "slurm" and checked["limit_from"].startswith("Slurm association limit GrpTRESMins")
+    assert set(values["preflight_checks"]["worst_case"]) == {"preflight", "data", *STAGES, "export"}
+    after = [values[label]["allocation"] for label in ["prepare_data", "preflight_imports", *STAGES, "export"]]
+    assert all(a["source"] == "slurm" and a["limit"] == checked["limit"] for a in after), after
+    assert [a["slurm"]["used"] for a in after] == sorted(a["slurm"]["used"] for a in after)
+    assert values["summary"]["allocation"]["slurm"]["used"] >= after[-1]["slurm"]["used"] >= checked["slurm"]["used"]
     complete3 = values["summary"]["stages"]["stage3"]
     assert values["stage3"]["final_metrics"] == complete3["final_metrics"]
     assert (values["stage3"]["best_epoch"], values["stage3"]["metrics"]) == \
