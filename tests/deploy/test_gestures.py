@@ -32,6 +32,7 @@ from components import Deployment
 from localcluster import LocalCluster, poll_until
 from ports import free_port
 from slurm_provider.operators import job_name_for
+from slurm_provider.watch_state import WATCH_XCOM_KEY
 from standalone import RestClient, airflow, airflow_env
 
 DAG_ID, TASK_ID = "slurm_gestures", "job"
@@ -80,6 +81,21 @@ def _wait_ti(deployment: dict[str, Any], run_id: str, done: Any, what: str,
         raise AssertionError(f"{exc}; task: {_ti(api, run_id)}\n{_task_log_text(api, run_id)[-4000:]}\n"
                              f"{components.log_tail('scheduler')}\n"
                              f"{components.log_tail('triggerer')}") from None
+
+
+def _noted_log_offset(api: RestClient, run_id: str) -> int:
+    """How much of the job's output the trigger has recorded as shown (its ``slurm_watch`` XCom)."""
+    status, body = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{TASK_ID}"
+                                   f"/xcomEntries/{WATCH_XCOM_KEY}?deserialize=true")
+    if status != 200 or not isinstance(body, dict):
+        return 0
+    value = body.get("value")
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return 0
+    return int(value.get("log_offset") or 0) if isinstance(value, dict) else 0
 
 
 def _task_log(api: RestClient, run_id: str, try_number: int = 1) -> list[str]:
@@ -230,12 +246,18 @@ def test_restarting_the_triggerer_cancels_nothing_and_repeats_no_log_line(deploy
         return f"[job {job_id}] step {step}" in _task_log(api, run_id)
 
     poll_until(lambda: shown(0), timeout=300, interval=2, what="the job's first line in the task log")
+    # What the trigger showed is recorded a moment after it is shown; a stop in that instant would
+    # show it once more. Stop the triggerer once the line is recorded.
+    noted = poll_until(lambda: _noted_log_offset(api, run_id), timeout=120, interval=1,
+                       what="the trigger to record the first line as shown")
 
     # A graceful restart (deploy, `systemctl restart`): the triggerer stops its triggers itself.
     assert components.stop("triggerer", signal.SIGTERM) is not None
     components.start("triggerer")
     _open(local_cluster, gates[0])
     poll_until(lambda: shown(1), timeout=300, interval=2, what="the restarted triggerer to show step 1")
+    poll_until(lambda: _noted_log_offset(api, run_id) > noted, timeout=120, interval=1,
+               what="the restarted trigger to record step 1 as shown")
 
     # A crash: the triggerer and its trigger runner die at once; the next triggerer takes over the
     # trigger once the dead one's heartbeat is old.
