@@ -51,7 +51,8 @@ def finished_run(local_cluster: LocalCluster, cluster_connection: str,
     airflow("db", "migrate", env=env)
     run_name = f"hpcview-{Path(project_dir).name}"
     conf = {"profile": "local", "config": "tiny", "run_name": run_name}
-    airflow("dags", "test", DAG_ID, "--conf", json.dumps(conf), env=env, timeout=480)
+    # A whole tiny run; the rest of the suite shares the two cores and the cluster meanwhile.
+    airflow("dags", "test", DAG_ID, "--conf", json.dumps(conf), env=env, timeout=1200)
     runs = dag_run_records(DAG_ID, env)
     assert len(runs) == 1, runs
     [run] = runs
