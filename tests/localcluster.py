@@ -89,6 +89,15 @@ class LocalCluster:
         extra = {k: v for k, v in conn["extra"].items() if k != "key_file"}
         return {**conn, "extra": {**extra, "private_key": self.key_file.read_text()}}
 
+    def jobs_writing(self, directory: str) -> list[str]:
+        """Ids of every job (any state, name or user) whose comment names ``directory`` as the one it
+        writes (``exclusive_dir``), from accounting, which has a job's comment once the job ended."""
+        from slurm_provider.commands import exclusive_dir_marker
+
+        marker = f'"xdir":"{exclusive_dir_marker(directory)}"'
+        out = self.root("sacct", "-X", "-n", "-P", "-a", "-S", "now-1days", "--format=JobIDRaw,Comment").stdout
+        return sorted({line.split("|", 1)[0] for line in out.splitlines() if marker in line})
+
     def ssh_config_copy(self, directory: Path, control_path: Path, **options: str) -> Path:
         """The cluster's ssh_config with a ControlMaster socket of its own (and ``options`` replaced).
 

@@ -19,7 +19,6 @@ import pytest
 
 from localcluster import LocalCluster, poll_until
 from ports import free_port
-from slurm_provider.commands import exclusive_dir_marker
 from standalone import airflow, airflow_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.usefixtures("cluster_connection")]
@@ -33,12 +32,6 @@ def _dags_test(env: dict[str, str], log: Path, results: dict[str, int], key: str
                                "--conf", json.dumps(conf)], env=env, stdout=out, stderr=subprocess.STDOUT,
                               timeout=1500)
     results[key] = proc.returncode
-
-
-def _jobs_writing(cluster: LocalCluster, directory: str) -> list[str]:
-    marker = f'"xdir":"{exclusive_dir_marker(directory)}"'
-    out = cluster.root("sacct", "-X", "-n", "-P", "-a", "-S", "now-1days", "--format=JobIDRaw,Comment").stdout
-    return sorted({line.split("|", 1)[0] for line in out.splitlines() if marker in line})
 
 
 def test_two_deployments_with_one_run_name_get_one_job_per_stage(local_cluster: LocalCluster,
@@ -66,7 +59,7 @@ def test_two_deployments_with_one_run_name_get_one_job_per_stage(local_cluster: 
     directories = {"data": f"{project_dir}/data/synthetic-tiny", "export": f"{project_dir}/viewer_data/{RUN}",
                    **{f"stage{n}": f"{outputs}/stage{n}" for n in range(4)}}
     def every_directory_has_its_job() -> dict[str, list[str]] | None:
-        found = {k: _jobs_writing(local_cluster, d) for k, d in directories.items()}
+        found = {k: local_cluster.jobs_writing(d) for k, d in directories.items()}
         return found if all(found.values()) else None
 
     jobs = poll_until(every_directory_has_its_job, timeout=120, what="every directory's job in sacct")

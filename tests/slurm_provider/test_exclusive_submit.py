@@ -145,14 +145,7 @@ def _deferred(op: SlurmSubmitOperator, context: dict[str, Any]) -> Any:
 
 
 def _jobs_writing(cluster: LocalCluster, writes: str) -> list[str]:
-    """Every job (any state, any name) whose comment names the directory, from accounting (which
-    has a job's comment once the job has ended)."""
-    marker = f'"xdir":"{exclusive_dir_marker(writes)}"'
-
-    def read() -> list[str]:
-        out = cluster.root("sacct", "-X", "-n", "-P", "-a", "-S", "now-1days", "--format=JobIDRaw,Comment").stdout
-        return sorted({line.split("|", 1)[0] for line in out.splitlines() if marker in line})
-    return poll_until(read, timeout=60, what=f"jobs writing {writes} in sacct")
+    return poll_until(lambda: cluster.jobs_writing(writes), timeout=60, what=f"jobs writing {writes} in sacct")
 
 
 @pytest.mark.usefixtures("airflow_home")
