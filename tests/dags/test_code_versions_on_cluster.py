@@ -24,12 +24,14 @@ import pytest
 from localcluster import LocalCluster, poll_until
 from tests.dags.test_dag_on_cluster import job_err_log, job_logs_tail, run_dag
 
-pytestmark = [pytest.mark.usefixtures("cluster_connection", "airflow_home"), pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.usefixtures("cluster_connection", "airflow_home"), pytest.mark.timeout(3000)]
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_PYTHON = "/opt/vcloud-localcluster/venv/bin/python"
 RUN_A, RUN_B = "code-a", "code-b"
 EPOCHS = 20
 """Enough for run A's job to be caught mid-training after its first checkpoint on any machine."""
+QUEUE_WAIT_S = 1200
+"""How long a job of this test may wait for the node while the rest of the suite's jobs hold it."""
 
 
 @pytest.fixture
@@ -95,12 +97,18 @@ class RunB(threading.Thread):
         cluster, progress = self.cluster, f"{self.project_dir}/outputs/{RUN_A}/stage0/progress.json"
 
         def first_checkpoint() -> bool:
+            state = cluster.current_state(job)
+            assert state in {"PENDING", "CONFIGURING", "RUNNING"}, \
+                f"run A's stage 0 job {job} is {state} before its first checkpoint was seen"
             text = cluster.ssh(f"cat {shlex.quote(progress)} 2>/dev/null", check=False).stdout
             return bool(text) and json.loads(text).get("epoch", 0) >= 1
 
-        poll_until(first_checkpoint, timeout=900, interval=0.3, what="run A's first stage 0 checkpoint")
-        job = poll_until(lambda: stage_job(cluster, self.project_dir, RUN_A, "stage0"), timeout=60,
-                         what="run A's stage 0 job in squeue")
+        # Each phase gets its own bound: on a busy cluster the data and stage jobs queue for a while
+        # before they run, and only the training itself is this test's to time.
+        job = poll_until(lambda: stage_job(cluster, self.project_dir, RUN_A, "stage0"), timeout=QUEUE_WAIT_S,
+                         interval=1, what="run A's stage 0 job in squeue")
+        cluster.wait_for_state(job, {"RUNNING"}, timeout=QUEUE_WAIT_S)
+        poll_until(first_checkpoint, timeout=300, interval=0.3, what="run A's first stage 0 checkpoint")
         cluster.root("scontrol", "suspend", str(job))
         cluster.wait_for_state(job, {"SUSPENDED"}, timeout=60)
         self.seen["job"] = job
@@ -116,7 +124,7 @@ class RunB(threading.Thread):
         cluster.root("scontrol", "requeue", str(job))
         self.seen["restarted"] = poll_until(
             lambda: "(restart 1)" in job_err_log(cluster, self.project_dir, RUN_A, "stage0", str(job)),
-            timeout=600, what=f"job {job} to start again after the requeue")
+            timeout=QUEUE_WAIT_S, what=f"job {job} to start again after the requeue")
         self.seen["dirs_while_requeued"] = code_dirs(cluster, self.project_dir)
 
 
