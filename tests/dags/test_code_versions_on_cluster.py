@@ -2,8 +2,10 @@
 
 Run A trains stage 0 through dag.test() (tiny config). Once A's job has written its first
 checkpoint, a background thread suspends it (as an administrator may), syncs run B's code with the
-DAG's own sync task, and has Slurm requeue A's job. Run B's tree is a copy of the project's
-``trainer/`` with one trainer file changed, so it is another content hash; the profile keeps only
+DAG's own sync task, and has Slurm requeue A's job. Runs A and B each sync a copy of the project's
+``trainer/`` with one trainer file changed, so each is a content hash of its own (the cleanup keeps
+a hash that any live job of the account runs, and the rest of the suite runs the project's own
+tree); the profile keeps only
 the newest code directory (``paths.code_keep: 1``), so B's cleanup would remove A's code were it not
 for A's live job. A's job must resume and complete with A's code (its log, its checkpoints, the
 stage's XCom), both code directories must exist until A's job has ended, and the cleanup after that
@@ -16,6 +18,7 @@ import json
 import shlex
 import shutil
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -45,13 +48,24 @@ def project_dir(local_cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) ->
     return base
 
 
-def changed_tree(root: Path) -> Path:
-    """A copy of the project's ``trainer/`` with one trainer file changed: another content hash."""
+def changed_tree(root: Path, change: str) -> Path:
+    """A copy of the project's ``trainer/`` with one trainer file changed: a content hash no other
+    test's jobs use (they all run the project's own tree), so only this test's jobs keep it."""
     shutil.copytree(REPO / "trainer", root / "trainer",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
     metrics = root / "trainer" / "src" / "vcloud" / "metrics.py"
-    metrics.write_text(metrics.read_text() + "\n# run B's change\n")
+    metrics.write_text(metrics.read_text() + f"\n# {change} {uuid.uuid4().hex}\n")
     return root
+
+
+@pytest.fixture
+def run_a_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The tree run A's DAG syncs (its ``sync_code`` task runs in this process under dag.test())."""
+    from vcloud_pipeline import tasks
+
+    tree = changed_tree(tmp_path / "run-a", "run A's change")
+    monkeypatch.setitem(tasks.sync_code.__kwdefaults__, "project_root", tree)
+    return tree
 
 
 def code_dirs(cluster: LocalCluster, project_dir: str) -> set[str]:
@@ -129,8 +143,8 @@ class RunB(threading.Thread):
 
 
 def test_a_requeued_job_runs_its_own_code_after_another_run_synced_new_code(
-        local_cluster: LocalCluster, project_dir: str, tmp_path: Path) -> None:
-    run_b = RunB(local_cluster, project_dir, changed_tree(tmp_path / "run-b"))
+        local_cluster: LocalCluster, project_dir: str, run_a_tree: Path, tmp_path: Path) -> None:
+    run_b = RunB(local_cluster, project_dir, changed_tree(tmp_path / "run-b", "run B's change"))
     run_b.start()
     _, states, values = run_dag(profile="local", config="tiny", run_name=RUN_A, stages=[0], max_epochs=EPOCHS,
                                 export=False)
@@ -140,6 +154,10 @@ def test_a_requeued_job_runs_its_own_code_after_another_run_synced_new_code(
 
     hash_a, synced_b = values["sync_code"]["code_hash"], run_b.seen["b"]
     hash_b = synced_b["code_hash"]
+    from vcloud_pipeline.rsync import CodeTree
+    from vcloud_pipeline.sync import local_manifest
+
+    assert hash_a == local_manifest(CodeTree(run_a_tree)).hash != local_manifest(CodeTree(REPO)).hash
     assert hash_a != hash_b and synced_b["code_sent"]
     # B's sync left A's code alone although only one directory is to be kept: A's job was suspended
     assert run_b.seen["dirs_before_b"] == {hash_a}
