@@ -13,6 +13,7 @@ CLUSTER := include/local_cluster/cluster.sh
 CLUSTER_DIR ?= /var/lib/vcloud-localcluster
 PYTEST_ARGS ?=
 # Slurm tests mostly wait on the cluster, so more workers than cores pays off.
+# --dist loadgroup: a module that shares one Airflow deployment (xdist_group) runs on one worker.
 TEST_WORKERS ?= 4
 
 .PHONY: help venv system-packages cluster-up cluster-down cluster-status image test test-fast demo lock clean
@@ -57,7 +58,7 @@ image:
 
 test: venv cluster-up image
 	@bash include/test_deps.sh
-	$(VENV_PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(VENV_PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # Unit tests only (no cluster): quick feedback while editing pure logic.
 test-fast: venv

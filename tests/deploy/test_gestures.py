@@ -38,7 +38,7 @@ from standalone import RestClient, airflow, airflow_env
 DAG_ID, TASK_ID = "slurm_gestures", "job"
 POLL_INTERVAL_S = 30.0  # the fixture task's poll interval
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400), pytest.mark.xdist_group("slurm-gestures")]
 
 
 @pytest.fixture(scope="module")
