@@ -6,7 +6,8 @@ directory. Unpausing the DAG must start exactly one scheduled run (catchup is of
 since the start date) that trains every stage of the tiny config and exports, with its own run name
 ``tiny-<YYYYMMDD>``. Then the README's per-stage backfill (``airflow backfill create ...
 --reprocess-behavior completed --dag-run-conf '{"stages": [2], "mode": "restart"}'``) over that day
-must retrain stage 2 alone, from stage 1's ``best.pt``, in the same run directory.
+must retrain stage 2 alone, from stage 1's ``best.pt``, in the same run directory. The same backfill
+made while the scheduled run still trains finds its day's run in flight: no run, no job.
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ def test_schedule_retrains_once_and_a_backfill_retrains_one_stage(deployment: di
     # Unpausing starts the retraining schedule: one scheduled run, for the latest day only.
     status, body = api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
     assert status == 200, body
+    active = _wait_for_run(deployment, lambda r: r["run_type"] == "scheduled", what="the scheduled run to start")
+    in_flight = _backfill_while_active(deployment, active["dag_run_id"])
     scheduled = _wait_for_run(deployment, lambda r: r["run_type"] == "scheduled" and r["state"] in TERMINAL,
                               what="the scheduled run to finish")
     assert scheduled["state"] == "success", (_task_states(api, scheduled["dag_run_id"]), log_tail(deployment["home"]))
@@ -125,4 +128,32 @@ def test_schedule_retrains_once_and_a_backfill_retrains_one_stage(deployment: di
     local_cluster.ssh(f"test -s {shlex.quote(outputs)}/stage2/best.pt && test -f {shlex.quote(outputs)}/stage2/COMPLETE")
 
     backfills = api.get(f"/api/v2/backfills?dag_id={DAG_ID}")["backfills"]
-    assert len(backfills) == 1 and backfills[0]["dag_run_conf"] == {"stages": [2], "mode": "restart"}, backfills
+    assert [b["id"] for b in backfills] == [in_flight, backfills[1]["id"]], backfills
+    assert backfills[1]["dag_run_conf"] == {"stages": [2], "mode": "restart"}, backfills
+    # The backfill made while the scheduled run trained added no job: each stage has the scheduled
+    # run's job(s) and the second backfill's stage 2 job(s), no more.
+    for task in STAGES:
+        jobs = local_cluster.jobs_writing(f"{outputs}/{task}")
+        expected = first_jobs[task] + (new_jobs if task == "stage2" else [])
+        assert sorted(jobs, key=int) == sorted(expected, key=int), (task, jobs, expected)
+
+
+def _backfill_while_active(deployment: dict[str, Any], run_id: str) -> int:
+    """The README's per-stage backfill over the day of the scheduled run while that run still trains:
+    Airflow leaves a run in flight alone, so the backfill creates no run and no job. Returns its id."""
+    api, env = deployment["api"], deployment["env"]
+    poll_until(lambda: any(state in ("deferred", "running") for task, state in _task_states(api, run_id).items()
+                           if task in STAGES), timeout=900, interval=2, what="a stage of the scheduled run to train")
+    day = _runs(api)[0]["logical_date"]
+    airflow("backfill", "create", "--dag-id", DAG_ID, "--from-date", day, "--to-date", day,
+            "--reprocess-behavior", "completed", "--dag-run-conf", json.dumps({"stages": [2], "mode": "restart"}),
+            env=env, timeout=180)
+    [backfill] = api.get(f"/api/v2/backfills?dag_id={DAG_ID}")["backfills"]
+    done = poll_until(lambda: (b := api.get(f"/api/v2/backfills/{backfill['id']}"))["completed_at"] and b,
+                      timeout=300, interval=2, what="Airflow to end the backfill that found its day in flight")
+    runs = _runs(api)
+    assert [r["dag_run_id"] for r in runs] == [run_id] and runs[0]["run_type"] == "scheduled", runs
+    assert runs[0]["conf"] == {} and runs[0]["state"] == "running", runs[0]
+    print(f"backfill while the scheduled run is active: backfill {done['id']} created no run "
+          f"(the day's run {run_id} was in flight)")
+    return int(done["id"])
