@@ -16,7 +16,12 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from standalone import RestClient
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 
@@ -105,3 +110,19 @@ def _kill_leftovers(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+@contextlib.contextmanager
+def deployment_with_dag(env: dict[str, str], home: Path, dag_id: str) -> Iterator[tuple[Deployment, RestClient]]:
+    """A migrated, running deployment whose DAG processor has parsed ``dag_id``, unpaused."""
+    from localcluster import poll_until
+    from standalone import RestClient, airflow
+
+    airflow("db", "migrate", env=env)
+    with Deployment(env, home) as components:
+        api = RestClient(components.base)
+        poll_until(lambda: api.call("GET", f"/api/v2/dags/{dag_id}")[0] == 200, timeout=300, interval=2,
+                   what=f"the DAG processor to parse {dag_id}")
+        status, body = api.call("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+        assert status == 200, body
+        yield components, api

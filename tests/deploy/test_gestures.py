@@ -28,12 +28,12 @@ from typing import Any
 
 import pytest
 
-from components import Deployment
+from components import deployment_with_dag
 from localcluster import LocalCluster, poll_until
 from ports import free_port
 from slurm_provider.operators import job_name_for
 from slurm_provider.watch_state import WATCH_XCOM_KEY
-from standalone import RestClient, airflow, airflow_env
+from standalone import RestClient, airflow_env
 
 DAG_ID, TASK_ID = "slurm_gestures", "job"
 POLL_INTERVAL_S = 30.0  # the fixture task's poll interval
@@ -46,13 +46,7 @@ def deployment(local_cluster: LocalCluster, cluster_connection: str,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     home = tmp_path_factory.mktemp("gestures-home")
     env = airflow_env(home, free_port(), local_cluster.test_dir(), first_poll_delay=10)
-    airflow("db", "migrate", env=env)
-    with Deployment(env, home) as components:
-        api = RestClient(components.base)
-        poll_until(lambda: api.call("GET", f"/api/v2/dags/{DAG_ID}")[0] == 200, timeout=300, interval=2,
-                   what=f"the DAG processor to parse {DAG_ID}")
-        status, body = api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
-        assert status == 200, body
+    with deployment_with_dag(env, home, DAG_ID) as (components, api):
         yield {"components": components, "api": api, "home": home}
 
 

@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
-from components import Deployment
+from components import deployment_with_dag
 from localcluster import LocalCluster, poll_until
 from ports import free_port
-from standalone import RestClient, airflow, airflow_env
+from standalone import RestClient, airflow_env
 
 DAG_ID = "vcloud_training"
 STAGE = "stage0"
@@ -42,14 +42,8 @@ def deployment(local_cluster: LocalCluster, cluster_connection: str,
     home = tmp_path_factory.mktemp("training-gestures-home")
     project_dir = local_cluster.test_dir()
     env = airflow_env(home, free_port(), project_dir, first_poll_delay=10)
-    airflow("db", "migrate", env=env)
     try:
-        with Deployment(env, home) as components:
-            api = RestClient(components.base)
-            poll_until(lambda: api.call("GET", f"/api/v2/dags/{DAG_ID}")[0] == 200, timeout=300, interval=2,
-                       what=f"the DAG processor to parse {DAG_ID}")
-            status, body = api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
-            assert status == 200, body
+        with deployment_with_dag(env, home, DAG_ID) as (components, api):
             yield {"components": components, "api": api, "project_dir": project_dir}
     finally:
         _cancel_leftovers(local_cluster, project_dir)
