@@ -1,4 +1,8 @@
-"""The HPC view's API inside Airflow's own FastAPI app: authentication, and the JSON from XCom rows."""
+"""The HPC view's API inside Airflow's own FastAPI app: authentication, and the JSON from XCom rows.
+
+The records are seeded under DAG ids of their own and the view is limited to them (still through the
+auth manager), so runs that other tests left in the same metadata database do not show here.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from airflow.api_fastapi.core_api.security import GetUserDep
 
 from deploy.seed import seed_run, summary
 
 pytestmark = pytest.mark.usefixtures("airflow_home")
+TRAINING, LIFECYCLE = "hpcview_seed_training", "hpcview_seed_lifecycle"
+SEEDED = {TRAINING, LIFECYCLE}
 
 
 @pytest.fixture(scope="module")
@@ -20,8 +27,11 @@ def client(airflow_home: Path) -> Iterator:
     from airflow.api_fastapi.app import create_app, purge_cached_app
     from airflow.utils.session import create_session
 
+    from hpc_view.app import app as hpc_app
+    from hpc_view.app import readable_dag_ids
+
     with create_session() as session:
-        seed_run(session, dag_id="vcloud_training", run_id="manual__api_1", conf={"profile": "local"}, tasks={
+        seed_run(session, dag_id=TRAINING, run_id="manual__api_1", conf={"profile": "local"}, tasks={
             "plan": ("success", None, {"request": {}}),
             "stage0": ("success", "101", summary(["101"], gpu_hours=0.5, elapsed_s=1800, job="stage0",
                                                  run="tiny", profile="local")),
@@ -29,14 +39,25 @@ def client(airflow_home: Path) -> Iterator:
                                                  job="stage1", run="tiny", profile="local")),
             "stage2": ("deferred", "104", None),
         })
-        seed_run(session, dag_id="slurm_lifecycle", run_id="manual__api_2", conf={}, tasks={
+        seed_run(session, dag_id=LIFECYCLE, run_id="manual__api_2", conf={}, tasks={
             "job": ("success", "201", summary(["201"], gpu_hours=0.1, elapsed_s=360)),
         })
     purge_cached_app()
     app = create_app("core")
-    with TestClient(app) as test_client:
-        yield test_client
-    purge_cached_app()
+    hpc_app.dependency_overrides[readable_dag_ids] = seeded_readable_dag_ids
+    try:
+        with TestClient(app) as test_client:
+            yield test_client
+    finally:
+        hpc_app.dependency_overrides.clear()
+        purge_cached_app()
+
+
+def seeded_readable_dag_ids(user: GetUserDep) -> set[str]:
+    """The DAGs the auth manager lets the user read, of those this module seeded."""
+    from hpc_view.app import readable_dag_ids
+
+    return readable_dag_ids(user) & SEEDED
 
 
 def _token(role: str = "viewer") -> str:
@@ -69,7 +90,7 @@ def test_jobs_per_profile_with_budget_from_the_operators_records(client) -> None
     assert jobs["stage1"]["resubmissions"] == 1 and jobs["stage1"]["restarts"] == 1
     assert jobs["stage1"]["elapsed"] == "00:45:00"
     assert jobs["stage1"]["state_description"].startswith("Finished; every process exited with code 0")
-    assert jobs["stage1"]["log_url"] == "/dags/vcloud_training/runs/manual__api_1/tasks/stage1?slurm_job_id=103"
+    assert jobs["stage1"]["log_url"] == f"/dags/{TRAINING}/runs/manual__api_1/tasks/stage1?slurm_job_id=103"
     waiting = jobs["stage2"]
     assert waiting["state"] is None and waiting["task_state"] == "deferred" and waiting["job_ids"] == ["104"]
 
@@ -93,7 +114,7 @@ def test_session_cookie_works_like_the_ui_and_filters_follow_the_query(client) -
     try:
         page = client.get("/hpc-view/")
         assert page.status_code == 200 and 'src="static/hpc_view.js"' in page.text and "viewer-user" in page.text
-        one_run = client.get("/hpc-view/api/jobs", params={"dag_id": "slurm_lifecycle"}).json()
+        one_run = client.get("/hpc-view/api/jobs", params={"dag_id": LIFECYCLE}).json()
         assert [p["profile"] for p in one_run["profiles"]] == [""]
         assert client.get("/hpc-view/static/hpc_view.js").status_code == 200
     finally:
@@ -104,12 +125,13 @@ def test_only_dags_the_user_may_read_are_shown(client) -> None:
     from hpc_view.app import app as hpc_app
     from hpc_view.app import readable_dag_ids
 
-    hpc_app.dependency_overrides[readable_dag_ids] = lambda: {"slurm_lifecycle"}
+    seeded = hpc_app.dependency_overrides[readable_dag_ids]
+    hpc_app.dependency_overrides[readable_dag_ids] = lambda: {LIFECYCLE}
     try:
         view = client.get("/hpc-view/api/jobs", headers={"Authorization": f"Bearer {_token()}"}).json()
     finally:
-        hpc_app.dependency_overrides.clear()
-    assert [job["dag_id"] for p in view["profiles"] for job in p["jobs"]] == ["slurm_lifecycle"]
+        hpc_app.dependency_overrides[readable_dag_ids] = seeded
+    assert [job["dag_id"] for p in view["profiles"] for job in p["jobs"]] == [LIFECYCLE]
 
 
 def test_refresh_reports_a_cluster_it_cannot_reach_and_keeps_the_records(client, monkeypatch) -> None:
