@@ -17,6 +17,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from slurm_provider.operators import SlurmSubmitOperator
 from slurm_provider.resubmission import DEFAULT_BUDGETS
+from vcloud.contract import best_checkpoint_metrics, completed_epochs, final_metrics, recorded_code_hash
 
 from vcloud_pipeline import job_exits
 from vcloud_pipeline.assets import asset_for
@@ -30,7 +31,6 @@ from vcloud_pipeline.stages import (
     Decision,
     StageDecisionError,
     StageFiles,
-    best_checkpoint_metrics,
     completion_record,
     decide,
     decide_data,
@@ -218,11 +218,11 @@ class PipelineJobOperator(SlurmSubmitOperator):
             record = completion_record(hook.read_file(str(ctx.paths.complete_path(int(self.job[5:])))))
         best_epoch, best_metrics = best_checkpoint_metrics(record)
         summary.update({"job": self.job, "run": ctx.request.run_name, "profile": ctx.profile.name,
-                        "code_hash": synced["code_hash"], "trained_code_hash": (record or {}).get("code_hash"),
+                        "code_hash": synced["code_hash"], "trained_code_hash": recorded_code_hash(record),
                         "states": states,
                         "allocation": self._allocation_after(ctx, hook),
                         "metrics": best_metrics, "best_epoch": best_epoch,
-                        "final_metrics": (record or {}).get("final_metrics"), "epochs": (record or {}).get("epochs")})
+                        "final_metrics": final_metrics(record), "epochs": completed_epochs(record)})
         asset = asset_for(self.job)
         if asset is not None and "outlet_events" in context:
             where = (str(ctx.paths.best_checkpoint(int(self.job[5:]))) if self.job.startswith("stage")
