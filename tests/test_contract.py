@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
 
+from slurm_provider.commands import expand_filename_pattern, job_log_name
 from slurm_provider.exit_codes import explain_exit
+from slurm_provider.operators import SlurmSubmitOperator, job_name_for
 from slurm_provider.resubmission import progress_made
 from vcloud import contract, exitcodes
 from vcloud.config import ConfigError, config_from_dict
@@ -20,9 +22,13 @@ from vcloud.training import distributed, markers, provenance
 from vcloud.training.best import improves
 from vcloud.training.paths import StagePaths
 from vcloud_pipeline import job_exits, render
+from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.layout import run_paths
 from vcloud_pipeline.profiles import load_profile
+from vcloud_pipeline.render import render_job
 from vcloud_pipeline.stages import StagePlan, completion_record
+
+from task_context import StateStore, task_context
 
 GOLDEN = Path(__file__).parent / "vcloud_pipeline" / "golden"
 OUTERS = sorted(GOLDEN.glob("*.outer.sbatch"))
@@ -158,3 +164,25 @@ def test_the_provider_sees_the_trainers_progress_move_forward(tmp_path: Path) ->
     assert progress_made(progress(1, 10), progress(1, 12))
     assert progress_made(progress(1, 10), progress(2, 20))
     assert not progress_made(progress(2, 20), progress(2, 20))
+
+
+# --------------------------------------------------------------------------- log files
+
+
+@pytest.mark.parametrize("golden", OUTERS, ids=lambda p: p.name)
+def test_rendered_scripts_name_their_logs_as_the_operator_does(golden: Path) -> None:
+    directives = dict(re.findall(r"^#SBATCH --(output|error)=(\S+)$", golden.read_text(), re.MULTILINE))
+    assert PurePosixPath(directives["output"]).name == job_log_name("%x", "%j", "out")
+    assert PurePosixPath(directives["error"]).name == job_log_name("%x", "%j", "err")
+
+
+def test_the_operator_reads_the_log_files_a_rendered_job_writes() -> None:
+    profile = load_profile("lumi")
+    paths = run_paths(profile, "full")
+    job = render_job(profile, JobSpec.train(1, config="trainer/configs/model_full.yaml"), paths, "ab" * 32)
+    operator = SlurmSubmitOperator(task_id="stage1", conn_id="lumi", script=job.outer, log_dir=str(paths.logs_dir))
+    context = task_context("manual__1", StateStore(), dag_id="vcloud_training", task_id="stage1")
+    name = job_name_for("vcloud_training", "stage1", "manual__1")  # sbatch --job-name overrides the script's
+    for stream, pattern in (("out", job.stdout_pattern), ("err", job.stderr_pattern)):
+        written = expand_filename_pattern(str(pattern), job_id="4242", job_name=name)
+        assert operator._log_path(context, "4242", stream) == written == f"{paths.logs_dir}/{name}.4242.{stream}"

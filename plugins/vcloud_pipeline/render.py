@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
+from slurm_provider.commands import expand_filename_pattern, job_log_name
 from vcloud.contract import (
     CODE_HASH_ENV,
     EXIT_CODE_MISMATCH,
@@ -39,9 +40,9 @@ from vcloud_pipeline.profiles import RUNTIME_JOB_ID, ClusterProfile, ContainerSp
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "include" / "sbatch"
 
-LOG_OUTPUT_PATTERN, LOG_ERROR_PATTERN = "%x.%j.out", "%x.%j.err"
-"""The job's output and error output in the run's log directory: the names SlurmSubmitOperator gives
-them (``<job name>.<job id>.out/.err``), so a job submitted by hand writes where the DAG looks."""
+LOG_OUTPUT_PATTERN, LOG_ERROR_PATTERN = job_log_name("%x", "%j", "out"), job_log_name("%x", "%j", "err")
+"""The job's output and error output in the run's log directory, named as SlurmSubmitOperator names
+them (:func:`slurm_provider.commands.job_log_name`), so a job submitted by hand writes where the DAG looks."""
 
 # The environment of the job (vcloud.contract): the inner script sets CODE_HASH_ENV to the job's
 # code hash, and GPUS_REQUIRED_ENV (how many GPUs this node was given) and GPU_HINT_ENV (the profile's
@@ -87,7 +88,7 @@ class RenderedJob:
 
 
 def _log_path(pattern: PurePosixPath, job_name: str, job_id: str) -> PurePosixPath:
-    return PurePosixPath(str(pattern).replace("%x", job_name).replace("%j", str(job_id)))
+    return PurePosixPath(expand_filename_pattern(str(pattern), job_id=str(job_id), job_name=job_name))
 
 
 # --------------------------------------------------------------------------- quoting
