@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
 
-from slurm_provider.commands import expand_filename_pattern, job_log_name
+from hpc_view.records import JobRecord, profile_budget
+from slurm_provider.commands import JobComment, expand_filename_pattern, job_log_name
 from slurm_provider.exit_codes import explain_exit
 from slurm_provider.operators import SlurmSubmitOperator, job_name_for
-from slurm_provider.resubmission import progress_made
+from slurm_provider.resubmission import Submission, SubmissionHistory, progress_made
+from slurm_provider.states import SlurmState
+from slurm_provider.status import JobStatus, gpu_hours
 from vcloud import contract, exitcodes
 from vcloud.config import ConfigError, config_from_dict
 from vcloud.data.index import INDEX_NAME
@@ -22,8 +26,11 @@ from vcloud.training import distributed, markers, provenance
 from vcloud.training.best import improves
 from vcloud.training.paths import StagePaths
 from vcloud_pipeline import job_exits, render
+from vcloud_pipeline.budget import billed_hours, worst_case
+from vcloud_pipeline.job_operator import PipelineJobOperator
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.layout import run_paths
+from vcloud_pipeline.preflight import ledger_from_statuses, usage_of
 from vcloud_pipeline.profiles import load_profile
 from vcloud_pipeline.render import render_job
 from vcloud_pipeline.stages import StagePlan, completion_record
@@ -186,3 +193,64 @@ def test_the_operator_reads_the_log_files_a_rendered_job_writes() -> None:
     for stream, pattern in (("out", job.stdout_pattern), ("err", job.stderr_pattern)):
         written = expand_filename_pattern(str(pattern), job_id="4242", job_name=name)
         assert operator._log_path(context, "4242", stream) == written == f"{paths.logs_dir}/{name}.4242.{stream}"
+
+
+# --------------------------------------------------------------------------- GPU-hours
+
+LUMI_RUNS = [
+    # a stage on two whole nodes, requeued once: both runs are billed
+    ("11", "standard-g", "nid[005000-005001]", 16, 3600),
+    ("11", "standard-g", "nid[005002-005003]", 16, 1800),
+    # an export on a full-node partition: Slurm allocated one GCD, the site bills the node's eight
+    ("12", "standard-g", "nid005004", 1, 1800),
+    # a shared partition bills what was allocated
+    ("13", "small-g", "nid005005", 2, 5400),
+]
+
+
+def _lumi_run(job_id: str, partition: str, nodes: str, gpus: int, elapsed: int) -> JobStatus:
+    comment = JobComment(dag="vcloud_training", task="stage1", run="r1", attempt=1, stage="stage1").to_json()
+    return JobStatus(job_id=job_id, state=SlurmState.COMPLETED, gpus=gpus, elapsed_s=elapsed, partition=partition,
+                     account="project_465002500", comment=comment, node_list=nodes, source="sacct")
+
+
+class RunsHook:
+    """What ``_finish`` asks of the hook: every run of a job as sacct lists it."""
+
+    def __init__(self, runs: list[JobStatus]) -> None:
+        self._runs = runs
+
+    def runs(self, job_id: str) -> list[JobStatus]:
+        return [run for run in self._runs if run.job_id == job_id]
+
+
+def test_the_hpc_view_charts_the_gpu_hours_the_budget_bills() -> None:
+    lumi = load_profile("lumi")
+    runs = [_lumi_run(*row) for row in LUMI_RUNS]
+    billed = ledger_from_statuses(lumi, runs).summary.total
+    assert billed == pytest.approx(16 * 1.0 + 16 * 0.5 + 8 * 0.5 + 2 * 1.5)
+
+    operator = PipelineJobOperator(task_id="stage1", job="stage1")
+    operator.cluster_profile = lumi  # as _bind sets it from the plan
+    history = SubmissionHistory()
+    for number, job_id in enumerate(dict.fromkeys(r.job_id for r in runs), start=1):
+        history.add(Submission(job_id, number, "initial" if number == 1 else "TIMEOUT", 1))
+    context = task_context("manual__1", StateStore(), dag_id="vcloud_training", task_id="stage1")
+    summary = operator._finish(context, RunsHook(runs), history, runs[-1])
+    assert summary["gpu_hours"] == pytest.approx(billed, abs=1e-4)
+
+    record = JobRecord(dag_id="vcloud_training", run_id="manual__1", task_id="stage1", map_index=-1,
+                       task_state="success", profile="lumi", run_name="r1", stage="stage1", job_id="13",
+                       job_ids=tuple(summary["job_ids"]), state="COMPLETED", gpu_hours=summary["gpu_hours"],
+                       finished_at=datetime(2026, 3, 1, tzinfo=timezone.utc), final=True)
+    charted = profile_budget("lumi", [record], allocation=lumi.billing.allocation)
+    assert charted.total == pytest.approx(billed, abs=1e-4)
+
+
+def test_one_gpu_hour_formula_for_worst_case_ledger_and_provider() -> None:
+    lumi = load_profile("lumi")
+    worst = worst_case(lumi, JobSpec.train(1, config="c.yaml", partition="standard-g", nodes=2, gpus_per_node=8,
+                                           time_limit="02:00:00"))
+    assert worst.amount == gpu_hours(worst.units, worst.seconds, lumi.billing.factor) == pytest.approx(32.0)
+    run = _lumi_run("11", "small-g", "nid005000", 4, 7200)
+    assert run.gpu_hours(lumi.billing.factor) == billed_hours(lumi, usage_of(lumi, run)) == pytest.approx(8.0)

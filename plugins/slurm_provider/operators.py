@@ -391,11 +391,16 @@ class SlurmSubmitOperator(BaseOperator):
 
     # --- ending ----------------------------------------------------------------------------------
 
+    def billed_gpu_hours(self, run: JobStatus) -> float:
+        """What one run of a job cost: its GPUs x elapsed hours x ``gpu_billing_factor``. A subclass
+        that knows the site's billing rule (whole nodes on some partitions) says so here."""
+        return run.gpu_hours(self.gpu_billing_factor)
+
     def _finish(self, context: Any, hook: Any, history: SubmissionHistory, status: JobStatus) -> dict[str, Any]:
         gpu_hours = 0.0
         for job_id in history.job_ids:
             for run in hook.runs(job_id):
-                gpu_hours += run.gpu_hours(self.gpu_billing_factor)
+                gpu_hours += self.billed_gpu_hours(run)
         summary = {
             "job_id": status.job_id,
             "job_ids": history.job_ids,
