@@ -171,6 +171,10 @@ def test_the_provider_sees_the_trainers_progress_move_forward(tmp_path: Path) ->
     assert progress_made(progress(1, 10), progress(1, 12))
     assert progress_made(progress(1, 10), progress(2, 20))
     assert not progress_made(progress(2, 20), progress(2, 20))
+    done = markers.completed_progress(json.loads(progress(2, 20)), epoch=3, epochs_total=3, step=30, best=_best(3),
+                                      history=[])
+    assert done["status"] == contract.STATUS_COMPLETE and done["device"] == "cpu"
+    assert progress_made(progress(2, 20), json.dumps(done))
 
 
 # --------------------------------------------------------------------------- log files

@@ -116,6 +116,14 @@ def progress_record(*, stage: int, status: str, epoch: int, epochs_total: int, s
     }
 
 
+def completed_progress(record: Mapping[str, Any] | None, *, epoch: int, epochs_total: int, step: int,
+                       best: dict[str, Any] | None, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """``progress.json`` once the stage is complete: the last record (anything it carried kept),
+    marked complete at its final position."""
+    return {**(record or {}), "status": STATUS_COMPLETE, "epoch": epoch, "epochs_total": epochs_total,
+            "step": step, "batch_in_epoch": 0, "best_metric": best, "history": history}
+
+
 def complete_record(*, stage: int, epochs: int, step: int, final_metrics: dict[str, float],
                     best: dict[str, Any] | None, code_version: str,
                     code_hash: str | None = None) -> dict[str, Any]:

@@ -15,10 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from vcloud.checkpoint import atomic_write_text
-from vcloud.contract import STATUS_COMPLETE, STATUS_RUNNING, STATUS_STOPPED, complete_record, progress_record
+from vcloud.contract import (
+    STATUS_COMPLETE,
+    STATUS_RUNNING,
+    STATUS_STOPPED,
+    complete_record,
+    completed_progress,
+    progress_record,
+)
 
-__all__ = ["STATUS_COMPLETE", "STATUS_RUNNING", "STATUS_STOPPED", "complete_record", "progress_record",
-           "read_json", "write_json"]
+__all__ = ["STATUS_COMPLETE", "STATUS_RUNNING", "STATUS_STOPPED", "complete_record", "completed_progress",
+           "progress_record", "read_json", "write_json"]
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:
