@@ -47,6 +47,19 @@ from slurm_provider.validation import (
 FIELD_SEPARATOR = "|"
 TIME_FORMAT_ENV = "SLURM_TIME_FORMAT=standard"
 
+LOG_STREAMS = ("out", "err")
+"""A job's output (``--output``) and error output (``--error``)."""
+
+
+def job_log_name(job_name: str, job_id: str, stream: str = "out") -> str:
+    """``<job name>.<job id>.out`` (or ``.err``): the one name of a job's log files, so that a job
+    script's own ``#SBATCH --output``/``--error`` (``job_log_name("%x", "%j")``) and the operator's
+    write where the operator reads."""
+    if stream not in LOG_STREAMS:
+        raise ValueError(f"log stream {stream!r} is not one of {', '.join(LOG_STREAMS)}")
+    return f"{job_name}.{job_id}.{stream}"
+
+
 SQUEUE_FIELDS: tuple[str, ...] = (
     "JobID",
     "ArrayJobID",

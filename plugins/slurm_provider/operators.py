@@ -31,7 +31,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from slurm_provider.commands import JobComment, exclusive_dir_marker, parse_job_comment
+from slurm_provider.commands import JobComment, exclusive_dir_marker, job_log_name, parse_job_comment
 from slurm_provider.exit_codes import explain_exit
 from slurm_provider.hints import find_submit_hints, format_hints, hint_for
 from slurm_provider.links import JOB_ID_XCOM_KEY, SlurmJobLogLink
@@ -391,11 +391,16 @@ class SlurmSubmitOperator(BaseOperator):
 
     # --- ending ----------------------------------------------------------------------------------
 
+    def billed_gpu_hours(self, run: JobStatus) -> float:
+        """What one run of a job cost: its GPUs x elapsed hours x ``gpu_billing_factor``. A subclass
+        that knows the site's billing rule (whole nodes on some partitions) says so here."""
+        return run.gpu_hours(self.gpu_billing_factor)
+
     def _finish(self, context: Any, hook: Any, history: SubmissionHistory, status: JobStatus) -> dict[str, Any]:
         gpu_hours = 0.0
         for job_id in history.job_ids:
             for run in hook.runs(job_id):
-                gpu_hours += run.gpu_hours(self.gpu_billing_factor)
+                gpu_hours += self.billed_gpu_hours(run)
         summary = {
             "job_id": status.job_id,
             "job_ids": history.job_ids,
@@ -558,14 +563,14 @@ class SlurmSubmitOperator(BaseOperator):
         return hashlib.sha1(f"{self.conn_id}\0{self.log_dir.rstrip('/')}".encode()).hexdigest()[:10]
 
     def _output_pattern(self, context: Any) -> str:
-        return f"{self.log_dir.rstrip('/')}/{self._job_name(context)}.%j.out"
+        return f"{self.log_dir.rstrip('/')}/{job_log_name(self._job_name(context), '%j', 'out')}"
 
     def _error_pattern(self, context: Any) -> str:
-        return f"{self.log_dir.rstrip('/')}/{self._job_name(context)}.%j.err"
+        return f"{self.log_dir.rstrip('/')}/{job_log_name(self._job_name(context), '%j', 'err')}"
 
     def _log_path(self, context: Any, job_id: str, stream: str = "out") -> str:
         """The file job ``job_id`` writes its output (``out``) or error output (``err``) to."""
-        return f"{self.log_dir.rstrip('/')}/{self._name_of_job(context, job_id)}.{job_id}.{stream}"
+        return f"{self.log_dir.rstrip('/')}/{job_log_name(self._name_of_job(context, job_id), job_id, stream)}"
 
     def _name_of_job(self, context: Any, job_id: str) -> str:
         """This task's job name, or the name of a job it adopted from another submitter."""

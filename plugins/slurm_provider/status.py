@@ -55,6 +55,21 @@ def _format_seconds(seconds: int | None) -> str:
     return f"{days}-{clock}" if days else clock
 
 
+def gpu_hours(gpus: int, elapsed_s: float, billing_factor: float = 1.0) -> float:
+    """Billed GPUs x elapsed hours x ``billing_factor``: what a job costs, the one GPU-hour formula.
+
+    It is what Slurm bills where ``TRESBillingWeights`` gives a GPU the weight 1.0 (billing-minutes /
+    60), times the site's units per GPU-hour. On LUMI the budget is counted per GCD-hour and every
+    GCD shows up as one GPU, so the factor is 1.0 (8 GCDs for 3 days = 576 GPU-hours); a site billing
+    whole MI250X cards would use 0.5. Which GPUs are billed is the site's rule (whole nodes on
+    full-node partitions, see ``vcloud_pipeline.budget.billed_gpus``); a negative elapsed time counts
+    as none.
+    """
+    if not gpus or elapsed_s <= 0:
+        return 0.0
+    return gpus * (elapsed_s / 3600.0) * billing_factor
+
+
 @dataclass(frozen=True)
 class JobStatus:
     """One job's state and the facts needed to explain it, report it and bill it."""
@@ -126,15 +141,8 @@ class JobStatus:
         return classify_pending_reason(self.reason, down_nodes=down)
 
     def gpu_hours(self, billing_factor: float = 1.0) -> float:
-        """GPUs x elapsed hours x ``billing_factor``.
-
-        On LUMI the budget is counted per GCD-hour and every GCD shows up as one GPU, so the
-        factor is 1.0 (8 GCDs for 3 days = 576 GPU-hours); a site billing whole MI250X cards
-        would use 0.5.
-        """
-        if not self.gpus or not self.elapsed_s:
-            return 0.0
-        return self.gpus * self.elapsed_s / 3600.0 * billing_factor
+        """:func:`gpu_hours` of the job's allocated GPUs over its elapsed time."""
+        return gpu_hours(self.gpus, self.elapsed_s or 0, billing_factor)
 
     def summary(self) -> str:
         """One line for logs and failure messages, with Slurm's reason, exit code and log path."""

@@ -2,7 +2,9 @@
 
 Everything that differs between clusters (LUMI, Levante, Cosmos, the local Slurm) is data in a
 profile under ``include/profiles/``; the modules here are pure functions of a profile, so the DAG
-that wires them together never names a cluster.
+that wires them together never names a cluster. What the jobs and the trainer must agree on (stage
+file names, ``index.json``, exit codes, the job environment, the ``COMPLETE`` fields) comes from the
+trainer's torch-free :mod:`vcloud.contract`.
 
 - :mod:`vcloud_pipeline.profiles`  typed, validated cluster profiles (``load_profile``)
 - :mod:`vcloud_pipeline.jobspec`   what one job asks for, checked against a profile's partitions

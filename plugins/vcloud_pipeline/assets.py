@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from airflow.sdk import Asset
 
+from vcloud.contract import BEST_CHECKPOINT, STAGES, stage_dir_name
+
 GROUP = "vcloud"
 
 STAGE_CHECKPOINTS: dict[int, Asset] = {
-    stage: Asset(name=f"vcloud_stage{stage}_checkpoint", uri=f"vcloud://training/stage{stage}/best.pt", group=GROUP)
-    for stage in (0, 1, 2, 3)
+    stage: Asset(name=f"vcloud_stage{stage}_checkpoint",
+                 uri=f"vcloud://training/{stage_dir_name(stage)}/{BEST_CHECKPOINT}", group=GROUP)
+    for stage in STAGES
 }
 """``best.pt`` of each training stage (0 autoencoder, 1 draft, 2 refiner, 3 self-training)."""
 

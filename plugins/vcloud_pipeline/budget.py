@@ -29,6 +29,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from slurm_provider.status import gpu_hours
+
 from vcloud_pipeline.jobspec import JobKind, JobSpec, resolve_resources
 from vcloud_pipeline.profiles import BillingSpec, ClusterProfile, ProfileError
 
@@ -51,13 +53,17 @@ class WorstCase:
     label: str
     units: int
     unit_name: str
-    hours: float
+    seconds: float
     factor: float
     billing_unit: str
 
     @property
+    def hours(self) -> float:
+        return self.seconds / 3600
+
+    @property
     def amount(self) -> float:
-        return self.units * self.hours * self.factor
+        return gpu_hours(self.units, self.seconds, self.factor)
 
     def describe(self) -> str:
         """``8 GCDs x 72 h x 1.0``."""
@@ -75,7 +81,7 @@ def worst_case(profile: ClusterProfile, spec: JobSpec) -> WorstCase:
         label=_label(spec),
         units=res.nodes * res.billed_gpus_per_node,
         unit_name=profile.accelerator.unit,
-        hours=res.time_seconds / 3600,
+        seconds=res.time_seconds,
         factor=profile.billing.factor,
         billing_unit=profile.billing.unit,
     )
@@ -253,14 +259,21 @@ def gpus_from_tres(tres: str) -> int:
     return sum(int(n) for n in _TRES_GPU.findall(tres or ""))
 
 
-def billed_hours(profile: ClusterProfile, row: UsageRow) -> float:
-    """Billing units spent by one job: whole nodes on full-node partitions, else its accelerators."""
+def billed_gpus(profile: ClusterProfile, partition: str, nodes: int, gpus: int) -> int:
+    """The accelerators a job is billed for: every one of its nodes on full-node partitions (the
+    site bills them whatever the job uses, as :func:`worst_case` counts them), else those allocated."""
     try:
-        full_node = profile.partition(row.partition).full_node
+        full_node = profile.partition(partition).full_node
     except ProfileError:
         full_node = False
-    units = row.nodes * profile.accelerator.per_node if full_node else row.gpus
-    return units * (max(row.elapsed_seconds, 0.0) / 3600) * profile.billing.factor
+    return nodes * profile.accelerator.per_node if full_node else gpus
+
+
+def billed_hours(profile: ClusterProfile, row: UsageRow) -> float:
+    """Billing units spent by one job (or one run of a requeued job): :func:`billed_gpus` x elapsed
+    hours x ``billing.factor``, what the ledger, the preflight and the HPC view count."""
+    units = billed_gpus(profile, row.partition, row.nodes, row.gpus)
+    return gpu_hours(units, row.elapsed_seconds, profile.billing.factor)
 
 
 @dataclass(frozen=True)

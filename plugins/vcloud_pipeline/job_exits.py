@@ -1,23 +1,21 @@
 """What the exit codes of the pipeline's jobs mean, for the task's failure message.
 
-The codes are the contract of the job scripts (include/sbatch/) and the trainer
-(``vcloud.exitcodes``); ``tests/vcloud_pipeline/test_job_exits.py`` pins both sides to these numbers.
+The numbers are :mod:`vcloud.contract`'s, which the job scripts (include/sbatch/, filled in by
+:mod:`vcloud_pipeline.render`) and the trainer use.
 """
 
 from __future__ import annotations
 
-EXIT_TRAINING_ERROR = 1
-EXIT_BAD_CONFIG = 2
-EXIT_REQUEUE = 85
-"""The trainer's "stopped on a signal after writing a checkpoint" (``vcloud.exitcodes.REQUEUE``)."""
-EXIT_CODE_MISMATCH = 86
-"""The outer script refused to start: its hash's code directory lacks the manifest of that hash."""
-EXIT_GPUS_MISSING = 87
-"""The job was given GPUs (the profile requires them) but PyTorch saw fewer: the trainer or the
-preflight import check stopped instead of running on the CPU (``vcloud.exitcodes.GPUS_MISSING``)."""
+from vcloud.contract import (
+    EXIT_BAD_CONFIG,
+    EXIT_CODE_MISMATCH,
+    EXIT_ERROR,
+    EXIT_GPUS_MISSING,
+    EXIT_REQUEUE,
+)
 
 MEANINGS: dict[int, str] = {
-    EXIT_TRAINING_ERROR: "the program raised an error; its traceback is in the job's error output (below).",
+    EXIT_ERROR: "the program raised an error; its traceback is in the job's error output (below).",
     EXIT_BAD_CONFIG: "the trainer refused its arguments or configuration; running the same job again cannot "
                      "help: fix the config or the run's params.",
     EXIT_REQUEUE: "the trainer stopped on a signal after writing a checkpoint, and the job did not requeue "

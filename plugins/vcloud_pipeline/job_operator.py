@@ -17,11 +17,14 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from slurm_provider.operators import SlurmSubmitOperator
 from slurm_provider.resubmission import DEFAULT_BUDGETS
+from slurm_provider.status import JobStatus
+from vcloud.contract import best_checkpoint_metrics, completed_epochs, final_metrics, recorded_code_hash
 
 from vcloud_pipeline import job_exits
 from vcloud_pipeline.assets import asset_for
-from vcloud_pipeline.budget import Allocation, BudgetExceeded, check_budget
-from vcloud_pipeline.preflight import read_allocation, read_ledger
+from vcloud_pipeline.budget import Allocation, BudgetExceeded, billed_hours, check_budget
+from vcloud_pipeline.preflight import read_allocation, read_ledger, usage_of
+from vcloud_pipeline.profiles import ClusterProfile
 from vcloud_pipeline.remote import move_aside
 from vcloud_pipeline.stages import (
     DATA,
@@ -30,7 +33,6 @@ from vcloud_pipeline.stages import (
     Decision,
     StageDecisionError,
     StageFiles,
-    best_checkpoint_metrics,
     completion_record,
     decide,
     decide_data,
@@ -72,6 +74,8 @@ class PipelineJobOperator(SlurmSubmitOperator):
         self.job = job
         self.plan_task = plan_task
         self.sync_task = sync_task
+        self.cluster_profile: ClusterProfile | None = None
+        """The run's profile, bound from the plan's XCom at run time."""
 
     # --- binding ---------------------------------------------------------------------------------
 
@@ -96,6 +100,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
         budget = ctx.request.max_resubmits
         self.resubmit_budgets = {cause: budget for cause in DEFAULT_BUDGETS}
         self.gpu_billing_factor = ctx.profile.billing.factor
+        self.cluster_profile = ctx.profile
         if ctx.profile.accelerator.missing_gpu_hint:
             self.hint_overrides = {GPUS_NOT_VISIBLE: ctx.profile.accelerator.missing_gpu_hint}
         for attr, (env, default) in POLL_ENV.items():
@@ -194,6 +199,13 @@ class PipelineJobOperator(SlurmSubmitOperator):
             f"{job.state.value}) still writes it. Wait for it to end, or cancel it (scancel {job.job_id}), "
             "then run again.")
 
+    def billed_gpu_hours(self, run: JobStatus) -> float:
+        """One run of the job as the ledger and the budget bill it (whole nodes on full-node partitions),
+        so that the HPC view, which charts this figure, and the preflight count the same GPU-hours."""
+        if self.cluster_profile is None:
+            return super().billed_gpu_hours(run)
+        return billed_hours(self.cluster_profile, usage_of(self.cluster_profile, run))
+
     def check_before_resubmit(self, context: Any, hook: Any) -> None:
         """A resubmission spends the allocation again: its worst case must still fit."""
         ctx, _ = self._bind(context)
@@ -218,11 +230,11 @@ class PipelineJobOperator(SlurmSubmitOperator):
             record = completion_record(hook.read_file(str(ctx.paths.complete_path(int(self.job[5:])))))
         best_epoch, best_metrics = best_checkpoint_metrics(record)
         summary.update({"job": self.job, "run": ctx.request.run_name, "profile": ctx.profile.name,
-                        "code_hash": synced["code_hash"], "trained_code_hash": (record or {}).get("code_hash"),
+                        "code_hash": synced["code_hash"], "trained_code_hash": recorded_code_hash(record),
                         "states": states,
                         "allocation": self._allocation_after(ctx, hook),
                         "metrics": best_metrics, "best_epoch": best_epoch,
-                        "final_metrics": (record or {}).get("final_metrics"), "epochs": (record or {}).get("epochs")})
+                        "final_metrics": final_metrics(record), "epochs": completed_epochs(record)})
         asset = asset_for(self.job)
         if asset is not None and "outlet_events" in context:
             where = (str(ctx.paths.best_checkpoint(int(self.job[5:]))) if self.job.startswith("stage")

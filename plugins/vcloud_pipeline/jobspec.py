@@ -13,9 +13,9 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
-from vcloud_pipeline.profiles import ClusterProfile, PartitionSpec, ProfileError, parse_slurm_time
+from vcloud.contract import STAGES
 
-STAGES = (0, 1, 2, 3)
+from vcloud_pipeline.profiles import ClusterProfile, PartitionSpec, ProfileError, parse_slurm_time
 _MEM = re.compile(r"^(\d+)([KMGT]?)$")
 
 

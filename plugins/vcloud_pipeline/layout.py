@@ -15,7 +15,8 @@ things are, so the layout can change here without hunting through the DAG and th
     <paths.data>/../synthetic-<preset>/   clusters without the real dataset: one synthetic dataset
                                           per preset (raw/ and prepared/), so a tiny run and a
                                           small run never train on each other's data
-    <paths.outputs>/<run>/stage{N}/       latest.pt, best.pt, progress.json, COMPLETE
+    <paths.outputs>/<run>/stage{N}/       latest.pt, best.pt, progress.json, COMPLETE (the names
+                                          are vcloud.contract's, which the trainer writes)
     <paths.logs>/<run>/                   Slurm .out/.err of every job of the run
     <paths.viewer>/<run>/                 exported viewer images
     <paths.jobs>/<run>/                   rendered job scripts
@@ -27,7 +28,9 @@ import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from vcloud_pipeline.jobspec import STAGES
+from vcloud import contract
+from vcloud.contract import STAGES
+
 from vcloud_pipeline.profiles import ClusterProfile
 
 MANIFEST_NAME = ".vcloud_manifest.json"
@@ -109,24 +112,24 @@ class RunPaths:
     @property
     def data_index(self) -> PurePosixPath:
         """Written last by ``vcloud.data.prepare``: the prepared dataset is complete when it exists."""
-        return self.data_dir / "index.json"
+        return self.data_dir / contract.DATA_INDEX
 
     def stage_dir(self, stage: int) -> PurePosixPath:
         if stage not in STAGES:
-            raise ValueError(f"stage {stage!r} not a training stage (known: 0, 1, 2, 3)")
-        return self.outputs_dir / f"stage{stage}"
+            raise ValueError(f"stage {stage!r} not a training stage (known: {', '.join(map(str, STAGES))})")
+        return self.outputs_dir / contract.stage_dir_name(stage)
 
     def progress_path(self, stage: int) -> PurePosixPath:
-        return self.stage_dir(stage) / "progress.json"
+        return self.stage_dir(stage) / contract.PROGRESS_FILE
 
     def complete_path(self, stage: int) -> PurePosixPath:
-        return self.stage_dir(stage) / "COMPLETE"
+        return self.stage_dir(stage) / contract.COMPLETE_FILE
 
     def latest_checkpoint(self, stage: int) -> PurePosixPath:
-        return self.stage_dir(stage) / "latest.pt"
+        return self.stage_dir(stage) / contract.LATEST_CHECKPOINT
 
     def best_checkpoint(self, stage: int) -> PurePosixPath:
-        return self.stage_dir(stage) / "best.pt"
+        return self.stage_dir(stage) / contract.BEST_CHECKPOINT
 
     def job_script(self, job_name: str, *, inner: bool) -> PurePosixPath:
         return self.jobs_dir / (f"{job_name}.inner.sh" if inner else f"{job_name}.sbatch")

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vcloud_pipeline.jobspec import STAGES
+from vcloud.contract import STAGES
+
 from vcloud_pipeline.layout import RunNameError, validate_run_name
 from vcloud_pipeline.profiles import DEFAULT_PROFILE, ProfileError, available_profiles, parse_slurm_time
 

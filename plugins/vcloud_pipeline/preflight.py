@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from slurm_provider.commands import PROJECT_TAG, parse_job_comment
@@ -30,6 +30,7 @@ from vcloud_pipeline.budget import (
     LedgerSummary,
     Usage,
     WorstCase,
+    billed_hours,
     check_budget,
     slurm_minutes_from_units,
     summarize_ledger,
@@ -78,6 +79,13 @@ def _nodes(status: JobStatus) -> int:
         return 1
 
 
+def usage_of(profile: ClusterProfile, status: JobStatus, run: str = "", label: str = "") -> Usage:
+    """One job (or one run of a requeued job) as the ledger bills it."""
+    return Usage(run=run, label=label, partition=status.partition or profile.default_partition,
+                 nodes=_nodes(status), gpus=status.gpus, elapsed_seconds=float(status.elapsed_s or 0),
+                 job_id=status.job_id)
+
+
 def ledger_from_statuses(profile: ClusterProfile, statuses: Iterable[JobStatus]) -> Ledger:
     """Bill this project's jobs (by comment and account); pure.
 
@@ -95,16 +103,13 @@ def ledger_from_statuses(profile: ClusterProfile, statuses: Iterable[JobStatus])
         comment = parse_job_comment(status.comment)
         assert comment is not None
         label = comment.stage or comment.task
-        row = Usage(run=comment.run, label=label, partition=status.partition or profile.default_partition,
-                    nodes=_nodes(status), gpus=status.gpus, elapsed_seconds=float(status.elapsed_s or 0),
-                    job_id=status.job_id)
+        row = usage_of(profile, status, comment.run, label)
         rows.append(row)
         current = status.job_id not in seen
         seen.add(status.job_id)
         if current and not status.is_terminal and status.time_limit_s:
             ahead = max(status.time_limit_s - (status.elapsed_s or 0), 0)
-            gpus = status.gpus or 1
-            hours = gpus * ahead / 3600 * profile.billing.factor
+            hours = billed_hours(profile, replace(row, gpus=row.gpus or 1, elapsed_seconds=ahead))
             reserved += hours
             if not status.state.has_started:
                 queued += hours

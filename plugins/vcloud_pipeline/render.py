@@ -9,7 +9,8 @@ import check on every cluster; the differences come from the profile.
 
 Every job is requeueable, appends to its logs across requeues, and gets ``USR2`` some minutes
 before its time limit (not ``USR1``, which NCCL may use). The outer script forwards that signal to
-the trainer, which checkpoints at a step boundary and exits 85; the outer script then requeues
+the trainer, which checkpoints at a step boundary and exits 85 (``vcloud.contract.EXIT_REQUEUE``,
+like every exit code and file name the jobs share with the trainer); the outer script then requeues
 the job. A training step that dies of that signal (it came before the trainer could handle it)
 counts as stopped too: nothing was trained since the last checkpoint. Every interpolated value is
 shell-quoted; per-job values (``{job_id}``) expand in the job.
@@ -23,28 +24,29 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
-from vcloud_pipeline.job_exits import EXIT_CODE_MISMATCH, EXIT_GPUS_MISSING, EXIT_REQUEUE
+from slurm_provider.commands import expand_filename_pattern, job_log_name
+from vcloud.contract import (
+    CODE_HASH_ENV,
+    EXIT_CODE_MISMATCH,
+    EXIT_GPUS_MISSING,
+    EXIT_REQUEUE,
+    GPU_HINT_ENV,
+    GPUS_REQUIRED_ENV,
+)
+
 from vcloud_pipeline.jobspec import JobKind, JobSpec, Resources, resolve_resources
 from vcloud_pipeline.layout import CodePaths, RunPaths, is_code_hash
 from vcloud_pipeline.profiles import RUNTIME_JOB_ID, ClusterProfile, ContainerSpec, format_slurm_time
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "include" / "sbatch"
 
-LOG_OUTPUT_PATTERN, LOG_ERROR_PATTERN = "%x.%j.out", "%x.%j.err"
-"""The job's output and error output in the run's log directory: the names SlurmSubmitOperator gives
-them (``<job name>.<job id>.out/.err``), so a job submitted by hand writes where the DAG looks."""
+LOG_OUTPUT_PATTERN, LOG_ERROR_PATTERN = job_log_name("%x", "%j", "out"), job_log_name("%x", "%j", "err")
+"""The job's output and error output in the run's log directory, named as SlurmSubmitOperator names
+them (:func:`slurm_provider.commands.job_log_name`), so a job submitted by hand writes where the DAG looks."""
 
-CODE_HASH_ENV = "VCLOUD_CODE_HASH"
-"""Set by the inner script to the job's code hash; the trainer records it in every checkpoint
-(``vcloud.training.provenance.CODE_HASH_ENV``)."""
-
-GPUS_REQUIRED_ENV = "VCLOUD_GPUS_REQUIRED"
-"""Set in the inner script of training and preflight jobs when the profile requires GPUs: how many
-this node was given. The trainer (``vcloud.training.distributed``) and the preflight check stop when
-PyTorch sees fewer."""
-
-GPU_HINT_ENV = "VCLOUD_GPU_HINT"
-"""The profile's ``accelerator.missing_gpu_hint``, printed by a job that stops for missing GPUs."""
+# The environment of the job (vcloud.contract): the inner script sets CODE_HASH_ENV to the job's
+# code hash, and GPUS_REQUIRED_ENV (how many GPUs this node was given) and GPU_HINT_ENV (the profile's
+# accelerator.missing_gpu_hint) in training and preflight jobs of profiles that require GPUs.
 
 MAX_EARLY_STOPS = 3
 """Starts in a row that a training job may spend without training (a stop signal during set-up or
@@ -86,7 +88,7 @@ class RenderedJob:
 
 
 def _log_path(pattern: PurePosixPath, job_name: str, job_id: str) -> PurePosixPath:
-    return PurePosixPath(str(pattern).replace("%x", job_name).replace("%j", str(job_id)))
+    return PurePosixPath(expand_filename_pattern(str(pattern), job_id=str(job_id), job_name=job_name))
 
 
 # --------------------------------------------------------------------------- quoting
@@ -429,7 +431,7 @@ def _inner_command(profile: ClusterProfile, spec: JobSpec, res: Resources, paths
         '        pkill --signal "$1" --parent "$child_pid" || kill -s TERM "$child_pid" 2>/dev/null || true',
     ])
     after = [
-        "# torchrun reports a worker's exit 85 (checkpointed after a stop signal) as its own failure.",
+        f"# torchrun reports a worker's exit {EXIT_REQUEUE} (checkpointed after a stop signal) as its own failure.",
         f'if [ -n "$stop_signal" ] && [ "$rc" -ne 0 ]; then rc={EXIT_REQUEUE}; fi',
     ]
     if profile.accelerator.gpus_required:

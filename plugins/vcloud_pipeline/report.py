@@ -12,11 +12,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from vcloud.contract import best_checkpoint_metrics, completed_epochs, final_metrics
+
 from vcloud_pipeline.params import RequestError, parse_request
 from vcloud_pipeline.budget import Allocation
 from vcloud_pipeline.preflight import read_allocation, read_ledger
 from vcloud_pipeline.remote import listing
-from vcloud_pipeline.stages import best_checkpoint_metrics
 from vcloud_pipeline.tasks import RunContext, stage_records
 
 
@@ -78,8 +79,8 @@ def render_report(ctx: RunContext, hook, dag_run_id: str | None = None) -> str:
             lines.append(f"  {label}: not complete")
             continue
         best_epoch, best = best_checkpoint_metrics(record)
-        lines.append(f"  {label}: {record.get('epochs')} epochs; best.pt from epoch {best_epoch}: {_metrics(best)}; "
-                     f"last epoch: {_metrics(record.get('final_metrics'))}")
+        lines.append(f"  {label}: {completed_epochs(record)} epochs; best.pt from epoch {best_epoch}: {_metrics(best)}; "
+                     f"last epoch: {_metrics(final_metrics(record))}")
     ledger = read_ledger(hook, ctx.profile)
     lines += ["", *ledger_section(ledger, dag_run_id, ctx.profile.billing.unit)]
     lines += ["", *allocation_section(read_allocation(hook, ctx.profile, ledger))]

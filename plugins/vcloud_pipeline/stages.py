@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from vcloud_pipeline.jobspec import STAGES, JobSpec
+from vcloud.contract import DATA_INDEX, STAGES
+
+from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.layout import RunPaths
 from vcloud_pipeline.params import SYNTHETIC_PRESETS, TrainingRequest
 from vcloud_pipeline.profiles import ClusterProfile
@@ -130,7 +132,7 @@ def decide_data(plan: StagePlan, index_size: int | None) -> Decision:
     if plan.request.dry_run:
         return Decision(Action.SKIP, "dry run: no data job")
     if index_size:
-        return Decision(Action.SKIP, "the prepared dataset exists (index.json found)")
+        return Decision(Action.SKIP, f"the prepared dataset exists ({DATA_INDEX} found)")
     return Decision(Action.SUBMIT, f"no prepared dataset: generating the {plan.data_preset} synthetic one")
 
 
@@ -154,14 +156,3 @@ def completion_record(text: str | None) -> dict[str, Any] | None:
         return None
     return data if isinstance(data, Mapping) else None
 
-
-def best_checkpoint_metrics(record: Mapping[str, Any] | None) -> tuple[int | None, dict[str, float] | None]:
-    """(epoch, validation metrics) of the stage's ``best.pt``, the weights the next stage and the
-    export use. Epoch 0 is the model the stage started from, kept because training did not beat it.
-    Records written before the best epoch's metrics were stored give the last epoch's instead."""
-    if not record:
-        return None, None
-    best = record.get("best_metric") or {}
-    if isinstance(best.get("metrics"), Mapping):
-        return best.get("epoch"), dict(best["metrics"])
-    return record.get("epochs"), record.get("final_metrics")

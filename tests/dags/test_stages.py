@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from vcloud.contract import best_checkpoint_metrics
 from vcloud_pipeline.layout import run_paths
 from vcloud_pipeline.params import parse_request
 from vcloud_pipeline.profiles import load_profile
@@ -11,7 +12,6 @@ from vcloud_pipeline.stages import (
     StageDecisionError,
     StageFiles,
     StagePlan,
-    best_checkpoint_metrics,
     completion_record,
     decide,
     decide_data,

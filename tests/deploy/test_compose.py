@@ -61,6 +61,7 @@ def test_every_service_importing_project_code_mounts_it(compose: dict) -> None:
         env = service["environment"]
         assert env["AIRFLOW__CORE__DAGS_FOLDER"] == "/opt/airflow/dags"
         assert env["AIRFLOW__CORE__PLUGINS_FOLDER"] == "/opt/airflow/plugins"
+        assert "/opt/airflow/trainer/src" in env["PYTHONPATH"].split(":"), f"{name} cannot import vcloud.contract"
 
 
 def test_healthchecks_and_the_execution_api_url(compose: dict) -> None:

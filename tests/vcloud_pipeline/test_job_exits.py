@@ -10,7 +10,7 @@ from vcloud_pipeline import job_exits, render
 
 def test_the_trainer_and_the_job_scripts_use_the_same_numbers() -> None:
     assert job_exits.EXIT_REQUEUE == exitcodes.REQUEUE
-    assert job_exits.EXIT_TRAINING_ERROR == exitcodes.ERROR
+    assert job_exits.EXIT_ERROR == exitcodes.ERROR
     assert job_exits.EXIT_BAD_CONFIG == exitcodes.BAD_CONFIG
     assert render.EXIT_REQUEUE is job_exits.EXIT_REQUEUE and render.EXIT_CODE_MISMATCH is job_exits.EXIT_CODE_MISMATCH
     codes = [v for k, v in vars(exitcodes).items() if k.isupper() and isinstance(v, int) and v != 0]

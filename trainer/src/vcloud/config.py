@@ -21,10 +21,9 @@ from typing import Any
 
 import yaml
 
-STAGES = (0, 1, 2, 3)
+from vcloud.contract import METRIC_NAMES, STAGES
+
 LR_SCHEDULES = ("cosine", "constant")
-BEST_METRICS = {"psnr": "max", "ssim": "max", "sam": "min", "mae": "min", "rmse": "min"}
-"""Validation metrics that can select ``best.pt``, with the direction that counts as better."""
 
 
 class ConfigError(ValueError):
@@ -140,7 +139,7 @@ class TrainConfig:
         _check(self.checkpoint_every_steps >= 0, s, "checkpoint_every_steps",
                self.checkpoint_every_steps, "an integer >= 0 (0 = only at epoch ends)")
         _check(self.eval_every_epochs >= 1, s, "eval_every_epochs", self.eval_every_epochs, "an integer >= 1")
-        _check(self.best_metric in BEST_METRICS, s, "best_metric", self.best_metric, ", ".join(BEST_METRICS))
+        _check(self.best_metric in METRIC_NAMES, s, "best_metric", self.best_metric, ", ".join(METRIC_NAMES))
         _check(self.start_min_gain >= 0.0, s, "start_min_gain", self.start_min_gain,
                f"a number >= 0, in the units of best_metric ({self.best_metric})")
         for stage in STAGES:

@@ -1,28 +1,19 @@
-"""Process exit codes of ``python -m vcloud.train``: the contract with the sbatch script and the DAG.
+"""Process exit codes of ``python -m vcloud.train`` and ``vcloud.export``, named for the trainer.
 
-The orchestrator decides what to do next from these numbers alone, so each one means exactly one
-thing and none collides with what Python or Slurm use on their own (1 for an uncaught exception,
-2 for argparse errors, 128+N for death by signal N).
+The numbers are :mod:`vcloud.contract`'s (the job scripts and the DAG read the same ones). None
+collides with what Python or Slurm use on their own (1 for an uncaught exception, 2 for argparse
+errors, 128+N for death by signal N).
 """
 
 from __future__ import annotations
 
-STAGE_COMPLETE = 0
-"""The stage reached its epoch count; ``COMPLETE`` and the final checkpoint are on disk."""
+from vcloud.contract import EXIT_BAD_CONFIG as BAD_CONFIG
+from vcloud.contract import EXIT_ERROR as ERROR
+from vcloud.contract import EXIT_GPUS_MISSING as GPUS_MISSING
+from vcloud.contract import EXIT_OK as STAGE_COMPLETE
+from vcloud.contract import EXIT_REQUEUE as REQUEUE
 
-ERROR = 1
-"""Training failed (exception, diverged loss, missing predecessor checkpoint)."""
-
-BAD_CONFIG = 2
-"""Invalid command line or configuration; resubmitting the same job cannot help."""
-
-REQUEUE = 85
-"""Stopped on a signal (pre-timeout USR2 or TERM) after writing a checkpoint; resume by rerunning."""
-
-GPUS_MISSING = 87
-"""The job script says GPUs are required, but PyTorch sees fewer than the job was given: refused to
-train on the CPU (which would bill GPU-hours for nothing). Rerunning the same job cannot help until
-the job's environment shows PyTorch its GPUs. (86 is the job script's own refusal: changed code.)"""
+__all__ = ["BAD_CONFIG", "ERROR", "GPUS_MISSING", "REQUEUE", "STAGE_COMPLETE", "describe"]
 
 
 def describe(code: int) -> str:

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-METRIC_NAMES: tuple[str, ...] = ("psnr", "ssim", "sam", "mae", "rmse")
-HIGHER_IS_BETTER: dict[str, bool] = {"psnr": True, "ssim": True, "sam": False, "mae": False, "rmse": False}
+from vcloud.contract import METRIC_NAMES
+
 MAX_PSNR_DB = 100.0
 
 

@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 
 from vcloud.checkpoint import load_checkpoint
 from vcloud.config import VCloudConfig
+from vcloud.training.paths import StagePaths
 
 Batch = dict[str, Any]
 """One collated batch of ``SeriesDataset`` items on the training device: ``inputs`` [B,T,13,H,W],
@@ -48,7 +49,7 @@ class BuildContext:
     device: torch.device
 
     def predecessor_checkpoint(self, stage: int) -> Path:
-        path = self.run_dir / f"stage{stage}" / "best.pt"
+        path = StagePaths(self.run_dir, stage).best
         if not path.is_file():
             raise StageError(
                 f"stage {stage} checkpoint {path} not found: train stage {stage} first "

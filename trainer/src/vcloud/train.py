@@ -16,6 +16,7 @@ from pathlib import Path
 
 from vcloud import exitcodes
 from vcloud.config import STAGES, ConfigError, VCloudConfig, load_config
+from vcloud.contract import DATA_INDEX
 from vcloud.training.signals import STOP_SIGNALS, RequeuePolicy, StopRequest, install_stop_handlers
 
 # Everything that imports torch is imported inside the functions below: importing it takes seconds
@@ -79,7 +80,7 @@ def _validate(args: argparse.Namespace) -> VCloudConfig:
     spec.parse_model_config(config.model.section(args.stage))
     if args.max_epochs is not None and args.max_epochs < 1:
         raise ConfigError(f"--max-epochs={args.max_epochs} is invalid (allowed: an integer >= 1)")
-    index = args.data / "index.json"
+    index = args.data / DATA_INDEX
     if not args.data.is_dir() or not index.exists():
         raise ConfigError(f"--data {args.data} is not a prepared dataset (no {index}); "
                           "run python -m vcloud.data.prepare --raw RAW --out DIR first")

@@ -13,9 +13,10 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from vcloud.contract import DATA_INDEX
 from vcloud.data.bands import N_S1, N_S2, QUANT
 
-INDEX_NAME = "index.json"
+INDEX_NAME = DATA_INDEX
 FORMAT = "vcloud-prepared"
 FORMAT_VERSION = 1
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vcloud.config import BEST_METRICS
+from vcloud.contract import HIGHER_IS_BETTER
 
 
 def improves(metric: str, value: float, reference: float, margin: float = 0.0) -> bool:
@@ -13,6 +13,6 @@ def improves(metric: str, value: float, reference: float, margin: float = 0.0) -
     clearly beats it (``train.start_min_gain``)."""
     if margin < 0:
         raise ValueError(f"margin must be >= 0, got {margin}")
-    if BEST_METRICS[metric] == "max":
+    if HIGHER_IS_BETTER[metric]:
         return value > reference + margin
     return value < reference - margin

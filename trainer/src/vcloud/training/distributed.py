@@ -28,14 +28,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from vcloud.contract import GPU_HINT_ENV, GPUS_REQUIRED_ENV
+
 log = logging.getLogger(__name__)
 
-GPUS_REQUIRED_ENV = "VCLOUD_GPUS_REQUIRED"
-"""GPUs this node of the job was given, set by the job script when the profile requires GPUs
-(``vcloud_pipeline.render`` writes the same name); unset or 0: CPU training is allowed."""
-
-GPU_HINT_ENV = "VCLOUD_GPU_HINT"
-"""The cluster profile's advice for a job whose GPUs PyTorch cannot see, logged with the refusal."""
+# GPUS_REQUIRED_ENV: GPUs this node of the job was given, set by the job script when the profile
+# requires GPUs; unset or 0: CPU training is allowed. GPU_HINT_ENV: the profile's advice for a job
+# whose GPUs PyTorch cannot see, logged with the refusal.
 
 
 class GpusMissing(RuntimeError):

@@ -558,10 +558,9 @@ def _finish(run: StageRun, paths: StagePaths, budget: StageTrainConfig, state: T
         markers.write_json(paths.complete, markers.complete_record(
             stage=run.stage, epochs=state.epoch, step=state.global_step, final_metrics=final_metrics,
             best=state.best, code_version=code_version(), code_hash=code_hash()))
-    progress = markers.read_json(paths.progress) or {}
-    progress.update(status=markers.STATUS_COMPLETE, epoch=state.epoch, epochs_total=budget.epochs,
-                    step=state.global_step, batch_in_epoch=0, best_metric=state.best, history=state.history)
-    markers.write_json(paths.progress, progress)
+    markers.write_json(paths.progress, markers.completed_progress(
+        markers.read_json(paths.progress), epoch=state.epoch, epochs_total=budget.epochs, step=state.global_step,
+        best=state.best, history=state.history))
     if already:
         log.info("stage %d already complete (%d/%d epochs, best %s); nothing to do",
                  run.stage, state.epoch, budget.epochs, _fmt_best(state.best))

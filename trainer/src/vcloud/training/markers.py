@@ -5,25 +5,27 @@ Both are tiny JSON files written atomically, so an ``ssh cat`` never sees half a
 history (also the source of the export's training curves); ``COMPLETE`` appears once, when the
 stage reached its epoch count, and carries the last epoch's metrics and those of ``best.pt`` (the
 weights the next stage and the export use; with ``validate_start`` possibly the starting model).
+Their fields are :mod:`vcloud.contract`'s, where the orchestrator reads them too.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
 
 from vcloud.checkpoint import atomic_write_text
+from vcloud.contract import (
+    STATUS_COMPLETE,
+    STATUS_RUNNING,
+    STATUS_STOPPED,
+    complete_record,
+    completed_progress,
+    progress_record,
+)
 
-STATUS_RUNNING = "running"
-STATUS_STOPPED = "stopped"
-"""Stopped on a signal after checkpointing; the stage resumes when rerun."""
-STATUS_COMPLETE = "complete"
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+__all__ = ["STATUS_COMPLETE", "STATUS_RUNNING", "STATUS_STOPPED", "complete_record", "completed_progress",
+           "progress_record", "read_json", "write_json"]
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:
@@ -36,43 +38,3 @@ def read_json(path: Path) -> dict[str, Any] | None:
         return json.loads(Path(path).read_text())
     except FileNotFoundError:
         return None
-
-
-def progress_record(*, stage: int, status: str, epoch: int, epochs_total: int, step: int,
-                    batch_in_epoch: int, batches_per_epoch: int, best: dict[str, Any] | None,
-                    last_metrics: dict[str, float] | None, history: list[dict[str, Any]],
-                    world_size: int, device: str, code_hash: str | None = None) -> dict[str, Any]:
-    """The content of ``progress.json``; ``epoch`` counts completed epochs; ``code_hash``: the synced
-    code that wrote it (None outside a cluster job)."""
-    return {
-        "stage": stage,
-        "status": status,
-        "epoch": epoch,
-        "epochs_total": epochs_total,
-        "step": step,
-        "batch_in_epoch": batch_in_epoch,
-        "batches_per_epoch": batches_per_epoch,
-        "best_metric": best,
-        "last_metrics": last_metrics or {},
-        "world_size": world_size,
-        "device": device,
-        "code_hash": code_hash,
-        "updated_at": _now(),
-        "history": history,
-    }
-
-
-def complete_record(*, stage: int, epochs: int, step: int, final_metrics: dict[str, float],
-                    best: dict[str, Any] | None, code_version: str,
-                    code_hash: str | None = None) -> dict[str, Any]:
-    """The content of ``COMPLETE``; ``code_hash``: the synced code that finished the stage."""
-    return {
-        "stage": stage,
-        "epochs": epochs,
-        "step": step,
-        "final_metrics": final_metrics,
-        "best_metric": best,
-        "code_version": code_version,
-        "code_hash": code_hash,
-        "completed_at": _now(),
-    }

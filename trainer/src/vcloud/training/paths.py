@@ -1,4 +1,4 @@
-"""Layout of a run's output directory, computed in this one place.
+"""Layout of a run's output directory, from the file names of :mod:`vcloud.contract`.
 
 ``RUN_OUTPUT_DIR/stage{N}/`` holds ``latest.pt`` (+ ``latest.prev.pt``), ``best.pt``,
 ``progress.json`` and, once the stage reached its epoch count, ``COMPLETE``. Later stages read
@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from vcloud import contract
 from vcloud.checkpoint import previous_generation
 
 
@@ -22,12 +23,12 @@ class StagePaths:
 
     @property
     def dir(self) -> Path:
-        return self.run_dir / f"stage{self.stage}"
+        return self.run_dir / contract.stage_dir_name(self.stage)
 
     @property
     def latest(self) -> Path:
         """Resume point, rewritten every epoch (and every ``checkpoint_every_steps`` steps)."""
-        return self.dir / "latest.pt"
+        return self.dir / contract.LATEST_CHECKPOINT
 
     @property
     def latest_prev(self) -> Path:
@@ -36,17 +37,17 @@ class StagePaths:
     @property
     def best(self) -> Path:
         """Best validation model so far; what later stages and the export read."""
-        return self.dir / "best.pt"
+        return self.dir / contract.BEST_CHECKPOINT
 
     @property
     def progress(self) -> Path:
         """Small JSON status the orchestrator reads over SSH."""
-        return self.dir / "progress.json"
+        return self.dir / contract.PROGRESS_FILE
 
     @property
     def complete(self) -> Path:
         """Completion marker: present only when the stage reached its epoch count."""
-        return self.dir / "COMPLETE"
+        return self.dir / contract.COMPLETE_FILE
 
     def of_stage(self, stage: int) -> "StagePaths":
         """The same run's paths for another stage (a predecessor)."""

@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import vcloud
+from vcloud.contract import CODE_HASH_ENV
 
 
 @functools.lru_cache(maxsize=1)
@@ -36,7 +37,6 @@ def code_version() -> str:
     return version
 
 
-CODE_HASH_ENV = "VCLOUD_CODE_HASH"
 _CODE_HASH = re.compile(r"^[0-9a-f]{64}$")
 
 

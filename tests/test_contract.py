@@ -1,0 +1,260 @@
+"""Every fact the orchestrator and the trainer share is defined once (``vcloud.contract``), and each
+side's use of it agrees: paths, the dataset index, exit codes, metric directions, the
+``progress.json``/``COMPLETE`` fields and the job environment, down to the rendered job scripts."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timezone
+from pathlib import Path, PurePosixPath
+
+import pytest
+import yaml
+
+from hpc_view.records import JobRecord, profile_budget
+from slurm_provider.commands import JobComment, expand_filename_pattern, job_log_name
+from slurm_provider.exit_codes import explain_exit
+from slurm_provider.operators import SlurmSubmitOperator, job_name_for
+from slurm_provider.resubmission import Submission, SubmissionHistory, progress_made
+from slurm_provider.states import SlurmState
+from slurm_provider.status import JobStatus, gpu_hours
+from vcloud import contract, exitcodes
+from vcloud.config import ConfigError, config_from_dict
+from vcloud.data.index import INDEX_NAME
+from vcloud.training import distributed, markers, provenance
+from vcloud.training.best import improves
+from vcloud.training.paths import StagePaths
+from vcloud_pipeline import job_exits, render
+from vcloud_pipeline.budget import billed_hours, worst_case
+from vcloud_pipeline.job_operator import PipelineJobOperator
+from vcloud_pipeline.jobspec import JobSpec
+from vcloud_pipeline.layout import run_paths
+from vcloud_pipeline.preflight import ledger_from_statuses, usage_of
+from vcloud_pipeline.profiles import load_profile
+from vcloud_pipeline.render import render_job
+from vcloud_pipeline.stages import StagePlan, completion_record
+
+from task_context import StateStore, task_context
+
+GOLDEN = Path(__file__).parent / "vcloud_pipeline" / "golden"
+OUTERS = sorted(GOLDEN.glob("*.outer.sbatch"))
+INNERS = sorted(GOLDEN.glob("*.inner.sh"))
+TINY_CONFIG = Path(__file__).parents[1] / "trainer" / "configs" / "model_tiny.yaml"
+EXITS = {name: value for name, value in vars(contract).items() if name.startswith("EXIT_")}
+
+
+# --------------------------------------------------------------------------- files of a run
+
+
+@pytest.mark.parametrize("stage", contract.STAGES)
+def test_the_trainer_and_the_orchestrator_name_a_stages_files_alike(stage: int) -> None:
+    remote = run_paths(load_profile("lumi"), "full")
+    local = StagePaths(Path(str(remote.outputs_dir)), stage)
+    assert str(local.dir) == str(remote.stage_dir(stage))
+    assert str(local.latest) == str(remote.latest_checkpoint(stage))
+    assert str(local.best) == str(remote.best_checkpoint(stage))
+    assert str(local.progress) == str(remote.progress_path(stage))
+    assert str(local.complete) == str(remote.complete_path(stage))
+    assert (local.dir.name, local.latest.name, local.best.name, local.progress.name, local.complete.name) == (
+        contract.stage_dir_name(stage), contract.LATEST_CHECKPOINT, contract.BEST_CHECKPOINT,
+        contract.PROGRESS_FILE, contract.COMPLETE_FILE)
+
+
+def test_the_dataset_index_the_trainer_writes_is_the_one_the_dag_looks_for() -> None:
+    paths = run_paths(load_profile("local"), "r", synthetic_preset="tiny")
+    assert paths.data_index.name == INDEX_NAME == contract.DATA_INDEX
+    assert paths.data_index.parent == paths.data_dir
+
+
+def test_the_dag_trains_exactly_the_trainers_stages() -> None:
+    from vcloud_pipeline.params import parse_request
+
+    plan = StagePlan.build(parse_request({"profile": "local", "config": "tiny"}), load_profile("local"))
+    assert plan.stages == contract.STAGES
+    assert [label for label in plan.job_specs() if label.startswith("stage")] == [
+        contract.stage_dir_name(s) for s in contract.STAGES]
+
+
+# --------------------------------------------------------------------------- exit codes
+
+
+def test_exit_codes_are_distinct_and_the_trainers_are_the_contracts() -> None:
+    assert len(set(EXITS.values())) == len(EXITS)
+    assert (exitcodes.STAGE_COMPLETE, exitcodes.ERROR, exitcodes.BAD_CONFIG, exitcodes.REQUEUE,
+            exitcodes.GPUS_MISSING) == (contract.EXIT_OK, contract.EXIT_ERROR, contract.EXIT_BAD_CONFIG,
+                                        contract.EXIT_REQUEUE, contract.EXIT_GPUS_MISSING)
+
+
+def test_every_failing_exit_code_is_explained_to_the_task() -> None:
+    failing = {value for value in EXITS.values() if value != contract.EXIT_OK}
+    assert set(job_exits.MEANINGS) == failing
+    for code in failing:
+        assert explain_exit(code, 0, job_exits.MEANINGS) == f"Exit code {code}: {job_exits.MEANINGS[code]}"
+
+
+@pytest.mark.parametrize("golden", OUTERS, ids=lambda p: p.name)
+def test_rendered_outer_scripts_use_the_contracts_exit_codes(golden: Path) -> None:
+    text = golden.read_text()
+    assert f"readonly EXIT_REQUEUE={contract.EXIT_REQUEUE}\n" in text
+    assert f"readonly EXIT_CODE_MISMATCH={contract.EXIT_CODE_MISMATCH}\n" in text
+
+
+@pytest.mark.parametrize("golden", INNERS, ids=lambda p: p.name)
+def test_rendered_inner_scripts_use_the_contracts_exit_codes_and_environment(golden: Path) -> None:
+    text = golden.read_text()
+    found = re.findall(r"\brc=(\d+)|-eq (\d+)|int\(\"(\d+)\"\)", text)
+    codes = {int(n) for groups in found for n in groups if n} - {contract.EXIT_OK, 255}  # 255: status unknown
+    assert codes <= {contract.EXIT_REQUEUE, contract.EXIT_GPUS_MISSING}
+    if "preflight" in golden.name:
+        assert f'EXIT_GPUS_MISSING = int("{contract.EXIT_GPUS_MISSING}")' in text
+    assert f"export {contract.CODE_HASH_ENV}=" in text
+    variables = set(re.findall(r"\bVCLOUD_[A-Z_]+", text))
+    assert variables <= {contract.CODE_HASH_ENV, contract.GPUS_REQUIRED_ENV, contract.GPU_HINT_ENV}
+
+
+def test_the_job_environment_names_are_the_contracts_on_both_sides() -> None:
+    assert (render.CODE_HASH_ENV, render.GPUS_REQUIRED_ENV, render.GPU_HINT_ENV) == (
+        provenance.CODE_HASH_ENV, distributed.GPUS_REQUIRED_ENV, distributed.GPU_HINT_ENV) == (
+        contract.CODE_HASH_ENV, contract.GPUS_REQUIRED_ENV, contract.GPU_HINT_ENV)
+
+
+# --------------------------------------------------------------------------- metric directions
+
+
+@pytest.mark.parametrize("metric", contract.METRIC_NAMES)
+def test_best_pt_is_chosen_in_the_contracts_direction(metric: str) -> None:
+    higher = contract.HIGHER_IS_BETTER[metric]
+    assert improves(metric, 2.0, 1.0) is higher
+    assert improves(metric, 1.0, 2.0) is not higher
+
+
+def test_the_trainer_reports_and_selects_by_exactly_the_contracts_metrics() -> None:
+    import torch
+
+    from vcloud.metrics import evaluate
+
+    assert tuple(evaluate(torch.rand(2, 13, 8, 8), torch.rand(2, 13, 8, 8))) == contract.METRIC_NAMES
+    raw = yaml.safe_load(TINY_CONFIG.read_text())
+    for metric in contract.METRIC_NAMES:
+        raw["train"]["best_metric"] = metric
+        assert config_from_dict(raw).train.best_metric == metric
+    raw["train"]["best_metric"] = "accuracy"
+    with pytest.raises(ConfigError, match="best_metric"):
+        config_from_dict(raw)
+
+
+# --------------------------------------------------------------------------- progress.json and COMPLETE
+
+
+def _best(epoch: int) -> dict:
+    return {"name": "psnr", "value": 30.0 + epoch, "epoch": epoch, "metrics": {"psnr": 30.0 + epoch, "sam": 4.0}}
+
+
+def test_the_dag_reads_complete_as_the_trainer_writes_it(tmp_path: Path) -> None:
+    path = tmp_path / contract.COMPLETE_FILE
+    markers.write_json(path, markers.complete_record(
+        stage=1, epochs=5, step=50, final_metrics={"psnr": 31.0}, best=_best(3), code_version="v", code_hash="h"))
+    record = completion_record(path.read_text())
+    assert contract.best_checkpoint_metrics(record) == (3, {"psnr": 33.0, "sam": 4.0})
+    assert (contract.completed_epochs(record), contract.final_metrics(record), contract.recorded_code_hash(record)) \
+        == (5, {"psnr": 31.0}, "h")
+
+
+def test_the_provider_sees_the_trainers_progress_move_forward(tmp_path: Path) -> None:
+    def progress(epoch: int, step: int) -> str:
+        record = markers.progress_record(
+            stage=0, status=contract.STATUS_RUNNING, epoch=epoch, epochs_total=5, step=step, batch_in_epoch=0,
+            batches_per_epoch=10, best=_best(epoch), last_metrics={}, history=[], world_size=1, device="cpu")
+        return json.dumps(record)
+
+    assert progress_made(progress(1, 10), progress(1, 12))
+    assert progress_made(progress(1, 10), progress(2, 20))
+    assert not progress_made(progress(2, 20), progress(2, 20))
+    done = markers.completed_progress(json.loads(progress(2, 20)), epoch=3, epochs_total=3, step=30, best=_best(3),
+                                      history=[])
+    assert done["status"] == contract.STATUS_COMPLETE and done["device"] == "cpu"
+    assert progress_made(progress(2, 20), json.dumps(done))
+
+
+# --------------------------------------------------------------------------- log files
+
+
+@pytest.mark.parametrize("golden", OUTERS, ids=lambda p: p.name)
+def test_rendered_scripts_name_their_logs_as_the_operator_does(golden: Path) -> None:
+    directives = dict(re.findall(r"^#SBATCH --(output|error)=(\S+)$", golden.read_text(), re.MULTILINE))
+    assert PurePosixPath(directives["output"]).name == job_log_name("%x", "%j", "out")
+    assert PurePosixPath(directives["error"]).name == job_log_name("%x", "%j", "err")
+
+
+def test_the_operator_reads_the_log_files_a_rendered_job_writes() -> None:
+    profile = load_profile("lumi")
+    paths = run_paths(profile, "full")
+    job = render_job(profile, JobSpec.train(1, config="trainer/configs/model_full.yaml"), paths, "ab" * 32)
+    operator = SlurmSubmitOperator(task_id="stage1", conn_id="lumi", script=job.outer, log_dir=str(paths.logs_dir))
+    context = task_context("manual__1", StateStore(), dag_id="vcloud_training", task_id="stage1")
+    name = job_name_for("vcloud_training", "stage1", "manual__1")  # sbatch --job-name overrides the script's
+    for stream, pattern in (("out", job.stdout_pattern), ("err", job.stderr_pattern)):
+        written = expand_filename_pattern(str(pattern), job_id="4242", job_name=name)
+        assert operator._log_path(context, "4242", stream) == written == f"{paths.logs_dir}/{name}.4242.{stream}"
+
+
+# --------------------------------------------------------------------------- GPU-hours
+
+LUMI_RUNS = [
+    # a stage on two whole nodes, requeued once: both runs are billed
+    ("11", "standard-g", "nid[005000-005001]", 16, 3600),
+    ("11", "standard-g", "nid[005002-005003]", 16, 1800),
+    # an export on a full-node partition: Slurm allocated one GCD, the site bills the node's eight
+    ("12", "standard-g", "nid005004", 1, 1800),
+    # a shared partition bills what was allocated
+    ("13", "small-g", "nid005005", 2, 5400),
+]
+
+
+def _lumi_run(job_id: str, partition: str, nodes: str, gpus: int, elapsed: int) -> JobStatus:
+    comment = JobComment(dag="vcloud_training", task="stage1", run="r1", attempt=1, stage="stage1").to_json()
+    return JobStatus(job_id=job_id, state=SlurmState.COMPLETED, gpus=gpus, elapsed_s=elapsed, partition=partition,
+                     account="project_465002500", comment=comment, node_list=nodes, source="sacct")
+
+
+class RunsHook:
+    """What ``_finish`` asks of the hook: every run of a job as sacct lists it."""
+
+    def __init__(self, runs: list[JobStatus]) -> None:
+        self._runs = runs
+
+    def runs(self, job_id: str) -> list[JobStatus]:
+        return [run for run in self._runs if run.job_id == job_id]
+
+
+def test_the_hpc_view_charts_the_gpu_hours_the_budget_bills() -> None:
+    lumi = load_profile("lumi")
+    runs = [_lumi_run(*row) for row in LUMI_RUNS]
+    billed = ledger_from_statuses(lumi, runs).summary.total
+    assert billed == pytest.approx(16 * 1.0 + 16 * 0.5 + 8 * 0.5 + 2 * 1.5)
+
+    operator = PipelineJobOperator(task_id="stage1", job="stage1")
+    operator.cluster_profile = lumi  # as _bind sets it from the plan
+    history = SubmissionHistory()
+    for number, job_id in enumerate(dict.fromkeys(r.job_id for r in runs), start=1):
+        history.add(Submission(job_id, number, "initial" if number == 1 else "TIMEOUT", 1))
+    context = task_context("manual__1", StateStore(), dag_id="vcloud_training", task_id="stage1")
+    summary = operator._finish(context, RunsHook(runs), history, runs[-1])
+    assert summary["gpu_hours"] == pytest.approx(billed, abs=1e-4)
+
+    record = JobRecord(dag_id="vcloud_training", run_id="manual__1", task_id="stage1", map_index=-1,
+                       task_state="success", profile="lumi", run_name="r1", stage="stage1", job_id="13",
+                       job_ids=tuple(summary["job_ids"]), state="COMPLETED", gpu_hours=summary["gpu_hours"],
+                       finished_at=datetime(2026, 3, 1, tzinfo=timezone.utc), final=True)
+    charted = profile_budget("lumi", [record], allocation=lumi.billing.allocation)
+    assert charted.total == pytest.approx(billed, abs=1e-4)
+
+
+def test_one_gpu_hour_formula_for_worst_case_ledger_and_provider() -> None:
+    lumi = load_profile("lumi")
+    worst = worst_case(lumi, JobSpec.train(1, config="c.yaml", partition="standard-g", nodes=2, gpus_per_node=8,
+                                           time_limit="02:00:00"))
+    assert worst.amount == gpu_hours(worst.units, worst.seconds, lumi.billing.factor) == pytest.approx(32.0)
+    run = _lumi_run("11", "small-g", "nid005000", 4, 7200)
+    assert run.gpu_hours(lumi.billing.factor) == billed_hours(lumi, usage_of(lumi, run)) == pytest.approx(8.0)

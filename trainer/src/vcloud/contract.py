@@ -1,0 +1,168 @@
+"""The contract between the orchestrator (the Airflow plugins) and the trainer, each fact once.
+
+The orchestrator decides what a job did from the files the trainer leaves and the code it exits
+with, and tells the trainer things through environment variables; a name that differs on the two
+sides is a stage that never completes or a failure explained wrongly. Both sides import these
+definitions from here. Pure standard library (no torch, no Airflow): the Airflow components import
+it from ``trainer/src`` on their ``PYTHONPATH``, the jobs from the synced code.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+STAGES: tuple[int, ...] = (0, 1, 2, 3)
+"""The training stages: 0 autoencoder, 1 draft transformer, 2 diffusion refiner, 3 self-training."""
+
+# --------------------------------------------------------------------------- files of a run
+
+
+def stage_dir_name(stage: int) -> str:
+    """A stage's directory inside the run's output directory."""
+    return f"stage{stage}"
+
+
+LATEST_CHECKPOINT = "latest.pt"
+"""The resume point, rewritten every epoch (and every ``checkpoint_every_steps`` steps)."""
+
+BEST_CHECKPOINT = "best.pt"
+"""The best validation model so far: what the next stage, the export and the asset point at."""
+
+PROGRESS_FILE = "progress.json"
+"""Where training stands (:func:`progress_record`), rewritten at every checkpoint."""
+
+COMPLETE_FILE = "COMPLETE"
+"""Written once, when the stage reached its epoch count (:func:`complete_record`)."""
+
+DATA_INDEX = "index.json"
+"""Written last into a prepared dataset: the dataset is complete when it exists."""
+
+# --------------------------------------------------------------------------- exit codes
+
+EXIT_OK = 0
+"""The stage reached its epoch count (``COMPLETE`` is on disk), or the job did what it was for."""
+
+EXIT_ERROR = 1
+"""An error: exception, diverged loss, missing predecessor checkpoint (Python's own code)."""
+
+EXIT_BAD_CONFIG = 2
+"""Invalid command line or configuration (argparse's code); rerunning the same job cannot help."""
+
+EXIT_REQUEUE = 85
+"""Stopped on a signal (pre-timeout USR2 or TERM) after writing a checkpoint; rerunning resumes."""
+
+EXIT_CODE_MISMATCH = 86
+"""The job script refused to start: its code directory lacks the manifest of its hash."""
+
+EXIT_GPUS_MISSING = 87
+"""The job was given GPUs but PyTorch sees fewer: refused to train on the CPU, which would bill
+GPU-hours for nothing."""
+
+# --------------------------------------------------------------------------- job environment
+
+CODE_HASH_ENV = "VCLOUD_CODE_HASH"
+"""Set by the job script to its code hash; the trainer records it in every checkpoint and marker."""
+
+GPUS_REQUIRED_ENV = "VCLOUD_GPUS_REQUIRED"
+"""Set by the job script where the profile requires GPUs: how many this node was given."""
+
+GPU_HINT_ENV = "VCLOUD_GPU_HINT"
+"""The profile's advice, printed by a job that stops for missing GPUs."""
+
+# --------------------------------------------------------------------------- validation metrics
+
+HIGHER_IS_BETTER: dict[str, bool] = {"psnr": True, "ssim": True, "sam": False, "mae": False, "rmse": False}
+"""Every validation metric the trainer reports, and whether a higher value is better."""
+
+METRIC_NAMES: tuple[str, ...] = tuple(HIGHER_IS_BETTER)
+
+
+# --------------------------------------------------------------------------- progress.json and COMPLETE
+
+STATUS_RUNNING = "running"
+STATUS_STOPPED = "stopped"
+"""Stopped on a signal after checkpointing; the stage resumes when rerun."""
+STATUS_COMPLETE = "complete"
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def progress_record(*, stage: int, status: str, epoch: int, epochs_total: int, step: int,
+                    batch_in_epoch: int, batches_per_epoch: int, best: dict[str, Any] | None,
+                    last_metrics: dict[str, float] | None, history: list[dict[str, Any]],
+                    world_size: int, device: str, code_hash: str | None = None) -> dict[str, Any]:
+    """The content of ``progress.json``; ``epoch`` counts completed epochs, ``epoch`` and ``step``
+    tell the orchestrator whether an interrupted job moved forward; ``code_hash``: the synced code
+    that wrote it (None outside a cluster job)."""
+    return {
+        "stage": stage,
+        "status": status,
+        "epoch": epoch,
+        "epochs_total": epochs_total,
+        "step": step,
+        "batch_in_epoch": batch_in_epoch,
+        "batches_per_epoch": batches_per_epoch,
+        "best_metric": best,
+        "last_metrics": last_metrics or {},
+        "world_size": world_size,
+        "device": device,
+        "code_hash": code_hash,
+        "updated_at": _now(),
+        "history": history,
+    }
+
+
+def completed_progress(record: Mapping[str, Any] | None, *, epoch: int, epochs_total: int, step: int,
+                       best: dict[str, Any] | None, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """``progress.json`` once the stage is complete: the last record (anything it carried kept),
+    marked complete at its final position."""
+    return {**(record or {}), "status": STATUS_COMPLETE, "epoch": epoch, "epochs_total": epochs_total,
+            "step": step, "batch_in_epoch": 0, "best_metric": best, "history": history}
+
+
+def complete_record(*, stage: int, epochs: int, step: int, final_metrics: dict[str, float],
+                    best: dict[str, Any] | None, code_version: str,
+                    code_hash: str | None = None) -> dict[str, Any]:
+    """The content of ``COMPLETE``; ``best``: ``{"name", "value", "epoch", "metrics"}`` of ``best.pt``;
+    ``code_hash``: the synced code that finished the stage."""
+    return {
+        "stage": stage,
+        "epochs": epochs,
+        "step": step,
+        "final_metrics": final_metrics,
+        "best_metric": best,
+        "code_version": code_version,
+        "code_hash": code_hash,
+        "completed_at": _now(),
+    }
+
+
+def completed_epochs(record: Mapping[str, Any] | None) -> int | None:
+    """Epochs a ``COMPLETE`` record says the stage trained."""
+    return (record or {}).get("epochs")
+
+
+def final_metrics(record: Mapping[str, Any] | None) -> dict[str, float] | None:
+    """Validation metrics of the last epoch in a ``COMPLETE`` record."""
+    return (record or {}).get("final_metrics")
+
+
+def recorded_code_hash(record: Mapping[str, Any] | None) -> str | None:
+    """The code hash a ``progress.json`` or ``COMPLETE`` record was written with."""
+    return (record or {}).get("code_hash")
+
+
+def best_checkpoint_metrics(record: Mapping[str, Any] | None) -> tuple[int | None, dict[str, float] | None]:
+    """(epoch, validation metrics) of ``best.pt`` from a ``COMPLETE`` record. Epoch 0 is the model the
+    stage started from, kept because training did not beat it. Records written before the best
+    epoch's metrics were stored give the last epoch's instead."""
+    if not record:
+        return None, None
+    best = record.get("best_metric") or {}
+    if isinstance(best.get("metrics"), Mapping):
+        return best.get("epoch"), dict(best["metrics"])
+    return completed_epochs(record), final_metrics(record)
