@@ -81,10 +81,11 @@ def test_masks_record_cloud_types_and_target_is_clean(tiny_raw: Path) -> None:
                     clean = src.read().astype(np.int32)
                 with rasterio.open(tiny_raw / obs.s2) as src:
                     cloudy = src.read().astype(np.int32)
-                cloud = codes > 0
-                # clouds brighten the visible bands where the mask says so, only by noise elsewhere
-                assert (cloudy[1:4, cloud] - clean[1:4, cloud]).mean() > 300
-                assert np.abs(cloudy[:, ~cloud] - clean[:, ~cloud]).mean() < 60
+                cloud = (codes > 0) & (codes != CLOUD_CODES["shadow"])
+                # clouds brighten the visible bands where the mask says so; outside the mask only
+                # the unmasked haze (at most optical depth 0.35 at 490 nm) and sensor noise differ
+                assert (cloudy[1:4, cloud] - clean[1:4, cloud]).mean() > 200
+                assert np.abs(cloudy[:, codes == 0] - clean[:, codes == 0]).mean() < 400
     assert seen == {"clear", "thin", "thick", "opaque"}
 
 
@@ -123,5 +124,5 @@ def test_cloud_layers_have_expected_opacity(kind: str) -> None:
 
 
 def test_unknown_preset_is_rejected(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="known: small, tiny|known: tiny, small"):
+    with pytest.raises(ValueError, match="known: tiny, small, tiny-easy"):
         generate_raw(tmp_path, "huge")

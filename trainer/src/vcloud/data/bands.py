@@ -12,6 +12,9 @@ S2_BANDS: tuple[str, ...] = (
 )
 """Sentinel-2 L1C bands in SEN12MS-CR-TS order (13 bands)."""
 
+S2_WAVELENGTH_NM: tuple[int, ...] = (443, 490, 560, 665, 705, 740, 783, 842, 865, 945, 1375, 1610, 2190)
+"""Central wavelength of each band of :data:`S2_BANDS`, in nm."""
+
 S1_BANDS: tuple[str, ...] = ("VV", "VH")
 """Sentinel-1 GRD polarisations in SEN12MS-CR-TS order, backscatter in dB."""
 

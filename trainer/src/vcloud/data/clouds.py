@@ -1,8 +1,9 @@
 """Synthetic clouds with known masks: seeded fractal noise, thin / thick / opaque layers and shadows.
 
 Pure numpy so that the same seed gives the same bytes on every machine. A cloud layer is an opacity
-map ``alpha`` in [0, 1]; the observed reflectance is ``scene * (1 - alpha) + cloud * alpha``. Thick and
-opaque clouds cast a displaced, darkening shadow on the ground.
+map ``alpha`` in [0, 1]; the observed reflectance is ``scene * (1 - alpha) + cloud * alpha`` per band,
+thin clouds less opaque in the longer wavelengths (:data:`SPECTRAL_OPACITY`). Thick and opaque
+clouds cast a displaced, darkening shadow on the ground.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vcloud.data.bands import CLOUD_CODES, CLOUD_TYPES
+from vcloud.data.bands import CLOUD_CODES, CLOUD_TYPES, S2_WAVELENGTH_NM
 
 CLOUD_REFLECTANCE: dict[str, np.ndarray] = {
     # B1..B12 top-of-atmosphere reflectance of the cloud body; cirrus (thin) is bright in B10.
@@ -21,6 +22,14 @@ CLOUD_REFLECTANCE: dict[str, np.ndarray] = {
         "thick": [0.62, 0.64, 0.64, 0.64, 0.64, 0.64, 0.63, 0.62, 0.62, 0.38, 0.10, 0.46, 0.36],
         "opaque": [0.78, 0.80, 0.80, 0.80, 0.80, 0.80, 0.79, 0.78, 0.78, 0.47, 0.12, 0.56, 0.42],
     }.items()
+}
+
+SPECTRAL_OPACITY: dict[str, np.ndarray] = {
+    # Thin cirrus and haze scatter short wavelengths more: their opacity falls from the visible
+    # bands to the SWIR ones ((wavelength / 560 nm) ** -0.7, at most 1). Thick clouds hide every band.
+    "thin": np.minimum(1.0, (np.asarray(S2_WAVELENGTH_NM, np.float32) / 560.0) ** -0.7).astype(np.float32),
+    "thick": np.ones(len(S2_WAVELENGTH_NM), np.float32),
+    "opaque": np.ones(len(S2_WAVELENGTH_NM), np.float32),
 }
 
 _COVERAGE = {"thin": (0.25, 0.7), "thick": (0.15, 0.5), "opaque": (0.1, 0.4)}
@@ -70,11 +79,17 @@ class CloudLayer:
     shadow: np.ndarray
 
 
-def cloud_layer(rng: np.random.Generator, kind: str, shape: tuple[int, int]) -> CloudLayer:
-    """A random cloud deck of ``kind`` (thin, thick or opaque) with a displaced shadow for thick ones."""
+def cloud_layer(rng: np.random.Generator, kind: str, shape: tuple[int, int], *, coverage: float | None = None,
+                shadow_offset: tuple[int, int] | None = None) -> CloudLayer:
+    """A random cloud deck of ``kind`` (thin, thick or opaque) with a displaced shadow for thick ones.
+
+    ``coverage`` (fraction of the patch) and ``shadow_offset`` (dy, dx in pixels) default to draws
+    from the type's own ranges.
+    """
     if kind not in CLOUD_TYPES:
         raise ValueError(f"cloud kind {kind!r} unknown (known: {', '.join(CLOUD_TYPES)})")
-    coverage = rng.uniform(*_COVERAGE[kind])
+    if coverage is None:
+        coverage = rng.uniform(*_COVERAGE[kind])
     noise = fractal_noise(rng, shape, base_cells=int(rng.integers(2, 5)), octaves=5,
                           persistence=0.6 if kind == "thin" else 0.5)
     threshold = np.quantile(noise, 1.0 - coverage)
@@ -82,7 +97,9 @@ def cloud_layer(rng: np.random.Generator, kind: str, shape: tuple[int, int]) -> 
     alpha = (ramp * rng.uniform(*_PEAK_ALPHA[kind])).astype(np.float32)
     shadow = np.zeros(shape, np.float32)
     if kind != "thin":
-        dy, dx = (int(v) for v in rng.integers(-shape[0] // 6, shape[0] // 6 + 1, size=2))
+        if shadow_offset is None:
+            shadow_offset = tuple(int(v) for v in rng.integers(-shape[0] // 6, shape[0] // 6 + 1, size=2))
+        dy, dx = shadow_offset
         shadow = _shift(ramp, dy, dx) * np.float32(rng.uniform(0.45, 0.65))
     return CloudLayer(kind, alpha, shadow.astype(np.float32))
 
@@ -96,17 +113,19 @@ def _shift(a: np.ndarray, dy: int, dx: int) -> np.ndarray:
     return out
 
 
-def layers_for_type(rng: np.random.Generator, obs_type: str, shape: tuple[int, int]) -> list[CloudLayer]:
+def layers_for_type(rng: np.random.Generator, obs_type: str, shape: tuple[int, int], *,
+                    coverage: float | None = None, shadow_offset: tuple[int, int] | None = None) -> list[CloudLayer]:
     """Cloud decks for an observation whose most severe cloud is ``obs_type`` (``clear``: none).
 
-    Severe decks are sometimes accompanied by lighter ones, as in real scenes.
+    Severe decks are sometimes accompanied by lighter ones, as in real scenes; ``coverage`` and
+    ``shadow_offset`` apply to the severe deck (see :func:`cloud_layer`).
     """
     if obs_type == "clear":
         return []
-    layers = [cloud_layer(rng, obs_type, shape)]
+    layers = [cloud_layer(rng, obs_type, shape, coverage=coverage, shadow_offset=shadow_offset)]
     for lighter in CLOUD_TYPES[: CLOUD_TYPES.index(obs_type)]:
         if rng.random() < 0.3:
-            layers.append(cloud_layer(rng, lighter, shape))
+            layers.append(cloud_layer(rng, lighter, shape, shadow_offset=shadow_offset))
     return layers
 
 
@@ -124,7 +143,7 @@ def apply_clouds(scene: np.ndarray, layers: list[CloudLayer]) -> tuple[np.ndarra
     codes[shadow > _MASK_SHADOW] = CLOUD_CODES["shadow"]
     severity = np.full(codes.shape, -1, np.int8)
     for layer in sorted(layers, key=lambda l: CLOUD_TYPES.index(l.kind), reverse=True):
-        alpha = layer.alpha[None]
+        alpha = layer.alpha[None] * SPECTRAL_OPACITY[layer.kind][:, None, None]
         out = out * (1.0 - alpha) + CLOUD_REFLECTANCE[layer.kind][:, None, None] * alpha
     for layer in layers:
         rank = CLOUD_TYPES.index(layer.kind)

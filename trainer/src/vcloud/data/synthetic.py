@@ -1,4 +1,8 @@
-"""Synthetic SEN12MS-CR-TS: smooth land-cover scenes with seasons, land-cover change and known clouds.
+"""Synthetic SEN12MS-CR-TS: land-cover scenes with seasons, change, haze, residual atmosphere and known clouds.
+
+How hard the series are is set by the preset's :class:`~vcloud.data.realism.Realism` (heavy cloud
+cover, never-clear pixels, unmasked haze, per-date radiometry, harvests, co-registration jitter,
+sensor noise); ``tiny-easy`` keeps the easy series for comparisons.
 
 Writes the raw layout of :mod:`vcloud.data.layout` with real georeferencing (UTM CRS and a 10 m affine
 transform), plus ``CLD`` masks and the ``S2CLEAR`` ground truth of each series' target date, and a
@@ -21,8 +25,21 @@ from pathlib import Path
 
 import numpy as np
 
-from vcloud.data.bands import CLOUD_TYPES, S1_DB_MAX, S2_DN_MAX
-from vcloud.data.clouds import apply_clouds, fractal_noise, layers_for_type
+from vcloud.data.bands import CLOUD_TYPES, S1_DB_MAX, S2_DN_MAX, observation_type
+from vcloud.data.clouds import CloudLayer, apply_clouds, cloud_layer, fractal_noise, layers_for_type
+from vcloud.data.realism import (
+    EASY,
+    REALISTIC,
+    Realism,
+    apply_haze,
+    band_noise_sigma,
+    harvest,
+    haze_transmission,
+    jitter_shift,
+    radiometry,
+    shift_bilinear,
+    sun_shadow_offset,
+)
 from vcloud.data.geotiff import GeoRef, write_geotiff
 from vcloud.data.layout import patch_relpath, region_id, series_id
 
@@ -39,11 +56,14 @@ class SyntheticPreset:
     """Patch height and width in pixels (10 m)."""
     n_dates: int
     """Acquisitions per series (T)."""
+    realism: Realism = REALISTIC
+    """How hard the series are (:mod:`vcloud.data.realism`)."""
 
 
 PRESETS: dict[str, SyntheticPreset] = {
     "tiny": SyntheticPreset("tiny", n_regions=4, patches_per_region=3, size=64, n_dates=4),
     "small": SyntheticPreset("small", n_regions=40, patches_per_region=8, size=128, n_dates=6),
+    "tiny-easy": SyntheticPreset("tiny-easy", n_regions=4, patches_per_region=3, size=64, n_dates=4, realism=EASY),
 }
 
 COLLECTIONS: tuple[str, ...] = ("1158", "1868", "1970", "2017")
@@ -89,6 +109,10 @@ class SeriesPlan:
     target_index: int
     cloud_types: tuple[str, ...]
     land_cover_change: bool
+    harvest_index: int | None = None
+    """First date at which the series' crop fields are bare soil (None: not harvested)."""
+    persistent_cloud: bool = False
+    """An opaque bank covers the same pixels on every date: they are never seen clear."""
 
 
 def generate_raw(root: Path, preset: str = "tiny", seed: int = 0, *, with_ground_truth: bool = True) -> Path:
@@ -157,13 +181,28 @@ def _write_series(root: Path, spec: SyntheticPreset, seed: int, region_index: in
         obs_types = ["thin" if rng.random() < 0.5 else "thick" for _ in range(n_obs)]
         obs_types[target_index] = "clear"
 
+    realism = spec.realism
+    sun_azimuth = float(region_rng.uniform(0.0, 360.0))  # one sun for the region's passes
+    noise_sigma = band_noise_sigma(rng, realism)
+    harvested_from = harvest(rng, realism, n_obs)
+    bank = _persistent_bank(rng, realism, shape, sun_azimuth) if "opaque" in obs_types else None
+
     for t, date in enumerate(dates):
         w = weights
         if change is not None and t >= change[0]:
             w = weights * (1.0 - change[1][None]) + change[1][None] * _one_hot(change[2], shape)
+        if harvested_from is not None and t >= harvested_from:
+            w = _harvested(w)
         scene = _scene(w, date, crop_peak) * texture[None]
-        cloudy, codes = apply_clouds(scene, layers_for_type(rng, obs_types[t], shape))
-        cloudy = cloudy + rng.normal(0.0, 0.002, cloudy.shape).astype(np.float32)
+        gain, offset = radiometry(rng, realism)
+        scene = np.clip(scene * gain[:, None, None] + offset[:, None, None], 0.0, None).astype(np.float32)
+        scene = shift_bilinear(scene, *jitter_shift(rng, realism))
+        clear_target = obs_types[t] == "clear" and not with_ground_truth and t == target_index
+        layers = [] if clear_target else _date_layers(rng, realism, obs_types[t], shape, sun_azimuth, bank)
+        hazy = scene if clear_target else apply_haze(scene, haze_transmission(rng, realism, shape))
+        cloudy, codes = apply_clouds(hazy, layers)
+        cloudy = cloudy + rng.normal(0.0, 1.0, cloudy.shape).astype(np.float32) * noise_sigma[:, None, None]
+        obs_types[t] = observation_type(codes)  # what the mask shows (a cloud bank can add "opaque")
         s1 = _sentinel1(rng, w, date, crop_peak)
         s1_date = date - dt.timedelta(days=int(s1_lag[t]))
         write_geotiff(root / patch_relpath("S2", collection, roi, t, date, patch), _to_dn(cloudy), georef)
@@ -178,8 +217,41 @@ def _write_series(root: Path, spec: SyntheticPreset, seed: int, region_index: in
         series_id=series_id(collection, roi, patch), region=region_id(collection, roi), collection=collection,
         roi=roi, patch=patch, crs=georef.crs, transform=georef.transform,
         dates=tuple(d.isoformat() for d in dates), target_index=target_index, cloud_types=tuple(obs_types),
-        land_cover_change=change is not None,
+        land_cover_change=change is not None, harvest_index=harvested_from, persistent_cloud=bank is not None,
     )
+
+
+def _date_layers(rng: np.random.Generator, realism: Realism, obs_type: str, shape: tuple[int, int],
+                 sun_azimuth: float, bank: CloudLayer | None) -> list[CloudLayer]:
+    """The date's cloud decks: cover drawn from the heavy ``cover_beta``, shadows away from the sun,
+    and the series' persistent bank (if any) on every date."""
+    if obs_type == "clear":
+        return [bank] if bank is not None else []
+    if not realism.enabled:
+        return layers_for_type(rng, obs_type, shape)
+    a, b = realism.cover_beta
+    coverage = float(np.clip(rng.beta(a, b), 0.05, 0.95))
+    offset = sun_shadow_offset(rng, sun_azimuth, shape[0]) if realism.shadow_from_sun else None
+    layers = layers_for_type(rng, obs_type, shape, coverage=coverage, shadow_offset=offset)
+    return layers + ([bank] if bank is not None else [])
+
+
+def _persistent_bank(rng: np.random.Generator, realism: Realism, shape: tuple[int, int],
+                     sun_azimuth: float) -> CloudLayer | None:
+    """An opaque bank over the same pixels on every cloudy date: pixels no date sees clear."""
+    if realism.persistent_cloud <= 0 or rng.random() >= realism.persistent_cloud:
+        return None
+    offset = sun_shadow_offset(rng, sun_azimuth, shape[0]) if realism.shadow_from_sun else None
+    return cloud_layer(rng, "opaque", shape, coverage=float(rng.uniform(0.05, 0.2)), shadow_offset=offset)
+
+
+def _harvested(weights: np.ndarray) -> np.ndarray:
+    """Crop fields ploughed or harvested: their membership moves to bare soil."""
+    out = weights.copy()
+    crop, soil = LAND_COVER.index("crop"), LAND_COVER.index("soil")
+    out[soil] += out[crop]
+    out[crop] = 0.0
+    return out
 
 
 def _series_max_type(rng: np.random.Generator, spec: SyntheticPreset, region_index: int, patch: int) -> str:
