@@ -198,7 +198,8 @@ def _write_series(root: Path, spec: SyntheticPreset, seed: int, region_index: in
         scene = np.clip(scene * gain[:, None, None] + offset[:, None, None], 0.0, None).astype(np.float32)
         scene = shift_bilinear(scene, *jitter_shift(rng, realism))
         clear_target = obs_types[t] == "clear" and not with_ground_truth and t == target_index
-        layers = [] if clear_target else _date_layers(rng, realism, obs_types[t], shape, sun_azimuth, bank)
+        layers = [] if clear_target else _date_layers(rng, realism, obs_types[t], shape, sun_azimuth, bank,
+                                                       min_cover=0.05 if with_ground_truth else 0.3)
         hazy = scene if clear_target else apply_haze(scene, haze_transmission(rng, realism, shape))
         cloudy, codes = apply_clouds(hazy, layers)
         cloudy = cloudy + rng.normal(0.0, 1.0, cloudy.shape).astype(np.float32) * noise_sigma[:, None, None]
@@ -222,15 +223,16 @@ def _write_series(root: Path, spec: SyntheticPreset, seed: int, region_index: in
 
 
 def _date_layers(rng: np.random.Generator, realism: Realism, obs_type: str, shape: tuple[int, int],
-                 sun_azimuth: float, bank: CloudLayer | None) -> list[CloudLayer]:
-    """The date's cloud decks: cover drawn from the heavy ``cover_beta``, shadows away from the sun,
-    and the series' persistent bank (if any) on every date."""
+                 sun_azimuth: float, bank: CloudLayer | None, *, min_cover: float) -> list[CloudLayer]:
+    """The date's cloud decks: cover drawn from the heavy ``cover_beta`` (at least ``min_cover``: the
+    real layout's cloudy dates must read as cloudier than its one clear date), shadows away from the
+    sun, and the series' persistent bank (if any) on every date."""
     if obs_type == "clear":
         return [bank] if bank is not None else []
     if not realism.enabled:
         return layers_for_type(rng, obs_type, shape)
     a, b = realism.cover_beta
-    coverage = float(np.clip(rng.beta(a, b), 0.05, 0.95))
+    coverage = float(np.clip(rng.beta(a, b), min_cover, 0.95))
     offset = sun_shadow_offset(rng, sun_azimuth, shape[0]) if realism.shadow_from_sun else None
     layers = layers_for_type(rng, obs_type, shape, coverage=coverage, shadow_offset=offset)
     return layers + ([bank] if bank is not None else [])
