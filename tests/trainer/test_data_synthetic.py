@@ -83,7 +83,7 @@ def test_masks_record_cloud_types_and_target_is_clean(tiny_raw: Path) -> None:
                     cloudy = src.read().astype(np.int32)
                 cloud = (codes > 0) & (codes != CLOUD_CODES["shadow"])
                 # clouds brighten the visible bands where the mask says so; outside the mask only
-                # the unmasked haze (at most optical depth 0.35 at 490 nm) and sensor noise differ
+                # the unmasked haze (at most optical depth 0.4 at 490 nm) and sensor noise differ
                 assert (cloudy[1:4, cloud] - clean[1:4, cloud]).mean() > 200
                 assert np.abs(cloudy[:, codes == 0] - clean[:, codes == 0]).mean() < 400
     assert seen == {"clear", "thin", "thick", "opaque"}

@@ -35,15 +35,15 @@ class Realism:
     """Cloud cover of a cloudy date ~ Beta(a, b) (mean 0.6): many dates mostly cloudy, a few nearly clear."""
     persistent_cloud: float = 0.35
     """Share of series with an opaque cloud bank over the same pixels on every date (never seen clear)."""
-    haze_probability: float = 0.6
+    haze_probability: float = 0.7
     """Share of dates under a haze veil the cloud mask does not flag (sub-visible cirrus, aerosol)."""
-    haze_optical_depth: tuple[float, float] = (0.05, 0.35)
+    haze_optical_depth: tuple[float, float] = (0.05, 0.4)
     """Optical depth of a haze veil at 490 nm; other bands scale with (wavelength / 490 nm) ** -angstrom."""
     angstrom: float = 1.3
     """Angstrom exponent: how much harder haze hits the visible bands than the SWIR ones."""
-    gain_sigma: float = 0.05
+    gain_sigma: float = 0.06
     """Per-date, per-band multiplicative residual of atmospheric correction and illumination."""
-    offset_sigma: float = 0.008
+    offset_sigma: float = 0.01
     """Per-date, per-band additive residual (reflectance)."""
     noise_sigma: tuple[float, float] = (0.003, 0.012)
     """Sensor noise per band (reflectance), drawn once per series from this range for each band."""
