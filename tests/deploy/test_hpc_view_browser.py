@@ -141,9 +141,15 @@ def test_signed_in_user_sees_the_jobs_and_budget_the_ledger_holds(standalone: st
     browser.type_into("input:not([type=password])", USER)
     browser.type_into("input[type=password]", PASSWORD)
     browser.press_enter()
-    browser.wait_for("location.pathname.startsWith('/hpc-view') && document.body.dataset.loaded === 'true'",
-                     what="the HPC view after signing in")
-    shown = json.loads(browser.evaluate(PAGE_JS))
+    # Signing in may load the page more than once: read it from a document that has rendered the
+    # run's profile (a page that never shows it fails here, with what its API says).
+    try:
+        shown = json.loads(browser.wait_for(
+            "location.pathname.startsWith('/hpc-view') && document.body.dataset.loaded === 'true'"
+            f" && document.querySelectorAll('section.profile').length > 0 && {PAGE_JS}",
+            what="the HPC view after signing in, showing the run's profile", timeout=120))
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_diagnose(browser, standalone, finished_run)}") from None
     browser.screenshot(ARTIFACTS / "hpc_view.png")
 
     assert [p["profile"] for p in shown["profiles"]] == ["local"], _diagnose(browser, standalone, finished_run)
