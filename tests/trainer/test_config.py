@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
-from vcloud.config import ConfigError, MemoryConfig, config_from_dict, load_config
+from vcloud.config import ConfigError, MemoryConfig, apply_overrides, config_from_dict, config_yaml, load_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "trainer" / "configs"
 
@@ -67,6 +68,8 @@ def test_unknown_model_stage_is_rejected() -> None:
     ("memory", "bf16", "yes", "memory.bf16='yes' is invalid (allowed: true or false)"),
     ("memory", "pair_chunk_size", -64, "memory.pair_chunk_size=-64 is invalid"),
     ("data", "num_workers", 1.5, "data.num_workers=1.5 is invalid (allowed: an integer)"),
+    ("train", "log_every_steps", -1, "train.log_every_steps=-1 is invalid (allowed: an integer >= 0"),
+    ("train", "log_every_seconds", 0, "train.log_every_seconds=0.0 is invalid (allowed: a number > 0)"),
 ])
 def test_bad_values_name_field_and_allowed_values(section: str, key: str, value: object, message: str) -> None:
     raw = _tiny()
@@ -128,3 +131,58 @@ def test_every_config_field_has_a_docstring() -> None:
         for f in dataclasses.fields(cls):
             idx = next(i for i, line in enumerate(lines) if line.strip().startswith(f"{f.name}:"))
             assert lines[idx + 1].strip().startswith('"""'), f"{cls.__name__}.{f.name} has no docstring"
+
+
+# ---- --set overrides and --print-config ---------------------------------------------------------
+
+def test_overrides_set_values_at_any_depth_parsed_as_yaml() -> None:
+    raw = apply_overrides(_tiny(), ["train.log_every_steps=10", "train.stage1.lr=5e-5", "memory.bf16=false",
+                                    "train.lr_schedule=constant", "data.curriculum.mixed_from_epoch=0",
+                                    "model.stage0.channel_mult=[1, 4]", "name=tiny-probe"])
+    config = config_from_dict(raw)
+    assert config.train.log_every_steps == 10
+    assert config.train.stage1.lr == pytest.approx(5e-5)
+    assert config.memory.bf16 is False
+    assert config.train.lr_schedule == "constant"
+    assert config.data.curriculum.mixed_from_epoch == 0
+    assert config.model.stage0["channel_mult"] == [1, 4]
+    assert config.name == "tiny-probe"
+
+
+def test_overrides_leave_the_parsed_file_unchanged() -> None:
+    raw = _tiny()
+    apply_overrides(raw, ["train.stage0.epochs=99"])
+    assert raw["train"]["stage0"]["epochs"] == 8
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("train.log_every_step=5", "train: unknown key(s) log_every_step (valid: seed, lr_schedule"),
+    ("trian.seed=1", "top level: unknown key(s) trian (valid: name, data, train, model, memory)"),
+    ("train.stage0.epoch=3", "train.stage0: unknown key(s) epoch (valid: epochs, batch_size, lr)"),
+    ("train.seed=one", "train.seed='one' is invalid (allowed: an integer)"),
+])
+def test_unknown_or_bad_overrides_are_refused_by_the_config_validation(tmp_path: Path, override: str,
+                                                                       message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(CONFIGS / "model_tiny.yaml", [override])
+    assert message in str(err.value)
+    assert f"with --set {override}" in str(err.value)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("train.seed", "expected section.key=value"),
+    ("train..seed=1", "expected section.key=value"),
+    ("train.seed.x=1", "train.seed is a value (0), not a section"),
+    ("train.seed=[1", "the value is not valid YAML"),
+])
+def test_malformed_overrides_say_what_is_expected(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        apply_overrides(_tiny(), [override])
+
+
+@pytest.mark.parametrize("size", ["tiny", "small", "full"])
+def test_printed_config_loads_back_to_the_same_config(size: str, tmp_path: Path) -> None:
+    config = load_config(CONFIGS / f"model_{size}.yaml", ["train.seed=7"])
+    printed = tmp_path / "printed.yaml"
+    printed.write_text(config_yaml(config))
+    assert load_config(printed) == config

@@ -120,7 +120,9 @@ def test_two_gloo_ranks_match_one_process_with_the_global_batch(tiny_prepared: P
     assert (record / "writes-rank0.txt").read_text().count("latest.pt") >= 2
     assert not (record / "writes-rank1.txt").exists(), (record / "writes-rank1.txt").read_text()
     assert "rank 0/2 (gloo)" in ddp.stdout
-    assert ddp.stdout.count("stage 0 | epoch 2/2") == 1
+    assert ddp.stdout.count("stage 0 | epoch 2/2 | loss") == 1  # the epoch line
+    assert ddp.stdout.count("stage 0 | step 3/3 of epoch 2/2 | loss") == 1  # a step line (tiny: every step)
+    assert "[rank 1]" not in ddp.stdout
     assert len(ddp_state["rng"]) == 2, "every rank's RNG state is saved"
 
 

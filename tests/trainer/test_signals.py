@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from vcloud import exitcodes
+from vcloud.contract import parse_metrics_lines
 from vcloud.training.signals import RequeuePolicy, install_stop_handlers, request_requeue
 
 REPO = Path(__file__).resolve().parents[2]
@@ -153,6 +154,11 @@ def test_usr2_checkpoints_requests_requeue_and_exits_85(tiny_prepared: Path, tmp
     assert resumed.returncode == exitcodes.STAGE_COMPLETE, resumed.stdout + resumed.stderr
     assert f"step {state['global_step']}" in resumed.stdout
     assert (out / "stage0" / "COMPLETE").exists()
+    # the curve across stop and resume: a line per step (tiny logs every step), none lost or repeated
+    final = torch.load(out / "stage0" / "latest.pt", weights_only=True)
+    curve = parse_metrics_lines((out / "stage0" / "metrics.jsonl").read_text())
+    assert [r["global_step"] for r in curve if r["kind"] == "train"] == list(range(1, final["global_step"] + 1))
+    assert [r["epoch"] for r in curve if r["kind"] == "val"] == list(range(1, final["epoch"] + 1))
 
 
 @pytest.mark.timeout(180)

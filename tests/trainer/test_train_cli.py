@@ -13,6 +13,8 @@ import torch
 import yaml
 
 from vcloud import exitcodes
+from vcloud.config import load_config
+from vcloud.contract import METRIC_NAMES, parse_metrics_lines
 from vcloud.train import main
 from vcloud.training.distributed import describe_device, init_distributed
 from vcloud.training.loop import format_epoch_line
@@ -160,6 +162,53 @@ def test_a_code_hash_that_is_not_a_digest_is_not_recorded(monkeypatch: pytest.Mo
     assert code_hash() is None
     monkeypatch.setenv("VCLOUD_CODE_HASH", "0123456789abcdef" * 4)
     assert code_hash() == "0123456789abcdef" * 4
+
+
+def test_print_config_prints_the_resolved_yaml_and_exits_0(tmp_path: Path, capsys) -> None:
+    code = main(["--config", str(TINY), "--print-config", "--set", "train.log_every_steps=5",
+                 "--set", "train.stage0.lr=1e-4"])
+    assert code == 0
+    printed = tmp_path / "printed.yaml"
+    printed.write_text(capsys.readouterr().out)
+    resolved = yaml.safe_load(printed.read_text())
+    assert resolved["train"]["log_every_steps"] == 5 and resolved["train"]["stage0"]["lr"] == 1e-4
+    assert load_config(printed) == load_config(TINY, ["train.log_every_steps=5", "train.stage0.lr=1e-4"])
+    assert not list(tmp_path.glob("stage*")), "nothing trained"
+
+
+def test_set_with_an_unknown_key_exits_2_naming_the_valid_ones(tmp_path: Path, tiny_prepared: Path,
+                                                                caplog) -> None:
+    assert _train(TINY, tiny_prepared, tmp_path / "run", "--set", "train.log_every=5") == exitcodes.BAD_CONFIG
+    assert "with --set train.log_every=5: train: unknown key(s) log_every (valid: seed," in caplog.text
+    assert "log_every_steps, log_every_seconds" in caplog.text
+    assert not (tmp_path / "run").exists()
+    assert main(["--config", str(TINY), "--print-config", "--set", "memory.bf=1"]) == exitcodes.BAD_CONFIG
+
+
+def test_training_without_stage_data_or_out_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", str(TINY), "--stage", "0"])
+    assert exit_info.value.code == exitcodes.BAD_CONFIG
+
+
+def test_set_cadence_gives_step_lines_metrics_jsonl_and_tensorboard(tmp_path: Path, tiny_prepared: Path,
+                                                                    caplog) -> None:
+    out = tmp_path / "run"
+    assert _train(TINY, tiny_prepared, out, "--max-epochs", "2", "--set", "train.log_every_steps=2") == 0
+    stage = out / "stage0"
+    assert torch.load(stage / "latest.pt", weights_only=True)["config"]["train"]["log_every_steps"] == 2
+    curve = parse_metrics_lines((stage / "metrics.jsonl").read_text())
+    assert [(r["kind"], r["global_step"], r["epoch"]) for r in curve] == [
+        ("train", 2, 1), ("val", 3, 1), ("train", 4, 2), ("train", 6, 2), ("val", 6, 2)]
+    assert set(curve[0]) == {"kind", "global_step", "epoch", "loss", "lr", "samples_per_s", "time"}
+    assert set(curve[1]) == {"kind", "global_step", "epoch", "time", *METRIC_NAMES}
+    history = json.loads((stage / "progress.json").read_text())["history"]
+    assert [r["psnr"] for r in curve if r["kind"] == "val"] == [h["val_psnr"] for h in history]
+    step_lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stage 0 | step ")]
+    assert len(step_lines) == 3
+    assert step_lines[0].startswith("stage 0 | step 2/3 of epoch 1/2 | loss ")
+    assert " samples/s | ETA epoch " in step_lines[0]
+    assert len(list((stage / "tensorboard").glob("events.out.tfevents.*"))) == 1
 
 
 def test_epoch_line_reads_well_in_a_task_log() -> None:

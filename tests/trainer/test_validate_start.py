@@ -16,6 +16,7 @@ from torch.utils.data import default_collate
 
 from vcloud.checkpoint import load_checkpoint
 from vcloud.config import VCloudConfig, config_from_dict, load_config
+from vcloud.contract import parse_metrics_lines
 from vcloud.data.dataset import SeriesDataset
 from vcloud.metrics import METRIC_NAMES
 from vcloud.stages import BuildContext, get_stage, load_stage_model
@@ -55,6 +56,10 @@ def test_best_checkpoint_is_the_start_when_training_makes_it_worse(tiny_prepared
     assert complete["final_metrics"]["psnr"] == trained_psnr, "the last epoch's metrics"
     assert complete["best_metric"]["epoch"] == 0 and complete["best_metric"]["metrics"] == best["metrics"], \
         "COMPLETE reports what best.pt (the untrained refiner) scored"
+    curve = parse_metrics_lines((tmp_path / "stage2" / "metrics.jsonl").read_text())
+    assert [(r["kind"], r["epoch"], r["global_step"]) for r in curve if r["kind"] == "val"] == [
+        ("val", 0, 0), ("val", 1, latest["global_step"])], "the start's validation is the curve's first point"
+    assert curve[0]["psnr"] == best["best_metric"]["value"]
 
     build = BuildContext(config=cfg, run_dir=tmp_path, device=torch.device("cpu"))
     refiner, _ = load_stage_model(2, tmp_path / "stage2" / "best.pt", build)

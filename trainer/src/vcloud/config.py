@@ -14,7 +14,7 @@ import copy
 import dataclasses
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,6 +111,14 @@ class TrainConfig:
     Bounds the work lost to a node failure on long epochs (production: ~25 min each)."""
     eval_every_epochs: int = 1
     """Validate after every N-th epoch (and always after the last one)."""
+    log_every_steps: int = 0
+    """Print a step line (loss, lr, samples/s, ETAs) and append it to the stage's ``metrics.jsonl``
+    and TensorBoard files every N optimizer steps; 0 = by time (``log_every_seconds``)."""
+    log_every_seconds: float = 60.0
+    """With ``log_every_steps: 0``: a step line at the first step that ends this many seconds after
+    the previous line (at least one step per line), so a 25-minute production epoch prints about 25
+    lines whatever its step time. Runs that must log the same steps every time (tests, tiny) set
+    ``log_every_steps`` instead."""
     best_metric: str = "psnr"
     """Validation metric that selects ``best.pt``."""
     start_min_gain: float = 0.0
@@ -139,6 +147,9 @@ class TrainConfig:
         _check(self.checkpoint_every_steps >= 0, s, "checkpoint_every_steps",
                self.checkpoint_every_steps, "an integer >= 0 (0 = only at epoch ends)")
         _check(self.eval_every_epochs >= 1, s, "eval_every_epochs", self.eval_every_epochs, "an integer >= 1")
+        _check(self.log_every_steps >= 0, s, "log_every_steps", self.log_every_steps,
+               "an integer >= 0 (0 = every log_every_seconds)")
+        _check(self.log_every_seconds > 0.0, s, "log_every_seconds", self.log_every_seconds, "a number > 0")
         _check(self.best_metric in METRIC_NAMES, s, "best_metric", self.best_metric, ", ".join(METRIC_NAMES))
         _check(self.start_min_gain >= 0.0, s, "start_min_gain", self.start_min_gain,
                f"a number >= 0, in the units of best_metric ({self.best_metric})")
@@ -284,8 +295,42 @@ def config_from_dict(raw: Mapping[str, Any]) -> VCloudConfig:
     return _build(VCloudConfig, raw, "")
 
 
-def load_config(path: str | Path) -> VCloudConfig:
-    """Read and validate ``path``; raises :class:`ConfigError` naming the file on any problem."""
+def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """A copy of the parsed YAML ``raw`` with each ``section.key=value`` of ``overrides`` set.
+
+    What ``python -m vcloud.train --set`` does, so one run can change a cadence or a learning rate
+    without a copy of the YAML. A value is parsed as YAML (``3``, ``2e-4``, ``true``, ``cosine``,
+    ``[1, 2]``); the dotted key may be as deep as the file (``train.stage1.lr``,
+    ``data.curriculum.mixed_from_epoch``). Keys are not checked here: :func:`config_from_dict` refuses
+    an unknown one with the list of valid ones, as it does for the file.
+    """
+    out = copy.deepcopy(dict(raw))
+    for item in overrides:
+        dotted, sep, text = item.partition("=")
+        keys = [k.strip() for k in dotted.split(".")]
+        if not sep or not all(keys):
+            raise ConfigError(f"--set {item!r}: expected section.key=value (e.g. train.log_every_steps=10)")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {item!r}: the value is not valid YAML ({exc})") from None
+        node = out
+        for depth, key in enumerate(keys[:-1]):
+            child = node.get(key)
+            if child is None:
+                child = {}
+            elif not isinstance(child, Mapping):
+                raise ConfigError(f"--set {item!r}: {'.'.join(keys[:depth + 1])} is a value "
+                                  f"({child!r}), not a section with keys")
+            node[key] = child = dict(child)
+            node = child
+        node[keys[-1]] = value
+    return out
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> VCloudConfig:
+    """Read and validate ``path`` with ``overrides`` (``section.key=value``, see :func:`apply_overrides`)
+    applied; raises :class:`ConfigError` naming the file (and the overrides) on any problem."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -295,7 +340,17 @@ def load_config(path: str | Path) -> VCloudConfig:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"config {path} is not valid YAML: {exc}") from None
+    if raw is not None and not isinstance(raw, Mapping):
+        raise ConfigError(f"config {path}: expected a mapping of sections, got {type(raw).__name__}")
+    raw = apply_overrides(raw or {}, overrides)
     try:
-        return config_from_dict(raw or {})
+        return config_from_dict(raw)
     except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        where = f"{path} with --set {' '.join(overrides)}" if overrides else str(path)
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def config_yaml(config: VCloudConfig) -> str:
+    """The resolved configuration as YAML in the file's layout (``--print-config``); loading it
+    again gives the same configuration."""
+    return yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None)

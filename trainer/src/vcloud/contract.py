@@ -10,6 +10,7 @@ it from ``trainer/src`` on their ``PYTHONPATH``, the jobs from the synced code.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,6 +36,14 @@ PROGRESS_FILE = "progress.json"
 
 COMPLETE_FILE = "COMPLETE"
 """Written once, when the stage reached its epoch count (:func:`complete_record`)."""
+
+METRICS_FILE = "metrics.jsonl"
+"""The stage's training curve, append-only: one JSON object a line (:func:`metrics_train_record`
+every log step, :func:`metrics_val_record` every validation). After a resume it holds the lines up
+to the checkpoint's step and then the resumed run's: each step once, as in an uninterrupted run."""
+
+TENSORBOARD_DIR = "tensorboard"
+"""The stage's TensorBoard event files (the same curve; ``tensorboard --logdir RUN_DIR``)."""
 
 DATA_INDEX = "index.json"
 """Written last into a prepared dataset: the dataset is complete when it exists."""
@@ -77,6 +86,42 @@ HIGHER_IS_BETTER: dict[str, bool] = {"psnr": True, "ssim": True, "sam": False, "
 """Every validation metric the trainer reports, and whether a higher value is better."""
 
 METRIC_NAMES: tuple[str, ...] = tuple(HIGHER_IS_BETTER)
+
+
+# --------------------------------------------------------------------------- metrics.jsonl
+
+METRICS_KIND_TRAIN = "train"
+METRICS_KIND_VAL = "val"
+
+
+def metrics_train_record(*, global_step: int, epoch: int, loss: float, lr: float, samples_per_s: float,
+                         time: float) -> dict[str, Any]:
+    """A log step's line of ``metrics.jsonl``: ``loss`` is the mean per sample over the steps since
+    the previous train line (global rank 0's samples), ``lr`` the rate of step ``global_step``,
+    ``epoch`` the 1-based epoch the step belongs to, ``time`` seconds since the Unix epoch."""
+    return {"kind": METRICS_KIND_TRAIN, "global_step": global_step, "epoch": epoch, "loss": loss, "lr": lr,
+            "samples_per_s": samples_per_s, "time": time}
+
+
+def metrics_val_record(*, global_step: int, epoch: int, metrics: Mapping[str, float],
+                       time: float) -> dict[str, Any]:
+    """A validation's line: every metric of :data:`METRIC_NAMES` at top level, after ``epoch`` epochs
+    (0: the starting model, scored before the first step) and ``global_step`` steps."""
+    return {"kind": METRICS_KIND_VAL, "global_step": global_step, "epoch": epoch, **dict(metrics), "time": time}
+
+
+def parse_metrics_lines(text: str) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` text, skipping what is not a whole JSON object (a last
+    line the trainer is still writing, or one a killed job left torn)."""
+    records = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "kind" in record and "global_step" in record:
+            records.append(record)
+    return records
 
 
 # --------------------------------------------------------------------------- progress.json and COMPLETE

@@ -1,7 +1,9 @@
 """Train one stage: ``python -m vcloud.train --stage N --config CFG --data PREPARED --out RUN_DIR``.
 
 Resumes automatically from ``RUN_DIR/stage{N}/latest.pt``; ``--restart`` moves the old outputs
-aside and starts over. Under ``torchrun --nproc_per_node=K`` it trains with DDP. Exit codes are in
+aside and starts over. ``--set section.key=value`` (repeatable) overrides the YAML for this run (the
+checkpoint records the resolved configuration); ``--print-config`` prints that configuration as YAML
+and exits without training. Under ``torchrun --nproc_per_node=K`` it trains with DDP. Exit codes are in
 :mod:`vcloud.exitcodes`: 0 complete, 85 stopped on a signal after checkpointing, 87 GPUs required
 (``VCLOUD_GPUS_REQUIRED``) but not visible to PyTorch, 1 error, 2 bad arguments or configuration.
 """
@@ -15,7 +17,7 @@ import sys
 from pathlib import Path
 
 from vcloud import exitcodes
-from vcloud.config import STAGES, ConfigError, VCloudConfig, load_config
+from vcloud.config import STAGES, ConfigError, VCloudConfig, config_yaml, load_config
 from vcloud.contract import DATA_INDEX
 from vcloud.training.signals import STOP_SIGNALS, RequeuePolicy, StopRequest, install_stop_handlers
 
@@ -58,10 +60,15 @@ def configure_logging(rank: int = 0, world_size: int = 1) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m vcloud.train", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stage", type=int, required=True, choices=STAGES, help="stage to train")
+    parser.add_argument("--stage", type=int, choices=STAGES, help="stage to train")
     parser.add_argument("--config", type=Path, required=True, help="trainer/configs/model_{tiny,small,full}.yaml")
-    parser.add_argument("--data", type=Path, required=True, help="prepared dataset root (vcloud.data.prepare)")
-    parser.add_argument("--out", type=Path, required=True, help="run output directory (stage{N}/ inside)")
+    parser.add_argument("--data", type=Path, help="prepared dataset root (vcloud.data.prepare)")
+    parser.add_argument("--out", type=Path, help="run output directory (stage{N}/ inside)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one config value, parsed as YAML (repeatable), e.g. "
+                             "--set train.log_every_steps=10 --set train.stage1.lr=5e-5")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config (the file with every --set applied) as YAML and exit")
     parser.add_argument("--restart", action="store_true",
                         help="move this stage's outputs aside (best.pt included) and start over")
     parser.add_argument("--max-epochs", type=int, default=None,
@@ -75,7 +82,7 @@ def _validate(args: argparse.Namespace) -> VCloudConfig:
     """Everything checkable before touching a GPU; raises ConfigError/StageError/ValueError."""
     from vcloud.stages import get_stage
 
-    config = load_config(args.config)
+    config = load_config(args.config, args.overrides)
     spec = get_stage(args.stage)
     spec.parse_model_config(config.model.section(args.stage))
     if args.max_epochs is not None and args.max_epochs < 1:
@@ -85,6 +92,18 @@ def _validate(args: argparse.Namespace) -> VCloudConfig:
         raise ConfigError(f"--data {args.data} is not a prepared dataset (no {index}); "
                           "run python -m vcloud.data.prepare --raw RAW --out DIR first")
     return config
+
+
+def _print_config(args: argparse.Namespace) -> int:
+    """``--print-config``: the configuration a run would train with, on stdout as YAML."""
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return exitcodes.BAD_CONFIG
+    sys.stdout.write(config_yaml(config))
+    sys.stdout.flush()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,7 +117,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None, stop: StopRequest) -> int:
     configure_logging()
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.print_config:
+        return _print_config(args)
+    missing = [f"--{name}" for name in ("stage", "data", "out") if getattr(args, name) is None]
+    if missing:
+        parser.error(f"the following arguments are required to train: {', '.join(missing)}")
     from vcloud.checkpoint import CheckpointError
     from vcloud.stages import StageError
 

@@ -1,9 +1,10 @@
 """The training loop of one stage, identical for all four stages.
 
 Reads top to bottom: load the latest checkpoint; build model, data and optimizer (everything,
-before DDP wraps the model); then loop over epochs and steps - train a step, checkpoint every
-``checkpoint_every_steps`` or when a stop signal arrived, and at each epoch end evaluate, keep
-``best.pt``, checkpoint and print one progress line; finally write ``COMPLETE``.
+before DDP wraps the model); then loop over epochs and steps - train a step, print a step line now
+and then (:mod:`vcloud.training.monitor`, which also writes ``metrics.jsonl`` and TensorBoard files),
+checkpoint every ``checkpoint_every_steps`` or when a stop signal arrived, and at each epoch end
+evaluate, keep ``best.pt``, checkpoint and print one progress line; finally write ``COMPLETE``.
 
 Resuming is exact: the checkpoint stores the position inside the epoch, every RNG state and the
 running epoch statistics, the data order is a pure function of (seed, epoch), and the learning
@@ -39,9 +40,11 @@ from vcloud.training.distributed import DistContext, all_reduce_sum, barrier, ga
 from vcloud.training.paths import StagePaths
 from vcloud.training.precision import Precision, resolve_precision
 from vcloud.training.provenance import code_hash, code_version
+from vcloud.training.monitor import StageMonitor
 from vcloud.training.rng import capture_rng_state, restore_rng_state, seed_everything
 from vcloud.training.sampling import ResumableSampler, ShardSampler
-from vcloud.training.schedule import lr_at
+from vcloud.training.schedule import lr_at, validates_after_epoch
+from vcloud.training.step_log import LogCadence, StageSteps
 from vcloud.training.signals import RequeuePolicy, StopRequest, request_requeue
 from vcloud.training.workers import shield_loader_kwargs, shielded_batches
 
@@ -83,6 +86,10 @@ class TrainState:
     weights are ``best.pt`` (0 = the starting model) and all its validation metrics."""
     last_metrics: dict[str, float] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
+    log_loss_sum: float = 0.0
+    """Loss x samples since the last step line; checkpointed, so the first line after a resume
+    averages the same steps as an uninterrupted run's (see :mod:`vcloud.training.monitor`)."""
+    log_samples: int = 0
 
     def count_step(self, loss: float, batch_size: int) -> None:
         self.batch_in_epoch += 1
@@ -165,9 +172,11 @@ def train_stage(run: StageRun, ctx: DistContext, stop: StopRequest) -> int:
                  session.precision.name, budget.batch_size, ctx.world_size,
                  f"resumed from {resumed[1].name}" if resumed else "fresh start")
         _write_progress(session, state, markers.STATUS_RUNNING)
+    monitor = _open_monitor(session, state.global_step if checkpoint is not None else None)
 
     if checkpoint is None and session.spec.validate_start:
         _validate_start(session, state)
+        monitor.validation(state.global_step, 0, state.last_metrics)
 
     every = run.config.train.checkpoint_every_steps
     while state.epoch < budget.epochs:
@@ -182,6 +191,7 @@ def train_stage(run: StageRun, ctx: DistContext, stop: StopRequest) -> int:
                            batches_per_epoch=data.sampler.batches_per_epoch, global_step=state.global_step)
                 loss = _train_step(session, train_model, _to_device(batch, ctx.device), lr)
                 state.count_step(loss, budget.batch_size)
+                monitor.step(state, loss, lr, budget.batch_size)
                 stop_signal = max_over_ranks(ctx, stop.signal_number or 0)
                 mid_epoch = state.batch_in_epoch < data.sampler.batches_per_epoch
                 if stop_signal or (every and state.global_step % every == 0 and mid_epoch):
@@ -189,15 +199,17 @@ def train_stage(run: StageRun, ctx: DistContext, stop: StopRequest) -> int:
                     tick = time.perf_counter()
                     _save_latest(session, state)
                     if stop_signal:
+                        monitor.close()
                         return _stop(session, state, stop_signal)
                     if ctx.is_main:
                         _write_progress(session, state, markers.STATUS_RUNNING)
         state.epoch_seconds += time.perf_counter() - tick
 
         last_epoch = state.epoch + 1 == budget.epochs
-        evaluated = last_epoch or (state.epoch + 1) % run.config.train.eval_every_epochs == 0
+        evaluated = validates_after_epoch(run.config.train, budget.epochs, state.epoch)
         if evaluated:
             state.last_metrics = evaluate(session.spec, session.model, session.val_loader, session.precision, ctx)
+            monitor.validation(state.global_step, state.epoch + 1, state.last_metrics)
         improved = evaluated and _update_best(run, state)
         record = _epoch_record(state, data, ctx, session.optimizer.param_groups[0]["lr"], evaluated)
         state.history.append(record)
@@ -212,8 +224,10 @@ def train_stage(run: StageRun, ctx: DistContext, stop: StopRequest) -> int:
             log.info(format_epoch_line(run.stage, budget.epochs, record, improved))
             _write_progress(session, state, markers.STATUS_RUNNING)
         if stop_signal:
+            monitor.close()
             return _stop(session, state, stop_signal)
 
+    monitor.close()
     if ctx.is_main:
         _finish(run, paths, budget, state, already=False)
     barrier(ctx)
@@ -300,6 +314,19 @@ def _build_session(run: StageRun, ctx: DistContext, paths: StagePaths, budget: S
         phases=_build_train_data(run, spec, budget, ctx, build_ctx),
         val_loader=_build_val_loader(run, budget, ctx),
     )
+
+
+def _open_monitor(session: StageSession, resumed_step: int | None) -> StageMonitor:
+    """Step lines and curve files; ``resumed_step``: the checkpoint's global step (None: fresh start)."""
+    run, budget, paths = session.run, session.budget, session.paths
+    epochs = range(budget.epochs)
+    steps = StageSteps(
+        batches=tuple(session.phases[session.phase(e)].sampler.batches_per_epoch for e in epochs),
+        validates=tuple(validates_after_epoch(run.config.train, budget.epochs, e) for e in epochs))
+    return StageMonitor.open(
+        stage=run.stage, stage_dir=paths.dir, metrics_path=paths.metrics, tensorboard_dir=paths.tensorboard,
+        steps=steps, cadence=LogCadence(run.config.train.log_every_steps, run.config.train.log_every_seconds),
+        world_size=session.ctx.world_size, is_main=session.ctx.is_main, resumed_step=resumed_step)
 
 
 def _stage_budget(run: StageRun) -> StageTrainConfig:

@@ -1,7 +1,8 @@
 """Layout of a run's output directory, from the file names of :mod:`vcloud.contract`.
 
 ``RUN_OUTPUT_DIR/stage{N}/`` holds ``latest.pt`` (+ ``latest.prev.pt``), ``best.pt``,
-``progress.json`` and, once the stage reached its epoch count, ``COMPLETE``. Later stages read
+``progress.json``, the training curve (``metrics.jsonl`` and ``tensorboard/``) and, once the stage
+reached its epoch count, ``COMPLETE``. Later stages read
 their predecessors' ``best.pt`` from the sibling directories.
 """
 
@@ -48,6 +49,16 @@ class StagePaths:
     def complete(self) -> Path:
         """Completion marker: present only when the stage reached its epoch count."""
         return self.dir / contract.COMPLETE_FILE
+
+    @property
+    def metrics(self) -> Path:
+        """Append-only training curve, a JSON line per log step and per validation."""
+        return self.dir / contract.METRICS_FILE
+
+    @property
+    def tensorboard(self) -> Path:
+        """Directory of the TensorBoard event files (the same curve)."""
+        return self.dir / contract.TENSORBOARD_DIR
 
     def of_stage(self, stage: int) -> "StagePaths":
         """The same run's paths for another stage (a predecessor)."""

@@ -1,4 +1,4 @@
-"""Learning-rate schedule as a pure function of the position in training.
+"""Learning-rate and validation schedules as pure functions of the position in training.
 
 No scheduler object carries state between steps: the rate of any step follows from (epoch, batch
 within epoch, global step), all of which the checkpoint stores, so a resumed run continues on
@@ -24,3 +24,9 @@ def lr_at(train: TrainConfig, stage: StageTrainConfig, *, epoch: int, batch: int
     if train.warmup_steps and global_step < train.warmup_steps:
         factor *= (global_step + 1) / train.warmup_steps
     return stage.lr * factor
+
+
+def validates_after_epoch(train: TrainConfig, epochs: int, epoch: int) -> bool:
+    """Whether epoch ``epoch`` (0-based) of ``epochs`` ends with a validation: every
+    ``eval_every_epochs``-th epoch and always the last."""
+    return epoch + 1 == epochs or (epoch + 1) % train.eval_every_epochs == 0
