@@ -22,7 +22,7 @@ from slurm_provider.status import JobStatus, gpu_hours
 from vcloud import contract, exitcodes
 from vcloud.config import ConfigError, config_from_dict
 from vcloud.data.index import INDEX_NAME
-from vcloud.training import distributed, markers, provenance
+from vcloud.training import distributed, markers, mirror, provenance
 from vcloud.training.best import improves
 from vcloud.training.paths import StagePaths
 from vcloud_pipeline import job_exits, render
@@ -110,13 +110,17 @@ def test_rendered_inner_scripts_use_the_contracts_exit_codes_and_environment(gol
         assert f'EXIT_GPUS_MISSING = int("{contract.EXIT_GPUS_MISSING}")' in text
     assert f"export {contract.CODE_HASH_ENV}=" in text
     variables = set(re.findall(r"\bVCLOUD_[A-Z_]+", text))
-    assert variables <= {contract.CODE_HASH_ENV, contract.GPUS_REQUIRED_ENV, contract.GPU_HINT_ENV}
+    assert variables <= {contract.CODE_HASH_ENV, contract.GPUS_REQUIRED_ENV, contract.GPU_HINT_ENV,
+                         contract.OUTPUTS_MIRROR_ENV}
 
 
 def test_the_job_environment_names_are_the_contracts_on_both_sides() -> None:
     assert (render.CODE_HASH_ENV, render.GPUS_REQUIRED_ENV, render.GPU_HINT_ENV) == (
         provenance.CODE_HASH_ENV, distributed.GPUS_REQUIRED_ENV, distributed.GPU_HINT_ENV) == (
         contract.CODE_HASH_ENV, contract.GPUS_REQUIRED_ENV, contract.GPU_HINT_ENV)
+    assert render.OUTPUTS_MIRROR_ENV == contract.OUTPUTS_MIRROR_ENV
+    shared = "/shared/outputs/run"
+    assert mirror.mirror_root({contract.OUTPUTS_MIRROR_ENV: shared}) == Path(shared)
 
 
 # --------------------------------------------------------------------------- metric directions

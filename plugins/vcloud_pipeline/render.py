@@ -32,6 +32,7 @@ from vcloud.contract import (
     EXIT_REQUEUE,
     GPU_HINT_ENV,
     GPUS_REQUIRED_ENV,
+    OUTPUTS_MIRROR_ENV,
 )
 
 from vcloud_pipeline.jobspec import JobKind, JobSpec, Resources, resolve_resources
@@ -46,7 +47,8 @@ them (:func:`slurm_provider.commands.job_log_name`), so a job submitted by hand 
 
 # The environment of the job (vcloud.contract): the inner script sets CODE_HASH_ENV to the job's
 # code hash, and GPUS_REQUIRED_ENV (how many GPUs this node was given) and GPU_HINT_ENV (the profile's
-# accelerator.missing_gpu_hint) in training and preflight jobs of profiles that require GPUs.
+# accelerator.missing_gpu_hint) in training and preflight jobs of profiles that require GPUs, and
+# OUTPUTS_MIRROR_ENV (the shared output directory) in training jobs whose outputs are staged.
 
 MAX_EARLY_STOPS = 3
 """Starts in a row that a training job may spend without training (a stop signal during set-up or
@@ -369,6 +371,24 @@ def _gpu_requirement(profile: ClusterProfile, spec: JobSpec, res: Resources) -> 
     return "\n".join(lines)
 
 
+def _outputs_mirror(profile: ClusterProfile, spec: JobSpec, paths: RunPaths) -> str:
+    """Inner-script lines that name the shared output directory to a trainer writing to node-local disk.
+
+    Only training jobs of profiles with ``staging.stage_outputs``: the trainer (global rank 0) copies
+    each checkpoint there as it saves it (``vcloud.training.mirror``), so a failed node loses at most
+    the checkpoint interval instead of everything since the outputs were staged in; the outer
+    script's ``sync_back`` at the end of the step stays.
+    """
+    staged = profile.staging is not None and profile.staging.stage_outputs
+    if spec.kind is not JobKind.TRAIN or _node_local(profile, spec) is None or not staged:
+        return ""
+    return "\n".join([
+        "# Outputs live on node-local disk: the trainer copies every checkpoint back to shared storage as it",
+        "# saves it, so a node failure loses at most the checkpoint interval.",
+        f"export {OUTPUTS_MIRROR_ENV}={shell_word(paths.outputs_dir)}",
+    ])
+
+
 def _preflight_check(templates: str) -> str:
     """The preflight import check's Python source, with the names and exit code it shares with us."""
     return fill_template(_read_template(templates, "preflight_check.py"), {
@@ -500,7 +520,8 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
         "WHERE": where,
         "PROFILE": profile.name,
         "CONTAINER_CHECK": _container_check(profile),
-        "ENV": "\n".join(part for part in (_inner_env(profile, code), _gpu_requirement(profile, spec, res)) if part),
+        "ENV": "\n".join(part for part in (_inner_env(profile, code), _gpu_requirement(profile, spec, res),
+                                            _outputs_mirror(profile, spec, paths)) if part),
         "CODE_DIR": shell_word(code.dir),
         "FORWARD": forward,
         "WAIT_FOR_CHILD": wait_for_child,

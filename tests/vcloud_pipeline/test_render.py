@@ -17,6 +17,7 @@ from vcloud_pipeline.profiles import ProfileError, load_profile
 from vcloud_pipeline.render import (
     CODE_HASH_ENV,
     EXIT_CODE_MISMATCH,
+    OUTPUTS_MIRROR_ENV,
     RenderError,
     RenderedJob,
     directive_value,
@@ -176,6 +177,34 @@ def test_cosmos_stages_to_node_local_disk_and_syncs_back() -> None:
     assert "export NCCL_SOCKET_IFNAME=hsn0" in job.inner and "export RCCL_MSCCL_ENABLE=1" in job.inner
     assert "--dest" not in job.inner
     assert "--dest /cosmos/vast/scratch/cosmouser/vcloud/viewer_data/full" in render_case("cosmos_export").inner
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_only_cosmos_training_jobs_name_the_shared_outputs_to_the_trainer(case: str) -> None:
+    """Cosmos trains on node-local disk (staging.stage_outputs): its training jobs tell the trainer the
+    shared output directory, the one sync_back copies to, so that every checkpoint is copied back as
+    it is saved. Jobs whose outputs are on shared storage already (LUMI, Levante, local), the export
+    and the preflight check do not set it."""
+    job = render_case(case)
+    exports = [line for line in job.inner.splitlines() if line.startswith(f"export {OUTPUTS_MIRROR_ENV}=")]
+    if case in ("cosmos_stage", "cosmos_stage_multinode"):
+        shared = next(line for line in job.outer.splitlines() if line.startswith("readonly SHARED_OUTPUTS="))
+        assert exports == [f"export {OUTPUTS_MIRROR_ENV}={shared.split('=', 1)[1]}"]
+        assert shared == "readonly SHARED_OUTPUTS=/cosmos/vast/scratch/cosmouser/vcloud/outputs/full"
+        assert job.inner.index(exports[0]) < job.inner.index(" -m vcloud.train ")
+        assert "--out /scratch/cosmouser/job_" in job.inner  # the trainer itself writes to node-local disk
+    else:
+        assert exports == [] and OUTPUTS_MIRROR_ENV not in job.outer + job.inner
+
+
+def test_the_trainer_reads_the_outputs_mirror_where_the_scripts_put_it() -> None:
+    from vcloud.training import mirror
+
+    job = render_case("cosmos_stage")
+    value = shlex.split(next(line for line in job.inner.splitlines()
+                             if line.startswith(f"export {OUTPUTS_MIRROR_ENV}=")).split("=", 1)[1])[0]
+    assert mirror.mirror_root({OUTPUTS_MIRROR_ENV: value}) == \
+        Path("/cosmos/vast/scratch/cosmouser/vcloud/outputs/full")
 
 
 def test_local_requests_one_emulated_gpu_and_runs_in_the_charliecloud_image() -> None:

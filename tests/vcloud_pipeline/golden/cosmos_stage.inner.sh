@@ -20,6 +20,9 @@ mkdir -p "${MIOPEN_USER_DB_PATH}"
 # this node, or the job stops instead of training on the CPU.
 export VCLOUD_GPUS_REQUIRED="${SLURM_GPUS_ON_NODE:-1}"
 export VCLOUD_GPU_HINT='Load the ROCm stack before the container starts (software.modules: rocm/6.3.0 and singularitypro/4.1.3) and run the image with singularity exec --rocm (container.rocm: true, right on Cosmos); the image must hold a ROCm build of PyTorch: python -c "import torch; print(torch.version.hip, torch.cuda.device_count())" in it prints a HIP version and the APU count.'
+# Outputs live on node-local disk: the trainer copies every checkpoint back to shared storage as it
+# saves it, so a node failure loses at most the checkpoint interval.
+export VCLOUD_OUTPUTS_MIRROR=/cosmos/vast/scratch/cosmouser/vcloud/outputs/full
 cd /cosmos/vast/scratch/cosmouser/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 
 child_pid=""

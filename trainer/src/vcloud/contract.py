@@ -80,6 +80,12 @@ GPUS_REQUIRED_ENV = "VCLOUD_GPUS_REQUIRED"
 GPU_HINT_ENV = "VCLOUD_GPU_HINT"
 """The profile's advice, printed by a job that stops for missing GPUs."""
 
+OUTPUTS_MIRROR_ENV = "VCLOUD_OUTPUTS_MIRROR"
+"""Set by the job script of a training job whose outputs live on node-local disk (the profile's
+``staging.stage_outputs``): the run's output directory on shared storage. The trainer (global rank
+0) copies its stage directory there at every checkpoint (:mod:`vcloud.training.mirror`), so a node
+failure loses at most the checkpoint interval; the job's own copy-back at the end stays."""
+
 # --------------------------------------------------------------------------- validation metrics
 
 HIGHER_IS_BETTER: dict[str, bool] = {"psnr": True, "ssim": True, "sam": False, "mae": False, "rmse": False}

@@ -40,6 +40,7 @@ from vcloud.training.distributed import DistContext, all_reduce_sum, barrier, ga
 from vcloud.training.paths import StagePaths
 from vcloud.training.precision import Precision, resolve_precision
 from vcloud.training.provenance import code_hash, code_version
+from vcloud.training.mirror import mirror_after_checkpoint
 from vcloud.training.monitor import StageMonitor
 from vcloud.training.rng import capture_rng_state, restore_rng_state, seed_everything
 from vcloud.training.sampling import ResumableSampler, ShardSampler
@@ -562,6 +563,8 @@ def _write_progress(session: StageSession, state: TrainState, status: str) -> No
         batches_per_epoch=data.sampler.batches_per_epoch if data else 0, best=state.best,
         last_metrics=state.last_metrics, history=state.history, world_size=session.ctx.world_size,
         device=session.ctx.device.type, code_hash=code_hash()))
+    # Every checkpoint is followed by this marker: now both reach shared storage, when the job asked.
+    mirror_after_checkpoint(session.paths.run_dir, session.paths.stage)
 
 
 def _stop(session: StageSession, state: TrainState, stop_signal: int) -> int:
@@ -588,6 +591,7 @@ def _finish(run: StageRun, paths: StagePaths, budget: StageTrainConfig, state: T
     markers.write_json(paths.progress, markers.completed_progress(
         markers.read_json(paths.progress), epoch=state.epoch, epochs_total=budget.epochs, step=state.global_step,
         best=state.best, history=state.history))
+    mirror_after_checkpoint(paths.run_dir, paths.stage)
     if already:
         log.info("stage %d already complete (%d/%d epochs, best %s); nothing to do",
                  run.stage, state.epoch, budget.epochs, _fmt_best(state.best))
