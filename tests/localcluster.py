@@ -254,14 +254,18 @@ class LocalCluster:
                 self.set_billing_limit(before)
 
     def daemon_pids(self) -> dict[str, int]:
-        pids = {}
-        for name, rel in [("munged", "munge/munged.pid"), ("mariadb", "mariadb.pid"),
-                          ("slurmdbd", "slurmdbd.pid"), ("slurmctld", "slurmctld.pid"),
-                          ("slurmd", "slurmd.pid"), ("sshd", "sshd.pid")]:
-            pidfile = self.state_dir / "run" / rel
-            if pidfile.exists():
-                pids[name] = int(pidfile.read_text().strip())
-        return pids
+        """Each daemon's pid by name; the compute nodes' as ``slurmd-<node>``."""
+        run = self.state_dir / "run"
+        files = [("munged", run / "munge" / "munged.pid"), ("mariadb", run / "mariadb.pid"),
+                 ("slurmdbd", run / "slurmdbd.pid"), ("slurmctld", run / "slurmctld.pid"),
+                 ("sshd", run / "sshd.pid")]
+        files += [(pidfile.stem, pidfile) for pidfile in sorted(run.glob("slurmd-*.pid"))]
+        return {name: int(pidfile.read_text().strip()) for name, pidfile in files if pidfile.exists()}
+
+    def nodes(self, partition: str | None = None) -> list[str]:
+        """The compute nodes (of ``partition``), as Slurm names them."""
+        where = f" -p {partition}" if partition else ""
+        return sorted(set(self.ssh(f"sinfo -h -N{where} -o '%N'").stdout.split()))
 
 
 def bring_up() -> LocalCluster:

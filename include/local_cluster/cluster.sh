@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# The local single-node Slurm cluster with an SSH login node: the embedded default that stands in
-# for LUMI in the demo and the tests.
+# The local Slurm cluster with an SSH login node: the embedded default that stands in for LUMI in
+# the demo and the tests. Its compute nodes (NodeName/NodeAddr lines of templates/slurm.conf) each
+# run a slurmd in their own network, UTS and mount namespace: own hostname, own address on the
+# bridge $BRIDGE (the controller's address there is $CONTROLLER_ADDR), own /etc/hosts naming every
+# node, and the Singularity stand-in (include/local_cluster/singularity, built on Charliecloud) on
+# their PATH. The login node and slurmctld are this machine.
 #
-#   cluster.sh up       install what is missing, start munge, MariaDB, slurmdbd, slurmctld, slurmd
-#                       and sshd (idempotent: running daemons are left alone)
+#   cluster.sh up       install what is missing, create the bridge and the nodes' namespaces, start
+#                       munge, MariaDB, slurmdbd, slurmctld, one slurmd per node and sshd
+#                       (idempotent: running daemons are left alone)
 #   cluster.sh down     stop what `up` started, by PID file, newest first
 #   cluster.sh status   one line per daemon
 #   cluster.sh install  only install the Debian packages and the jobs' runtime environment (image builds)
@@ -32,6 +37,10 @@ CLIENT_KEY_OWNER="${VCLOUD_CLIENT_KEY_OWNER:-}"
 SCRATCH="${VCLOUD_SCRATCH:-/srv/vcloud/scratch/vcloud}"
 RUNTIME_VENV="${VCLOUD_RUNTIME_VENV:-/opt/vcloud-localcluster/venv}"
 CONN_ID="vcloud_local_cluster"
+# The nodes' network: a bridge on this machine and one veth pair per node, nothing else.
+BRIDGE="${VCLOUD_CLUSTER_BRIDGE:-vcbr0}"
+CONTROLLER_ADDR="${VCLOUD_CONTROLLER_ADDR:-10.203.0.1}"
+NETNS_PREFIX="vcloud-"
 SLURM_ACCOUNT="vcloud_local"
 # The project allocation as Slurm holds it: GrpTRESMins=billing on the account (1000 GPU-hours, the
 # local profile's billing.allocation). Set again at every bring-up, so a test that lowered it and
@@ -39,7 +48,8 @@ SLURM_ACCOUNT="vcloud_local"
 ALLOCATION_BILLING_MINUTES="${VCLOUD_ALLOCATION_BILLING_MINUTES:-60000}"
 
 APT_PACKAGES=(munge mariadb-server slurmctld slurmd slurmdbd slurm-client openssh-server
-              openssh-client rsync python3-venv shellcheck charliecloud-runtime)
+              openssh-client rsync python3-venv shellcheck charliecloud-runtime iproute2
+              util-linux)
 
 log() { printf '[cluster] %s\n' "$*" >&2; }
 die() { printf '[cluster] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -53,6 +63,7 @@ pid_alive() {  # pid_alive PIDFILE: true when the file names a live process of t
   [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 1
   daemon=$(basename "$pidfile" .pid)
   [[ $daemon == mariadb ]] && daemon=mariadbd
+  [[ $daemon == slurmd-* ]] && daemon=slurmd
   [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$daemon" ]]
 }
 
@@ -71,7 +82,8 @@ render() {  # render TEMPLATE DEST MODE OWNER: fill @VARS@ in a template
   sed -e "s|@STATE@|$STATE|g" -e "s|@HOSTNAME@|$(hostname -s)|g" \
       -e "s|@SSH_PORT@|$SSH_PORT|g" -e "s|@SSH_LISTEN@|$SSH_LISTEN|g" -e "s|@CLUSTER_USER@|$CLUSTER_USER|g" \
       -e "s|@DB_PASSWORD@|${DB_PASSWORD:-}|g" -e "s|@TASK_PLUGIN@|${TASK_PLUGIN:-task/none}|g" \
-      -e "s|@JOBACCT_PARAMS@|${JOBACCT_PARAMS:-OverMemoryKill}|g" "$HERE/templates/$template" >"$tmp"
+      -e "s|@JOBACCT_PARAMS@|${JOBACCT_PARAMS:-OverMemoryKill}|g" \
+      -e "s|@CONTROLLER_ADDR@|$CONTROLLER_ADDR|g" "$HERE/templates/$template" >"$tmp"
   chmod "$mode" "$tmp"
   chown "$owner" "$tmp"
   mv -f "$tmp" "$dest"
@@ -98,7 +110,7 @@ prepare_dirs() {
   chown slurm:slurm "$STATE/spool/slurmctld" "$STATE/log"
   chmod 755 "$STATE" "$STATE/run" "$STATE/log"
   local i
-  for i in 0 1 2 3; do
+  for i in 0 1 2 3 4 5 6 7; do
     [[ -c $STATE/dev/gpu$i ]] || mknod -m 666 "$STATE/dev/gpu$i" c 195 "$i"
   done
 }
@@ -159,39 +171,36 @@ SQL
 }
 
 choose_memory_enforcement() {
-  # task/cgroup needs a cgroup v1 memory hierarchy we may create groups in (Slurm 22.05 here).
-  local probe=/sys/fs/cgroup/memory/vcloud-localcluster-probe
-  if [[ -d /sys/fs/cgroup/memory ]] && mkdir "$probe" 2>/dev/null; then
-    rmdir "$probe"
-    TASK_PLUGIN=task/cgroup JOBACCT_PARAMS=NoShared
-  else
-    TASK_PLUGIN=task/none JOBACCT_PARAMS=OverMemoryKill
-  fi
+  # The nodes share this machine's kernel and cgroup tree: with task/cgroup the steps of one job on
+  # two nodes would share a cgroup. The accounting poller enforces memory instead.
+  TASK_PLUGIN=task/none JOBACCT_PARAMS=OverMemoryKill
+}
+
+slurm_config_hash() {
+  cat /etc/slurm/slurm.conf /etc/slurm/gres.conf /etc/slurm/cgroup.conf | sha256sum | cut -d' ' -f1
 }
 
 write_slurm_configs() {
   install -d -m 755 /etc/slurm
   choose_memory_enforcement
-  local before
-  # (absent on a fresh machine: cat fails, and pipefail must not end the bring-up)
-  before=$( { cat /etc/slurm/slurm.conf /etc/slurm/gres.conf /etc/slurm/cgroup.conf 2>/dev/null || true; } | sha256sum)
   render slurm.conf /etc/slurm/slurm.conf 644 root:root
   render gres.conf /etc/slurm/gres.conf 644 root:root
   render cgroup.conf /etc/slurm/cgroup.conf 644 root:root
   render slurmdbd.conf /etc/slurm/slurmdbd.conf 600 slurm:slurm
-  if [[ $(cat /etc/slurm/slurm.conf /etc/slurm/gres.conf /etc/slurm/cgroup.conf | sha256sum) != "$before" ]]; then
-    # Running daemons keep the old plugins until restarted; jobs survive a restart.
-    CONFIG_CHANGED=1
-  fi
 }
 
 restart_if_config_changed() {
-  [[ ${CONFIG_CHANGED:-0} == 1 ]] || return 0
-  if pid_alive "$STATE/run/slurmctld.pid" || pid_alive "$STATE/run/slurmd.pid"; then
-    log "Slurm configuration changed: restarting slurmctld and slurmd"
-    stop_pidfile slurmd "$STATE/run/slurmd.pid"
-    stop_pidfile slurmctld "$STATE/run/slurmctld.pid"
-  fi
+  # Running daemons keep the configuration they started with (jobs survive a restart): compare it
+  # with the one just written, as recorded when slurmctld last started.
+  local applied="$STATE/run/slurm-config.sha256" pidfile running=0
+  [[ -s $applied && $(<"$applied") == "$(slurm_config_hash)" ]] && return 0
+  for pidfile in "$STATE/run/slurmctld.pid" "$STATE"/run/slurmd*.pid; do
+    if pid_alive "$pidfile"; then running=1; fi
+  done
+  ((running)) || return 0
+  log "Slurm configuration changed: restarting slurmctld and the nodes' slurmd"
+  stop_nodes
+  stop_pidfile slurmctld "$STATE/run/slurmctld.pid"
 }
 
 start_slurmdbd() {
@@ -223,26 +232,105 @@ start_slurmctld() {
   if ! pid_alive "$STATE/run/slurmctld.pid"; then
     log "starting slurmctld"
     /usr/sbin/slurmctld -i
+    slurm_config_hash >"$STATE/run/slurm-config.sha256"
   fi
   wait_for 60 slurmctld scontrol ping
 }
 
-start_slurmd() {
-  if ! pid_alive "$STATE/run/slurmd.pid"; then
-    log "starting slurmd"
-    /usr/sbin/slurmd
-  fi
-  wait_for 60 "node vcnode1 to be usable" node_usable
+node_table() {  # "NAME ADDRESS" per compute node, from the rendered slurm.conf
+  sed -n 's/^NodeName=\([^ ]*\) NodeAddr=\([0-9.]*\) .*/\1 \2/p' /etc/slurm/slurm.conf
 }
 
-node_usable() {
-  local state
-  state=$(sinfo -h -n vcnode1 -o '%T' | head -n1)
-  case "$state" in
-    idle*|mixed*|allocated*|completing*) return 0 ;;
-    down*|drain*) scontrol update nodename=vcnode1 state=resume >/dev/null 2>&1; return 1 ;;
-    *) return 1 ;;
-  esac
+ensure_bridge() {
+  if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+    log "creating bridge $BRIDGE ($CONTROLLER_ADDR/24)"
+    ip link add "$BRIDGE" type bridge
+  fi
+  # (captured first: `grep -q` would end the pipe early, and pipefail take that for a failure)
+  [[ $(ip -4 addr show dev "$BRIDGE") == *"inet $CONTROLLER_ADDR/"* ]] || ip addr add "$CONTROLLER_ADDR/24" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
+}
+
+ensure_node_network() {  # ensure_node_network NAME ADDRESS: namespace, veth pair, address, /etc/hosts
+  local name=$1 addr=$2 ns="$NETNS_PREFIX$1" host_if="vc-$1"
+  [[ -e /run/netns/$ns ]] || ip netns add "$ns"
+  if ! ip link show "$host_if" >/dev/null 2>&1; then
+    ip link add "$host_if" type veth peer name eth0 netns "$ns"
+  fi
+  ip link set "$host_if" master "$BRIDGE"
+  ip link set "$host_if" up
+  ip -n "$ns" link set lo up
+  [[ $(ip -n "$ns" -4 addr show dev eth0) == *"inet $addr/"* ]] || ip -n "$ns" addr add "$addr/24" dev eth0
+  ip -n "$ns" link set eth0 up
+}
+
+write_node_files() {  # the nodes' /etc/hosts and the commands only compute nodes have
+  local name addr
+  install -d -m 755 "$STATE/nodes" "$STATE/node-bin"
+  {
+    printf '127.0.0.1\tlocalhost\n'
+    printf '%s\t%s\n' "$CONTROLLER_ADDR" "$(hostname -s)"
+    while read -r name addr; do printf '%s\t%s\n' "$addr" "$name"; done < <(node_table)
+  } >"$STATE/nodes/hosts.tmp"
+  chmod 644 "$STATE/nodes/hosts.tmp"
+  mv -f "$STATE/nodes/hosts.tmp" "$STATE/nodes/hosts"
+  [[ -x $HERE/singularity ]] || die "missing $HERE/singularity (the compute nodes' Singularity stand-in)"
+  install -m 755 "$HERE/singularity" "$STATE/node-bin/singularity"
+}
+
+start_node() {  # start_node NAME: slurmd in the node's namespaces (net, UTS for its hostname, mount)
+  local name=$1 ns="$NETNS_PREFIX$1"
+  pid_alive "$STATE/run/slurmd-$name.pid" && return 0
+  log "starting slurmd of node $name"
+  install -d -m 755 "$STATE/spool/slurmd-$name"
+  # In the node's own mount namespace: its /etc/hosts, and /usr/local/bin with the stand-in
+  # `singularity` over this machine's (an overlay: the login node keeps its own /usr/local/bin).
+  # shellcheck disable=SC2016  # expanded by the inner bash, from its arguments
+  nsenter --net="/run/netns/$ns" unshare --uts --mount --propagation private -- bash -euc '
+    hostname "$1"
+    mount --bind "$2/nodes/hosts" /etc/hosts
+    mount -t overlay overlay -o "lowerdir=$2/node-bin:/usr/local/bin" /usr/local/bin
+    exec /usr/sbin/slurmd
+  ' start-node "$name" "$STATE"
+}
+
+start_nodes() {
+  local name addr
+  write_node_files
+  while read -r name addr; do
+    ensure_node_network "$name" "$addr"
+    start_node "$name"
+  done < <(node_table)
+  wait_for 90 "every node to be usable" nodes_usable
+}
+
+nodes_usable() {
+  local name state rc=0
+  while read -r name state; do
+    case "$state" in
+      idle*|mixed*|allocated*|completing*) ;;
+      down*|drain*|fail*) scontrol update nodename="$name" state=resume >/dev/null 2>&1; rc=1 ;;
+      *) rc=1 ;;
+    esac
+  done < <(sinfo -h -N -o '%N %T' | sort -u)
+  [[ -n $(sinfo -h -N -o '%N') ]] && return $rc
+}
+
+stop_nodes() {
+  local pidfile
+  for pidfile in "$STATE"/run/slurmd-*.pid "$STATE/run/slurmd.pid"; do
+    [[ -e $pidfile ]] || continue
+    stop_pidfile "$(basename "$pidfile" .pid)" "$pidfile"
+  done
+}
+
+remove_node_networks() {
+  local ns
+  for ns in /run/netns/"$NETNS_PREFIX"*; do
+    [[ -e $ns ]] || continue
+    ip netns del "$(basename "$ns")"
+  done
+  if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE"; fi
 }
 
 start_sshd() {
@@ -331,11 +419,13 @@ cmd_up() {
   start_munge
   start_mariadb
   write_slurm_configs
+  ensure_bridge  # the controller's address: slurmdbd's clients reach it there, from every node
   start_slurmdbd
   register_accounts
   restart_if_config_changed
+  stop_pidfile "slurmd (single-node layout)" "$STATE/run/slurmd.pid"
   start_slurmctld
-  start_slurmd
+  start_nodes
   start_sshd
   write_client_config
   ensure_runtime_venv
@@ -368,8 +458,9 @@ cmd_down() {
     fi
   done
   stop_pidfile sshd "$STATE/run/sshd.pid"
-  stop_pidfile slurmd "$STATE/run/slurmd.pid"
+  stop_nodes
   stop_pidfile slurmctld "$STATE/run/slurmctld.pid"
+  remove_node_networks
   stop_pidfile slurmdbd "$STATE/run/slurmdbd.pid"
   stop_pidfile MariaDB "$STATE/run/mariadb.pid"
   stop_pidfile munged "$STATE/run/munge/munged.pid"
@@ -377,14 +468,22 @@ cmd_down() {
 }
 
 cmd_status() {
-  local name rc=0
-  for name in munge/munged mariadb slurmdbd slurmctld slurmd sshd; do
+  local name rc=0 pidfile
+  for name in munge/munged mariadb slurmdbd slurmctld sshd; do
     if pid_alive "$STATE/run/$name.pid"; then
-      printf '%-10s running (pid %s)\n' "${name#*/}" "$(<"$STATE/run/$name.pid")"
+      printf '%-18s running (pid %s)\n' "${name#*/}" "$(<"$STATE/run/$name.pid")"
     else
-      printf '%-10s stopped\n' "${name#*/}"; rc=1
+      printf '%-18s stopped\n' "${name#*/}"; rc=1
     fi
   done
+  while read -r name _; do
+    pidfile="$STATE/run/slurmd-$name.pid"
+    if pid_alive "$pidfile"; then
+      printf '%-18s running (pid %s)\n' "slurmd-$name" "$(<"$pidfile")"
+    else
+      printf '%-18s stopped\n' "slurmd-$name"; rc=1
+    fi
+  done < <(node_table 2>/dev/null)
   return $rc
 }
 

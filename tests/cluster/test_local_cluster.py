@@ -12,9 +12,11 @@ import pytest
 from localcluster import CLUSTER_SCRIPT, LocalCluster, poll_until
 
 
-def test_partitions_are_shaped_like_lumi(local_cluster: LocalCluster) -> None:
+def test_partitions_are_shaped_like_the_sites(local_cluster: LocalCluster) -> None:
     partitions = local_cluster.ssh("sinfo -h -o '%P'").stdout.split()
-    assert set(partitions) == {"small-g*", "standard-g", "dev-g", "urgent"}  # '*' marks the default
+    # LUMI-G's (small-g the default: '*'), the preempting "urgent", LUMI-C's small, Levante's gpu,
+    # Cosmos' debug.
+    assert set(partitions) == {"small-g*", "standard-g", "dev-g", "urgent", "small", "gpu", "debug"}
 
 
 def test_accounting_answers(local_cluster: LocalCluster) -> None:
@@ -177,7 +179,9 @@ def test_connection_pins_the_host_key(local_cluster: LocalCluster) -> None:
 
 def test_cluster_up_is_idempotent(local_cluster: LocalCluster) -> None:
     before = local_cluster.daemon_pids()
-    assert set(before) == {"munged", "mariadb", "slurmdbd", "slurmctld", "slurmd", "sshd"}
+    nodes = {f"slurmd-{node}" for node in local_cluster.nodes()}
+    assert len(nodes) >= 3
+    assert set(before) == {"munged", "mariadb", "slurmdbd", "slurmctld", "sshd"} | nodes
     proc = subprocess.run(["bash", str(CLUSTER_SCRIPT), "up"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert local_cluster.daemon_pids() == before
