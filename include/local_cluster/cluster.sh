@@ -41,6 +41,12 @@ CONN_ID="vcloud_local_cluster"
 BRIDGE="${VCLOUD_CLUSTER_BRIDGE:-vcbr0}"
 CONTROLLER_ADDR="${VCLOUD_CONTROLLER_ADDR:-10.203.0.1}"
 NETNS_PREFIX="vcloud-"
+# What the real sites' profiles expect of a machine (include/local_cluster/site_facts.yaml maps the
+# rest): their file system roots, and LUMI's host libraries the CSC image needs bound in
+# (SINGULARITY_CONTAINLIBS, SINGULARITY_BIND), as empty stand-ins where this machine lacks them.
+SITE_ROOTS=(/scratch /projappl /flash /appl /pfs /project /opt/cray/libfabric /cosmos/vast/scratch /var/spool/slurmd)
+SITE_HOST_LIBS=(/usr/lib64/libcxi.so.1 /usr/lib64/libjansson.so.4 /opt/rocm/lib/librocm_smi64.so.7)
+SITE_ACCOUNT_DIRS=(/scratch/vcloud_local /projappl/vcloud_local/pylibs /flash/vcloud_local /project/vcloud_local)
 SLURM_ACCOUNT="vcloud_local"
 # The project allocation as Slurm holds it: GrpTRESMins=billing on the account (1000 GPU-hours, the
 # local profile's billing.allocation). Set again at every bring-up, so a test that lowered it and
@@ -131,6 +137,29 @@ ensure_cluster_user() {
   install -m 600 -o "$CLUSTER_USER" -g "$CLUSTER_USER" "$STATE/ssh/id_ed25519.pub" "$home/.ssh/authorized_keys"
   install -d -m 755 "$(dirname "$SCRATCH")"
   install -d -m 755 -o "$CLUSTER_USER" -g "$CLUSTER_USER" "$SCRATCH"
+}
+
+prepare_site_roots() {
+  local dir lib images="$STATE/images/sites"
+  for dir in "${SITE_ROOTS[@]}"; do install -d -m 755 "$dir"; done
+  for lib in "${SITE_HOST_LIBS[@]}"; do
+    [[ -e $lib ]] && continue
+    install -d -m 755 "$(dirname "$lib")"
+    install -m 644 /dev/null "$lib"
+  done
+  # The project's directories, owned by the cluster user as a project's are by its group; Cosmos'
+  # per-user VAST and node-local directories; Levante's base (mapped under /srv).
+  for dir in "${SITE_ACCOUNT_DIRS[@]}" "/cosmos/vast/scratch/$CLUSTER_USER" "/scratch/$CLUSTER_USER" \
+             "/srv/vcloud/levante"; do
+    install -d -m 755 -o "$CLUSTER_USER" -g "$CLUSTER_USER" "$dir"
+  done
+  # The sites' images are the local trainer image (make image); LUMI's breaks with --rocm, as the
+  # CSC image does (the stand-in reads the .rocm-breaks file next to the image).
+  install -d -m 755 "$images"
+  ln -sfn ../vcloud-trainer "$images/lumi.sif"
+  ln -sfn ../vcloud-trainer "$images/cosmos.sif"
+  printf '%s\n' "FATAL: the LUMI CSC image breaks with --rocm: it binds the host's libdrm.so, built against GLIBC 2.33, into a container with GLIBC 2.31 (/lib64/libc.so.6: version \`GLIBC_2.33' not found); use SINGULARITY_CONTAINLIBS and -B /opt/cray instead" \
+    >"$images/lumi.sif.rocm-breaks"
 }
 
 start_munge() {
@@ -416,6 +445,7 @@ cmd_up() {
   install_packages
   prepare_dirs
   ensure_cluster_user
+  prepare_site_roots
   start_munge
   start_mariadb
   write_slurm_configs

@@ -35,6 +35,8 @@ from typing import Any
 
 import yaml
 
+from vcloud_pipeline.site_facts import SiteFactsError, site_facts_for
+
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "include" / "profiles"
 """Where ``load_profile`` looks for ``<name>.yaml`` unless told otherwise."""
 
@@ -428,8 +430,14 @@ def overrides_for(name: str, source: Mapping[str, Any] | str | None) -> dict[str
 
 
 def overrides_from_environ(name: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The site facts of the file :data:`vcloud_pipeline.site_facts.SITE_FACTS_ENV` names (a real
+    site's profile run elsewhere), then the deployment's :data:`OVERRIDES_ENV` on top."""
     env = os.environ if environ is None else environ
-    return overrides_for(name, env.get(OVERRIDES_ENV))
+    try:
+        facts = site_facts_for(name, env)
+    except SiteFactsError as exc:
+        raise ProfileError(str(exc)) from exc
+    return {**facts, **overrides_for(name, env.get(OVERRIDES_ENV))}
 
 
 def merge_overrides(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:

@@ -58,6 +58,12 @@ _TOKEN = re.compile(r"@@([A-Z_]+)@@")
 _DIRECTIVE_SAFE = re.compile(r"^[A-Za-z0-9_./:@%=,+-]+$")
 
 
+SITE_DEFAULT_PARTITION = "default"
+"""A profile partition of this name is the site's default partition: Slurm reserves the name
+(``PartitionName=DEFAULT`` sets defaults), so ``--partition=default`` would be refused; such jobs
+carry no ``--partition`` and go where the site sends jobs without one (Cosmos' job scripts do so)."""
+
+
 class RenderError(ValueError):
     """A job cannot be rendered from what it was given."""
 
@@ -166,7 +172,10 @@ def _directives(profile: ClusterProfile, res: Resources, job_name: str,
     options: list[tuple[str, str]] = [
         ("job-name", job_name),
         ("account", profile.account),
-        ("partition", res.partition.name),
+    ]
+    if res.partition.name.lower() != SITE_DEFAULT_PARTITION:
+        options.append(("partition", res.partition.name))
+    options += [
         ("time", format_slurm_time(res.time_seconds)),
         ("nodes", str(res.nodes)),
         ("ntasks-per-node", "1"),

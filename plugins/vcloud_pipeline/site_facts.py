@@ -1,0 +1,87 @@
+"""Running a real site's profile somewhere else: replace its site facts, nothing more.
+
+The LUMI, Levante and Cosmos profiles render the job scripts those sites get. To run those very
+scripts on the local cluster, a *site-facts file* (``include/local_cluster/site_facts.yaml``) maps,
+per profile, only what belongs to the machine: the project account, the login connection, base
+directories, the image path, module commands, the interpreter of a native environment, node sizes
+and the accelerator the nodes really have. Everything else (binds, SINGULARITY_CONTAINLIBS, the
+launch line, PYTHONPATH with pylibs, MIOpen directories, the environment, time limits, partitions,
+requeue handling) stays the profile's own. A key outside :data:`SITE_FACT_KEYS` is refused, so the
+file cannot grow into a second copy of a profile.
+
+Selected with :data:`SITE_FACTS_ENV` (a path; ``make demo PROFILE=lumi`` sets it). The overrides of
+:data:`vcloud_pipeline.profiles.OVERRIDES_ENV` still apply on top.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SITE_FACTS_ENV = "VCLOUD_SITE_FACTS"
+
+SITE_FACT_KEYS: tuple[str, ...] = (
+    "account",
+    "connection.conn_id",
+    "paths.base",
+    "container.image",
+    "software.modules",
+    "software.python",
+    "accelerator.kind",
+    "synthetic_data",
+    "partitions.*.cpus_per_node",
+    "partitions.*.default_cpus_per_gpu",
+    "partitions.*.mem_per_gpu",
+)
+"""Dotted keys a site-facts file may set (``*``: any partition of the profile)."""
+
+LOCAL_SITE_FACTS = Path(__file__).resolve().parents[2] / "include" / "local_cluster" / "site_facts.yaml"
+"""The mapping that runs the real profiles on the local cluster."""
+
+
+class SiteFactsError(ValueError):
+    """A site-facts file that cannot be used as it is."""
+
+
+def load_site_facts(path: Path) -> dict[str, dict[str, Any]]:
+    """``{profile: {dotted key: value}}`` from a site-facts file, every key checked."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise SiteFactsError(f"site-facts file {path} cannot be read ({exc}); unset {SITE_FACTS_ENV} "
+                             "or point it at an existing file") from exc
+    except yaml.YAMLError as exc:
+        raise SiteFactsError(f"site-facts file {path} is not valid YAML: {exc}") from exc
+    if not isinstance(raw, Mapping):
+        raise SiteFactsError(f"site-facts file {path} must map profile names to their site facts")
+    facts: dict[str, dict[str, Any]] = {}
+    for profile, entries in raw.items():
+        if not isinstance(entries, Mapping):
+            raise SiteFactsError(f"site-facts file {path}: {profile} must map dotted keys to values")
+        for key in entries:
+            if not is_site_fact(str(key)):
+                raise SiteFactsError(
+                    f"site-facts file {path}: {profile}.{key} is not a site fact; a site-facts file "
+                    f"maps only {', '.join(SITE_FACT_KEYS)} (anything else is the profile's own: change "
+                    f"the profile, or use VCLOUD_PROFILE_OVERRIDES for a deployment's choice)")
+        facts[str(profile)] = {str(k): v for k, v in entries.items()}
+    return facts
+
+
+def is_site_fact(key: str) -> bool:
+    return any(fnmatch.fnmatchcase(key, pattern) and key.count(".") == pattern.count(".")
+               for pattern in SITE_FACT_KEYS)
+
+
+def site_facts_for(profile: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The site facts for ``profile`` from the file :data:`SITE_FACTS_ENV` names (none if unset)."""
+    env = os.environ if environ is None else environ
+    location = env.get(SITE_FACTS_ENV, "")
+    if not location:
+        return {}
+    return load_site_facts(Path(location)).get(profile, {})
