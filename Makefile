@@ -15,6 +15,8 @@ PYTEST_ARGS ?=
 # Slurm tests mostly wait on the cluster, so more workers than cores pays off.
 # --dist loadgroup: a module that shares one Airflow deployment (xdist_group) runs on one worker.
 TEST_WORKERS ?= 4
+# make demo PROFILE=lumi|levante|cosmos: that site's own job scripts on the local cluster.
+PROFILE ?= local
 
 .PHONY: help venv system-packages cluster-up cluster-down cluster-status image test test-fast demo lock clean
 
@@ -65,7 +67,7 @@ test-fast: venv
 	$(VENV_PY) -m pytest -m "not cluster" $(PYTEST_ARGS)
 
 demo: venv cluster-up image
-	@bash include/demo.sh
+	@PROFILE=$(PROFILE) bash include/demo.sh
 
 # Re-resolve the pinned set from requirements.txt (torch stays the on-disk CPU 2.13.0 wheel).
 lock: system-packages

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # `make demo`: the training DAG end to end on the local Slurm cluster (profile local, config tiny).
+# `make demo PROFILE=lumi` (or levante, cosmos): the same with that site's own job scripts, only its
+# site facts mapped to the local cluster (include/local_cluster/site_facts.yaml, VCLOUD_SITE_FACTS).
 #
 # Runs `airflow dags test vcloud_training` in a project-local Airflow home (.airflow/demo, gitignored):
 # code sync over the cluster's SSH login, the synthetic dataset job (first time only), preflight
@@ -11,7 +13,8 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${REPO}/.venv/bin/python"
 CLUSTER_DIR="${VCLOUD_CLUSTER_DIR:-/var/lib/vcloud-localcluster}"
 CONN_ENV="${CLUSTER_DIR}/airflow_conn.env"
-RUN_NAME="${DEMO_RUN_NAME:-demo-$(date -u +%Y%m%d-%H%M%S)}"
+PROFILE="${PROFILE:-local}"
+RUN_NAME="${DEMO_RUN_NAME:-demo-${PROFILE}-$(date -u +%Y%m%d-%H%M%S)}"
 
 if [ ! -x "$PY" ]; then
     echo "demo: ${PY} is missing; run 'make venv' first" >&2
@@ -24,6 +27,16 @@ fi
 if ! sinfo -h >/dev/null 2>&1; then
     echo "demo: sinfo does not answer; start the local cluster with 'make cluster-up'" >&2
     exit 1
+fi
+
+if [ "$PROFILE" != local ]; then
+    export VCLOUD_SITE_FACTS="${REPO}/include/local_cluster/site_facts.yaml"
+    if ! grep -q "^${PROFILE}:" "$VCLOUD_SITE_FACTS"; then
+        echo "demo: profile ${PROFILE} has no site facts in ${VCLOUD_SITE_FACTS} (known: local and" \
+            "$(sed -n 's/^\([a-z0-9_-]*\):$/\1/p' "$VCLOUD_SITE_FACTS" | paste -sd, -))" >&2
+        exit 1
+    fi
+    echo "demo: profile ${PROFILE} with its site facts mapped to the local cluster (${VCLOUD_SITE_FACTS})"
 fi
 
 export AIRFLOW_HOME="${REPO}/.airflow/demo"
@@ -52,7 +65,7 @@ echo "demo: Airflow home ${AIRFLOW_HOME}; migrating its database"
     exit 1
 }
 
-conf=$(printf '{"profile": "local", "config": "tiny", "run_name": "%s"}' "$RUN_NAME")
+conf=$(printf '{"profile": "%s", "config": "tiny", "run_name": "%s"}' "$PROFILE" "$RUN_NAME")
 echo "demo: airflow dags test vcloud_training --conf '${conf}'"
 started=$(date +%s)
 log="${AIRFLOW_HOME}/dags-test-${RUN_NAME}.log"
@@ -70,7 +83,7 @@ if [ -n "$dag_run_id" ]; then
         | awk '{print "  " $0}' || true
 fi
 echo
-"$PY" -m vcloud_pipeline.report --profile local --config tiny --run "$RUN_NAME" ${dag_run_id:+--dag-run-id "$dag_run_id"}
+"$PY" -m vcloud_pipeline.report --profile "$PROFILE" --config tiny --run "$RUN_NAME" ${dag_run_id:+--dag-run-id "$dag_run_id"}
 if [ "$rc" -ne 0 ] || grep -q "DagRun Finished: .*state=failed" "$log"; then
     echo "demo: the DAG run failed; see ${log}" >&2
     exit 1

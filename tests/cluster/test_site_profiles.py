@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.layout import run_paths
-from vcloud_pipeline.profiles import ClusterProfile, load_profile, overrides_from_environ
+from vcloud_pipeline.profiles import ClusterProfile, load_profile, overrides_from_environ, parse_slurm_time
 from vcloud_pipeline.render import render_job
 from vcloud_pipeline.site_facts import LOCAL_SITE_FACTS, SITE_FACTS_ENV, SiteFactsError, load_site_facts
 
@@ -61,6 +61,11 @@ def test_every_job_of_the_profile_passes_sbatch_test_only(local_cluster: LocalCl
         nodes = local_cluster.ssh(f"scontrol show hostnames {where.group(1)}").stdout.split()
         assert len(nodes) == spec.nodes and all(re.fullmatch(SITE_NODES[name], n) for n in nodes), \
             f"{name} {label}: {message}"
+        # --test-only accepts a job that would pend forever on PartitionTimeLimit: check that too.
+        partition = local_cluster.ssh(f"scontrol show partition {where.group(2)}").stdout
+        max_time = re.search(r"MaxTime=(\S+)", partition).group(1)
+        assert job.resources.time_seconds <= parse_slurm_time(max_time), \
+            f"{name} {label}: --time {job.resources.time_seconds}s exceeds {where.group(2)}'s MaxTime={max_time}"
 
 
 def test_the_mapped_profiles_keep_their_own_job_scripts() -> None:

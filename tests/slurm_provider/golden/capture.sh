@@ -88,7 +88,7 @@ wait_for "$FAILED_ID" '^FAILED'
 wait_for "$COMPLETED_ID" '^COMPLETED'
 # squeue still lists finished jobs for MinJobAge seconds (60 here), then forgets them.
 save squeue_recent "$(build "c.build_squeue([$COMPLETED_ID, $FAILED_ID])")"
-PARTLIMIT_ID=$(submit partlimit 'echo never' ", partition='dev-g', time_limit='1:00:00'")
+PARTLIMIT_ID=$(submit partlimit 'echo never' ", partition='dev-g', time_limit='4:00:00'")
 BEGIN_ID=$(submit begin 'echo later' ", time_limit='0:05:00', extra_options=['--begin=now+1hour']")
 DEPNEVER_ID=$(submit depnever 'echo never' ", time_limit='0:05:00', dependency='afterok:$FAILED_ID'")
 HELD_ID=$(submit held 'echo held' ", time_limit='0:05:00', extra_options=['--hold']")
