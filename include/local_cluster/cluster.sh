@@ -300,9 +300,13 @@ write_node_files() {  # the nodes' /etc/hosts and the commands only compute node
     printf '127.0.0.1\tlocalhost\n'
     printf '%s\t%s\n' "$CONTROLLER_ADDR" "$(hostname -s)"
     while read -r name addr; do printf '%s\t%s\n' "$addr" "$name"; done < <(node_table)
-  } >"$STATE/nodes/hosts.tmp"
-  chmod 644 "$STATE/nodes/hosts.tmp"
-  mv -f "$STATE/nodes/hosts.tmp" "$STATE/nodes/hosts"
+  } >"$STATE/nodes/hosts.new"
+  # Rewritten in place, never replaced: running nodes have this very file (inode) bound on /etc/hosts.
+  if ! cmp -s "$STATE/nodes/hosts.new" "$STATE/nodes/hosts"; then
+    cat "$STATE/nodes/hosts.new" >"$STATE/nodes/hosts"
+  fi
+  chmod 644 "$STATE/nodes/hosts"
+  rm -f "$STATE/nodes/hosts.new"
   [[ -x $HERE/singularity ]] || die "missing $HERE/singularity (the compute nodes' Singularity stand-in)"
   install -m 755 "$HERE/singularity" "$STATE/node-bin/singularity"
 }
