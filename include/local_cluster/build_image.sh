@@ -13,7 +13,9 @@
 #      trainer/requirements-runtime.txt: the same path as the bare venv of `cluster.sh up`, so the
 #      profile's software.python serves both runtimes. pip sees the host's CA bundle and pip
 #      configuration (find-links, constraints, local indexes), bound read-only;
-#   3. mount points for the profile's binds (/srv, the project filesystem);
+#   3. mount points for the profile's binds (/srv, the project filesystem), and `python3` on the
+#      default PATH (/usr/local/bin) being the venv's, as in the CSC image the sites' profiles run
+#      (their software.python is the container's python3);
 #   4. its build hash in /etc/vcloud-image.sha256 inside, and in $IMAGE.sha256 next to it.
 # A directory image, not SquashFS: that needs /dev/fuse, and ch-run 0.31 then stays the FUSE parent
 # of the job and does not forward signals, so the pre-timeout USR2 would never reach the trainer.
@@ -147,6 +149,8 @@ build() {  # build HASH
   done
 
   for path in "${MOUNT_POINTS[@]}"; do install -d -m 755 "$root$path"; done
+  ln -sfn "$VENV/bin/python3" "$root/usr/local/bin/python3"
+  ln -sfn "$VENV/bin/python3" "$root/usr/local/bin/python"
   echo "$want" >"$root$HASH_FILE"
   chmod 644 "$root$HASH_FILE"
   chmod -R a+rX "$root/opt/vcloud-localcluster"

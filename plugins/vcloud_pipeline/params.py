@@ -34,8 +34,10 @@ DEFAULT_MAX_RESUBMITS = 3
 MAX_RESUBMITS_LIMIT = 50
 
 _PROFILE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+_PARTITION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 FIELDS = ("profile", "config", "stages", "start_stage", "mode", "max_resubmits", "dry_run", "run_name",
-          "export", "time_limit", "max_epochs")
+          "export", "time_limit", "max_epochs", "partition", "nodes", "gpus_per_node")
+MAX_NODES = 1024
 
 
 class RequestError(ValueError):
@@ -66,6 +68,12 @@ class TrainingRequest:
     """Slurm time limit for the training jobs; ``None``: the partition's default."""
     max_epochs: int | None = None
     """Overrides the config's epochs per stage (short smoke runs)."""
+    partition: str | None = None
+    """Partition of the training jobs; ``None``: the profile's default partition."""
+    nodes: int = 1
+    """Nodes per training job (more than one: torchrun across the nodes)."""
+    gpus_per_node: int = 1
+    """GPUs (GCDs on LUMI) per node of each training job; the profile's partition checks both."""
 
     @property
     def config_path(self) -> str:
@@ -77,7 +85,7 @@ class TrainingRequest:
     def to_dict(self) -> dict[str, Any]:
         return {name: (list(v) if isinstance(v := getattr(self, name), tuple) else v) for name in (
             "profile", "config", "stages", "mode", "max_resubmits", "dry_run", "run_name", "export",
-            "time_limit", "max_epochs")}
+            "time_limit", "max_epochs", "partition", "nodes", "gpus_per_node")}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "TrainingRequest":
@@ -177,9 +185,16 @@ def parse_request(conf: Mapping[str, Any], *, run_type: str | None = None, logic
     if max_epochs is not None:
         max_epochs = _int("max_epochs", max_epochs, 1, 100000)
 
+    partition = conf.get("partition") or None
+    if partition is not None and (not isinstance(partition, str) or not _PARTITION.match(partition)):
+        raise RequestError(f"partition must be a Slurm partition name (letters, digits, '-', '_'), got {partition!r}")
+    nodes = _int("nodes", conf.get("nodes", 1), 1, MAX_NODES)
+    gpus_per_node = _int("gpus_per_node", conf.get("gpus_per_node", 1), 1, 64)
+
     return TrainingRequest(profile=profile, config=config, stages=stages, mode=mode,
                            max_resubmits=max_resubmits, dry_run=dry_run, run_name=run_name, export=export,
-                           time_limit=time_limit, max_epochs=max_epochs)
+                           time_limit=time_limit, max_epochs=max_epochs, partition=partition, nodes=nodes,
+                           gpus_per_node=gpus_per_node)
 
 
 def dag_params(default_profile: str = DEFAULT_PROFILE) -> dict[str, Any]:
@@ -216,4 +231,12 @@ def dag_params(default_profile: str = DEFAULT_PROFILE) -> dict[str, Any]:
                                         "partition's default. Jobs checkpoint and requeue before it."),
         "max_epochs": Param(None, type=["null", "integer"], minimum=1, title="Epochs per stage",
                             description="Override the config's epochs per stage (short test runs)."),
+        "partition": Param(None, type=["null", "string"], title="Training partition",
+                           description="Partition of the training jobs (e.g. standard-g on LUMI for whole "
+                                       "nodes). Empty: the profile's default partition."),
+        "nodes": Param(1, type="integer", minimum=1, maximum=MAX_NODES, title="Nodes per training job",
+                       description="More than one: torchrun across the nodes (the partition must allow it)."),
+        "gpus_per_node": Param(1, type="integer", minimum=1, maximum=64, title="GPUs per node",
+                               description="GPUs (GCDs on LUMI) per node of each training job; whole-node "
+                                           "partitions need all of a node's."),
     }

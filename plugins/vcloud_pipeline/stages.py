@@ -94,7 +94,8 @@ class StagePlan:
             specs[DATA] = JobSpec.data(self.data_preset, config=r.config_path)
         for stage in STAGES:
             specs[f"stage{stage}"] = JobSpec.train(stage, config=r.config_path, time_limit=r.time_limit,
-                                                   max_epochs=r.max_epochs)
+                                                   max_epochs=r.max_epochs, partition=r.partition,
+                                                   nodes=r.nodes, gpus_per_node=r.gpus_per_node)
         specs[EXPORT] = JobSpec.export(config=r.config_path)
         return specs
 

@@ -54,6 +54,9 @@ def test_start_stage_skips_the_stages_before_it_like_the_seed_start_stage() -> N
     ({"time_limit": "01:00:00; scancel -u vcloud"}, "is not a Slurm duration"),
     ({"time_limit": 60}, "must be a Slurm duration string"),
     ({"max_epochs": 0}, "max_epochs must be from 1"),
+    ({"partition": "dev-g; scancel -u vcloud"}, "partition must be a Slurm partition name"),
+    ({"nodes": 0}, "nodes must be from 1 to 1024"),
+    ({"gpus_per_node": "two"}, "gpus_per_node must be an integer"),
     ({"stage": [2]}, r"unknown param\(s\) stage \(known: profile, config, stages"),
 ])
 def test_bad_values_are_refused_naming_the_field_and_the_allowed_values(conf, message) -> None:
@@ -84,8 +87,23 @@ def test_the_task_sdks_run_type_enum_names_scheduled_and_backfill_runs() -> None
 
 
 def test_request_round_trips_through_xcom() -> None:
-    request = parse(stages=[1, 2], mode="restart", run_name="r1", time_limit="00:10:00", max_epochs=2)
+    request = parse(stages=[1, 2], mode="restart", run_name="r1", time_limit="00:10:00", max_epochs=2,
+                    partition="standard-g", nodes=2, gpus_per_node=8)
     assert TrainingRequest.from_dict(request.to_dict()) == request
+    assert (request.partition, request.nodes, request.gpus_per_node) == ("standard-g", 2, 8)
+
+
+def test_training_jobs_take_the_requested_partition_nodes_and_gpus() -> None:
+    from vcloud_pipeline.jobspec import resolve_resources
+    from vcloud_pipeline.profiles import load_profile
+    from vcloud_pipeline.stages import StagePlan
+
+    request = parse_request({"profile": "lumi", "partition": "standard-g", "nodes": 2, "gpus_per_node": 8})
+    plan = StagePlan(request=request, synthetic_data=False)
+    spec = plan.job_specs()["stage1"]
+    resources = resolve_resources(load_profile("lumi"), spec)
+    assert (resources.partition.name, resources.nodes, resources.gpus_per_node) == ("standard-g", 2, 8)
+    assert plan.job_specs()["preflight"].nodes == 1  # only training jobs span nodes
 
 
 def test_profiles_are_looked_up_in_include_profiles_by_default() -> None:
