@@ -149,8 +149,12 @@ build() {  # build HASH
   done
 
   for path in "${MOUNT_POINTS[@]}"; do install -d -m 755 "$root$path"; done
-  ln -sfn "$VENV/bin/python3" "$root/usr/local/bin/python3"
-  ln -sfn "$VENV/bin/python3" "$root/usr/local/bin/python"
+  # (a wrapper, not a symlink: Python finds its venv from the path it was started by)
+  local name
+  for name in python3 python; do
+    printf '#!/bin/sh\nexec %s "$@"\n' "$VENV/bin/python3" >"$root/usr/local/bin/$name"
+    chmod 755 "$root/usr/local/bin/$name"
+  done
   echo "$want" >"$root$HASH_FILE"
   chmod 644 "$root$HASH_FILE"
   chmod -R a+rX "$root/opt/vcloud-localcluster"
