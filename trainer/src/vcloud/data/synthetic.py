@@ -64,6 +64,8 @@ PRESETS: dict[str, SyntheticPreset] = {
     "tiny": SyntheticPreset("tiny", n_regions=4, patches_per_region=3, size=64, n_dates=4),
     "small": SyntheticPreset("small", n_regions=40, patches_per_region=8, size=128, n_dates=6),
     "tiny-easy": SyntheticPreset("tiny-easy", n_regions=4, patches_per_region=3, size=64, n_dates=4, realism=EASY),
+    # tiny's size, with 24 training series: enough for the 8 ranks of a two-node run (batch 2 each).
+    "tiny-wide": SyntheticPreset("tiny-wide", n_regions=8, patches_per_region=4, size=64, n_dates=4),
 }
 
 COLLECTIONS: tuple[str, ...] = ("1158", "1868", "1970", "2017")
