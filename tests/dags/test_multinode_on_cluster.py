@@ -141,48 +141,53 @@ def test_a_node_failing_mid_epoch_on_cosmos_costs_at_most_the_epoch_in_progress(
     from vcloud_pipeline.profiles import load_profile, overrides_from_environ
 
     base = site_project(local_cluster, monkeypatch, "cosmos", "/cosmos/vast/scratch/{user}")
-    run, epochs = "node-fail", 12
+    run, epochs = "node-fail", 30
     profile = load_profile("cosmos", overrides_from_environ("cosmos"), login=local_cluster.user)
     write_wide_dataset(local_cluster, str(run_paths(profile, run, synthetic_preset="tiny").data_dir), tmp_path)
     shared = f"{base}/outputs/{run}/stage0"
-    result: dict[str, Any] = {}
+    seen: dict[str, Any] = {}
 
-    def dag() -> None:
+    def fail_a_node_after_the_first_checkpoint() -> None:
+        """In the background while dag.test() runs the stage (it needs the main thread)."""
         try:
-            result["run"] = run_dag(profile="cosmos", config="tiny", run_name=run, stages=[0], max_epochs=epochs,
-                                    export=False, nodes=2, gpus_per_node=1, max_resubmits=2)
+            def running_with_a_shared_checkpoint() -> tuple[str, dict[str, Any]] | None:
+                rows = local_cluster.ssh(f"squeue -h -u {local_cluster.user} -t R -o '%i %D %N %j'",
+                                         check=False).stdout.splitlines()
+                jobs = [row.split() for row in rows if ".stage0." in row and row.split()[1] == "2"]
+                progress = local_cluster.ssh(f"cat {shlex.quote(shared)}/progress.json 2>/dev/null",
+                                             check=False).stdout
+                # (progress.json exists from the start; its history grows by one line per epoch)
+                if len(jobs) == 1 and progress and json.loads(progress)["history"]:
+                    return jobs[0][0], {"nodes": jobs[0][2], **json.loads(progress)}
+                return None
+
+            job_id, progress = poll_until(running_with_a_shared_checkpoint, timeout=900, interval=0.5,
+                                          what="the two-node stage job's first checkpoint in the shared directory")
+            seen.update(job_id=job_id, epochs_before=len(progress["history"]))
+            node = local_cluster.ssh(f"scontrol show hostnames {progress['nodes']}").stdout.split()[-1]
+            local_cluster.root("scontrol", "update", f"nodename={node}", "state=down", "reason=vcloud-test")
+            seen["node"] = node
+            poll_until(lambda: any(r["State"] == "NODE_FAIL" for r in local_cluster.sacct_runs(int(job_id))),
+                       timeout=120, what="NODE_FAIL in sacct")
+            seen["node_fail"] = True
         except BaseException as exc:  # reported by the main thread
-            result["error"] = exc
+            seen["error"] = exc
+        finally:
+            if "node" in seen:
+                local_cluster.root("scontrol", "update", f"nodename={seen['node']}", "state=resume", check=False)
 
-    thread = threading.Thread(target=dag, daemon=True)
+    thread = threading.Thread(target=fail_a_node_after_the_first_checkpoint, daemon=True)
     thread.start()
-    failed_node = None
     try:
-        def first_checkpoint_while_running() -> tuple[str, dict[str, Any]] | None:
-            assert thread.is_alive() or "run" in result, result.get("error")
-            jobs = local_cluster.ssh(f"squeue -h -u {local_cluster.user} -n vcloud-{run}-stage0 -t R -o '%i %N'",
-                                     check=False).stdout.split()
-            progress = local_cluster.ssh(f"cat {shlex.quote(shared)}/progress.json 2>/dev/null",
-                                         check=False).stdout
-            if len(jobs) == 2 and progress:
-                return jobs[0], {"nodes": jobs[1], **json.loads(progress)}
-            return None
-
-        job_id, seen = poll_until(first_checkpoint_while_running, timeout=900, interval=0.5,
-                                  what="the two-node stage job's first checkpoint in the shared directory")
-        done_before = len(seen["history"])
-        assert 1 <= done_before < epochs, seen
-        failed_node = local_cluster.ssh(f"scontrol show hostnames {seen['nodes']}").stdout.split()[-1]
-        local_cluster.root("scontrol", "update", f"nodename={failed_node}", "state=down", "reason=vcloud-test")
-        poll_until(lambda: any(r["State"] == "NODE_FAIL" for r in local_cluster.sacct_runs(int(job_id))),
-                   timeout=120, what="NODE_FAIL in sacct")
+        _, states, values = run_dag(profile="cosmos", config="tiny", run_name=run, stages=[0], max_epochs=epochs,
+                                    export=False, nodes=2, gpus_per_node=4, max_resubmits=2)
     finally:
-        if failed_node:
-            local_cluster.root("scontrol", "update", f"nodename={failed_node}", "state=resume")
-    thread.join(timeout=1200)
-    assert "error" not in result, result.get("error")
-    _, states, values = result["run"]
+        thread.join(timeout=300)
+    assert "error" not in seen, seen["error"]
+    assert seen.get("node_fail"), seen
     assert states["stage0"] == "success", f"{states}\n{job_logs_tail(local_cluster, base, run, 'stage0')}"
+    job_id, done_before = seen["job_id"], seen["epochs_before"]
+    assert 1 <= done_before < epochs, seen
 
     runs = [r["State"] for r in local_cluster.sacct_runs(int(job_id))]
     assert "NODE_FAIL" in runs and runs[-1] == "COMPLETED", runs

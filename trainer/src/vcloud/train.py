@@ -150,6 +150,7 @@ def _main(argv: list[str] | None, stop: StopRequest) -> int:
     log.info("config %s (%s), data %s, output %s", args.config, config.name, args.data, args.out)
     run = StageRun(stage=args.stage, config=config, data_root=args.data, run_dir=args.out, restart=args.restart,
                    max_epochs=args.max_epochs, requeue=RequeuePolicy.from_env(flag=args.requeue))
+    code = exitcodes.ERROR
     try:
         code = train_stage(run, ctx, stop)
     except (TrainingError, StageError, CheckpointError) as exc:
@@ -159,7 +160,7 @@ def _main(argv: list[str] | None, stop: StopRequest) -> int:
         log.exception("stage %d failed with an unexpected error", args.stage)
         code = exitcodes.ERROR
     finally:
-        shutdown(ctx)
+        shutdown(ctx, together=code in (exitcodes.STAGE_COMPLETE, exitcodes.REQUEUE))
     log.info("exit %d: %s", code, exitcodes.describe(code))
     return code
 

@@ -187,8 +187,14 @@ def gather_to_main(ctx: DistContext, obj: Any) -> list[Any] | None:
     return out
 
 
-def shutdown(ctx: DistContext) -> None:
+def shutdown(ctx: DistContext, *, together: bool = False) -> None:
+    """Leave the process group. ``together`` (every rank ended the same way: the stage complete, or
+    a stop all ranks agreed on): meet at a barrier first, so no rank tears its connections down
+    while another is still in its last collective; across nodes that aborts the late rank
+    (SIGABRT, "terminate called without an active exception") and fails a finished job."""
     if ctx.distributed and dist.is_initialized():
+        if together:
+            dist.barrier()
         dist.destroy_process_group()
 
 
