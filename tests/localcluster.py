@@ -262,6 +262,17 @@ class LocalCluster:
         files += [(pidfile.stem, pidfile) for pidfile in sorted(run.glob("slurmd-*.pid"))]
         return {name: int(pidfile.read_text().strip()) for name, pidfile in files if pidfile.exists()}
 
+    def node_of(self, job_id: int | str) -> str:
+        """The (first) node a running job is on."""
+        nodes = self.ssh(f"squeue -h -j {int(job_id)} -o %N").stdout.strip()
+        return self.ssh(f"scontrol show hostnames {nodes}").stdout.split()[0]
+
+    def on_node(self, node: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run a command as root on compute node ``node``: in its slurmd's network, UTS and mount
+        namespaces (what `scontrol listpids` needs to find the node's slurmstepd)."""
+        pid = (self.state_dir / "run" / f"slurmd-{node}.pid").read_text().strip()
+        return self.root("nsenter", "-t", pid, "-n", "-u", "-m", "--", *argv, check=check)
+
     def nodes(self, partition: str | None = None) -> list[str]:
         """The compute nodes (of ``partition``), as Slurm names them."""
         where = f" -p {partition}" if partition else ""

@@ -7,6 +7,8 @@ directory of the user running pytest), created here and removed afterwards.
 
 from __future__ import annotations
 
+import uuid
+
 import os
 import pwd
 import shutil
@@ -109,13 +111,21 @@ def test_bind_over_an_image_directory_survives_a_bind_beside_it(work: Path) -> N
 
 
 def test_a_path_not_bound_is_missing_inside(work: Path) -> None:
-    forgotten = REPO / "README.md"  # readable on the host, bound by nobody
-    out = inside(f"test -e '{forgotten}' && echo visible || echo missing; pwd", cwd=REPO)
-    assert out.returncode == 0, out.stderr
-    missing, start = out.stdout.split("\n")[:2]
-    assert missing == "missing"
-    assert start == cluster_home()
-    assert f"WARNING: current directory {REPO} is not bound into the container" in out.stderr
+    # Under /srv (bound by nobody by default; the checkout may sit under /tmp or $HOME, which are).
+    outside = Path("/srv") / f"vcloud-standin-{uuid.uuid4().hex[:8]}"
+    outside.mkdir(mode=0o755)
+    try:
+        forgotten = outside / "forgotten.txt"  # readable on the host, bound by nobody
+        forgotten.write_text("host only\n")
+        forgotten.chmod(0o644)
+        out = inside(f"test -e '{forgotten}' && echo visible || echo missing; pwd", cwd=outside)
+        assert out.returncode == 0, out.stderr
+        missing, start = out.stdout.split("\n")[:2]
+        assert missing == "missing"
+        assert start == cluster_home()
+        assert f"WARNING: current directory {outside} is not bound into the container" in out.stderr
+    finally:
+        shutil.rmtree(outside)
 
 
 def test_current_directory_is_kept_when_visible(work: Path) -> None:

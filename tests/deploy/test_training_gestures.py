@@ -195,7 +195,8 @@ def _live_stage_job(deployment: dict[str, Any], cluster: LocalCluster, run_id: s
 
 def _kill_trainer(cluster: LocalCluster, job: str) -> None:
     """SIGKILL the processes of the job's training step, as the kernel's OOM killer would."""
-    out = cluster.root("scontrol", "listpids", job).stdout
+    # scontrol listpids asks the slurmstepd of the node it runs on: run it on the job's node.
+    out = cluster.on_node(cluster.node_of(job), "scontrol", "listpids", job).stdout
     pids = [fields[0] for fields in (line.split() for line in out.splitlines()[1:])
             if len(fields) >= 3 and fields[2] != "batch"]
     assert pids, f"job {job} has no step processes:\n{out}"
