@@ -25,13 +25,16 @@ STANDIN = REPO / "include" / "local_cluster" / "singularity"
 IMAGE = Path(os.environ.get("VCLOUD_IMAGE", "/var/lib/vcloud-localcluster/images/vcloud-trainer"))
 CLUSTER_USER = os.environ.get("VCLOUD_CLUSTER_USER", "vcloud")
 
-pytestmark = [
-    pytest.mark.cluster,
-    pytest.mark.skipif(shutil.which("ch-run") is None,
-                       reason="ch-run not installed (Debian package charliecloud-runtime)"),
-    pytest.mark.skipif(not (IMAGE / "usr" / "bin" / "bash").exists(),
-                       reason=f"no Charliecloud trainer image at {IMAGE} (`make image` builds it)"),
-]
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(autouse=True)
+def _charliecloud_and_image() -> None:
+    """`make test` installs ch-run and builds the image first: without them these tests fail, loudly."""
+    if shutil.which("ch-run") is None:
+        pytest.fail("ch-run is not installed (Debian package charliecloud-runtime; `make cluster-up` installs it)")
+    if not (IMAGE / "usr" / "bin" / "bash").exists():
+        pytest.fail(f"no Charliecloud trainer image at {IMAGE} (`make image` builds it)")
 
 
 def _as_user() -> list[str]:
