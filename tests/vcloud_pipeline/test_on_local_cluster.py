@@ -187,8 +187,11 @@ def test_pre_timeout_signal_before_the_trainer_can_handle_it_requeues(local_clus
         poll_until(lambda: local_cluster.ssh(f"test -e {starting}", check=False).returncode == 0,
                    timeout=600, what="the stand-in trainer to begin starting")
         local_cluster.ssh(f"scancel --batch --signal=USR2 {job_id}")
+        # With several nodes the next start may begin on another node while the first start's script
+        # is still writing its last lines to the same (appended) log: wait for both.
         err = poll_until(lambda: (text := local_cluster.ssh(f"cat {err_path}", check=False).stdout).count(
-            image_line(local_cluster)) >= 2 and text, timeout=600, what="the job to be requeued and start again")
+            image_line(local_cluster)) >= 2 and "requeued: the next start" in text and text, timeout=600,
+            what="the job to be requeued and start again")
         assert "vcloud inner script: stopped after SIGUSR2, exit code 140" in err  # 128 + USR2: died of it
         assert "job step finished with exit code 140" in err
         assert "the job step died of SIGUSR2 itself" in err
