@@ -202,24 +202,8 @@ def test_without_the_variable_nothing_is_copied(tmp_path: Path) -> None:
 
 # ---- the trainer ------------------------------------------------------------------------------
 
-TINY = REPO / "trainer" / "configs" / "model_tiny.yaml"
-EPOCHS = 3
-STEPS_PER_EPOCH = 3  # tiny train split: 6 series, batch 2
-
-KILL_AT_STEP = """
-import os, signal, sys, torch
-k = int(sys.argv[1])
-calls = [0]
-real_step = torch.optim.AdamW.step
-def step(self, *args, **kwargs):
-    calls[0] += 1
-    if calls[0] == k:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return real_step(self, *args, **kwargs)
-torch.optim.AdamW.step = step
-from vcloud.train import main
-sys.exit(main(sys.argv[2:]))
-"""
+# The tiny stage and the in-step SIGKILL of the resume tests: the same run, killed the same way.
+from tests.trainer.test_resume import EPOCHS, KILL_AT_STEP, STEPS_PER_EPOCH, TINY  # noqa: E402
 
 
 def _train(config: Path, data: Path, out: Path, mirror: Path, kill_at_step: int | None = None

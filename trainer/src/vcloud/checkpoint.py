@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from vcloud.durable import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -48,19 +49,6 @@ def file_digest(path: Path, chunk: int = 1 << 20) -> str:
 def previous_generation(path: Path) -> Path:
     """``latest.pt`` -> ``latest.prev.pt``."""
     return path.with_name(f"{path.stem}.prev{path.suffix}")
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return  # some file systems do not allow opening directories; the rename is still atomic
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _current_umask() -> int:
@@ -90,7 +78,7 @@ def atomic_write_bytes(path: Path, data: bytes, *, keep_previous: bool = False) 
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vcloud import contract
+from vcloud.durable import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ def mirror_stage(run_dir: Path, stage: int, root: Path) -> MirrorReport:
     for rel in sorted(set(theirs) - set(ours), key=_order, reverse=True):
         if not Path(rel).name.startswith("."):  # others' temporaries (rsync's) are not ours to delete
             (target / rel).unlink(missing_ok=True)
-            _fsync_dir((target / rel).parent)
+            fsync_dir((target / rel).parent)
             report.removed.append(rel)
     theirs = {rel: st for rel, st in theirs.items() if rel not in report.removed}
 
@@ -173,7 +174,7 @@ def copy_atomically(src: Path, dst: Path) -> int:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(dst.parent)
+    fsync_dir(dst.parent)
     return src_stat.st_size
 
 
@@ -236,7 +237,7 @@ def _link_existing_copy(rel: str, src_stat: os.stat_result, target: Path, theirs
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(dst.parent)
+    fsync_dir(dst.parent)
     return True
 
 
@@ -249,21 +250,9 @@ def _mirror_move_aside(source: Path, target: Path) -> str | None:
     if not asides or (target.parent / asides[-1]).exists():
         return None
     os.rename(target, target.parent / asides[-1])
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
     log.warning("the stage directory was moved aside locally: moved the shared copy %s to %s too",
                 target, asides[-1])
     return asides[-1]
 
 
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename in ``directory`` durable (where the file system lets a directory be opened)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
