@@ -1,6 +1,6 @@
 """Patches per second: prepared stacks (SeriesDataset) vs the per-date raw GeoTIFFs (RawSeriesDataset).
 
-Both readers produce identical samples for the same series (see tests/trainer/test_data_prepare.py); they
+Both readers produce identical samples for the same series (see tests/vcloud/data/test_prepare.py); they
 are timed on the same series, in the same process, without DataLoader workers, one after the other.
 The page cache is warm for both (the data were just written or read once before timing).
 

@@ -56,7 +56,7 @@ from vcloud.data.dataset import SeriesDataset  # noqa: E402
 from vcloud.data.prepare import prepare_dataset  # noqa: E402
 from vcloud.data.synthetic import generate_raw  # noqa: E402
 from vcloud.metrics import MetricTotals  # noqa: E402
-from vcloud.stages import BuildContext, get_stage, load_stage_model  # noqa: E402
+from vcloud.stage_registry import BuildContext, get_stage, load_stage_model  # noqa: E402
 from vcloud.training.best import improves  # noqa: E402
 
 STAGE_SHARES = {0: 0.12, 1: 0.43, 2: 0.17, 3: 0.28}

@@ -1,6 +1,6 @@
 """Code sync cost on the local cluster: full sync, no-change re-sync, one changed file.
 
-Runs the training DAG's own code-sync step (``vcloud_pipeline.sync.sync_code_tree``: one manifest
+Runs the training DAG's own code-sync step (``vcloud_pipeline.code_upload.sync_code_tree``: one manifest
 check over the SSH login, then rsync with anchored excludes and ``--delete`` only when needed) on a
 private copy of the project's ``trainer/`` tree into a fresh directory on the cluster, three times:
 empty destination, nothing changed, one file changed. The changed tree is a new content hash and
@@ -34,8 +34,8 @@ CONN_ENV = Path(os.environ.get("VCLOUD_CLUSTER_DIR", "/var/lib/vcloud-localclust
 from slurm_provider.transport import runner_for_connection  # noqa: E402
 from vcloud_pipeline.layout import run_paths  # noqa: E402
 from vcloud_pipeline.profiles import load_profile  # noqa: E402
-from vcloud_pipeline.rsync import CodeTree, code_sync_argv, tree_files  # noqa: E402
-from vcloud_pipeline.sync import cluster_ssh, local_manifest, run_rsync, sync_code_tree  # noqa: E402
+from vcloud_pipeline.code_tree import CodeTree, code_sync_argv, tree_files  # noqa: E402
+from vcloud_pipeline.code_upload import cluster_ssh, local_manifest, run_rsync, sync_code_tree  # noqa: E402
 
 
 def load_connection_env() -> None:

@@ -33,7 +33,7 @@ from vcloud_pipeline.layout import run_paths
 from vcloud_pipeline.preflight import ledger_from_statuses, usage_of
 from vcloud_pipeline.profiles import load_profile
 from vcloud_pipeline.render import render_job
-from vcloud_pipeline.stages import StagePlan, completion_record
+from vcloud_pipeline.stage_decisions import StagePlan, completion_record
 
 from task_context import StateStore, task_context
 

@@ -4,7 +4,7 @@ What the job is (profile, connection, script, log directory, progress file) is o
 the run's ``plan`` and ``sync_code`` tasks have run, so the operator binds itself from their XComs
 at the start of ``execute`` and again in ``execute_complete`` (a resumed deferral builds a fresh
 operator). Before submitting it decides, from what is on the cluster, whether the job is needed
-at all (:mod:`vcloud_pipeline.stages`) and whether the allocation can pay for its worst case.
+at all (:mod:`vcloud_pipeline.stage_decisions`) and whether the allocation can pay for its worst case.
 Submission, deferral, adoption and resubmission are the provider's.
 """
 
@@ -26,7 +26,7 @@ from vcloud_pipeline.budget import Allocation, BudgetExceeded, billed_hours, che
 from vcloud_pipeline.preflight import read_allocation, read_ledger, usage_of
 from vcloud_pipeline.profiles import ClusterProfile
 from vcloud_pipeline.remote import move_aside
-from vcloud_pipeline.stages import (
+from vcloud_pipeline.stage_decisions import (
     DATA,
     EXPORT,
     PREFLIGHT,

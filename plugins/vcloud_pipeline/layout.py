@@ -9,7 +9,7 @@ things are, so the layout can change here without hunting through the DAG and th
                                           cannot change what a queued or requeued job runs
     <paths.code>/<hash>/.vcloud_manifest.json
                                           written last: the tree is complete and carries <hash>
-                                          (see rsync.py); directories no live job uses are removed
+                                          (see code_tree.py); directories no live job uses are removed
                                           beyond the newest paths.code_keep (code_retention.py)
     <paths.data>/                         prepared dataset, shared by all runs
     <paths.data>/../synthetic-<preset>/   clusters without the real dataset: one synthetic dataset
@@ -34,10 +34,10 @@ from vcloud.contract import STAGES
 from vcloud_pipeline.profiles import ClusterProfile
 
 MANIFEST_NAME = ".vcloud_manifest.json"
-"""Written into the synced code directory (and left alone by ``rsync --delete``, see rsync.py)."""
+"""Written into the synced code directory (and left alone by ``rsync --delete``, see code_tree.py)."""
 
 CODE_HASH = re.compile(r"^[0-9a-f]{64}$")
-"""A content hash (sha256 hex, :func:`vcloud_pipeline.rsync.code_hash`): also a code directory's name."""
+"""A content hash (sha256 hex, :func:`vcloud_pipeline.code_tree.code_hash`): also a code directory's name."""
 
 REMOVING_SUFFIX = ".removing"
 
@@ -101,7 +101,7 @@ class RunPaths:
         """The code directory of ``code_hash``: what a job rendered for that hash runs."""
         if not is_code_hash(code_hash):
             raise ValueError(f"code hash {code_hash!r} is not a sha256 hex digest; compute it with "
-                             "vcloud_pipeline.rsync.code_hash over the synced tree")
+                             "vcloud_pipeline.code_tree.code_hash over the synced tree")
         return CodePaths(hash=code_hash, dir=self.code_root / code_hash)
 
     @property

@@ -488,7 +488,7 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
     profile.require_complete()
     if not is_code_hash(code_hash):
         raise RenderError(f"code hash {code_hash!r} is not a sha256 hex digest; compute it with "
-                          "vcloud_pipeline.rsync.code_hash over the synced tree")
+                          "vcloud_pipeline.code_tree.code_hash over the synced tree")
     templates = str(templates_dir or TEMPLATES_DIR)
     code = paths.code(code_hash)
     res = resolve_resources(profile, spec)

@@ -32,8 +32,8 @@ from vcloud_pipeline.preflight import (
 from vcloud_pipeline.profiles import ClusterProfile, ProfileError, load_profile, overrides_from_environ
 from vcloud_pipeline.remote import RemoteCommandError, listing
 from vcloud_pipeline.render import RenderedJob
-from vcloud_pipeline.rsync import CodeTree
-from vcloud_pipeline.stages import (
+from vcloud_pipeline.code_tree import CodeTree
+from vcloud_pipeline.stage_decisions import (
     DATA,
     PREFLIGHT,
     StageDecisionError,
@@ -41,7 +41,7 @@ from vcloud_pipeline.stages import (
     completion_record,
     decide_data,
 )
-from vcloud_pipeline.sync import PROJECT_ROOT, local_manifest, render_run_jobs, sync_run
+from vcloud_pipeline.code_upload import PROJECT_ROOT, local_manifest, render_run_jobs, sync_run
 
 log = logging.getLogger(__name__)
 

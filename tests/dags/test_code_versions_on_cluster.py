@@ -154,8 +154,8 @@ def test_a_requeued_job_runs_its_own_code_after_another_run_synced_new_code(
 
     hash_a, synced_b = values["sync_code"]["code_hash"], run_b.seen["b"]
     hash_b = synced_b["code_hash"]
-    from vcloud_pipeline.rsync import CodeTree
-    from vcloud_pipeline.sync import local_manifest
+    from vcloud_pipeline.code_tree import CodeTree
+    from vcloud_pipeline.code_upload import local_manifest
 
     assert hash_a == local_manifest(CodeTree(run_a_tree)).hash != local_manifest(CodeTree(REPO)).hash
     assert hash_a != hash_b and synced_b["code_sent"]

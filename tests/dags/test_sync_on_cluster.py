@@ -25,7 +25,7 @@ from vcloud_pipeline.layout import RunPaths, run_paths
 from vcloud_pipeline.params import parse_request
 from vcloud_pipeline.profiles import load_profile
 from vcloud_pipeline.render import EXIT_CODE_MISMATCH
-from vcloud_pipeline.rsync import (
+from vcloud_pipeline.code_tree import (
     DEFAULT_EXCLUDES,
     CodeTree,
     ExcludeError,
@@ -34,8 +34,8 @@ from vcloud_pipeline.rsync import (
     refuse_unanchored_excludes,
     rsync_argv,
 )
-from vcloud_pipeline.stages import StagePlan
-from vcloud_pipeline.sync import (
+from vcloud_pipeline.stage_decisions import StagePlan
+from vcloud_pipeline.code_upload import (
     cluster_ssh,
     local_manifest,
     render_run_jobs,

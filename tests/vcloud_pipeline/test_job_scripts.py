@@ -23,7 +23,7 @@ from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.layout import RunPaths, run_paths
 from vcloud_pipeline.profiles import load_profile
 from vcloud_pipeline.render import EXIT_CODE_MISMATCH, EXIT_REQUEUE, MAX_EARLY_STOPS, RenderedJob, render_job
-from vcloud_pipeline.rsync import CodeManifest
+from vcloud_pipeline.code_tree import CodeManifest
 
 CODE_HASH = "c" * 64
 

@@ -1,6 +1,6 @@
 """End to end on the local Slurm cluster, through its real SSH login, as the cluster user.
 
-Sync the code with the argv from rsync.py, upload the manifest and the rendered scripts, submit with
+Sync the code with the argv from code_tree.py, upload the manifest and the rendered scripts, submit with
 ``sbatch``, and read what the job wrote. Jobs run in the local profile's Charliecloud image (built by
 ``make image``); the inner script logs the image's build hash, which must be the one next to the
 image. The stop-signal tests use a stand-in trainer in its own code tree, so they show the whole
@@ -23,7 +23,7 @@ from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.layout import RunPaths, run_paths
 from vcloud_pipeline.profiles import ClusterProfile, load_profile
 from vcloud_pipeline.render import EXIT_CODE_MISMATCH, RenderedJob, render_job
-from vcloud_pipeline.rsync import (
+from vcloud_pipeline.code_tree import (
     CodeManifest,
     CodeTree,
     build_manifest,
@@ -32,7 +32,7 @@ from vcloud_pipeline.rsync import (
     refuse_unanchored_excludes,
     scripts_sync_argv,
 )
-from vcloud_pipeline.sync import cluster_ssh
+from vcloud_pipeline.code_upload import cluster_ssh
 from tests.vcloud_pipeline.test_job_scripts import SLOW_START, STAND_IN_TRAINER
 
 pytestmark = pytest.mark.usefixtures("cluster_connection")  # rsync logs in with the profile's connection

@@ -196,7 +196,7 @@ class ModelSections:
     stage1: Mapping[str, Any] = field(default_factory=dict)
     """Draft model (``vcloud.models.cfdt.CFDTConfig``)."""
     stage2: Mapping[str, Any] = field(default_factory=dict)
-    """Refiner (``vcloud.models.refiner.RefinerConfig``)."""
+    """Refiner (``vcloud.models.latent_refiner.RefinerConfig``)."""
     stage3: Mapping[str, Any] = field(default_factory=dict)
     """Self-training (``vcloud.models.selftrain.SelfTrainConfig``)."""
 

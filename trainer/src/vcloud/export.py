@@ -29,7 +29,7 @@ import torch
 
 from vcloud import exitcodes
 from vcloud.config import ConfigError, VCloudConfig, load_config
-from vcloud.stages import BuildContext, StageError, get_stage, load_stage_model
+from vcloud.stage_registry import BuildContext, StageError, get_stage, load_stage_model
 from vcloud.training.markers import read_json, write_json
 from vcloud.training.paths import StagePaths
 

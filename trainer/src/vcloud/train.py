@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _validate(args: argparse.Namespace) -> VCloudConfig:
     """Everything checkable before touching a GPU; raises ConfigError/StageError/ValueError."""
-    from vcloud.stages import get_stage
+    from vcloud.stage_registry import get_stage
 
     config = load_config(args.config, args.overrides)
     spec = get_stage(args.stage)
@@ -125,7 +125,7 @@ def _main(argv: list[str] | None, stop: StopRequest) -> int:
     if missing:
         parser.error(f"the following arguments are required to train: {', '.join(missing)}")
     from vcloud.checkpoint import CheckpointError
-    from vcloud.stages import StageError
+    from vcloud.stage_registry import StageError
 
     try:
         config = _validate(args)

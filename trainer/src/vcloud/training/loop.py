@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader
 from vcloud import exitcodes
 from vcloud.checkpoint import load_latest, remove_stale_temporaries, save_checkpoint
 from vcloud.config import StageTrainConfig, VCloudConfig
-from vcloud.stages import Batch, BuildContext, StageSpec, get_stage
+from vcloud.stage_registry import Batch, BuildContext, StageSpec, get_stage
 from vcloud.training import markers
 from vcloud.training.best import improves
 from vcloud.training.distributed import DistContext, all_reduce_sum, barrier, gather_to_main, max_over_ranks

@@ -15,7 +15,7 @@ from vcloud.models.cfdt import CFDT, CFDTConfig, ChangeGate, order_target_first,
 from vcloud.models.config_fields import ModelConfigError
 from vcloud.models.memory import MemoryOptions
 
-TINY_YAML = Path(__file__).resolve().parents[2] / "trainer" / "configs" / "model_tiny.yaml"
+TINY_YAML = Path(__file__).resolve().parents[3] / "trainer" / "configs" / "model_tiny.yaml"
 B, T, H = 2, 4, 32
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vcloud.config import load_config
-from vcloud.stages import BuildContext, get_stage, least_cloudy_input, load_stage_model
+from vcloud.stage_registry import BuildContext, get_stage, least_cloudy_input, load_stage_model
 from vcloud.training.distributed import init_distributed
 from vcloud.training.loop import StageRun, evaluate, train_stage
 from vcloud.training.precision import resolve_precision

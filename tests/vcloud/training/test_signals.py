@@ -22,7 +22,7 @@ from vcloud import exitcodes
 from vcloud.contract import parse_metrics_lines
 from vcloud.training.signals import RequeuePolicy, install_stop_handlers, request_requeue
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "trainer" / "configs" / "model_tiny.yaml"
 
 

@@ -5,7 +5,7 @@ not: how to build the model (from its config section and the predecessors' ``bes
 of a batch, and the prediction validation compares with the cloud-free target.
 
 Stage 0 (the autoencoder) is defined here. Stages 1-3 are registered by the model package with
-:func:`register_stage` from ``vcloud.models.stages``, which :func:`get_stage` imports on first use.
+:func:`register_stage` from ``vcloud.models.stage_specs``, which :func:`get_stage` imports on first use.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ Batch = dict[str, Any]
 """One collated batch of ``SeriesDataset`` items on the training device: ``inputs`` [B,T,13,H,W],
 ``masks`` [B,T,1,H,W], ``target`` [B,13,H,W], ``target_index`` [B], ``s1`` [B,T,2,H,W], ``series_id``."""
 
-STAGE_PROVIDERS = ("vcloud.models.stages",)
+STAGE_PROVIDERS = ("vcloud.models.stage_specs",)
 """Modules imported on first registry lookup; they call :func:`register_stage` for stages 1-3."""
 
 

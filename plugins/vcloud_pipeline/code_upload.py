@@ -31,7 +31,7 @@ from vcloud_pipeline.layout import CodePaths, RunPaths
 from vcloud_pipeline.profiles import ClusterProfile
 from vcloud_pipeline.remote import CommandRunner, make_dirs, write_file
 from vcloud_pipeline.render import RenderedJob, render_job
-from vcloud_pipeline.rsync import (
+from vcloud_pipeline.code_tree import (
     CodeManifest,
     CodeTree,
     build_manifest,

@@ -10,7 +10,7 @@ import torch
 
 from vcloud.training.precision import Precision, PrecisionError, resolve_precision
 
-PACKAGE = Path(__file__).resolve().parents[2] / "trainer" / "src" / "vcloud"
+PACKAGE = Path(__file__).resolve().parents[3] / "trainer" / "src" / "vcloud"
 
 
 @pytest.mark.parametrize("device_type", ["cuda", "cpu"])

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from vcloud.models.autoencoder import Autoencoder, AutoencoderConfig
 from vcloud.models.config_fields import ModelConfigError
 from vcloud.models.diffusion import ddim_sample, ddim_timesteps, make_alphas_cumprod, q_sample
-from vcloud.models.refiner import LatentDiffusionRefiner, RefinerConfig
+from vcloud.models.latent_refiner import LatentDiffusionRefiner, RefinerConfig
 
 AE = AutoencoderConfig(base_channels=8, channel_mult=(1, 2), num_res_blocks=1, latent_channels=4, norm_groups=4)
 REFINER = {"base_channels": 16, "channel_mult": [1, 2], "num_res_blocks": 1, "attention_heads": 2,

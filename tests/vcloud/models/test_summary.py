@@ -11,7 +11,7 @@ import torch
 
 from vcloud.models.summary import build_stage_models, main
 
-CONFIGS = Path(__file__).resolve().parents[2] / "trainer" / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "trainer" / "configs"
 
 
 def test_full_config_counts_match_production(capsys):
@@ -39,7 +39,7 @@ def test_cli_rejects_unknown_model_key(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  stage1: {tmt_depth: 3}\n")
     proc = subprocess.run([sys.executable, "-m", "vcloud.models.summary", "--config", str(bad)],
-                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2],
+                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[3],
                           env={"PYTHONPATH": str(CONFIGS.parent / "src"), "PATH": ""})
     assert proc.returncode == 2
     assert "unknown key(s) tmt_depth" in proc.stderr

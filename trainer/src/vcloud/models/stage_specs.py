@@ -1,4 +1,4 @@
-"""Stages 1-3 for the stage registry in :mod:`vcloud.stages` (imported by it on first lookup).
+"""Stages 1-3 for the stage registry in :mod:`vcloud.stage_registry` (imported by it on first lookup).
 
 - stage 1, ``draft``: CFDT trained with L1 to the cloud-free target, on the cloud-type curriculum;
 - stage 2, ``refiner``: latent diffusion refiner on top of the frozen stage-0 autoencoder and the
@@ -25,8 +25,8 @@ from torch.utils.data import ConcatDataset, Dataset, Subset
 
 from vcloud.checkpoint import atomic_write_bytes, atomic_write_text, file_digest
 from vcloud.models.cfdt import CFDT, CFDTConfig
-from vcloud.models.refinement import DraftAndRefiner, run_draft
-from vcloud.models.refiner import LatentDiffusionRefiner, RefinerConfig
+from vcloud.models.draft_and_refiner import DraftAndRefiner, run_draft
+from vcloud.models.latent_refiner import LatentDiffusionRefiner, RefinerConfig
 from vcloud.models.selftrain import (
     PseudoLabeledSeries,
     PseudoLabels,
@@ -34,7 +34,7 @@ from vcloud.models.selftrain import (
     is_unlabeled,
     make_pseudo_labels,
 )
-from vcloud.stages import Batch, BuildContext, StageSpec, register_stage
+from vcloud.stage_registry import Batch, BuildContext, StageSpec, register_stage
 
 log = logging.getLogger(__name__)
 

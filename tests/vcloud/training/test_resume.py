@@ -24,7 +24,7 @@ import yaml
 
 from vcloud.contract import parse_metrics_lines
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "trainer" / "configs" / "model_tiny.yaml"
 EPOCHS = 3
 STEPS_PER_EPOCH = 3  # tiny train split: 6 series, batch 2

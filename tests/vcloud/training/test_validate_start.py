@@ -19,13 +19,13 @@ from vcloud.config import VCloudConfig, config_from_dict, load_config
 from vcloud.contract import parse_metrics_lines
 from vcloud.data.dataset import SeriesDataset
 from vcloud.metrics import METRIC_NAMES
-from vcloud.stages import BuildContext, get_stage, load_stage_model
+from vcloud.stage_registry import BuildContext, get_stage, load_stage_model
 from vcloud.training import loop
 from vcloud.training.distributed import init_distributed
 from vcloud.training.loop import StageRun, train_stage
 from vcloud.training.signals import StopRequest
 
-TINY = Path(__file__).resolve().parents[2] / "trainer" / "configs" / "model_tiny.yaml"
+TINY = Path(__file__).resolve().parents[3] / "trainer" / "configs" / "model_tiny.yaml"
 
 
 def _tiny_config(**train: object) -> VCloudConfig:

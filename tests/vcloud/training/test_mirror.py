@@ -33,7 +33,7 @@ from vcloud.training.loop import move_stage_aside
 from vcloud.training.mirror import TEMP_SUFFIX, mirror_after_checkpoint, mirror_stage
 from vcloud.training.paths import StagePaths
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PREV = previous_generation(Path(LATEST_CHECKPOINT)).name
 WEIGHTS = 400_000
 """float32 values in a test checkpoint: 1.6 MB, above the mirror's small-file size."""
@@ -203,7 +203,7 @@ def test_without_the_variable_nothing_is_copied(tmp_path: Path) -> None:
 # ---- the trainer ------------------------------------------------------------------------------
 
 # The tiny stage and the in-step SIGKILL of the resume tests: the same run, killed the same way.
-from tests.trainer.test_resume import EPOCHS, KILL_AT_STEP, STEPS_PER_EPOCH, TINY  # noqa: E402
+from tests.vcloud.training.test_resume import EPOCHS, KILL_AT_STEP, STEPS_PER_EPOCH, TINY  # noqa: E402
 
 
 def _train(config: Path, data: Path, out: Path, mirror: Path, kill_at_step: int | None = None

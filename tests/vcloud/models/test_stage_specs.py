@@ -13,13 +13,13 @@ from torch.utils.data import ConcatDataset, default_collate
 from vcloud.checkpoint import save_checkpoint
 from vcloud.config import load_config
 from vcloud.data.dataset import SeriesDataset
-from vcloud.models import stages as model_stages
+from vcloud.models import stage_specs as model_stages
 from vcloud.models.cfdt import CFDT
-from vcloud.models.refinement import DraftAndRefiner
+from vcloud.models.draft_and_refiner import DraftAndRefiner
 from vcloud.models.selftrain import PseudoLabeledSeries
-from vcloud.stages import BuildContext, StageError, get_stage
+from vcloud.stage_registry import BuildContext, StageError, get_stage
 
-TINY_YAML = Path(__file__).resolve().parents[2] / "trainer" / "configs" / "model_tiny.yaml"
+TINY_YAML = Path(__file__).resolve().parents[3] / "trainer" / "configs" / "model_tiny.yaml"
 
 
 @pytest.fixture

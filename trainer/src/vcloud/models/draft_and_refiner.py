@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vcloud.models.cfdt import CFDT
-from vcloud.models.refiner import LatentDiffusionRefiner
+from vcloud.models.latent_refiner import LatentDiffusionRefiner
 
 EVAL_SEED = 0
 """DDIM seed of validation predictions, so the best-checkpoint metric is reproducible."""

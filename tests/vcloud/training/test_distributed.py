@@ -17,7 +17,7 @@ import yaml
 
 from vcloud import exitcodes
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "trainer" / "configs" / "model_tiny.yaml"
 
 # Entry point used under torchrun: records every file each rank writes and its pid, then trains.
