@@ -126,7 +126,7 @@ def test_the_allocation_is_slurms_where_the_site_sets_a_limit_else_the_profiles(
 
 
 def test_a_missing_container_image_fails_preflight_naming_it(tmp_path) -> None:
-    from tests.dags.test_remote import LocalShell
+    from tests.vcloud_pipeline.test_remote import LocalShell
 
     from vcloud_pipeline.preflight import check_image
 
@@ -141,7 +141,7 @@ def test_a_missing_container_image_fails_preflight_naming_it(tmp_path) -> None:
 
 
 def test_a_charliecloud_image_must_be_a_directory_and_ch_run_installed(tmp_path, monkeypatch) -> None:
-    from tests.dags.test_remote import LocalShell
+    from tests.vcloud_pipeline.test_remote import LocalShell
 
     from vcloud_pipeline.preflight import check_image
 
