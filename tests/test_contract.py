@@ -13,12 +13,13 @@ import pytest
 import yaml
 
 from hpc_view.records import JobRecord, profile_budget
-from slurm_provider.commands import JobComment, expand_filename_pattern, job_log_name
+from slurm_provider.cli.job_files import expand_filename_pattern, job_log_name
+from slurm_provider.cli.sbatch import JobComment
 from slurm_provider.exit_codes import explain_exit
 from slurm_provider.operators import SlurmSubmitOperator, job_name_for
 from slurm_provider.resubmission import Submission, SubmissionHistory, progress_made
-from slurm_provider.states import SlurmState
-from slurm_provider.status import JobStatus, gpu_hours
+from slurm_provider.state_vocabulary import SlurmState
+from slurm_provider.job_status import JobStatus, gpu_hours
 from vcloud import contract, exitcodes
 from vcloud.config import ConfigError, config_from_dict
 from vcloud.data.index import INDEX_NAME

@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from slurm_provider.links import JOB_ID_XCOM_KEY, task_log_url
-from slurm_provider.states import SlurmState, classify_pending_reason, parse_state
+from slurm_provider.state_vocabulary import SlurmState, classify_pending_reason, parse_state
 
 RETURN_VALUE_KEY = "return_value"
 SUMMARY_KEYS = ("job_id", "job_ids", "state", "gpu_hours")

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from slurm_provider.states import SlurmState, parse_state
+from slurm_provider.state_vocabulary import SlurmState, parse_state
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """``SlurmHook`` and ``SlurmAsyncHook``: one typed method per Slurm verb, over one SSH connection.
 
-The hooks run the command lines of :mod:`slurm_provider.commands` through a transport
-(:mod:`slurm_provider.transport`) and return what :mod:`slurm_provider.parsers` and
-:mod:`slurm_provider.status` make of the output. They never decide whether a job succeeded.
+The hooks run the command lines of :mod:`slurm_provider.cli` through a transport
+(:mod:`slurm_provider.transport`) and return what :mod:`slurm_provider.cli` and
+:mod:`slurm_provider.job_status` make of the output. They never decide whether a job succeeded.
 
 Each verb is written once, as a *plan*: a generator that validates its arguments, yields the
 :class:`RemoteCommand` it needs, receives the :class:`CommandResult`, maybe yields one more, and
@@ -28,50 +28,40 @@ from typing import Any, TypeVar
 
 from airflow.sdk import BaseHook
 
-from slurm_provider.commands import (
+from slurm_provider.cli.job_files import build_file_sizes, build_read_log, build_read_progress
+from slurm_provider.cli.sacct import build_sacct, build_sacct_by_name, build_sacct_own_jobs
+from slurm_provider.cli.sbatch import (
     LIVE_MARKER,
     JobComment,
     build_exclusive_sbatch_submit,
-    build_squeue_live_own_jobs,
-    exclusive_dir_marker,
-    build_file_sizes,
-    build_read_log,
-    build_read_progress,
-    build_sacct,
-    build_sacct_by_name,
-    build_sacct_own_jobs,
     build_sbatch_submit,
     build_sbatch_test_only,
-    build_scancel,
-    build_scontrol_show_job,
-    build_sinfo_unavailable_nodes,
+    exclusive_dir_marker,
+)
+from slurm_provider.cli.scancel import build_scancel
+from slurm_provider.cli.scontrol import build_scontrol_show_job
+from slurm_provider.cli.sinfo import build_sinfo_unavailable_nodes
+from slurm_provider.cli.squeue import (
     build_squeue,
-    build_sshare_account,
     build_squeue_by_name,
+    build_squeue_live_own_jobs,
     build_squeue_own_jobs,
 )
-from slurm_provider.parsers import (
-    LogChunk,
-    SacctRow,
-    SlurmOutputError,
-    SqueueRow,
+from slurm_provider.cli.sshare import build_sshare_account
+from slurm_provider.cli.job_files import LogChunk, parse_log_chunk, parse_progress
+from slurm_provider.cli.sacct import SacctRow, parse_sacct, runs_of
+from slurm_provider.cli.sbatch import (
     SubmitResult,
     TestOnlyResult,
-    TresMinutes,
-    account_tres_minutes,
-    is_invalid_job_id_error,
-    parse_log_chunk,
-    parse_progress,
-    parse_sacct,
     parse_sbatch_parsable,
     parse_sbatch_test_only,
-    parse_scontrol_show_job,
-    parse_sinfo_unavailable,
-    parse_squeue,
-    parse_sshare,
-    runs_of,
 )
-from slurm_provider.status import JobStatus, resolve_statuses
+from slurm_provider.cli.scontrol import parse_scontrol_show_job
+from slurm_provider.cli.sinfo import parse_sinfo_unavailable
+from slurm_provider.cli.squeue import SqueueRow, parse_squeue
+from slurm_provider.cli.sshare import TresMinutes, account_tres_minutes, parse_sshare
+from slurm_provider.cli.values import SlurmOutputError, is_invalid_job_id_error
+from slurm_provider.job_status import JobStatus, resolve_statuses
 from slurm_provider.transport import (
     AsyncRemoteCommandRunner,
     CommandResult,

@@ -31,19 +31,20 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from slurm_provider.commands import JobComment, exclusive_dir_marker, job_log_name, parse_job_comment
+from slurm_provider.cli.job_files import job_log_name
+from slurm_provider.cli.sbatch import JobComment, exclusive_dir_marker, parse_job_comment
 from slurm_provider.exit_codes import explain_exit
 from slurm_provider.hints import find_submit_hints, format_hints, hint_for
 from slurm_provider.links import JOB_ID_XCOM_KEY, SlurmJobLogLink
-from slurm_provider.parsers import SbatchRefused
+from slurm_provider.cli.sbatch import SbatchRefused
 from slurm_provider.resubmission import (
     DEFAULT_BUDGETS,
     Submission,
     SubmissionHistory,
     decide_resubmission,
 )
-from slurm_provider.states import StateCategory
-from slurm_provider.status import JobStatus
+from slurm_provider.state_vocabulary import StateCategory
+from slurm_provider.job_status import JobStatus
 from slurm_provider.transport import TransportError
 from slurm_provider.triggers import ERROR, FINISHED, LOST, NEVER_STARTS, SlurmJobTrigger
 from slurm_provider.validation import (

@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from slurm_provider.status import JobStatus
+from slurm_provider.job_status import JobStatus
 from slurm_provider.transport import ControlMasterNotRunning, TransportError
 
 log = logging.getLogger(__name__)

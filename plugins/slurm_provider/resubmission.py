@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from slurm_provider.states import SlurmState
+from slurm_provider.state_vocabulary import SlurmState
 
 DEFAULT_BUDGETS: Mapping[str, int] = {
     SlurmState.TIMEOUT.value: 10,

@@ -8,8 +8,8 @@ from typing import Any
 from airflow.exceptions import AirflowException
 from airflow.sdk.bases.sensor import BaseSensorOperator
 
-from slurm_provider.states import StateCategory
-from slurm_provider.status import JobStatus
+from slurm_provider.state_vocabulary import StateCategory
+from slurm_provider.job_status import JobStatus
 from slurm_provider.triggers import FINISHED, SlurmJobTrigger
 from slurm_provider.validation import validate_job_id
 

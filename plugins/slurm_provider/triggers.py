@@ -20,8 +20,8 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from slurm_provider.poller import shared_poller
-from slurm_provider.states import SlurmState, StateCategory, classify_pending_reason
-from slurm_provider.status import JobStatus
+from slurm_provider.state_vocabulary import SlurmState, StateCategory, classify_pending_reason
+from slurm_provider.job_status import JobStatus
 from slurm_provider.watch_state import (
     TaskKey,
     WatchNote,

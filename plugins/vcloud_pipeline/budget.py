@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from slurm_provider.status import gpu_hours
+from slurm_provider.job_status import gpu_hours
 
 from vcloud_pipeline.jobspec import JobKind, JobSpec, resolve_resources
 from vcloud_pipeline.profiles import BillingSpec, ClusterProfile, ProfileError

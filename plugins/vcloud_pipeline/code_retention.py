@@ -26,9 +26,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from slurm_provider.commands import build_squeue_account_jobs
-from slurm_provider.parsers import SqueueRow, parse_squeue
-from slurm_provider.states import SlurmState, parse_state
+from slurm_provider.cli.squeue import build_squeue_account_jobs
+from slurm_provider.cli.squeue import SqueueRow, parse_squeue
+from slurm_provider.state_vocabulary import SlurmState, parse_state
 
 from vcloud_pipeline.layout import MANIFEST_NAME, REMOVING_SUFFIX, RunPaths, is_code_hash
 from vcloud_pipeline.profiles import ClusterProfile

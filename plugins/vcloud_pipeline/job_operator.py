@@ -17,7 +17,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from slurm_provider.operators import SlurmSubmitOperator
 from slurm_provider.resubmission import DEFAULT_BUDGETS
-from slurm_provider.status import JobStatus
+from slurm_provider.job_status import JobStatus
 from vcloud.contract import best_checkpoint_metrics, completed_epochs, final_metrics, recorded_code_hash
 
 from vcloud_pipeline import job_exits

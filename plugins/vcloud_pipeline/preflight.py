@@ -20,10 +20,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from slurm_provider.commands import PROJECT_TAG, parse_job_comment
+from slurm_provider.cli.sbatch import PROJECT_TAG, parse_job_comment
 from slurm_provider.hooks import SlurmCommandFailed
-from slurm_provider.parsers import expand_hostlist
-from slurm_provider.status import JobStatus
+from slurm_provider.cli.values import expand_hostlist
+from slurm_provider.job_status import JobStatus
 
 from vcloud_pipeline.budget import (
     Allocation,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
-from slurm_provider.commands import expand_filename_pattern, job_log_name
+from slurm_provider.cli.job_files import expand_filename_pattern, job_log_name
 from vcloud.contract import (
     CODE_HASH_ENV,
     EXIT_CODE_MISMATCH,
@@ -43,7 +43,7 @@ TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "include" / "sbatch"
 
 LOG_OUTPUT_PATTERN, LOG_ERROR_PATTERN = job_log_name("%x", "%j", "out"), job_log_name("%x", "%j", "err")
 """The job's output and error output in the run's log directory, named as SlurmSubmitOperator names
-them (:func:`slurm_provider.commands.job_log_name`), so a job submitted by hand writes where the DAG looks."""
+them (:func:`slurm_provider.cli.job_files.job_log_name`), so a job submitted by hand writes where the DAG looks."""
 
 # The environment of the job (vcloud.contract): the inner script sets CODE_HASH_ENV to the job's
 # code hash, and GPUS_REQUIRED_ENV (how many GPUs this node was given) and GPU_HINT_ENV (the profile's

@@ -7,8 +7,8 @@ from datetime import datetime, timezone
 from hpc_view.charts import bars_svg, burndown_svg
 from hpc_view.live import LiveStates, refresh
 from hpc_view.records import XComRow, profile_budget, records_from_xcoms
-from slurm_provider.states import SlurmState
-from slurm_provider.status import JobStatus
+from slurm_provider.state_vocabulary import SlurmState
+from slurm_provider.job_status import JobStatus
 
 T = datetime(2026, 11, 21, 12, tzinfo=timezone.utc)
 

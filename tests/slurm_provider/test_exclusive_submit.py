@@ -16,7 +16,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from localcluster import LocalCluster, poll_until
 from slurm_provider import hooks
-from slurm_provider.commands import (
+from slurm_provider.cli.sbatch import (
     LIVE_MARKER,
     JobComment,
     build_exclusive_sbatch_submit,

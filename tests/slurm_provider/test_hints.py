@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from slurm_provider.hints import LOG_RULES, SUBMIT_RULES, find_hints, find_submit_hints, format_hints, hint_for
-from slurm_provider.states import SlurmState
+from slurm_provider.state_vocabulary import SlurmState
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -18,10 +18,10 @@ import paramiko
 import pytest
 from localcluster import poll_until
 
-from slurm_provider.commands import JobComment, parse_job_comment
+from slurm_provider.cli.sbatch import JobComment, parse_job_comment
 from slurm_provider.hooks import SlurmAsyncHook, SlurmHook, SubmitOptions
-from slurm_provider.parsers import SbatchRefused
-from slurm_provider.states import SlurmState
+from slurm_provider.cli.sbatch import SbatchRefused
+from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.transport import CommandResult, runner_for_connection
 from slurm_provider.validation import ValidationError
 

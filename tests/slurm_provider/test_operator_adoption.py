@@ -16,7 +16,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from localcluster import LocalCluster, poll_until
 from slurm_provider import hooks
-from slurm_provider.commands import parse_job_comment
+from slurm_provider.cli.sbatch import parse_job_comment
 from slurm_provider.operators import HISTORY_KEY, SlurmSubmitOperator, job_name_for
 from slurm_provider.transport import TransportUnavailable
 from slurm_provider.validation import ValidationError

@@ -14,8 +14,8 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from slurm_provider.hooks import CancelResult
 from slurm_provider.operators import HISTORY_KEY, SlurmSubmitOperator, job_name_for
-from slurm_provider.states import SlurmState
-from slurm_provider.status import JobStatus
+from slurm_provider.state_vocabulary import SlurmState
+from slurm_provider.job_status import JobStatus
 from slurm_provider.transport import TransportUnavailable
 from slurm_provider.triggers import FINISHED, NEVER_STARTS
 from task_context import StateStore, TaskTry, task_context

@@ -20,10 +20,10 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from slurm_provider import hooks
 from slurm_provider.hooks import CancelResult
 from slurm_provider.operators import HISTORY_KEY, SlurmSubmitOperator, job_name_for
-from slurm_provider.parsers import SbatchRefused, SubmitResult
+from slurm_provider.cli.sbatch import SbatchRefused, SubmitResult
 from slurm_provider.resubmission import Submission, SubmissionHistory
-from slurm_provider.states import SlurmState
-from slurm_provider.status import JobStatus
+from slurm_provider.state_vocabulary import SlurmState
+from slurm_provider.job_status import JobStatus
 from slurm_provider.transport import AuthenticationFailed
 from slurm_provider.triggers import ERROR, FINISHED, LOST, NEVER_STARTS
 

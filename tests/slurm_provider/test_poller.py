@@ -14,8 +14,8 @@ from collections.abc import Iterable
 import pytest
 
 from slurm_provider.poller import JobPoller, PollUpdate, retry_delay
-from slurm_provider.states import SlurmState
-from slurm_provider.status import JobStatus
+from slurm_provider.state_vocabulary import SlurmState
+from slurm_provider.job_status import JobStatus
 from slurm_provider.transport import ControlMasterNotRunning, HostKeyRejected, TransportUnavailable
 
 FAST = {"poll_interval": 0.01, "max_poll_interval": 0.02}

@@ -13,7 +13,7 @@ from slurm_provider.resubmission import (
     decide_resubmission,
     progress_made,
 )
-from slurm_provider.states import SlurmState
+from slurm_provider.state_vocabulary import SlurmState
 
 
 def _history(*causes: str, progress: str | None = None) -> SubmissionHistory:

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_provider.commands import SQUEUE_FIELDS, JobComment
-from slurm_provider.parsers import parse_squeue
+from slurm_provider.cli.sbatch import JobComment
+from slurm_provider.cli.squeue import SQUEUE_FIELDS
+from slurm_provider.cli.squeue import parse_squeue
 from slurm_provider.transport.base import CommandResult
 from vcloud_pipeline.code_retention import (
     INCOMPLETE_GRACE_S,

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from slurm_provider.hints import LOG_RULES, find_hints
-from slurm_provider.states import SlurmState
-from slurm_provider.status import JobStatus
+from slurm_provider.state_vocabulary import SlurmState
+from slurm_provider.job_status import JobStatus
 from vcloud import exitcodes as trainer_exitcodes
 from vcloud.training import distributed
 from vcloud_pipeline import job_exits as exitcodes

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from slurm_provider.commands import JobComment
+from slurm_provider.cli.sbatch import JobComment
 from slurm_provider.hooks import SlurmCommandFailed
-from slurm_provider.parsers import TresMinutes
-from slurm_provider.states import SlurmState
-from slurm_provider.status import JobStatus
+from slurm_provider.cli.sshare import TresMinutes
+from slurm_provider.state_vocabulary import SlurmState
+from slurm_provider.job_status import JobStatus
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.preflight import (
     Ledger,

@@ -3,7 +3,7 @@
 #
 # Runs on the local single-node cluster (Slurm 22.05, `make cluster-up`) as root and submits
 # small jobs as the unprivileged cluster user `vcloud`. Every command line is produced by
-# slurm_provider.commands, so the golden files are exactly what the hook will read.
+# slurm_provider.cli, so the golden files are exactly what the hook will read.
 # Writes <scenario>.txt (stdout), <scenario>.stderr.txt where stderr matters, and
 # jobs.env (the job id of each scenario). Expected parse results (*.json) are written by
 #   .venv/bin/python tests/slurm_provider/golden/make_expected.py

@@ -4,7 +4,7 @@ Run after capture.sh, then read the diffs: a golden file is only as good as its 
 
     .venv/bin/python tests/slurm_provider/golden/make_expected.py
 
-The tests (test_parsers.py, test_status.py) call :func:`expected_for` on the raw file and
+The tests (cli/test_golden.py, test_job_status.py) call :func:`expected_for` on the raw file and
 compare with the JSON written here, so both sides always use the same mapping.
 """
 
@@ -19,8 +19,15 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2] / "plugins"))
 
-from slurm_provider import parsers  # noqa: E402
-from slurm_provider.status import resolve_statuses, statuses_from_sacct  # noqa: E402
+from slurm_provider.cli.job_files import parse_log_chunk, parse_progress  # noqa: E402
+from slurm_provider.cli.sacct import latest_job_rows, parse_sacct  # noqa: E402
+from slurm_provider.cli.sbatch import SbatchRefused, parse_sbatch_parsable, parse_sbatch_test_only  # noqa: E402
+from slurm_provider.cli.scontrol import parse_scontrol_show_job  # noqa: E402
+from slurm_provider.cli.sinfo import parse_sinfo_unavailable  # noqa: E402
+from slurm_provider.cli.squeue import parse_squeue  # noqa: E402
+from slurm_provider.cli.sshare import account_tres_minutes, parse_sshare  # noqa: E402
+from slurm_provider.cli.values import is_invalid_job_id_error  # noqa: E402
+from slurm_provider.job_status import resolve_statuses, statuses_from_sacct  # noqa: E402
 
 # Byte offset each read_log capture asked for (see capture.sh).
 LOG_REQUESTED_OFFSETS = {
@@ -53,53 +60,53 @@ def expected_for(name: str) -> Any:
     stderr_path = HERE / f"{name}.stderr.txt"
     stderr = stderr_path.read_text() if stderr_path.exists() else ""
     if name.startswith("squeue_"):
-        rows = parsers.parse_squeue(stdout)
+        rows = parse_squeue(stdout)
         ids = [r.job_id for r in rows]
         return {
             "rows": _plain(rows),
-            "invalid_job_id_error": parsers.is_invalid_job_id_error(stderr),
+            "invalid_job_id_error": is_invalid_job_id_error(stderr),
             "statuses": {k: v.to_event() for k, v in resolve_statuses(ids, squeue_rows=rows).items()},
         }
     if name.startswith("sacct_"):
-        rows = parsers.parse_sacct(stdout)
+        rows = parse_sacct(stdout)
         return {
             "rows": _plain(rows),
-            "latest": {k: v.row_index for k, v in parsers.latest_job_rows(rows).items()},
+            "latest": {k: v.row_index for k, v in latest_job_rows(rows).items()},
             "statuses": {k: v.to_event() for k, v in statuses_from_sacct(rows).items()},
         }
     if name.startswith("scontrol_"):
         return {
-            "records": parsers.parse_scontrol_show_job(stdout),
-            "invalid_job_id_error": parsers.is_invalid_job_id_error(stderr),
+            "records": parse_scontrol_show_job(stdout),
+            "invalid_job_id_error": is_invalid_job_id_error(stderr),
         }
     if name.startswith("sbatch_test_only"):
         try:
-            return _plain(parsers.parse_sbatch_test_only(stderr))
-        except parsers.SbatchRefused as error:
+            return _plain(parse_sbatch_test_only(stderr))
+        except SbatchRefused as error:
             return _error(error)
     if name.startswith("sbatch_"):
         try:
-            return _plain(parsers.parse_sbatch_parsable(stdout, stderr))
-        except parsers.SbatchRefused as error:
+            return _plain(parse_sbatch_parsable(stdout, stderr))
+        except SbatchRefused as error:
             return _error(error)
     if name.startswith("read_log_"):
         offset = LOG_REQUESTED_OFFSETS[name]
         if offset is None:
             offset = int(stdout.split("size=")[1].split()[0])
-        return _plain(parsers.parse_log_chunk(stdout, offset))
+        return _plain(parse_log_chunk(stdout, offset))
     if name.startswith("read_progress"):
-        return {"progress": parsers.parse_progress(stdout)}
+        return {"progress": parse_progress(stdout)}
     if name.startswith("scancel"):
         return {"stdout": stdout, "stderr": stderr}  # scancel is silent, even for finished jobs
     if name.startswith("sshare_"):
-        rows = parsers.parse_sshare(stdout)
+        rows = parse_sshare(stdout)
         return {
             "rows": _plain(rows),
-            "billing": {account: _plain(parsers.account_tres_minutes(rows, account))
+            "billing": {account: _plain(account_tres_minutes(rows, account))
                         for account in ("vcloud_local", "nosuch_account")},
         }
     if name.startswith("sinfo_"):
-        return {"nodes": parsers.parse_sinfo_unavailable(stdout)}
+        return {"nodes": parse_sinfo_unavailable(stdout)}
     raise KeyError(f"no parser mapping for golden file {name!r}")
 
 

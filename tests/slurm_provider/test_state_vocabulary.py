@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_provider.states import (
+from slurm_provider.state_vocabulary import (
     ReasonKind,
     SlurmState,
     StateCategory,

@@ -1,6 +1,6 @@
 """``JobStatus``: what the plugin knows about one Slurm job, and how it travels in trigger events.
 
-Built from parsed squeue, sacct or scontrol output (:mod:`slurm_provider.parsers`).
+Built from parsed squeue, sacct or scontrol output (:mod:`slurm_provider.cli`).
 :func:`resolve_statuses` combines one batched squeue call and one batched sacct call into a
 status per requested job id, following these rules:
 
@@ -20,21 +20,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurm_provider.commands import expand_filename_pattern
-from slurm_provider.parsers import (
-    SacctRow,
-    SqueueRow,
+from slurm_provider.cli.job_files import expand_filename_pattern
+from slurm_provider.cli.sacct import SacctRow, latest_job_rows, runs_of, steps_of
+from slurm_provider.cli.squeue import SqueueRow
+from slurm_provider.cli.values import (
     expand_hostlist,
     gpus_from_tres,
-    latest_job_rows,
     parse_duration,
     parse_exit_code,
     parse_int,
     parse_slurm_time,
-    runs_of,
-    steps_of,
 )
-from slurm_provider.states import (
+from slurm_provider.state_vocabulary import (
     PendingReason,
     SlurmState,
     StateCategory,

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from slurm_provider.parsers import parse_sacct, parse_scontrol_show_job, parse_squeue
-from slurm_provider.states import ReasonKind, SlurmState, StateCategory
-from slurm_provider.status import JobStatus, resolve_statuses, statuses_from_sacct
+from slurm_provider.cli.sacct import parse_sacct
+from slurm_provider.cli.scontrol import parse_scontrol_show_job
+from slurm_provider.cli.squeue import parse_squeue
+from slurm_provider.state_vocabulary import ReasonKind, SlurmState, StateCategory
+from slurm_provider.job_status import JobStatus, resolve_statuses, statuses_from_sacct
 
 GOLDEN = Path(__file__).parent / "golden"
 JOBS = dict(line.split("=", 1) for line in (GOLDEN / "jobs.env").read_text().split())

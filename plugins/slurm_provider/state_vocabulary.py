@@ -15,7 +15,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from enum import Enum
 
-from slurm_provider.parsers import expand_hostlist
+from slurm_provider.cli.values import expand_hostlist
 
 
 class StateCategory(str, Enum):

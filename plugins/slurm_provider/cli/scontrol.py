@@ -1,0 +1,36 @@
+"""``scontrol show job``: one job's full record, as ``Key=Value`` words."""
+
+from __future__ import annotations
+
+import re
+
+from slurm_provider.cli.values import TIME_FORMAT_ENV, SlurmOutputError, join_argv, output_lines
+from slurm_provider.validation import validate_job_id
+
+
+def build_scontrol_show_job(job_id: str | int) -> str:
+    """``scontrol show job -o ID``: one ``Key=Value`` line per job (per element for arrays)."""
+    return f"{TIME_FORMAT_ENV} " + join_argv(["scontrol", "show", "job", "-o", validate_job_id(job_id)])
+
+
+_SCONTROL_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)=")
+
+
+def parse_scontrol_show_job(stdout: str | None) -> list[dict[str, str]]:
+    """``scontrol show job -o``: one dict per line (per array element), every ``Key=Value``.
+
+    Values may contain spaces (``JobName=probe one``, ``StdOut=/path with space/x.out``); a value
+    ends where the next `` Key=`` begins. Keys with a colon (``AllocNode:Sid``) are kept whole.
+    """
+    records = []
+    for line in output_lines(stdout):
+        text = line.strip()
+        matches = list(_SCONTROL_KEY.finditer(text))
+        if not matches or not text.startswith("JobId="):
+            raise SlurmOutputError(f"not a 'scontrol show job -o' line: {text[:200]!r}")
+        record: dict[str, str] = {}
+        for i, match in enumerate(matches):
+            end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
+            record[match.group(1)] = text[match.end() : end].strip()
+        records.append(record)
+    return records
