@@ -190,7 +190,7 @@ def test_removal_renames_first_and_touches_nothing_else(tmp_path: Path) -> None:
         (Path(paths.code(code).dir) / "trainer").mkdir(parents=True)
     Path(paths.code_being_removed(D)).mkdir()
     command = removal_command(paths, RetentionPlan(remove=(B, C), newest=(A,), leftovers=(D,)))
-    assert command is not None and command.index(f"mv -T -- ") < command.index("rm -rf")
+    assert command is not None and command.index("mv -T -- ") < command.index("rm -rf")
     subprocess.run(["bash", "-c", command], check=True)
     assert sorted(p.name for p in Path(paths.code_root).iterdir()) == [A]
     assert removal_command(paths, RetentionPlan(newest=(A,))) is None

@@ -15,13 +15,12 @@ from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.job_status import JobStatus
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.preflight import (
-    Ledger,
     PreflightError,
     check_jobs_budget,
     ledger_from_statuses,
     read_allocation,
 )
-from vcloud_pipeline.budget import Allocation, BudgetExceeded, LedgerSummary
+from vcloud_pipeline.budget import Allocation, BudgetExceeded
 from vcloud_pipeline.profiles import load_profile
 
 LUMI = load_profile("lumi")
