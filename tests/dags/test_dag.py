@@ -111,3 +111,31 @@ def test_job_tasks_retry_a_lost_watch_by_default_as_the_scheduler_sees_them(dag)
         assert (task.retries, task.retry_delay, task.retry_exponential_backoff, task.max_retry_delay) == \
             (DEFAULT_RETRIES, DEFAULT_RETRY_DELAY, 2.0, DEFAULT_MAX_RETRY_DELAY), task_id
     assert serialized.get_task("plan").retries == 0  # a bad param stays bad: no retry
+
+
+class _RunXComs:
+    """What ``context["ti"].xcom_pull`` returns in a run: the plan's and the sync's values."""
+
+    def __init__(self, values: dict) -> None:
+        self.values = values
+
+    def xcom_pull(self, task_ids: str) -> dict:
+        return self.values[task_ids]
+
+
+def test_job_tasks_show_the_script_they_submit_never_rendered_by_jinja(dag) -> None:
+    """Airflow records a job task's template fields after ``render_template_fields``: there the task binds
+    the sync's script, which Jinja must leave alone (bash has ``${#x}``; a comment may hold ``{{``)."""
+    import copy
+
+    from vcloud_pipeline.tasks import plan_run
+
+    task = copy.deepcopy(dag.get_task("preflight_imports"))  # binding changes it; the DAG's stays unbound
+    assert "script" in task.template_fields and task.template_fields_renderers["script"] == "bash"
+    planned = plan_run({"profile": "local", "config": "tiny", "run_name": "shown"})
+    script = '#!/bin/bash\n# {{ ds }} {% raw %} {# not a comment #}\necho "${#BASH_ARGV[@]}"\n'
+    synced = {"scripts": {"preflight": script}, "code_hash": "c" * 64}
+    task.render_template_fields({"ti": _RunXComs({"plan": planned, "sync_code": synced})},
+                                jinja_env=dag.get_template_env())
+    assert task.script == script
+    assert task.code_version == "c" * 64 and task.log_dir.endswith("/logs/shown")
