@@ -27,6 +27,7 @@ from pathlib import Path, PurePosixPath
 import jinja2
 
 from slurm_provider.commands import expand_filename_pattern, job_log_name
+from slurm_provider.validation import format_time_limit
 from vcloud.contract import (
     CODE_HASH_ENV,
     EXIT_CODE_MISMATCH,
@@ -39,7 +40,7 @@ from vcloud.contract import (
 
 from vcloud_pipeline.jobspec import JobKind, JobSpec, Resources, resolve_resources
 from vcloud_pipeline.layout import CodePaths, RunPaths, is_code_hash
-from vcloud_pipeline.profiles import RUNTIME_JOB_ID, ClusterProfile, ContainerSpec, format_slurm_time
+from vcloud_pipeline.profiles import RUNTIME_JOB_ID, ClusterProfile, ContainerSpec
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "include" / "sbatch"
 
@@ -200,7 +201,7 @@ def _directives(profile: ClusterProfile, res: Resources, job_name: str,
     if res.partition.name.lower() != SITE_DEFAULT_PARTITION:
         options.append(("partition", res.partition.name))
     options += [
-        ("time", format_slurm_time(res.time_seconds)),
+        ("time", format_time_limit(res.time_seconds)),
         ("nodes", str(res.nodes)),
         ("ntasks-per-node", "1"),
         ("cpus-per-task", str(res.cpus_per_task)),

@@ -51,7 +51,8 @@ def test_start_stage_skips_the_stages_before_it_like_the_seed_start_stage() -> N
     ({"run_name": "x;touch /tmp/p"}, "is not allowed"),
     ({"run_name": "../other"}, "is not allowed"),
     ({"run_name": "-rf"}, "is not allowed"),
-    ({"time_limit": "01:00:00; scancel -u vcloud"}, "is not a Slurm duration"),
+    ({"time_limit": "01:00:00; scancel -u vcloud"}, "time_limit '01:00:00; scancel -u vcloud' is not a Slurm "
+                                                     "time limit; use one of Slurm's forms: MM, MM:SS"),
     ({"time_limit": 60}, "must be a Slurm duration string"),
     ({"max_epochs": 0}, "max_epochs must be from 1"),
     ({"partition": "dev-g; scancel -u vcloud"}, "partition must be a Slurm partition name"),
