@@ -7,8 +7,9 @@ alias) lives in the Airflow connection only, the one place every SSH command and
 The DAG and the renderers only ever see a :class:`ClusterProfile`, so no cluster name appears in
 pipeline code.
 
-Loading is strict because a wrong profile costs queue time and GPU-hours, not seconds: unknown keys
-are rejected with the list of known ones, every choice names its allowed values, and the lessons of
+Loading is strict because a wrong profile costs queue time and GPU-hours, not seconds: the file is
+read into :class:`ProfileDocument` (pydantic, :mod:`vcloud_pipeline.schema`), so unknown keys are
+rejected with the list of known ones, every choice names its allowed values, and the lessons of
 the user's field notes (``/work/shared/seeds``) are rules here, e.g. LUMI profiles that ask for
 ``singularity --rocm`` or ``module load`` are refused with the reason.
 
