@@ -176,7 +176,8 @@ class RunConf(Document):
     """The params of one DAG run as sent (form, ``--dag-run-conf`` or REST API), before defaults that
     depend on the run (the run name) are filled in. Unknown params are refused."""
 
-    profile: Annotated[str, BeforeValidator(_profile)] = pydantic.Field(DEFAULT_PROFILE, validate_default=True)
+    profile: Annotated[str, BeforeValidator(_profile)] = pydantic.Field(DEFAULT_PROFILE,
+                                                                        validate_default=True)
     config: ConfigName = "tiny"
     stages: Annotated[tuple[int, ...], BeforeValidator(_stages)] = STAGES
     start_stage: _integer("start_stage", 0, 3) | None = None
@@ -237,7 +238,8 @@ def parse_request(conf: Mapping[str, Any], *, run_type: str | None = None, logic
                            partition=run.partition, nodes=run.nodes, gpus_per_node=run.gpus_per_node)
 
 
-def dag_params(default_profile: str = DEFAULT_PROFILE, profiles: tuple[str, ...] | None = None) -> dict[str, Any]:
+def dag_params(default_profile: str = DEFAULT_PROFILE,
+               profiles: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The trigger form: one ``Param`` per field, with the schema the UI validates against.
 
     ``profile`` is a drop-down of the installed profiles (``include/profiles/*.yaml`` when the DAG is
@@ -280,7 +282,8 @@ def dag_params(default_profile: str = DEFAULT_PROFILE, profiles: tuple[str, ...]
         "time_limit": Param(None, type=["null", "string"], title="Training job time limit", section=ADVANCED,
                             description="Slurm duration (e.g. 3-00:00:00) for each training job. Empty: the "
                                         "partition's default. Jobs checkpoint and requeue before it."),
-        "max_epochs": Param(None, type=["null", "integer"], minimum=1, title="Epochs per stage", section=ADVANCED,
+        "max_epochs": Param(None, type=["null", "integer"], minimum=1, title="Epochs per stage",
+                            section=ADVANCED,
                             description="Override the config's epochs per stage (short test runs)."),
         "partition": Param(None, type=["null", "string"], title="Training partition", section=ADVANCED,
                            description="Partition of the training jobs (e.g. standard-g on LUMI for whole "
@@ -288,7 +291,8 @@ def dag_params(default_profile: str = DEFAULT_PROFILE, profiles: tuple[str, ...]
         "nodes": Param(1, type="integer", minimum=1, maximum=MAX_NODES, title="Nodes per training job",
                        section=ADVANCED,
                        description="More than one: torchrun across the nodes (the partition must allow it)."),
-        "gpus_per_node": Param(1, type="integer", minimum=1, maximum=64, title="GPUs per node", section=ADVANCED,
+        "gpus_per_node": Param(1, type="integer", minimum=1, maximum=64, title="GPUs per node",
+                               section=ADVANCED,
                                description="GPUs (GCDs on LUMI) per node of each training job; whole-node "
                                            "partitions need all of a node's."),
     }

@@ -455,9 +455,10 @@ class _ConnectionDoc(Document):
             moved = [key for key in data if key in MOVED_TO_CONNECTION]
             if moved:
                 where = "; ".join(f"{key}: {MOVED_TO_CONNECTION[key]}" for key in moved)
-                refuse(f"{', '.join('connection.' + key for key in moved)} no longer belong in a profile: how "
-                       f"to log in lives in the Airflow connection {data.get('conn_id')!r} only ({where}). Keep "
-                       "only connection.conn_id in the profile", whole=True)
+                keys = ", ".join("connection." + key for key in moved)
+                refuse(f"{keys} no longer belong in a profile: how to log in lives in the Airflow "
+                       f"connection {data.get('conn_id')!r} only ({where}). Keep only connection.conn_id in "
+                       "the profile", whole=True)
         return data
 
 
@@ -756,7 +757,8 @@ def profile_from_dict(name: str, raw: Mapping[str, Any], *, login: str | None = 
     if miopen is not None:
         miopen = _check_path(name, "software.miopen_cache_dir",
                              _expand(name, "software.miopen_cache_dir", miopen, path_vars, runtime_ok=True))
-    software = SoftwareSpec(python=python, modules=sw.modules, env=tuple(env.items()), miopen_cache_dir=miopen)
+    software = SoftwareSpec(python=python, modules=sw.modules, env=tuple(env.items()),
+                            miopen_cache_dir=miopen)
 
     staging = None
     if doc.staging is not None:
@@ -770,8 +772,9 @@ def profile_from_dict(name: str, raw: Mapping[str, Any], *, login: str | None = 
                        preflight_time_seconds=jb.preflight_time, export_time_seconds=jb.export_time)
 
     profile = ClusterProfile(
-        name=name, site=doc.site, description=doc.description, connection=ConnectionSpec(doc.connection.conn_id),
-        account=doc.account, accelerator=accelerator, gpu_request=gpu_request, partitions=tuple(partitions),
+        name=name, site=doc.site, description=doc.description,
+        connection=ConnectionSpec(doc.connection.conn_id), account=doc.account, accelerator=accelerator,
+        gpu_request=gpu_request, partitions=tuple(partitions),
         default_partition=doc.default_partition, debug_partition=doc.debug_partition, billing=billing,
         paths=paths, software=software, jobs=jobs, container=container, staging=staging,
         synthetic_data=doc.synthetic_data, placeholders=tuple(dict.fromkeys(placeholders)),

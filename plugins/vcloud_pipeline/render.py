@@ -329,7 +329,8 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
     data_job = None
     if spec.kind is JobKind.DATA:
         raw, prepared = str(paths.raw_data_dir), str(paths.data_dir)
-        data_job = {"generate": ["-m", "vcloud.data.synthetic", "--out", raw, "--preset", str(spec.data_preset)],
+        data_job = {"generate": ["-m", "vcloud.data.synthetic", "--out", raw,
+                                 "--preset", str(spec.data_preset)],
                     "prepare": ["-m", "vcloud.data.prepare", "--raw", raw, "--out", prepared, "--overwrite"]}
     values = dict(
         profile=profile, container=c, res=res, paths=paths, code=code, job_name=name, title=title,
@@ -337,7 +338,8 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
         wait_for_child=_template_text(templates, "wait_for_child.sh").rstrip("\n"),
         EXIT_REQUEUE=EXIT_REQUEUE, EXIT_CODE_MISMATCH=EXIT_CODE_MISMATCH, EXIT_GPUS_MISSING=EXIT_GPUS_MISSING,
         CODE_HASH_ENV=CODE_HASH_ENV, GPUS_REQUIRED_ENV=GPUS_REQUIRED_ENV, GPU_HINT_ENV=GPU_HINT_ENV,
-        OUTPUTS_MIRROR_ENV=OUTPUTS_MIRROR_ENV, IMAGE_HASH_FILE=IMAGE_HASH_FILE, MAX_EARLY_STOPS=MAX_EARLY_STOPS,
+        OUTPUTS_MIRROR_ENV=OUTPUTS_MIRROR_ENV, IMAGE_HASH_FILE=IMAGE_HASH_FILE,
+        MAX_EARLY_STOPS=MAX_EARLY_STOPS,
     )
     outer = render_template(templates, "outer.sbatch", **values, directives=options, inner_path=inner_path,
                             step_resumes=spec.kind is JobKind.TRAIN, launch=launch)

@@ -203,5 +203,6 @@ def problems(exc: ValidationError, root: type[BaseModel],
             found.append(f"{where or 'the top level'} must be a mapping, got {type(error['input']).__name__}")
         else:
             found.append(f"{where} {error['msg']}: {error['input']!r}")
-    sentences = [unknown(dotted(parent), keys, known_keys(root, parent)) for parent, keys in unknown_at.items()]
+    sentences = [unknown(dotted(parent), keys, known_keys(root, parent))
+                 for parent, keys in unknown_at.items()]
     return sentences + found

@@ -56,9 +56,9 @@ def _site_facts_of(profile: str, entries: Any) -> dict[str, Any]:
         refuse(f"{profile} must map dotted keys to values", whole=True)
     for key in entries:
         if not is_site_fact(str(key)):
-            refuse(f"{profile}.{key} is not a site fact; a site-facts file maps only {', '.join(SITE_FACT_KEYS)} "
-                   "(anything else is the profile's own: change the profile, or use VCLOUD_PROFILE_OVERRIDES "
-                   "for a deployment's choice)", whole=True)
+            refuse(f"{profile}.{key} is not a site fact; a site-facts file maps only "
+                   f"{', '.join(SITE_FACT_KEYS)} (anything else is the profile's own: change the profile, "
+                   "or use VCLOUD_PROFILE_OVERRIDES for a deployment's choice)", whole=True)
     return {str(k): v for k, v in entries.items()}
 
 
