@@ -98,7 +98,7 @@ class TrainingRequest:
         return cls(**{**data, "stages": tuple(data["stages"])})
 
 
-def _integer(field: str, low: int, high: int) -> Any:
+def _integer(low: int, high: int) -> Any:
     """An integer from ``low`` to ``high``; digits in a string count (``--conf`` and forms send text)."""
 
     def check(value: Any) -> int:
@@ -180,17 +180,17 @@ class RunConf(Document):
                                                                         validate_default=True)
     config: ConfigName = "tiny"
     stages: Annotated[tuple[int, ...], BeforeValidator(_stages)] = STAGES
-    start_stage: _integer("start_stage", 0, 3) | None = None
+    start_stage: _integer(0, 3) | None = None
     mode: Mode = "resume"
-    max_resubmits: _integer("max_resubmits", 0, MAX_RESUBMITS_LIMIT) = DEFAULT_MAX_RESUBMITS
+    max_resubmits: _integer(0, MAX_RESUBMITS_LIMIT) = DEFAULT_MAX_RESUBMITS
     dry_run: Annotated[bool, BeforeValidator(_flag)] = False
     run_name: Annotated[str | None, BeforeValidator(_run_name)] = None
     export: Annotated[bool, BeforeValidator(_flag)] = True
     time_limit: Annotated[str | None, BeforeValidator(_time_limit)] = None
-    max_epochs: _integer("max_epochs", 1, 100000) | None = None
+    max_epochs: _integer(1, 100000) | None = None
     partition: Annotated[str | None, BeforeValidator(_partition)] = None
-    nodes: _integer("nodes", 1, MAX_NODES) = 1
-    gpus_per_node: _integer("gpus_per_node", 1, 64) = 1
+    nodes: _integer(1, MAX_NODES) = 1
+    gpus_per_node: _integer(1, 64) = 1
 
 
 FIELDS: tuple[str, ...] = tuple(RunConf.model_fields)

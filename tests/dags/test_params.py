@@ -135,3 +135,12 @@ def test_user_in_a_profiles_paths_is_the_login_of_its_connection(transport: str,
     assert str(ctx.paths.outputs_dir).startswith("/cosmos/vast/scratch/alice/vcloud/outputs/")
     assert ctx.profile.staging is not None
     assert ctx.profile.staging.node_local_dir == "/scratch/alice/job_{job_id}"
+
+
+def test_the_config_choices_are_the_configs_shipped() -> None:
+    from typing import get_args
+
+    from vcloud_pipeline.params import CONFIGS, FIELDS, ConfigName, RunConf
+
+    assert get_args(ConfigName) == tuple(CONFIGS)
+    assert FIELDS == tuple(RunConf.model_fields) and "start_stage" in FIELDS
