@@ -31,6 +31,8 @@ os.environ.update({
     "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_AIRFLOW_HOME}/airflow.db",
     "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+    # As docker-compose.yaml: the Rendered Template view holds a job's whole sbatch script.
+    "AIRFLOW__CORE__MAX_TEMPLATED_FIELD_LENGTH": "65536",
     "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(_AIRFLOW_HOME / "logs"),
     # The product's DAGs plus small DAGs that exist only to drive operators in tests (dag.test()
     # needs a DAG to live in a configured bundle).

@@ -1,12 +1,45 @@
 #!/bin/bash
-# vcloud @@TITLE@@: inner script, runs @@WHERE@@ on every node of the job.
-# Rendered by vcloud_pipeline.render from profile '@@PROFILE@@' and include/sbatch/inner.sh;
+# vcloud {{ title }}: inner script, runs {{ where }} on every node of the job.
+# Rendered by vcloud_pipeline.render from profile '{{ profile.name }}' and include/sbatch/inner.sh;
 # change those, not this file.
 set -euo pipefail
 
-@@CONTAINER_CHECK@@
-@@ENV@@
-cd @@CODE_DIR@@
+{% if container and container.runtime == "charliecloud" %}
+# ch-run sets CH_RUNNING in the container; a bare run would use the host's software instead.
+if [ -z "${CH_RUNNING:-}" ]; then
+    echo "vcloud inner script: not inside a Charliecloud container (CH_RUNNING is unset); the outer script starts it with ch-run" >&2
+    exit 1
+fi
+image_hash="$(cat {{ IMAGE_HASH_FILE }} 2>/dev/null || echo unknown)"
+echo "vcloud inner script: in Charliecloud image ${image_hash} on $(hostname)" >&2
+{% endif %}
+export PYTHONPATH={{ pythonpath | join(":") | shq }}"${PYTHONPATH:+:${PYTHONPATH}}"
+export {{ CODE_HASH_ENV }}={{ code.hash | shq }}
+{% for name, value in profile.software.env %}
+export {{ name }}={{ value | shq }}
+{% endfor %}
+{% if profile.software.miopen_cache_dir %}
+# MIOpen: a per-job database on node-local disk (a shared one locks up across nodes);
+# kernels are searched and compiled on first use.
+export MIOPEN_USER_DB_PATH={{ profile.software.miopen_cache_dir | shq }}
+export MIOPEN_CUSTOM_CACHE_DIR="${MIOPEN_USER_DB_PATH}"
+export MIOPEN_FIND_MODE=1
+mkdir -p "${MIOPEN_USER_DB_PATH}"
+{% endif %}
+{% if gpus_required %}
+# GPUs are required (accelerator {{ profile.accelerator.kind }}): PyTorch must see as many as Slurm gave
+# this node, or the job stops instead of training on the CPU.
+export {{ GPUS_REQUIRED_ENV }}="${SLURM_GPUS_ON_NODE:-{{ res.gpus_per_node }}}"
+{% if profile.accelerator.missing_gpu_hint %}
+export {{ GPU_HINT_ENV }}={{ profile.accelerator.missing_gpu_hint | shq(job_id=False) }}
+{% endif %}
+{% endif %}
+{% if outputs_mirror %}
+# Outputs live on node-local disk: the trainer copies every checkpoint back to shared storage as it
+# saves it, so a node failure loses at most the checkpoint interval.
+export {{ OUTPUTS_MIRROR_ENV }}={{ paths.outputs_dir | shq }}
+{% endif %}
+cd {{ code.dir | shq }}
 
 child_pid=""
 stop_signal=""
@@ -14,16 +47,45 @@ stop_signal=""
 on_signal() {
     stop_signal="$1"
     if [ -n "$child_pid" ]; then
-@@FORWARD@@
+{% if torchrun %}
+        # torchrun dies on USR2 and gives its workers only 30 s after TERM: signal the
+        # workers (its children) directly so that they finish the step and checkpoint.
+        pkill --signal "$1" --parent "$child_pid" || kill -s TERM "$child_pid" 2>/dev/null || true
+{% else %}
+        kill -s "$1" "$child_pid" 2>/dev/null || true
+{% endif %}
     fi
 }
 trap 'on_signal USR2' USR2
 trap 'on_signal TERM' TERM
 
-@@COMMAND@@ &
+{% if torchrun %}
+{{ python | shq }} -m torch.distributed.run \
+    --nnodes={{ res.nodes }} \
+    --node_rank="${SLURM_NODEID}" \
+    --nproc_per_node={{ res.gpus_per_node }} \
+    --master_addr="${MASTER_ADDR}" \
+    --master_port="${MASTER_PORT}" \
+    {{ python_args | shjoin }} &
+{% elif data_job %}
+{{ python | shq }} {{ data_job.generate | shjoin }} && {{ python | shq }} {{ data_job.prepare | shjoin }} &
+{% else %}
+{{ python | shq }} {{ python_args | shjoin }} &
+{% endif %}
 child_pid=$!
-@@WAIT_FOR_CHILD@@
-@@AFTER@@
+{{ wait_for_child }}
+{% if torchrun %}
+# torchrun reports a worker's exit {{ EXIT_REQUEUE }} (checkpointed after a stop signal) as its own failure.
+if [ -n "$stop_signal" ] && [ "$rc" -ne 0 ]; then rc={{ EXIT_REQUEUE }}; fi
+{% if profile.accelerator.gpus_required %}
+# ...and a worker's exit {{ EXIT_GPUS_MISSING }} (GPUs required, PyTorch sees fewer) too: ask once more.
+if [ -z "$stop_signal" ] && [ "$rc" -ne 0 ]; then
+    gpus_rc=0
+    {{ python | shq }} -m vcloud.training.distributed >/dev/null 2>&1 || gpus_rc=$?
+    if [ "$gpus_rc" -eq {{ EXIT_GPUS_MISSING }} ]; then rc={{ EXIT_GPUS_MISSING }}; fi
+fi
+{% endif %}
+{% endif %}
 if [ -n "$stop_signal" ]; then
     echo "vcloud inner script: stopped after SIG${stop_signal}, exit code ${rc}" >&2
 fi

@@ -3,9 +3,9 @@ import os
 import sys
 
 # Filled in by vcloud_pipeline.render: the names and the exit code the trainer shares.
-GPUS_REQUIRED_ENV = "@@GPUS_REQUIRED_ENV@@"
-GPU_HINT_ENV = "@@GPU_HINT_ENV@@"
-EXIT_GPUS_MISSING = int("@@EXIT_GPUS_MISSING@@")
+GPUS_REQUIRED_ENV = "{{ GPUS_REQUIRED_ENV }}"
+GPU_HINT_ENV = "{{ GPU_HINT_ENV }}"
+EXIT_GPUS_MISSING = int("{{ EXIT_GPUS_MISSING }}")
 
 failed = []
 for name in ("vcloud", "vcloud.data", "tifffile", "rasterio", "torch"):

@@ -37,7 +37,7 @@ class SlurmJobLogLink(BaseOperatorLink):
         job_id = BaseXCom.get_value(ti_key=ti_key, key=JOB_ID_XCOM_KEY)
         if not job_id:
             return ""
-        from airflow.configuration import conf
+        from airflow.sdk import conf
 
         base_url = conf.get("api", "base_url", fallback="http://localhost:8080")
         return job_view_url(base_url, ti_key.dag_id, ti_key.run_id, ti_key.task_id, str(job_id))

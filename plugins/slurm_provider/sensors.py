@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.exceptions import AirflowException
-from airflow.sdk.bases.sensor import BaseSensorOperator
+from airflow.sdk import BaseSensorOperator
+from airflow.sdk.exceptions import AirflowException
 
 from slurm_provider.state_vocabulary import StateCategory
 from slurm_provider.job_status import JobStatus

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 __all__ = [
     "PLUGIN_OWNED_SBATCH_FLAGS",
     "ValidationError",
+    "duration_seconds",
     "format_time_limit",
     "parse_time_limit",
     "quote",
@@ -44,6 +45,7 @@ class ValidationError(ValueError):
     def __init__(self, field: str, message: str, value: object = None) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.problem = message
         self.value = value
 
 
@@ -165,29 +167,41 @@ _TIME_HELP = (
 )
 
 
-def parse_time_limit(value: str | int, field: str = "time_limit") -> int:
-    """Seconds in a Slurm ``--time`` value. A bare number means minutes, as in sbatch."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = str(value)
-    text = _require_str(value, field).strip()
+def duration_seconds(text: str) -> int | None:
+    """Seconds in a Slurm duration, or None if ``text`` is in none of Slurm's forms.
+
+    The one reader of Slurm durations: ``--time`` values (:func:`parse_time_limit`), profiles and
+    requests, and the times squeue/sacct/scontrol print (:func:`slurm_provider.cli.values.parse_duration`).
+    A bare number means minutes, as in sbatch; zero is a duration here (an elapsed time may be zero).
+    """
     for form in _TIME_FORMS:
-        match = form.match(text)
+        match = form.match(text.strip())
         if match:
             parts = {k: int(v) for k, v in match.groupdict().items() if v is not None}
             if ("h" in parts and "d" in parts and parts["h"] > 23) or parts.get("s", 0) > 59:
-                break
+                return None
             if "h" in parts and parts.get("m", 0) > 59:
-                break
-            seconds = (
+                return None
+            return (
                 parts.get("d", 0) * 86400
                 + parts.get("h", 0) * 3600
                 + parts.get("m", 0) * 60
                 + parts.get("s", 0)
             )
-            if seconds <= 0:
-                raise ValidationError(field, f"{value!r} is zero; a job needs at least one minute", value)
-            return seconds
-    raise ValidationError(field, f"{value!r} is not a Slurm time limit; {_TIME_HELP}", value)
+    return None
+
+
+def parse_time_limit(value: str | int, field: str = "time_limit") -> int:
+    """Seconds in a Slurm ``--time`` value. A bare number means minutes, as in sbatch."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    text = _require_str(value, field).strip()
+    seconds = duration_seconds(text)
+    if seconds is None:
+        raise ValidationError(field, f"{value!r} is not a Slurm time limit; {_TIME_HELP}", value)
+    if seconds <= 0:
+        raise ValidationError(field, f"{value!r} is zero; a job needs at least one minute", value)
+    return seconds
 
 
 def format_time_limit(seconds: int) -> str:

@@ -7,9 +7,10 @@ file names, ``index.json``, exit codes, the job environment, the ``COMPLETE`` fi
 trainer's torch-free :mod:`vcloud.contract`.
 
 - :mod:`vcloud_pipeline.profiles`         typed, validated cluster profiles (``load_profile``)
+- :mod:`vcloud_pipeline.schema`           pydantic validation in our words (unknown keys, choices, durations)
 - :mod:`vcloud_pipeline.jobspec`          what one job asks for, checked against a profile's partitions
 - :mod:`vcloud_pipeline.layout`           ``RunPaths``: every remote path of a run, computed once
-- :mod:`vcloud_pipeline.render`           ``render_job``: the outer sbatch + inner job scripts
+- :mod:`vcloud_pipeline.render`           ``render_job``: the outer sbatch + inner job scripts (Jinja2 templates)
 - :mod:`vcloud_pipeline.code_tree`        code-sync argv, anchored excludes, content hash and manifest
 - :mod:`vcloud_pipeline.budget`           worst-case GPU-hours, the ledger, and the budget check
 

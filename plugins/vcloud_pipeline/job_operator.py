@@ -11,7 +11,8 @@ Submission, deferral, adoption and resubmission are the provider's.
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
@@ -40,6 +41,10 @@ from vcloud_pipeline.stage_decisions import (
 )
 from vcloud_pipeline.tasks import PLAN_TASK, SYNC_TASK, RunContext, now_stamp
 
+if TYPE_CHECKING:
+    import jinja2
+    from airflow.sdk import Context
+
 POLL_ENV = {
     "poll_interval": ("VCLOUD_POLL_INTERVAL", 15.0),
     "max_poll_interval": ("VCLOUD_MAX_POLL_INTERVAL", 300.0),
@@ -62,7 +67,11 @@ class PipelineJobOperator(SlurmSubmitOperator):
     :param sync_task: task id whose XCom holds the rendered scripts and the code hash.
     """
 
-    template_fields = ()
+    template_fields: Sequence[str] = ("script", "log_dir", "progress_path", "code_version", "exclusive_dir")
+    """Shown in Airflow's Rendered Template view: the outer script exactly as it is submitted (sent to
+    ``sbatch`` on stdin), where the job logs, and which code it runs. None of them is a Jinja template:
+    :meth:`render_template_fields` binds them from the run's XComs instead."""
+    template_fields_renderers = {"script": "bash"}
     ui_color = "#e3ecd9"
 
     def __init__(self, *, job: str, plan_task: str = PLAN_TASK, sync_task: str = SYNC_TASK, **kwargs: Any) -> None:
@@ -78,6 +87,16 @@ class PipelineJobOperator(SlurmSubmitOperator):
         """The run's profile, bound from the plan's XCom at run time."""
 
     # --- binding ---------------------------------------------------------------------------------
+
+    def render_template_fields(self, context: Context, jinja_env: jinja2.Environment | None = None) -> None:
+        """Bind the job from the run's XComs where Airflow would render Jinja templates.
+
+        Airflow records the template fields right after this call and before ``execute``, so the
+        Rendered Template view shows the very script ``execute`` submits. The script is a bash script
+        rendered by :mod:`vcloud_pipeline.render`; Airflow's Jinja never sees it (``${#x}`` or a
+        ``{{`` in it stays as it is).
+        """
+        self._bind(context)
 
     def _bind(self, context: Any) -> tuple[RunContext, dict[str, Any]]:
         ti = context["ti"]

@@ -13,9 +13,10 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
+from slurm_provider.validation import parse_time_limit
 from vcloud.contract import STAGES
 
-from vcloud_pipeline.profiles import ClusterProfile, PartitionSpec, ProfileError, parse_slurm_time
+from vcloud_pipeline.profiles import ClusterProfile, PartitionSpec, ProfileError
 _MEM = re.compile(r"^(\d+)([KMGT]?)$")
 
 
@@ -84,7 +85,7 @@ class JobSpec:
                                "e.g. trainer/configs/model_full.yaml")
         if self.time_limit is not None:
             try:
-                parse_slurm_time(self.time_limit)
+                parse_time_limit(self.time_limit, "time_limit")
             except ValueError as exc:
                 raise JobSpecError(str(exc)) from None
 
@@ -169,7 +170,7 @@ def resolve_resources(profile: ClusterProfile, spec: JobSpec) -> Resources:
                            f"so that torchrun places {per_node} processes per node; asked for {gpus}")
 
     if spec.time_limit is not None:
-        seconds = parse_slurm_time(spec.time_limit)
+        seconds = parse_time_limit(spec.time_limit, "time_limit")
     elif spec.kind is JobKind.PREFLIGHT:
         seconds = min(profile.jobs.preflight_time_seconds, part.max_time_seconds)
     elif spec.kind in (JobKind.EXPORT, JobKind.DATA):

@@ -12,13 +12,18 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
+
+import pydantic
+from pydantic import BeforeValidator, ValidationInfo
 
 from vcloud.contract import STAGES
 
 from vcloud_pipeline.layout import RunNameError, validate_run_name
-from vcloud_pipeline.profiles import DEFAULT_PROFILE, ProfileError, available_profiles, parse_slurm_time
+from vcloud_pipeline.profiles import DEFAULT_PROFILE, available_profiles
+from vcloud_pipeline.schema import Document, problems, refuse, slurm_seconds
 
+ConfigName = Literal["tiny", "small", "full"]
 CONFIGS: Mapping[str, str] = {
     "tiny": "trainer/configs/model_tiny.yaml",
     "small": "trainer/configs/model_small.yaml",
@@ -29,15 +34,16 @@ CONFIGS: Mapping[str, str] = {
 SYNTHETIC_PRESETS: Mapping[str, str] = {"tiny": "tiny", "small": "small"}
 """The synthetic dataset preset that matches a config; ``full`` needs the real dataset."""
 
-MODES = ("resume", "restart")
+Mode = Literal["resume", "restart"]
+MODES: tuple[str, ...] = get_args(Mode)
 DEFAULT_MAX_RESUBMITS = 3
 MAX_RESUBMITS_LIMIT = 50
 
 _PROFILE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 _PARTITION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-FIELDS = ("profile", "config", "stages", "start_stage", "mode", "max_resubmits", "dry_run", "run_name",
-          "export", "time_limit", "max_epochs", "partition", "nodes", "gpus_per_node")
 MAX_NODES = 1024
+ADVANCED = "Advanced: resources, limits and resubmission"
+"""The trigger form's section for what a run rarely changes (``Param(section=...)``); the rest is on top."""
 
 
 class RequestError(ValueError):
@@ -92,29 +98,28 @@ class TrainingRequest:
         return cls(**{**data, "stages": tuple(data["stages"])})
 
 
-def _choice(field: str, value: Any, allowed: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in allowed:
-        raise RequestError(f"{field} {value!r} not allowed (allowed: {', '.join(allowed)})")
-    return value
+def _integer(low: int, high: int) -> Any:
+    """An integer from ``low`` to ``high``; digits in a string count (``--conf`` and forms send text)."""
+
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, str) and value.strip().isdigit():
+                value = int(value.strip())
+            else:
+                refuse(f"must be an integer from {low} to {high}, got {value!r}")
+        if not low <= value <= high:
+            refuse(f"must be from {low} to {high}, got {value}")
+        return value
+
+    return Annotated[int, BeforeValidator(check)]
 
 
-def _int(field: str, value: Any, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, str) and value.strip().isdigit():
-            value = int(value.strip())
-        else:
-            raise RequestError(f"{field} must be an integer from {low} to {high}, got {value!r}")
-    if not low <= value <= high:
-        raise RequestError(f"{field} must be from {low} to {high}, got {value}")
-    return value
-
-
-def _bool(field: str, value: Any) -> bool:
+def _flag(value: Any) -> bool:
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
-    raise RequestError(f"{field} must be true or false, got {value!r}")
+    refuse(f"must be true or false, got {value!r}")
 
 
 def _stages(value: Any) -> tuple[int, ...]:
@@ -123,9 +128,77 @@ def _stages(value: Any) -> tuple[int, ...]:
     if isinstance(value, (int, str)) and not isinstance(value, bool):
         value = [value]
     if not isinstance(value, (list, tuple)):
-        raise RequestError(f"stages must be a list of stage numbers (allowed: 0, 1, 2, 3), got {value!r}")
-    stages = sorted({_int("stages entry", v, 0, 3) for v in value})
-    return tuple(stages)
+        refuse(f"must be a list of stage numbers (allowed: 0, 1, 2, 3), got {value!r}")
+    stages = set()
+    for entry in value:
+        if isinstance(entry, bool) or not isinstance(entry, (int, str)) or not str(entry).strip().isdigit():
+            refuse(f"entry must be an integer from 0 to 3, got {entry!r}")
+        if not 0 <= int(entry) <= 3:
+            refuse(f"entry must be from 0 to 3, got {entry}")
+        stages.add(int(entry))
+    return tuple(sorted(stages))
+
+
+def _profile(value: Any, info: ValidationInfo) -> str:
+    profiles = (info.context or {}).get("profiles") or available_profiles()
+    if not isinstance(value, str) or not _PROFILE.match(value) or value not in profiles:
+        refuse(f"profile {value!r} not known (known: {', '.join(profiles)})", whole=True)
+    return value
+
+
+def _time_limit(value: Any) -> str | None:
+    if value in (None, ""):
+        return None
+    if not isinstance(value, str):
+        refuse(f"must be a Slurm duration string, got {value!r}")
+    slurm_seconds(value)
+    return value
+
+
+def _partition(value: Any) -> str | None:
+    if value in (None, ""):
+        return None
+    if not isinstance(value, str) or not _PARTITION.match(value):
+        refuse(f"must be a Slurm partition name (letters, digits, '-', '_'), got {value!r}")
+    return value
+
+
+def _run_name(value: Any) -> str | None:
+    if value in (None, ""):
+        return None
+    try:
+        return validate_run_name(value)
+    except RunNameError as exc:
+        refuse(str(exc), whole=True)
+
+
+class RunConf(Document):
+    """The params of one DAG run as sent (form, ``--dag-run-conf`` or REST API), before defaults that
+    depend on the run (the run name) are filled in. Unknown params are refused."""
+
+    profile: Annotated[str, BeforeValidator(_profile)] = pydantic.Field(DEFAULT_PROFILE,
+                                                                        validate_default=True)
+    config: ConfigName = "tiny"
+    stages: Annotated[tuple[int, ...], BeforeValidator(_stages)] = STAGES
+    start_stage: _integer(0, 3) | None = None
+    mode: Mode = "resume"
+    max_resubmits: _integer(0, MAX_RESUBMITS_LIMIT) = DEFAULT_MAX_RESUBMITS
+    dry_run: Annotated[bool, BeforeValidator(_flag)] = False
+    run_name: Annotated[str | None, BeforeValidator(_run_name)] = None
+    export: Annotated[bool, BeforeValidator(_flag)] = True
+    time_limit: Annotated[str | None, BeforeValidator(_time_limit)] = None
+    max_epochs: _integer(1, 100000) | None = None
+    partition: Annotated[str | None, BeforeValidator(_partition)] = None
+    nodes: _integer(1, MAX_NODES) = 1
+    gpus_per_node: _integer(1, 64) = 1
+
+
+FIELDS: tuple[str, ...] = tuple(RunConf.model_fields)
+"""The params a run accepts."""
+
+
+def _unknown_params(where: str, unknown: list[str], known: list[str]) -> str:
+    return f"unknown param(s) {', '.join(sorted(unknown))} (known: {', '.join(known)})"
 
 
 def default_run_name(config: str, run_type: str | None, logical_date: Any) -> str:
@@ -143,82 +216,55 @@ def default_run_name(config: str, run_type: str | None, logical_date: Any) -> st
 def parse_request(conf: Mapping[str, Any], *, run_type: str | None = None, logical_date: Any = None,
                   known_profiles: tuple[str, ...] | None = None) -> TrainingRequest:
     """Validate the params of one DAG run; raises :class:`RequestError` naming the field."""
-    unknown = sorted(set(conf) - set(FIELDS))
-    if unknown:
-        raise RequestError(f"unknown param(s) {', '.join(unknown)} (known: {', '.join(FIELDS)})")
     profiles = known_profiles if known_profiles is not None else available_profiles()
-    profile = conf.get("profile", DEFAULT_PROFILE)
-    if not isinstance(profile, str) or not _PROFILE.match(profile) or profile not in profiles:
-        raise RequestError(f"profile {profile!r} not known (known: {', '.join(profiles)})")
-    config = _choice("config", conf.get("config", "tiny"), tuple(CONFIGS))
-    mode = _choice("mode", conf.get("mode", "resume"), MODES)
-
-    stages = _stages(conf.get("stages"))
-    start = conf.get("start_stage")
-    if start is not None:
-        start = _int("start_stage", start, 0, 3)
-        stages = tuple(s for s in stages if s >= start)
+    try:
+        run = RunConf.model_validate(conf, context={"profiles": profiles})
+    except pydantic.ValidationError as exc:
+        raise RequestError("; ".join(problems(exc, RunConf, _unknown_params))) from None
+    stages = run.stages
+    if run.start_stage is not None:
+        stages = tuple(s for s in stages if s >= run.start_stage)
         if not stages:
-            raise RequestError(f"start_stage {start} leaves none of the stages {list(_stages(conf.get('stages')))} "
+            raise RequestError(f"start_stage {run.start_stage} leaves none of the stages {list(run.stages)} "
                                "to run")
-
-    max_resubmits = _int("max_resubmits", conf.get("max_resubmits", DEFAULT_MAX_RESUBMITS), 0,
-                         MAX_RESUBMITS_LIMIT)
-    dry_run = _bool("dry_run", conf.get("dry_run", False))
-    export = _bool("export", conf.get("export", True))
-
-    run_name = conf.get("run_name") or default_run_name(config, run_type, logical_date)
+    run_name = run.run_name or default_run_name(run.config, run_type, logical_date)
     try:
         validate_run_name(run_name)
     except RunNameError as exc:
         raise RequestError(str(exc)) from None
-
-    time_limit = conf.get("time_limit") or None
-    if time_limit is not None:
-        try:
-            if not isinstance(time_limit, str):
-                raise ValueError(f"time_limit must be a Slurm duration string, got {time_limit!r}")
-            parse_slurm_time(time_limit)
-        except (ValueError, ProfileError) as exc:
-            raise RequestError(str(exc)) from None
-    max_epochs = conf.get("max_epochs")
-    if max_epochs is not None:
-        max_epochs = _int("max_epochs", max_epochs, 1, 100000)
-
-    partition = conf.get("partition") or None
-    if partition is not None and (not isinstance(partition, str) or not _PARTITION.match(partition)):
-        raise RequestError(f"partition must be a Slurm partition name (letters, digits, '-', '_'), got {partition!r}")
-    nodes = _int("nodes", conf.get("nodes", 1), 1, MAX_NODES)
-    gpus_per_node = _int("gpus_per_node", conf.get("gpus_per_node", 1), 1, 64)
-
-    return TrainingRequest(profile=profile, config=config, stages=stages, mode=mode,
-                           max_resubmits=max_resubmits, dry_run=dry_run, run_name=run_name, export=export,
-                           time_limit=time_limit, max_epochs=max_epochs, partition=partition, nodes=nodes,
-                           gpus_per_node=gpus_per_node)
+    return TrainingRequest(profile=run.profile, config=run.config, stages=stages, mode=run.mode,
+                           max_resubmits=run.max_resubmits, dry_run=run.dry_run, run_name=run_name,
+                           export=run.export, time_limit=run.time_limit, max_epochs=run.max_epochs,
+                           partition=run.partition, nodes=run.nodes, gpus_per_node=run.gpus_per_node)
 
 
-def dag_params(default_profile: str = DEFAULT_PROFILE) -> dict[str, Any]:
-    """The trigger form: one ``Param`` per field, with the schema the UI validates against."""
+def dag_params(default_profile: str = DEFAULT_PROFILE,
+               profiles: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The trigger form: one ``Param`` per field, with the schema the UI validates against.
+
+    ``profile`` is a drop-down of the installed profiles (``include/profiles/*.yaml`` when the DAG is
+    parsed, or ``profiles``); what a run rarely changes sits in the collapsed :data:`ADVANCED`
+    section (Airflow's ``section`` schema keyword).
+    """
     from airflow.sdk import Param
 
+    installed = list(profiles if profiles is not None else available_profiles())
+    if default_profile not in installed:
+        raise RequestError(f"default profile {default_profile!r} is not installed (installed: "
+                           f"{', '.join(installed) or 'none'}); set VCLOUD_DEFAULT_PROFILE to one of them")
     return {
-        "profile": Param(default_profile, type="string", pattern=_PROFILE.pattern, title="Cluster profile",
-                         description="Name of include/profiles/<name>.yaml: local, lumi, levante, cosmos."),
+        "profile": Param(default_profile, type="string", enum=installed, title="Cluster profile",
+                         description="One of include/profiles/<name>.yaml (its connection, partitions, paths "
+                                     "and software environment)."),
         "config": Param("tiny", type="string", enum=list(CONFIGS), title="Model size",
                         description="Trainer config: tiny (smoke test), small, full (production)."),
-        "stages": Param([0, 1, 2, 3], type="array", items={"type": "integer", "minimum": 0, "maximum": 3},
+        "stages": Param(list(STAGES), type="array", items={"type": "integer", "minimum": 0, "maximum": 3},
                         title="Stages",
                         description="Stages to run (0 autoencoder, 1 draft, 2 refiner, 3 self-training). "
                                     "Complete stages are skipped unless mode is restart."),
-        "start_stage": Param(None, type=["null", "integer"], minimum=0, maximum=3, title="Start stage",
-                             description="Like the job scripts' START_STAGE: skip every stage before it."),
         "mode": Param("resume", type="string", enum=list(MODES), title="Resume or restart",
                       description="resume: skip complete stages and continue from latest.pt. restart: move "
                                   "the selected stages' outputs aside and train them from scratch."),
-        "max_resubmits": Param(DEFAULT_MAX_RESUBMITS, type="integer", minimum=0, maximum=MAX_RESUBMITS_LIMIT,
-                               title="Resubmissions per cause",
-                               description="How often a stage job ended by its time limit, a node failure or "
-                                           "a preemption is submitted again (only if it made progress)."),
         "dry_run": Param(False, type="boolean", title="Dry run",
                          description="Sync the code, render the job scripts and run the preflight checks only."),
         "run_name": Param("", type="string", pattern=r"^$|^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", title="Run name",
@@ -226,17 +272,27 @@ def dag_params(default_profile: str = DEFAULT_PROFILE) -> dict[str, Any]:
                                       "manual runs, <config>-<YYYYMMDD> for scheduled runs and backfills."),
         "export": Param(True, type="boolean", title="Export viewer data",
                         description="Run the viewer export job after stage 3."),
-        "time_limit": Param(None, type=["null", "string"], title="Training job time limit",
+        "start_stage": Param(None, type=["null", "integer"], minimum=0, maximum=3, title="Start stage",
+                             section=ADVANCED,
+                             description="Like the job scripts' START_STAGE: skip every stage before it."),
+        "max_resubmits": Param(DEFAULT_MAX_RESUBMITS, type="integer", minimum=0, maximum=MAX_RESUBMITS_LIMIT,
+                               title="Resubmissions per cause", section=ADVANCED,
+                               description="How often a stage job ended by its time limit, a node failure or "
+                                           "a preemption is submitted again (only if it made progress)."),
+        "time_limit": Param(None, type=["null", "string"], title="Training job time limit", section=ADVANCED,
                             description="Slurm duration (e.g. 3-00:00:00) for each training job. Empty: the "
                                         "partition's default. Jobs checkpoint and requeue before it."),
         "max_epochs": Param(None, type=["null", "integer"], minimum=1, title="Epochs per stage",
+                            section=ADVANCED,
                             description="Override the config's epochs per stage (short test runs)."),
-        "partition": Param(None, type=["null", "string"], title="Training partition",
+        "partition": Param(None, type=["null", "string"], title="Training partition", section=ADVANCED,
                            description="Partition of the training jobs (e.g. standard-g on LUMI for whole "
                                        "nodes). Empty: the profile's default partition."),
         "nodes": Param(1, type="integer", minimum=1, maximum=MAX_NODES, title="Nodes per training job",
+                       section=ADVANCED,
                        description="More than one: torchrun across the nodes (the partition must allow it)."),
         "gpus_per_node": Param(1, type="integer", minimum=1, maximum=64, title="GPUs per node",
+                               section=ADVANCED,
                                description="GPUs (GCDs on LUMI) per node of each training job; whole-node "
                                            "partitions need all of a node's."),
     }

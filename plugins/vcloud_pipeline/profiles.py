@@ -7,8 +7,9 @@ alias) lives in the Airflow connection only, the one place every SSH command and
 The DAG and the renderers only ever see a :class:`ClusterProfile`, so no cluster name appears in
 pipeline code.
 
-Loading is strict because a wrong profile costs queue time and GPU-hours, not seconds: unknown keys
-are rejected with the list of known ones, every choice names its allowed values, and the lessons of
+Loading is strict because a wrong profile costs queue time and GPU-hours, not seconds: the file is
+read into :class:`ProfileDocument` (pydantic, :mod:`vcloud_pipeline.schema`), so unknown keys are
+rejected with the list of known ones, every choice names its allowed values, and the lessons of
 the user's field notes (``/work/shared/seeds``) are rules here, e.g. LUMI profiles that ask for
 ``singularity --rocm`` or ``module load`` are refused with the reason.
 
@@ -28,13 +29,26 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Literal, get_args
 
+import pydantic
 import yaml
 
+from vcloud_pipeline.schema import (
+    Document,
+    Duration,
+    Environment,
+    Flag,
+    Positive,
+    Strings,
+    Text,
+    count,
+    problems,
+    refuse,
+)
 from vcloud_pipeline.site_facts import SiteFactsError, site_facts_for
 
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "include" / "profiles"
@@ -55,7 +69,8 @@ RUNTIME_JOB_ID = "{job_id}"
 NODE_LOCAL_ROOTS = ("/tmp", "/dev/shm", "/var/tmp")
 """Directories that are private to each compute node (plus a profile's staging directory)."""
 
-SITES = ("lumi", "levante", "cosmos", "local", "other")
+Site = Literal["lumi", "levante", "cosmos", "local", "other"]
+SITES: tuple[str, ...] = get_args(Site)
 LOGIN_VARIABLE = "{user}"
 MOVED_TO_CONNECTION = {
     "host": "its Host",
@@ -67,9 +82,12 @@ MOVED_TO_CONNECTION = {
     "control_path": "the ssh_config alias (ControlMaster, ControlPath, ControlPersist)",
 }
 """Settings older profiles carried in ``connection:``, and where in the Airflow connection they live now."""
-ACCELERATORS = ("rocm", "cuda", "none")
-GPU_REQUEST_STYLES = ("gpus", "gres")
-CONTAINER_RUNTIMES = ("singularity", "apptainer", "charliecloud", "none")
+AcceleratorKind = Literal["rocm", "cuda", "none"]
+ACCELERATORS: tuple[str, ...] = get_args(AcceleratorKind)
+GpuRequestStyle = Literal["gpus", "gres"]
+GPU_REQUEST_STYLES: tuple[str, ...] = get_args(GpuRequestStyle)
+ContainerRuntime = Literal["singularity", "apptainer", "charliecloud", "none"]
+CONTAINER_RUNTIMES: tuple[str, ...] = get_args(ContainerRuntime)
 """``none`` runs the inner script directly in ``software.python``'s environment (a bare run)."""
 SINGULARITY_RUNTIMES = ("singularity", "apptainer")
 CHARLIECLOUD_SHARED = ("/tmp",)
@@ -90,8 +108,6 @@ _PATH_FORBIDDEN = {
     ",": "',' separates entries of SINGULARITY_BIND and SINGULARITY_CONTAINLIBS",
 }
 _TEMPLATE_VAR = re.compile(r"\{([^{}]*)\}")
-_SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MODULE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+/-]*$")
 _PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 _MEM_SIZE = re.compile(r"^\d+[KMGT]?$")
@@ -103,41 +119,6 @@ DEFAULT_CODE_KEEP = 5
 
 class ProfileError(ValueError):
     """A profile is missing, malformed, or asks for something the cluster is known to break on."""
-
-
-# --------------------------------------------------------------------------- Slurm durations
-
-
-def parse_slurm_time(text: str | int) -> int:
-    """Seconds in a Slurm time limit (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM:SS``)."""
-    if isinstance(text, bool):
-        raise ValueError(f"time limit must be a Slurm duration string, got {text!r}")
-    if isinstance(text, int):
-        return text * 60
-    match = _SLURM_TIME.match(str(text).strip())
-    if not match:
-        raise ValueError(f"time limit {text!r} is not a Slurm duration (e.g. 30, 02:00:00, 3-00:00:00)")
-    days, a, b, c = match.groups()
-    a_, b_, c_ = int(a), int(b or 0), int(c or 0)
-    if days is not None:  # D-HH[:MM[:SS]]
-        seconds = int(days) * 86400 + a_ * 3600 + b_ * 60 + c_
-    elif c is not None:  # HH:MM:SS
-        seconds = a_ * 3600 + b_ * 60 + c_
-    elif b is not None:  # MM:SS
-        seconds = a_ * 60 + b_
-    else:  # MM
-        seconds = a_ * 60
-    if seconds <= 0:
-        raise ValueError(f"time limit {text!r} must be positive")
-    return seconds
-
-
-def format_slurm_time(seconds: int) -> str:
-    """``D-HH:MM:SS``, the one spelling every Slurm version parses the same way."""
-    days, rest = divmod(int(seconds), 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
 
 
 # --------------------------------------------------------------------------- the profile types
@@ -460,121 +441,151 @@ def merge_overrides(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> di
     return merged
 
 
-_REQUIRED = object()
+# --------------------------------------------------------------------------- the profile file
 
 
-class _Section:
-    """Typed access to one mapping of the profile; :meth:`close` rejects keys nobody asked for."""
+class _ConnectionDoc(Document):
+    conn_id: Text
 
-    def __init__(self, profile: str, where: str, data: Any, placeholders: list[str]) -> None:
-        if not isinstance(data, Mapping):
-            raise ProfileError(f"profile {profile}: {where or 'the top level'} must be a mapping, "
-                               f"got {type(data).__name__}")
-        self.profile = profile
-        self.where = where
-        self.data = data
-        self.known: list[str] = []
-        self.placeholders = placeholders
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _refuse_moved_keys(cls, data: Any) -> Any:
+        """Login settings older profiles carried: say where they live now instead of "unknown key"."""
+        if isinstance(data, Mapping):
+            moved = [key for key in data if key in MOVED_TO_CONNECTION]
+            if moved:
+                where = "; ".join(f"{key}: {MOVED_TO_CONNECTION[key]}" for key in moved)
+                keys = ", ".join("connection." + key for key in moved)
+                refuse(f"{keys} no longer belong in a profile: how to log in lives in the Airflow "
+                       f"connection {data.get('conn_id')!r} only ({where}). Keep only connection.conn_id in "
+                       "the profile", whole=True)
+        return data
 
-    def name(self, key: str) -> str:
-        return f"{self.where}.{key}" if self.where else key
 
-    def error(self, key: str, problem: str) -> ProfileError:
-        return ProfileError(f"profile {self.profile}: {self.name(key)} {problem}")
+class _AcceleratorDoc(Document):
+    kind: AcceleratorKind
+    model: Text
+    per_node: count()
+    unit: Text
+    missing_gpu_hint: Text | None = None
 
-    def _get(self, key: str, default: Any) -> Any:
-        self.known.append(key)
-        if key not in self.data or self.data[key] is None:
-            if default is _REQUIRED:
-                raise self.error(key, "is required")
-            return default
-        return self.data[key]
 
-    def str(self, key: str, default: Any = _REQUIRED) -> Any:
-        value = self._get(key, default)
-        if value is default and default is not _REQUIRED:
-            return value
-        if not isinstance(value, str) or not value.strip():
-            raise self.error(key, f"must be a non-empty string, got {value!r}")
-        if PLACEHOLDER in value:
-            self.placeholders.append(self.name(key))
-        return value
+class _GpuRequestDoc(Document):
+    style: GpuRequestStyle
+    gres_type: Text | None = None
 
-    def choice(self, key: str, allowed: Sequence[str], default: Any = _REQUIRED) -> Any:
-        value = self.str(key, default)
-        if value is not None and value not in allowed:
-            raise self.error(key, f"{value!r} not allowed (allowed: {', '.join(allowed)})")
-        return value
 
-    def int(self, key: str, default: Any = _REQUIRED, *, minimum: int = 1) -> Any:
-        value = self._get(key, default)
-        if value is default and default is not _REQUIRED:
-            return value
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.error(key, f"must be an integer, got {value!r}")
-        if value < minimum:
-            raise self.error(key, f"must be at least {minimum}, got {value}")
-        return value
+class _PartitionDoc(Document):
+    description: Text = ""
+    max_time: Duration
+    default_time: Duration | None = None
+    max_nodes: count()
+    max_gpus_per_node: count()
+    cpus_per_node: count()
+    default_cpus_per_gpu: count()
+    full_node: Flag = False
+    mem_per_gpu: Text | None = None
+    debug: Flag = False
 
-    def float(self, key: str, default: Any = _REQUIRED) -> Any:
-        value = self._get(key, default)
-        if value is default and default is not _REQUIRED:
-            return value
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise self.error(key, f"must be a positive number, got {value!r}")
-        return float(value)
 
-    def bool(self, key: str, default: Any = _REQUIRED) -> Any:
-        value = self._get(key, default)
-        if not isinstance(value, bool):
-            raise self.error(key, f"must be true or false, got {value!r}")
-        return value
+class _BillingDoc(Document):
+    unit: Text
+    factor: Positive
+    allocation: Positive | None = None
+    slurm_tres: Text = "billing"
+    slurm_minutes_per_unit: Positive = 60.0
 
-    def duration(self, key: str, default: Any = _REQUIRED) -> Any:
-        value = self._get(key, default)
-        if value is default and default is not _REQUIRED:
-            return value
-        if not isinstance(value, str):
-            raise self.error(key, f"must be a quoted Slurm duration such as '24:00:00' (got {value!r}; "
-                                  "YAML reads an unquoted 24:00:00 as the number 86400)")
-        try:
-            return parse_slurm_time(value)
-        except ValueError as exc:
-            raise self.error(key, str(exc)) from None
 
-    def strings(self, key: str) -> tuple[str, ...]:
-        value = self._get(key, [])
-        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-            raise self.error(key, f"must be a list of non-empty strings, got {value!r}")
-        return tuple(value)
+class _PathsDoc(Document):
+    base: Text
+    code: Text
+    data: Text
+    outputs: Text
+    logs: Text
+    viewer: Text
+    jobs: Text
+    pylibs: Text | None = None
+    fast_tmp: Text | None = None
+    code_keep: count() = DEFAULT_CODE_KEEP
 
-    def mapping(self, key: str) -> dict[str, str]:
-        value = self._get(key, {})
-        if not isinstance(value, Mapping):
-            raise self.error(key, f"must be a mapping of names to strings, got {value!r}")
-        out: dict[str, str] = {}
-        for k, v in value.items():
-            if not isinstance(k, str) or not _ENV_NAME.match(k):
-                raise self.error(key, f"has an invalid variable name {k!r}")
-            if isinstance(v, bool) or not isinstance(v, (str, int, float)):
-                raise self.error(f"{key}.{k}", f"must be a string or number, got {v!r}")
-            out[k] = str(v)
-        return out
 
-    def section(self, key: str, *, optional: bool = False) -> "_Section | None":
-        value = self._get(key, None if optional else _REQUIRED)
-        if value is None:
-            return None
-        return _Section(self.profile, self.name(key), value, self.placeholders)
+class _ContainerDoc(Document):
+    runtime: ContainerRuntime
+    image: Text
+    containlibs: Strings = ()
+    binds: Strings = ()
+    bind_env: Strings = ()
+    rocm: Flag = False
+    exec_args: Strings = ()
 
-    def close(self) -> None:
-        unknown = [k for k in self.data if k not in self.known]
-        if unknown:
-            where = f" in {self.where}" if self.where else ""
-            raise ProfileError(
-                f"profile {self.profile}: unknown key {', '.join(repr(k) for k in unknown)}{where} "
-                f"(known: {', '.join(self.known)})"
-            )
+
+class _SoftwareDoc(Document):
+    python: Text
+    modules: Strings = ()
+    env: Environment = {}
+    miopen_cache_dir: Text | None = None
+
+
+class _StagingDoc(Document):
+    node_local_dir: Text
+    stage_data: Flag = True
+    stage_outputs: Flag = True
+
+
+class _JobsDoc(Document):
+    signal_lead_seconds: count(30)
+    master_port: count(1024) = 29500
+    preflight_time: Duration = 600
+    export_time: Duration = 7200
+
+
+class ProfileDocument(Document):
+    """``include/profiles/<name>.yaml`` as written (after overrides), before ``{user}``-style values are
+    filled in and the rules run: the keys, their types and their allowed values."""
+
+    site: Site
+    description: Text = ""
+    account: Text
+    connection: _ConnectionDoc
+    accelerator: _AcceleratorDoc
+    gpu_request: _GpuRequestDoc
+    partitions: dict[str, _PartitionDoc]
+    default_partition: Text
+    debug_partition: Text
+    billing: _BillingDoc
+    paths: _PathsDoc
+    container: _ContainerDoc | None = None
+    software: _SoftwareDoc
+    staging: _StagingDoc | None = None
+    jobs: _JobsDoc
+    synthetic_data: Flag = False
+
+
+def _placeholder_fields(doc: pydantic.BaseModel, where: str = "") -> list[str]:
+    """Dotted names of the text fields still set to :data:`PLACEHOLDER`."""
+    found: list[str] = []
+    for name in type(doc).model_fields:
+        value, dotted_name = getattr(doc, name), f"{where}{name}"
+        if isinstance(value, str) and PLACEHOLDER in value:
+            found.append(dotted_name)
+        elif isinstance(value, pydantic.BaseModel):
+            found += _placeholder_fields(value, f"{dotted_name}.")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(item, pydantic.BaseModel):
+                    found += _placeholder_fields(item, f"{dotted_name}.{key}.")
+    return found
+
+
+def read_document(name: str, raw: Any) -> ProfileDocument:
+    """Validate the keys, types and choices of a profile mapping; every problem in one message."""
+    if not isinstance(raw, Mapping):
+        raise ProfileError(f"profile {name}: the top level must be a mapping, got {type(raw).__name__}")
+    try:
+        return ProfileDocument.model_validate(raw)
+    except pydantic.ValidationError as exc:
+        raise ProfileError("; ".join(f"profile {name}: {problem}"
+                                     for problem in problems(exc, ProfileDocument))) from None
 
 
 def _none_word(value: str) -> str | None:
@@ -618,32 +629,18 @@ def _check_path(profile: str, field_name: str, value: str) -> str:
 
 def profile_from_dict(name: str, raw: Mapping[str, Any], *, login: str | None = None) -> ClusterProfile:
     """Validate a profile mapping (already merged with overrides) into a :class:`ClusterProfile`."""
-    placeholders: list[str] = []
-    top = _Section(name, "", raw, placeholders)
-    site = top.choice("site", SITES)
-    description = top.str("description", "")
-    account = top.str("account")
-
-    conn = top.section("connection")
-    assert conn is not None
-    connection = ConnectionSpec(conn_id=conn.str("conn_id"))
-    _refuse_moved_connection_keys(name, connection.conn_id, conn.data)
-    conn.close()
+    doc = read_document(name, raw)
+    placeholders = _placeholder_fields(doc)
     if login is not None and (not isinstance(login, str) or not login.strip() or "/" in login):
         raise ProfileError(f"profile {name}: login {login!r} is not a user name")
-    variables = {"user": login if login is not None else LOGIN_VARIABLE, "account": account}
+    variables = {"user": login if login is not None else LOGIN_VARIABLE, "account": doc.account}
 
-    acc = top.section("accelerator")
-    assert acc is not None
-    hint = acc.str("missing_gpu_hint", None)
+    acc = doc.accelerator
     accelerator = AcceleratorSpec(
-        kind=acc.choice("kind", ACCELERATORS),
-        model=acc.str("model"),
-        per_node=acc.int("per_node"),
-        unit=acc.str("unit"),
-        missing_gpu_hint=" ".join(hint.split()) if hint is not None else None,  # one line in a log
+        kind=acc.kind, model=acc.model, per_node=acc.per_node, unit=acc.unit,
+        # one line in a log
+        missing_gpu_hint=" ".join(acc.missing_gpu_hint.split()) if acc.missing_gpu_hint is not None else None,
     )
-    acc.close()
     if accelerator.gpus_required and accelerator.missing_gpu_hint is None:
         raise ProfileError(
             f"profile {name}: accelerator.missing_gpu_hint is required when accelerator.kind is "
@@ -655,36 +652,20 @@ def profile_from_dict(name: str, raw: Mapping[str, Any], *, login: str | None = 
         raise ProfileError(f"profile {name}: accelerator.missing_gpu_hint is longer than {MAX_HINT_CHARS} "
                            "characters; it is read in a failure message, keep it to the fix")
 
-    req = top.section("gpu_request")
-    assert req is not None
-    gpu_request = GpuRequestSpec(style=req.choice("style", GPU_REQUEST_STYLES),
-                                 gres_type=req.str("gres_type", None))
-    req.close()
+    gpu_request = GpuRequestSpec(style=doc.gpu_request.style, gres_type=doc.gpu_request.gres_type)
     if gpu_request.style == "gres" and not gpu_request.gres_type:
         raise ProfileError(f"profile {name}: gpu_request.gres_type is required with style 'gres' "
                            f"(e.g. a100_80 for --gres=gpu:a100_80:N)")
 
-    parts = top.section("partitions")
-    assert parts is not None
     partitions = []
-    for pname in list(parts.data):
-        p = parts.section(pname)
-        assert p is not None
-        max_time = p.duration("max_time")
+    for pname, p in doc.partitions.items():
         spec = PartitionSpec(
-            name=pname,
-            description=p.str("description", ""),
-            max_time_seconds=max_time,
-            default_time_seconds=p.duration("default_time", max_time),
-            max_nodes=p.int("max_nodes"),
-            max_gpus_per_node=p.int("max_gpus_per_node"),
-            cpus_per_node=p.int("cpus_per_node"),
-            default_cpus_per_gpu=p.int("default_cpus_per_gpu"),
-            full_node=p.bool("full_node", False),
-            mem_per_gpu=p.str("mem_per_gpu", None),
-            debug=p.bool("debug", False),
+            name=pname, description=p.description, max_time_seconds=p.max_time,
+            default_time_seconds=p.default_time if p.default_time is not None else p.max_time,
+            max_nodes=p.max_nodes, max_gpus_per_node=p.max_gpus_per_node, cpus_per_node=p.cpus_per_node,
+            default_cpus_per_gpu=p.default_cpus_per_gpu, full_node=p.full_node, mem_per_gpu=p.mem_per_gpu,
+            debug=p.debug,
         )
-        p.close()
         if spec.mem_per_gpu is not None and not _MEM_SIZE.match(spec.mem_per_gpu):
             raise ProfileError(f"profile {name}: partitions.{pname}.mem_per_gpu {spec.mem_per_gpu!r} is not "
                                "a Slurm memory size (e.g. 64G)")
@@ -695,70 +676,62 @@ def profile_from_dict(name: str, raw: Mapping[str, Any], *, login: str | None = 
                                f"{spec.max_gpus_per_node} exceeds accelerator.per_node "
                                f"{accelerator.per_node}")
         partitions.append(spec)
-    parts.close()
     if not partitions:
         raise ProfileError(f"profile {name}: partitions must name at least one partition")
     names = [p.name for p in partitions]
-    default_partition = top.choice("default_partition", names)
-    debug_partition = top.choice("debug_partition", names)
+    for key in ("default_partition", "debug_partition"):
+        if getattr(doc, key) not in names:
+            raise ProfileError(f"profile {name}: {key} {getattr(doc, key)!r} not allowed "
+                               f"(allowed: {', '.join(names)})")
 
-    bill = top.section("billing")
-    assert bill is not None
-    billing = BillingSpec(unit=bill.str("unit"), factor=bill.float("factor"),
-                          allocation=bill.float("allocation", None),
-                          slurm_tres=_none_word(bill.str("slurm_tres", "billing")),
-                          slurm_minutes_per_unit=bill.float("slurm_minutes_per_unit", 60.0))
+    bill = doc.billing
+    billing = BillingSpec(unit=bill.unit, factor=bill.factor, allocation=bill.allocation,
+                          slurm_tres=_none_word(bill.slurm_tres),
+                          slurm_minutes_per_unit=bill.slurm_minutes_per_unit)
     if billing.slurm_tres is not None and not _TRES_NAME.match(billing.slurm_tres):
         raise ProfileError(f"profile {name}: billing.slurm_tres {billing.slurm_tres!r} is not a TRES name "
                            "(e.g. billing, gres/gpu)")
-    bill.close()
 
-    ps = top.section("paths")
-    assert ps is not None
-
-    def path(key: str, extra: Mapping[str, str], *, required: bool = True) -> str | None:
-        value = ps.str(key, _REQUIRED if required else None)
+    def path(key: str, value: str | None, extra: Mapping[str, str]) -> str | None:
         if value is None:
             return None
-        expanded = _expand(name, ps.name(key), value, {**variables, **extra})
-        return _check_path(name, ps.name(key), expanded)
+        return _check_path(name, f"paths.{key}", _expand(name, f"paths.{key}", value, {**variables, **extra}))
 
-    base = path("base", {})
+    ps = doc.paths
+    base = path("base", ps.base, {})
     assert base is not None
     with_base = {"base": base}
     paths = PathsSpec(
         base=base,
-        code=path("code", with_base),  # type: ignore[arg-type]
-        data=path("data", with_base),  # type: ignore[arg-type]
-        outputs=path("outputs", with_base),  # type: ignore[arg-type]
-        logs=path("logs", with_base),  # type: ignore[arg-type]
-        viewer=path("viewer", with_base),  # type: ignore[arg-type]
-        jobs=path("jobs", with_base),  # type: ignore[arg-type]
-        pylibs=path("pylibs", with_base, required=False),
-        fast_tmp=path("fast_tmp", with_base, required=False),
-        code_keep=ps.int("code_keep", DEFAULT_CODE_KEEP, minimum=1),
+        code=path("code", ps.code, with_base),  # type: ignore[arg-type]
+        data=path("data", ps.data, with_base),  # type: ignore[arg-type]
+        outputs=path("outputs", ps.outputs, with_base),  # type: ignore[arg-type]
+        logs=path("logs", ps.logs, with_base),  # type: ignore[arg-type]
+        viewer=path("viewer", ps.viewer, with_base),  # type: ignore[arg-type]
+        jobs=path("jobs", ps.jobs, with_base),  # type: ignore[arg-type]
+        pylibs=path("pylibs", ps.pylibs, with_base),
+        fast_tmp=path("fast_tmp", ps.fast_tmp, with_base),
+        code_keep=ps.code_keep,
     )
-    ps.close()
     path_vars = {**variables, "base": base}
 
-    cs = top.section("container", optional=True)
     container = None
+    cs = doc.container
     if cs is not None:
-        def cpaths(key: str) -> tuple[str, ...]:
-            return tuple(_check_path(name, f"{cs.name(key)}[{i}]", _expand(name, cs.name(key), v, path_vars))
-                         for i, v in enumerate(cs.strings(key)))
+        def cpaths(key: str, values: tuple[str, ...]) -> tuple[str, ...]:
+            field_name = f"container.{key}"
+            return tuple(_check_path(name, f"{field_name}[{i}]", _expand(name, field_name, v, path_vars))
+                         for i, v in enumerate(values))
 
         spec = ContainerSpec(
-            runtime=cs.choice("runtime", CONTAINER_RUNTIMES),
-            image=_check_path(name, cs.name("image"),
-                              _expand(name, cs.name("image"), cs.str("image"), path_vars)),
-            containlibs=cpaths("containlibs"),
-            binds=cpaths("binds"),
-            bind_env=cpaths("bind_env"),
-            rocm=cs.bool("rocm", False),
-            exec_args=cs.strings("exec_args"),
+            runtime=cs.runtime,
+            image=_check_path(name, "container.image", _expand(name, "container.image", cs.image, path_vars)),
+            containlibs=cpaths("containlibs", cs.containlibs),
+            binds=cpaths("binds", cs.binds),
+            bind_env=cpaths("bind_env", cs.bind_env),
+            rocm=cs.rocm,
+            exec_args=cs.exec_args,
         )
-        cs.close()
         if spec.runtime == "charliecloud":
             singularity_only = [key for key, value in (("containlibs", spec.containlibs),
                                                        ("bind_env", spec.bind_env), ("rocm", spec.rocm))
@@ -772,71 +745,45 @@ def profile_from_dict(name: str, raw: Mapping[str, Any], *, login: str | None = 
         # runtime none keeps the other container keys, so one override switches a bare run on and off.
         container = None if spec.runtime == "none" else spec
 
-    sw = top.section("software")
-    assert sw is not None
-    python = _expand(name, sw.name("python"), sw.str("python"), path_vars)
+    sw = doc.software
+    python = _expand(name, "software.python", sw.python, path_vars)
     if "/" in python:
-        python = _check_path(name, sw.name("python"), python)
-    modules = sw.strings("modules")
-    for module in modules:
+        python = _check_path(name, "software.python", python)
+    for module in sw.modules:
         if not _MODULE_NAME.match(module):
             raise ProfileError(f"profile {name}: software.modules entry {module!r} is not a module name")
-    env = {k: _expand(name, f"software.env.{k}", v, path_vars, runtime_ok=True)
-           for k, v in sw.mapping("env").items()}
-    miopen = sw.str("miopen_cache_dir", None)
+    env = {k: _expand(name, f"software.env.{k}", v, path_vars, runtime_ok=True) for k, v in sw.env.items()}
+    miopen = sw.miopen_cache_dir
     if miopen is not None:
-        miopen = _check_path(name, sw.name("miopen_cache_dir"),
-                             _expand(name, sw.name("miopen_cache_dir"), miopen, path_vars, runtime_ok=True))
-    software = SoftwareSpec(python=python, modules=modules, env=tuple(env.items()), miopen_cache_dir=miopen)
-    sw.close()
+        miopen = _check_path(name, "software.miopen_cache_dir",
+                             _expand(name, "software.miopen_cache_dir", miopen, path_vars, runtime_ok=True))
+    software = SoftwareSpec(python=python, modules=sw.modules, env=tuple(env.items()),
+                            miopen_cache_dir=miopen)
 
-    st = top.section("staging", optional=True)
     staging = None
-    if st is not None:
-        node_local = _expand(name, st.name("node_local_dir"), st.str("node_local_dir"), path_vars,
-                             runtime_ok=True)
-        staging = StagingSpec(
-            node_local_dir=_check_path(name, st.name("node_local_dir"), node_local),
-            stage_data=st.bool("stage_data", True),
-            stage_outputs=st.bool("stage_outputs", True),
-        )
-        st.close()
+    if doc.staging is not None:
+        st = doc.staging
+        node_local = _expand(name, "staging.node_local_dir", st.node_local_dir, path_vars, runtime_ok=True)
+        staging = StagingSpec(node_local_dir=_check_path(name, "staging.node_local_dir", node_local),
+                              stage_data=st.stage_data, stage_outputs=st.stage_outputs)
 
-    jb = top.section("jobs")
-    assert jb is not None
-    jobs = JobDefaults(
-        signal_lead_seconds=jb.int("signal_lead_seconds", minimum=30),
-        master_port=jb.int("master_port", 29500, minimum=1024),
-        preflight_time_seconds=jb.duration("preflight_time", 600),
-        export_time_seconds=jb.duration("export_time", 7200),
-    )
-    jb.close()
-    synthetic_data = top.bool("synthetic_data", False)
-    top.close()
+    jb = doc.jobs
+    jobs = JobDefaults(signal_lead_seconds=jb.signal_lead_seconds, master_port=jb.master_port,
+                       preflight_time_seconds=jb.preflight_time, export_time_seconds=jb.export_time)
 
     profile = ClusterProfile(
-        name=name, site=site, description=description, connection=connection, account=account,
-        accelerator=accelerator, gpu_request=gpu_request, partitions=tuple(partitions),
-        default_partition=default_partition, debug_partition=debug_partition, billing=billing,
+        name=name, site=doc.site, description=doc.description,
+        connection=ConnectionSpec(doc.connection.conn_id), account=doc.account, accelerator=accelerator,
+        gpu_request=gpu_request, partitions=tuple(partitions),
+        default_partition=doc.default_partition, debug_partition=doc.debug_partition, billing=billing,
         paths=paths, software=software, jobs=jobs, container=container, staging=staging,
-        synthetic_data=synthetic_data, placeholders=tuple(dict.fromkeys(placeholders)),
+        synthetic_data=doc.synthetic_data, placeholders=tuple(dict.fromkeys(placeholders)),
     )
     if login is None:
         profile = dataclasses.replace(profile, login_fields=_fields_using(profile, LOGIN_VARIABLE))
-    for rule in GENERAL_RULES + SITE_RULES.get(site, ()):
+    for rule in GENERAL_RULES + SITE_RULES.get(profile.site, ()):
         rule(profile)
     return profile
-
-
-def _refuse_moved_connection_keys(name: str, conn_id: str, data: Mapping[str, Any]) -> None:
-    moved = [key for key in data if key in MOVED_TO_CONNECTION]
-    if moved:
-        where = "; ".join(f"{key}: {MOVED_TO_CONNECTION[key]}" for key in moved)
-        raise ProfileError(
-            f"profile {name}: {', '.join('connection.' + key for key in moved)} no longer belong in a "
-            f"profile: how to log in lives in the Airflow connection {conn_id!r} only ({where}). Keep "
-            "only connection.conn_id in the profile"
-        )
 
 
 def _fields_using(value: Any, text: str, where: str = "") -> tuple[str, ...]:

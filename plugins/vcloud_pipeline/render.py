@@ -3,9 +3,9 @@
 The two-script pattern of the LUMI guide (seed 000): the *outer* script carries the ``#SBATCH``
 directives, checks the code directory of its hash (``<paths.code>/<hash>/``, which no later sync
 changes), and launches the *inner* script with ``srun`` (inside the container when the profile has
-one); the inner script puts that directory on ``PYTHONPATH`` and runs Python. One
-template pair in ``include/sbatch/`` serves training stages, the viewer export and the preflight
-import check on every cluster; the differences come from the profile.
+one); the inner script puts that directory on ``PYTHONPATH`` and runs Python. One pair of Jinja2
+templates in ``include/sbatch/`` (``outer.sbatch``, ``inner.sh``) serves training stages, the viewer
+export and the preflight import check on every cluster; the differences come from the profile.
 
 Every job is requeueable, appends to its logs across requeues, and gets ``USR2`` some minutes
 before its time limit (not ``USR1``, which NCCL may use). The outer script forwards that signal to
@@ -13,7 +13,7 @@ the trainer, which checkpoints at a step boundary and exits 85 (``vcloud.contrac
 like every exit code and file name the jobs share with the trainer); the outer script then requeues
 the job. A training step that dies of that signal (it came before the trainer could handle it)
 counts as stopped too: nothing was trained since the last checkpoint. Every interpolated value is
-shell-quoted; per-job values (``{job_id}``) expand in the job.
+shell-quoted (the templates' ``shq`` filter); per-job values (``{job_id}``) expand in the job.
 """
 
 from __future__ import annotations
@@ -24,7 +24,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
+import jinja2
+
 from slurm_provider.cli.job_files import expand_filename_pattern, job_log_name
+from slurm_provider.validation import format_time_limit
 from vcloud.contract import (
     CODE_HASH_ENV,
     EXIT_CODE_MISMATCH,
@@ -37,7 +40,7 @@ from vcloud.contract import (
 
 from vcloud_pipeline.jobspec import JobKind, JobSpec, Resources, resolve_resources
 from vcloud_pipeline.layout import CodePaths, RunPaths, is_code_hash
-from vcloud_pipeline.profiles import RUNTIME_JOB_ID, ClusterProfile, ContainerSpec, format_slurm_time
+from vcloud_pipeline.profiles import RUNTIME_JOB_ID, ClusterProfile, ContainerSpec
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "include" / "sbatch"
 
@@ -54,7 +57,6 @@ MAX_EARLY_STOPS = 3
 """Starts in a row that a training job may spend without training (a stop signal during set-up or
 before the trainer installed its handler) before it stops requeueing itself."""
 
-_TOKEN = re.compile(r"@@([A-Z_]+)@@")
 _DIRECTIVE_SAFE = re.compile(r"^[A-Za-z0-9_./:@%=,+-]+$")
 
 
@@ -127,31 +129,54 @@ def directive_value(value: str) -> str:
 # --------------------------------------------------------------------------- templates
 
 
-@lru_cache(maxsize=16)
-def _read_template(directory: str, name: str) -> str:
-    path = Path(directory) / name
-    if not path.is_file():
-        raise RenderError(f"job script template {path} is missing")
-    return path.read_text()
+def shq(value: str | PurePosixPath, job_id: bool = True) -> str:
+    """The ``shq`` filter: :func:`shell_word`, or plain :func:`shlex.quote` with ``job_id=False``
+    (text such as a hint, where ``{job_id}`` is not a placeholder)."""
+    return shell_word(value) if job_id else shlex.quote(str(value))
 
 
-def fill_template(template: str, values: dict[str, str], *, name: str) -> str:
-    """Replace ``@@TOKEN@@`` markers; a marker alone on its line takes a block (or vanishes if empty),
-    indented like the marker."""
-    wanted = set(_TOKEN.findall(template))
-    if wanted != set(values):
-        missing, extra = sorted(wanted - set(values)), sorted(set(values) - wanted)
-        raise RenderError(f"template {name}: values missing for {missing}, unused values {extra}")
-    lines: list[str] = []
-    for line in template.splitlines():
-        alone = _TOKEN.fullmatch(line.strip())
-        if alone:
-            indent = line[:len(line) - len(line.lstrip())]
-            lines.extend(indent + block_line if block_line else "" for block_line in
-                         values[alone.group(1)].splitlines())
-        else:
-            lines.append(_TOKEN.sub(lambda m: values[m.group(1)], line))
-    return "\n".join(lines) + "\n"
+@lru_cache(maxsize=4)
+def template_environment(directory: str) -> jinja2.Environment:
+    """The Jinja2 environment of the job-script templates in ``directory``.
+
+    ``StrictUndefined``: a name the renderer does not pass fails the render instead of leaving a
+    blank in a job script. No autoescaping (these are shell scripts, not HTML): every interpolated
+    value goes through the ``shq`` filter (shell words), ``shjoin`` (argv) or ``directive``
+    (``#SBATCH`` values) instead. ``trim_blocks``/``lstrip_blocks``: a line holding only a
+    ``{% if %}`` tag leaves nothing behind.
+    """
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(directory),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(shq=shq, shjoin=lambda words: shell_join([str(w) for w in words]),
+                       directive=directive_value)
+    return env
+
+
+def render_template(directory: str, name: str, **values: object) -> str:
+    """Render the template ``name`` of ``directory``; a missing file or name is a :class:`RenderError`."""
+    env = template_environment(directory)
+    try:
+        return env.get_template(name).render(**values)
+    except jinja2.TemplateNotFound:
+        raise RenderError(f"job script template {Path(directory) / name} is missing") from None
+    except jinja2.UndefinedError as exc:
+        raise RenderError(f"template {name}: {exc.message}; pass it to render_template") from None
+
+
+def _template_text(directory: str, name: str) -> str:
+    """A template file's text as it is (a block included in both scripts, indented by the caller)."""
+    env = template_environment(directory)
+    try:
+        source, _, _ = env.loader.get_source(env, name)  # type: ignore[union-attr]
+    except jinja2.TemplateNotFound:
+        raise RenderError(f"job script template {Path(directory) / name} is missing") from None
+    return source
 
 
 # --------------------------------------------------------------------------- the parts
@@ -176,7 +201,7 @@ def _directives(profile: ClusterProfile, res: Resources, job_name: str,
     if res.partition.name.lower() != SITE_DEFAULT_PARTITION:
         options.append(("partition", res.partition.name))
     options += [
-        ("time", format_slurm_time(res.time_seconds)),
+        ("time", format_time_limit(res.time_seconds)),
         ("nodes", str(res.nodes)),
         ("ntasks-per-node", "1"),
         ("cpus-per-task", str(res.cpus_per_task)),
@@ -216,89 +241,6 @@ def _launch_prefix(profile: ClusterProfile, res: Resources) -> str:
     return " ".join(srun)
 
 
-def _outer_setup(profile: ClusterProfile, spec: JobSpec, res: Resources, paths: RunPaths, code: CodePaths,
-                 torchrun: bool) -> tuple[str, str, str, str]:
-    """(setup block, launch command, on-signal block, after-step block) of the outer script."""
-    setup: list[str] = []
-    if profile.software.modules:
-        setup += [
-            "# Modules for the container runtime and the GPU stack of the nodes.",
-            'if ! command -v module >/dev/null 2>&1; then',
-            "    # shellcheck source=/dev/null",
-            "    . /etc/profile",
-            "fi",
-            f"module load {shell_join(list(profile.software.modules))}",
-        ]
-    c = profile.container
-    if c is not None:
-        setup.append(f"readonly IMAGE={shell_word(c.image)}")
-        if c.runtime == "charliecloud":
-            setup += [
-                "# ch-run refuses to start without $USER (a job's environment may lack it).",
-                'USER="${USER:-$(id -un)}"',
-                "export USER",
-            ]
-        if c.containlibs:
-            setup.append(f"export SINGULARITY_CONTAINLIBS={shell_word(','.join(c.containlibs))}")
-        if c.bind_env:
-            setup.append(f"export SINGULARITY_BIND={shell_word(','.join(c.bind_env))}")
-    if torchrun:
-        setup += [
-            "# torchrun rendezvous: the first node of the allocation hosts global rank 0.",
-            'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
-            "export MASTER_ADDR",
-            f"export MASTER_PORT={profile.jobs.master_port}",
-        ]
-    on_signal, after = "", ""
-    node_local = _node_local(profile, spec)
-    srun_all = f"srun --nodes={res.nodes} --ntasks-per-node=1 --cpus-per-task=1"
-    if node_local is not None:
-        assert profile.staging is not None
-        setup += [
-            "",
-            "# Stage inputs to node-local disk on every node; results go back to shared storage.",
-            f"readonly NODE_LOCAL={shell_word(node_local)}",
-            f"readonly SHARED_OUTPUTS={shell_word(paths.outputs_dir)}",
-            "sync_back() {",
-            "    log \"copying outputs back to ${SHARED_OUTPUTS}\"",
-            "    rsync -a --exclude='.*.tmp' \"${NODE_LOCAL}/outputs/\" \"${SHARED_OUTPUTS}/\"",
-            "}",
-            f'if ! {srun_all} mkdir -p "${{NODE_LOCAL}}/data" "${{NODE_LOCAL}}/outputs"; then',
-            '    log "cannot create ${NODE_LOCAL} on every node"',
-            "    exit 1",
-            "fi",
-        ]
-        if profile.staging.stage_data:
-            setup += [
-                f"readonly SHARED_DATA={shell_word(paths.data_dir)}",
-                'log "staging ${SHARED_DATA} to ${NODE_LOCAL}/data"',
-                f'if ! {srun_all} rsync -a "${{SHARED_DATA}}/" "${{NODE_LOCAL}}/data/"; then',
-                '    log "staging the dataset failed"',
-                "    exit 1",
-                "fi",
-            ]
-        if profile.staging.stage_outputs:
-            setup += [
-                'log "staging ${SHARED_OUTPUTS} to ${NODE_LOCAL}/outputs"',
-                f"if ! {srun_all} rsync -a --exclude='.*.tmp' "
-                '"${SHARED_OUTPUTS}/" "${NODE_LOCAL}/outputs/"; then',
-                '    log "staging the run outputs failed"',
-                "    exit 1",
-                "fi",
-            ]
-            on_signal = "    sync_back || true"
-            after = "\n".join([
-                "if ! sync_back; then",
-                '    log "copying outputs back failed: they are still on the node-local disk of'
-                ' the first node"',
-                '    if [ "$rc" -eq 0 ]; then rc=1; fi',
-                "fi",
-            ])
-    launch = f"{_launch_prefix(profile, res)} {_container_command(c, code)}" if c is not None else \
-        f'{_launch_prefix(profile, res)} bash "$INNER_SCRIPT"'
-    return "\n".join(setup), launch, on_signal, after
-
-
 def _container_command(c: ContainerSpec, code: CodePaths) -> str:
     """The container runtime's command line that runs the inner script (after ``srun``).
 
@@ -326,85 +268,10 @@ IMAGE_HASH_FILE = "/etc/vcloud-image.sha256"
 from. The inner script logs it, so a job's log says which image it ran in."""
 
 
-def _container_check(profile: ClusterProfile) -> str:
-    """Inner-script lines that refuse to run outside the container and log the image's identity."""
-    c = profile.container
-    if c is None or c.runtime != "charliecloud":
-        return ""
-    return "\n".join([
-        "# ch-run sets CH_RUNNING in the container; a bare run would use the host's software instead.",
-        'if [ -z "${CH_RUNNING:-}" ]; then',
-        '    echo "vcloud inner script: not inside a Charliecloud container (CH_RUNNING is unset);'
-        ' the outer script starts it with ch-run" >&2',
-        "    exit 1",
-        "fi",
-        f"image_hash=\"$(cat {IMAGE_HASH_FILE} 2>/dev/null || echo unknown)\"",
-        'echo "vcloud inner script: in Charliecloud image ${image_hash} on $(hostname)" >&2',
-    ])
-
-
-def _inner_env(profile: ClusterProfile, code: CodePaths) -> str:
-    """The job's environment: its hash's code first on PYTHONPATH, and that hash for the trainer to
-    record in its checkpoints (``vcloud.training.provenance.code_hash``)."""
-    pythonpath = [str(code.pythonpath_dir)] + ([profile.paths.pylibs] if profile.paths.pylibs else [])
-    lines = [f'export PYTHONPATH={shell_word(":".join(pythonpath))}"${{PYTHONPATH:+:${{PYTHONPATH}}}}"',
-             f"export {CODE_HASH_ENV}={shell_word(code.hash)}"]
-    lines += [f"export {k}={shell_word(v)}" for k, v in profile.software.env]
-    if profile.software.miopen_cache_dir:
-        lines += [
-            "# MIOpen: a per-job database on node-local disk (a shared one locks up across nodes);",
-            "# kernels are searched and compiled on first use.",
-            f"export MIOPEN_USER_DB_PATH={shell_word(profile.software.miopen_cache_dir)}",
-            'export MIOPEN_CUSTOM_CACHE_DIR="${MIOPEN_USER_DB_PATH}"',
-            "export MIOPEN_FIND_MODE=1",
-            'mkdir -p "${MIOPEN_USER_DB_PATH}"',
-        ]
-    return "\n".join(lines)
-
-
-def _gpu_requirement(profile: ClusterProfile, spec: JobSpec, res: Resources) -> str:
-    """Inner-script lines that make training and the preflight check refuse to run on the CPU.
-
-    Only where the profile's accelerator is real. The count is Slurm's own for this node
-    (``SLURM_GPUS_ON_NODE``), the job's request where Slurm does not set it.
-    """
-    if not profile.accelerator.gpus_required or spec.kind not in (JobKind.TRAIN, JobKind.PREFLIGHT):
-        return ""
-    lines = [
-        f"# GPUs are required (accelerator {profile.accelerator.kind}): PyTorch must see as many as Slurm gave",
-        "# this node, or the job stops instead of training on the CPU.",
-        f'export {GPUS_REQUIRED_ENV}="${{SLURM_GPUS_ON_NODE:-{res.gpus_per_node}}}"',
-    ]
-    if profile.accelerator.missing_gpu_hint:
-        lines.append(f"export {GPU_HINT_ENV}={shlex.quote(profile.accelerator.missing_gpu_hint)}")
-    return "\n".join(lines)
-
-
-def _outputs_mirror(profile: ClusterProfile, spec: JobSpec, paths: RunPaths) -> str:
-    """Inner-script lines that name the shared output directory to a trainer writing to node-local disk.
-
-    Only training jobs of profiles with ``staging.stage_outputs``: the trainer (global rank 0) copies
-    each checkpoint there as it saves it (``vcloud.training.mirror``), so a failed node loses at most
-    the checkpoint interval instead of everything since the outputs were staged in; the outer
-    script's ``sync_back`` at the end of the step stays.
-    """
-    staged = profile.staging is not None and profile.staging.stage_outputs
-    if spec.kind is not JobKind.TRAIN or _node_local(profile, spec) is None or not staged:
-        return ""
-    return "\n".join([
-        "# Outputs live on node-local disk: the trainer copies every checkpoint back to shared storage as it",
-        "# saves it, so a node failure loses at most the checkpoint interval.",
-        f"export {OUTPUTS_MIRROR_ENV}={shell_word(paths.outputs_dir)}",
-    ])
-
-
 def _preflight_check(templates: str) -> str:
     """The preflight import check's Python source, with the names and exit code it shares with us."""
-    return fill_template(_read_template(templates, "preflight_check.py"), {
-        "GPUS_REQUIRED_ENV": GPUS_REQUIRED_ENV,
-        "GPU_HINT_ENV": GPU_HINT_ENV,
-        "EXIT_GPUS_MISSING": str(EXIT_GPUS_MISSING),
-    }, name="preflight_check.py")
+    return render_template(templates, "preflight_check.py", GPUS_REQUIRED_ENV=GPUS_REQUIRED_ENV,
+                           GPU_HINT_ENV=GPU_HINT_ENV, EXIT_GPUS_MISSING=EXIT_GPUS_MISSING)
 
 
 def _python_args(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code: CodePaths,
@@ -427,52 +294,6 @@ def _python_args(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code: 
         return ["-m", "vcloud.export", "--config", config, "--data", data, "--out", out,
                 "--dest", str(paths.viewer_dir)]
     return ["-c", _preflight_check(templates)]
-
-
-def _inner_command(profile: ClusterProfile, spec: JobSpec, res: Resources, paths: RunPaths, code: CodePaths,
-                   templates: str, torchrun: bool) -> tuple[str, str, str]:
-    """(command, signal forwarding, after block) of the inner script."""
-    python = shell_word(profile.software.python)
-    forward_kill = '        kill -s "$1" "$child_pid" 2>/dev/null || true'
-    if spec.kind is JobKind.DATA:
-        raw, prepared = str(paths.raw_data_dir), str(paths.data_dir)
-        generate = shell_join(["-m", "vcloud.data.synthetic", "--out", raw, "--preset", str(spec.data_preset)])
-        prepare = shell_join(["-m", "vcloud.data.prepare", "--raw", raw, "--out", prepared, "--overwrite"])
-        return f"{python} {generate} && {python} {prepare}", forward_kill, ""
-    args = _python_args(profile, spec, paths, code, templates)
-    if not torchrun:
-        command = f"{python} {shell_join(args)}"
-        forward = '        kill -s "$1" "$child_pid" 2>/dev/null || true'
-        return command, forward, ""
-    launcher = [
-        f"{python} -m torch.distributed.run",
-        f"--nnodes={res.nodes}",
-        '--node_rank="${SLURM_NODEID}"',
-        f"--nproc_per_node={res.gpus_per_node}",
-        '--master_addr="${MASTER_ADDR}"',
-        '--master_port="${MASTER_PORT}"',
-        shell_join(args),
-    ]
-    command = " \\\n    ".join(launcher)
-    forward = "\n".join([
-        "        # torchrun dies on USR2 and gives its workers only 30 s after TERM: signal the",
-        "        # workers (its children) directly so that they finish the step and checkpoint.",
-        '        pkill --signal "$1" --parent "$child_pid" || kill -s TERM "$child_pid" 2>/dev/null || true',
-    ])
-    after = [
-        f"# torchrun reports a worker's exit {EXIT_REQUEUE} (checkpointed after a stop signal) as its own failure.",
-        f'if [ -n "$stop_signal" ] && [ "$rc" -ne 0 ]; then rc={EXIT_REQUEUE}; fi',
-    ]
-    if profile.accelerator.gpus_required:
-        after += [
-            f"# ...and a worker's exit {EXIT_GPUS_MISSING} (GPUs required, PyTorch sees fewer) too: ask once more.",
-            'if [ -z "$stop_signal" ] && [ "$rc" -ne 0 ]; then',
-            "    gpus_rc=0",
-            f"    {python} -m vcloud.training.distributed >/dev/null 2>&1 || gpus_rc=$?",
-            f'    if [ "$gpus_rc" -eq {EXIT_GPUS_MISSING} ]; then rc={EXIT_GPUS_MISSING}; fi',
-            "fi",
-        ]
-    return command, forward, "\n".join(after)
 
 
 # --------------------------------------------------------------------------- the one entry point
@@ -499,44 +320,42 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
     title = _title(spec, paths.run)
 
     options = _directives(profile, res, name, paths)
-    directive_lines = [f"#SBATCH --{k}={directive_value(v)}" if v else f"#SBATCH --{k}" for k, v in options]
-    setup, launch, on_signal, after_step = _outer_setup(profile, spec, res, paths, code, torchrun)
-    wait_for_child = _read_template(templates, "wait_for_child.sh")
-    outer = fill_template(_read_template(templates, "outer.sbatch"), {
-        "DIRECTIVES": "\n".join(directive_lines),
-        "TITLE": title,
-        "PROFILE": profile.name,
-        "EXIT_REQUEUE": str(EXIT_REQUEUE),
-        "EXIT_CODE_MISMATCH": str(EXIT_CODE_MISMATCH),
-        "CODE_MANIFEST": shell_word(code.manifest),
-        "CODE_HASH": shell_word(code_hash),
-        "INNER_SCRIPT": shell_word(inner_path),
-        "SETUP": setup,
-        "ON_SIGNAL": on_signal,
-        "LAUNCH": launch,
-        "AFTER_STEP": after_step,
-        "WAIT_FOR_CHILD": wait_for_child,
-        "STEP_RESUMES": "1" if spec.kind is JobKind.TRAIN else "0",
-        "EARLY_STOPS_FILE": f'{shell_word(paths.logs_dir)}/.{name}.early-stops."${{SLURM_JOB_ID:-0}}"',
-        "MAX_EARLY_STOPS": str(MAX_EARLY_STOPS),
-    }, name="outer.sbatch")
-
-    command, forward, after = _inner_command(profile, spec, res, paths, code, templates, torchrun)
-    where = f"inside the container ({profile.container.runtime})" if profile.container else \
-        "in the job environment"
-    inner = fill_template(_read_template(templates, "inner.sh"), {
-        "TITLE": title,
-        "WHERE": where,
-        "PROFILE": profile.name,
-        "CONTAINER_CHECK": _container_check(profile),
-        "ENV": "\n".join(part for part in (_inner_env(profile, code), _gpu_requirement(profile, spec, res),
-                                            _outputs_mirror(profile, spec, paths)) if part),
-        "CODE_DIR": shell_word(code.dir),
-        "FORWARD": forward,
-        "WAIT_FOR_CHILD": wait_for_child,
-        "COMMAND": command,
-        "AFTER": after,
-    }, name="inner.sh")
+    node_local = _node_local(profile, spec)
+    staged_outputs = node_local is not None and profile.staging is not None and profile.staging.stage_outputs
+    c = profile.container
+    launch = f"{_launch_prefix(profile, res)} {_container_command(c, code)}" if c is not None else \
+        f'{_launch_prefix(profile, res)} bash "$INNER_SCRIPT"'
+    pythonpath = [str(code.pythonpath_dir)] + ([profile.paths.pylibs] if profile.paths.pylibs else [])
+    data_job = None
+    if spec.kind is JobKind.DATA:
+        raw, prepared = str(paths.raw_data_dir), str(paths.data_dir)
+        data_job = {"generate": ["-m", "vcloud.data.synthetic", "--out", raw,
+                                 "--preset", str(spec.data_preset)],
+                    "prepare": ["-m", "vcloud.data.prepare", "--raw", raw, "--out", prepared, "--overwrite"]}
+    values = dict(
+        profile=profile, container=c, res=res, paths=paths, code=code, job_name=name, title=title,
+        torchrun=torchrun, node_local=node_local, sync_back=staged_outputs,
+        wait_for_child=_template_text(templates, "wait_for_child.sh").rstrip("\n"),
+        EXIT_REQUEUE=EXIT_REQUEUE, EXIT_CODE_MISMATCH=EXIT_CODE_MISMATCH, EXIT_GPUS_MISSING=EXIT_GPUS_MISSING,
+        CODE_HASH_ENV=CODE_HASH_ENV, GPUS_REQUIRED_ENV=GPUS_REQUIRED_ENV, GPU_HINT_ENV=GPU_HINT_ENV,
+        OUTPUTS_MIRROR_ENV=OUTPUTS_MIRROR_ENV, IMAGE_HASH_FILE=IMAGE_HASH_FILE,
+        MAX_EARLY_STOPS=MAX_EARLY_STOPS,
+    )
+    outer = render_template(templates, "outer.sbatch", **values, directives=options, inner_path=inner_path,
+                            step_resumes=spec.kind is JobKind.TRAIN, launch=launch)
+    inner = render_template(
+        templates, "inner.sh", **values,
+        where=f"inside the container ({c.runtime})" if c is not None else "in the job environment",
+        pythonpath=pythonpath, python=profile.software.python,
+        # GPUs are required in training and preflight jobs where the profile's accelerator is real; the
+        # count is Slurm's own for the node (SLURM_GPUS_ON_NODE), the job's request where Slurm sets none.
+        gpus_required=profile.accelerator.gpus_required and spec.kind in (JobKind.TRAIN, JobKind.PREFLIGHT),
+        # Training jobs whose outputs are staged name the shared output directory to the trainer
+        # (vcloud.training.mirror): it copies each checkpoint there as it saves it.
+        outputs_mirror=spec.kind is JobKind.TRAIN and staged_outputs,
+        data_job=data_job,
+        python_args=[] if data_job else _python_args(profile, spec, paths, code, templates),
+    )
 
     return RenderedJob(
         job_name=name,

@@ -21,7 +21,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pydantic
 import yaml
+
+from vcloud_pipeline.schema import problems, refuse
 
 SITE_FACTS_ENV = "VCLOUD_SITE_FACTS"
 
@@ -48,6 +51,28 @@ class SiteFactsError(ValueError):
     """A site-facts file that cannot be used as it is."""
 
 
+def _site_facts_of(profile: str, entries: Any) -> dict[str, Any]:
+    if not isinstance(entries, Mapping):
+        refuse(f"{profile} must map dotted keys to values", whole=True)
+    for key in entries:
+        if not is_site_fact(str(key)):
+            refuse(f"{profile}.{key} is not a site fact; a site-facts file maps only "
+                   f"{', '.join(SITE_FACT_KEYS)} (anything else is the profile's own: change the profile, "
+                   "or use VCLOUD_PROFILE_OVERRIDES for a deployment's choice)", whole=True)
+    return {str(k): v for k, v in entries.items()}
+
+
+class SiteFactsFile(pydantic.RootModel[dict[str, dict[str, Any]]]):
+    """A site-facts file: ``{profile: {dotted key: value}}``, every key one of :data:`SITE_FACT_KEYS`."""
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _only_site_facts(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            refuse("must map profile names to their site facts", whole=True)
+        return {str(profile): _site_facts_of(str(profile), entries) for profile, entries in data.items()}
+
+
 def load_site_facts(path: Path) -> dict[str, dict[str, Any]]:
     """``{profile: {dotted key: value}}`` from a site-facts file, every key checked."""
     try:
@@ -57,20 +82,11 @@ def load_site_facts(path: Path) -> dict[str, dict[str, Any]]:
                              "or point it at an existing file") from exc
     except yaml.YAMLError as exc:
         raise SiteFactsError(f"site-facts file {path} is not valid YAML: {exc}") from exc
-    if not isinstance(raw, Mapping):
-        raise SiteFactsError(f"site-facts file {path} must map profile names to their site facts")
-    facts: dict[str, dict[str, Any]] = {}
-    for profile, entries in raw.items():
-        if not isinstance(entries, Mapping):
-            raise SiteFactsError(f"site-facts file {path}: {profile} must map dotted keys to values")
-        for key in entries:
-            if not is_site_fact(str(key)):
-                raise SiteFactsError(
-                    f"site-facts file {path}: {profile}.{key} is not a site fact; a site-facts file "
-                    f"maps only {', '.join(SITE_FACT_KEYS)} (anything else is the profile's own: change "
-                    f"the profile, or use VCLOUD_PROFILE_OVERRIDES for a deployment's choice)")
-        facts[str(profile)] = {str(k): v for k, v in entries.items()}
-    return facts
+    try:
+        return SiteFactsFile.model_validate(raw).root
+    except pydantic.ValidationError as exc:
+        raise SiteFactsError("; ".join(f"site-facts file {path}: {problem}"
+                                       for problem in problems(exc, SiteFactsFile))) from None
 
 
 def is_site_fact(key: str) -> bool:

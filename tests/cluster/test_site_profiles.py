@@ -12,9 +12,10 @@ import re
 from pathlib import Path
 
 import pytest
+from slurm_provider.validation import parse_time_limit
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.layout import run_paths
-from vcloud_pipeline.profiles import ClusterProfile, load_profile, overrides_from_environ, parse_slurm_time
+from vcloud_pipeline.profiles import ClusterProfile, load_profile, overrides_from_environ
 from vcloud_pipeline.render import render_job
 from vcloud_pipeline.site_facts import LOCAL_SITE_FACTS, SITE_FACTS_ENV, SiteFactsError, load_site_facts
 
@@ -64,7 +65,7 @@ def test_every_job_of_the_profile_passes_sbatch_test_only(local_cluster: LocalCl
         # --test-only accepts a job that would pend forever on PartitionTimeLimit: check that too.
         partition = local_cluster.ssh(f"scontrol show partition {where.group(2)}").stdout
         max_time = re.search(r"MaxTime=(\S+)", partition).group(1)
-        assert job.resources.time_seconds <= parse_slurm_time(max_time), \
+        assert job.resources.time_seconds <= parse_time_limit(max_time), \
             f"{name} {label}: --time {job.resources.time_seconds}s exceeds {where.group(2)}'s MaxTime={max_time}"
 
 

@@ -85,15 +85,43 @@ def test_injection_in_the_form_is_refused_before_the_run_starts(dag) -> None:
 
 
 @pytest.mark.usefixtures("airflow_home")
-def test_an_unknown_profile_fails_the_plan_and_nothing_is_submitted(dag, capfd) -> None:
-    run = dag.test(run_conf={"profile": "nosuch", "run_name": "never"})
-    out = "".join(capfd.readouterr())
-    states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
-    assert states["plan"] == "failed" and str(run.state) == "failed"
-    assert "profile 'nosuch' not known (known: cosmos, levante, local, lumi)" in out
-    for task_id in ORDER[1:-1]:
-        assert states[task_id] == "upstream_failed", (task_id, states)
-    assert "Submitted job" not in out
+def test_an_unknown_profile_is_refused_by_the_form_and_by_the_plan(dag) -> None:
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    from vcloud_pipeline.params import RequestError
+    from vcloud_pipeline.tasks import plan_run
+
+    # The form offers the installed profiles only: no run starts, so nothing can be submitted.
+    with pytest.raises(ParamValidationError, match=r"'nosuch' is not one of \['cosmos', 'levante', 'local', 'lumi'\]"):
+        dag.test(run_conf={"profile": "nosuch", "run_name": "never"})
+    # A conf that reaches the plan some other way fails there, before any I/O on a cluster.
+    with pytest.raises(RequestError, match=r"profile 'nosuch' not known \(known: cosmos, levante, local, lumi\)"):
+        plan_run({"profile": "nosuch", "run_name": "never"})
+
+
+def test_the_form_offers_the_installed_profiles_and_groups_the_advanced_params(dag) -> None:
+    from vcloud_pipeline.params import ADVANCED, RequestError, dag_params
+    from vcloud_pipeline.profiles import available_profiles
+
+    params = dag.params
+    assert params.get_param("profile").schema["enum"] == list(available_profiles()) == [
+        "cosmos", "levante", "local", "lumi"]
+    advanced = {name for name in params.keys() if params.get_param(name).schema.get("section") == ADVANCED}
+    assert advanced == {"start_stage", "max_resubmits", "time_limit", "max_epochs", "partition", "nodes",
+                        "gpus_per_node"}
+    # The UI shows sections in the order of their first field: the everyday fields stay on top.
+    order = list(params.keys())
+    assert max(order.index(name) for name in order if name not in advanced) < min(order.index(n) for n in advanced)
+    # The UI renders the form from the serialized DAG: the drop-down and the sections survive it.
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    served = DagSerialization.from_dict(DagSerialization.to_dict(dag)).params
+    assert served.get_param("profile").schema["enum"] == ["cosmos", "levante", "local", "lumi"]
+    assert served.get_param("nodes").schema["section"] == ADVANCED
+    assert dag_params("lumi", profiles=("local", "lumi"))["profile"].schema["enum"] == ["local", "lumi"]
+    with pytest.raises(RequestError, match=r"default profile 'saga' is not installed \(installed: local, lumi\); "
+                                           "set VCLOUD_DEFAULT_PROFILE"):
+        dag_params("saga", profiles=("local", "lumi"))
 
 
 JOB_TASKS = ["prepare_data", "preflight_imports", "stage0", "stage1", "stage2", "stage3", "export"]
@@ -111,3 +139,31 @@ def test_job_tasks_retry_a_lost_watch_by_default_as_the_scheduler_sees_them(dag)
         assert (task.retries, task.retry_delay, task.retry_exponential_backoff, task.max_retry_delay) == \
             (DEFAULT_RETRIES, DEFAULT_RETRY_DELAY, 2.0, DEFAULT_MAX_RETRY_DELAY), task_id
     assert serialized.get_task("plan").retries == 0  # a bad param stays bad: no retry
+
+
+class _RunXComs:
+    """What ``context["ti"].xcom_pull`` returns in a run: the plan's and the sync's values."""
+
+    def __init__(self, values: dict) -> None:
+        self.values = values
+
+    def xcom_pull(self, task_ids: str) -> dict:
+        return self.values[task_ids]
+
+
+def test_job_tasks_show_the_script_they_submit_never_rendered_by_jinja(dag) -> None:
+    """Airflow records a job task's template fields after ``render_template_fields``: there the task binds
+    the sync's script, which Jinja must leave alone (bash has ``${#x}``; a comment may hold ``{{``)."""
+    import copy
+
+    from vcloud_pipeline.tasks import plan_run
+
+    task = copy.deepcopy(dag.get_task("preflight_imports"))  # binding changes it; the DAG's stays unbound
+    assert "script" in task.template_fields and task.template_fields_renderers["script"] == "bash"
+    planned = plan_run({"profile": "local", "config": "tiny", "run_name": "shown"})
+    script = '#!/bin/bash\n# {{ ds }} {% raw %} {# not a comment #}\necho "${#BASH_ARGV[@]}"\n'
+    synced = {"scripts": {"preflight": script}, "code_hash": "c" * 64}
+    task.render_template_fields({"ti": _RunXComs({"plan": planned, "sync_code": synced})},
+                                jinja_env=dag.get_template_env())
+    assert task.script == script
+    assert task.code_version == "c" * 64 and task.log_dir.endswith("/logs/shown")

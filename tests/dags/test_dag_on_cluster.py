@@ -322,3 +322,24 @@ def test_a_stage_whose_trainer_raises_shows_the_traceback_in_the_task_log(local_
     assert "Traceback (most recent call last):" in failure and "JSONDecodeError" in failure, failure[:6000]
     # the job's error output is streamed too, marked as such (the container launcher writes there)
     assert f"[job {job_id} stderr] " in streamed, streamed[-4000:]
+
+
+def test_the_rendered_template_view_shows_the_script_slurm_ran(local_cluster: LocalCluster,
+                                                                 project_dir: str) -> None:
+    """A job task's Rendered Template (``script``) is the outer script Slurm stored for its job, byte
+    for byte: bound from the sync's XCom before Airflow records the fields, never re-rendered by Jinja."""
+    from airflow.models.renderedtifields import RenderedTaskInstanceFields
+    from airflow.utils.session import create_session
+
+    run_id, states, values = run_dag(profile="local", config="tiny", run_name="shown", dry_run=True)
+    assert states["preflight_imports"] == "success", states
+    with create_session() as session:
+        row = session.query(RenderedTaskInstanceFields).filter_by(
+            dag_id="vcloud_training", run_id=run_id, task_id="preflight_imports").one()
+    shown = row.rendered_fields
+    (job_id,) = values["preflight_imports"]["job_ids"]
+    stored = local_cluster.ssh(f"scontrol write batch_script {shlex.quote(str(job_id))} -").stdout
+    assert stored.startswith("#!/bin/bash\n#SBATCH --job-name=vcloud-shown-preflight\n")
+    assert shown["script"] == stored == values["sync_code"]["scripts"]["preflight"]
+    assert shown["log_dir"] == f"{project_dir}/logs/shown"
+    assert shown["code_version"] == values["sync_code"]["code_hash"]

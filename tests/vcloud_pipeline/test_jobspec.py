@@ -66,7 +66,8 @@ def test_levante_cpu_request_above_gpu_node_cores_is_refused_before_submit() -> 
         ({"kind": JobKind.TRAIN, "stage": 0, "mem": "lots"}, "not a Slurm memory size"),
         ({"kind": JobKind.TRAIN, "stage": 0, "config": "/etc/passwd"}, "inside the code directory"),
         ({"kind": JobKind.TRAIN, "stage": 0, "config": "../x.yaml"}, "inside the code directory"),
-        ({"kind": JobKind.TRAIN, "stage": 0, "time_limit": "soon"}, "not a Slurm duration"),
+        ({"kind": JobKind.TRAIN, "stage": 0, "time_limit": "soon"},
+         "time_limit: 'soon' is not a Slurm time limit; use one of Slurm's forms"),
     ],
 )
 def test_job_spec_validation(kwargs: dict, message: str) -> None:

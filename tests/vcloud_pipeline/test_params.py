@@ -51,7 +51,8 @@ def test_start_stage_skips_the_stages_before_it_like_the_seed_start_stage() -> N
     ({"run_name": "x;touch /tmp/p"}, "is not allowed"),
     ({"run_name": "../other"}, "is not allowed"),
     ({"run_name": "-rf"}, "is not allowed"),
-    ({"time_limit": "01:00:00; scancel -u vcloud"}, "is not a Slurm duration"),
+    ({"time_limit": "01:00:00; scancel -u vcloud"}, "time_limit '01:00:00; scancel -u vcloud' is not a Slurm "
+                                                     "time limit; use one of Slurm's forms: MM, MM:SS"),
     ({"time_limit": 60}, "must be a Slurm duration string"),
     ({"max_epochs": 0}, "max_epochs must be from 1"),
     ({"partition": "dev-g; scancel -u vcloud"}, "partition must be a Slurm partition name"),
@@ -134,3 +135,12 @@ def test_user_in_a_profiles_paths_is_the_login_of_its_connection(transport: str,
     assert str(ctx.paths.outputs_dir).startswith("/cosmos/vast/scratch/alice/vcloud/outputs/")
     assert ctx.profile.staging is not None
     assert ctx.profile.staging.node_local_dir == "/scratch/alice/job_{job_id}"
+
+
+def test_the_config_choices_are_the_configs_shipped() -> None:
+    from typing import get_args
+
+    from vcloud_pipeline.params import CONFIGS, FIELDS, ConfigName, RunConf
+
+    assert get_args(ConfigName) == tuple(CONFIGS)
+    assert FIELDS == tuple(RunConf.model_fields) and "start_stage" in FIELDS

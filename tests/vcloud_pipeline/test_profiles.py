@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from slurm_provider.validation import format_time_limit, parse_time_limit
 from vcloud_pipeline.profiles import (
     DEFAULT_PROFILE,
     ConnectionSpec,
     OVERRIDES_ENV,
     ProfileError,
     available_profiles,
-    format_slurm_time,
     load_profile,
     merge_overrides,
     overrides_for,
     overrides_from_environ,
-    parse_slurm_time,
 )
 from tests.vcloud_pipeline.conftest import complete_profile
 
@@ -307,15 +306,15 @@ def test_user_in_paths_is_the_connections_login_and_is_required_to_render() -> N
     [("30", 1800), ("05:30", 330), ("02:00:00", 7200), ("3-00:00:00", 259200), ("1-12", 129600), (90, 5400)],
 )
 def test_slurm_durations(text: str | int, seconds: int) -> None:
-    assert parse_slurm_time(text) == seconds
+    assert parse_time_limit(text) == seconds
 
 
 def test_slurm_duration_round_trip_and_errors() -> None:
-    assert format_slurm_time(259200) == "3-00:00:00"
-    assert parse_slurm_time(format_slurm_time(93784)) == 93784
+    assert format_time_limit(259200) == "3-00:00:00"
+    assert parse_time_limit(format_time_limit(93784)) == 93784
     for bad in ("", "abc", "1:2:3:4", "0"):
         with pytest.raises(ValueError):
-            parse_slurm_time(bad)
+            parse_time_limit(bad)
 
 
 def test_runtime_none_is_a_bare_run_and_keeps_the_other_container_keys() -> None:

@@ -21,8 +21,8 @@ from vcloud_pipeline.render import (
     RenderError,
     RenderedJob,
     directive_value,
-    fill_template,
     render_job,
+    render_template,
     shell_word,
 )
 from tests.vcloud_pipeline.conftest import complete_profile
@@ -306,7 +306,16 @@ def test_shell_word_expands_only_the_job_id() -> None:
     assert shell_word("plain") == "plain"
 
 
-def test_template_markers_must_match_the_values() -> None:
-    assert fill_template("a @@X@@ b\n@@BLOCK@@\nc", {"X": "1", "BLOCK": ""}, name="t") == "a 1 b\nc\n"
-    with pytest.raises(RenderError, match=r"values missing for \['BLOCK'\]"):
-        fill_template("@@X@@\n@@BLOCK@@", {"X": "1"}, name="t")
+def test_templates_refuse_unknown_names_and_quote_through_their_filters(tmp_path: Path) -> None:
+    (tmp_path / "t.sh").write_text("{% if flag %}\nmkdir -p {{ dir | shq }}\n{% endif %}\n"
+                                   "run {{ argv | shjoin }}\n#SBATCH --output={{ out | directive }}\n")
+    text = render_template(str(tmp_path), "t.sh", flag=True, dir="/scratch/it's {job_id}",
+                           argv=["a b", "$x"], out="/s p/%j.out")
+    assert text == ("mkdir -p '/scratch/it'\"'\"'s '\"${SLURM_JOB_ID}\"\nrun 'a b' '$x'\n"
+                    '#SBATCH --output="/s p/%j.out"\n')
+    with pytest.raises(RenderError, match=r"template t.sh: 'flag' is undefined"):
+        render_template(str(tmp_path), "t.sh", dir="/d", argv=[], out="/o")
+    with pytest.raises(RenderError, match=r"job script template .*missing.sh is missing"):
+        render_template(str(tmp_path), "missing.sh")
+
+

@@ -12,6 +12,8 @@ import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from slurm_provider.validation import duration_seconds
+
 FIELD_SEPARATOR = "|"
 
 
@@ -29,32 +31,21 @@ class SlurmOutputError(ValueError):
 EMPTY_VALUES = {"", "None", "none", "N/A", "n/a", "(null)", "Unknown", "UNKNOWN", "None assigned"}
 
 
-_DURATION = re.compile(r"^(?:(?P<d>\d+)-)?(?P<rest>\d+(?::\d+){0,2})$")
 
 
 def parse_duration(text: str | None) -> int | None:
     """Seconds in a Slurm duration as printed by squeue/sacct/scontrol.
 
-    ``1-02:03:04``, ``02:03:04``, ``03:04`` (minutes:seconds), ``1-02`` (days-hours) and a bare
-    number (seconds). ``UNLIMITED``, ``INVALID``, ``Partition_Limit`` and empty text give None.
+    ``1-02:03:04``, ``02:03:04``, ``03:04`` (minutes:seconds), ``1-02`` (days-hours), read by
+    :func:`slurm_provider.validation.duration_seconds`, and a bare number (seconds). ``UNLIMITED``,
+    ``INVALID``, ``Partition_Limit`` and empty text give None.
     """
     value = (text or "").strip()
     if value in EMPTY_VALUES:
         return None
-    match = _DURATION.match(value)
-    if not match:
-        return None
-    days = int(match.group("d") or 0)
-    parts = [int(p) for p in match.group("rest").split(":")]
-    if match.group("d") is not None and len(parts) == 1:
-        hours, minutes, seconds = parts[0], 0, 0
-    elif len(parts) == 3:
-        hours, minutes, seconds = parts
-    elif len(parts) == 2:
-        hours, (minutes, seconds) = 0, parts
-    else:
-        hours, minutes, seconds = 0, 0, parts[0]
-    return days * 86400 + hours * 3600 + minutes * 60 + seconds
+    if value.isdigit():
+        return int(value)
+    return duration_seconds(value)
 
 
 def parse_exit_code(text: str | None) -> tuple[int | None, int | None]:

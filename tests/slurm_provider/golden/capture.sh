@@ -19,8 +19,12 @@ USER_NAME=vcloud
 WORK=/home/vcloud/slurm_provider_golden   # on the cluster's shared file system
 export PYTHONPATH="$REPO/plugins"
 
-build() {  # build 'c.build_squeue([1, 2])' -> the command line
-    "$PY" -c 'import sys; from slurm_provider import commands as c; print(eval(sys.argv[1], {"c": c}))' "$1"
+build() {  # build 'c.build_squeue([1, 2])' -> the command line (c: every slurm_provider.cli module's names)
+    "$PY" -c 'import sys, types
+from slurm_provider.cli import job_files, sacct, sbatch, scancel, scontrol, sinfo, squeue, sshare
+modules = (job_files, sacct, sbatch, scancel, scontrol, sinfo, squeue, sshare)
+c = types.SimpleNamespace(**{k: v for m in modules for k, v in vars(m).items()})
+print(eval(sys.argv[1], {"c": c}))' "$1"
 }
 as_user() {  # as_user CMD  (stdin passes through)
     runuser -u "$USER_NAME" -- sh -c "cd $WORK && $1"
