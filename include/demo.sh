@@ -42,6 +42,8 @@ fi
 export AIRFLOW_HOME="${REPO}/.airflow/demo"
 mkdir -p "$AIRFLOW_HOME"
 export AIRFLOW__CORE__LOAD_EXAMPLES=False
+# The Rendered Template view shows the whole job script (about 8 KB; Airflow cuts at 4096 by default).
+export AIRFLOW__CORE__MAX_TEMPLATED_FIELD_LENGTH=65536
 export AIRFLOW__CORE__DAGS_FOLDER="${REPO}/dags"
 export AIRFLOW__CORE__PLUGINS_FOLDER="${REPO}/plugins"
 export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="sqlite:///${AIRFLOW_HOME}/airflow.db"
