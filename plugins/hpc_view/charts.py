@@ -1,4 +1,5 @@
-"""The budget charts and the stages' training curves as inline SVG text. Pure, no JavaScript library, nothing from a CDN.
+"""The budget charts and the stages' training curves as inline SVG text. Pure, no JavaScript
+library, nothing from a CDN.
 
 The API server of a cluster deployment often has no internet access (and the UI must work on
 the air-gapped machines next to the cluster), so the charts are drawn here from the numbers
@@ -126,8 +127,9 @@ def curve_svg(title: str, points: list[tuple[int, float]] | tuple[tuple[int, flo
     left, right, top, bottom = CURVE_PAD
     plot_w, plot_h = CURVE_WIDTH - left - right, CURVE_HEIGHT - top - bottom
     heading = f"{title}: {tick(points[-1][1])} at {x_label} {points[-1][0]}" if points else title
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="curve" width="{CURVE_WIDTH}" height="{CURVE_HEIGHT}" '
-             f'viewBox="0 0 {CURVE_WIDTH} {CURVE_HEIGHT}" role="img" aria-label="{escape(heading)}">',
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="curve" width="{CURVE_WIDTH}" '
+             f'height="{CURVE_HEIGHT}" viewBox="0 0 {CURVE_WIDTH} {CURVE_HEIGHT}" role="img" '
+             f'aria-label="{escape(heading)}">',
              f'<text x="{left}" y="16" class="chart-title">{escape(heading)}</text>',
              f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#ddd"/>',
              f'<text x="{left + plot_w / 2:.1f}" y="{CURVE_HEIGHT - 6}" text-anchor="middle" class="axis">'
@@ -135,7 +137,8 @@ def curve_svg(title: str, points: list[tuple[int, float]] | tuple[tuple[int, flo
              f'<text x="12" y="{top + plot_h / 2:.1f}" text-anchor="middle" class="axis" '
              f'transform="rotate(-90 12 {top + plot_h / 2:.1f})">{escape(y_label)}</text>']
     if not points:
-        parts.append(f'<text x="{left + 10}" y="{top + plot_h / 2:.1f}" class="axis">no point yet</text></svg>')
+        parts.append(f'<text x="{left + 10}" y="{top + plot_h / 2:.1f}" class="axis">no point yet</text>'
+                     '</svg>')
         return "".join(parts)
     x_low, x_high = _span([float(s) for s, _ in points])
     y_low, y_high = _span([v for _, v in points])

@@ -59,7 +59,8 @@ def profile_metrics_path(profile_name: str, run_name: str, stage: int) -> tuple[
     from vcloud_pipeline.profiles import ProfileError, load_profile, overrides_from_environ
 
     if profile_name == UNASSIGNED:
-        raise ValueError("the DAG run names no cluster profile, so the view does not know where the run's files are")
+        raise ValueError("the DAG run names no cluster profile, so the view does not know where the run's "
+                         "files are")
     try:
         profile = load_profile(profile_name, overrides_from_environ(profile_name))
     except ProfileError as exc:
@@ -150,7 +151,8 @@ class CurveReads:
         self._lock = threading.Lock()
         self._cache: dict[tuple[str, str], CurveRead] = {}
 
-    def read(self, wanted: Mapping[str, Mapping[str, bool]]) -> tuple[dict[tuple[str, str], CurveRead], dict[str, str]]:
+    def read(self, wanted: Mapping[str, Mapping[str, bool]]
+             ) -> tuple[dict[tuple[str, str], CurveRead], dict[str, str]]:
         """``wanted``: per connection, each path and whether its stage is live. Returns what is known
         of each path (the cached read where a new one failed) and, per connection that could not be
         read, why."""
@@ -161,22 +163,26 @@ class CurveReads:
                 now = self.clock()
                 due = sorted(path for path, live in paths.items()
                              if (cached := self._cache.get((conn_id, path))) is None
-                             or now - cached.read_at >= (self.interval_s if live else self.finished_interval_s))
+                             or now - cached.read_at >= self._interval(live))
                 if due:
                     try:
                         texts = self.source(conn_id, due)
                     except Exception as exc:  # transport errors, a missing connection: shown, never fatal
-                        problems[conn_id] = f"cannot read the training curves over cluster connection {conn_id}: {exc}"
+                        problems[conn_id] = (f"cannot read the training curves over cluster connection "
+                                             f"{conn_id}: {exc}")
                     else:
                         read_at = self.clock()
                         for path in due:
                             text = texts.get(path)
-                            self._cache[(conn_id, path)] = CurveRead(training_curve(text or ""), text is not None,
-                                                                     read_at)
+                            curve = training_curve(text or "")
+                            self._cache[(conn_id, path)] = CurveRead(curve, text is not None, read_at)
                 for path in paths:
                     if (conn_id, path) in self._cache:
                         known[(conn_id, path)] = self._cache[(conn_id, path)]
         return known, problems
+
+    def _interval(self, live: bool) -> float:
+        return self.interval_s if live else self.finished_interval_s
 
     def age(self, read: CurveRead) -> float:
         return max(self.clock() - read.read_at, 0.0)
@@ -204,8 +210,9 @@ def stage_curves(records: Iterable[JobRecord], reads: CurveReads, locate: Locate
         curve = TrainingCurve(loss=thin(curve.loss, max_points), val_psnr=thin(curve.val_psnr, max_points))
         out.append({
             "profile": record.profile, "run_name": target.run_name, "stage": target.stage,
-            "label": record.stage, "dag_id": record.dag_id, "run_id": record.run_id, "task_id": record.task_id,
-            "job_id": record.job_id, "state": record.state, "task_state": record.task_state, "live": target.live,
+            "label": record.stage, "dag_id": record.dag_id, "run_id": record.run_id,
+            "task_id": record.task_id, "job_id": record.job_id, "state": record.state,
+            "task_state": record.task_state, "live": target.live,
             "path": target.path, "problem": problem,
             "read_age_s": None if read is None else round(reads.age(read), 1),
             "points": curve.to_json(), "charts": training_curve_charts(curve),

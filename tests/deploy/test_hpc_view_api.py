@@ -197,7 +197,8 @@ def test_the_stages_training_curves_come_from_their_files_on_the_cluster_once_an
     texts = {finished: _metrics_lines(1, 12),
              training: _metrics_lines(1, 5) + '{"kind": "train", "global_step": 6, "ep'}  # a line being written
     for path, text in texts.items():  # written by the cluster user, as the trainer would
-        local_cluster.ssh(f"mkdir -p {shlex.quote(str(Path(path).parent))} && cat > {shlex.quote(path)}", input=text)
+        local_cluster.ssh(f"mkdir -p {shlex.quote(str(Path(path).parent))} && cat > {shlex.quote(path)}",
+                          input=text)
 
     reads: list[str] = []
     real_read_file = SlurmHook.read_file

@@ -29,8 +29,8 @@ def test_curve_chart_scales_the_points_to_the_plot_area() -> None:
     # first step at the left edge, last at the right; highest value at the top, lowest at the bottom,
     # 0.5 a third of the way up from 0.25 to 1
     assert points[0] == (LEFT, TOP)
-    assert points[1] == pytest.approx((LEFT + (CURVE_WIDTH - LEFT - RIGHT) / 2, TOP + (CURVE_HEIGHT - TOP - BOTTOM) * 2 / 3),
-                                      abs=0.05)
+    middle = (LEFT + (CURVE_WIDTH - LEFT - RIGHT) / 2, TOP + (CURVE_HEIGHT - TOP - BOTTOM) * 2 / 3)
+    assert points[1] == pytest.approx(middle, abs=0.05)
     assert points[2] == (CURVE_WIDTH - RIGHT, CURVE_HEIGHT - BOTTOM)
     assert "training loss: 0.25 at step 100" in svg  # the last point in the title
     for label in (">loss<", ">step<", ">0.25<", ">1<", ">0<", ">100<"):

@@ -83,10 +83,11 @@ def stage_curve(run_dir: Path, stage: int) -> tuple[TrainingCurve, str]:
     if not curve.empty:
         return curve, "step"
     history = (read_json(paths.progress) or {}).get("history") or []
-    return TrainingCurve(
-        loss=tuple((int(h["epoch"]), float(h["train_loss"])) for h in history if h.get("train_loss") is not None),
-        val_psnr=tuple((int(h["epoch"]), float(h["val_psnr"])) for h in history if h.get("val_psnr") is not None),
-    ), "epoch"
+
+    def per_epoch(key: str) -> tuple[tuple[int, float], ...]:
+        return tuple((int(h["epoch"]), float(h[key])) for h in history if h.get(key) is not None)
+
+    return TrainingCurve(loss=per_epoch("train_loss"), val_psnr=per_epoch("val_psnr")), "epoch"
 
 
 def curve_title(stage: int, progress: dict[str, Any] | None) -> str:
@@ -99,7 +100,8 @@ def curve_title(stage: int, progress: dict[str, Any] | None) -> str:
     return title
 
 
-def plot_training_curve(curve: TrainingCurve, title: str, path: Path, *, x_label: str = "step") -> TrainingCurve:
+def plot_training_curve(curve: TrainingCurve, title: str, path: Path, *,
+                        x_label: str = "step") -> TrainingCurve:
     """Training loss and validation PSNR side by side, written to ``path`` (PNG); returns the
     series as the axes hold them, read back from the plotted lines."""
     import matplotlib
