@@ -100,7 +100,7 @@ function curvesBlock(curves) {
       c.read_age_s !== null ? el("span", { class: "muted" }, " - read " + Math.round(c.read_age_s) + " s ago") : null);
     const box = el("div", { class: "curve", id: "curve-" + (c.run_name || c.run_id) + "-stage" + c.stage,
       "data-stage": String(c.stage), "data-run-name": c.run_name, "data-points": String(c.points.loss.length + c.points.val_psnr.length) },
-      head, el("div", { class: "charts" }, svg(c.charts.loss), svg(c.charts.val_psnr)));
+      head, el("div", { class: "curve-charts" }, svg(c.charts.loss), svg(c.charts.val_psnr)));
     if (c.problem) box.append(el("p", { class: "muted curve-problem" }, c.problem));
     if (c.path) box.append(el("div", { class: "muted" }, el("code", {}, c.path)));
     block.append(box);
