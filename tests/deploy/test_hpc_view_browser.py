@@ -212,6 +212,8 @@ def test_signed_in_user_sees_the_jobs_and_budget_the_ledger_holds(standalone: st
         expected.append({"stage": stage, "run_name": finished_run["run_name"], "svgs": 2,
                          "points": [len(curve.loss), len(curve.val_psnr)]})
     assert local["curves"] == expected
+    # ... and the run summary points at the export's plot of each, from the same files
+    assert values["summary"]["curves"] == {f"stage{stage}": str(paths.curve_png(stage)) for stage in (0, 1, 2, 3)}
 
     # The same page inside Airflow's own UI (navigation entry "HPC jobs", an iframe of /hpc-view/).
     browser.navigate(f"{standalone}/plugin/hpc-view")
