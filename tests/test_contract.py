@@ -57,9 +57,45 @@ def test_the_trainer_and_the_orchestrator_name_a_stages_files_alike(stage: int) 
     assert str(local.best) == str(remote.best_checkpoint(stage))
     assert str(local.progress) == str(remote.progress_path(stage))
     assert str(local.complete) == str(remote.complete_path(stage))
+    assert str(local.metrics) == str(remote.metrics_path(stage))  # what the HPC view reads
     assert (local.dir.name, local.latest.name, local.best.name, local.progress.name, local.complete.name) == (
         contract.stage_dir_name(stage), contract.LATEST_CHECKPOINT, contract.BEST_CHECKPOINT,
         contract.PROGRESS_FILE, contract.COMPLETE_FILE)
+
+
+def _train_line(step: int, loss: float | None) -> str:
+    return json.dumps(contract.metrics_train_record(global_step=step, epoch=1, loss=loss, lr=1e-3,
+                                                    samples_per_s=8.0, time=1.7e9))
+
+
+def _val_line(step: int, psnr: float) -> str:
+    return json.dumps(contract.metrics_val_record(global_step=step, epoch=step // 10,
+                                                  metrics={"psnr": psnr, "ssim": 0.5}, time=1.7e9))
+
+
+def test_the_training_curve_is_read_from_metrics_jsonl_while_the_trainer_appends() -> None:
+    text = "\n".join([_val_line(0, 20.0), _train_line(5, 0.9), _train_line(10, 0.7), _val_line(10, 22.5)])
+    complete = contract.training_curve(text + "\n")
+    assert complete == contract.TrainingCurve(loss=((5, 0.9), (10, 0.7)), val_psnr=((0, 20.0), (10, 22.5)))
+    # the trainer is in the middle of writing the next line: the lines before it are the curve
+    torn = contract.training_curve(text + "\n" + _train_line(15, 0.6)[:25])
+    assert torn == complete
+    assert complete.to_json() == {"loss": [[5, 0.9], [10, 0.7]], "val_psnr": [[0, 20.0], [10, 22.5]]}
+
+
+def test_the_training_curve_of_a_resumed_or_empty_file() -> None:
+    # Resumed at step 10: lines up to the checkpoint, then the resumed run's (each step once) ...
+    resumed = "\n".join([_train_line(5, 0.9), _train_line(10, 0.7), _train_line(15, 0.6), _val_line(20, 23.0)])
+    assert contract.training_curve(resumed).loss == ((5, 0.9), (10, 0.7), (15, 0.6))
+    # ... and a copy read before the cut (a torn line, then the steps again): the last line of a step wins
+    uncut = "\n".join([_train_line(5, 0.9), _train_line(10, 0.7), _train_line(15, 0.65), '{"kind": "tr',
+                       _train_line(15, 0.6), _train_line(20, 0.5)])
+    assert contract.training_curve(uncut).loss == ((5, 0.9), (10, 0.7), (15, 0.6), (20, 0.5))
+    # a diverged step (NaN written as null) is a gap, not a point
+    assert contract.training_curve(_train_line(5, None) + "\n" + _train_line(10, 0.7)).loss == ((10, 0.7),)
+    for nothing in ("", "\n", '{"kind": "train", "global'):
+        curve = contract.training_curve(nothing)
+        assert curve.empty and curve == contract.TrainingCurve()
 
 
 def test_the_dataset_index_the_trainer_writes_is_the_one_the_dag_looks_for() -> None:

@@ -19,6 +19,7 @@ from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, get_user
 
+from hpc_view.curves import CurveReads, stage_curves
 from hpc_view.live import LiveStates, refresh
 from hpc_view.records import records_from_xcoms
 from hpc_view.store import load_xcom_rows
@@ -31,6 +32,7 @@ app = FastAPI(title="vcloud HPC view", description="Slurm jobs and GPU-hour budg
               docs_url=None, redoc_url=None, openapi_url=None)
 app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 app.state.live = LiveStates()
+app.state.curves = CurveReads()
 
 
 def readable_dag_ids(user: GetUserDep) -> set[str]:
@@ -63,8 +65,10 @@ async def page(request: Request) -> Response:
 @app.get("/api/jobs")
 def jobs(session: SessionDep, dag_ids: ReadableDagIds, dag_id: Annotated[str | None, Query()] = None,
          run_id: Annotated[str | None, Query()] = None) -> dict[str, Any]:
-    """Per profile: the jobs the operators recorded, the GPU-hour budget and its charts."""
-    return build_view(_records(session, dag_ids, dag_id, run_id))
+    """Per profile: the jobs the operators recorded, the GPU-hour budget and its charts, and the
+    training curves of the newest stages (their files read at most once an interval)."""
+    records = _records(session, dag_ids, dag_id, run_id)
+    return build_view(records, curves=stage_curves(records, app.state.curves))
 
 
 @app.post("/api/refresh")
@@ -73,7 +77,7 @@ def refresh_jobs(session: SessionDep, dag_ids: ReadableDagIds, dag_id: Annotated
     """Like ``api/jobs``, with the cluster's current state (and pending reason) of waiting jobs."""
     records = _records(session, dag_ids, dag_id, run_id)
     records, problems = refresh(records, lambda name: profile_info(name).conn_id, app.state.live)
-    view = build_view(records)
+    view = build_view(records, curves=stage_curves(records, app.state.curves))
     view["problems"] = problems
     view["refreshed"] = True
     return view

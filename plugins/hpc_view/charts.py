@@ -1,4 +1,5 @@
-"""The budget charts as inline SVG text. Pure, no JavaScript library, nothing from a CDN.
+"""The budget charts and the stages' training curves as inline SVG text. Pure, no JavaScript
+library, nothing from a CDN.
 
 The API server of a cluster deployment often has no internet access (and the UI must work on
 the air-gapped machines next to the cluster), so the charts are drawn here from the numbers
@@ -8,6 +9,8 @@ the page also shows as text.
 from __future__ import annotations
 
 from html import escape
+
+from vcloud.contract import TrainingCurve
 
 from hpc_view.records import ProfileBudget
 
@@ -95,4 +98,80 @@ def budget_charts(budget: ProfileBudget) -> dict[str, str]:
         "burndown": burndown_svg(budget),
         "by_stage": bars_svg("GPU-hours per stage", sorted(budget.by_stage.items()), budget.unit),
         "by_run": bars_svg("GPU-hours per DAG run", list(budget.by_run.items()), budget.unit),
+    }
+
+
+CURVE_WIDTH, CURVE_HEIGHT = 320, 190
+CURVE_PAD = (58, 14, 30, 38)
+"""Left, right, top and bottom margins of a curve chart around its plot area."""
+
+
+def tick(value: float) -> str:
+    """An axis number: 4 significant digits, no exponent for the values a curve has (steps, dB, loss)."""
+    return f"{value:.4g}" if abs(value) >= 1e-3 or value == 0 else f"{value:.2e}"
+
+
+def _span(values: list[float]) -> tuple[float, float]:
+    low, high = min(values), max(values)
+    if high > low:
+        return low, high
+    pad = abs(low) * 0.05 or 1.0  # one value (or a flat curve): centred in a small range around it
+    return low - pad, high + pad
+
+
+def curve_svg(title: str, points: list[tuple[int, float]] | tuple[tuple[int, float], ...], *, y_label: str,
+              colour: str = PALETTE[0], x_label: str = "step") -> str:
+    """A small line chart of ``(step, value)`` points: one polyline scaled to the points' own ranges,
+    the lowest and highest value on the y axis, the first and last step on the x axis, and the last
+    point in the title. One point is drawn as a dot; none says so."""
+    left, right, top, bottom = CURVE_PAD
+    plot_w, plot_h = CURVE_WIDTH - left - right, CURVE_HEIGHT - top - bottom
+    heading = f"{title}: {tick(points[-1][1])} at {x_label} {points[-1][0]}" if points else title
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="curve" width="{CURVE_WIDTH}" '
+             f'height="{CURVE_HEIGHT}" viewBox="0 0 {CURVE_WIDTH} {CURVE_HEIGHT}" role="img" '
+             f'aria-label="{escape(heading)}">',
+             f'<text x="{left}" y="16" class="chart-title">{escape(heading)}</text>',
+             f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#ddd"/>',
+             f'<text x="{left + plot_w / 2:.1f}" y="{CURVE_HEIGHT - 6}" text-anchor="middle" class="axis">'
+             f'{escape(x_label)}</text>',
+             f'<text x="12" y="{top + plot_h / 2:.1f}" text-anchor="middle" class="axis" '
+             f'transform="rotate(-90 12 {top + plot_h / 2:.1f})">{escape(y_label)}</text>']
+    if not points:
+        parts.append(f'<text x="{left + 10}" y="{top + plot_h / 2:.1f}" class="axis">no point yet</text>'
+                     '</svg>')
+        return "".join(parts)
+    x_low, x_high = _span([float(s) for s, _ in points])
+    y_low, y_high = _span([v for _, v in points])
+    x = lambda s: left + plot_w * (s - x_low) / (x_high - x_low)  # noqa: E731
+    y = lambda v: top + plot_h * (1 - (v - y_low) / (y_high - y_low))  # noqa: E731
+    for value in (y_low, y_high):
+        parts.append(f'<text x="{left - 4}" y="{y(value) + 4:.1f}" text-anchor="end" class="axis">'
+                     f'{escape(tick(value))}</text>')
+    for step, anchor in ((x_low, "start"), (x_high, "end")):
+        parts.append(f'<text x="{x(step):.1f}" y="{top + plot_h + 14}" text-anchor="{anchor}" class="axis">'
+                     f'{escape(tick(step))}</text>')
+    coords = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in points)
+    parts.append(f'<polyline points="{coords}" fill="none" stroke="{colour}" stroke-width="1.5"/>')
+    last_step, last_value = points[-1]
+    parts.append(f'<circle cx="{x(last_step):.1f}" cy="{y(last_value):.1f}" r="2.5" fill="{colour}">'
+                 f'<title>{escape(x_label)} {last_step}: {escape(tick(last_value))}</title></circle>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def thin(points: tuple[tuple[int, float], ...], limit: int) -> tuple[tuple[int, float], ...]:
+    """At most ``limit`` points, evenly spaced in the sequence, the first and the last kept: a
+    weeks-long stage logs tens of thousands of steps, more than a 300-pixel chart can show."""
+    if len(points) <= limit or limit < 2:
+        return points
+    stride = (len(points) - 1) / (limit - 1)
+    return tuple(points[round(i * stride)] for i in range(limit))
+
+
+def training_curve_charts(curve: TrainingCurve, *, x_label: str = "step") -> dict[str, str]:
+    """A stage's two curve charts: training loss and validation PSNR, over the same steps."""
+    return {
+        "loss": curve_svg("training loss", curve.loss, y_label="loss", colour=PALETTE[0], x_label=x_label),
+        "val_psnr": curve_svg("validation PSNR", curve.val_psnr, y_label="PSNR (dB)", colour=PALETTE[3],
+                              x_label=x_label),
     }

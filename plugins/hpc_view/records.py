@@ -4,7 +4,8 @@
 (or adopted), and, when the job completed, a return value with every job id of the task
 (resubmissions included), the final state, elapsed time, restarts and the GPU-hours it cost
 (from ``sacct``). The view reads these records from Airflow's metadata database; it never asks
-the cluster on a page view, because on LUMI every ``squeue`` is a command on a shared login node.
+Slurm on a page view, because on LUMI every ``squeue`` is a command on a shared login node (the
+stages' training curves are files, read at most once an interval: :mod:`hpc_view.curves`).
 The training DAG's jobs also record the allocation when they ended (``allocation``: Slurm's
 ``GrpTRESMins`` limit on the account with its usage, or the profile's ``billing.allocation``, each
 figure with its source); the newest such record is the budget the page shows.

@@ -1,4 +1,4 @@
-"""What the page shows, per cluster profile: the jobs, the budget and its charts.
+"""What the page shows, per cluster profile: the jobs, the budget and its charts, the training curves.
 
 Each profile's billing unit comes from its YAML under ``include/profiles/`` (with the deployment's
 ``VCLOUD_PROFILE_OVERRIDES``). The allocation is the one the DAG's budget check used: Slurm's
@@ -8,11 +8,12 @@ Each profile's billing unit comes from its YAML under ``include/profiles/`` (wit
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hpc_view.charts import budget_charts
+from hpc_view.curves import CURVE_INTERVAL_S
 from hpc_view.records import UNASSIGNED, JobRecord, profile_budget
 
 
@@ -50,9 +51,10 @@ def allocation_words(meta: ProfileInfo) -> str:
     return f"profile {meta.name} billing.allocation"
 
 
-def build_view(records: Iterable[JobRecord], *,
-               info: Callable[[str], ProfileInfo] = profile_info) -> dict[str, Any]:
-    """The page's JSON: one entry per profile that has records, named profiles first."""
+def build_view(records: Iterable[JobRecord], *, info: Callable[[str], ProfileInfo] = profile_info,
+               curves: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """The page's JSON: one entry per profile that has records, named profiles first, each with
+    its stages' training curves (:func:`hpc_view.curves.stage_curves`)."""
     records = list(records)
     names = sorted({r.profile for r in records}, key=lambda n: (n == UNASSIGNED, n))
     profiles = []
@@ -69,5 +71,6 @@ def build_view(records: Iterable[JobRecord], *,
             "budget": budget.to_json(),
             "charts": budget_charts(budget),
             "jobs": [r.to_json() for r in mine],
+            "curves": [dict(c) for c in curves if c["profile"] == name],
         })
-    return {"profiles": profiles, "jobs": len(records)}
+    return {"profiles": profiles, "jobs": len(records), "curve_interval_s": CURVE_INTERVAL_S}

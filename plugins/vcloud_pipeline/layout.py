@@ -15,10 +15,11 @@ things are, so the layout can change here without hunting through the DAG and th
     <paths.data>/../synthetic-<preset>/   clusters without the real dataset: one synthetic dataset
                                           per preset (raw/ and prepared/), so a tiny run and a
                                           small run never train on each other's data
-    <paths.outputs>/<run>/stage{N}/       latest.pt, best.pt, progress.json, COMPLETE (the names
-                                          are vcloud.contract's, which the trainer writes)
+    <paths.outputs>/<run>/stage{N}/       latest.pt, best.pt, progress.json, COMPLETE, metrics.jsonl
+                                          (the names are vcloud.contract's, which the trainer writes)
     <paths.logs>/<run>/                   Slurm .out/.err of every job of the run
-    <paths.viewer>/<run>/                 exported viewer images
+    <paths.viewer>/<run>/                 exported viewer images; curves/stage{N}.png, the training
+                                          curves the run summary points at
     <paths.jobs>/<run>/                   rendered job scripts
 """
 
@@ -125,11 +126,20 @@ class RunPaths:
     def complete_path(self, stage: int) -> PurePosixPath:
         return self.stage_dir(stage) / contract.COMPLETE_FILE
 
+    def metrics_path(self, stage: int) -> PurePosixPath:
+        """The stage's ``metrics.jsonl``, appended to while it trains (the HPC view draws it)."""
+        return self.stage_dir(stage) / contract.METRICS_FILE
+
     def latest_checkpoint(self, stage: int) -> PurePosixPath:
         return self.stage_dir(stage) / contract.LATEST_CHECKPOINT
 
     def best_checkpoint(self, stage: int) -> PurePosixPath:
         return self.stage_dir(stage) / contract.BEST_CHECKPOINT
+
+    def curve_png(self, stage: int) -> PurePosixPath:
+        """The export's plot of a stage's training curve (from its ``metrics.jsonl``)."""
+        self.stage_dir(stage)  # the same check of the stage number
+        return self.viewer_dir / contract.curve_png_name(stage)
 
     def job_script(self, job_name: str, *, inner: bool) -> PurePosixPath:
         return self.jobs_dir / (f"{job_name}.inner.sh" if inner else f"{job_name}.sbatch")

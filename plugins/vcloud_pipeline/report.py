@@ -2,7 +2,8 @@
 
 What ``make demo`` shows at the end, and what a person checks after a run: checkpoints, viewer
 images and metrics as they are on the cluster, each stage's metrics from its ``COMPLETE`` record
-(those of ``best.pt``, the weights handed on, and of the last epoch), what the project's jobs
+(those of ``best.pt``, the weights handed on, and of the last epoch), where each stage's
+training-curve PNG is (the export's ``curves/stage{N}.png``), what the project's jobs
 have cost, and the allocation with the source of each figure (Slurm's limit on the account, or the
 profile's ``billing.allocation``).
 """
@@ -18,7 +19,7 @@ from vcloud_pipeline.params import RequestError, parse_request
 from vcloud_pipeline.budget import Allocation
 from vcloud_pipeline.preflight import read_allocation, read_ledger
 from vcloud_pipeline.remote import listing
-from vcloud_pipeline.tasks import RunContext, stage_records
+from vcloud_pipeline.tasks import RunContext, curve_pngs, stage_records
 
 
 def _size(n: int) -> str:
@@ -64,6 +65,15 @@ def allocation_section(allocation: Allocation) -> list[str]:
     return lines
 
 
+def curves_section(pngs: dict[str, str]) -> list[str]:
+    """Where each stage's training-curve plot is (the export plots it from the stage's metrics.jsonl)."""
+    lines = ["training curves (PNG, loss and validation PSNR over the steps of each stage):"]
+    lines += [f"  {label}: {path}" for label, path in sorted(pngs.items())]
+    if not pngs:
+        lines.append("  none yet: the export job plots them")
+    return lines
+
+
 def render_report(ctx: RunContext, hook, dag_run_id: str | None = None) -> str:
     paths = ctx.paths
     lines = [f"run {ctx.request.run_name} on profile {ctx.profile.name}", "", f"outputs: {paths.outputs_dir}"]
@@ -81,6 +91,7 @@ def render_report(ctx: RunContext, hook, dag_run_id: str | None = None) -> str:
         best_epoch, best = best_checkpoint_metrics(record)
         lines.append(f"  {label}: {completed_epochs(record)} epochs; best.pt from epoch {best_epoch}: {_metrics(best)}; "
                      f"last epoch: {_metrics(final_metrics(record))}")
+    lines += ["", *curves_section(curve_pngs(ctx, hook))]
     ledger = read_ledger(hook, ctx.profile)
     lines += ["", *ledger_section(ledger, dag_run_id, ctx.profile.billing.unit)]
     lines += ["", *allocation_section(read_allocation(hook, ctx.profile, ledger))]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_provider.transport.base import TransportError
+from vcloud.contract import STAGES
 
 from vcloud_pipeline.code_retention import RetentionPlan, remove_unused_code_dirs
 from vcloud_pipeline.jobspec import JobSpec
@@ -221,20 +222,34 @@ def stage_records(ctx: RunContext, hook: Any) -> dict[str, Any]:
     return out
 
 
+def curve_pngs(ctx: RunContext, hook: Any) -> dict[str, str]:
+    """The export's training-curve plot of each stage that has one, by stage label: where the run
+    summary points for the curves (``<paths.viewer>/<run>/curves/stage{N}.png``, plotted from the
+    stage's ``metrics.jsonl``). One command on the login node."""
+    wanted = {f"stage{stage}": str(ctx.paths.curve_png(stage)) for stage in STAGES}
+    present = hook.file_sizes(wanted.values())
+    return {label: path for label, path in wanted.items() if present.get(path)}
+
+
 def summarize(ctx: RunContext, hook: Any, job_summaries: Mapping[str, Any]) -> dict[str, Any]:
-    """The run at a glance: per job what ran, per stage the final metrics, the files, the ledger."""
+    """The run at a glance: per job what ran, per stage the final metrics and its training-curve PNG,
+    the files, the ledger."""
     ledger = read_ledger(hook, ctx.profile)
     allocation = read_allocation(hook, ctx.profile, ledger)
     log.info("allocation (%s): %s", allocation.source, allocation.describe())
     records = stage_records(ctx, hook)
     files = listing(hook.runner, ctx.paths.outputs_dir) + [
         (f"viewer/{rel}", size) for rel, size in listing(hook.runner, ctx.paths.viewer_dir)]
+    curves = curve_pngs(ctx, hook)
+    log.info("training curves: %s", "; ".join(f"{label} {path}" for label, path in curves.items())
+             or "none plotted (the export job plots them)")
     return {
         "run": ctx.request.run_name,
         "profile": ctx.profile.name,
         "jobs": dict(job_summaries),
         "stages": records,
         "files": len(files),
+        "curves": curves,
         "ledger": ledger_report(ledger),
         "allocation": allocation.to_json(),
     }

@@ -6,6 +6,10 @@ auth manager), so runs that other tests left in the same metadata database do no
 
 from __future__ import annotations
 
+import json
+import re
+import shlex
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,10 +17,14 @@ import pytest
 from airflow.api_fastapi.core_api.security import GetUserDep
 
 from deploy.seed import seed_run, summary
+from localcluster import LocalCluster
 
 pytestmark = pytest.mark.usefixtures("airflow_home")
 TRAINING, LIFECYCLE = "hpcview_seed_training", "hpcview_seed_lifecycle"
 SEEDED = {TRAINING, LIFECYCLE}
+CURVES = "hpcview_seed_curves"
+"""A training run whose stages' metrics.jsonl the curve test writes on the cluster (shown only there)."""
+CURVE_RUN = f"curves-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +49,11 @@ def client(airflow_home: Path) -> Iterator:
         })
         seed_run(session, dag_id=LIFECYCLE, run_id="manual__api_2", conf={}, tasks={
             "job": ("success", "201", summary(["201"], gpu_hours=0.1, elapsed_s=360)),
+        })
+        seed_run(session, dag_id=CURVES, run_id="manual__api_3", conf={"profile": "local"}, tasks={
+            "stage0": ("success", "301", summary(["301"], gpu_hours=0.01, elapsed_s=60, job="stage0",
+                                                 run=CURVE_RUN, profile="local")),
+            "stage1": ("deferred", "302", None),  # training now; its run name comes from stage0's record
         })
     purge_cached_app()
     app = create_app("core")
@@ -147,3 +160,98 @@ def test_refresh_reports_a_cluster_it_cannot_reach_and_keeps_the_records(client,
     assert view["problems"] == ["cannot ask cluster connection vcloud_local_cluster: no route to vcloud_local_cluster"]
     local = view["profiles"][0]
     assert {job["task_id"]: job["state"] for job in local["jobs"]}["stage2"] is None
+
+
+def _metrics_lines(first_step: int, last_step: int, *, val_every: int = 4) -> str:
+    from vcloud.contract import metrics_train_record, metrics_val_record
+
+    lines = []
+    for step in range(first_step, last_step + 1):
+        lines.append(metrics_train_record(global_step=step, epoch=1 + step // val_every, loss=1.0 / step, lr=1e-3,
+                                          samples_per_s=8.0, time=1.7e9 + step))
+        if step % val_every == 0:
+            lines.append(metrics_val_record(global_step=step, epoch=step // val_every,
+                                            metrics={"psnr": 18.0 + step / 4, "ssim": 0.5}, time=1.7e9 + step))
+    return "".join(json.dumps(line) + "\n" for line in lines)
+
+
+def _polyline_points(svg: str) -> int:
+    [points] = re.findall(r'<polyline points="([^"]*)"', svg)
+    return len(points.split())
+
+
+def test_the_stages_training_curves_come_from_their_files_on_the_cluster_once_an_interval(
+        client, local_cluster: LocalCluster, cluster_connection: str, monkeypatch) -> None:
+    from hpc_view.app import app as hpc_app
+    from hpc_view.app import readable_dag_ids
+    from hpc_view.curves import CURVE_INTERVAL_S, CurveReads
+    from slurm_provider.hooks import SlurmHook
+    from vcloud.contract import training_curve
+    from vcloud_pipeline.layout import run_paths
+    from vcloud_pipeline.profiles import load_profile
+
+    base = local_cluster.test_dir()
+    monkeypatch.setenv("VCLOUD_PROFILE_OVERRIDES", json.dumps({"local": {"paths.base": base}}))
+    paths = run_paths(load_profile("local", overrides={"paths.base": base}), CURVE_RUN)
+    finished, training = str(paths.metrics_path(0)), str(paths.metrics_path(1))
+    texts = {finished: _metrics_lines(1, 12),
+             training: _metrics_lines(1, 5) + '{"kind": "train", "global_step": 6, "ep'}  # a line being written
+    for path, text in texts.items():  # written by the cluster user, as the trainer would
+        local_cluster.ssh(f"mkdir -p {shlex.quote(str(Path(path).parent))} && cat > {shlex.quote(path)}",
+                          input=text)
+
+    reads: list[str] = []
+    real_read_file = SlurmHook.read_file
+
+    def counted_read_file(self, path: str) -> str | None:
+        reads.append(path)
+        return real_read_file(self, path)
+
+    now = [1000.0]
+    monkeypatch.setattr(SlurmHook, "read_file", counted_read_file)
+    monkeypatch.setattr(hpc_app.state, "curves", CurveReads(clock=lambda: now[0]))
+    seeded = hpc_app.dependency_overrides[readable_dag_ids]
+    hpc_app.dependency_overrides[readable_dag_ids] = lambda: {CURVES}
+    headers = {"Authorization": f"Bearer {_token()}"}
+    try:
+        view = client.get("/hpc-view/api/jobs", headers=headers).json()
+        assert sorted(reads) == sorted(texts)  # one read of each stage's file
+        now[0] += CURVE_INTERVAL_S - 1
+        again = client.get("/hpc-view/api/jobs", headers=headers).json()
+        assert len(reads) == 2, "a second view within the interval reads nothing"
+        local_cluster.ssh(f"cat > {shlex.quote(training)}", input=_metrics_lines(1, 8))  # the stage went on
+        now[0] += 2
+        later = client.get("/hpc-view/api/jobs", headers=headers).json()
+    finally:
+        hpc_app.dependency_overrides[readable_dag_ids] = seeded
+        local_cluster.ssh(f"rm -rf {shlex.quote(base)}")
+
+    [profile] = view["profiles"]
+    assert view["curve_interval_s"] == CURVE_INTERVAL_S
+    curves = {c["stage"]: c for c in profile["curves"]}
+    assert set(curves) == {0, 1}
+    assert curves[0]["run_name"] == curves[1]["run_name"] == CURVE_RUN
+    assert (curves[0]["live"], curves[1]["live"]) == (False, True)
+    assert (curves[0]["path"], curves[1]["path"]) == (finished, training)
+    for stage, path in ((0, finished), (1, training)):
+        curve = curves[stage]
+        assert curve["problem"] is None and curve["read_age_s"] == 0.0
+        assert curve["points"] == training_curve(texts[path]).to_json()  # the torn line is left out
+        assert _polyline_points(curve["charts"]["loss"]) == len(curve["points"]["loss"])
+        assert _polyline_points(curve["charts"]["val_psnr"]) == len(curve["points"]["val_psnr"])
+    assert len(curves[0]["points"]["loss"]) == 12 and len(curves[0]["points"]["val_psnr"]) == 3
+    assert len(curves[1]["points"]["loss"]) == 5 and curves[1]["points"]["val_psnr"] == [[4, 19.0]]
+    assert "validation PSNR: 21 at step 12" in curves[0]["charts"]["val_psnr"]
+
+    assert again["profiles"][0]["curves"] == [dict(c, read_age_s=CURVE_INTERVAL_S - 1) for c in profile["curves"]]
+    # past the interval only the live stage's file is read again; the finished one keeps its points
+    assert reads[2:] == [training]
+    after = {c["stage"]: c for c in later["profiles"][0]["curves"]}
+    assert len(after[1]["points"]["loss"]) == 8 and after[1]["points"]["val_psnr"] == [[4, 19.0], [8, 20.0]]
+    assert after[0]["points"] == curves[0]["points"]
+
+
+def test_the_page_draws_each_stages_curves_in_the_profile_section(client) -> None:
+    script = client.get("/hpc-view/static/hpc_view.js").text
+    assert "Training curves" in script and "profile.curves" in script
+    assert "c.charts.loss" in script and "c.charts.val_psnr" in script  # the inline SVG of the payload

@@ -13,12 +13,16 @@ Screenshots of the page and of the same view embedded in Airflow's navigation go
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from deploy.cdp import CHROMIUM, Browser
+from vcloud.contract import training_curve
+from vcloud_pipeline.layout import run_paths
+from vcloud_pipeline.profiles import load_profile
 from localcluster import LocalCluster, poll_until
 from ports import free_port
 from standalone import PASSWORD, USER, RestClient, airflow, airflow_env, dag_run_records, log_tail
@@ -107,6 +111,9 @@ PAGE_JS = """JSON.stringify({
     run_stage: [...s.querySelectorAll('table.run-stage tbody tr')].map(r => ({
       run_id: r.dataset.runId, stage: r.dataset.stage, gpu_hours: r.querySelector('td.num').textContent})),
     burndown: s.querySelector('svg.burndown')?.getAttribute('aria-label'),
+    curves: [...s.querySelectorAll('div.curve')].map(c => ({
+      stage: Number(c.dataset.stage), run_name: c.dataset.runName, svgs: c.querySelectorAll('svg.curve').length,
+      points: [...c.querySelectorAll('svg.curve polyline')].map(p => p.getAttribute('points').trim().split(/\\s+/).length)})),
     jobs: [...s.querySelectorAll('table.jobs tbody tr')].map(r => ({
       job_id: r.dataset.jobId, run_id: r.dataset.runId, task_id: r.dataset.taskId, state: r.dataset.state,
       ids: [...r.querySelectorAll('code.job-id')].map(c => c.textContent),
@@ -194,6 +201,19 @@ def test_signed_in_user_sees_the_jobs_and_budget_the_ledger_holds(standalone: st
     per_stage = {(r["run_id"], r["stage"]): r["gpu_hours"] for r in local["run_stage"]}
     assert per_stage == {(run_id, recorded[task]["job"]): f"{run_ledger[f'{run_id} ' + recorded[task]['job']]:.4f}"
                          for task in SLURM_TASKS}
+
+    # Each stage's training curve, drawn from its metrics.jsonl on the cluster: loss and validation PSNR.
+    paths = run_paths(load_profile("local", overrides={"paths.base": finished_run["project_dir"]}),
+                      finished_run["run_name"])
+    expected = []
+    for stage in (0, 1, 2, 3):
+        curve = training_curve(local_cluster.ssh(f"cat {shlex.quote(str(paths.metrics_path(stage)))}").stdout)
+        assert curve.loss and curve.val_psnr, f"stage {stage} wrote no curve"
+        expected.append({"stage": stage, "run_name": finished_run["run_name"], "svgs": 2,
+                         "points": [len(curve.loss), len(curve.val_psnr)]})
+    assert local["curves"] == expected
+    # ... and the run summary points at the export's plot of each, from the same files
+    assert values["summary"]["curves"] == {f"stage{stage}": str(paths.curve_png(stage)) for stage in (0, 1, 2, 3)}
 
     # The same page inside Airflow's own UI (navigation entry "HPC jobs", an iframe of /hpc-view/).
     browser.navigate(f"{standalone}/plugin/hpc-view")

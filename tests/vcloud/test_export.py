@@ -13,7 +13,8 @@ import torch
 
 from vcloud.config import load_config
 from vcloud.data.dataset import SeriesDataset
-from vcloud.export import latest_trained_stage, main, rgb_quicklook
+from vcloud.contract import TrainingCurve, curve_png_name, training_curve
+from vcloud.export import latest_trained_stage, main, plot_training_curve, rgb_quicklook, stage_curve
 from vcloud.metrics import psnr
 from vcloud.training.distributed import init_distributed
 from vcloud.training.loop import StageRun, train_stage
@@ -64,10 +65,37 @@ def test_metrics_and_curves(exported) -> None:
     summary = json.loads((dest / "metrics.json").read_text())
     assert summary["stage"] == 0 and summary["stage_name"] == "autoencoder"
     assert summary["mean"]["psnr"] == pytest.approx(np.mean([s["psnr"] for s in summary["per_series"]]))
-    assert summary["curves"] == ["curves/stage0.png"]
+    assert summary["curves"] == ["curves/stage0.png"] == [curve_png_name(0)]
     curve = matplotlib.image.imread(dest / "curves" / "stage0.png")
     assert curve.ndim == 3 and curve.shape[0] > 100
     assert curve.std() > 0.01, "the plot is not blank"
+
+
+def test_the_curve_png_is_plotted_from_metrics_jsonl(exported, tmp_path: Path) -> None:
+    run_dir, dest = exported
+    from_file = training_curve((run_dir / "stage0" / "metrics.jsonl").read_text())
+    assert len(from_file.loss) >= 3 and len(from_file.val_psnr) >= 3  # a line per log step, per validation
+    curve, x_label = stage_curve(run_dir, 0)
+    assert (curve, x_label) == (from_file, "step")
+    # what the axes hold, read back from the plotted lines, is the file's curve
+    assert plot_training_curve(curve, "stage 0", tmp_path / "again.png") == from_file
+    png = dest / curve_png_name(0)
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and 10_000 < len(data) < 500_000
+    image = matplotlib.image.imread(png)
+    assert image.shape[:2] == (400, 1000)  # 10 x 4 inches at 100 dpi: loss and PSNR side by side
+    assert image.std() > 0.01, "the plot is not blank"
+
+
+def test_a_stage_trained_before_metrics_jsonl_existed_is_plotted_per_epoch(tmp_path: Path) -> None:
+    stage = tmp_path / "stage1"
+    stage.mkdir()
+    history = [{"epoch": 1, "train_loss": 0.5, "val_psnr": 20.0}, {"epoch": 2, "train_loss": 0.4}]
+    (stage / "progress.json").write_text(json.dumps({"stage": 1, "history": history}))
+    assert stage_curve(tmp_path, 1) == (TrainingCurve(loss=((1, 0.5), (2, 0.4)), val_psnr=((1, 20.0),)), "epoch")
+    (stage / "metrics.jsonl").write_text('{"kind": "train", "global_step": 7, "loss": 0.3}\n')
+    assert stage_curve(tmp_path, 1) == (TrainingCurve(loss=((7, 0.3),)), "step")
+    assert stage_curve(tmp_path, 2) == (TrainingCurve(), "epoch")  # nothing trained: nothing to plot
 
 
 def test_latest_trained_stage_prefers_the_most_advanced(tmp_path: Path) -> None:

@@ -90,6 +90,24 @@ function svg(text) {
   return holder;
 }
 
+function curvesBlock(curves) {
+  const block = el("div", { class: "curves" });
+  for (const c of curves) {
+    const state = c.state || c.task_state || "";
+    const head = el("div", { class: "curve-head" }, el("b", {}, "run " + (c.run_name || "?") + " - stage " + c.stage),
+      " ", el("code", { class: "job-id" }, c.job_id), state ? el("span", { class: "muted" }, " " + state.toLowerCase()) : null,
+      c.live ? el("span", { class: "live" }, " live") : null,
+      c.read_age_s !== null ? el("span", { class: "muted" }, " - read " + Math.round(c.read_age_s) + " s ago") : null);
+    const box = el("div", { class: "curve", id: "curve-" + (c.run_name || c.run_id) + "-stage" + c.stage,
+      "data-stage": String(c.stage), "data-run-name": c.run_name, "data-points": String(c.points.loss.length + c.points.val_psnr.length) },
+      head, el("div", { class: "curve-charts" }, svg(c.charts.loss), svg(c.charts.val_psnr)));
+    if (c.problem) box.append(el("p", { class: "muted curve-problem" }, c.problem));
+    if (c.path) box.append(el("div", { class: "muted" }, el("code", {}, c.path)));
+    block.append(box);
+  }
+  return block;
+}
+
 function profileSection(profile) {
   const b = profile.budget;
   const section = el("section", { class: "profile", id: "profile-" + (profile.profile || "none"), "data-profile": profile.profile });
@@ -118,10 +136,17 @@ function profileSection(profile) {
   }
   section.append(source);
   section.append(el("div", { class: "charts" }, svg(profile.charts.burndown), svg(profile.charts.by_stage), svg(profile.charts.by_run)));
+  if (profile.curves && profile.curves.length) {
+    section.append(el("h3", {}, "Training curves"), curvesBlock(profile.curves));
+  }
   section.append(el("h3", {}, "GPU-hours per run and stage"), runStageTable(b));
   section.append(el("h3", {}, "Jobs"), jobsTable(profile.jobs));
   return section;
 }
+
+// While a stage trains, its curve is fetched again every curve_interval_s (the server reads each
+// file at most that often, whatever the number of open pages).
+let nextLoad = null;
 
 function render(view) {
   const main = document.getElementById("profiles");
@@ -132,6 +157,9 @@ function render(view) {
   document.getElementById("status").textContent =
     (view.refreshed ? "refreshed from the cluster " : "loaded ") + new Date().toLocaleTimeString() + " - " + view.jobs + " job record(s)";
   document.body.setAttribute("data-loaded", "true");
+  clearTimeout(nextLoad);
+  const live = view.profiles.some((p) => (p.curves || []).some((c) => c.live));
+  if (live) nextLoad = setTimeout(() => load("api/jobs"), 1000 * (view.curve_interval_s || 30));
   const target = window.location.hash && document.querySelector(window.location.hash);
   if (target) { target.classList.add("highlight"); target.scrollIntoView(); }
 }

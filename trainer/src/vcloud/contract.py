@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 STAGES: tuple[int, ...] = (0, 1, 2, 3)
@@ -44,6 +46,12 @@ to the checkpoint's step and then the resumed run's: each step once, as in an un
 
 TENSORBOARD_DIR = "tensorboard"
 """The stage's TensorBoard event files (the same curve; ``tensorboard --logdir RUN_DIR``)."""
+
+def curve_png_name(stage: int) -> str:
+    """Where the export writes a stage's training-curve plot, relative to the viewer directory (the
+    run summary points at it there)."""
+    return f"curves/stage{stage}.png"
+
 
 DATA_INDEX = "index.json"
 """Written last into a prepared dataset: the dataset is complete when it exists."""
@@ -128,6 +136,50 @@ def parse_metrics_lines(text: str) -> list[dict[str, Any]]:
         if isinstance(record, dict) and "kind" in record and "global_step" in record:
             records.append(record)
     return records
+
+
+CURVE_METRIC = "psnr"
+"""The validation metric a training curve shows next to the loss (the HPC view's and the export's)."""
+
+
+@dataclass(frozen=True)
+class TrainingCurve:
+    """A stage's curve as the HPC view draws it and the export plots it: ``(global_step, value)``
+    pairs in step order, each step once."""
+
+    loss: tuple[tuple[int, float], ...] = ()
+    """Training loss of every train line."""
+    val_psnr: tuple[tuple[int, float], ...] = ()
+    """Validation PSNR (dB) of every validation line; step 0 is the model the stage started from."""
+
+    @property
+    def empty(self) -> bool:
+        return not self.loss and not self.val_psnr
+
+    def to_json(self) -> dict[str, list[list[float]]]:
+        return {"loss": [[s, v] for s, v in self.loss], "val_psnr": [[s, v] for s, v in self.val_psnr]}
+
+
+def _series(records: list[dict[str, Any]], kind: str, key: str) -> tuple[tuple[int, float], ...]:
+    by_step: dict[int, float] = {}
+    for record in records:
+        value, step = record.get(key), record.get("global_step")
+        if record.get("kind") != kind or isinstance(step, bool) or not isinstance(step, int):
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            by_step[step] = float(value)  # a later line of the same step wins, as after a resume
+        else:
+            by_step.pop(step, None)  # null (a NaN loss) leaves a gap rather than an old value
+    return tuple(sorted(by_step.items()))
+
+
+def training_curve(text: str) -> TrainingCurve:
+    """The curve of a ``metrics.jsonl`` text, read as it is, even while the trainer appends to it:
+    torn lines are skipped (:func:`parse_metrics_lines`), a step seen twice keeps its last line, a
+    value that is null (non-finite when written) is left out."""
+    records = parse_metrics_lines(text)
+    return TrainingCurve(loss=_series(records, METRICS_KIND_TRAIN, "loss"),
+                         val_psnr=_series(records, METRICS_KIND_VAL, CURVE_METRIC))
 
 
 # --------------------------------------------------------------------------- progress.json and COMPLETE

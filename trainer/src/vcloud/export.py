@@ -9,7 +9,9 @@ stage's ``best.pt``), writes to ``VIEWER_DIR``:
 - ``geotiff/{series}.tif``: the 13-band prediction in Sentinel-2 L1C digital numbers
   (reflectance x 10000, uint16), with the CRS and affine transform of the input patch;
 - ``metrics.json``: per-series and mean PSNR/SSIM/SAM/MAE/RMSE plus provenance;
-- ``curves/stage{N}.png``: training loss and validation PSNR per epoch of every stage trained.
+- ``curves/stage{N}.png``: training loss and validation PSNR over the steps of every stage trained,
+  from its ``metrics.jsonl`` (the curve the HPC view draws; per epoch from ``progress.json`` for a
+  stage trained before that file existed).
 
 With only stage 0 trained, the "prediction" is the autoencoder's reconstruction of the least
 cloudy input: a baseline that shows what the later stages add.
@@ -29,6 +31,7 @@ import torch
 
 from vcloud import exitcodes
 from vcloud.config import ConfigError, VCloudConfig, load_config
+from vcloud.contract import STAGES, TrainingCurve, curve_png_name, training_curve
 from vcloud.stage_registry import BuildContext, StageError, get_stage, load_stage_model
 from vcloud.training.markers import read_json, write_json
 from vcloud.training.paths import StagePaths
@@ -68,33 +71,62 @@ def to_digital_numbers(prediction: np.ndarray) -> np.ndarray:
     return np.round(np.clip(prediction, 0.0, 1.0) * S2_DN_MAX).astype(np.uint16)
 
 
-def plot_training_curves(progress: dict[str, Any], path: Path) -> None:
-    """Training loss and validation PSNR per epoch from ``progress.json``'s history."""
+def stage_curve(run_dir: Path, stage: int) -> tuple[TrainingCurve, str]:
+    """A stage's training curve and its x axis: from ``metrics.jsonl`` (per step, the curve the HPC
+    view draws) or, for a stage trained before that file existed, ``progress.json``'s history (per
+    epoch). An empty curve when neither has a point."""
+    paths = StagePaths(run_dir, stage)
+    try:
+        curve = training_curve(paths.metrics.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        curve = TrainingCurve()
+    if not curve.empty:
+        return curve, "step"
+    history = (read_json(paths.progress) or {}).get("history") or []
+
+    def per_epoch(key: str) -> tuple[tuple[int, float], ...]:
+        return tuple((int(h["epoch"]), float(h[key])) for h in history if h.get(key) is not None)
+
+    return TrainingCurve(loss=per_epoch("train_loss"), val_psnr=per_epoch("val_psnr")), "epoch"
+
+
+def curve_title(stage: int, progress: dict[str, Any] | None) -> str:
+    """``stage 1: 3/100 epochs, best psnr 24.31 (epoch 2)`` from ``progress.json``."""
+    progress = progress or {}
+    title = f"stage {stage}: {progress.get('epoch')}/{progress.get('epochs_total')} epochs"
+    best = progress.get("best_metric") or {}
+    if best:
+        title += f", best {best['name']} {best['value']:.2f} (epoch {best['epoch']})"
+    return title
+
+
+def plot_training_curve(curve: TrainingCurve, title: str, path: Path, *,
+                        x_label: str = "step") -> TrainingCurve:
+    """Training loss and validation PSNR side by side, written to ``path`` (PNG); returns the
+    series as the axes hold them, read back from the plotted lines."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    history = progress.get("history") or []
-    epochs = [h["epoch"] for h in history]
-    fig, loss_ax = plt.subplots(figsize=(7, 4), dpi=100)
-    loss_ax.plot(epochs, [h["train_loss"] for h in history], color="tab:blue", marker=".", label="train loss")
-    loss_ax.set_xlabel("epoch")
-    loss_ax.set_ylabel("train loss", color="tab:blue")
-    psnr = [(h["epoch"], h["val_psnr"]) for h in history if "val_psnr" in h]
-    if psnr:
-        psnr_ax = loss_ax.twinx()
-        psnr_ax.plot(*zip(*psnr), color="tab:red", marker=".", label="val PSNR")
-        psnr_ax.set_ylabel("validation PSNR (dB)", color="tab:red")
-    best = progress.get("best_metric") or {}
-    title = f"stage {progress.get('stage')}: {progress.get('epoch')}/{progress.get('epochs_total')} epochs"
-    if best:
-        title += f", best {best['name']} {best['value']:.2f} (epoch {best['epoch']})"
-    loss_ax.set_title(title)
+    fig, (loss_ax, psnr_ax) = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
+    drawn = []
+    for ax, points, label, colour in ((loss_ax, curve.loss, "training loss", "tab:blue"),
+                                      (psnr_ax, curve.val_psnr, "validation PSNR (dB)", "tab:red")):
+        (line,) = ax.plot([s for s, _ in points], [v for _, v in points], color=colour,
+                          marker="." if len(points) < 60 else None, linewidth=1.2)
+        ax.set_xlabel(x_label)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        if not points:
+            ax.text(0.5, 0.5, "no point yet", ha="center", va="center", transform=ax.transAxes)
+        drawn.append(tuple((int(x), float(y)) for x, y in line.get_xydata()))
+    fig.suptitle(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
+    return TrainingCurve(loss=drawn[0], val_psnr=drawn[1])
 
 
 def _safe_name(series_id: str) -> str:
@@ -149,11 +181,12 @@ def export_viewer(config: VCloudConfig, data_root: Path, run_dir: Path, dest: Pa
     mean = {name: float(np.mean([s[name] for s in per_series])) if per_series else float("nan")
             for name in METRIC_NAMES}
     curves = []
-    for k in range(4):
-        progress = read_json(StagePaths(run_dir, k).progress)
-        if progress and progress.get("history"):
-            plot_training_curves(progress, dest / "curves" / f"stage{k}.png")
-            curves.append(f"curves/stage{k}.png")
+    for k in STAGES:
+        curve, x_label = stage_curve(run_dir, k)
+        if not curve.empty:
+            plot_training_curve(curve, curve_title(k, read_json(StagePaths(run_dir, k).progress)),
+                                dest / curve_png_name(k), x_label=x_label)
+            curves.append(curve_png_name(k))
     summary = {
         "stage": stage,
         "stage_name": spec.name,
