@@ -1,4 +1,4 @@
-# The dev-cluster: a single-node Slurm (slurmctld, slurmd, slurmdbd, MariaDB, munge) with an SSH
+# The dev-cluster: the local Slurm cluster (slurmctld, six namespaced slurmd nodes, slurmdbd, MariaDB, munge) with an SSH
 # login node, brought up by the same include/local_cluster/cluster.sh that `make cluster-up` runs.
 # Keys, the munge key and the database are created when the container starts, in volumes.
 #

@@ -55,7 +55,7 @@ PROFILES_DIR = Path(__file__).resolve().parents[2] / "include" / "profiles"
 """Where ``load_profile`` looks for ``<name>.yaml`` unless told otherwise."""
 
 DEFAULT_PROFILE = "local"
-"""The embedded default: the local single-node Slurm cluster that stands in for LUMI."""
+"""The embedded default: the local Slurm cluster (namespaced nodes on one machine) that stands in for LUMI."""
 
 OVERRIDES_ENV = "VCLOUD_PROFILE_OVERRIDES"
 """Environment variable holding a JSON object ``{profile name: {overrides}}``."""
