@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[2] / "plugins"))
+sys.path.insert(0, str(HERE.parents[2] / "providers" / "slurm" / "src"))
 
 from slurm_provider import parsers  # noqa: E402
 from slurm_provider.status import resolve_statuses, statuses_from_sacct  # noqa: E402

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from airflow.sdk import BaseHook
 
+from slurm_provider.connection_form import CONN_TYPE, CONNECTION_FIELDS, HOOK_NAME, ui_field_behaviour
 from slurm_provider.commands import (
     LIVE_MARKER,
     JobComment,
@@ -415,16 +416,43 @@ class _CommandCounter:
 class SlurmHook(BaseHook, _CommandCounter):
     """Slurm over SSH for operators and sensors (blocking). One connection, opened on first use.
 
-    :param ssh_conn_id: Airflow SSH connection; its extra ``transport`` picks ``paramiko``
-        (default) or ``openssh`` (ssh_config alias with a shared ControlMaster).
+    :param ssh_conn_id: Airflow connection of type ``slurm`` (or a plain ``ssh`` one); its extra
+        ``transport`` picks ``paramiko`` (default) or ``openssh`` (ssh_config alias with a shared
+        ControlMaster).
     :param command_timeout: seconds any one command may take (sbatch gets at least 120).
     :param runner: a ready transport, instead of the one the connection asks for.
     """
 
     conn_name_attr = "ssh_conn_id"
-    default_conn_name = "ssh_default"
-    conn_type = "ssh"
-    hook_name = "Slurm (SSH)"
+    default_conn_name = "slurm_default"
+    conn_type = CONN_TYPE
+    hook_name = HOOK_NAME
+
+    @classmethod
+    def get_connection_form_widgets(cls) -> dict[str, Any]:
+        """The ``slurm`` form's extra fields as WTForms fields (for Airflow versions that ask the hook).
+
+        Airflow 3.2 and later read the same fields from the provider info without importing this hook.
+        """
+        from wtforms import BooleanField, PasswordField, StringField
+
+        widgets: dict[str, Any] = {}
+        for name, field in CONNECTION_FIELDS.items():
+            kinds = field["schema"]["type"]
+            if "boolean" in kinds:
+                kind = BooleanField
+            elif field["schema"].get("format") == "password":
+                kind = PasswordField
+            else:
+                kind = StringField
+            widgets[name] = kind(field["label"], description=field.get("description", ""),
+                                 default=field["schema"].get("default"))
+        return widgets
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        """Hidden and relabelled standard fields and placeholders of the ``slurm`` form."""
+        return ui_field_behaviour()
 
     def __init__(
         self,
@@ -559,9 +587,9 @@ class SlurmAsyncHook(BaseHook, _CommandCounter):
     """
 
     conn_name_attr = "ssh_conn_id"
-    default_conn_name = "ssh_default"
-    conn_type = "ssh"
-    hook_name = "Slurm (SSH, async)"
+    default_conn_name = "slurm_default"
+    conn_type = CONN_TYPE
+    hook_name = "Slurm (async)"
 
     def __init__(
         self,
