@@ -29,3 +29,7 @@ The training DAG (``dags/vcloud_training.py``) is built from:
 """
 
 from __future__ import annotations
+
+from vcloud_pipeline import hints as _hints
+
+_hints.register()  # the pipeline's failure signatures, wherever its operators run
