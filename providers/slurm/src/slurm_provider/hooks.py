@@ -28,7 +28,6 @@ from typing import Any, TypeVar
 
 from airflow.sdk import BaseHook
 
-from slurm_provider.connection_form import CONN_TYPE, CONNECTION_FIELDS, HOOK_NAME, ui_field_behaviour
 from slurm_provider.commands import (
     LIVE_MARKER,
     JobComment,
@@ -51,6 +50,7 @@ from slurm_provider.commands import (
     build_squeue_by_name,
     build_squeue_own_jobs,
 )
+from slurm_provider.connection_form import CONN_TYPE, CONNECTION_FIELDS, HOOK_NAME, ui_field_behaviour
 from slurm_provider.parsers import (
     LogChunk,
     SacctRow,

@@ -108,7 +108,8 @@ def job_name_for(dag_id: str, task_id: str, run_id: str, map_index: int = -1) ->
 class SlurmSubmitOperator(BaseOperator):
     """Submit a batch script to Slurm and succeed when the job completes.
 
-    :param conn_id: SSH connection of the cluster's login node.
+    :param conn_id: Airflow connection of the cluster's login node (type ``slurm``, or ``ssh`` with the
+        same extras).
     :param script: the complete batch script (``#!/bin/bash`` + ``#SBATCH`` lines + body); sent on
         stdin to ``sbatch --parsable``, never left in a file the user must manage.
     :param log_dir: directory on the cluster for the job's output (``<job name>.<job id>.out``) and
