@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -176,3 +180,24 @@ def test_hint_for_gives_one_text_or_none() -> None:
     assert text is not None
     assert text.startswith("Weights & Biases cannot reach its server: WandB hangs")
     assert "\nHint: Time limit reached: Slurm stopped the job" in text
+
+
+DAG_PROBE = """
+import json, runpy, sys
+from slurm_provider.hints import log_rules
+before = [rule.key for rule in log_rules()]
+runpy.run_path(sys.argv[1])  # what a worker or the DAG processor does with the DAG file
+print(json.dumps({"before": before, "after": [rule.key for rule in log_rules()]}))
+"""
+
+
+def test_a_process_that_loads_the_training_dag_shows_the_pipelines_hints() -> None:
+    """The worker that runs a pipeline job parses the DAG file first, which imports the pipeline."""
+    repo = Path(__file__).resolve().parents[2]
+    path = os.pathsep.join(str(repo / p) for p in ("providers/slurm/src", "plugins", "trainer/src"))
+    proc = subprocess.run([sys.executable, "-c", DAG_PROBE, str(repo / "dags" / "vcloud_training.py")],
+                          env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    keys = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert keys["before"] == ["too_many_processors", "host_out_of_memory", "time_limit"]
+    assert keys["after"] == [rule.key for rule in LOG_RULES] + keys["before"]
