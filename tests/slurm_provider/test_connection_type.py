@@ -151,3 +151,23 @@ def test_a_slurm_connection_runs_a_job(local_cluster, cluster_connection: str, a
     job_id = outcome.result["job_id"]
     assert [run["State"] for run in local_cluster.sacct_runs(int(job_id))] == ["COMPLETED"]
     assert f"[job {job_id}] hello from {job_id}" in outcome.output
+
+
+@pytest.mark.parametrize("transport", ["paramiko", "openssh"])
+def test_the_forms_test_button_logs_in_and_names_slurms_version(local_cluster, cluster_connection: str,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 transport: str) -> None:
+    source = cluster_connection if transport == "paramiko" else f"{cluster_connection}_openssh"
+    conn_id = _set_connection(monkeypatch, f"slurm_button_{transport}",
+                              {**local_cluster.connection(source), "conn_type": "slurm"})
+    ok, message = SlurmHook(conn_id).test_connection()
+    assert ok, message
+    assert re.fullmatch(r"logged in; slurm(-wlm)? \d+\.\d+\.\d+", message), message
+
+
+def test_the_test_button_refuses_a_login_node_with_another_host_key(local_cluster, cluster_connection: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    conn = local_cluster.connection(cluster_connection)
+    conn = {**conn, "conn_type": "slurm", "extra": {**conn["extra"], "host_key": HOST_KEY}}
+    ok, message = SlurmHook(_set_connection(monkeypatch, "slurm_button_impostor", conn)).test_connection()
+    assert not ok and "host key" in message, message

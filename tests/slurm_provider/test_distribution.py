@@ -139,7 +139,9 @@ def test_airflow_lists_the_provider_with_its_connection_form(fresh_venv: FreshVe
         "pm = ProvidersManager()\n"
         "widgets = {k: [v.field_name, v.is_sensitive] for k, v in pm.connection_form_widgets.items()"
         " if k.startswith('extra__slurm__')}\n"
+        "hook = pm.hooks['slurm']\n"
         "print(json.dumps({'widgets': widgets, 'behaviour': pm.field_behaviours.get('slurm'),\n"
+        "                  'hook': [hook.hook_class_name, hook.connection_testable],\n"
         "                  'links': sorted(pm.extra_links_class_names)}))")
     assert form["widgets"]["extra__slurm__transport"] == ["transport", False]
     assert form["widgets"]["extra__slurm__private_key"] == ["private_key", True]
@@ -147,6 +149,7 @@ def test_airflow_lists_the_provider_with_its_connection_form(fresh_venv: FreshVe
             "extra__slurm__key_file"} <= set(form["widgets"])
     assert form["behaviour"]["relabeling"]["host"] == "Login node"
     assert "slurm_provider.links.SlurmJobLogLink" in form["links"]
+    assert form["hook"] == ["slurm_provider.hooks.SlurmHook", True], "the form's Test button asks the hook"
 
 
 def _slurm_connection(cluster: LocalCluster) -> str:

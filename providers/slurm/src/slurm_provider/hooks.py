@@ -568,6 +568,19 @@ class SlurmHook(BaseHook, _CommandCounter):
         not list the account. Raises :class:`SlurmCommandFailed` when sshare fails (no accounting)."""
         return self._drive(account_tres_plan(account, tres))
 
+    def test_connection(self) -> tuple[bool, str]:
+        """What the connection form's Test button shows: log in and ask Slurm for its version."""
+        try:
+            result = self.runner.run("sinfo --version", timeout=self.command_timeout)
+        except (TransportError, ValueError) as exc:  # ValueError: extras the transport cannot use
+            return False, str(exc)
+        finally:
+            self.close()
+        if not result.ok:
+            detail = (result.stderr or result.stdout).strip() or f"exit status {result.exit_status}"
+            return False, f"logged in, but 'sinfo --version' failed ({detail}): is Slurm on the login node's PATH?"
+        return True, f"logged in; {result.stdout.strip()}"
+
     def close(self) -> None:
         if self._runner is not None:
             self._runner.close()
