@@ -9,6 +9,9 @@ PYTHON ?= /usr/bin/python3
 VENV := .venv
 VENV_PY := $(VENV)/bin/python
 VENV_STAMP := $(VENV)/.lock.sha256
+# The Slurm provider distribution, installed editable into the venv.
+PROVIDER := providers/slurm
+PROVIDER_STAMP := $(VENV)/.provider.sha256
 CLUSTER := include/local_cluster/cluster.sh
 CLUSTER_DIR ?= /var/lib/vcloud-localcluster
 PYTEST_ARGS ?=
@@ -26,7 +29,7 @@ help:
 	@echo "make cluster-up    start the local Slurm cluster and its SSH login node (idempotent)"
 	@echo "make cluster-down  stop the daemons cluster-up started"
 	@echo "make image         build the local cluster's trainer image (Charliecloud) if missing or stale"
-	@echo "make venv          create .venv from requirements-lock.txt"
+	@echo "make venv          create .venv from requirements-lock.txt, with the Slurm provider (editable)"
 
 system-packages:
 	@if ! $(PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1; then \
@@ -34,7 +37,8 @@ system-packages:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null; \
 	fi
 
-# Rebuilt when requirements-lock.txt changes.
+# Rebuilt when requirements-lock.txt changes; the Slurm provider (editable) is reinstalled when its
+# pyproject.toml changes (entry points and dependencies live there).
 venv: system-packages
 	@want=$$(sha256sum requirements-lock.txt | cut -d' ' -f1); \
 	if [ -x $(VENV_PY) ] && [ "$$(cat $(VENV_STAMP) 2>/dev/null)" = "$$want" ]; then exit 0; fi; \
@@ -43,6 +47,12 @@ venv: system-packages
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements-lock.txt 2>&1 | grep -v '^WARNING: Location' ; \
 	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps -e trainer 2>&1 | grep -v '^WARNING: Location' ; \
 	$(VENV_PY) -c 'import airflow, torch, rasterio, tifffile, vcloud' && echo "$$want" > $(VENV_STAMP)
+	@want=$$(sha256sum $(PROVIDER)/pyproject.toml | cut -d' ' -f1); \
+	if [ "$$(cat $(PROVIDER_STAMP) 2>/dev/null)" = "$$want" ]; then exit 0; fi; \
+	echo "installing $(PROVIDER) (editable) into $(VENV)"; \
+	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e $(PROVIDER) 2>&1 \
+	  | grep -v '^WARNING: Location' ; \
+	$(VENV_PY) -c 'import slurm_provider.get_provider_info' && echo "$$want" > $(PROVIDER_STAMP)
 
 cluster-up: venv
 	@bash $(CLUSTER) up

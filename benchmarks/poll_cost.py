@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "plugins")]
+sys.path[:0] = [str(REPO / "providers" / "slurm" / "src")]
 CONN_ENV = Path("/var/lib/vcloud-localcluster/airflow_conn.env")
 
 

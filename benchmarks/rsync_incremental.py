@@ -28,7 +28,7 @@ import time
 from pathlib import Path, PurePosixPath
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "plugins"), str(REPO / "trainer" / "src")]
+sys.path[:0] = [str(REPO / "providers" / "slurm" / "src"), str(REPO / "plugins"), str(REPO / "trainer" / "src")]
 CONN_ENV = Path(os.environ.get("VCLOUD_CLUSTER_DIR", "/var/lib/vcloud-localcluster")) / "airflow_conn.env"
 
 from slurm_provider.transport import runner_for_connection  # noqa: E402

@@ -50,7 +50,7 @@ export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="sqlite:///${AIRFLOW_HOME}/airflow.db
 export AIRFLOW__LOGGING__BASE_LOG_FOLDER="${AIRFLOW_HOME}/logs"
 # One line per event that matters: not every SSH channel the status polls open.
 export AIRFLOW__LOGGING__NAMESPACE_LEVELS="asyncssh=WARNING paramiko=WARNING"
-export PYTHONPATH="${REPO}/plugins:${REPO}/trainer/src:${REPO}${PYTHONPATH:+:${PYTHONPATH}}"
+export PYTHONPATH="${REPO}/providers/slurm/src:${REPO}/plugins:${REPO}/trainer/src:${REPO}${PYTHONPATH:+:${PYTHONPATH}}"
 # The cluster's SSH login as Airflow connections (AIRFLOW_CONN_VCLOUD_LOCAL_CLUSTER, ...).
 set -a
 # shellcheck source=/dev/null

@@ -2,7 +2,8 @@
 
 ``airflow standalone`` starts the API server, the scheduler (LocalExecutor), the DAG processor and
 the triggerer, the components a deployment runs, configured the way ``include/demo.sh`` configures
-``airflow dags test``: this checkout's ``dags/`` and ``plugins/``, the local cluster's connections
+``airflow dags test``: this checkout's ``dags/``, ``plugins/`` and Slurm provider source (first on
+``PYTHONPATH``, so it wins over any installed copy), the local cluster's connections
 from the environment, and one known user of the simple auth manager.
 """
 
@@ -36,7 +37,8 @@ def airflow_env(home: Path, port: int, project_dir: str, *, schedule: str = "non
     ~5 s of the deferral); 1 s is fine for ``airflow dags test``, which runs them inline.
     """
     env = dict(os.environ)
-    pythonpath = os.pathsep.join([str(REPO / "plugins"), str(REPO / "trainer" / "src"), str(REPO)])
+    pythonpath = os.pathsep.join([str(REPO / "providers" / "slurm" / "src"), str(REPO / "plugins"),
+                                  str(REPO / "trainer" / "src"), str(REPO)])
     env.update({
         "PYTHONPATH": pythonpath + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",

@@ -31,7 +31,7 @@ from vcloud_pipeline.budget import billed_hours, worst_case
 from vcloud_pipeline.job_operator import PipelineJobOperator
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.layout import run_paths
-from vcloud_pipeline.preflight import ledger_from_statuses, usage_of
+from vcloud_pipeline.preflight import PROJECT_TAG, ledger_from_statuses, usage_of
 from vcloud_pipeline.profiles import load_profile
 from vcloud_pipeline.render import render_job
 from vcloud_pipeline.stage_decisions import StagePlan, completion_record
@@ -254,7 +254,8 @@ LUMI_RUNS = [
 
 
 def _lumi_run(job_id: str, partition: str, nodes: str, gpus: int, elapsed: int) -> JobStatus:
-    comment = JobComment(dag="vcloud_training", task="stage1", run="r1", attempt=1, stage="stage1").to_json()
+    comment = JobComment(dag="vcloud_training", task="stage1", run="r1", attempt=1, stage="stage1",
+                         project=PROJECT_TAG).to_json()
     return JobStatus(job_id=job_id, state=SlurmState.COMPLETED, gpus=gpus, elapsed_s=elapsed, partition=partition,
                      account="project_465002500", comment=comment, node_list=nodes, source="sacct")
 

@@ -2,7 +2,7 @@
 
 Run by the ``airflow-init`` service of docker-compose.yaml on the connections file the secrets
 backend reads (``LocalFilesystemBackend``, JSON ``{conn_id: {conn_type, host, login, extra}}``),
-before any Airflow service starts: every SSH connection must pin the host key (``host_key``
+before any Airflow service starts: every SSH or Slurm connection must pin the host key (``host_key``
 extra) or use the openssh transport with an ssh_config that checks a known_hosts file, and
 ``no_host_key_check`` must not be true. Key files named in the connections must exist and be
 private (mode 600 or stricter).
@@ -24,9 +24,13 @@ def _truthy(value: Any) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
+LOGIN_TYPES = ("ssh", "slurm")
+"""Connection types that log in over SSH (the Slurm provider's own type reads the same extras)."""
+
+
 def problems_of(conn_id: str, conn: dict[str, Any]) -> list[str]:
     """What is wrong with one connection (empty: fine)."""
-    if str(conn.get("conn_type", "")).lower() != "ssh":
+    if str(conn.get("conn_type", "")).lower() not in LOGIN_TYPES:
         return []
     extra = conn.get("extra") or {}
     if isinstance(extra, str):

@@ -1,8 +1,13 @@
-"""Registers the HPC view with Airflow: its FastAPI app, a navigation entry and a task tab."""
+"""Registers the HPC view with Airflow: its FastAPI app, a navigation entry and a task tab.
+
+Loading it also points the Slurm operator's extra link at the view's row of the task's job.
+"""
 
 from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
+
+from slurm_provider.links import register_job_view
 
 from hpc_view.app import URL_PREFIX, app
 
@@ -19,6 +24,8 @@ TASK_INSTANCE_VIEW = {
     "destination": "task_instance",
     "url_route": "hpc-view-task",
 }
+
+register_job_view(URL_PREFIX + "/")
 
 
 class HpcViewPlugin(AirflowPlugin):

@@ -27,6 +27,12 @@ The training DAG (``dags/vcloud_training.py``) is built from:
 - :mod:`vcloud_pipeline.job_operator`     ``PipelineJobOperator``: the Slurm operator bound to a run
 - :mod:`vcloud_pipeline.assets`           stage checkpoints and the viewer export as Airflow Assets
 - :mod:`vcloud_pipeline.report`           a run's outputs and the ledger (``python -m vcloud_pipeline.report``)
+- :mod:`vcloud_pipeline.hints`            the pipeline's and its sites' failure signatures, registered with the
+  Slurm provider's hints on import
 """
 
 from __future__ import annotations
+
+from vcloud_pipeline import hints as _hints
+
+_hints.register()  # the pipeline's failure signatures, wherever its operators run

@@ -24,7 +24,7 @@ from vcloud.contract import best_checkpoint_metrics, completed_epochs, final_met
 from vcloud_pipeline import job_exits
 from vcloud_pipeline.assets import asset_for
 from vcloud_pipeline.budget import Allocation, BudgetExceeded, billed_hours, check_budget
-from vcloud_pipeline.preflight import read_allocation, read_ledger, usage_of
+from vcloud_pipeline.preflight import PROJECT_TAG, read_allocation, read_ledger, usage_of
 from vcloud_pipeline.profiles import ClusterProfile
 from vcloud_pipeline.remote import move_aside
 from vcloud_pipeline.stage_decisions import (
@@ -79,6 +79,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
         kwargs.setdefault("script", _PLACEHOLDER_SCRIPT)
         kwargs.setdefault("log_dir", "/unbound")
         kwargs.setdefault("exit_code_meanings", job_exits.MEANINGS)
+        kwargs.setdefault("project_tag", PROJECT_TAG)
         super().__init__(stage=job, **kwargs)
         self.job = job
         self.plan_task = plan_task

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from slurm_provider.cli.sbatch import PROJECT_TAG, parse_job_comment
+from slurm_provider.cli.sbatch import parse_job_comment
 from slurm_provider.hooks import SlurmCommandFailed
 from slurm_provider.cli.values import expand_hostlist
 from slurm_provider.job_status import JobStatus
@@ -41,6 +41,9 @@ from vcloud_pipeline.render import RenderedJob
 
 LEDGER_SINCE = "now-365days"
 """How far back the ledger reads sacct: allocations on LUMI run for a year."""
+
+PROJECT_TAG = "vcloud"
+"""The ``project`` of every pipeline job's comment (``PipelineJobOperator``): the ledger counts these jobs."""
 
 
 class PreflightError(RuntimeError):

@@ -96,6 +96,10 @@ def test_the_airflow_image_bakes_in_the_locked_requirements() -> None:
     assert "COPY --chown=airflow:root requirements-lock.txt" in text
     assert "-r /opt/vcloud/requirements-lock.txt" in text
     assert "_PIP_ADDITIONAL_REQUIREMENTS" not in COMPOSE.read_text()
+    # the Slurm provider is a distribution of its own, installed after the lock (whose pins it keeps)
+    assert "COPY --chown=airflow:root providers/slurm /opt/vcloud/providers/slurm" in text
+    assert 'pip install --no-cache-dir "apache-airflow==3.3.2" /opt/vcloud/providers/slurm' in text
+    assert text.index("-r /opt/vcloud/requirements-lock.txt") < text.index("/opt/vcloud/providers/slurm")
     cluster = (DOCKER / "cluster.Dockerfile").read_text()
     assert cluster.startswith("#") and "FROM debian:12" in cluster
     assert "cluster.sh install" in cluster
@@ -129,6 +133,8 @@ def test_connection_check_refuses_unpinned_host_keys(tmp_path: Path) -> None:
                                                               "host_key": "ssh-ed25519 AAAA"}}
     assert any("no_host_key_check" in p for p in problems_of("bad", unchecked))
     assert any("no host_key" in p for p in problems_of("bare", {"conn_type": "ssh", "extra": {}}))
+    assert any("no host_key" in p for p in problems_of("bare", {"conn_type": "slurm", "extra": {}}))
+    assert problems_of("good", {**good, "conn_type": "slurm"}) == []
     key.chmod(0o644)
     assert any("chmod 600" in p for p in problems_of("open", good))
     example = json.loads((DOCKER / "examples" / "connections.json").read_text())

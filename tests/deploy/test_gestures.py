@@ -198,6 +198,10 @@ def test_a_job_that_fails_fails_its_task_without_a_retry(deployment: dict[str, A
     log = _task_log(api, run_id)
     said = f"Slurm job {job['job_id']} ended FAILED"
     assert any(said in line and "Exit code 3." in line for line in log), log
+    # The worker loaded the deployment's plugins: the HPC view took the provider's extra link.
+    links = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{TASK_ID}/links")
+    expected = f"{api.base}/hpc-view/?dag_id={DAG_ID}&run_id={run_id}&task_id={TASK_ID}#job-{job['job_id']}"
+    assert links["extra_links"]["Slurm job"] == expected, links
 
 
 def test_marking_a_deferred_task_failed_cancels_its_job(deployment: dict[str, Any],

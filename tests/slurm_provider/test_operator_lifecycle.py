@@ -94,14 +94,14 @@ def test_completed_job_succeeds_with_summary(local_cluster: LocalCluster, capfd:
 def test_failed_job_reports_exit_code_log_tail_and_hint(local_cluster: LocalCluster,
                                                          capfd: pytest.CaptureFixture) -> None:
     log_dir = local_cluster.test_dir()
-    body = "echo 'ModuleNotFoundError: No module named '\"'\"'vcloud.data'\"'\"''; exit 3"
+    body = "echo 'srun: error: Unable to create step for job 7: More processors requested than permitted' >&2; exit 3"
     outcome = run_lifecycle(capfd, script=_script(body), log_dir=log_dir)
     assert outcome.state == "failed"
     (job_id,) = _jobs_of(local_cluster, outcome)
     assert f"Slurm job {job_id} ended FAILED" in outcome.output
     assert "Exit code 3." in outcome.output
-    assert "No module named 'vcloud.data'" in outcome.output
-    assert "Hint:" in outcome.output and "/data" in outcome.output
+    assert "More processors requested than permitted" in outcome.output
+    assert "Hint: More CPUs requested than the node has: " in outcome.output and "--cpus-per-task" in outcome.output
 
 
 PROGRESS_SCRIPT = """

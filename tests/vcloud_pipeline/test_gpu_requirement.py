@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 
-from slurm_provider.hints import LOG_RULES, find_hints
+from slurm_provider.hints import find_hints
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.job_status import JobStatus
 from vcloud import exitcodes as trainer_exitcodes
 from vcloud.training import distributed
 from vcloud_pipeline import job_exits as exitcodes
+from vcloud_pipeline.hints import LOG_RULES
 from vcloud_pipeline.job_operator import GPUS_NOT_VISIBLE, PipelineJobOperator
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.layout import run_paths

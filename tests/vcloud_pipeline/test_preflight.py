@@ -15,6 +15,7 @@ from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.job_status import JobStatus
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.preflight import (
+    PROJECT_TAG,
     PreflightError,
     check_jobs_budget,
     ledger_from_statuses,
@@ -30,7 +31,7 @@ def job(job_id: str, state: SlurmState, *, gpus: int, elapsed: int, partition: s
         stage: str | None = "stage1", account: str = "project_465002500", comment: str | None = None,
         nodes: str = "nid005001", limit: int | None = None) -> JobStatus:
     text = comment if comment is not None else JobComment(dag="vcloud_training", task=stage or "t", run="r1",
-                                                          attempt=1, stage=stage).to_json()
+                                                          attempt=1, stage=stage, project=PROJECT_TAG).to_json()
     return JobStatus(job_id=job_id, state=state, gpus=gpus, elapsed_s=elapsed, partition=partition,
                      account=account, comment=text, node_list=nodes, time_limit_s=limit, source="sacct")
 

@@ -17,7 +17,7 @@ REPO="$(cd "$HERE/../../.." && pwd)"
 PY="$REPO/.venv/bin/python"
 USER_NAME=vcloud
 WORK=/home/vcloud/slurm_provider_golden   # on the cluster's shared file system
-export PYTHONPATH="$REPO/plugins"
+export PYTHONPATH="$REPO/providers/slurm/src"
 
 build() {  # build 'c.build_squeue([1, 2])' -> the command line (c: every slurm_provider.cli module's names)
     "$PY" -c 'import sys, types

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[2] / "plugins"))
+sys.path.insert(0, str(HERE.parents[2] / "providers" / "slurm" / "src"))
 
 from slurm_provider.cli.job_files import parse_log_chunk, parse_progress  # noqa: E402
 from slurm_provider.cli.sacct import latest_job_rows, parse_sacct  # noqa: E402

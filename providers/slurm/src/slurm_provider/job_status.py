@@ -56,11 +56,10 @@ def gpu_hours(gpus: int, elapsed_s: float, billing_factor: float = 1.0) -> float
     """Billed GPUs x elapsed hours x ``billing_factor``: what a job costs, the one GPU-hour formula.
 
     It is what Slurm bills where ``TRESBillingWeights`` gives a GPU the weight 1.0 (billing-minutes /
-    60), times the site's units per GPU-hour. On LUMI the budget is counted per GCD-hour and every
-    GCD shows up as one GPU, so the factor is 1.0 (8 GCDs for 3 days = 576 GPU-hours); a site billing
-    whole MI250X cards would use 0.5. Which GPUs are billed is the site's rule (whole nodes on
-    full-node partitions, see ``vcloud_pipeline.budget.billed_gpus``); a negative elapsed time counts
-    as none.
+    60), times the site's units per GPU-hour. Where each GPU Slurm schedules is billed as one unit
+    the factor is 1.0 (8 GPUs for 3 days = 576 GPU-hours); a site billing whole dual-die cards, each
+    scheduled as two GPUs, would use 0.5. Which GPUs are billed is the site's rule (e.g. whole nodes
+    on full-node partitions); a negative elapsed time counts as none.
     """
     if not gpus or elapsed_s <= 0:
         return 0.0
@@ -86,7 +85,7 @@ class JobStatus:
     """How many times the job was requeued (preemption, node failure, ``scontrol requeue``)."""
     node_list: str | None = None
     gpus: int = 0
-    """GPUs allocated (LUMI: GCDs), from the allocated TRES."""
+    """GPUs allocated (each GPU Slurm schedules), from the allocated TRES."""
     start: str | None = None
     end: str | None = None
     submit: str | None = None

@@ -1,8 +1,8 @@
-"""Transport through the system OpenSSH client and the user's ssh_config alias (e.g. ``lumi2``).
+"""Transport through the system OpenSSH client and the user's ssh_config alias (e.g. ``cluster``).
 
-Logins that need a one-time password (LUMI, other CSC machines) cannot be automated. They can be
+Logins that need a one-time password (many national supercomputers) cannot be automated. They can be
 *shared*: with ``ControlMaster auto``, ``ControlPath`` and ``ControlPersist`` in the alias, a
-person runs ``ssh lumi2`` once in a terminal, types the code, and every later ``ssh lumi2 ...``
+person runs ``ssh cluster`` once in a terminal, types the code, and every later ``ssh cluster ...``
 rides that authenticated master connection without asking again. This runner is such a later
 ``ssh``: it always passes ``BatchMode=yes`` so it can never stop at a prompt, and when no master
 is up and the login is refused it says so, with the command the person has to run.
@@ -75,7 +75,7 @@ class OpenSSHTarget:
     """Where and how the system ``ssh`` client logs in, from the connection's extras."""
 
     alias: str
-    """Host alias in the ssh config (``lumi2``); the config decides host name, user, key, master."""
+    """Host alias in the ssh config (``cluster``); the config decides host name, user, key, master."""
     config_file: str | None = None
     """``-F`` file; None means the user's ``~/.ssh/config`` (and the system-wide one)."""
     host_key: str | None = None
@@ -88,7 +88,7 @@ class OpenSSHTarget:
         if not isinstance(self.alias, str) or not _ALIAS.match(self.alias):
             raise TransportConfigError(
                 f"ssh_alias {self.alias!r} is not a host alias (letters, digits and _.@:%+- ; not starting "
-                "with '-'), e.g. 'lumi2'"
+                "with '-'), e.g. 'cluster'"
             )
         if self.config_file is not None and not Path(self.config_file).is_file():
             raise TransportConfigError(
@@ -110,7 +110,7 @@ class OpenSSHTarget:
         alias = extra.get("ssh_alias") or host
         if not alias:
             raise TransportConfigError(
-                "transport 'openssh' needs the connection extra ssh_alias (e.g. 'lumi2')"
+                "transport 'openssh' needs the connection extra ssh_alias (e.g. 'cluster')"
             )
         config_file = extra.get("ssh_config_file")
         host_key = extra.get("host_key")

@@ -95,7 +95,7 @@ def parse_tres(text: str | None) -> dict[str, str]:
 
 
 def gpus_from_tres(text: str | None) -> int:
-    """Number of GPUs (LUMI: GCDs) in a TRES string.
+    """Number of GPUs (each GPU Slurm schedules, e.g. one GCD of a dual-die card) in a TRES string.
 
     Slurm reports typed GPUs twice (``gres/gpu=8,gres/gpu:mi250=8``); the untyped total wins,
     otherwise the typed counts are summed.

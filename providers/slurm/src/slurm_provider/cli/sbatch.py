@@ -36,7 +36,8 @@ MAX_HEREDOC_BYTES = 100_000
 """A heredoc travels inside the SSH exec request; Linux caps one argument at 128 KiB."""
 
 
-PROJECT_TAG = "vcloud"
+DEFAULT_PROJECT_TAG = "airflow"
+"""The job comment's ``project`` unless the operator is given its own ``project_tag``."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class JobComment:
     run: str
     attempt: int
     stage: str | None = None
-    project: str = PROJECT_TAG
+    project: str = DEFAULT_PROJECT_TAG
     clear: int = 0
     """The DAG run's clear count: after a clear, the task's earlier jobs are no longer its own."""
     place: str | None = None
@@ -101,7 +102,7 @@ def parse_job_comment(text: str | None) -> JobComment | None:
             run=str(data["run"]),
             attempt=int(data["attempt"]),
             stage=None if data.get("stage") is None else str(data["stage"]),
-            project=str(data.get("project", PROJECT_TAG)),
+            project=str(data.get("project", DEFAULT_PROJECT_TAG)),
             clear=int(data.get("clear", 0)),
             place=None if data.get("place") is None else str(data["place"]),
             code=None if data.get("code") is None else str(data["code"]),

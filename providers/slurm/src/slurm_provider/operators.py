@@ -32,11 +32,17 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from slurm_provider.cli.job_files import job_log_name
-from slurm_provider.cli.sbatch import JobComment, exclusive_dir_marker, parse_job_comment
+from slurm_provider.cli.sbatch import (
+    DEFAULT_PROJECT_TAG,
+    JobComment,
+    SbatchRefused,
+    exclusive_dir_marker,
+    parse_job_comment,
+)
 from slurm_provider.exit_codes import explain_exit
 from slurm_provider.hints import find_submit_hints, format_hints, hint_for
+from slurm_provider.job_status import JobStatus
 from slurm_provider.links import JOB_ID_XCOM_KEY, SlurmJobLogLink
-from slurm_provider.cli.sbatch import SbatchRefused
 from slurm_provider.resubmission import (
     DEFAULT_BUDGETS,
     Submission,
@@ -44,7 +50,6 @@ from slurm_provider.resubmission import (
     decide_resubmission,
 )
 from slurm_provider.state_vocabulary import StateCategory
-from slurm_provider.job_status import JobStatus
 from slurm_provider.transport import TransportError
 from slurm_provider.triggers import ERROR, FINISHED, LOST, NEVER_STARTS, SlurmJobTrigger
 from slurm_provider.validation import (
@@ -103,7 +108,8 @@ def job_name_for(dag_id: str, task_id: str, run_id: str, map_index: int = -1) ->
 class SlurmSubmitOperator(BaseOperator):
     """Submit a batch script to Slurm and succeed when the job completes.
 
-    :param conn_id: SSH connection of the cluster's login node.
+    :param conn_id: Airflow connection of the cluster's login node (type ``slurm``, or ``ssh`` with the
+        same extras).
     :param script: the complete batch script (``#!/bin/bash`` + ``#SBATCH`` lines + body); sent on
         stdin to ``sbatch --parsable``, never left in a file the user must manage.
     :param log_dir: directory on the cluster for the job's output (``<job name>.<job id>.out``) and
@@ -113,6 +119,8 @@ class SlurmSubmitOperator(BaseOperator):
         ``--output``, ``--comment``, ``--parsable``...) are refused.
     :param export: extra environment variables for the job (``--export=ALL,K=V``).
     :param stage: a label stored in the job comment (e.g. the training stage).
+    :param project_tag: the ``project`` of the job comment (default ``airflow``): tells one project's
+        jobs from another's in ``squeue``/``sacct`` (``--comment``), e.g. for a ledger of its GPU-hours.
     :param code_version: the version of the code the script runs (e.g. a content hash), stored in
         the job comment so that cleanups on the cluster keep what live jobs use, and so that a live
         job of ``exclusive_dir`` running other code is never adopted.
@@ -122,7 +130,7 @@ class SlurmSubmitOperator(BaseOperator):
         ``PREEMPTED``, ``BOOT_FAIL``).
     :param pending_policy: ``fail`` (default) or ``warn`` when the pending reason means the job can
         never start.
-    :param gpu_billing_factor: GPU-hours billed per GPU wall-hour (1.0 on LUMI: one GCD-hour each).
+    :param gpu_billing_factor: GPU-hours billed per GPU wall-hour (1.0 where one GPU-hour is billed as one).
     :param exit_code_meanings: what the script's own exit codes mean (``{86: "..."}``), said in the
         failure message next to Slurm's state; signals and shell codes are explained without it.
     :param exclusive_dir: the directory on the cluster the job writes (e.g. a training stage's
@@ -157,7 +165,7 @@ class SlurmSubmitOperator(BaseOperator):
                  poll_interval: float = 15.0, max_poll_interval: float = 300.0,
                  first_poll_delay: float = 10.0, gpu_billing_factor: float = 1.0,
                  exit_code_meanings: Mapping[int, str] | None = None, exclusive_dir: str | None = None,
-                 hint_overrides: Mapping[str, str] | None = None,
+                 hint_overrides: Mapping[str, str] | None = None, project_tag: str = DEFAULT_PROJECT_TAG,
                  retries: int | None = DEFAULT_RETRIES, retry_delay: timedelta | float = DEFAULT_RETRY_DELAY,
                  retry_exponential_backoff: float = DEFAULT_RETRY_EXPONENTIAL_BACKOFF,
                  max_retry_delay: timedelta | float | None = DEFAULT_MAX_RETRY_DELAY,
@@ -186,6 +194,7 @@ class SlurmSubmitOperator(BaseOperator):
         self.exit_code_meanings = {int(k): str(v) for k, v in (exit_code_meanings or {}).items()}
         self.exclusive_dir = exclusive_dir
         self.hint_overrides = dict(hint_overrides or {})
+        self.project_tag = project_tag
         self.keep_job_on_give_up = keep_job_on_give_up
 
     # --- execute: adopt or submit, then defer ------------------------------------------------------
@@ -516,6 +525,8 @@ class SlurmSubmitOperator(BaseOperator):
         if not isinstance(self.script, str) or not self.script.startswith("#!"):
             raise ValidationError("script", "must be a complete batch script starting with '#!'")
         validate_remote_path(self.log_dir, "log_dir", absolute=True)
+        if not isinstance(self.project_tag, str) or not self.project_tag.strip():
+            raise ValidationError("project_tag", "must be a non-empty name such as 'airflow' or your project's")
         if self.partition is not None:
             validate_partition(self.partition)
         if self.account is not None:
@@ -556,6 +567,7 @@ class SlurmSubmitOperator(BaseOperator):
     def _comment(self, context: Any, number: int) -> JobComment:
         ti = context["ti"]
         return JobComment(dag=ti.dag_id, task=ti.task_id, run=ti.run_id, attempt=number, stage=self.stage,
+                          project=self.project_tag,
                           clear=self._clear_number(context), place=self._place(), code=self.code_version or None,
                           xdir=exclusive_dir_marker(self.exclusive_dir) if self.exclusive_dir else None)
 

@@ -28,39 +28,48 @@ from typing import Any, TypeVar
 
 from airflow.sdk import BaseHook
 
-from slurm_provider.cli.job_files import build_file_sizes, build_read_log, build_read_progress
-from slurm_provider.cli.sacct import build_sacct, build_sacct_by_name, build_sacct_own_jobs
+from slurm_provider.cli.job_files import (
+    LogChunk,
+    build_file_sizes,
+    build_read_log,
+    build_read_progress,
+    parse_log_chunk,
+    parse_progress,
+)
+from slurm_provider.cli.sacct import (
+    SacctRow,
+    build_sacct,
+    build_sacct_by_name,
+    build_sacct_own_jobs,
+    parse_sacct,
+    runs_of,
+)
 from slurm_provider.cli.sbatch import (
     LIVE_MARKER,
     JobComment,
+    SubmitResult,
+    TestOnlyResult,
     build_exclusive_sbatch_submit,
     build_sbatch_submit,
     build_sbatch_test_only,
     exclusive_dir_marker,
+    parse_sbatch_parsable,
+    parse_sbatch_test_only,
 )
 from slurm_provider.cli.scancel import build_scancel
-from slurm_provider.cli.scontrol import build_scontrol_show_job
-from slurm_provider.cli.sinfo import build_sinfo_unavailable_nodes
+from slurm_provider.cli.scontrol import build_scontrol_show_job, parse_scontrol_show_job
+from slurm_provider.cli.sinfo import build_sinfo_unavailable_nodes, parse_sinfo_unavailable
 from slurm_provider.cli.squeue import (
+    SqueueRow,
     build_squeue,
     build_squeue_by_name,
     build_squeue_live_own_jobs,
     build_squeue_own_jobs,
+    parse_squeue,
 )
-from slurm_provider.cli.sshare import build_sshare_account
-from slurm_provider.cli.job_files import LogChunk, parse_log_chunk, parse_progress
-from slurm_provider.cli.sacct import SacctRow, parse_sacct, runs_of
-from slurm_provider.cli.sbatch import (
-    SubmitResult,
-    TestOnlyResult,
-    parse_sbatch_parsable,
-    parse_sbatch_test_only,
-)
-from slurm_provider.cli.scontrol import parse_scontrol_show_job
-from slurm_provider.cli.sinfo import parse_sinfo_unavailable
-from slurm_provider.cli.squeue import SqueueRow, parse_squeue
-from slurm_provider.cli.sshare import TresMinutes, account_tres_minutes, parse_sshare
+from slurm_provider.cli.sshare import TresMinutes, account_tres_minutes, build_sshare_account, parse_sshare
 from slurm_provider.cli.values import SlurmOutputError, is_invalid_job_id_error
+from slurm_provider.connection_form import CONN_TYPE, CONNECTION_FIELDS, HOOK_NAME, ui_field_behaviour
 from slurm_provider.job_status import JobStatus, resolve_statuses
 from slurm_provider.transport import (
     AsyncRemoteCommandRunner,
@@ -405,16 +414,43 @@ class _CommandCounter:
 class SlurmHook(BaseHook, _CommandCounter):
     """Slurm over SSH for operators and sensors (blocking). One connection, opened on first use.
 
-    :param ssh_conn_id: Airflow SSH connection; its extra ``transport`` picks ``paramiko``
-        (default) or ``openssh`` (ssh_config alias with a shared ControlMaster).
+    :param ssh_conn_id: Airflow connection of type ``slurm`` (or a plain ``ssh`` one); its extra
+        ``transport`` picks ``paramiko`` (default) or ``openssh`` (ssh_config alias with a shared
+        ControlMaster).
     :param command_timeout: seconds any one command may take (sbatch gets at least 120).
     :param runner: a ready transport, instead of the one the connection asks for.
     """
 
     conn_name_attr = "ssh_conn_id"
-    default_conn_name = "ssh_default"
-    conn_type = "ssh"
-    hook_name = "Slurm (SSH)"
+    default_conn_name = "slurm_default"
+    conn_type = CONN_TYPE
+    hook_name = HOOK_NAME
+
+    @classmethod
+    def get_connection_form_widgets(cls) -> dict[str, Any]:
+        """The ``slurm`` form's extra fields as WTForms fields (for Airflow versions that ask the hook).
+
+        Airflow 3.2 and later read the same fields from the provider info without importing this hook.
+        """
+        from wtforms import BooleanField, PasswordField, StringField
+
+        widgets: dict[str, Any] = {}
+        for name, field in CONNECTION_FIELDS.items():
+            kinds = field["schema"]["type"]
+            if "boolean" in kinds:
+                kind = BooleanField
+            elif field["schema"].get("format") == "password":
+                kind = PasswordField
+            else:
+                kind = StringField
+            widgets[name] = kind(field["label"], description=field.get("description", ""),
+                                 default=field["schema"].get("default"))
+        return widgets
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        """Hidden and relabelled standard fields and placeholders of the ``slurm`` form."""
+        return ui_field_behaviour()
 
     def __init__(
         self,
@@ -530,6 +566,19 @@ class SlurmHook(BaseHook, _CommandCounter):
         not list the account. Raises :class:`SlurmCommandFailed` when sshare fails (no accounting)."""
         return self._drive(account_tres_plan(account, tres))
 
+    def test_connection(self) -> tuple[bool, str]:
+        """What the connection form's Test button shows: log in and ask Slurm for its version."""
+        try:
+            result = self.runner.run("sinfo --version", timeout=self.command_timeout)
+        except (TransportError, ValueError) as exc:  # ValueError: extras the transport cannot use
+            return False, str(exc)
+        finally:
+            self.close()
+        if not result.ok:
+            detail = (result.stderr or result.stdout).strip() or f"exit status {result.exit_status}"
+            return False, f"logged in, but 'sinfo --version' failed ({detail}): is Slurm on the login node's PATH?"
+        return True, f"logged in; {result.stdout.strip()}"
+
     def close(self) -> None:
         if self._runner is not None:
             self._runner.close()
@@ -549,9 +598,9 @@ class SlurmAsyncHook(BaseHook, _CommandCounter):
     """
 
     conn_name_attr = "ssh_conn_id"
-    default_conn_name = "ssh_default"
-    conn_type = "ssh"
-    hook_name = "Slurm (SSH, async)"
+    default_conn_name = "slurm_default"
+    conn_type = CONN_TYPE
+    hook_name = "Slurm (async)"
 
     def __init__(
         self,

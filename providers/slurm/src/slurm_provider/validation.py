@@ -107,7 +107,7 @@ def validate_partition(value: str, field: str = "partition") -> str:
 
 
 def validate_account(value: str, field: str = "account") -> str:
-    """An account (project) name such as ``project_465002500``."""
+    """An account (project) name such as ``project_123456``."""
     return _validate_slurm_name(value, field, "account")
 
 

@@ -1,44 +1,18 @@
-"""Known failure signatures -> a hint that says what happened and what to do.
+"""The vcloud pipeline's known failure signatures, registered with the Slurm provider's hints.
 
-The table is data: each rule is a regular expression over a job's log tail (or sbatch's
-stderr) or a final Slurm state, with the fix learned on LUMI, Levante and Cosmos (the user's
-field notes: LUMI guide "Common Errors", the LUMI lessons essay, the TopoFlow issues and the
-Levante GPU guide). The operator appends matching hints to its failure message, and the UI
-shows them to people, so the text is plain words with the exact setting to change.
+The provider knows Slurm's own signatures (out of memory, time limit, a refused account or
+partition); these are the pipeline's and its sites' (LUMI, Levante, Cosmos), with the fix learned
+there (the user's field notes: LUMI guide "Common Errors", the LUMI lessons essay, the TopoFlow
+issues and the Levante GPU guide). Importing :mod:`vcloud_pipeline` registers them
+(:func:`register`), so every process that runs the pipeline's operators (worker, ``dags test``)
+shows them in a failed task's message, after the site's advice for the provider's own signatures.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
-from slurm_provider.state_vocabulary import SlurmState, parse_state
-
-
-@dataclass(frozen=True)
-class HintRule:
-    key: str
-    title: str
-    hint: str
-    source: str
-    """Where the lesson comes from (for people who want the full story)."""
-    pattern: re.Pattern[str] | None = None
-    states: frozenset[SlurmState] = frozenset()
-
-
-@dataclass(frozen=True)
-class Hint:
-    key: str
-    title: str
-    hint: str
-    source: str
-    evidence: str
-    """The log line (or the state) that matched."""
-
-    def __str__(self) -> str:
-        return f"{self.title}: {self.hint}"
-
+from slurm_provider.hints import HintRule, register_hints
 
 _FIVE_OPTIMIZATIONS = (
     "bf16 autocast, gradient checkpointing of the per-date encoder, reduced-resolution (64x64) change "
@@ -57,6 +31,7 @@ LOG_RULES: tuple[HintRule, ...] = (
         source="LUMI guide, Common Errors 1 (GPU bindings)",
         pattern=re.compile(r"No HIP GPUs (are )?available"),
     ),
+
     HintRule(
         key="no_cuda_gpus",
         title="PyTorch sees no CUDA GPU",
@@ -68,6 +43,7 @@ LOG_RULES: tuple[HintRule, ...] = (
         source="Levante GPU guide, Troubleshooting 2",
         pattern=re.compile(r"No CUDA GPUs are available|Running on CPU \(GPU not available\)"),
     ),
+
     HintRule(
         key="gpus_not_visible",
         title="The job's GPUs are not visible to PyTorch",
@@ -82,6 +58,7 @@ LOG_RULES: tuple[HintRule, ...] = (
                "LUMI guide, Common Errors 1",
         pattern=re.compile(r"GPUs required: .* but PyTorch sees \d+"),
     ),
+
     HintRule(
         key="gpu_out_of_memory",
         title="GPU out of memory",
@@ -93,6 +70,7 @@ LOG_RULES: tuple[HintRule, ...] = (
         source="LUMI guide, Memory Optimizations and Common Errors 2",
         pattern=re.compile(r"torch\.cuda\.OutOfMemoryError|HIP out of memory|CUDA out of memory"),
     ),
+
     HintRule(
         key="vcloud_data_missing",
         title="The vcloud.data package is missing on the cluster",
@@ -104,6 +82,7 @@ LOG_RULES: tuple[HintRule, ...] = (
         source="LUMI guide, Rsync pitfall and Common Errors 3",
         pattern=re.compile(r"No module named '?vcloud\.data'?"),
     ),
+
     HintRule(
         key="libfabric_cxi",
         title="Interconnect libraries (libfabric/CXI) not available",
@@ -117,6 +96,7 @@ LOG_RULES: tuple[HintRule, ...] = (
             r"|(?:libfabric|libcxi|\bcxi\b).*(?:error|fail|cannot|unable|not found|no such)"
         ),
     ),
+
     HintRule(
         key="wandb_hang",
         title="Weights & Biases cannot reach its server",
@@ -130,6 +110,7 @@ LOG_RULES: tuple[HintRule, ...] = (
             r"Run initialization has timed out"
         ),
     ),
+
     HintRule(
         key="tifffile_missing",
         title="tifffile is not installed in the container",
@@ -141,6 +122,7 @@ LOG_RULES: tuple[HintRule, ...] = (
         source="LUMI guide, Installing Extra Python Packages and Common Errors 6",
         pattern=re.compile(r"No module named '?tifffile'?"),
     ),
+
     HintRule(
         key="rocm_flag_glibc",
         title="Host ROCm libraries injected into the container",
@@ -153,6 +135,7 @@ LOG_RULES: tuple[HintRule, ...] = (
         source="LUMI lessons, 'Never use --rocm with Singularity'",
         pattern=re.compile(r"GLIBC_2\.33|libdrm\S*\.so\S*.*(?:not found|version|GLIBC)"),
     ),
+
     HintRule(
         key="module_load_broken",
         title="'module load' does not work on compute nodes",
@@ -163,6 +146,7 @@ LOG_RULES: tuple[HintRule, ...] = (
         source="LUMI lessons, 'Never use --rocm with Singularity'",
         pattern=re.compile(r"module: command not found|lua5\.3: (?:command )?not found|Lmod has detected"),
     ),
+
     HintRule(
         key="miopen_cache",
         title="MIOpen could not find or compile a convolution kernel",
@@ -175,6 +159,7 @@ LOG_RULES: tuple[HintRule, ...] = (
         source="TopoFlow issues on LUMI, Issue 3 (MIOpen)",
         pattern=re.compile(r"MIOpen Error|miopenStatusUnknownError|MIOpen\(HIP\): Error"),
     ),
+
     HintRule(
         key="prefetch_factor",
         title="DataLoader prefetch_factor with num_workers=0",
@@ -185,16 +170,7 @@ LOG_RULES: tuple[HintRule, ...] = (
         source="TopoFlow issues on LUMI, Issue 2",
         pattern=re.compile(r"prefetch_factor option could only be specified in multiprocessing"),
     ),
-    HintRule(
-        key="too_many_processors",
-        title="More CPUs requested than the GPU node has",
-        hint=(
-            "GPU nodes have fewer CPU cores than CPU nodes (Levante: 64 instead of 128). Lower "
-            "--ntasks-per-node x --cpus-per-task to fit the GPU node."
-        ),
-        source="Levante GPU guide, Troubleshooting 1",
-        pattern=re.compile(r"More processors requested than permitted"),
-    ),
+
     HintRule(
         key="ddp_collective_timeout",
         title="DDP ranks stopped waiting for each other",
@@ -209,29 +185,7 @@ LOG_RULES: tuple[HintRule, ...] = (
             r"NCCL (?:watchdog|communicator was aborted)|collective operation timeout"
         ),
     ),
-    HintRule(
-        key="host_out_of_memory",
-        title="Host memory (RAM) exhausted",
-        hint=(
-            "The job used more RAM than it requested. Raise --mem (LUMI small-g: 64G per GPU is usual), "
-            "lower DataLoader num_workers, or load fewer dates per sample into memory."
-        ),
-        source="Slurm OUT_OF_MEMORY state",
-        pattern=re.compile(r"oom[-_]kill event|Exceeded job memory limit|Out of memory: Killed process"),
-        states=frozenset({SlurmState.OUT_OF_MEMORY}),
-    ),
-    HintRule(
-        key="time_limit",
-        title="Time limit reached",
-        hint=(
-            "Slurm stopped the job at its --time. Training saves latest.pt every epoch, so a resubmission "
-            "resumes where it stopped; to need fewer resubmissions raise --time up to the partition maximum "
-            "(LUMI small-g 3 days, standard-g 2 days)."
-        ),
-        source="LUMI guide, Auto-Resume",
-        pattern=re.compile(r"DUE TO TIME LIMIT"),
-        states=frozenset({SlurmState.TIMEOUT}),
-    ),
+
     HintRule(
         key="no_time_to_train",
         title="The time limit leaves no time to train after start-up",
@@ -245,114 +199,33 @@ LOG_RULES: tuple[HintRule, ...] = (
         pattern=re.compile(r"not requeueing: the last \d+ starts of this job ended before the trainer could train"),
     ),
 )
+"""Log signatures of the pipeline's jobs (trainer, containers, sites' GPU stacks)."""
 
-SUBMIT_RULES: tuple[HintRule, ...] = (
-    HintRule(
-        key="invalid_account",
-        title="Account not valid for this user or partition",
-        hint=(
-            "Check --account (LUMI: project_465002500) and that your user is a member "
-            "('sacctmgr show assoc user=$USER')."
-        ),
-        source="sbatch",
-        pattern=re.compile(r"Invalid account or account/partition combination"),
+ADVICE: dict[str, str] = {
+    "host_out_of_memory": (
+        "The job used more RAM than it requested. Raise --mem (LUMI small-g: 64G per GPU is usual), "
+        "lower DataLoader num_workers, or load fewer dates per sample into memory."
     ),
-    HintRule(
-        key="invalid_partition",
-        title="Unknown partition",
-        hint="Use one of the cluster's partitions ('sinfo -s'); LUMI GPU jobs: small-g, standard-g, dev-g.",
-        source="sbatch",
-        pattern=re.compile(r"invalid partition specified|Invalid partition name specified"),
+    "time_limit": (
+        "Slurm stopped the job at its --time. Training saves latest.pt every epoch, so a resubmission "
+        "resumes where it stopped; to need fewer resubmissions raise --time up to the partition maximum "
+        "(LUMI small-g 3 days, standard-g 2 days)."
     ),
-    HintRule(
-        key="time_limit_invalid",
-        title="Time limit above the partition maximum",
-        hint="Lower --time: LUMI small-g allows 3 days, standard-g 2 days, dev-g 30 minutes.",
-        source="sbatch; LUMI guide, Cluster Details",
-        pattern=re.compile(r"Requested time limit is invalid"),
+    "too_many_processors": (
+        "GPU nodes have fewer CPU cores than CPU nodes (Levante: 64 instead of 128). Lower "
+        "--ntasks-per-node x --cpus-per-task to fit the GPU node."
     ),
-    HintRule(
-        key="qos_policy",
-        title="Job violates accounting/QOS policy",
-        hint=(
-            "The request breaks a limit of the account or QOS (size, time, number of jobs), or the project's "
-            "GPU-hour budget is used up. Check 'sshare'/'sacctmgr show assoc' and the project's "
-            "remaining budget."
-        ),
-        source="sbatch",
-        pattern=re.compile(r"Job violates accounting/QOS policy"),
+    "invalid_account": (
+        "Check --account (LUMI: project_465002500) and that your user is a member "
+        "('sacctmgr show assoc user=$USER')."
     ),
-    HintRule(
-        key="node_configuration",
-        title="No node can satisfy the request",
-        hint=(
-            "The combination of GPUs, CPUs per task and memory does not exist on any node of the partition "
-            "(GPU nodes have fewer cores). Request fewer CPUs or less memory per GPU."
-        ),
-        source="sbatch; Levante GPU guide, Troubleshooting 1",
-        pattern=re.compile(r"Requested node configuration is not available"),
-    ),
-    HintRule(
-        key="invalid_gres",
-        title="Invalid GPU (GRES) request",
-        hint="Check --gpus/--gres against the partition (LUMI: --gpus=N; Levante: --gres=gpu:a100_80:N).",
-        source="sbatch",
-        pattern=re.compile(r"Invalid generic resource \(gres\) specification|Invalid GRES specification"),
-    ),
-    HintRule(
-        key="not_a_batch_script",
-        title="The job script has no #! line",
-        hint="The first line of the script must be an interpreter line such as #!/bin/bash.",
-        source="sbatch",
-        pattern=re.compile(r"This does not look like a batch script"),
-    ),
-)
+    "invalid_partition": "Use one of the cluster's partitions ('sinfo -s'); LUMI GPU jobs: small-g, standard-g, dev-g.",
+    "time_limit_invalid": "Lower --time: LUMI small-g allows 3 days, standard-g 2 days, dev-g 30 minutes.",
+    "invalid_gres": "Check --gpus/--gres against the partition (LUMI: --gpus=N; Levante: --gres=gpu:a100_80:N).",
+}
+"""The sites' advice for the provider's own signatures (their keys), in place of its generic text."""
 
 
-def _match(rules: Iterable[HintRule], text: str, state: SlurmState | None,
-           overrides: Mapping[str, str] | None = None) -> list[Hint]:
-    hints: list[Hint] = []
-    lines = text.splitlines()
-    for rule in rules:
-        advice = (overrides or {}).get(rule.key) or rule.hint
-        if state is not None and state in rule.states:
-            hints.append(Hint(rule.key, rule.title, advice, rule.source, f"job state {state.value}"))
-            continue
-        if rule.pattern is None:
-            continue
-        for line in reversed(lines):  # the newest evidence is the most relevant
-            if rule.pattern.search(line):
-                hints.append(Hint(rule.key, rule.title, advice, rule.source, line.strip()[:300]))
-                break
-    return hints
-
-
-def find_hints(log_text: str | None, state: SlurmState | str | None = None,
-               overrides: Mapping[str, str] | None = None) -> list[Hint]:
-    """Hints for a job's log tail and/or its final state, in table order, each at most once.
-
-    ``overrides`` replaces the advice of a rule by its key with a site's own (e.g. a cluster
-    profile's ``missing_gpu_hint`` for ``gpus_not_visible``); the signature stays the table's.
-    """
-    parsed = None if state is None else parse_state(state)
-    return _match(LOG_RULES, log_text or "", parsed, overrides)
-
-
-def find_submit_hints(sbatch_stderr: str | None) -> list[Hint]:
-    """Hints for sbatch refusing a job (its stderr)."""
-    return _match(SUBMIT_RULES, sbatch_stderr or "", None)
-
-
-def format_hints(hints: Iterable[Hint]) -> str:
-    """Hints as lines for a failure message (empty string when there are none)."""
-    return "\n".join(f"Hint: {hint}" for hint in hints)
-
-
-def hint_for(log_text: str | None, state: SlurmState | str | None = None,
-             overrides: Mapping[str, str] | None = None) -> str | None:
-    """Every matching hint as one text (for a message that prefixes it with ``Hint: ``), or None.
-
-    Several hints are separated by a newline and ``Hint: `` so each stays on its own line.
-    """
-    hints = find_hints(log_text, state, overrides)
-    return "\nHint: ".join(str(hint) for hint in hints) or None
+def register() -> None:
+    """Register the pipeline's rules and advice with the provider (idempotent)."""
+    register_hints(log_rules=LOG_RULES, advice=ADVICE)

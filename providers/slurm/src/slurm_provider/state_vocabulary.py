@@ -374,7 +374,7 @@ _EXACT_REASONS: dict[str, tuple[ReasonKind, str]] = {
     ),
     "InvalidAccount": (
         ReasonKind.NEVER,
-        "The account is invalid or you are not a member of it. Check --account (e.g. project_465002500).",
+        "The account is invalid or you are not a member of it. Check --account ('sacctmgr show assoc user=$USER' lists yours).",
     ),
     "InvalidQOS": (ReasonKind.NEVER, "The QOS is invalid for this account/partition. Check --qos."),
     "AccountNotAllowed": (ReasonKind.NEVER, "The account may not use this partition."),
