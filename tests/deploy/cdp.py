@@ -93,11 +93,13 @@ class Browser:
         last: Any = None
         while time.monotonic() < deadline:
             try:
-                last = self.evaluate(expression)
-            except RuntimeError as exc:  # the page is navigating
+                value = self.evaluate(expression)
+            except RuntimeError as exc:  # the page is navigating (no document.body yet): not yet true
                 last = str(exc)
-            if last:
-                return last
+            else:
+                if value:
+                    return value
+                last = value
             time.sleep(0.3)
         url = self.evaluate("location.href")
         raise AssertionError(f"timed out waiting for {what or expression} (at {url}; last value {last!r})")
