@@ -214,18 +214,19 @@ def _mean_loss(stage: int, model: torch.nn.Module, dataset: SeriesDataset) -> fl
     return sum(losses) / len(losses)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known defect: on the realistic tiny series one epoch of stage 1 (3 Adam steps at the config's lr "
-    "1e-3, no warmup) raises the validation loss from 0.01140 to 0.01169; the draft's start and its "
-    "schedule are to be fixed, and then this mark removed (strict: a pass fails the suite)"))
-def test_one_epoch_of_stage1_lowers_the_validation_loss_on_the_realistic_series(ctx, tiny_prepared):
+@pytest.mark.parametrize("seed", [0, 1])
+def test_one_epoch_of_stage1_lowers_the_validation_loss_on_the_realistic_series(ctx, tiny_prepared, seed):
     """The tiny series carry the realistic knobs (haze, radiometry, jitter, heavy cover): learning
-    must show on held-out locations after one pass over the training locations."""
-    torch.manual_seed(0)
+    must show on held-out locations after one pass over the training locations (3 Adam steps at the
+    config's lr, no warmup), from either initialisation. The untrained draft is the composite, so
+    a head whose first steps overwrite it instead of correcting it raises this loss (it did, from
+    0.01140 to 0.01169, before the correction was scaled); the scaled head lowers it by 6-7%."""
+    torch.manual_seed(seed)
     model = build(1, ctx)
     train, val = SeriesDataset(tiny_prepared, "train"), SeriesDataset(tiny_prepared, "val")
     before = _mean_loss(1, model, val)
-    spec, opt = get_stage(1), torch.optim.Adam(model.parameters(), lr=1e-3)
+    spec = get_stage(1)
+    opt = torch.optim.Adam(model.parameters(), lr=ctx.config.train.for_stage(1).lr)
     model.train()
     for start in range(0, len(train), 2):
         loss = spec.loss(model, default_collate([train[i] for i in range(start, min(start + 2, len(train)))]))
@@ -233,5 +234,5 @@ def test_one_epoch_of_stage1_lowers_the_validation_loss_on_the_realistic_series(
         loss.backward()
         opt.step()
     after = _mean_loss(1, model, val)
-    print(f"stage 1 validation loss: {before:.4f} before, {after:.4f} after one epoch ({len(train)} series)")
-    assert after < before, (before, after)
+    print(f"stage 1 validation loss: {before:.5f} before, {after:.5f} after one epoch ({len(train)} series)")
+    assert after < 0.97 * before, (before, after)
