@@ -178,6 +178,37 @@ def test_selftrain_keeps_only_agreeing_pseudo_labels(ctx, tiny_prepared):
     assert len(model_stages.selftrain_dataset(train, ctx, strict)) == len(train) - considered
 
 
+def test_selftrain_pseudo_labels_every_series_of_an_unlabeled_domain(ctx, tiny_prepared):
+    """An unlabeled dataset given to stage 3 is its pool: every series is pseudo-labelled (its own
+    targets replaced), the labeled split stays whole, and the cache is remade for another source."""
+    from vcloud.models.selftrain import SelfTrainConfig
+
+    ae, draft = build(0, ctx), build(1, ctx)
+    save_best(0, ae, ctx)
+    save_best(1, draft, ctx)
+    stage2 = build(2, ctx)
+    perturb(stage2.refiner.denoiser, 3)
+    save_best(2, stage2, ctx)
+    train, other = SeriesDataset(tiny_prepared, "train"), SeriesDataset(tiny_prepared, "val")
+    loose = SelfTrainConfig(num_samples=2, agreement_threshold=10.0, sample_steps=2)
+    union = model_stages.selftrain_dataset(train, ctx, loose, unlabeled=other)
+    summary = json.loads((ctx.run_dir / "stage3" / "pseudo_labels.json").read_text())
+    assert summary["pseudo_labels_considered"] == summary["pseudo_labels_kept"] == len(other)
+    assert len(union) == len(train) + len(other)
+    assert torch.equal(union[0]["target"], train[0]["target"])
+    pseudo = union[len(train)]
+    assert pseudo["series_id"] == other[0]["series_id"]
+    assert not torch.equal(pseudo["target"], other[0]["target"])  # the ground truth is never used
+
+    made = (ctx.run_dir / "stage3" / model_stages.PSEUDO_LABELS_FILE).stat().st_mtime_ns
+    assert len(model_stages.selftrain_dataset(train, ctx, loose, unlabeled=other)) == len(union)
+    assert (ctx.run_dir / "stage3" / model_stages.PSEUDO_LABELS_FILE).stat().st_mtime_ns == made  # cached
+    test = SeriesDataset(tiny_prepared, "test")
+    assert len(test) == len(other)  # the same pool indices: only the source tells the caches apart
+    assert len(model_stages.selftrain_dataset(train, ctx, loose, unlabeled=test)) == len(train) + len(test)
+    assert (ctx.run_dir / "stage3" / model_stages.PSEUDO_LABELS_FILE).stat().st_mtime_ns != made
+
+
 def test_pseudo_labelling_drafts_each_batch_once(ctx, tiny_prepared, monkeypatch):
     """num_samples refiner samples of a batch share one draft, and a shared draft gives the
     same refinement as drafting again."""
