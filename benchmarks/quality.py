@@ -5,10 +5,12 @@ training), trains every stage through the stage registry (the same build / loss 
 trainer runs; stage 3 trains on its ``train_dataset``: labeled plus pseudo-labelled series) and
 scores the baselines and stages 1-3 on the same test series.
 
-The whole run is held to ``--budget-minutes`` of wall time. After data generation and the
+The run is held to about ``--budget-minutes`` of wall time. After data generation and the
 baselines, the rest is split across the stages (``STAGE_SHARES``, minus a reserve for scoring);
 each stage stops after its configured epochs or its time, whichever comes first, and its last
-weights become its ``best.pt`` for the next stage.
+weights become its ``best.pt`` for the next stage. Scoring on the test splits is not taken from
+the next stage's time: where it needs more than the reserve (with the shifted domain, DDIM
+sampling on one thread), the run ends that much later (``wall_minutes``).
 
 The model is ``trainer/configs/model_small.yaml`` unchanged. The short CPU run differs from the
 trainer's in ways that do not touch the model code:
@@ -26,9 +28,20 @@ trainer's in ways that do not touch the model code:
   they beat the start by ``train.start_min_gain``, as the trainer's best-checkpoint rule
   (:func:`vcloud.training.best.improves`) chooses. Stage 0 keeps its last weights.
 
-    nice -n 10 .venv/bin/python benchmarks/quality.py [--budget-minutes 20] [--work DIR] [--threads 2]
+Stage 3 adapts to a domain without labels: with ``--shift hazier`` (the default) a second dataset,
+the ``small-hazier`` preset (another atmosphere, new locations: data seed 1), is generated; its
+training split is stage 3's unlabeled pool (every series pseudo-labelled, ground truth never read,
+the labeled training split kept whole) and every method is scored on its test split as well
+("shifted" rows and ``*_shifted_*`` keys). ``--shift none`` pseudo-labels part of the labeled
+training split instead (``model.stage3.unlabeled_split``), as the trainer does.
 
-Last line: JSON with best_baseline_psnr, stage1_psnr, stage2_psnr, stage3_psnr (and SSIM/SAM).
+``--seed`` seeds the models (initialisation, batch order, diffusion noise); the data stay those of
+seed 0, so runs with different seeds compare on the same series.
+
+    nice -n 10 .venv/bin/python benchmarks/quality.py [--budget-minutes 20] [--work DIR] [--threads 2] [--seed 0]
+
+Last line: JSON with best_baseline_psnr, stage1_psnr, stage2_psnr, stage3_psnr (and SSIM/SAM; with
+a shift also best_baseline_shifted_psnr and stageN_shifted_psnr).
 """
 
 from __future__ import annotations
@@ -53,9 +66,11 @@ from vcloud.baselines import score_baselines  # noqa: E402
 from vcloud.checkpoint import save_checkpoint  # noqa: E402
 from vcloud.config import VCloudConfig, config_from_dict, load_config  # noqa: E402
 from vcloud.data.dataset import SeriesDataset  # noqa: E402
-from vcloud.data.prepare import prepare_dataset  # noqa: E402
+from vcloud.data.prepare import PrepareSettings, prepare_dataset  # noqa: E402
+from vcloud.data.selection import SplitFractions  # noqa: E402
 from vcloud.data.synthetic import generate_raw  # noqa: E402
 from vcloud.metrics import MetricTotals  # noqa: E402
+from vcloud.models.stage_specs import selftrain_dataset  # noqa: E402
 from vcloud.stage_registry import BuildContext, get_stage, load_stage_model  # noqa: E402
 from vcloud.training.best import improves  # noqa: E402
 
@@ -63,12 +78,16 @@ STAGE_SHARES = {0: 0.12, 1: 0.43, 2: 0.17, 3: 0.28}
 """Fraction of the training time each stage gets (stage 3's includes pseudo-labelling)."""
 SCORING_RESERVE = 0.08
 """Fraction of the budget kept back for scoring stages 1-3 on the test split."""
+SHIFTED_PRESET, SHIFTED_SEED = "small-hazier", 1
+SHIFTED_SPLITS = SplitFractions(train=0.5, val=0.1, test=0.4)
+"""Half the shifted locations are the unlabeled pool, most of the rest its test split."""
 
 
-def benchmark_config(path: Path) -> VCloudConfig:
-    """The model config with gradient checkpointing off (see the module docstring)."""
+def benchmark_config(path: Path, seed: int = 0) -> VCloudConfig:
+    """The model config with gradient checkpointing off (see the module docstring) and ``seed``."""
     raw = load_config(path).to_dict()
     raw["memory"]["grad_checkpointing"] = False
+    raw["train"]["seed"] = seed
     return config_from_dict(raw)
 
 
@@ -83,16 +102,26 @@ def lr_factor(cfg: VCloudConfig, progress: float, warmup_fraction: float) -> flo
     return factor
 
 
-def train_bounded(stage: int, ctx: BuildContext, data: Path, seconds: float) -> dict:
-    """Train one stage for at most its configured epochs and ``seconds``; save it as ``best.pt``."""
+def train_bounded(stage: int, ctx: BuildContext, data: Path, seconds: float,
+                  unlabeled: Dataset | None = None, start_score: float | None = None) -> dict:
+    """Train one stage for at most its configured epochs and ``seconds``; save it as ``best.pt``.
+
+    ``unlabeled``: stage 3's pool of unlabeled series from another domain (see the module docstring).
+    ``start_score``: the validation score of the model the stage starts from, when it is known
+    already: the untrained refiner returns stage 1's draft bit for bit and stage 3 starts from stage
+    2's kept weights, so their starts score what the previous stage kept (stage 2's start alone
+    would otherwise cost ~100 s of DDIM sampling on one CPU thread)."""
     started = time.monotonic()
     cfg = ctx.config
+    (ctx.run_dir / f"stage{stage}" / "trained.pt").unlink(missing_ok=True)  # an earlier run's
     budget = cfg.train.for_stage(stage)
     spec = get_stage(stage)
     model = spec.build_model(spec.parse_model_config(cfg.model.section(stage)), ctx).train()
     train: Dataset = SeriesDataset(data, "train")
     hook = getattr(spec, "train_dataset", None)
-    if hook is not None:
+    if hook is not None and unlabeled is not None:
+        train = selftrain_dataset(train, ctx, unlabeled=unlabeled)
+    elif hook is not None:
         train = hook(train, ctx)
     prep = time.monotonic() - started
     loader = DataLoader(train, batch_size=budget.batch_size, shuffle=True, drop_last=True,
@@ -107,7 +136,10 @@ def train_bounded(stage: int, ctx: BuildContext, data: Path, seconds: float) -> 
     metric = cfg.train.best_metric
     start = None
     if spec.validate_start:
-        start = (copy.deepcopy(model.state_dict()), score_model(spec, model, val)[metric])
+        known = start_score is not None
+        start = (copy.deepcopy(model.state_dict()), start_score if known else score_model(spec, model, val)[metric])
+        save_checkpoint(ctx.run_dir / f"stage{stage}" / "start.pt",
+                        {"stage": stage, "model": start[0], "model_config": cfg.model.section(stage)})
         model.train()
     train_start = time.monotonic()
     while epochs < budget.epochs and time.monotonic() < deadline:
@@ -130,11 +162,15 @@ def train_bounded(stage: int, ctx: BuildContext, data: Path, seconds: float) -> 
     kept = "trained"
     val_scores: dict[str, float] = {}
     if start is not None:
-        trained = score_model(spec, model, val)[metric]
-        val_scores = {"start": start[1], "trained": trained}
+        trained = score_model(spec, model, val)[metric] if steps else start[1]
+        val_scores = {"start": start[1], "trained": trained, "kept": trained}
         if not improves(metric, trained, start[1], cfg.train.start_min_gain):
+            if steps:  # scored too: what training reached, though the start is handed on
+                save_checkpoint(ctx.run_dir / f"stage{stage}" / "trained.pt",
+                                {"stage": stage, "model": model.state_dict(), "model_config": cfg.model.section(stage)})
             model.load_state_dict(start[0])
             kept = "start"
+            val_scores["kept"] = start[1]
     save_checkpoint(ctx.run_dir / f"stage{stage}" / "best.pt",
                     {"stage": stage, "model": model.state_dict(), "model_config": cfg.model.section(stage)})
     window = max(1, min(20, len(losses) // 4))
@@ -157,9 +193,9 @@ def score_model(spec: Any, model: torch.nn.Module, data: Dataset, batch_size: in
     return totals.means()
 
 
-def score(stage: int, ctx: BuildContext, test: Dataset) -> dict[str, float]:
-    """Mean per-series metrics of a stage's ``best.pt`` predictions on ``test``."""
-    model, _ = load_stage_model(stage, ctx.run_dir / f"stage{stage}" / "best.pt", ctx)
+def score(stage: int, ctx: BuildContext, test: Dataset, weights: str = "best.pt") -> dict[str, float]:
+    """Mean per-series metrics of a stage's ``best.pt`` (or ``start.pt``) predictions on ``test``."""
+    model, _ = load_stage_model(stage, ctx.run_dir / f"stage{stage}" / weights, ctx)
     return score_model(get_stage(stage), model, test)
 
 
@@ -170,24 +206,43 @@ def main(argv: list[str] | None = None) -> int:
                         "a prepared dataset already there is reused")
     parser.add_argument("--test-limit", type=int, default=0, help="score only the first N test series (0 = all)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the models (the data stay seed 0's)")
+    parser.add_argument("--shift", choices=("hazier", "none"), default="hazier",
+                        help="stage 3's unlabeled domain: the hazier preset's series, or none (part of "
+                        "the labeled training split)")
     args = parser.parse_args(argv)
     started = time.monotonic()
     deadline = started + args.budget_minutes * 60
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     work = args.work or Path(tempfile.mkdtemp(prefix="vcloud_quality_"))
     config_path = ROOT / "trainer" / "configs" / "model_small.yaml"
-    cfg = benchmark_config(config_path)
+    cfg = benchmark_config(config_path, args.seed)
     raw, data = work / "raw", work / "prepared"
     if not (data / "index.json").exists():
         generate_raw(raw, preset="small", seed=0)
         prepare_dataset(raw, data)
+    unlabeled: Dataset | None = None
+    shifted_test: Dataset | None = None
+    if args.shift == "hazier":
+        shifted = work / "shifted" / "prepared"
+        if not (shifted / "index.json").exists():
+            generate_raw(work / "shifted" / "raw", preset=SHIFTED_PRESET, seed=SHIFTED_SEED)
+            prepare_dataset(work / "shifted" / "raw", shifted, PrepareSettings(fractions=SHIFTED_SPLITS))
+        unlabeled = SeriesDataset(shifted, "train")
+        shifted_full = SeriesDataset(shifted, "test")
+        n_shifted = len(shifted_full) if args.test_limit <= 0 else min(args.test_limit, len(shifted_full))
+        shifted_test = Subset(shifted_full, range(n_shifted))
     test_full = SeriesDataset(data, "test")
     n_test = len(test_full) if args.test_limit <= 0 else min(args.test_limit, len(test_full))
     test = Subset(test_full, range(n_test))
     print(f"data {data}: train {len(SeriesDataset(data, 'train'))}, val {len(SeriesDataset(data, 'val'))}, "
           f"test {len(test_full)} series (scoring {n_test}); config {config_path.name} "
-          f"(grad_checkpointing off); budget {args.budget_minutes:g} min, {args.threads} threads", flush=True)
+          f"(grad_checkpointing off); budget {args.budget_minutes:g} min, {args.threads} threads, "
+          f"seed {args.seed}", flush=True)
+    if shifted_test is not None:
+        print(f"shifted domain {SHIFTED_PRESET} (data seed {SHIFTED_SEED}): {len(unlabeled)} unlabeled series "
+              f"for stage 3, scoring {len(shifted_test)} test series", flush=True)
 
     baselines = score_baselines(test_full, limit=n_test)
     print(f"{'method':<22} {'PSNR dB':>8} {'SSIM':>7} {'SAM deg':>8}")
@@ -196,14 +251,41 @@ def main(argv: list[str] | None = None) -> int:
     ranked = {k: v for k, v in baselines.items() if k != "cloudy_input"}
     best_name = max(ranked, key=lambda k: ranked[k]["psnr"])
     best_baseline = ranked[best_name]["psnr"]
+    shifted_best: tuple[str, float] | None = None
+    if shifted_test is not None:
+        shifted_baselines = score_baselines(shifted_test.dataset, limit=len(shifted_test))
+        for name, s in shifted_baselines.items():
+            print(f"shifted {name:<14} {s['psnr']:8.2f} {s['ssim']:7.4f} {s['sam']:8.2f}", flush=True)
+        ranked = {k: v for k, v in shifted_baselines.items() if k != "cloudy_input"}
+        name = max(ranked, key=lambda k: ranked[k]["psnr"])
+        shifted_best = (name, ranked[name]["psnr"])
 
     ctx = BuildContext(config=cfg, run_dir=work / "run", device=torch.device("cpu"))
-    results: dict[str, float | str] = {"best_baseline": best_name, "best_baseline_psnr": round(best_baseline, 3)}
+    results: dict[str, float | str] = {"seed": args.seed, "best_baseline": best_name,
+                                       "best_baseline_psnr": round(best_baseline, 3)}
+    if shifted_best is not None:
+        results.update(best_baseline_shifted=shifted_best[0], best_baseline_shifted_psnr=round(shifted_best[1], 3))
+
+    def report(stage: int, label: str, weights: str, key: str) -> None:
+        """Score ``weights`` of ``stage`` on the test split (and the shifted one), print, record."""
+        for suffix, split in (("", test), ("_shifted", shifted_test)):
+            if split is None:
+                continue
+            t0 = time.monotonic()
+            s = score(stage, ctx, split, weights)
+            name = f"{'shifted ' if suffix else ''}stage {stage} {label}"
+            print(f"{name:<22} {s['psnr']:8.2f} {s['ssim']:7.4f} {s['sam']:8.2f}   "
+                  f"(scored in {time.monotonic() - t0:.0f} s)", flush=True)
+            results.update({f"{key}{suffix}_psnr": round(s["psnr"], 3), f"{key}{suffix}_ssim": round(s["ssim"], 4),
+                            f"{key}{suffix}_sam": round(s["sam"], 3)})
+
     training = (deadline - time.monotonic()) * (1 - SCORING_RESERVE)
-    stage_end = time.monotonic()
+    kept_score: float | None = None
     for stage in (0, 1, 2, 3):
-        stage_end += training * STAGE_SHARES[stage]
-        info = train_bounded(stage, ctx, data, max(stage_end - time.monotonic(), 1.0))
+        info = train_bounded(stage, ctx, data, training * STAGE_SHARES[stage],
+                             unlabeled=unlabeled if stage == 3 else None,
+                             start_score=kept_score if stage >= 2 else None)
+        kept_score = info["val"].get("kept")
         line = (f"stage {stage} trained {info['seconds']:.0f} s: {info['steps']} steps, "
                 f"{info['epochs']:.2f} epochs over {info['train_series']} series, "
                 f"loss {info['first_loss']:.4f} -> {info['last_loss']:.4f}")
@@ -217,15 +299,20 @@ def main(argv: list[str] | None = None) -> int:
                      f"{summary['pseudo_labels_considered']} ({info['prep_seconds']:.0f} s)")
             results["stage3_pseudo_labels_kept"] = summary["pseudo_labels_kept"]
         print(line, flush=True)
-        if stage >= 1:
-            t0 = time.monotonic()
-            s = score(stage, ctx, test)
-            print(f"stage {stage} {get_stage(stage).name:<14} {s['psnr']:8.2f} {s['ssim']:7.4f} {s['sam']:8.2f}"
-                  f"   (scored in {time.monotonic() - t0:.0f} s)", flush=True)
-            results.update({f"stage{stage}_psnr": round(s["psnr"], 3), f"stage{stage}_ssim": round(s["ssim"], 4),
-                            f"stage{stage}_sam": round(s["sam"], 3)})
+        if stage == 1:  # the untrained draft (the composite) is a method of its own
+            report(1, "untrained draft", "start.pt", "stage1_start")
+        report(stage, "autoencoder (target reconstructed)" if stage == 0 else get_stage(stage).name,
+               "best.pt", f"stage{stage}")
+        if stage >= 2 and (ctx.run_dir / f"stage{stage}" / "trained.pt").exists() and info["kept"] == "start":
+            report(stage, "trained, not kept", "trained.pt", f"stage{stage}_trained")
     s1 = float(results["stage1_psnr"])
     results["stage1_gain_over_best_baseline_db"] = round(s1 - best_baseline, 3)
+    results["stage1_gain_over_start_db"] = round(s1 - float(results["stage1_start_psnr"]), 3)
+    results["stage2_gain_over_stage1_db"] = round(float(results["stage2_psnr"]) - s1, 3)
+    if shifted_test is not None:
+        results["stage3_shifted_gain_over_stage2_db"] = round(
+            float(results["stage3_shifted_psnr"]) - float(results["stage2_shifted_psnr"]), 3)
+    results["stage3_gain_over_stage2_db"] = round(float(results["stage3_psnr"]) - float(results["stage2_psnr"]), 3)
     results["wall_minutes"] = round((time.monotonic() - started) / 60, 2)
     print(json.dumps(results))
     return 0

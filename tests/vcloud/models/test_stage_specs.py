@@ -178,6 +178,37 @@ def test_selftrain_keeps_only_agreeing_pseudo_labels(ctx, tiny_prepared):
     assert len(model_stages.selftrain_dataset(train, ctx, strict)) == len(train) - considered
 
 
+def test_selftrain_pseudo_labels_every_series_of_an_unlabeled_domain(ctx, tiny_prepared):
+    """An unlabeled dataset given to stage 3 is its pool: every series is pseudo-labelled (its own
+    targets replaced), the labeled split stays whole, and the cache is remade for another source."""
+    from vcloud.models.selftrain import SelfTrainConfig
+
+    ae, draft = build(0, ctx), build(1, ctx)
+    save_best(0, ae, ctx)
+    save_best(1, draft, ctx)
+    stage2 = build(2, ctx)
+    perturb(stage2.refiner.denoiser, 3)
+    save_best(2, stage2, ctx)
+    train, other = SeriesDataset(tiny_prepared, "train"), SeriesDataset(tiny_prepared, "val")
+    loose = SelfTrainConfig(num_samples=2, agreement_threshold=10.0, sample_steps=2)
+    union = model_stages.selftrain_dataset(train, ctx, loose, unlabeled=other)
+    summary = json.loads((ctx.run_dir / "stage3" / "pseudo_labels.json").read_text())
+    assert summary["pseudo_labels_considered"] == summary["pseudo_labels_kept"] == len(other)
+    assert len(union) == len(train) + len(other)
+    assert torch.equal(union[0]["target"], train[0]["target"])
+    pseudo = union[len(train)]
+    assert pseudo["series_id"] == other[0]["series_id"]
+    assert not torch.equal(pseudo["target"], other[0]["target"])  # the ground truth is never used
+
+    made = (ctx.run_dir / "stage3" / model_stages.PSEUDO_LABELS_FILE).stat().st_mtime_ns
+    assert len(model_stages.selftrain_dataset(train, ctx, loose, unlabeled=other)) == len(union)
+    assert (ctx.run_dir / "stage3" / model_stages.PSEUDO_LABELS_FILE).stat().st_mtime_ns == made  # cached
+    test = SeriesDataset(tiny_prepared, "test")
+    assert len(test) == len(other)  # the same pool indices: only the source tells the caches apart
+    assert len(model_stages.selftrain_dataset(train, ctx, loose, unlabeled=test)) == len(train) + len(test)
+    assert (ctx.run_dir / "stage3" / model_stages.PSEUDO_LABELS_FILE).stat().st_mtime_ns != made
+
+
 def test_pseudo_labelling_drafts_each_batch_once(ctx, tiny_prepared, monkeypatch):
     """num_samples refiner samples of a batch share one draft, and a shared draft gives the
     same refinement as drafting again."""
@@ -214,18 +245,19 @@ def _mean_loss(stage: int, model: torch.nn.Module, dataset: SeriesDataset) -> fl
     return sum(losses) / len(losses)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known defect: on the realistic tiny series one epoch of stage 1 (3 Adam steps at the config's lr "
-    "1e-3, no warmup) raises the validation loss from 0.01140 to 0.01169; the draft's start and its "
-    "schedule are to be fixed, and then this mark removed (strict: a pass fails the suite)"))
-def test_one_epoch_of_stage1_lowers_the_validation_loss_on_the_realistic_series(ctx, tiny_prepared):
+@pytest.mark.parametrize("seed", [0, 1])
+def test_one_epoch_of_stage1_lowers_the_validation_loss_on_the_realistic_series(ctx, tiny_prepared, seed):
     """The tiny series carry the realistic knobs (haze, radiometry, jitter, heavy cover): learning
-    must show on held-out locations after one pass over the training locations."""
-    torch.manual_seed(0)
+    must show on held-out locations after one pass over the training locations (3 Adam steps at the
+    config's lr, no warmup), from either initialisation. The untrained draft is the composite, so
+    a head whose first steps overwrite it instead of correcting it raises this loss (it did, from
+    0.01140 to 0.01169, before the correction was scaled); the scaled head lowers it by 6-7%."""
+    torch.manual_seed(seed)
     model = build(1, ctx)
     train, val = SeriesDataset(tiny_prepared, "train"), SeriesDataset(tiny_prepared, "val")
     before = _mean_loss(1, model, val)
-    spec, opt = get_stage(1), torch.optim.Adam(model.parameters(), lr=1e-3)
+    spec = get_stage(1)
+    opt = torch.optim.Adam(model.parameters(), lr=ctx.config.train.for_stage(1).lr)
     model.train()
     for start in range(0, len(train), 2):
         loss = spec.loss(model, default_collate([train[i] for i in range(start, min(start + 2, len(train)))]))
@@ -233,5 +265,5 @@ def test_one_epoch_of_stage1_lowers_the_validation_loss_on_the_realistic_series(
         loss.backward()
         opt.step()
     after = _mean_loss(1, model, val)
-    print(f"stage 1 validation loss: {before:.4f} before, {after:.4f} after one epoch ({len(train)} series)")
-    assert after < before, (before, after)
+    print(f"stage 1 validation loss: {before:.5f} before, {after:.5f} after one epoch ({len(train)} series)")
+    assert after < 0.97 * before, (before, after)

@@ -138,3 +138,9 @@ def harvest(rng: np.random.Generator, realism: Realism, n_obs: int) -> int | Non
     if realism.harvest_probability <= 0 or n_obs < 2 or rng.random() >= realism.harvest_probability:
         return None
     return int(rng.integers(1, n_obs))
+
+HAZIER = Realism(haze_probability=0.9, haze_optical_depth=(0.2, 0.6), gain_sigma=0.1, offset_sigma=0.02)
+"""Another atmosphere: haze on nearly every date and thicker, and a worse atmospheric correction.
+Series with these knobs are a shifted domain for a model trained on :data:`REALISTIC` ones (as a
+new region or season is for a model trained on SEN12MS-CR-TS): the same land covers and clouds,
+seen through air the labeled series never showed."""

@@ -2,7 +2,8 @@
 
 How hard the series are is set by the preset's :class:`~vcloud.data.realism.Realism` (heavy cloud
 cover, never-clear pixels, unmasked haze, per-date radiometry, harvests, co-registration jitter,
-sensor noise); ``tiny-easy`` keeps the easy series for comparisons.
+sensor noise); ``tiny-easy`` keeps the easy series for comparisons and ``small-hazier`` is a
+shifted domain (another atmosphere, :data:`~vcloud.data.realism.HAZIER`).
 
 Writes the raw layout of :mod:`vcloud.data.layout` with real georeferencing (UTM CRS and a 10 m affine
 transform), plus ``CLD`` masks and the ``S2CLEAR`` ground truth of each series' target date, and a
@@ -29,6 +30,7 @@ from vcloud.data.bands import CLOUD_TYPES, S1_DB_MAX, S2_DN_MAX, observation_typ
 from vcloud.data.clouds import CloudLayer, apply_clouds, cloud_layer, fractal_noise, layers_for_type
 from vcloud.data.realism import (
     EASY,
+    HAZIER,
     REALISTIC,
     Realism,
     apply_haze,
@@ -66,6 +68,11 @@ PRESETS: dict[str, SyntheticPreset] = {
     "tiny-easy": SyntheticPreset("tiny-easy", n_regions=4, patches_per_region=3, size=64, n_dates=4, realism=EASY),
     # tiny's size, with 24 training series: enough for the 8 ranks of a two-node run (batch 2 each).
     "tiny-wide": SyntheticPreset("tiny-wide", n_regions=8, patches_per_region=4, size=64, n_dates=4),
+    # small's series through a hazier, worse-corrected atmosphere: the unlabeled shifted domain that
+    # self-training (stage 3) adapts to. Generate it with another seed than the labeled set, so its
+    # locations are new as well.
+    "small-hazier": SyntheticPreset("small-hazier", n_regions=10, patches_per_region=8, size=128, n_dates=6,
+                                    realism=HAZIER),
 }
 
 COLLECTIONS: tuple[str, ...] = ("1158", "1868", "1970", "2017")

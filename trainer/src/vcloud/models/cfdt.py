@@ -10,7 +10,9 @@ which date is the target, CFDT predicts the cloud-free target image:
 3. a temporal transformer (TMT) attends across dates at every pixel of the coarsest level, with
    the pair gates as an additive attention bias (``log g``: changed pairs are ignored);
 4. a draft decoder upsamples the target's TMT features with skip connections from the target
-   date's pyramid and predicts a correction to a composite of the clear pixels.
+   date's pyramid and predicts a correction to a composite of the clear pixels (zero at the start, and scaled to the
+   composite's reflectance error so that the first optimizer steps refine the composite rather than
+   overwrite it).
 
 The composite keeps the target's own clear pixels as observed and fills its cloudy ones from the
 other dates, each first shifted to the target's local brightness where both are clear
@@ -85,6 +87,12 @@ class CFDTConfig:
     brightness before it enters the composite; 0 = no harmonisation."""
     fill_radii: tuple[int, ...] = (2, 8, 32)
     """Radii of the normalised convolutions that fill pixels no date sees clear; () = none."""
+    correction_scale: float = 0.05
+    """Reflectance per unit of the decoder head's output: the correction is ``correction_scale *
+    head(...)``. Adam moves every weight of the zero-initialised head by about the learning rate on
+    its first steps, whatever its gradient; unscaled, those steps change the draft by more than the
+    composite's error (~0.01 reflectance) and training starts by spoiling its start. Scaled to the
+    size of that error, the first steps nudge the composite instead."""
 
     def __post_init__(self) -> None:
         require(isinstance(self.use_s1, bool), SECTION, "use_s1", self.use_s1, "true or false")
@@ -96,6 +104,8 @@ class CFDTConfig:
         require(isinstance(self.fill_radii, tuple) and all(
             isinstance(r, int) and not isinstance(r, bool) and r > 0 for r in self.fill_radii),
             SECTION, "fill_radii", self.fill_radii, "a list of integers > 0")
+        require(isinstance(self.correction_scale, (int, float)) and not isinstance(self.correction_scale, bool)
+                and self.correction_scale > 0, SECTION, "correction_scale", self.correction_scale, "a number > 0")
         require_positive_int(SECTION, "max_dates", self.max_dates)
         require(self.max_dates >= 2, SECTION, "max_dates", self.max_dates, "an integer >= 2")
         require_positive_int(SECTION, "norm_groups", self.norm_groups)
@@ -244,6 +254,7 @@ class DraftDecoder(nn.Module):
         )
         nn.init.zeros_(self.head[-1].weight)
         nn.init.zeros_(self.head[-1].bias)
+        self.correction_scale = float(cfg.correction_scale)
 
     def forward(self, fused: torch.Tensor, skips: Sequence[torch.Tensor], composite: torch.Tensor,
                 coverage: torch.Tensor, target_input: torch.Tensor) -> torch.Tensor:
@@ -251,7 +262,7 @@ class DraftDecoder(nn.Module):
         for up, blocks, skip in zip(self.ups, self.levels, reversed(skips[:-1])):
             h = blocks(torch.cat([up(h, size=skip.shape[-2:]), skip], dim=1))
         delta = self.head(torch.cat([h, composite, coverage, target_input], dim=1))
-        return composite + delta
+        return composite + self.correction_scale * delta
 
 
 def order_target_first(target_index: torch.Tensor, num_dates: int) -> torch.Tensor:

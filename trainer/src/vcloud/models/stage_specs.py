@@ -141,8 +141,13 @@ def pseudo_label_pool(labeled: Dataset, cfg: SelfTrainConfig) -> tuple[Dataset, 
     return labeled, pool, source
 
 
-def selftrain_dataset(labeled: Dataset, ctx: BuildContext, cfg: SelfTrainConfig | None = None) -> Dataset:
+def selftrain_dataset(labeled: Dataset, ctx: BuildContext, cfg: SelfTrainConfig | None = None,
+                      unlabeled: Dataset | None = None) -> Dataset:
     """Training set of stage 3: labeled series plus kept pseudo-labelled ones.
+
+    ``unlabeled``, when given, is the pool instead of ``cfg.unlabeled_split``: every one of its
+    series is pseudo-labelled (its targets never read) and ``labeled`` is kept whole. This is how a
+    domain with no labels at all (another region, another atmosphere) is added to the labeled one.
 
     Pseudo-labels come from the stage-2 ``best.pt`` (not the model being fine-tuned) and are cached
     in ``stage3/pseudo_labels.pt`` on first use, so a resumed run trains on exactly the same set;
@@ -150,17 +155,22 @@ def selftrain_dataset(labeled: Dataset, ctx: BuildContext, cfg: SelfTrainConfig 
     Every rank computes or reads the same deterministic result; only rank 0 writes the cache."""
     if cfg is None:
         cfg = SelfTrainConfig.from_dict(ctx.config.model.section(3))
-    labeled_part, pool, source = pseudo_label_pool(labeled, cfg)
+    if unlabeled is None:
+        labeled_part, pool, source = pseudo_label_pool(labeled, cfg)
+    else:
+        labeled_part, pool, source = labeled, list(range(len(unlabeled))), unlabeled
+    source_root = f"{getattr(source, 'root', '')}:{getattr(source, 'split', '')}"
     cache = ctx.run_dir / "stage3" / PSEUDO_LABELS_FILE
     teacher = file_digest(ctx.predecessor_checkpoint(2))
     labels = None
     if cache.is_file():
         saved = torch.load(cache, map_location="cpu", weights_only=True)
         if (saved.get("pool") == pool and saved.get("config") == dataclasses.asdict(cfg)
-                and saved.get("teacher") == teacher):
+                and saved.get("teacher") == teacher and saved.get("source", source_root) == source_root):
             labels = PseudoLabels.from_state_dict(saved["labels"])
         else:
-            log.info("stage 3: %s was made for another pool, config or stage-2 model; labelling again", cache)
+            log.info("stage 3: %s was made for another pool, source, config or stage-2 model; labelling again",
+                     cache)
     if labels is None:
         stage2 = ctx.load_predecessor(2)
         steps = cfg.sample_steps or None
@@ -180,7 +190,7 @@ def selftrain_dataset(labeled: Dataset, ctx: BuildContext, cfg: SelfTrainConfig 
         if _is_main_process():
             buffer = io.BytesIO()
             torch.save({"pool": pool, "config": dataclasses.asdict(cfg), "teacher": teacher,
-                        "labels": labels.state_dict()}, buffer)
+                        "source": source_root, "labels": labels.state_dict()}, buffer)
             atomic_write_bytes(cache, buffer.getvalue())
             atomic_write_text(cache.with_name(PSEUDO_SUMMARY_FILE), json.dumps(labels.summary(), indent=1) + "\n")
     summary = labels.summary()
