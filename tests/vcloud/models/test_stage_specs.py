@@ -89,6 +89,7 @@ def test_stage2_needs_predecessors(ctx):
 
 
 def test_stages_2_and_3_load_predecessors_learn_and_pseudo_label(ctx, batch, tiny_prepared, monkeypatch):
+    torch.manual_seed(0)  # the models' initialisation must not depend on the tests that ran before
     ae, draft = build(0, ctx), build(1, ctx)
     perturb(ae, 1)
     perturb(draft, 2)
@@ -154,7 +155,8 @@ def test_stages_2_and_3_load_predecessors_learn_and_pseudo_label(ctx, batch, tin
     assert reloads[:1] == [2], reloads
     monkeypatch.undo()
 
-    losses = train_steps(3, stage3, batch, steps=10, lr=1e-3)
+    # below the tiny config's 5e-4: Adam's first step on the whole draft model jumps the loss at 1e-3
+    losses = train_steps(3, stage3, batch, steps=10, lr=3e-4)
     assert losses[-1] < losses[0], losses
 
 
