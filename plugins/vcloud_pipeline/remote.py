@@ -9,6 +9,7 @@ Each is one shell command with every path quoted; a command that fails raises
 from __future__ import annotations
 
 import shlex
+import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import PurePosixPath
 from typing import Protocol
@@ -48,10 +49,12 @@ def write_file(runner: CommandRunner, path: PurePosixPath | str, text: str) -> N
     """Write ``text`` to ``path`` atomically (temp file in the same directory, then rename).
 
     The file's mtime is set after the rename, so it is not older than its directory's: the code
-    manifest relies on being the newest entry of the synced tree.
+    manifest relies on being the newest entry of the synced tree. The temp name is the writer's own:
+    two deployments syncing one run write the same manifest at once, and with a shared temp name
+    one writer's rename took the other's file away ("mv: cannot stat").
     """
     target = shlex.quote(str(path))
-    tmp = shlex.quote(f"{path}.tmp")
+    tmp = shlex.quote(f"{path}.tmp.{uuid.uuid4().hex}")
     run_checked(runner, f"cat > {tmp} && mv -f -- {tmp} {target} && touch -c -- {target}", stdin=text,
                 what=f"writing {path}")
 

@@ -29,7 +29,7 @@ def test_files_are_created_written_listed_and_moved_aside(root: Path) -> None:
     make_dirs(shell, [root / "stage1", root / "logs"])
     write_file(shell, root / "stage1" / "COMPLETE", '{"epochs": 3}\n')
     assert (root / "stage1" / "COMPLETE").read_text() == '{"epochs": 3}\n'
-    assert not list((root / "stage1").glob("*.tmp"))
+    assert not list((root / "stage1").glob("*.tmp*"))
     assert exists(shell, root / "stage1" / "COMPLETE") and not exists(shell, root / "nope")
     assert listing(shell, root) == [("stage1/COMPLETE", 14)]
     assert listing(shell, root / "missing") == []
