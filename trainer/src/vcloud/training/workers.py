@@ -10,6 +10,11 @@ So workers ignore the stop signals. They are started with the signals blocked (t
 inherited through fork and exec, which closes the window before a spawned worker has imported
 torch), ignore them on start-up, and are shut down explicitly when iteration ends, because the
 usual way of stopping a worker is a SIGTERM that they no longer obey.
+
+Python's multiprocessing starts its resource tracker on the first queue a spawn (or forkserver)
+DataLoader creates, and unblocks SIGINT and SIGTERM once the tracker runs: inside the first
+iterator's blocked window that would let the first epoch's workers start with SIGTERM deliverable
+and default, so :func:`shielded_batches` starts the tracker before it blocks anything.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import signal
+from multiprocessing import resource_tracker
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -51,6 +57,8 @@ def shielded_batches(loader: DataLoader) -> Iterator[Iterator[Any]]:
 
     Workers start with the stop signals blocked and are shut down when the block exits, also on
     an early return (a stop at a step boundary) or an exception."""
+    if loader.num_workers > 0:
+        resource_tracker.ensure_running()  # it would unblock SIGTERM in the window below
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         batches = iter(loader)  # workers are created here and inherit the blocked mask
