@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+from slurm_provider.cli.values import format_duration
 from slurm_provider.links import JOB_ID_XCOM_KEY, task_log_url
 from slurm_provider.state_vocabulary import SlurmState, classify_pending_reason, parse_state
 
@@ -119,7 +120,7 @@ class JobRecord:
         data["finished_at"] = self.finished_at.isoformat() if self.finished_at else None
         data["state_description"] = self.state_description
         data["category"] = self.slurm_state.category.value if self.slurm_state else None
-        data["elapsed"] = format_elapsed(self.elapsed_s)
+        data["elapsed"] = format_duration(self.elapsed_s)
         data["resubmissions"] = self.resubmissions
         data["log_url"] = task_log_url("", self.dag_id, self.run_id, self.task_id, self.map_index, self.job_id)
         return data
@@ -129,16 +130,6 @@ def is_job_summary(value: Any) -> bool:
     """True for the return value of a ``SlurmSubmitOperator`` task (and its subclasses)."""
     return isinstance(value, Mapping) and all(key in value for key in SUMMARY_KEYS)
 
-
-def format_elapsed(seconds: int | None) -> str:
-    """``D-HH:MM:SS`` like Slurm prints it; empty when unknown."""
-    if seconds is None:
-        return ""
-    days, rest = divmod(int(seconds), 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    clock = f"{hours:02d}:{minutes:02d}:{secs:02d}"
-    return f"{days}-{clock}" if days else clock
 
 
 def pending_words(state: str | SlurmState | None, reason: str | None) -> PendingWords | None:

@@ -8,6 +8,7 @@ from slurm_provider.cli.sacct import parse_sacct
 from slurm_provider.cli.squeue import parse_squeue
 from slurm_provider.cli.values import (
     SlurmOutputError,
+    format_duration,
     gpus_from_tres,
     parse_duration,
     parse_exit_code,
@@ -37,6 +38,20 @@ from slurm_provider.cli.values import (
 )
 def test_parse_duration(text: str | None, seconds: int | None) -> None:
     assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (0, "00:00:00"), (184, "00:03:04"), (7384, "02:03:04"), (86399, "23:59:59"), (86400, "1-00:00:00"),
+    (93784, "1-02:03:04"), (259200.7, "3-00:00:00"),
+])
+def test_format_duration_prints_what_parse_duration_reads(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
+    assert parse_duration(text) == int(seconds)
+
+
+def test_format_duration_of_an_unknown_duration() -> None:
+    assert format_duration(None) == ""
+    assert format_duration(None, unknown="?") == "?"
 
 
 @pytest.mark.parametrize(

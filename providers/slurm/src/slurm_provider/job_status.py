@@ -25,6 +25,7 @@ from slurm_provider.cli.sacct import SacctRow, latest_job_rows, runs_of, steps_o
 from slurm_provider.cli.squeue import SqueueRow
 from slurm_provider.cli.values import (
     expand_hostlist,
+    format_duration,
     gpus_from_tres,
     parse_duration,
     parse_exit_code,
@@ -41,15 +42,6 @@ from slurm_provider.state_vocabulary import (
 
 EVENT_VERSION = 1
 
-
-def _format_seconds(seconds: int | None) -> str:
-    if seconds is None:
-        return "?"
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    clock = f"{hours:02d}:{minutes:02d}:{secs:02d}"
-    return f"{days}-{clock}" if days else clock
 
 
 def gpu_hours(gpus: int, elapsed_s: float, billing_factor: float = 1.0) -> float:
@@ -149,7 +141,7 @@ class JobStatus:
         if self.exit_code is not None and self.is_terminal:
             parts.append(f"exit code {self.exit_code}" + (f", signal {self.signal}" if self.signal else ""))
         if self.elapsed_s is not None and self.state.has_started:
-            parts.append(f"ran {_format_seconds(self.elapsed_s)}")
+            parts.append(f"ran {format_duration(self.elapsed_s, unknown='?')}")
         if self.node_list:
             parts.append(f"on {self.node_list}")
         if self.restarts:

@@ -48,6 +48,19 @@ def parse_duration(text: str | None) -> int | None:
     return duration_seconds(value)
 
 
+def format_duration(seconds: float | None, unknown: str = "") -> str:
+    """``D-HH:MM:SS`` (``HH:MM:SS`` under a day) as Slurm prints a duration; ``unknown`` for None.
+
+    The inverse of :func:`parse_duration` for whole seconds."""
+    if seconds is None:
+        return unknown
+    days, rest = divmod(int(seconds), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    clock = f"{hours:02d}:{minutes:02d}:{secs:02d}"
+    return f"{days}-{clock}" if days else clock
+
+
 def parse_exit_code(text: str | None) -> tuple[int | None, int | None]:
     """``(exit_code, signal)`` from Slurm's ``E:S``: ``3:0`` is exit code 3, ``0:9`` killed by signal 9.
 
