@@ -25,13 +25,14 @@ trainer's in ways that do not touch the model code:
 * validation runs only where it decides something: a stage that starts from its predecessor's
   answer (``validate_start`` in the stage registry: stages 1-3) is scored on the validation split
   before and after its bounded training, and the trained weights become its ``best.pt`` only if
-  they beat the start by ``train.start_min_gain``, as the trainer's best-checkpoint rule
-  (:func:`vcloud.training.best.improves`) chooses. Stage 0 keeps its last weights.
+  they beat the start by ``train.start_min_gain`` (stage 3 with an unlabeled domain: only if they
+  lose at most ``model.stage3.max_val_loss``), as the trainer's best-checkpoint rule
+  (:func:`vcloud.training.best.keeps_trained`) chooses. Stage 0 keeps its last weights.
 
 Stage 3 adapts to a domain without labels: with ``--shift hazier`` (the default) a second dataset,
 the ``small-hazier`` preset (another atmosphere, new locations: data seed 1), is generated; its
-training split is stage 3's unlabeled pool (every series pseudo-labelled, ground truth never read,
-the labeled training split kept whole) and every method is scored on its test split as well
+training split is stage 3's unlabeled pool (``model.stage3.unlabeled_data``: every series
+pseudo-labelled, ground truth never read, the labeled training split kept whole) and every method is scored on its test split as well
 ("shifted" rows and ``*_shifted_*`` keys). ``--shift none`` pseudo-labels part of the labeled
 training split instead (``model.stage3.unlabeled_split``), as the trainer does.
 
@@ -70,9 +71,8 @@ from vcloud.data.prepare import PrepareSettings, prepare_dataset  # noqa: E402
 from vcloud.data.selection import SplitFractions  # noqa: E402
 from vcloud.data.synthetic import generate_raw  # noqa: E402
 from vcloud.metrics import MetricTotals  # noqa: E402
-from vcloud.models.stage_specs import selftrain_dataset  # noqa: E402
 from vcloud.stage_registry import BuildContext, get_stage, load_stage_model  # noqa: E402
-from vcloud.training.best import improves  # noqa: E402
+from vcloud.training.best import keeps_trained  # noqa: E402
 
 STAGE_SHARES = {0: 0.12, 1: 0.43, 2: 0.17, 3: 0.28}
 """Fraction of the training time each stage gets (stage 3's includes pseudo-labelling)."""
@@ -83,11 +83,14 @@ SHIFTED_SPLITS = SplitFractions(train=0.5, val=0.1, test=0.4)
 """Half the shifted locations are the unlabeled pool, most of the rest its test split."""
 
 
-def benchmark_config(path: Path, seed: int = 0) -> VCloudConfig:
-    """The model config with gradient checkpointing off (see the module docstring) and ``seed``."""
+def benchmark_config(path: Path, seed: int = 0, unlabeled_data: Path | None = None) -> VCloudConfig:
+    """The model config with gradient checkpointing off (see the module docstring), ``seed``, and
+    stage 3's unlabeled domain (``model.stage3.unlabeled_data``) when there is one."""
     raw = load_config(path).to_dict()
     raw["memory"]["grad_checkpointing"] = False
     raw["train"]["seed"] = seed
+    if unlabeled_data is not None:
+        raw["model"]["stage3"].update(unlabeled_data=str(unlabeled_data), unlabeled_split="train")
     return config_from_dict(raw)
 
 
@@ -103,10 +106,9 @@ def lr_factor(cfg: VCloudConfig, progress: float, warmup_fraction: float) -> flo
 
 
 def train_bounded(stage: int, ctx: BuildContext, data: Path, seconds: float,
-                  unlabeled: Dataset | None = None, start_score: float | None = None) -> dict:
+                  start_score: float | None = None) -> dict:
     """Train one stage for at most its configured epochs and ``seconds``; save it as ``best.pt``.
 
-    ``unlabeled``: stage 3's pool of unlabeled series from another domain (see the module docstring).
     ``start_score``: the validation score of the model the stage starts from, when it is known
     already: the untrained refiner returns stage 1's draft bit for bit and stage 3 starts from stage
     2's kept weights, so their starts score what the previous stage kept (stage 2's start alone
@@ -116,13 +118,12 @@ def train_bounded(stage: int, ctx: BuildContext, data: Path, seconds: float,
     (ctx.run_dir / f"stage{stage}" / "trained.pt").unlink(missing_ok=True)  # an earlier run's
     budget = cfg.train.for_stage(stage)
     spec = get_stage(stage)
-    model = spec.build_model(spec.parse_model_config(cfg.model.section(stage)), ctx).train()
+    model_config = spec.parse_model_config(cfg.model.section(stage))
+    model = spec.build_model(model_config, ctx).train()
+    tolerance = spec.start_tolerance(model_config) if spec.start_tolerance is not None else None
     train: Dataset = SeriesDataset(data, "train")
-    hook = getattr(spec, "train_dataset", None)
-    if hook is not None and unlabeled is not None:
-        train = selftrain_dataset(train, ctx, unlabeled=unlabeled)
-    elif hook is not None:
-        train = hook(train, ctx)
+    if spec.train_dataset is not None:
+        train = spec.train_dataset(train, ctx)
     prep = time.monotonic() - started
     loader = DataLoader(train, batch_size=budget.batch_size, shuffle=True, drop_last=True,
                         generator=torch.Generator().manual_seed(cfg.train.seed + stage))
@@ -164,7 +165,7 @@ def train_bounded(stage: int, ctx: BuildContext, data: Path, seconds: float,
     if start is not None:
         trained = score_model(spec, model, val)[metric] if steps else start[1]
         val_scores = {"start": start[1], "trained": trained, "kept": trained}
-        if not improves(metric, trained, start[1], cfg.train.start_min_gain):
+        if not keeps_trained(metric, trained, start[1], min_gain=cfg.train.start_min_gain, tolerance=tolerance):
             if steps:  # scored too: what training reached, though the start is handed on
                 save_checkpoint(ctx.run_dir / f"stage{stage}" / "trained.pt",
                                 {"stage": stage, "model": model.state_dict(), "model_config": cfg.model.section(stage)})
@@ -217,13 +218,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     work = args.work or Path(tempfile.mkdtemp(prefix="vcloud_quality_"))
     config_path = ROOT / "trainer" / "configs" / "model_small.yaml"
-    cfg = benchmark_config(config_path, args.seed)
     raw, data = work / "raw", work / "prepared"
     if not (data / "index.json").exists():
         generate_raw(raw, preset="small", seed=0)
         prepare_dataset(raw, data)
     unlabeled: Dataset | None = None
     shifted_test: Dataset | None = None
+    shifted: Path | None = None
     if args.shift == "hazier":
         shifted = work / "shifted" / "prepared"
         if not (shifted / "index.json").exists():
@@ -233,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         shifted_full = SeriesDataset(shifted, "test")
         n_shifted = len(shifted_full) if args.test_limit <= 0 else min(args.test_limit, len(shifted_full))
         shifted_test = Subset(shifted_full, range(n_shifted))
+    cfg = benchmark_config(config_path, args.seed, unlabeled_data=shifted)
     test_full = SeriesDataset(data, "test")
     n_test = len(test_full) if args.test_limit <= 0 else min(args.test_limit, len(test_full))
     test = Subset(test_full, range(n_test))
@@ -283,7 +285,6 @@ def main(argv: list[str] | None = None) -> int:
     kept_score: float | None = None
     for stage in (0, 1, 2, 3):
         info = train_bounded(stage, ctx, data, training * STAGE_SHARES[stage],
-                             unlabeled=unlabeled if stage == 3 else None,
                              start_score=kept_score if stage >= 2 else None)
         kept_score = info["val"].get("kept")
         line = (f"stage {stage} trained {info['seconds']:.0f} s: {info['steps']} steps, "

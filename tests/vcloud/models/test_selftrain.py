@@ -76,3 +76,35 @@ def test_config_validation():
         SelfTrainConfig.from_dict({"num_samples": 1})
     with pytest.raises(ModelConfigError, match=r"unlabeled_split='holdout'.*train, val, test"):
         SelfTrainConfig.from_dict({"unlabeled_split": "holdout"})
+    for field, value in (("student_haze_depth", -1), ("student_haze_probability", 2), ("pseudo_label_share", 1.0)):
+        with pytest.raises(ModelConfigError, match=rf"model\.stage3\.{field}"):
+            SelfTrainConfig.from_dict({field: value})
+
+
+@pytest.mark.parametrize(("share", "labeled", "pseudo", "repeats"), [
+    (0.0, 256, 40, 1),    # each once
+    (0.5, 256, 40, 6),    # 240 pseudo-labelled beside 256 labeled
+    (0.5, 10, 40, 1),     # never fewer than once
+    (0.25, 300, 10, 10),  # 100 beside 300
+    (0.5, 256, 0, 1),
+])
+def test_pseudo_labelled_series_repeat_up_to_their_share(share, labeled, pseudo, repeats):
+    assert SelfTrainConfig(pseudo_label_share=share).pseudo_label_repeats(labeled, pseudo) == repeats
+
+
+def test_the_student_sees_pseudo_labelled_series_through_a_fresh_veil():
+    """Inputs hazier than the teacher's at every use, the pseudo-target untouched, repeats cycling."""
+    labels = PseudoLabels((1, 4), torch.rand(2, 13, 4, 4), (0.0, 0.0), (1, 4), 0.1)
+    cfg = SelfTrainConfig(student_haze_depth=1.0, student_haze_probability=1.0)
+    ds = PseudoLabeledSeries(Series(6), labels, cfg.student_veil, repeats=3)
+    assert len(ds) == 6
+    assert [ds[i]["series_id"] for i in range(6)] == ["s1", "s4"] * 3
+    torch.manual_seed(0)
+    first, again = ds[1], ds[3]
+    clean = Series(6)[4]["inputs"]
+    assert not torch.equal(first["inputs"], clean) and not torch.equal(first["inputs"], again["inputs"])
+    assert torch.equal(first["target"], labels.targets[1]) and torch.equal(first["masks"], Series(6)[4]["masks"])
+    with pytest.raises(IndexError):
+        ds[6]
+    plain = PseudoLabeledSeries(Series(6), labels, SelfTrainConfig(student_haze_depth=0).student_veil)
+    assert len(plain) == 2 and torch.equal(plain[1]["inputs"], clean)

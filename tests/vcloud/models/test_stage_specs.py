@@ -3,6 +3,8 @@ their ``best.pt``, each stage's loss falls on a fixed batch, stage 3 pseudo-labe
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 
@@ -172,17 +174,19 @@ def test_selftrain_keeps_only_agreeing_pseudo_labels(ctx, tiny_prepared):
     perturb(stage2.refiner.denoiser, 3)  # non-zero noise predictions: samples differ per seed
     save_best(2, stage2, ctx)
     train = SeriesDataset(tiny_prepared, "train")
-    loose = SelfTrainConfig(num_samples=2, agreement_threshold=10.0, sample_steps=2)
+    loose = SelfTrainConfig(num_samples=2, agreement_threshold=10.0, sample_steps=2, pseudo_label_share=0)
     union = model_stages.selftrain_dataset(train, ctx, loose)
     considered = json.loads((ctx.run_dir / "stage3" / "pseudo_labels.json").read_text())["pseudo_labels_considered"]
     assert len(union) == len(train)
-    strict = SelfTrainConfig(num_samples=2, agreement_threshold=1e-9, sample_steps=2)
+    strict = SelfTrainConfig(num_samples=2, agreement_threshold=1e-9, sample_steps=2, pseudo_label_share=0)
     assert len(model_stages.selftrain_dataset(train, ctx, strict)) == len(train) - considered
 
 
 def test_selftrain_pseudo_labels_every_series_of_an_unlabeled_domain(ctx, tiny_prepared):
-    """An unlabeled dataset given to stage 3 is its pool: every series is pseudo-labelled (its own
-    targets replaced), the labeled split stays whole, and the cache is remade for another source."""
+    """``unlabeled_data`` names another domain's prepared dataset: every series of its
+    ``unlabeled_split`` is pseudo-labelled (its own targets replaced, inputs under the student's
+    veil), repeated up to ``pseudo_label_share``, the labeled split stays whole, and the cache is
+    remade for another source."""
     from vcloud.models.selftrain import SelfTrainConfig
 
     ae, draft = build(0, ctx), build(1, ctx)
@@ -192,23 +196,32 @@ def test_selftrain_pseudo_labels_every_series_of_an_unlabeled_domain(ctx, tiny_p
     perturb(stage2.refiner.denoiser, 3)
     save_best(2, stage2, ctx)
     train, other = SeriesDataset(tiny_prepared, "train"), SeriesDataset(tiny_prepared, "val")
-    loose = SelfTrainConfig(num_samples=2, agreement_threshold=10.0, sample_steps=2)
-    union = model_stages.selftrain_dataset(train, ctx, loose, unlabeled=other)
+    loose = SelfTrainConfig(num_samples=2, agreement_threshold=10.0, sample_steps=2,
+                            unlabeled_data=str(tiny_prepared), unlabeled_split="val")
+    union = model_stages.selftrain_dataset(train, ctx, loose)
     summary = json.loads((ctx.run_dir / "stage3" / "pseudo_labels.json").read_text())
     assert summary["pseudo_labels_considered"] == summary["pseudo_labels_kept"] == len(other)
-    assert len(union) == len(train) + len(other)
+    repeats = loose.pseudo_label_repeats(len(train), len(other))
+    assert repeats > 1 and len(union) == len(train) + repeats * len(other)
     assert torch.equal(union[0]["target"], train[0]["target"])
     pseudo = union[len(train)]
-    assert pseudo["series_id"] == other[0]["series_id"]
+    assert pseudo["series_id"] == other[0]["series_id"] == union[len(train) + len(other)]["series_id"]
     assert not torch.equal(pseudo["target"], other[0]["target"])  # the ground truth is never used
+    assert not torch.equal(pseudo["inputs"], other[0]["inputs"])  # the student sees them hazier
+    assert torch.equal(pseudo["masks"], other[0]["masks"])
 
     made = (ctx.run_dir / "stage3" / model_stages.PSEUDO_LABELS_FILE).stat().st_mtime_ns
-    assert len(model_stages.selftrain_dataset(train, ctx, loose, unlabeled=other)) == len(union)
+    assert len(model_stages.selftrain_dataset(train, ctx, loose)) == len(union)
     assert (ctx.run_dir / "stage3" / model_stages.PSEUDO_LABELS_FILE).stat().st_mtime_ns == made  # cached
     test = SeriesDataset(tiny_prepared, "test")
     assert len(test) == len(other)  # the same pool indices: only the source tells the caches apart
-    assert len(model_stages.selftrain_dataset(train, ctx, loose, unlabeled=test)) == len(train) + len(test)
+    on_test = dataclasses.replace(loose, unlabeled_split="test", pseudo_label_share=0)
+    assert len(model_stages.selftrain_dataset(train, ctx, on_test)) == len(train) + len(test)
     assert (ctx.run_dir / "stage3" / model_stages.PSEUDO_LABELS_FILE).stat().st_mtime_ns != made
+
+    missing = dataclasses.replace(loose, unlabeled_data="../no_such_domain")
+    with pytest.raises(FileNotFoundError, match=r"model\.stage3\.unlabeled_data='../no_such_domain'.*index\.json"):
+        model_stages.selftrain_dataset(train, ctx, missing)
 
 
 def test_pseudo_labelling_drafts_each_batch_once(ctx, tiny_prepared, monkeypatch):

@@ -90,6 +90,11 @@ class StageSpec:
     validate_start: bool = False
     """The untrained model already gives its predecessor's answer: validate it before the first
     step, so ``best.pt`` is never worse than what the stage started from."""
+    start_tolerance: Callable[[Any], float | None] | None = None
+    """Given the parsed model config: None when trained weights must beat the validated start (by
+    ``train.start_min_gain``) to become ``best.pt``; a number when validation only guards the stage
+    (stage 3 adapting to an unlabeled domain): the latest validated weights that lose at most this
+    against the start become ``best.pt`` (:func:`vcloud.training.best.keeps_trained`)."""
 
     def restore_batch(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         return (self.restore or self.predict)(model, batch)

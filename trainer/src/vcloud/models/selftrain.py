@@ -5,6 +5,12 @@ those samples agree (mean per-pixel standard deviation across samples below a th
 refiner is confident, and the mean sample becomes a pseudo-target; the rest are dropped. Draft
 model and refiner are then fine-tuned on labeled series plus the kept pseudo-labeled ones.
 
+The student is noisy (as in Noisy Student training): it sees each pseudo-labelled series through
+an extra haze veil (:mod:`vcloud.data.haze_veil`) the teacher did not see, so reproducing the
+pseudo-label means removing more haze than the teacher had to, instead of repeating the teacher's
+own output. And the pseudo-labelled series are repeated up to ``pseudo_label_share`` of each epoch:
+a new domain of a few dozen series beside a labeled set of hundreds would otherwise barely be seen.
+
 Which series are "unlabeled" is a pure function of the series id (a salted hash), so the split is
 the same on every rank and after every restart, and their ground truth is never read.
 """
@@ -18,6 +24,7 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 from torch.utils.data import Dataset
 
+from vcloud.data.haze_veil import HazeVeil
 from vcloud.models.config_fields import config_from_dict, require, require_positive_int
 
 SECTION = "model.stage3"
@@ -34,17 +41,34 @@ class SelfTrainConfig:
     at most this."""
     sample_steps: int = 0
     """DDIM steps for pseudo-labelling; 0 uses the refiner's ``sample_steps``."""
+    unlabeled_data: str = ""
+    """A prepared dataset of another domain (a new region or season) whose ``unlabeled_split``
+    series are all pseudo-labelled, their targets never read, beside the whole labeled training
+    split; a relative path is taken from the labeled dataset's directory. Empty: the unlabeled
+    series are ``unlabeled_fraction`` of the labeled dataset's ``unlabeled_split``."""
     unlabeled_split: str = "train"
     """Split whose series may be treated as unlabeled (their targets hidden)."""
     unlabeled_fraction: float = 0.3
-    """Fraction of ``unlabeled_split`` series (chosen by series id) treated as unlabeled. With the
-    training split, those series are removed from the labeled set."""
+    """Without ``unlabeled_data``: fraction of ``unlabeled_split`` series (chosen by series id)
+    treated as unlabeled. With the training split, those series are removed from the labeled set."""
+    max_val_loss: float = 0.1
+    """With ``unlabeled_data``: the labeled validation split cannot show what adapting to another
+    domain gains, only what it costs, so the latest validated weights that lose at most this much
+    (in ``train.best_metric`` units, dB for psnr) against stage 2's become ``best.pt``."""
     seed: int = 0
     """Salt of the unlabeled selection and base seed of the DDIM samples."""
     draft_loss_weight: float = 1.0
     """Weight of the draft model's L1 loss in the fine-tuning objective."""
     refiner_loss_weight: float = 1.0
     """Weight of the refiner's noise-prediction loss in the fine-tuning objective."""
+    student_haze_depth: float = 0.3
+    """Largest optical depth (at 490 nm) of the extra haze veil over each input date of a
+    pseudo-labelled series, drawn per date and per use; 0 = the student sees what the teacher saw."""
+    student_haze_probability: float = 0.9
+    """Chance that an input date of a pseudo-labelled series gets the extra veil."""
+    pseudo_label_share: float = 0.5
+    """Share of each epoch that pseudo-labelled series make up, by repeating them (never by
+    dropping labeled ones); 0 = each once."""
 
     def __post_init__(self) -> None:
         require_positive_int(SECTION, "num_samples", self.num_samples)
@@ -59,6 +83,16 @@ class SelfTrainConfig:
         require(isinstance(self.unlabeled_fraction, (int, float)) and 0 < self.unlabeled_fraction <= 1,
                 SECTION, "unlabeled_fraction", self.unlabeled_fraction, "a number in (0, 1]")
         require(isinstance(self.seed, int), SECTION, "seed", self.seed, "an integer")
+        require(isinstance(self.student_haze_depth, (int, float)) and 0 <= self.student_haze_depth <= 3,
+                SECTION, "student_haze_depth", self.student_haze_depth, "a number in [0, 3] (0 = no veil)")
+        require(isinstance(self.student_haze_probability, (int, float)) and 0 <= self.student_haze_probability <= 1,
+                SECTION, "student_haze_probability", self.student_haze_probability, "a number in [0, 1]")
+        require(isinstance(self.pseudo_label_share, (int, float)) and 0 <= self.pseudo_label_share < 1,
+                SECTION, "pseudo_label_share", self.pseudo_label_share, "a number in [0, 1) (0 = each series once)")
+        require(isinstance(self.unlabeled_data, str), SECTION, "unlabeled_data", self.unlabeled_data,
+                "a path to a prepared dataset, or empty")
+        require(isinstance(self.max_val_loss, (int, float)) and self.max_val_loss >= 0, SECTION, "max_val_loss",
+                self.max_val_loss, "a number >= 0")
         for name in ("draft_loss_weight", "refiner_loss_weight"):
             value = getattr(self, name)
             require(isinstance(value, (int, float)) and value >= 0, SECTION, name, value, "a number >= 0")
@@ -66,6 +100,17 @@ class SelfTrainConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "SelfTrainConfig":
         return config_from_dict(cls, d, section=SECTION)
+
+    @property
+    def student_veil(self) -> HazeVeil:
+        return HazeVeil(max_depth=float(self.student_haze_depth), probability=float(self.student_haze_probability))
+
+    def pseudo_label_repeats(self, labeled: int, pseudo: int) -> int:
+        """How often each pseudo-labelled series appears per epoch for ``pseudo_label_share``."""
+        if pseudo == 0 or self.pseudo_label_share == 0:
+            return 1
+        wanted = self.pseudo_label_share / (1 - self.pseudo_label_share) * labeled
+        return max(1, round(wanted / pseudo))
 
 
 def is_unlabeled(series_id: str, fraction: float, seed: int) -> bool:
@@ -152,16 +197,29 @@ def make_pseudo_labels(
 
 
 class PseudoLabeledSeries(Dataset):
-    """The kept unlabeled series with their pseudo-targets in place of the hidden ground truth."""
+    """The kept unlabeled series with their pseudo-targets in place of the hidden ground truth,
+    each ``repeats`` times, the student's inputs under a fresh ``veil`` at every use.
 
-    def __init__(self, base: Dataset, labels: PseudoLabels) -> None:
+    The veil draws from torch's default generator: the DataLoader seeds it in each worker from the
+    epoch's seed, so an epoch's veils are the same on a rerun."""
+
+    def __init__(self, base: Dataset, labels: PseudoLabels, veil: HazeVeil | None = None, repeats: int = 1) -> None:
+        if repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {repeats}")
         self.base = base
         self.labels = labels
+        self.veil = veil if veil is not None and veil.enabled else None
+        self.repeats = repeats
 
     def __len__(self) -> int:
-        return self.labels.kept
+        return self.labels.kept * self.repeats
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        item = dict(self.base[self.labels.indices[i]])
-        item["target"] = self.labels.targets[i]
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        kept = i % self.labels.kept
+        item = dict(self.base[self.labels.indices[kept]])
+        item["target"] = self.labels.targets[kept]
+        if self.veil is not None:
+            item["inputs"] = self.veil.apply(item["inputs"])
         return item

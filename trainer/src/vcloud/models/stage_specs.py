@@ -123,13 +123,23 @@ def _collate_to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[st
 def pseudo_label_pool(labeled: Dataset, cfg: SelfTrainConfig) -> tuple[Dataset, list[int], Dataset]:
     """(labeled series actually trained on, indices of unlabeled series, dataset they index).
 
-    With ``unlabeled_split: train`` the unlabeled series are removed from the labeled set, so the
-    ground truth of a pseudo-labelled series is never used."""
+    With ``unlabeled_data`` every series of that dataset's ``unlabeled_split`` is in the pool and
+    the labeled set stays whole. Otherwise ``unlabeled_fraction`` of the labeled dataset's
+    ``unlabeled_split`` is; with ``unlabeled_split: train`` those series are removed from the
+    labeled set, so the ground truth of a pseudo-labelled series is never used."""
+    from vcloud.data.dataset import SeriesDataset
+
+    if cfg.unlabeled_data:
+        root = Path(labeled.root) / cfg.unlabeled_data  # type: ignore[attr-defined]  # absolute stays absolute
+        if not (root / "index.json").is_file():
+            raise FileNotFoundError(
+                f"model.stage3.unlabeled_data={cfg.unlabeled_data!r}: no prepared dataset at {root} (its index.json "
+                "is missing). Prepare the unlabeled domain with python -m vcloud.data.prepare, or clear the setting")
+        source = SeriesDataset(root, cfg.unlabeled_split)
+        return labeled, list(range(len(source))), source
     if cfg.unlabeled_split == "train":
         source = labeled
     else:
-        from vcloud.data.dataset import SeriesDataset
-
         source = SeriesDataset(Path(labeled.root), cfg.unlabeled_split)  # type: ignore[attr-defined]
     records = getattr(source, "records", None)
     ids = ([r.series_id for r in records] if records is not None
@@ -141,13 +151,9 @@ def pseudo_label_pool(labeled: Dataset, cfg: SelfTrainConfig) -> tuple[Dataset, 
     return labeled, pool, source
 
 
-def selftrain_dataset(labeled: Dataset, ctx: BuildContext, cfg: SelfTrainConfig | None = None,
-                      unlabeled: Dataset | None = None) -> Dataset:
-    """Training set of stage 3: labeled series plus kept pseudo-labelled ones.
-
-    ``unlabeled``, when given, is the pool instead of ``cfg.unlabeled_split``: every one of its
-    series is pseudo-labelled (its targets never read) and ``labeled`` is kept whole. This is how a
-    domain with no labels at all (another region, another atmosphere) is added to the labeled one.
+def selftrain_dataset(labeled: Dataset, ctx: BuildContext, cfg: SelfTrainConfig | None = None) -> Dataset:
+    """Training set of stage 3: labeled series plus kept pseudo-labelled ones (see
+    :func:`pseudo_label_pool` for which series are pseudo-labelled).
 
     Pseudo-labels come from the stage-2 ``best.pt`` (not the model being fine-tuned) and are cached
     in ``stage3/pseudo_labels.pt`` on first use, so a resumed run trains on exactly the same set;
@@ -155,10 +161,7 @@ def selftrain_dataset(labeled: Dataset, ctx: BuildContext, cfg: SelfTrainConfig 
     Every rank computes or reads the same deterministic result; only rank 0 writes the cache."""
     if cfg is None:
         cfg = SelfTrainConfig.from_dict(ctx.config.model.section(3))
-    if unlabeled is None:
-        labeled_part, pool, source = pseudo_label_pool(labeled, cfg)
-    else:
-        labeled_part, pool, source = labeled, list(range(len(unlabeled))), unlabeled
+    labeled_part, pool, source = pseudo_label_pool(labeled, cfg)
     source_root = f"{getattr(source, 'root', '')}:{getattr(source, 'split', '')}"
     cache = ctx.run_dir / "stage3" / PSEUDO_LABELS_FILE
     teacher = file_digest(ctx.predecessor_checkpoint(2))
@@ -199,7 +202,10 @@ def selftrain_dataset(labeled: Dataset, ctx: BuildContext, cfg: SelfTrainConfig 
              cfg.agreement_threshold, summary["agreement_median"], len(labeled_part))
     if labels.kept == 0:
         return labeled_part
-    return ConcatDataset([labeled_part, PseudoLabeledSeries(source, labels)])
+    repeats = cfg.pseudo_label_repeats(len(labeled_part), labels.kept)
+    log.info("stage 3: each pseudo-labelled series %d time(s) per epoch, the student's inputs under an extra "
+             "haze veil of optical depth up to %g", repeats, cfg.student_haze_depth)
+    return ConcatDataset([labeled_part, PseudoLabeledSeries(source, labels, cfg.student_veil, repeats)])
 
 
 @dataclass(frozen=True)
@@ -220,6 +226,7 @@ STAGE3 = SelfTrainStageSpec(
     requires=(0, 1, 2),
     train_dataset=selftrain_dataset,
     validate_start=True,  # starts from stage 2's draft and refiner
+    start_tolerance=lambda cfg: cfg.max_val_loss if cfg.unlabeled_data else None,
 )
 
 for _spec in (STAGE1, STAGE2, STAGE3):

@@ -35,7 +35,7 @@ from vcloud.checkpoint import load_latest, remove_stale_temporaries, save_checkp
 from vcloud.config import StageTrainConfig, VCloudConfig
 from vcloud.stage_registry import Batch, BuildContext, StageSpec, get_stage
 from vcloud.training import markers
-from vcloud.training.best import improves
+from vcloud.training.best import improves, keeps_trained
 from vcloud.training.distributed import DistContext, all_reduce_sum, barrier, gather_to_main, max_over_ranks
 from vcloud.training.paths import StagePaths
 from vcloud.training.precision import Precision, resolve_precision
@@ -133,6 +133,8 @@ class StageSession:
     precision: Precision
     phases: dict[str, PhaseData]
     val_loader: DataLoader
+    start_tolerance: float | None = None
+    """From the stage spec (see ``StageSpec.start_tolerance``): None = trained weights must beat the start."""
 
     def phase(self, epoch: int) -> str:
         return _phase(self.run, self.spec, self.budget, min(epoch, self.budget.epochs - 1))
@@ -211,7 +213,7 @@ def train_stage(run: StageRun, ctx: DistContext, stop: StopRequest) -> int:
         if evaluated:
             state.last_metrics = evaluate(session.spec, session.model, session.val_loader, session.precision, ctx)
             monitor.validation(state.global_step, state.epoch + 1, state.last_metrics)
-        improved = evaluated and _update_best(run, state)
+        improved = evaluated and _update_best(run, state, tolerance=session.start_tolerance)
         record = _epoch_record(state, data, ctx, session.optimizer.param_groups[0]["lr"], evaluated)
         state.history.append(record)
         if improved:
@@ -305,7 +307,8 @@ def _build_session(run: StageRun, ctx: DistContext, paths: StagePaths, budget: S
     seed_everything(run.config.train.seed + ctx.rank)
     build_ctx = BuildContext(config=run.config, run_dir=run.run_dir, device=ctx.device)
     model_section = _model_section(run, checkpoint)
-    model = spec.build_model(spec.parse_model_config(model_section), build_ctx).to(ctx.device)
+    model_config = spec.parse_model_config(model_section)
+    model = spec.build_model(model_config, build_ctx).to(ctx.device)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=budget.lr,
                                   weight_decay=run.config.train.weight_decay)
     return StageSession(
@@ -314,6 +317,7 @@ def _build_session(run: StageRun, ctx: DistContext, paths: StagePaths, budget: S
         precision=resolve_precision(ctx.device.type, run.config.memory.bf16),
         phases=_build_train_data(run, spec, budget, ctx, build_ctx),
         val_loader=_build_val_loader(run, budget, ctx),
+        start_tolerance=spec.start_tolerance(model_config) if spec.start_tolerance is not None else None,
     )
 
 
@@ -426,21 +430,33 @@ def _to_device(batch: Batch, device: torch.device) -> Batch:
             for k, v in batch.items()}
 
 
-def _update_best(run: StageRun, state: TrainState, epoch: int | None = None) -> bool:
+def _update_best(run: StageRun, state: TrainState, epoch: int | None = None,
+                 tolerance: float | None = None) -> bool:
     """Record the last validation as the best if it beats it; ``epoch`` defaults to the one just done.
 
     While the best is still the stage's starting model (epoch 0), a trained epoch must beat it by
-    ``train.start_min_gain``."""
+    ``train.start_min_gain``. With a ``tolerance`` (validation only guards the stage) the latest
+    epoch that loses at most that much against the start is the best instead."""
     name = run.config.train.best_metric
     value = state.last_metrics.get(name)
     if value is None or math.isnan(value):
         return False
     best = state.best
-    margin = run.config.train.start_min_gain if best is not None and best["epoch"] == 0 else 0.0
-    better = best is None or improves(name, value, best["value"], margin)
+    if best is None:
+        better = True
+    elif tolerance is not None:
+        start = best.get("start_value", best["value"]) if best["epoch"] != 0 else best["value"]
+        better = keeps_trained(name, value, start, tolerance=tolerance)
+    elif best["epoch"] == 0:
+        better = keeps_trained(name, value, best["value"], min_gain=run.config.train.start_min_gain)
+    else:
+        better = improves(name, value, best["value"])
     if better:
+        start_value = None if best is None else best.get("start_value", best["value"] if best["epoch"] == 0 else None)
         state.best = {"name": name, "value": value, "epoch": state.epoch + 1 if epoch is None else epoch,
                       "metrics": dict(state.last_metrics)}
+        if tolerance is not None:
+            state.best["start_value"] = value if start_value is None else start_value
     return better
 
 
@@ -454,7 +470,7 @@ def _validate_start(session: StageSession, state: TrainState) -> None:
     """
     run, ctx = session.run, session.ctx
     state.last_metrics = evaluate(session.spec, session.model, session.val_loader, session.precision, ctx)
-    if _update_best(run, state, epoch=0):
+    if _update_best(run, state, epoch=0, tolerance=session.start_tolerance):
         _save_best(session, state, epoch=0)
     if ctx.is_main:
         log.info("stage %d before training: %s", run.stage, _fmt_best(state.best))
