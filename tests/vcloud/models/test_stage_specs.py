@@ -213,6 +213,9 @@ def test_selftrain_pseudo_labels_every_series_of_an_unlabeled_domain(ctx, tiny_p
     made = (ctx.run_dir / "stage3" / model_stages.PSEUDO_LABELS_FILE).stat().st_mtime_ns
     assert len(model_stages.selftrain_dataset(train, ctx, loose)) == len(union)
     assert (ctx.run_dir / "stage3" / model_stages.PSEUDO_LABELS_FILE).stat().st_mtime_ns == made  # cached
+    student = dataclasses.replace(loose, student_haze_depth=0.1, pseudo_label_share=0.25, draft_loss_weight=2.0)
+    model_stages.selftrain_dataset(train, ctx, student)
+    assert (ctx.run_dir / "stage3" / model_stages.PSEUDO_LABELS_FILE).stat().st_mtime_ns == made  # same labels
     test = SeriesDataset(tiny_prepared, "test")
     assert len(test) == len(other)  # the same pool indices: only the source tells the caches apart
     on_test = dataclasses.replace(loose, unlabeled_split="test", pseudo_label_share=0)

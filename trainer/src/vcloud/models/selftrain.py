@@ -101,6 +101,12 @@ class SelfTrainConfig:
     def from_dict(cls, d: dict[str, Any] | None) -> "SelfTrainConfig":
         return config_from_dict(cls, d, section=SECTION)
 
+    def labelling_settings(self) -> dict[str, Any]:
+        """The settings the pseudo-labels depend on (the cache key); the student's do not count."""
+        names = ("num_samples", "agreement_threshold", "sample_steps", "seed", "unlabeled_data", "unlabeled_split",
+                 "unlabeled_fraction")
+        return {name: getattr(self, name) for name in names}
+
     @property
     def student_veil(self) -> HazeVeil:
         return HazeVeil(max_depth=float(self.student_haze_depth), probability=float(self.student_haze_probability))

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import logging
@@ -157,7 +156,8 @@ def selftrain_dataset(labeled: Dataset, ctx: BuildContext, cfg: SelfTrainConfig 
 
     Pseudo-labels come from the stage-2 ``best.pt`` (not the model being fine-tuned) and are cached
     in ``stage3/pseudo_labels.pt`` on first use, so a resumed run trains on exactly the same set;
-    the cache names the ``best.pt`` it came from (content digest) and is remade for another one.
+    the cache names the ``best.pt`` it came from (content digest) and the settings that shape the
+    labels, and is remade when either changes (not for the student's veil, share or loss weights).
     Every rank computes or reads the same deterministic result; only rank 0 writes the cache."""
     if cfg is None:
         cfg = SelfTrainConfig.from_dict(ctx.config.model.section(3))
@@ -168,7 +168,7 @@ def selftrain_dataset(labeled: Dataset, ctx: BuildContext, cfg: SelfTrainConfig 
     labels = None
     if cache.is_file():
         saved = torch.load(cache, map_location="cpu", weights_only=True)
-        if (saved.get("pool") == pool and saved.get("config") == dataclasses.asdict(cfg)
+        if (saved.get("pool") == pool and saved.get("config") == cfg.labelling_settings()
                 and saved.get("teacher") == teacher and saved.get("source", source_root) == source_root):
             labels = PseudoLabels.from_state_dict(saved["labels"])
         else:
@@ -192,7 +192,7 @@ def selftrain_dataset(labeled: Dataset, ctx: BuildContext, cfg: SelfTrainConfig 
         del stage2
         if _is_main_process():
             buffer = io.BytesIO()
-            torch.save({"pool": pool, "config": dataclasses.asdict(cfg), "teacher": teacher,
+            torch.save({"pool": pool, "config": cfg.labelling_settings(), "teacher": teacher,
                         "source": source_root, "labels": labels.state_dict()}, buffer)
             atomic_write_bytes(cache, buffer.getvalue())
             atomic_write_text(cache.with_name(PSEUDO_SUMMARY_FILE), json.dumps(labels.summary(), indent=1) + "\n")
