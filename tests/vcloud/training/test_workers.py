@@ -18,6 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 
 PROBE = '''
+import ctypes
 import signal
 import torch
 
@@ -36,7 +37,10 @@ class SignalStateAtStart(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         ignored = [int(s) for s in (signal.SIGUSR2, signal.SIGTERM) if signal.getsignal(s) == signal.SIG_IGN]
-        return {"blocked_at_start": torch.tensor(self.blocked_at_start), "ignored": torch.tensor(ignored)}
+        death_signal = ctypes.c_int(-1)
+        ctypes.CDLL(None).prctl(2, ctypes.byref(death_signal), 0, 0, 0)  # PR_GET_PDEATHSIG
+        return {"blocked_at_start": torch.tensor(self.blocked_at_start), "ignored": torch.tensor(ignored),
+                "death_signal": torch.tensor(death_signal.value)}
 '''
 
 DRIVER = '''
@@ -70,4 +74,20 @@ def test_first_iterator_starts_its_workers_with_the_stop_signals_blocked(context
     for item in result["items"]:
         assert set(stop) <= set(item["blocked_at_start"]), item  # from fork/exec until the init ignores them
         assert sorted(item["ignored"]) == stop, item
+        # a spawned worker dies with the training process; a forkserver's parent is the server
+        assert item["death_signal"] == (int(signal.SIGKILL) if context == "spawn" else 0), item
     assert result["main_after"] == result["main_before"]  # the training process's own mask is restored
+
+
+def test_a_worker_whose_training_process_is_already_gone_exits_at_once(tmp_path: Path) -> None:
+    """The parent died while the worker started: no death signal can cover that, so the init exits."""
+    code = ("import os\nfrom vcloud.training.workers import die_with_parent\n"
+            "die_with_parent(os.getppid() + 1_000_000)\nprint('still running')")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "trainer" / "src")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    from vcloud.training.workers import ORPHANED_EXIT_CODE
+
+    assert done.returncode == ORPHANED_EXIT_CODE and "still running" not in done.stdout, done
+    alive = subprocess.run([sys.executable, "-c", code.replace(" + 1_000_000", "")], env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert alive.returncode == 0 and "still running" in alive.stdout, alive

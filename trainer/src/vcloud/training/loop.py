@@ -445,18 +445,17 @@ def _update_best(run: StageRun, state: TrainState, epoch: int | None = None,
     if best is None:
         better = True
     elif tolerance is not None:
-        start = best.get("start_value", best["value"]) if best["epoch"] != 0 else best["value"]
-        better = keeps_trained(name, value, start, tolerance=tolerance)
+        better = keeps_trained(name, value, best.get("start_value", best["value"]), tolerance=tolerance)
     elif best["epoch"] == 0:
         better = keeps_trained(name, value, best["value"], min_gain=run.config.train.start_min_gain)
     else:
         better = improves(name, value, best["value"])
     if better:
-        start_value = None if best is None else best.get("start_value", best["value"] if best["epoch"] == 0 else None)
-        state.best = {"name": name, "value": value, "epoch": state.epoch + 1 if epoch is None else epoch,
-                      "metrics": dict(state.last_metrics)}
-        if tolerance is not None:
-            state.best["start_value"] = value if start_value is None else start_value
+        record = {"name": name, "value": value, "epoch": state.epoch + 1 if epoch is None else epoch,
+                  "metrics": dict(state.last_metrics)}
+        if tolerance is not None:  # each later best carries the start's score it is measured against
+            record["start_value"] = value if best is None else best.get("start_value", best["value"])
+        state.best = record
     return better
 
 

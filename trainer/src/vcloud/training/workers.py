@@ -20,8 +20,12 @@ and default, so :func:`shielded_batches` starts the tracker before it blocks any
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
+import multiprocessing
+import os
 import signal
+import sys
 from multiprocessing import resource_tracker
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,13 +35,33 @@ from torch.utils.data import DataLoader
 from vcloud.training.signals import STOP_SIGNALS
 
 
-def ignore_stop_signals(worker_id: int, *, then: Callable[[int], None] | None = None) -> None:
-    """``worker_init_fn``: ignore USR2/TERM in this worker, then run the original init (``then``)."""
+PR_SET_PDEATHSIG = 1
+PR_GET_PDEATHSIG = 2
+ORPHANED_EXIT_CODE = 1
+"""Exit status of a worker that found its training process gone before it started working."""
+
+
+def ignore_stop_signals(worker_id: int, *, then: Callable[[int], None] | None = None,
+                        parent: int | None = None) -> None:
+    """``worker_init_fn``: die with the training process ``parent``, ignore USR2/TERM in this
+    worker, then run the original init (``then``)."""
+    if parent is not None:
+        die_with_parent(parent)
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # a pending signal is now discarded
     if then is not None:
         then(worker_id)
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when its parent exits; exit now if ``parent`` is gone."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:  # it died before the request above could cover it
+        os._exit(ORPHANED_EXIT_CODE)
 
 
 def shield_loader_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -47,8 +71,13 @@ def shield_loader_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     :func:`shielded_batches` can stop them and their seeds follow the per-epoch generator."""
     if kwargs.get("num_workers", 0) == 0:
         return kwargs
+    context = kwargs.get("multiprocessing_context")
+    method = context if isinstance(context, str) else (
+        context.get_start_method() if context is not None else multiprocessing.get_start_method())
+    parent = os.getpid() if method in ("spawn", "fork") else None  # forkserver: the server is the parent
     return {**kwargs, "persistent_workers": False,
-            "worker_init_fn": functools.partial(ignore_stop_signals, then=kwargs.get("worker_init_fn"))}
+            "worker_init_fn": functools.partial(ignore_stop_signals, then=kwargs.get("worker_init_fn"),
+                                                parent=parent)}
 
 
 @contextlib.contextmanager
