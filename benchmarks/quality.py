@@ -40,6 +40,7 @@ training split instead (``model.stage3.unlabeled_split``), as the trainer does.
 seed 0, so runs with different seeds compare on the same series.
 
     nice -n 10 .venv/bin/python benchmarks/quality.py [--budget-minutes 20] [--work DIR] [--threads 2] [--seed 0]
+        [--from-stage N]   # after a change to stage N: retrain N.. on the earlier stages' weights in --work
 
 Last line: JSON with best_baseline_psnr, stage1_psnr, stage2_psnr, stage3_psnr (and SSIM/SAM; with
 a shift also best_baseline_shifted_psnr and stageN_shifted_psnr).
@@ -208,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test-limit", type=int, default=0, help="score only the first N test series (0 = all)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0, help="seed of the models (the data stay seed 0's)")
+    parser.add_argument("--from-stage", type=int, choices=(0, 1, 2, 3), default=0,
+                        help="train from this stage on, with the earlier stages' best.pt of a previous run in "
+                        "--work (same seed); each stage still gets its share of --budget-minutes")
     parser.add_argument("--shift", choices=("hazier", "none"), default="hazier",
                         help="stage 3's unlabeled domain: the hazier preset's series, or none (part of "
                         "the labeled training split)")
@@ -284,6 +288,16 @@ def main(argv: list[str] | None = None) -> int:
     training = (deadline - time.monotonic()) * (1 - SCORING_RESERVE)
     kept_score: float | None = None
     for stage in (0, 1, 2, 3):
+        if stage < args.from_stage:  # an earlier run's weights, scored again below
+            kept = ctx.run_dir / f"stage{stage}" / "best.pt"
+            if not kept.is_file():
+                parser.error(f"--from-stage {args.from_stage}: no {kept} from an earlier run in --work")
+            print(f"stage {stage}: {kept} of an earlier run, not trained again", flush=True)
+            if stage == 1 and (ctx.run_dir / "stage1" / "start.pt").is_file():
+                report(1, "untrained draft", "start.pt", "stage1_start")
+            report(stage, "autoencoder (target reconstructed)" if stage == 0 else get_stage(stage).name,
+                   "best.pt", f"stage{stage}")
+            continue
         info = train_bounded(stage, ctx, data, training * STAGE_SHARES[stage],
                              start_score=kept_score if stage >= 2 else None)
         kept_score = info["val"].get("kept")
