@@ -11,7 +11,6 @@ from vcloud.models.selftrain import (
     PseudoLabeledSeries,
     PseudoLabels,
     SelfTrainConfig,
-    StudentInputs,
     is_unlabeled,
     make_pseudo_labels,
     sample_agreement,
@@ -93,26 +92,19 @@ def test_pseudo_labelled_series_repeat_up_to_their_share(share, labeled, pseudo,
     assert SelfTrainConfig(pseudo_label_share=share).pseudo_label_repeats(labeled, pseudo) == repeats
 
 
-def test_pseudo_labelled_series_repeat_and_carry_their_pseudo_targets():
+def test_the_student_sees_pseudo_labelled_series_through_a_fresh_veil():
+    """Inputs hazier than the teacher's at every use, the pseudo-target untouched, repeats cycling."""
     labels = PseudoLabels((1, 4), torch.rand(2, 13, 4, 4), (0.0, 0.0), (1, 4), 0.1)
-    ds = PseudoLabeledSeries(Series(6), labels, repeats=3)
+    cfg = SelfTrainConfig(student_haze_depth=1.0, student_haze_probability=1.0)
+    ds = PseudoLabeledSeries(Series(6), labels, cfg.student_veil, repeats=3)
     assert len(ds) == 6
     assert [ds[i]["series_id"] for i in range(6)] == ["s1", "s4"] * 3
-    assert torch.equal(ds[3]["target"], labels.targets[1]) and torch.equal(ds[3]["inputs"], Series(6)[4]["inputs"])
+    torch.manual_seed(0)
+    first, again = ds[1], ds[3]
+    clean = Series(6)[4]["inputs"]
+    assert not torch.equal(first["inputs"], clean) and not torch.equal(first["inputs"], again["inputs"])
+    assert torch.equal(first["target"], labels.targets[1]) and torch.equal(first["masks"], Series(6)[4]["masks"])
     with pytest.raises(IndexError):
         ds[6]
-    with pytest.raises(ValueError, match="repeats"):
-        PseudoLabeledSeries(Series(6), labels, repeats=0)
-
-
-def test_the_student_sees_every_series_through_a_fresh_veil():
-    """Inputs hazier than the teacher's at every use; targets and masks untouched."""
-    cfg = SelfTrainConfig(student_haze_depth=1.0, student_haze_probability=1.0)
-    ds = StudentInputs(Series(6), cfg.student_veil)
-    assert len(ds) == 6
-    torch.manual_seed(0)
-    first, again = ds[4], ds[4]
-    clean = Series(6)[4]
-    assert not torch.equal(first["inputs"], clean["inputs"]) and not torch.equal(first["inputs"], again["inputs"])
-    assert torch.equal(first["target"], clean["target"]) and torch.equal(first["masks"], clean["masks"])
-    assert not SelfTrainConfig(student_haze_depth=0).student_veil.enabled
+    plain = PseudoLabeledSeries(Series(6), labels, SelfTrainConfig(student_haze_depth=0).student_veil)
+    assert len(plain) == 2 and torch.equal(plain[1]["inputs"], clean)

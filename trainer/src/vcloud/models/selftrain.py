@@ -5,10 +5,10 @@ those samples agree (mean per-pixel standard deviation across samples below a th
 refiner is confident, and the mean sample becomes a pseudo-target; the rest are dropped. Draft
 model and refiner are then fine-tuned on labeled series plus the kept pseudo-labeled ones.
 
-The student is noisy (as in Noisy Student training): it sees every series it trains on through an
-extra haze veil (:mod:`vcloud.data.haze_veil`) the teacher did not see, so reproducing a
+The student is noisy (as in Noisy Student training): it sees each pseudo-labelled series through
+an extra haze veil (:mod:`vcloud.data.haze_veil`) the teacher did not see, so reproducing the
 pseudo-label means removing more haze than the teacher had to, instead of repeating the teacher's
-own output, and the labeled series keep it honest about how much haze there is to remove. And the pseudo-labelled series are repeated up to ``pseudo_label_share`` of each epoch:
+own output. And the pseudo-labelled series are repeated up to ``pseudo_label_share`` of each epoch:
 a new domain of a few dozen series beside a labeled set of hundreds would otherwise barely be seen.
 
 Which series are "unlabeled" is a pure function of the series id (a salted hash), so the split is
@@ -62,11 +62,10 @@ class SelfTrainConfig:
     refiner_loss_weight: float = 1.0
     """Weight of the refiner's noise-prediction loss in the fine-tuning objective."""
     student_haze_depth: float = 0.3
-    """Largest optical depth (at 490 nm) of the extra haze veil over each input date of the series
-    the student trains on (labeled and pseudo-labelled), drawn per date and per use; 0 = the
-    student sees what the teacher saw."""
+    """Largest optical depth (at 490 nm) of the extra haze veil over each input date of a
+    pseudo-labelled series, drawn per date and per use; 0 = the student sees what the teacher saw."""
     student_haze_probability: float = 0.9
-    """Chance that an input date of a training series gets the extra veil."""
+    """Chance that an input date of a pseudo-labelled series gets the extra veil."""
     pseudo_label_share: float = 0.5
     """Share of each epoch that pseudo-labelled series make up, by repeating them (never by
     dropping labeled ones); 0 = each once."""
@@ -205,13 +204,17 @@ def make_pseudo_labels(
 
 class PseudoLabeledSeries(Dataset):
     """The kept unlabeled series with their pseudo-targets in place of the hidden ground truth,
-    each ``repeats`` times."""
+    each ``repeats`` times, the student's inputs under a fresh ``veil`` at every use.
 
-    def __init__(self, base: Dataset, labels: PseudoLabels, repeats: int = 1) -> None:
+    The veil draws from torch's default generator: the DataLoader seeds it in each worker from the
+    epoch's seed, so an epoch's veils are the same on a rerun."""
+
+    def __init__(self, base: Dataset, labels: PseudoLabels, veil: HazeVeil | None = None, repeats: int = 1) -> None:
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
         self.base = base
         self.labels = labels
+        self.veil = veil if veil is not None and veil.enabled else None
         self.repeats = repeats
 
     def __len__(self) -> int:
@@ -223,26 +226,6 @@ class PseudoLabeledSeries(Dataset):
         kept = i % self.labels.kept
         item = dict(self.base[self.labels.indices[kept]])
         item["target"] = self.labels.targets[kept]
-        return item
-
-
-class StudentInputs(Dataset):
-    """The student's view of its training series, labeled and pseudo-labelled alike: inputs under
-    a fresh ``veil`` at every use, targets and masks as they are (Noisy Student noises all of the
-    student's data; a veil on the pseudo-labelled series alone would teach it to remove haze that
-    is not there).
-
-    The veil draws from torch's default generator: the DataLoader seeds it in each worker from the
-    epoch's seed, so an epoch's veils are the same on a rerun."""
-
-    def __init__(self, base: Dataset, veil: HazeVeil) -> None:
-        self.base = base
-        self.veil = veil
-
-    def __len__(self) -> int:
-        return len(self.base)  # type: ignore[arg-type]
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        item = dict(self.base[i])
-        item["inputs"] = self.veil.apply(item["inputs"])
+        if self.veil is not None:
+            item["inputs"] = self.veil.apply(item["inputs"])
         return item

@@ -30,7 +30,6 @@ from vcloud.models.selftrain import (
     PseudoLabeledSeries,
     PseudoLabels,
     SelfTrainConfig,
-    StudentInputs,
     is_unlabeled,
     make_pseudo_labels,
 )
@@ -201,17 +200,12 @@ def selftrain_dataset(labeled: Dataset, ctx: BuildContext, cfg: SelfTrainConfig 
     log.info("stage 3: kept %d of %d pseudo-labels (agreement threshold %.4g, median agreement %s); "
              "%d labeled series", summary["pseudo_labels_kept"], summary["pseudo_labels_considered"],
              cfg.agreement_threshold, summary["agreement_median"], len(labeled_part))
-    train: Dataset = labeled_part
-    if labels.kept:
-        repeats = cfg.pseudo_label_repeats(len(labeled_part), labels.kept)
-        log.info("stage 3: each pseudo-labelled series %d time(s) per epoch", repeats)
-        train = ConcatDataset([labeled_part, PseudoLabeledSeries(source, labels, repeats)])
-    veil = cfg.student_veil
-    if not veil.enabled:
-        return train
-    log.info("stage 3: the student's inputs under an extra haze veil of optical depth up to %g (p=%g per date)",
-             veil.max_depth, veil.probability)
-    return StudentInputs(train, veil)
+    if labels.kept == 0:
+        return labeled_part
+    repeats = cfg.pseudo_label_repeats(len(labeled_part), labels.kept)
+    log.info("stage 3: each pseudo-labelled series %d time(s) per epoch, the student's inputs under an extra "
+             "haze veil of optical depth up to %g", repeats, cfg.student_haze_depth)
+    return ConcatDataset([labeled_part, PseudoLabeledSeries(source, labels, cfg.student_veil, repeats)])
 
 
 @dataclass(frozen=True)
