@@ -8,6 +8,7 @@ the untrained refiner (epoch 0), which predicts exactly the draft.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,18 @@ def _tiny_config(**train: object) -> VCloudConfig:
 def _train(stage: int, cfg: VCloudConfig, prepared: Path, run_dir: Path, epochs: int) -> None:
     run = StageRun(stage=stage, config=cfg, data_root=prepared, run_dir=run_dir, max_epochs=epochs)
     assert train_stage(run, init_distributed(env={}), StopRequest()) == 0
+
+
+def _script_validation(monkeypatch: pytest.MonkeyPatch, psnr: Iterator[float]) -> list[int]:
+    """Validation returns the next of ``psnr`` (0.5 for the other metrics); the returned list
+    records the epoch of every best.pt the loop writes."""
+    monkeypatch.setattr(loop, "evaluate", lambda *args, **kwargs: {name: next(psnr) if name == "psnr" else 0.5
+                                                                    for name in METRIC_NAMES})
+    replaced_at: list[int] = []
+    save_best = loop._save_best
+    monkeypatch.setattr(loop, "_save_best", lambda session, state, epoch=None: (
+        replaced_at.append(state.best["epoch"]), save_best(session, state, epoch))[1])
+    return replaced_at
 
 
 def test_best_checkpoint_is_the_start_when_training_makes_it_worse(tiny_prepared: Path, tmp_path: Path) -> None:
@@ -82,12 +95,7 @@ def test_trained_weights_replace_the_start_only_by_beating_it_by_the_margin(
     30.2, 30.1) so that the first epoch's gain is inside a 0.05 dB margin and the second's is not."""
     _train(0, _tiny_config(), tiny_prepared, tmp_path, 2)
     scripted = iter([30.0, 30.04, 30.2, 30.1])
-    monkeypatch.setattr(loop, "evaluate", lambda *args, **kwargs: {name: next(scripted) if name == "psnr" else 0.5
-                                                                    for name in METRIC_NAMES})
-    replaced_at = []
-    save_best = loop._save_best
-    monkeypatch.setattr(loop, "_save_best", lambda session, state, epoch=None: (
-        replaced_at.append(state.best["epoch"]), save_best(session, state, epoch))[1])
+    replaced_at = _script_validation(monkeypatch, scripted)
 
     _train(1, _tiny_config(start_min_gain=margin), tiny_prepared, tmp_path, 3)
 
@@ -113,12 +121,7 @@ def test_stage3_toward_another_domain_keeps_training_that_costs_at_most_max_val_
     if other_domain:
         raw["model"]["stage3"].update(unlabeled_data=str(tiny_prepared), unlabeled_split="val", max_val_loss=0.1)
     scripted = iter([30.0, 29.95, 30.02, 29.85])
-    monkeypatch.setattr(loop, "evaluate", lambda *args, **kwargs: {name: next(scripted) if name == "psnr" else 0.5
-                                                                    for name in METRIC_NAMES})
-    replaced_at = []
-    save_best = loop._save_best
-    monkeypatch.setattr(loop, "_save_best", lambda session, state, epoch=None: (
-        replaced_at.append(state.best["epoch"]), save_best(session, state, epoch))[1])
+    replaced_at = _script_validation(monkeypatch, scripted)
 
     _train(3, config_from_dict(raw), tiny_prepared, tmp_path, 3)
 

@@ -36,7 +36,6 @@ from vcloud.training.signals import STOP_SIGNALS
 
 
 PR_SET_PDEATHSIG = 1
-PR_GET_PDEATHSIG = 2
 ORPHANED_EXIT_CODE = 1
 """Exit status of a worker that found its training process gone before it started working."""
 
