@@ -156,3 +156,38 @@ def test_signal_on_one_rank_stops_both_at_the_same_step(tiny_prepared: Path, tmp
     latest = torch.load(out / "stage0" / "latest.pt", weights_only=True)
     assert latest["global_step"] == state["step"] >= 1
     assert not (record / "writes-rank1.txt").exists()
+
+
+# The job's own entry point (python -m vcloud.train) behind an atexit hook that leaves a file behind:
+# the file exists only if the interpreter's teardown ran.
+TEARDOWN_PROBE = """
+import atexit, os, runpy, sys
+probe = sys.argv.pop(1)
+rank = os.environ.get("RANK", "single")
+atexit.register(lambda: open(os.path.join(probe, f"teardown-{rank}"), "w").close())
+runpy.run_module("vcloud.train", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_ranks_end_without_the_interpreter_teardown(tiny_prepared: Path, tmp_path: Path) -> None:
+    """Once the stage has its exit code, every torchrun rank exits at once: gloo's C++ objects
+    sometimes abort while the interpreter tears down ("terminate called without an active
+    exception"), and torchrun turns one rank's SIGABRT into a failed launch of a complete stage.
+    What was logged is flushed first; a single process keeps its ordinary teardown."""
+    entry, probe = tmp_path / "teardown_probe.py", tmp_path / "probe"
+    entry.write_text(TEARDOWN_PROBE)
+    probe.mkdir()
+    args = ["--stage", "0", "--data", str(tiny_prepared), "--config", str(_config(tmp_path, 1, 1))]
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    ddp = subprocess.run([sys.executable, *torchrun, str(entry), str(probe), *args, "--out", str(tmp_path / "ddp")],
+                         env=_env(), capture_output=True, text=True, timeout=200)
+    assert ddp.returncode == 0, ddp.stdout + ddp.stderr
+    assert (tmp_path / "ddp" / "stage0" / "COMPLETE").exists()
+    assert f"exit {exitcodes.STAGE_COMPLETE}: stage complete" in ddp.stdout, ddp.stdout  # flushed before exiting
+    assert sorted(p.name for p in probe.iterdir()) == [], "a rank ran the interpreter's teardown"
+
+    single = subprocess.run([sys.executable, str(entry), str(probe), *args, "--out", str(tmp_path / "single")],
+                            env=_env(), capture_output=True, text=True, timeout=200)
+    assert single.returncode == 0, single.stdout + single.stderr
+    assert sorted(p.name for p in probe.iterdir()) == ["teardown-single"]

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import NoReturn
 
 from vcloud import exitcodes
 from vcloud.config import STAGES, ConfigError, VCloudConfig, config_yaml, load_config
@@ -170,11 +173,40 @@ def _run_as_process() -> int:
 
     Python puts the default action back for signals with Python handlers while it shuts down (and
     tearing torch down takes a while), so a USR2 arriving then would turn a finished stage's exit
-    0, or a checkpointed stop's 85, into death by signal."""
+    0, or a checkpointed stop's 85, into death by signal.
+
+    One of several ranks (``WORLD_SIZE`` > 1, set by torchrun) then ends at once, without the
+    interpreter's teardown: by then the stage has its exit code, its files are closed and the
+    process group is left, but the teardown still destroys the communication backend's C++ objects,
+    and gloo's sometimes abort there ("terminate called without an active exception", about one
+    run in 40 on the local cluster). torchrun reports a rank killed by SIGABRT as the whole launch
+    failing, so a stage that had written COMPLETE would fail its job."""
     code = _main(None, install_stop_handlers())
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+    if one_of_several_ranks(os.environ):
+        end_process_now(code)
     return code
+
+
+def one_of_several_ranks(env: Mapping[str, str]) -> bool:
+    """Whether this process is one rank of a torchrun launch of more than one process."""
+    try:
+        return int(env.get("WORLD_SIZE") or 1) > 1
+    except ValueError:
+        return False
+
+
+def end_process_now(code: int) -> NoReturn:
+    """Flush what was logged and printed, then exit with ``code`` without the interpreter's teardown
+    (no atexit handlers, no finalizers, no C++ static destructors)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing left to save
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":
