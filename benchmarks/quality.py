@@ -7,8 +7,8 @@ scores the baselines and stages 1-3 on the same test series.
 
 The run is held to about ``--budget-minutes`` of wall time. After data generation and the
 baselines, the rest is split across the stages (``STAGE_SHARES``, minus a reserve for scoring);
-each stage stops after its configured epochs or its time, whichever comes first, and its last
-weights become its ``best.pt`` for the next stage. Scoring on the test splits is not taken from
+each stage stops after its configured epochs or its time, whichever comes first (time it leaves
+goes to the next stage), and its last weights become its ``best.pt`` for the next stage. Scoring on the test splits is not taken from
 the next stage's time: where it needs more than the reserve (with the shifted domain, DDIM
 sampling on one thread), the run ends that much later (``wall_minutes``).
 
@@ -39,7 +39,12 @@ training split instead (``model.stage3.unlabeled_split``), as the trainer does.
 ``--seed`` seeds the models (initialisation, batch order, diffusion noise); the data stay those of
 seed 0, so runs with different seeds compare on the same series.
 
+``--device cuda`` trains and scores on a GPU, in float32 like the CPU run, so the same budget in
+minutes buys far more steps: with a few minutes every stage reaches its configured epochs, which
+measures what the configured budget gives where the CPU run stops early.
+
     nice -n 10 .venv/bin/python benchmarks/quality.py [--budget-minutes 20] [--work DIR] [--threads 2] [--seed 0]
+        [--device cuda]
         [--from-stage N]   # after a change to stage N: retrain N.. on the earlier stages' weights in --work
 
 Last line: JSON with best_baseline_psnr, stage1_psnr, stage2_psnr, stage3_psnr (and SSIM/SAM; with
@@ -84,15 +89,30 @@ SHIFTED_SPLITS = SplitFractions(train=0.5, val=0.1, test=0.4)
 """Half the shifted locations are the unlabeled pool, most of the rest its test split."""
 
 
-def benchmark_config(path: Path, seed: int = 0, unlabeled_data: Path | None = None) -> VCloudConfig:
-    """The model config with gradient checkpointing off (see the module docstring), ``seed``, and
-    stage 3's unlabeled domain (``model.stage3.unlabeled_data``) when there is one."""
+def benchmark_config(path: Path, seed: int = 0, unlabeled_data: Path | None = None,
+                     epochs: dict[int, int] | None = None) -> VCloudConfig:
+    """The model config with gradient checkpointing off (see the module docstring), ``seed``,
+    stage 3's unlabeled domain (``model.stage3.unlabeled_data``) when there is one, and ``epochs``
+    instead of the configured epochs of those stages."""
     raw = load_config(path).to_dict()
     raw["memory"]["grad_checkpointing"] = False
     raw["train"]["seed"] = seed
+    for stage, count in (epochs or {}).items():
+        raw["train"][f"stage{stage}"]["epochs"] = count
     if unlabeled_data is not None:
         raw["model"]["stage3"].update(unlabeled_data=str(unlabeled_data), unlabeled_split="train")
     return config_from_dict(raw)
+
+
+def parse_epochs(text: str) -> dict[int, int]:
+    """``"0=60,2=30"`` -> ``{0: 60, 2: 30}``."""
+    epochs = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        stage, _, count = item.partition("=")
+        if stage not in ("0", "1", "2", "3") or not count.isdigit() or int(count) < 1:
+            raise SystemExit(f"--epochs {text!r}: expected STAGE=N items such as 0=60,2=30 (stages 0-3, N >= 1)")
+        epochs[int(stage)] = int(count)
+    return epochs
 
 
 def lr_factor(cfg: VCloudConfig, progress: float, warmup_fraction: float) -> float:
@@ -107,20 +127,23 @@ def lr_factor(cfg: VCloudConfig, progress: float, warmup_fraction: float) -> flo
 
 
 def train_bounded(stage: int, ctx: BuildContext, data: Path, seconds: float,
-                  start_score: float | None = None) -> dict:
+                  start_score: float | None = None, curve_every: int = 0) -> dict:
     """Train one stage for at most its configured epochs and ``seconds``; save it as ``best.pt``.
 
     ``start_score``: the validation score of the model the stage starts from, when it is known
     already: the untrained refiner returns stage 1's draft bit for bit and stage 3 starts from stage
     2's kept weights, so their starts score what the previous stage kept (stage 2's start alone
-    would otherwise cost ~100 s of DDIM sampling on one CPU thread)."""
+    would otherwise cost ~100 s of DDIM sampling on one CPU thread).
+
+    ``curve_every``: score the validation split every that many steps and print it (0 = never),
+    for the budget a stage needs to gain over its start."""
     started = time.monotonic()
     cfg = ctx.config
     (ctx.run_dir / f"stage{stage}" / "trained.pt").unlink(missing_ok=True)  # an earlier run's
     budget = cfg.train.for_stage(stage)
     spec = get_stage(stage)
     model_config = spec.parse_model_config(cfg.model.section(stage))
-    model = spec.build_model(model_config, ctx).train()
+    model = spec.build_model(model_config, ctx).to(ctx.device).train()
     tolerance = spec.start_tolerance(model_config) if spec.start_tolerance is not None else None
     train: Dataset = SeriesDataset(data, "train")
     if spec.train_dataset is not None:
@@ -146,6 +169,7 @@ def train_bounded(stage: int, ctx: BuildContext, data: Path, seconds: float,
     train_start = time.monotonic()
     while epochs < budget.epochs and time.monotonic() < deadline:
         for batch in loader:
+            batch = on_device(batch, ctx.device)
             progress = (time.monotonic() - train_start) / max(deadline - train_start, 1e-9)
             for group in opt.param_groups:
                 group["lr"] = budget.lr * lr_factor(cfg, progress, warmup_fraction)
@@ -157,6 +181,11 @@ def train_bounded(stage: int, ctx: BuildContext, data: Path, seconds: float,
             opt.step()
             steps += 1
             losses.append(loss.item())
+            if curve_every and steps % curve_every == 0:
+                now = score_model(spec, model, val)[metric]
+                model.train()
+                gain = f" ({now - start[1]:+.3f} over the start)" if start is not None else ""
+                print(f"  stage {stage} step {steps}: validation {metric} {now:.3f}{gain}", flush=True)
             if time.monotonic() >= deadline:
                 break
         else:
@@ -188,11 +217,18 @@ def train_bounded(stage: int, ctx: BuildContext, data: Path, seconds: float,
 def score_model(spec: Any, model: torch.nn.Module, data: Dataset, batch_size: int = 4) -> dict[str, float]:
     """Mean per-series metrics of ``model``'s predictions on ``data`` (eval mode)."""
     model.eval()
+    device = next(model.parameters()).device
     totals = MetricTotals()
     for begin in range(0, len(data), batch_size):
         batch = default_collate([data[i] for i in range(begin, min(begin + batch_size, len(data)))])
+        batch = on_device(batch, device)
         totals.update(spec.predict(model, batch), batch["target"])
     return totals.means()
+
+
+def on_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """A collated batch with its tensors on ``device``."""
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 def score(stage: int, ctx: BuildContext, test: Dataset, weights: str = "best.pt") -> dict[str, float]:
@@ -208,6 +244,13 @@ def main(argv: list[str] | None = None) -> int:
                         "a prepared dataset already there is reused")
     parser.add_argument("--test-limit", type=int, default=0, help="score only the first N test series (0 = all)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda to train and score on a GPU (float32)")
+    parser.add_argument("--epochs", default="", metavar="STAGE=N,...",
+                        help="override the config's epochs of some stages, e.g. 0=60,2=30 (a budget study)")
+    parser.add_argument("--last-stage", type=int, choices=(1, 2, 3), default=3,
+                        help="stop after this stage; the time shares are spread over the stages trained")
+    parser.add_argument("--curve-every", type=int, default=0, metavar="STEPS",
+                        help="score the validation split every STEPS steps of stages 1-3 and print it")
     parser.add_argument("--seed", type=int, default=0, help="seed of the models (the data stay seed 0's)")
     parser.add_argument("--from-stage", type=int, choices=(0, 1, 2, 3), default=0,
                         help="train from this stage on, with the earlier stages' best.pt of a previous run in "
@@ -238,14 +281,14 @@ def main(argv: list[str] | None = None) -> int:
         shifted_full = SeriesDataset(shifted, "test")
         n_shifted = len(shifted_full) if args.test_limit <= 0 else min(args.test_limit, len(shifted_full))
         shifted_test = Subset(shifted_full, range(n_shifted))
-    cfg = benchmark_config(config_path, args.seed, unlabeled_data=shifted)
+    cfg = benchmark_config(config_path, args.seed, unlabeled_data=shifted, epochs=parse_epochs(args.epochs))
     test_full = SeriesDataset(data, "test")
     n_test = len(test_full) if args.test_limit <= 0 else min(args.test_limit, len(test_full))
     test = Subset(test_full, range(n_test))
     print(f"data {data}: train {len(SeriesDataset(data, 'train'))}, val {len(SeriesDataset(data, 'val'))}, "
           f"test {len(test_full)} series (scoring {n_test}); config {config_path.name} "
           f"(grad_checkpointing off); budget {args.budget_minutes:g} min, {args.threads} threads, "
-          f"seed {args.seed}", flush=True)
+          f"seed {args.seed}, device {args.device}", flush=True)
     if shifted_test is not None:
         print(f"shifted domain {SHIFTED_PRESET} (data seed {SHIFTED_SEED}): {len(unlabeled)} unlabeled series "
               f"for stage 3, scoring {len(shifted_test)} test series", flush=True)
@@ -266,8 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         name = max(ranked, key=lambda k: ranked[k]["psnr"])
         shifted_best = (name, ranked[name]["psnr"])
 
-    ctx = BuildContext(config=cfg, run_dir=work / "run", device=torch.device("cpu"))
-    results: dict[str, float | str] = {"seed": args.seed, "best_baseline": best_name,
+    ctx = BuildContext(config=cfg, run_dir=work / "run", device=torch.device(args.device))
+    results: dict[str, float | str] = {"seed": args.seed, "device": args.device, "best_baseline": best_name,
                                        "best_baseline_psnr": round(best_baseline, 3)}
     if shifted_best is not None:
         results.update(best_baseline_shifted=shifted_best[0], best_baseline_shifted_psnr=round(shifted_best[1], 3))
@@ -287,7 +330,11 @@ def main(argv: list[str] | None = None) -> int:
 
     training = (deadline - time.monotonic()) * (1 - SCORING_RESERVE)
     kept_score: float | None = None
-    for stage in (0, 1, 2, 3):
+    unused = 0.0  # seconds a stage that reached its epochs early left to the next
+    stages = range(args.last_stage + 1)
+    shares = {stage: STAGE_SHARES[stage] / sum(STAGE_SHARES[s] for s in stages if s >= args.from_stage)
+              for stage in stages}
+    for stage in stages:
         if stage < args.from_stage:  # an earlier run's weights, scored again below
             kept = ctx.run_dir / f"stage{stage}" / "best.pt"
             if not kept.is_file():
@@ -298,9 +345,12 @@ def main(argv: list[str] | None = None) -> int:
             report(stage, "autoencoder (target reconstructed)" if stage == 0 else get_stage(stage).name,
                    "best.pt", f"stage{stage}")
             continue
-        info = train_bounded(stage, ctx, data, training * STAGE_SHARES[stage],
-                             start_score=kept_score if stage >= 2 else None)
+        allotted = training * shares[stage] + unused
+        info = train_bounded(stage, ctx, data, allotted, start_score=kept_score if stage >= 2 else None,
+                             curve_every=args.curve_every if stage >= 1 else 0)
+        unused = max(allotted - info["seconds"], 0.0)
         kept_score = info["val"].get("kept")
+        results.update({f"stage{stage}_steps": info["steps"], f"stage{stage}_epochs": round(info["epochs"], 2)})
         line = (f"stage {stage} trained {info['seconds']:.0f} s: {info['steps']} steps, "
                 f"{info['epochs']:.2f} epochs over {info['train_series']} series, "
                 f"loss {info['first_loss']:.4f} -> {info['last_loss']:.4f}")
@@ -323,11 +373,15 @@ def main(argv: list[str] | None = None) -> int:
     s1 = float(results["stage1_psnr"])
     results["stage1_gain_over_best_baseline_db"] = round(s1 - best_baseline, 3)
     results["stage1_gain_over_start_db"] = round(s1 - float(results["stage1_start_psnr"]), 3)
-    results["stage2_gain_over_stage1_db"] = round(float(results["stage2_psnr"]) - s1, 3)
-    if shifted_test is not None:
-        results["stage3_shifted_gain_over_stage2_db"] = round(
-            float(results["stage3_shifted_psnr"]) - float(results["stage2_shifted_psnr"]), 3)
-    results["stage3_gain_over_stage2_db"] = round(float(results["stage3_psnr"]) - float(results["stage2_psnr"]), 3)
+    if "stage2_psnr" in results:
+        results["stage2_gain_over_stage1_db"] = round(float(results["stage2_psnr"]) - s1, 3)
+        if "stage2_trained_psnr" in results:
+            results["stage2_trained_gain_over_stage1_db"] = round(float(results["stage2_trained_psnr"]) - s1, 3)
+    if "stage3_psnr" in results:
+        if shifted_test is not None:
+            results["stage3_shifted_gain_over_stage2_db"] = round(
+                float(results["stage3_shifted_psnr"]) - float(results["stage2_shifted_psnr"]), 3)
+        results["stage3_gain_over_stage2_db"] = round(float(results["stage3_psnr"]) - float(results["stage2_psnr"]), 3)
     results["wall_minutes"] = round((time.monotonic() - started) / 60, 2)
     print(json.dumps(results))
     return 0
