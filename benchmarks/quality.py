@@ -76,7 +76,7 @@ from vcloud.data.dataset import SeriesDataset  # noqa: E402
 from vcloud.data.prepare import PrepareSettings, prepare_dataset  # noqa: E402
 from vcloud.data.selection import SplitFractions  # noqa: E402
 from vcloud.data.synthetic import generate_raw  # noqa: E402
-from vcloud.metrics import MetricTotals  # noqa: E402
+from vcloud.metrics import MetricTotals, per_sample  # noqa: E402
 from vcloud.stage_registry import BuildContext, get_stage, load_stage_model  # noqa: E402
 from vcloud.training.best import keeps_trained  # noqa: E402
 
@@ -214,16 +214,38 @@ def train_bounded(stage: int, ctx: BuildContext, data: Path, seconds: float,
 
 
 @torch.no_grad()
-def score_model(spec: Any, model: torch.nn.Module, data: Dataset, batch_size: int = 4) -> dict[str, float]:
-    """Mean per-series metrics of ``model``'s predictions on ``data`` (eval mode)."""
+def score_model(spec: Any, model: torch.nn.Module, data: Dataset, batch_size: int = 4,
+                predictions: list[torch.Tensor] | None = None) -> dict[str, float]:
+    """Mean per-series metrics of ``model``'s predictions on ``data`` (eval mode); the predictions
+    are appended to ``predictions`` (on the CPU) when it is given."""
     model.eval()
     device = next(model.parameters()).device
     totals = MetricTotals()
     for begin in range(0, len(data), batch_size):
         batch = default_collate([data[i] for i in range(begin, min(begin + batch_size, len(data)))])
         batch = on_device(batch, device)
-        totals.update(spec.predict(model, batch), batch["target"])
+        predicted = spec.predict(model, batch)
+        totals.update(predicted, batch["target"])
+        if predictions is not None:
+            predictions.append(predicted.float().cpu())
     return totals.means()
+
+
+@torch.no_grad()
+def offset_decomposition(before: torch.Tensor, after: torch.Tensor, target: torch.Tensor) -> dict[str, Any]:
+    """How much of the PSNR change from ``before`` to ``after`` (predictions [N, 13, H, W] of two
+    stages on one split) one per-band offset gives: ``before`` plus the mean per-band difference.
+
+    A fine-tuning that mostly moves each band's level by the same amount everywhere (a radiometric
+    offset, such as a haze correction applied to every series) helps the series whose bands were
+    off in that direction and hurts the others, so its gain depends on which locations a split has."""
+    offset = (after - before).mean(dim=(0, 2, 3), keepdim=True)
+
+    def psnr(predicted: torch.Tensor) -> float:
+        return float(per_sample(predicted.clamp(0.0, 1.0), target)["psnr"].mean())
+
+    return {"gain_db": psnr(after) - psnr(before), "offset_gain_db": psnr(before + offset) - psnr(before),
+            "offset": [round(v, 5) for v in offset.flatten().tolist()]}
 
 
 def on_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -231,10 +253,11 @@ def on_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
-def score(stage: int, ctx: BuildContext, test: Dataset, weights: str = "best.pt") -> dict[str, float]:
+def score(stage: int, ctx: BuildContext, test: Dataset, weights: str = "best.pt",
+          predictions: list[torch.Tensor] | None = None) -> dict[str, float]:
     """Mean per-series metrics of a stage's ``best.pt`` (or ``start.pt``) predictions on ``test``."""
     model, _ = load_stage_model(stage, ctx.run_dir / f"stage{stage}" / weights, ctx)
-    return score_model(get_stage(stage), model, test)
+    return score_model(get_stage(stage), model, test, predictions=predictions)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -315,13 +338,18 @@ def main(argv: list[str] | None = None) -> int:
     if shifted_best is not None:
         results.update(best_baseline_shifted=shifted_best[0], best_baseline_shifted_psnr=round(shifted_best[1], 3))
 
+    kept_predictions: dict[str, torch.Tensor] = {}  # stages 2-3, for the offset decomposition
+
     def report(stage: int, label: str, weights: str, key: str) -> None:
         """Score ``weights`` of ``stage`` on the test split (and the shifted one), print, record."""
         for suffix, split in (("", test), ("_shifted", shifted_test)):
             if split is None:
                 continue
             t0 = time.monotonic()
-            s = score(stage, ctx, split, weights)
+            predicted: list[torch.Tensor] | None = [] if stage >= 2 else None
+            s = score(stage, ctx, split, weights, predictions=predicted)
+            if predicted:
+                kept_predictions[f"{key}{suffix}"] = torch.cat(predicted)
             name = f"{'shifted ' if suffix else ''}stage {stage} {label}"
             print(f"{name:<22} {s['psnr']:8.2f} {s['ssim']:7.4f} {s['sam']:8.2f}   "
                   f"(scored in {time.monotonic() - t0:.0f} s)", flush=True)
@@ -350,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
                              curve_every=args.curve_every if stage >= 1 else 0)
         unused = max(allotted - info["seconds"], 0.0)
         kept_score = info["val"].get("kept")
-        results.update({f"stage{stage}_steps": info["steps"], f"stage{stage}_epochs": round(info["epochs"], 2)})
+        results.update({f"stage{stage}_steps": info["steps"],
+                        f"stage{stage}_epochs": round(info["epochs"], 2)})
         line = (f"stage {stage} trained {info['seconds']:.0f} s: {info['steps']} steps, "
                 f"{info['epochs']:.2f} epochs over {info['train_series']} series, "
                 f"loss {info['first_loss']:.4f} -> {info['last_loss']:.4f}")
@@ -370,18 +399,32 @@ def main(argv: list[str] | None = None) -> int:
                "best.pt", f"stage{stage}")
         if stage >= 2 and (ctx.run_dir / f"stage{stage}" / "trained.pt").exists() and info["kept"] == "start":
             report(stage, "trained, not kept", "trained.pt", f"stage{stage}_trained")
+    trained3 = "stage3_trained" if "stage3_trained" in kept_predictions else "stage3"
+    for suffix, split in (("", test), ("_shifted", shifted_test)):
+        before, after = kept_predictions.get(f"stage2{suffix}"), kept_predictions.get(f"{trained3}{suffix}")
+        if split is None or before is None or after is None:
+            continue
+        target = torch.stack([split[i]["target"] for i in range(len(split))])
+        parts = offset_decomposition(before, after, target)
+        offset = " ".join(f"{v * 1e3:+.1f}" for v in parts["offset"])
+        print(f"{'shifted ' if suffix else ''}stage 3 trained against stage 2: {parts['gain_db']:+.3f} dB, "
+              f"of which one per-band offset alone gives {parts['offset_gain_db']:+.3f} dB "
+              f"(offset x1e-3: {offset})", flush=True)
+        results[f"stage3_trained{suffix}_offset_only_gain_db"] = round(parts["offset_gain_db"], 3)
     s1 = float(results["stage1_psnr"])
     results["stage1_gain_over_best_baseline_db"] = round(s1 - best_baseline, 3)
     results["stage1_gain_over_start_db"] = round(s1 - float(results["stage1_start_psnr"]), 3)
     if "stage2_psnr" in results:
         results["stage2_gain_over_stage1_db"] = round(float(results["stage2_psnr"]) - s1, 3)
         if "stage2_trained_psnr" in results:
-            results["stage2_trained_gain_over_stage1_db"] = round(float(results["stage2_trained_psnr"]) - s1, 3)
+            trained2 = float(results["stage2_trained_psnr"])
+            results["stage2_trained_gain_over_stage1_db"] = round(trained2 - s1, 3)
     if "stage3_psnr" in results:
         if shifted_test is not None:
             results["stage3_shifted_gain_over_stage2_db"] = round(
                 float(results["stage3_shifted_psnr"]) - float(results["stage2_shifted_psnr"]), 3)
-        results["stage3_gain_over_stage2_db"] = round(float(results["stage3_psnr"]) - float(results["stage2_psnr"]), 3)
+        results["stage3_gain_over_stage2_db"] = round(
+            float(results["stage3_psnr"]) - float(results["stage2_psnr"]), 3)
     results["wall_minutes"] = round((time.monotonic() - started) / 60, 2)
     print(json.dumps(results))
     return 0
