@@ -8,9 +8,10 @@ scores the baselines and stages 1-3 on the same test series.
 The run is held to about ``--budget-minutes`` of wall time. After data generation and the
 baselines, the rest is split across the stages (``STAGE_SHARES``, minus a reserve for scoring);
 each stage stops after its configured epochs or its time, whichever comes first (time it leaves
-goes to the next stage), and its last weights become its ``best.pt`` for the next stage. Scoring on the test splits is not taken from
-the next stage's time: where it needs more than the reserve (with the shifted domain, DDIM
-sampling on one thread), the run ends that much later (``wall_minutes``).
+goes to the next stage), and its last weights become its ``best.pt`` for the next stage. Scoring
+on the test splits is not taken from the next stage's time: where it needs more than the reserve
+(with the shifted domain, DDIM sampling on one thread), the run ends that much later
+(``wall_minutes``).
 
 The model is ``trainer/configs/model_small.yaml`` unchanged. The short CPU run differs from the
 trainer's in ways that do not touch the model code:
@@ -55,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import math
 import sys
@@ -110,7 +112,8 @@ def parse_epochs(text: str) -> dict[int, int]:
     for item in filter(None, (part.strip() for part in text.split(","))):
         stage, _, count = item.partition("=")
         if stage not in ("0", "1", "2", "3") or not count.isdigit() or int(count) < 1:
-            raise SystemExit(f"--epochs {text!r}: expected STAGE=N items such as 0=60,2=30 (stages 0-3, N >= 1)")
+            raise SystemExit(f"--epochs {text!r}: expected STAGE=N items such as 0=60,2=30 "
+                             "(stages 0-3, N >= 1)")
         epochs[int(stage)] = int(count)
     return epochs
 
@@ -256,7 +259,8 @@ def on_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
 def score(stage: int, ctx: BuildContext, test: Dataset, weights: str = "best.pt",
           predictions: list[torch.Tensor] | None = None) -> dict[str, float]:
     """Mean per-series metrics of a stage's ``best.pt`` (or ``start.pt``) predictions on ``test``."""
-    model, _ = load_stage_model(stage, ctx.run_dir / f"stage{stage}" / weights, ctx)
+    loading = dataclasses.replace(ctx, data_root=None)  # the weights carry stage 3's adapter reference
+    model, _ = load_stage_model(stage, ctx.run_dir / f"stage{stage}" / weights, loading)
     return score_model(get_stage(stage), model, test, predictions=predictions)
 
 
@@ -332,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         name = max(ranked, key=lambda k: ranked[k]["psnr"])
         shifted_best = (name, ranked[name]["psnr"])
 
-    ctx = BuildContext(config=cfg, run_dir=work / "run", device=torch.device(args.device))
+    ctx = BuildContext(config=cfg, run_dir=work / "run", device=torch.device(args.device), data_root=data)
     results: dict[str, float | str] = {"seed": args.seed, "device": args.device, "best_baseline": best_name,
                                        "best_baseline_psnr": round(best_baseline, 3)}
     if shifted_best is not None:
@@ -360,8 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     kept_score: float | None = None
     unused = 0.0  # seconds a stage that reached its epochs early left to the next
     stages = range(args.last_stage + 1)
-    shares = {stage: STAGE_SHARES[stage] / sum(STAGE_SHARES[s] for s in stages if s >= args.from_stage)
-              for stage in stages}
+    shares = {stage: STAGE_SHARES[stage] / sum(STAGE_SHARES[s] for s in stages) for stage in stages}
     for stage in stages:
         if stage < args.from_stage:  # an earlier run's weights, scored again below
             kept = ctx.run_dir / f"stage{stage}" / "best.pt"

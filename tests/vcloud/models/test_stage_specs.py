@@ -4,7 +4,6 @@ their ``best.pt``, each stage's loss falls on a fixed batch, stage 3 pseudo-labe
 from __future__ import annotations
 
 import dataclasses
-
 import json
 from pathlib import Path
 
@@ -13,11 +12,12 @@ import torch
 from torch.utils.data import ConcatDataset, default_collate
 
 from vcloud.checkpoint import save_checkpoint
-from vcloud.config import load_config
+from vcloud.config import VCloudConfig, config_from_dict, load_config
 from vcloud.data.dataset import SeriesDataset
 from vcloud.models import stage_specs as model_stages
 from vcloud.models.cfdt import CFDT
 from vcloud.models.draft_and_refiner import DraftAndRefiner
+from vcloud.models.scene_adapter import SceneAdapterError, reference_statistics
 from vcloud.models.selftrain import PseudoLabeledSeries
 from vcloud.stage_registry import BuildContext, StageError, get_stage
 
@@ -33,6 +33,12 @@ def ctx(tmp_path) -> BuildContext:
 def batch(tiny_prepared) -> dict:
     ds = SeriesDataset(tiny_prepared, "train")
     return default_collate([ds[0], ds[1]])
+
+
+def with_stage3(config: VCloudConfig, **settings: object) -> VCloudConfig:
+    raw = config.to_dict()
+    raw["model"]["stage3"].update(settings)
+    return config_from_dict(raw)
 
 
 def build(stage: int, ctx: BuildContext) -> torch.nn.Module:
@@ -118,11 +124,21 @@ def test_stages_2_and_3_load_predecessors_learn_and_pseudo_label(ctx, batch, tin
     torch.testing.assert_close(pred, get_stage(2).predict(stage2, batch))  # fixed eval seed
     save_best(2, stage2, ctx)
 
-    stage3 = build(3, ctx)
+    # The shipped configs: the draft model stays frozen, the scene adapter learns, its reference
+    # taken from the labeled training split of the dataset being trained on.
+    stage3 = build(3, dataclasses.replace(ctx, data_root=tiny_prepared))
     for k, v in stage2.state_dict().items():
         assert torch.equal(stage3.state_dict()[k], v), k
-    assert all(p.requires_grad for p in stage3.draft_model.parameters())
+    assert not any(p.requires_grad for p in stage3.draft_model.parameters())
+    assert all(p.requires_grad for p in stage3.adapter.parameters())
     assert not any(p.requires_grad for p in stage3.refiner.autoencoder.parameters())
+    reference = reference_statistics(SeriesDataset(tiny_prepared, "train"))
+    torch.testing.assert_close(stage3.adapter.center, reference.mean(dim=0))
+    with pytest.raises(SceneAdapterError, match="no labeled reference"):  # loading: the checkpoint brings it
+        get_stage(3).loss(build(3, ctx), batch)
+    fine_tuned = dataclasses.replace(ctx, config=with_stage3(ctx.config, train_draft=True,
+                                                             scene_adapter=False))
+    assert all(p.requires_grad for p in build(3, fine_tuned).draft_model.parameters())
 
     train = SeriesDataset(tiny_prepared, "train")
     union = model_stages.selftrain_dataset(train, ctx)

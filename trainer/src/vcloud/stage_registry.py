@@ -47,6 +47,9 @@ class BuildContext:
     run_dir: Path
     """Run output directory holding ``stage{k}/best.pt`` of earlier stages."""
     device: torch.device
+    data_root: Path | None = None
+    """The prepared dataset the stage trains on, when it is being trained (stage 3's scene adapter
+    takes its reference from the labeled training split); None when a checkpoint is only loaded."""
 
     def predecessor_checkpoint(self, stage: int) -> Path:
         path = StagePaths(self.run_dir, stage).best

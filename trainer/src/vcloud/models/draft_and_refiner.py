@@ -2,7 +2,8 @@
 
 The training loop calls ``model(batch)`` for the loss (so DDP synchronises gradients) and
 ``model.refine(batch)`` for predictions. In stage 2 the draft model is frozen and only the
-refiner learns; in stage 3 (self-training) both are fine-tuned.
+refiner learns; in stage 3 (self-training) the refiner learns with the scene adapter, the draft
+model or both (``model.stage3.scene_adapter``, ``model.stage3.train_draft``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import nn
 
 from vcloud.models.cfdt import CFDT
 from vcloud.models.latent_refiner import LatentDiffusionRefiner
+from vcloud.models.scene_adapter import SceneAdapter
 
 EVAL_SEED = 0
 """DDIM seed of validation predictions, so the best-checkpoint metric is reproducible."""
@@ -34,17 +36,25 @@ def run_draft(model: CFDT, batch: dict[str, Any]) -> torch.Tensor:
 
 
 class DraftAndRefiner(nn.Module):
-    """CFDT draft followed by the latent diffusion refiner."""
+    """CFDT draft followed by the latent diffusion refiner; in stage 3 the draft may pass through
+    a scene adapter (:mod:`vcloud.models.scene_adapter`) before the refiner sees it."""
 
     def __init__(self, draft_model: CFDT, refiner: LatentDiffusionRefiner, *, train_draft: bool,
-                 draft_loss_weight: float = 1.0, refiner_loss_weight: float = 1.0) -> None:
+                 draft_loss_weight: float = 1.0, refiner_loss_weight: float = 1.0,
+                 adapter: SceneAdapter | None = None) -> None:
         super().__init__()
         self.draft_model = draft_model
         self.refiner = refiner
+        self.adapter = adapter
         self.train_draft = train_draft
         self.draft_loss_weight = draft_loss_weight
         self.refiner_loss_weight = refiner_loss_weight
         self.draft_model.requires_grad_(train_draft)
+
+    @property
+    def learns_draft(self) -> bool:
+        """Whether training changes the draft the refiner starts from (the draft model or the adapter)."""
+        return self.train_draft or self.adapter is not None
 
     def train(self, mode: bool = True) -> "DraftAndRefiner":
         super().train(mode)
@@ -52,26 +62,32 @@ class DraftAndRefiner(nn.Module):
             self.draft_model.eval()
         return self
 
+    def _adapted_draft(self, batch: dict[str, Any]) -> torch.Tensor:
+        """The draft model's output plus the adapter's per-band correction (float32, unclamped)."""
+        if self.train_draft:
+            draft = run_draft(self.draft_model, batch).float()
+        else:
+            with torch.no_grad():
+                draft = run_draft(self.draft_model, batch).float()
+        if self.adapter is not None:
+            draft = draft + self.adapter(batch["inputs"], batch["masks"], batch["target_index"]).float()
+        return draft
+
     def forward(self, batch: dict[str, Any]) -> torch.Tensor:
         """Training loss of one batch."""
         target = batch["target"]
         observation, mask = target_observation(batch)
-        if self.train_draft:
-            draft = run_draft(self.draft_model, batch)
-        else:
-            with torch.no_grad():
-                draft = run_draft(self.draft_model, batch)
-        draft_f = draft.float()
-        refiner_loss = self.refiner.loss(draft_f.clamp(0, 1), observation, mask, target)
-        if not self.train_draft:
+        draft = self._adapted_draft(batch)
+        refiner_loss = self.refiner.loss(draft.clamp(0, 1), observation, mask, target)
+        if not self.learns_draft:
             return refiner_loss
-        draft_loss = F.l1_loss(draft_f, target)
+        draft_loss = F.l1_loss(draft, target)
         return self.draft_loss_weight * draft_loss + self.refiner_loss_weight * refiner_loss
 
     @torch.no_grad()
     def draft(self, batch: dict[str, Any]) -> torch.Tensor:
         """The draft [B, 13, H, W] in [0, 1] that :meth:`refine` starts from."""
-        return run_draft(self.draft_model, batch).float().clamp(0, 1)
+        return self._adapted_draft(batch).clamp(0, 1)
 
     @torch.no_grad()
     def refine(self, batch: dict[str, Any], generator: torch.Generator | None = None,

@@ -2,8 +2,10 @@
 
 The stage-2 model refines each unlabeled series several times with different DDIM seeds. Where
 those samples agree (mean per-pixel standard deviation across samples below a threshold) the
-refiner is confident, and the mean sample becomes a pseudo-target; the rest are dropped. Draft
-model and refiner are then fine-tuned on labeled series plus the kept pseudo-labeled ones.
+refiner is confident, and the mean sample becomes a pseudo-target; the rest are dropped. The
+refiner and the scene adapter (:mod:`vcloud.models.scene_adapter`: a per-band correction of the
+draft from the scene's statistics), and with ``train_draft`` the draft model itself, are then
+fine-tuned on labeled series plus the kept pseudo-labeled ones.
 
 The student is noisy (as in Noisy Student training): it sees each pseudo-labelled series through
 an extra haze veil (:mod:`vcloud.data.haze_veil`) the teacher did not see, so reproducing the
@@ -57,8 +59,21 @@ class SelfTrainConfig:
     (in ``train.best_metric`` units, dB for psnr) against stage 2's become ``best.pt``."""
     seed: int = 0
     """Salt of the unlabeled selection and base seed of the DDIM samples."""
+    train_draft: bool = True
+    """Fine-tune the draft model itself. Off in the shipped configs: on another domain's
+    pseudo-labels it learned one per-band offset for every scene, which cost labeled locations
+    (see :mod:`vcloud.models.scene_adapter`); the scene adapter learns that correction per scene."""
+    scene_adapter: bool = False
+    """Correct the draft per band from the scene's statistics, zero for a scene typical of the
+    labeled training split (:mod:`vcloud.models.scene_adapter`). On in the shipped configs."""
+    adapter_scale: float = 0.2
+    """Reflectance per unit of the adapter's output. Adam moves each weight by about the learning
+    rate per step, so ``lr * adapter_scale`` sets how fast the correction can grow: 0.2 lets it
+    reach a few thousandths of reflectance (a hazier atmosphere's offset) in tens of steps at
+    ``lr`` 5e-5."""
     draft_loss_weight: float = 1.0
-    """Weight of the draft model's L1 loss in the fine-tuning objective."""
+    """Weight of the L1 loss of the draft (with the adapter's correction) in the fine-tuning
+    objective; it is what trains the draft model and the adapter."""
     refiner_loss_weight: float = 1.0
     """Weight of the refiner's noise-prediction loss in the fine-tuning objective."""
     student_haze_depth: float = 0.3
@@ -93,6 +108,11 @@ class SelfTrainConfig:
                 "a path to a prepared dataset, or empty")
         require(isinstance(self.max_val_loss, (int, float)) and self.max_val_loss >= 0, SECTION, "max_val_loss",
                 self.max_val_loss, "a number >= 0")
+        for name in ("train_draft", "scene_adapter"):
+            value = getattr(self, name)
+            require(isinstance(value, bool), SECTION, name, value, "true or false")
+        require(isinstance(self.adapter_scale, (int, float)) and not isinstance(self.adapter_scale, bool)
+                and self.adapter_scale > 0, SECTION, "adapter_scale", self.adapter_scale, "a number > 0")
         for name in ("draft_loss_weight", "refiner_loss_weight"):
             value = getattr(self, name)
             require(isinstance(value, (int, float)) and value >= 0, SECTION, name, value, "a number >= 0")

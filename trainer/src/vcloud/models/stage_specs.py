@@ -3,9 +3,9 @@
 - stage 1, ``draft``: CFDT trained with L1 to the cloud-free target, on the cloud-type curriculum;
 - stage 2, ``refiner``: latent diffusion refiner on top of the frozen stage-0 autoencoder and the
   frozen stage-1 draft model, both loaded from their ``best.pt``;
-- stage 3, ``selftrain``: stage-2 model fine-tuned (draft and refiner) on labeled series plus
-  confidently pseudo-labelled ones. Its spec adds ``train_dataset``: the loop passes it the
-  labeled training split and trains on what it returns.
+- stage 3, ``selftrain``: stage-2 model fine-tuned (refiner, scene adapter, optionally the draft
+  model) on labeled series plus confidently pseudo-labelled ones. Its spec adds
+  ``train_dataset``: the loop passes it the labeled training split and trains on what it returns.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from vcloud.checkpoint import atomic_write_bytes, atomic_write_text, file_digest
 from vcloud.models.cfdt import CFDT, CFDTConfig
 from vcloud.models.draft_and_refiner import DraftAndRefiner, run_draft
 from vcloud.models.latent_refiner import LatentDiffusionRefiner, RefinerConfig
+from vcloud.models.scene_adapter import SceneAdapter, reference_statistics
 from vcloud.models.selftrain import (
     PseudoLabeledSeries,
     PseudoLabels,
@@ -106,7 +107,14 @@ STAGE2 = StageSpec(
 
 def _build_selftrain(cfg: SelfTrainConfig, ctx: BuildContext) -> nn.Module:
     stage2 = ctx.load_predecessor(2)
-    return DraftAndRefiner(stage2.draft_model, stage2.refiner, train_draft=True,
+    adapter = None
+    if cfg.scene_adapter:
+        adapter = SceneAdapter(cfg.adapter_scale)
+        if ctx.data_root is not None:  # training: the labeled reference; loading: the checkpoint's
+            from vcloud.data.dataset import SeriesDataset
+
+            adapter.fit_reference(reference_statistics(SeriesDataset(ctx.data_root, "train")))
+    return DraftAndRefiner(stage2.draft_model, stage2.refiner, train_draft=cfg.train_draft, adapter=adapter,
                            draft_loss_weight=cfg.draft_loss_weight, refiner_loss_weight=cfg.refiner_loss_weight)
 
 

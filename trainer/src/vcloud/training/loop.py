@@ -305,7 +305,8 @@ def _build_session(run: StageRun, ctx: DistContext, paths: StagePaths, budget: S
     """Model, datasets of every curriculum phase, loaders and optimizer, on every rank alike."""
     spec = get_stage(run.stage)
     seed_everything(run.config.train.seed + ctx.rank)
-    build_ctx = BuildContext(config=run.config, run_dir=run.run_dir, device=ctx.device)
+    build_ctx = BuildContext(config=run.config, run_dir=run.run_dir, device=ctx.device,
+                             data_root=run.data_root)
     model_section = _model_section(run, checkpoint)
     model_config = spec.parse_model_config(model_section)
     model = spec.build_model(model_config, build_ctx).to(ctx.device)
