@@ -39,6 +39,8 @@ def test_q_sample_endpoints_and_ddim_timesteps():
     out = q_sample(x0, torch.tensor([0, 999]), noise, ac)
     assert out[0, 0] > 0.99 and out[1, 0] < 0.1
     assert ddim_timesteps(1000, 4) == [999, 666, 333, 0]
+    assert ddim_timesteps(1000, 1) == [999]
+    assert ddim_timesteps(1000, 2) == [999, 0]
     with pytest.raises(ValueError, match="DDIM steps=0"):
         ddim_timesteps(1000, 0)
 

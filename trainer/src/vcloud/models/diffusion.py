@@ -39,9 +39,14 @@ def q_sample(x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor, alphas_cump
 
 
 def ddim_timesteps(train_timesteps: int, steps: int) -> list[int]:
-    """``steps`` evenly spaced training steps, from the noisiest down to 0."""
+    """``steps`` evenly spaced training steps, from the noisiest down to 0.
+
+    One step starts from the noisiest step (the denoiser's clean estimate from pure noise), not
+    from step 0, where the denoiser expects an almost clean input."""
     if not 1 <= steps <= train_timesteps:
         raise ValueError(f"DDIM steps={steps} must be in 1..{train_timesteps}")
+    if steps == 1:
+        return [train_timesteps - 1]
     return sorted({round(x) for x in torch.linspace(0, train_timesteps - 1, steps).tolist()}, reverse=True)
 
 
