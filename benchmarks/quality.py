@@ -79,6 +79,7 @@ from vcloud.data.prepare import PrepareSettings, prepare_dataset  # noqa: E402
 from vcloud.data.selection import SplitFractions  # noqa: E402
 from vcloud.data.synthetic import generate_raw  # noqa: E402
 from vcloud.metrics import MetricTotals, per_sample  # noqa: E402
+from vcloud.optim import build_optimizer, set_learning_rate  # noqa: E402
 from vcloud.stage_registry import BuildContext, get_stage, load_stage_model  # noqa: E402
 from vcloud.training.best import keeps_trained  # noqa: E402
 
@@ -156,7 +157,7 @@ def train_bounded(stage: int, ctx: BuildContext, data: Path, seconds: float,
                         generator=torch.Generator().manual_seed(cfg.train.seed + stage))
     warmup_fraction = min(cfg.train.warmup_steps / max(budget.epochs * len(loader), 1), 1.0)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=budget.lr, weight_decay=cfg.train.weight_decay)
+    opt = build_optimizer(model, budget.lr, cfg.train.weight_decay)
     torch.manual_seed(cfg.train.seed + stage)
     steps, epochs, losses = 0, 0, []
     deadline = started + seconds
@@ -174,8 +175,7 @@ def train_bounded(stage: int, ctx: BuildContext, data: Path, seconds: float,
         for batch in loader:
             batch = on_device(batch, ctx.device)
             progress = (time.monotonic() - train_start) / max(deadline - train_start, 1e-9)
-            for group in opt.param_groups:
-                group["lr"] = budget.lr * lr_factor(cfg, progress, warmup_fraction)
+            set_learning_rate(opt, budget.lr * lr_factor(cfg, progress, warmup_fraction))
             loss = spec.loss(model, batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()

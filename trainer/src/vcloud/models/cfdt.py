@@ -44,6 +44,7 @@ from vcloud.models.composite import fill_gaps, harmonize
 from vcloud.models.dtypes import at_least_float32
 from vcloud.models.config_fields import config_from_dict, require, require_channels, require_positive_int
 from vcloud.models.memory import MemoryOptions
+from vcloud.optim import scale_learning_rate
 
 SECTION = "model.stage1"
 S2_BANDS = 13
@@ -82,6 +83,10 @@ class CFDTConfig:
     date_decay: float = 1.0
     """Initial decay of a date's composite weight per acquisition away from the target (learned);
     0 = every clear date counts the same at the start."""
+    date_decay_lr_scale: float = 100.0
+    """The date decay trains at this multiple of the stage's learning rate (see :mod:`vcloud.optim`):
+    at the weights' rate, the 92 steps of the CPU quality benchmark moved it from 1.0 to 0.994,
+    while the validation split scored the trained draft 0.16 dB higher with 0.5."""
     harmonize_radius: int = 15
     """Half-width in pixels of the window over which another date is shifted to the target's local
     brightness before it enters the composite; 0 = no harmonisation."""
@@ -98,6 +103,9 @@ class CFDTConfig:
         require(isinstance(self.use_s1, bool), SECTION, "use_s1", self.use_s1, "true or false")
         require(isinstance(self.date_decay, (int, float)) and not isinstance(self.date_decay, bool)
                 and self.date_decay >= 0, SECTION, "date_decay", self.date_decay, "a number >= 0")
+        require(isinstance(self.date_decay_lr_scale, (int, float)) and not isinstance(self.date_decay_lr_scale, bool)
+                and self.date_decay_lr_scale > 0, SECTION, "date_decay_lr_scale", self.date_decay_lr_scale,
+                "a number > 0 (1 = the weights' learning rate)")
         require(isinstance(self.harmonize_radius, int) and not isinstance(self.harmonize_radius, bool)
                 and self.harmonize_radius >= 0, SECTION, "harmonize_radius", self.harmonize_radius,
                 "an integer >= 0")
@@ -292,7 +300,8 @@ class CFDT(nn.Module):
         self.gate = ChangeGate(cfg)
         self.tmt = TemporalTransformer(cfg)
         self.decoder = DraftDecoder(cfg)
-        self.date_decay = nn.Parameter(torch.tensor(float(cfg.date_decay)))
+        self.date_decay = scale_learning_rate(nn.Parameter(torch.tensor(float(cfg.date_decay))),
+                                              cfg.date_decay_lr_scale)
 
     def _check(self, inputs: torch.Tensor, masks: torch.Tensor, target_index: torch.Tensor,
                s1: torch.Tensor | None) -> None:

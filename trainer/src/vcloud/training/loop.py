@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader
 from vcloud import exitcodes
 from vcloud.checkpoint import load_latest, remove_stale_temporaries, save_checkpoint
 from vcloud.config import StageTrainConfig, VCloudConfig
+from vcloud.optim import build_optimizer, set_learning_rate
 from vcloud.stage_registry import Batch, BuildContext, StageSpec, get_stage
 from vcloud.training import markers
 from vcloud.training.best import improves, keeps_trained
@@ -240,8 +241,7 @@ def train_stage(run: StageRun, ctx: DistContext, stop: StopRequest) -> int:
 def _train_step(session: StageSession, model: nn.Module, batch: Batch, lr: float) -> float:
     """One optimizer step; ``model`` is the DDP wrapper under torchrun so gradients are averaged."""
     optimizer = session.optimizer
-    for group in optimizer.param_groups:
-        group["lr"] = lr
+    set_learning_rate(optimizer, lr)
     with session.precision.autocast():
         loss = session.spec.loss(model, batch)
     if not torch.isfinite(loss):
@@ -310,8 +310,7 @@ def _build_session(run: StageRun, ctx: DistContext, paths: StagePaths, budget: S
     model_section = _model_section(run, checkpoint)
     model_config = spec.parse_model_config(model_section)
     model = spec.build_model(model_config, build_ctx).to(ctx.device)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=budget.lr,
-                                  weight_decay=run.config.train.weight_decay)
+    optimizer = build_optimizer(model, budget.lr, run.config.train.weight_decay)
     return StageSession(
         run=run, spec=spec, paths=paths, budget=budget, ctx=ctx, version=code_version(),
         model_section=model_section, model=model, optimizer=optimizer,
