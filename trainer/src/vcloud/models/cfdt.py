@@ -18,8 +18,9 @@ The composite keeps the target's own clear pixels as observed and fills its clou
 other dates, each first shifted to the target's local brightness where both are clear
 (:mod:`vcloud.models.composite`), weighting a clear pixel of another date by its pair gate and by
 ``exp(-d * k)`` for a date ``k`` acquisitions away from the target (``d`` learned, starting at
-``date_decay``): surfaces change with time, so a near date is the better default, which is why the
-nearest-clear mosaic beats the mean mosaic. Pixels no date sees clear are filled from their
+``date_decay``, at ``date_decay_lr_scale`` times the stage's learning rate): surfaces change with
+time, so a near date is the better default, which is why the nearest-clear mosaic beats the mean
+mosaic. Pixels no date sees clear are filled from their
 surroundings. With the decoder's correction starting at zero, the untrained draft is
 already a soft nearest-clear mosaic rather than a mean, and training starts from there.
 
