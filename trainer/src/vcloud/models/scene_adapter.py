@@ -26,8 +26,9 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, default_collate
 
-S2_BANDS = 13
-FEATURES = 2 * S2_BANDS
+from vcloud.data.bands import N_S2
+
+FEATURES = 2 * N_S2
 """Clear-pixel mean of each band over all dates, then over the target date."""
 REFERENCE_SERIES = 256
 """Largest number of labeled series the reference statistics are computed from."""
@@ -76,7 +77,7 @@ class SceneAdapter(nn.Module):
     def __init__(self, scale: float) -> None:
         super().__init__()
         self.scale = float(scale)
-        self.linear = nn.Linear(FEATURES, S2_BANDS, bias=False)
+        self.linear = nn.Linear(FEATURES, N_S2, bias=False)
         nn.init.zeros_(self.linear.weight)
         self.register_buffer("center", torch.zeros(FEATURES))
         self.register_buffer("spread", torch.ones(FEATURES))

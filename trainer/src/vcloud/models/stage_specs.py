@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.data import ConcatDataset, Dataset, Subset
 
 from vcloud.checkpoint import atomic_write_bytes, atomic_write_text, file_digest
+from vcloud.data.dataset import SeriesDataset
 from vcloud.models.cfdt import CFDT, CFDTConfig
 from vcloud.models.draft_and_refiner import DraftAndRefiner, run_draft
 from vcloud.models.latent_refiner import LatentDiffusionRefiner, RefinerConfig
@@ -111,8 +112,6 @@ def _build_selftrain(cfg: SelfTrainConfig, ctx: BuildContext) -> nn.Module:
     if cfg.scene_adapter:
         adapter = SceneAdapter(cfg.adapter_scale)
         if ctx.data_root is not None:  # training: the labeled reference; loading: the checkpoint's
-            from vcloud.data.dataset import SeriesDataset
-
             adapter.fit_reference(reference_statistics(SeriesDataset(ctx.data_root, "train")))
     return DraftAndRefiner(stage2.draft_model, stage2.refiner, train_draft=cfg.train_draft, adapter=adapter,
                            draft_loss_weight=cfg.draft_loss_weight, refiner_loss_weight=cfg.refiner_loss_weight)
@@ -134,8 +133,6 @@ def pseudo_label_pool(labeled: Dataset, cfg: SelfTrainConfig) -> tuple[Dataset, 
     the labeled set stays whole. Otherwise ``unlabeled_fraction`` of the labeled dataset's
     ``unlabeled_split`` is; with ``unlabeled_split: train`` those series are removed from the
     labeled set, so the ground truth of a pseudo-labelled series is never used."""
-    from vcloud.data.dataset import SeriesDataset
-
     if cfg.unlabeled_data:
         root = Path(labeled.root) / cfg.unlabeled_data  # type: ignore[attr-defined]  # absolute stays absolute
         if not (root / "index.json").is_file():
