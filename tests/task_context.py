@@ -21,6 +21,12 @@ class StateStore:
     def set(self, key: str, value: Any, *, retention: Any = None) -> None:
         self.data[key] = value
 
+    def keeping(self, *keys: str) -> "StateStore":
+        """A store with only ``keys`` of this one: what survives when a try dies after writing them."""
+        kept = StateStore()
+        kept.data = {k: v for k, v in self.data.items() if k in keys}
+        return kept
+
 
 class TaskTry:
     def __init__(self, run_id: str, try_number: int = 1, *, dag_id: str, task_id: str) -> None:

@@ -4,6 +4,8 @@ live job of another version, a restart)."""
 
 from __future__ import annotations
 
+import getpass
+import os
 import subprocess
 import threading
 import uuid
@@ -17,11 +19,14 @@ from airflow.sdk.exceptions import AirflowFailException
 from localcluster import LocalCluster, poll_until
 from slurm_provider import hooks
 from slurm_provider.cli.sbatch import (
+    DONE_MARKER,
     LIVE_MARKER,
+    MOVED_MARKER,
     JobComment,
     build_exclusive_sbatch_submit,
     exclusive_dir_marker,
     parse_job_comment,
+    script_account,
 )
 from slurm_provider.operators import HISTORY_KEY, SlurmSubmitOperator, job_name_for
 from slurm_provider.validation import ValidationError
@@ -95,7 +100,9 @@ def test_submits_when_no_live_job_writes_the_directory_and_reports_the_live_one_
     second = _run(_command(directory, "r2"), stubs)
     assert second.returncode == 0, second.stderr
     head, _, rows = second.stdout.partition(LIVE_MARKER)
-    assert head == "" and rows.strip().startswith("100|"), second.stdout
+    user_line, _, rows = rows.partition("\n")
+    assert head == "" and user_line.strip() == getpass.getuser(), "the login user comes with the live rows"
+    assert rows.strip().startswith("100|"), second.stdout
     assert not (Path(stubs["CALLS"]) / "sbatch-101").exists(), "no second writer"
     assert not (Path(directory) / ".slurm-submit.lock").exists(), "the lock is released"
     other = _run(_command(str(tmp_path / "stage2"), "r1"), stubs)
@@ -116,13 +123,135 @@ def test_two_submitters_racing_for_one_directory_get_one_job(tmp_path: Path, stu
     assert sorted(p.name for p in Path(stubs["CALLS"]).iterdir()) == ["sbatch-100"]
 
 
-def test_a_stale_lock_left_by_a_dead_submit_is_taken_over(tmp_path: Path, stubs: dict[str, str]) -> None:
-    directory = tmp_path / "stage1"
+def _hold_lock(directory: Path, owner: str, minutes_ago: int = 0) -> Path:
     lock = directory / ".slurm-submit.lock"
     lock.mkdir(parents=True)
-    subprocess.run(["touch", "-d", "10 minutes ago", str(lock)], check=True)
-    result = _run(_command(str(directory), "r1"), stubs)
+    (lock / "owner").write_text(owner + "\n")
+    if minutes_ago:
+        for path in (lock / "owner", lock):
+            subprocess.run(["touch", "-d", f"{minutes_ago} minutes ago", str(path)], check=True)
+    return lock
+
+
+def test_a_lock_whose_holder_died_on_this_host_is_taken_over_at_once(tmp_path: Path, stubs: dict[str, str]) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    lock = _hold_lock(tmp_path / "stage1", f"{os.uname().nodename} {dead.pid}")
+    result = _run(_command(str(tmp_path / "stage1"), "r1"), stubs)
     assert result.returncode == 0 and result.stdout.strip() == "100", result.stderr
+    assert not lock.exists() and not list((tmp_path / "stage1").glob(".slurm-submit.lock*")), "taken over, cleaned up"
+
+
+def test_a_lock_of_a_live_holder_is_never_taken_over_however_old(tmp_path: Path, stubs: dict[str, str]) -> None:
+    holder = subprocess.Popen(["sleep", "60"])
+    try:
+        lock = _hold_lock(tmp_path / "stage1", f"{os.uname().nodename} {holder.pid}", minutes_ago=30)
+        command = _command(str(tmp_path / "stage1"), "r1").replace("-gt 1200 ]", "-gt 20 ]")  # wait 2 s, not 120
+        result = _run(command, stubs)
+        assert result.returncode == 75, (result.stdout, result.stderr)
+        assert "another submit holds" in result.stderr and str(holder.pid) in result.stderr
+        assert (lock / "owner").read_text().split() == [os.uname().nodename, str(holder.pid)], "left as it was"
+        assert not (Path(stubs["CALLS"]) / "sbatch-100").exists()
+    finally:
+        holder.kill()
+
+
+def test_a_lock_held_on_another_login_node_is_live_while_refreshed_and_stale_after(tmp_path: Path,
+                                                                                 stubs: dict[str, str]) -> None:
+    fresh = _hold_lock(tmp_path / "a", "uan09.other 4242")
+    command = _command(str(tmp_path / "a"), "r1").replace("-gt 1200 ]", "-gt 20 ]")
+    assert _run(command, stubs).returncode == 75, "a refreshed owner on another node holds the lock"
+    assert fresh.exists()
+    _hold_lock(tmp_path / "b", "uan09.other 4242", minutes_ago=5)
+    result = _run(_command(str(tmp_path / "b"), "r1"), stubs)
+    assert result.returncode == 0 and result.stdout.strip() == "100", result.stderr
+
+
+def test_a_lock_dir_without_owner_is_stale_only_when_old(tmp_path: Path, stubs: dict[str, str]) -> None:
+    lock = tmp_path / "stage1" / ".slurm-submit.lock"
+    lock.mkdir(parents=True)
+    subprocess.run(["touch", "-d", "10 minutes ago", str(lock)], check=True)
+    result = _run(_command(str(tmp_path / "stage1"), "r1"), stubs)
+    assert result.returncode == 0 and result.stdout.strip() == "100", result.stderr
+
+
+def test_the_holder_refreshes_its_owner_file_while_it_holds_the_lock(tmp_path: Path, stubs: dict[str, str]) -> None:
+    (Path(stubs["PATH"].split(":")[0]) / "sbatch").write_text("#!/bin/bash\ncat >/dev/null; sleep 7; echo 555\n")
+    directory = tmp_path / "stage1"
+    proc = subprocess.Popen(["bash", "-c", _command(str(directory), "r1")], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=stubs)
+    proc.stdin.write("#!/bin/bash\n")
+    proc.stdin.close()
+    owner = directory / ".slurm-submit.lock" / "owner"
+    first = poll_until(lambda: owner.exists() and owner.stat().st_mtime, timeout=10, interval=0.05,
+                       what="the owner file")
+    refreshed = poll_until(lambda: owner.exists() and owner.stat().st_mtime > first and owner.stat().st_mtime,
+                           timeout=10, interval=0.2, what="the owner file to be touched again")
+    assert refreshed > first
+    assert proc.wait(timeout=30) == 0 and proc.stdout.read().strip() == "555"
+    assert not (directory / ".slurm-submit.lock").exists(), "released, keeper gone"
+
+
+def test_done_markers_under_the_lock_mean_nothing_is_submitted(tmp_path: Path, stubs: dict[str, str]) -> None:
+    directory = tmp_path / "stage1"
+    directory.mkdir()
+    command = build_exclusive_sbatch_submit(exclusive_dir=str(directory), done_markers=["COMPLETE", "best.pt"],
+                                            job_name="j", output=f"{directory}/%j.out",
+                                            comment=_comment(str(directory)))
+    (directory / "COMPLETE").write_text("{}")
+    assert _run(command, stubs).stdout.strip() == "100", "one marker of two is not done"
+    Path(stubs["QUEUE"]).write_text("")  # the job ended: no live writer any more
+    (directory / "best.pt").write_bytes(b"x")
+    result = _run(command, stubs)
+    assert result.returncode == 0 and result.stdout.strip() == DONE_MARKER, result.stdout
+    assert not (Path(stubs["CALLS"]) / "sbatch-101").exists()
+
+
+def test_a_replacing_submit_moves_the_outputs_and_the_later_ones_aside_then_submits(
+        tmp_path: Path, stubs: dict[str, str]) -> None:
+    stage1, stage2, stage3 = (tmp_path / "out dir" / f"stage{n}" for n in (1, 2, 3))
+    for directory in (stage1, stage2):
+        directory.mkdir(parents=True)
+        (directory / "COMPLETE").write_text("{}")
+        (directory / "latest.pt").write_bytes(b"x")
+    command = build_exclusive_sbatch_submit(exclusive_dir=str(stage1), done_markers=["COMPLETE"],
+                                            replace="20260312T101500Z", supersede=[str(stage2), str(stage3)],
+                                            job_name="j", output=f"{stage1}/%j.out", comment=_comment(str(stage1)))
+    result = _run(command, stubs)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines == [f"{MOVED_MARKER} {stage1}.replaced-20260312T101500Z",
+                     f"{MOVED_MARKER} {stage2}.superseded-20260312T101500Z", "100"], lines
+    assert sorted(p.name for p in stage1.iterdir()) == [] and sorted(p.name for p in stage2.iterdir()) == []
+    assert sorted(p.name for p in Path(f"{stage1}.replaced-20260312T101500Z").iterdir()) == ["COMPLETE", "latest.pt"]
+    assert not Path(f"{stage3}.superseded-20260312T101500Z").exists(), "nothing to move, nothing created"
+
+
+def test_a_live_writer_of_a_later_directory_stops_a_replacing_submit(tmp_path: Path, stubs: dict[str, str]) -> None:
+    stage1, stage2 = str(tmp_path / "stage1"), str(tmp_path / "stage2")
+    assert _run(_command(stage2, "r9"), stubs).stdout.strip() == "100"
+    command = build_exclusive_sbatch_submit(exclusive_dir=stage1, replace="s1", supersede=[stage2], job_name="j",
+                                            output=f"{stage1}/%j.out", comment=_comment(stage1))
+    result = _run(command, stubs)
+    assert LIVE_MARKER in result.stdout and "100|" in result.stdout
+    assert not Path(f"{stage1}.replaced-s1").exists() and not (Path(stubs["CALLS"]) / "sbatch-101").exists()
+
+
+def test_the_live_lookup_asks_every_user_of_the_account() -> None:
+    command = build_exclusive_sbatch_submit(exclusive_dir="/p/stage1", job_name="j", output="/p/%j.out",
+                                            comment=_comment("/p/stage1"), live_account="project_465000001")
+    assert "--me" not in command and "--account=project_465000001" in command and " --all " in command
+    everyone = build_exclusive_sbatch_submit(exclusive_dir="/p/stage1", job_name="j", output="/p/%j.out",
+                                             comment=_comment("/p/stage1"))
+    assert "--me" not in everyone and "--account" not in everyone.split("sbatch --parsable")[0]
+
+
+def test_the_script_names_the_account_in_its_directives_only() -> None:
+    assert script_account("#!/bin/bash\n#SBATCH --job-name=x\n#SBATCH --account=project_1\nsrun x\n") == "project_1"
+    assert script_account("#!/bin/bash\n# a comment\n#SBATCH -A proj2\n") == "proj2"
+    assert script_account("#!/bin/bash\n#SBATCH --account proj3\n") == "proj3"
+    assert script_account("#!/bin/bash\necho hi\n#SBATCH --account=late\n") is None, "after a command: not read"
+    assert script_account("#!/bin/bash\n#SBATCH --time=1\n") is None
 
 
 # --- the operator on the real cluster --------------------------------------------------------------
@@ -163,12 +292,15 @@ def test_a_cleared_task_adopts_the_job_still_writing_its_directory(local_cluster
         assert again.job_id == first.job_id
         assert again.expected_job_name == job_name_for("exclusive", "stage1", run_id)
         assert [(s["job_id"], s["cause"], s["clear_number"]) for s in store.data[HISTORY_KEY]][-1] == \
-            (first.job_id, "adopted", 1)
+            (first.job_id, "watched-again", 1), "its own job from before the clear"
+        assert again.adopted_from is None, "the task submitted it: stopping the task may cancel it"
         # the same directory from another DAG (another deployment, same run name) adopts it too
         other = _deferred(_operator(cluster_connection, log_dir, writes, "c0ffee" * 8),
                           _context(f"manual__{uuid.uuid4().hex}", StateStore(), dag_id="elsewhere"))
         assert other.job_id == first.job_id
         assert other.expected_job_name == job_name_for("exclusive", "stage1", run_id), "watches the job's real name"
+        assert other.adopted_from == f"user {local_cluster.user}, DAG exclusive, run {run_id}, task stage1", \
+            "another task's job: never cancelled by this one"
     finally:
         hooks.SlurmHook(cluster_connection).cancel(first.job_id)
     assert _jobs_writing(local_cluster, writes) == [first.job_id]

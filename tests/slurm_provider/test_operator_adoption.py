@@ -17,7 +17,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from localcluster import LocalCluster, poll_until
 from slurm_provider import hooks
 from slurm_provider.cli.sbatch import parse_job_comment
-from slurm_provider.operators import HISTORY_KEY, SlurmSubmitOperator, job_name_for
+from slurm_provider.operators import HISTORY_KEY, SUBMITTER_KEY, SlurmSubmitOperator, job_name_for
 from slurm_provider.transport import TransportUnavailable
 from slurm_provider.validation import ValidationError
 from task_context import StateStore, task_context
@@ -67,9 +67,12 @@ def test_retry_after_worker_died_mid_wait_adopts_the_job(local_cluster: LocalClu
 def test_retry_that_lost_the_stored_id_finds_the_job_by_name_and_comment(
         local_cluster: LocalCluster, cluster_connection: str, run_id: str) -> None:
     log_dir = local_cluster.test_dir()
-    first = _deferred_job(_operator(cluster_connection, log_dir), _context(run_id, 1, StateStore()))
+    store = StateStore()
+    first = _deferred_job(_operator(cluster_connection, log_dir), _context(run_id, 1, store))
     try:
-        empty_store = StateStore()  # the worker died between sbatch and saving the job id
+        # the worker died between sbatch and saving the job id: the store holds only the task's
+        # submitter token, written before sbatch ran
+        empty_store = store.keeping(SUBMITTER_KEY)
         second = _deferred_job(_operator(cluster_connection, log_dir), _context(run_id, 2, empty_store))
         assert second == first
         assert [s["job_id"] for s in empty_store.data[HISTORY_KEY]] == [first]
@@ -142,8 +145,25 @@ def test_cleared_task_submits_a_new_job_instead_of_adopting_the_completed_one(
     assert [s["job_id"] for s in after_clear.data[HISTORY_KEY]] == [second]
     assert _jobs_named(local_cluster, job_name_for("adoption", "train", run_id)) == sorted([first, second], key=int)
     local_cluster.wait_for_state(int(second), {"COMPLETED"}, timeout=60)
-    # a retry within the same clear still adopts
-    assert op.execute(_context(run_id, 3, StateStore(), clear_number=1))["job_id"] == second
+    # a retry within the same clear still adopts, from the job's name and comment alone
+    assert op.execute(_context(run_id, 3, after_clear.keeping(SUBMITTER_KEY), clear_number=1))["job_id"] == second
+
+
+def test_another_deployment_with_the_same_run_id_never_takes_the_job_for_its_own(
+        local_cluster: LocalCluster, cluster_connection: str, run_id: str) -> None:
+    # Scheduled runs have the same run id in every deployment: same job name, same comment but for
+    # the submitter token each task keeps in its own deployment's state store.
+    log_dir = local_cluster.test_dir()
+    first = _deferred_job(_operator(cluster_connection, log_dir), _context(run_id, 1, StateStore()))
+    try:
+        elsewhere = StateStore()
+        second = _deferred_job(_operator(cluster_connection, log_dir), _context(run_id, 1, elsewhere))
+        assert second != first, "not adopted as its own"
+        assert parse_job_comment(local_cluster.root("squeue", "-h", "-j", second, "-O", "Comment:2000")
+                                 .stdout.strip()).by == elsewhere.data[SUBMITTER_KEY]
+    finally:
+        hooks.SlurmHook(cluster_connection).cancel(first)
+        hooks.SlurmHook(cluster_connection).cancel(second)
 
 
 def test_same_run_id_writing_elsewhere_is_another_job(local_cluster: LocalCluster, cluster_connection: str,

@@ -184,3 +184,19 @@ def test_a_retry_that_finds_its_job_held_after_special_exit_cancels_it() -> None
     assert "Slurm job 42 ended SPECIAL_EXIT" in str(failed.value)
     assert "Job 42 was cancelled (SPECIAL_EXIT, reason job requeued in held state)" in str(failed.value)
     assert slurm.cancelled == ["42"] and "runs" not in slurm.verbs
+
+
+def test_a_job_the_task_only_adopted_is_left_running_when_it_gives_up(capfd: pytest.CaptureFixture) -> None:
+    # Another deployment submitted job 42 and watches it; this task watched it too instead of
+    # submitting a second writer. Giving up here must not take the job from the task that owns it.
+    pending = job(SlurmState.PENDING, "AssocGrpBillingMinutes", name="vcloud.stage0.elsewhere")
+    payload = event(NEVER_STARTS, pending, BUDGET_GONE)
+    payload["carry"]["history"] = [{"job_id": "42", "number": 1, "cause": "adopted", "try_number": 1,
+                                    "name": "vcloud.stage0.elsewhere",
+                                    "submitted_by": "user ana, DAG vcloud_training, run r7, task stage0"}]
+    slurm = Slurm(pending)
+    message = finish(slurm, payload)
+    assert slurm.cancelled == [] and "cancel" not in slurm.verbs
+    assert ("Job 42 (PENDING, reason AssocGrpBillingMinutes) was left running: it was submitted by user ana, "
+            "DAG vcloud_training, run r7, task stage0, and this task only watched it.") in message
+    assert "not by this task, which only watched it: left running" in capfd.readouterr().out

@@ -45,14 +45,17 @@ def _run_to_event(trigger: SlurmJobTrigger, timeout: float = 120) -> dict[str, A
 def test_serialize_round_trips() -> None:
     trigger = SlurmJobTrigger(conn_id="c", job_id="12", log_path="/p/x.out", log_offset=7, pending_policy="warn",
                               expected_job_name="n", carry={"history": [{"job_id": "12"}]},
-                              err_log_path="/p/x.err", err_log_offset=3, **FAST)
+                              err_log_path="/p/x.err", err_log_offset=3,
+                              adopted_from="user ana, DAG d, run r, task t", **FAST)
     classpath, kwargs = trigger.serialize()
     assert classpath == "slurm_provider.triggers.SlurmJobTrigger"
     assert kwargs["err_log_path"] == "/p/x.err" and kwargs["err_log_offset"] == 3
+    assert kwargs["adopted_from"] == "user ana, DAG d, run r, task t"
     assert SlurmJobTrigger(**kwargs).serialize() == (classpath, kwargs)
     # a trigger deferred before the error output was streamed still resumes
-    old = {k: v for k, v in kwargs.items() if not k.startswith("err_")}
+    old = {k: v for k, v in kwargs.items() if not k.startswith("err_") and k != "adopted_from"}
     assert SlurmJobTrigger(**old).err_log_path is None
+    assert SlurmJobTrigger(**old).adopted_from is None, "a watch deferred before ownership was recorded: its own"
 
 
 def test_bad_pending_policy_is_refused() -> None:
@@ -139,6 +142,34 @@ def test_on_kill_never_cancels_a_job_that_is_not_ours(local_cluster: LocalCluste
         trigger = SlurmJobTrigger(conn_id=cluster_connection, job_id=job_id, expected_job_name="someone-else", **FAST)
         asyncio.run(trigger.on_kill())
         assert local_cluster.current_state(int(job_id)) == "RUNNING"
+    finally:
+        SlurmHook(cluster_connection).cancel(job_id)
+
+
+def test_on_kill_leaves_an_adopted_job_running_when_a_person_stops_the_watching_task(
+        local_cluster: LocalCluster, cluster_connection: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_provider import triggers
+
+    async def marked_failed(key: Any) -> str | None:
+        return "failed"
+
+    monkeypatch.setattr(triggers, "task_state", marked_failed)
+    job_id, name, _ = _submit(local_cluster, cluster_connection, "sleep 120")
+    try:
+        local_cluster.wait_for_state(int(job_id), {"RUNNING"}, timeout=60)
+        trigger = SlurmJobTrigger(conn_id=cluster_connection, job_id=job_id, expected_job_name=name,
+                                  adopted_from="user vcloud, DAG other, run r1, task stage0", **FAST)
+        trigger.task_instance = SimpleNamespace(dag_id="d", task_id="t", run_id="r", map_index=-1)
+        with structlog.testing.capture_logs() as logs:
+            asyncio.run(trigger.on_kill())
+        assert local_cluster.current_state(int(job_id)) == "RUNNING"
+        said = [str(entry.get("event")) for entry in logs]
+        assert any("submitted by user vcloud, DAG other, run r1, task stage0, not by this task" in line
+                   and "left running" in line for line in said), said
+        # the same stop of the task that submitted it cancels it
+        asyncio.run(SlurmJobTrigger(conn_id=cluster_connection, job_id=job_id, expected_job_name=name,
+                                    **FAST).on_kill())
+        assert local_cluster.wait_for_state(int(job_id), {"CANCELLED"}, timeout=60) == "CANCELLED"
     finally:
         SlurmHook(cluster_connection).cancel(job_id)
 

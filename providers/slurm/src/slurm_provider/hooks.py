@@ -45,7 +45,13 @@ from slurm_provider.cli.sacct import (
     runs_of,
 )
 from slurm_provider.cli.sbatch import (
+    DONE_MARKER,
+    EXIT_LOCK_BUSY,
+    EXIT_NO_DIRECTORY,
+    EXIT_QUERY_FAILED,
     LIVE_MARKER,
+    MOVED_MARKER,
+    SbatchRefused,
     JobComment,
     SubmitResult,
     TestOnlyResult,
@@ -55,6 +61,7 @@ from slurm_provider.cli.sbatch import (
     exclusive_dir_marker,
     parse_sbatch_parsable,
     parse_sbatch_test_only,
+    script_account,
 )
 from slurm_provider.cli.scancel import build_scancel
 from slurm_provider.cli.scontrol import build_scontrol_show_job, parse_scontrol_show_job
@@ -63,7 +70,7 @@ from slurm_provider.cli.squeue import (
     SqueueRow,
     build_squeue,
     build_squeue_by_name,
-    build_squeue_live_own_jobs,
+    build_squeue_live_jobs,
     build_squeue_own_jobs,
     parse_squeue,
 )
@@ -207,32 +214,61 @@ def submit_plan(script: str, options: SubmitOptions) -> Plan[SubmitResult]:
 
 @dataclass(frozen=True)
 class ExclusiveSubmitResult:
-    """A submit for a directory at most one live job may write: the new job, or the live ones found."""
+    """A submit for a directory at most one live job may write: the new job, the live ones found, or
+    the news that the directory's work is done."""
 
     job_id: str | None
-    """The submitted job; None when a live job already writes the directory."""
+    """The submitted job; None when a live job already writes the directory or it is done."""
     live: tuple[JobStatus, ...] = ()
-    """Live jobs of the login user whose comment names the directory, oldest first."""
+    """Live jobs of the project (any user) whose comment names the directory, oldest first."""
+    login_user: str | None = None
+    """The user the login node ran the command as (set when ``live`` is): a live job of another
+    user is never adopted."""
+    done: bool = False
+    """Every done marker of the directory exists: nothing was submitted, nothing is left to do."""
+    moved: tuple[str, ...] = ()
+    """Where a replacing submit moved the directories' earlier outputs."""
 
 
-def exclusive_submit_plan(script: str, options: SubmitOptions, exclusive_dir: str) -> Plan[ExclusiveSubmitResult]:
-    command = build_exclusive_sbatch_submit(exclusive_dir=exclusive_dir, **options.as_kwargs())
+class SubmitLockBusy(SlurmCommandFailed):
+    """Another submit held the directory's lock all along, or squeue did not answer under it:
+    nothing was submitted, and a later try is right (retryable)."""
+
+
+def exclusive_submit_plan(script: str, options: SubmitOptions, exclusive_dir: str, *,
+                          done_markers: Sequence[str] = (), replace: str | None = None,
+                          supersede: Sequence[str] = ()) -> Plan[ExclusiveSubmitResult]:
     _validate_script(script)
+    command = build_exclusive_sbatch_submit(
+        exclusive_dir=exclusive_dir, done_markers=done_markers, replace=replace, supersede=supersede,
+        live_account=options.account or script_account(script), **options.as_kwargs())
     result = yield RemoteCommand(command, "sbatch", stdin=script, timeout=SUBMIT_TIMEOUT)
-    _, found, rows_text = result.stdout.partition(LIVE_MARKER)
+    if result.exit_status in (EXIT_LOCK_BUSY, EXIT_QUERY_FAILED):
+        raise SubmitLockBusy(f"the exclusive submit for {exclusive_dir} did not get to sbatch: "
+                             f"{(result.stderr or '').strip()[-1000:] or 'squeue failed'}", result)
+    head, found, rows_text = result.stdout.partition(LIVE_MARKER)
     if found:
+        user_line, _, rows_text = rows_text.partition("\n")
         rows = parse_squeue(rows_text)
         statuses = resolve_statuses(sorted({row.job_id for row in rows}, key=_job_order), squeue_rows=rows)
-        return ExclusiveSubmitResult(None, tuple(statuses.values()))
-    return ExclusiveSubmitResult(parse_sbatch_parsable(result.stdout, result.stderr).job_id)
+        return ExclusiveSubmitResult(None, tuple(statuses.values()), login_user=user_line.strip() or None)
+    if DONE_MARKER in result.stdout.split():
+        return ExclusiveSubmitResult(None, done=True)
+    moved = tuple(line.split(" ", 1)[1] for line in result.stdout.splitlines()
+                  if line.startswith(MOVED_MARKER + " "))
+    if result.exit_status == EXIT_NO_DIRECTORY:
+        raise SbatchRefused(f"cannot create {exclusive_dir} or move its outputs aside: "
+                            f"{(result.stderr or '').strip()[-1000:]}", result.stderr)
+    return ExclusiveSubmitResult(parse_sbatch_parsable(result.stdout, result.stderr).job_id, moved=moved)
 
 
-def live_writers_plan(exclusive_dir: str) -> Plan[list[JobStatus]]:
-    """Live jobs of the login user whose comment names ``exclusive_dir`` (see ``exclusive_submit_plan``)."""
-    rows = _squeue_rows((yield RemoteCommand(build_squeue_live_own_jobs(), "squeue")))
+def live_writers_plan(exclusive_dir: str, account: str | None = None) -> Plan[list[JobStatus]]:
+    """Live jobs of the project (every user's, ``account``'s when given) whose comment names
+    ``exclusive_dir`` (see ``exclusive_submit_plan``)."""
+    rows = _squeue_rows((yield RemoteCommand(build_squeue_live_jobs(account), "squeue")))
     needle = f'"xdir":"{exclusive_dir_marker(exclusive_dir.rstrip("/") or "/")}"'
-    mine = [row for row in rows if needle in (row.comment or "")]
-    statuses = resolve_statuses(sorted({row.job_id for row in mine}, key=_job_order), squeue_rows=mine)
+    writers = [row for row in rows if needle in (row.comment or "")]
+    statuses = resolve_statuses(sorted({row.job_id for row in writers}, key=_job_order), squeue_rows=writers)
     return list(statuses.values())
 
 
@@ -299,7 +335,9 @@ def find_jobs_plan(name: str | None, comment_contains: str | None, since: str,
         raise ValidationError("name", "give a job name, comment_contains or both")
     if name is not None:
         validate_job_name(name)
-        squeue_line, sacct_line = build_squeue_by_name(name), build_sacct_by_name(name, since=since)
+        # Adoption by name stays within the login user: squeue --me, and sacct shows only the
+        # caller's jobs (no --allusers).
+        squeue_line, sacct_line = build_squeue_by_name(name, own=True), build_sacct_by_name(name, since=since)
     else:
         squeue_line, sacct_line = build_squeue_own_jobs(), build_sacct_own_jobs(since)
     squeue_rows = _squeue_rows((yield RemoteCommand(squeue_line, "squeue")))
@@ -492,19 +530,25 @@ class SlurmHook(BaseHook, _CommandCounter):
         log.info("Submitted job %s (%s) on %s", result.job_id, resolved.job_name, self.ssh_conn_id)
         return result
 
-    def submit_exclusive(self, script: str, exclusive_dir: str, options: SubmitOptions | None = None,
-                         **fields: Any) -> ExclusiveSubmitResult:
-        """Submit ``script`` unless a live job of ours already writes ``exclusive_dir`` (atomically,
-        under a lock in that directory); the comment must carry the directory's digest."""
+    def submit_exclusive(self, script: str, exclusive_dir: str, options: SubmitOptions | None = None, *,
+                         done_markers: Sequence[str] = (), replace: str | None = None,
+                         supersede: Sequence[str] = (), **fields: Any) -> ExclusiveSubmitResult:
+        """Submit ``script`` unless a live job of the project already writes ``exclusive_dir`` or its
+        ``done_markers`` exist (atomically, under a lock in that directory); the comment must carry
+        the directory's digest. ``replace``/``supersede``: see ``build_exclusive_sbatch_submit``."""
         resolved = _options(options, fields)
-        result = self._drive(exclusive_submit_plan(script, resolved, exclusive_dir))
+        result = self._drive(exclusive_submit_plan(script, resolved, exclusive_dir, done_markers=done_markers,
+                                                   replace=replace, supersede=supersede))
+        for moved in result.moved:
+            log.info("Moved the earlier outputs aside to %s", moved)
         if result.job_id is not None:
             log.info("Submitted job %s (%s) on %s", result.job_id, resolved.job_name, self.ssh_conn_id)
         return result
 
-    def live_writers(self, exclusive_dir: str) -> list[JobStatus]:
-        """Our live jobs that write ``exclusive_dir`` (submitted with ``submit_exclusive``), oldest first."""
-        return self._drive(live_writers_plan(exclusive_dir))
+    def live_writers(self, exclusive_dir: str, account: str | None = None) -> list[JobStatus]:
+        """Live jobs of the project that write ``exclusive_dir`` (submitted with ``submit_exclusive``),
+        oldest first, whoever submitted them."""
+        return self._drive(live_writers_plan(exclusive_dir, account))
 
     def test_only(self, script: str, options: SubmitOptions | None = None, **fields: Any) -> TestOnlyResult:
         """``sbatch --test-only``: is the request valid, and when would it start? Consumes a job id."""

@@ -91,6 +91,8 @@ class JobStatus:
     """uid (from sacct) that cancelled the job."""
     partition: str | None = None
     account: str | None = None
+    user: str | None = None
+    """The user who submitted the job (a project's members share its directories)."""
     time_limit_s: int | None = None
     array_job_id: str | None = None
     array_task_id: str | None = None
@@ -236,6 +238,7 @@ class JobStatus:
             cancelled_by=parsed.cancelled_by,
             partition=row.partition,
             account=row.account,
+            user=row.user,
             time_limit_s=row.time_limit_s,
             array_job_id=row.array_job_id,
             array_task_id=row.array_task_id,
@@ -272,6 +275,7 @@ class JobStatus:
             cancelled_by=parsed.cancelled_by,
             partition=row.partition,
             account=row.account,
+            user=row.user,
             time_limit_s=row.time_limit_s,
             array_job_id=parts.base if parts.array_task is not None else None,
             array_task_id=parts.array_task,
@@ -310,6 +314,7 @@ class JobStatus:
             cancelled_by=parsed.cancelled_by,
             partition=record.get("Partition"),
             account=record.get("Account"),
+            user=(record.get("UserId") or "").split("(")[0] or None,
             time_limit_s=parse_duration(record.get("TimeLimit")),
             array_job_id=array_job if array_task and array_task.isdigit() else None,
             array_task_id=array_task if array_task and array_task.isdigit() else None,
@@ -334,6 +339,7 @@ _DESCRIPTIVE_FIELDS = (
     "std_err",
     "partition",
     "account",
+    "user",
     "time_limit_s",
     "array_job_id",
     "array_task_id",

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import hashlib
 import re
+import uuid
 import time
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from slurm_provider.cli.job_files import job_log_name
 from slurm_provider.cli.sbatch import (
@@ -44,7 +45,9 @@ from slurm_provider.hints import find_submit_hints, format_hints, hint_for
 from slurm_provider.job_status import JobStatus
 from slurm_provider.links import JOB_ID_XCOM_KEY, SlurmJobLogLink
 from slurm_provider.resubmission import (
+    ADOPTED,
     DEFAULT_BUDGETS,
+    WATCHED_AGAIN,
     Submission,
     SubmissionHistory,
     decide_resubmission,
@@ -62,6 +65,8 @@ from slurm_provider.validation import (
 )
 
 HISTORY_KEY = "slurm_submissions"
+SUBMITTER_KEY = "slurm_submitter"
+"""Task state store key of the task's submitter token (``JobComment.by``)."""
 EVENT_KEYS = ("kind", "job_id", "status", "message", "carry")
 LOG_TAIL_BYTES = 12000
 TAIL_LINES = 25
@@ -96,6 +101,18 @@ def _with_note(exc: Exception, note: str) -> Exception:
         return type(exc)(f"{exc}\n{note}")
     except Exception:
         return AirflowException(f"{exc}\n{note}")
+
+
+def _utc_stamp() -> str:
+    """A stamp for the directories a fresh start moves aside (``<dir>.replaced-<stamp>``)."""
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def _submitter(job: JobStatus, comment: JobComment | None) -> str:
+    """Which task submitted a job, for people: DAG, run and task from its comment."""
+    if comment is None:
+        return f"job name {job.name}"
+    return f"DAG {comment.dag}, run {comment.run}, task {comment.task}"
 
 
 def job_name_for(dag_id: str, task_id: str, run_id: str, map_index: int = -1) -> str:
@@ -134,11 +151,20 @@ class SlurmSubmitOperator(BaseOperator):
     :param exit_code_meanings: what the script's own exit codes mean (``{86: "..."}``), said in the
         failure message next to Slurm's state; signals and shell codes are explained without it.
     :param exclusive_dir: the directory on the cluster the job writes (e.g. a training stage's
-        output directory). At most one live job writes it, whatever DAG run, clear or Airflow
-        deployment submitted it: before submitting, the operator looks (atomically, under a lock in
-        that directory) for a live job of the login user whose comment names it, and adopts it
-        instead of submitting a second writer; one running another ``code_version`` fails the task,
-        naming the job.
+        output directory). At most one live job writes it, whatever DAG run, clear, Airflow
+        deployment or project member submitted it: before submitting, the operator looks
+        (atomically, under a lock in that directory held by a live holder) for a live job of the
+        project's account whose comment names it. A job of the login user is adopted (watched
+        instead of submitting a second writer); one of another user, or one running another
+        ``code_version``, fails the task, naming the job and what to do.
+    :param done_markers: files inside ``exclusive_dir`` (e.g. ``COMPLETE``) whose presence means the
+        job's work is done. Looked at under the same lock, after the live-writer lookup: a directory
+        that is done gets no job, and the task is skipped (:meth:`on_already_done`).
+    :param replace_outputs: a fresh start: under the lock, after the live-writer lookup, what
+        ``exclusive_dir`` holds is moved to ``<exclusive_dir>.replaced-<UTC stamp>`` before ``sbatch``
+        (``done_markers`` are not looked at), and what each of ``supersede_dirs`` holds (outputs
+        computed from the old ones) to ``<dir>.superseded-<stamp>``; a live job writing any of them
+        fails the task instead.
     :param retries, retry_delay, retry_exponential_backoff, max_retry_delay: Airflow's task retries,
         here on by default (``DEFAULT_RETRIES`` tries more, from 2 minutes apart, doubling). A retry
         adopts the job it finds; a job that ended badly fails the task without retry. Set them per
@@ -169,7 +195,8 @@ class SlurmSubmitOperator(BaseOperator):
                  retries: int | None = DEFAULT_RETRIES, retry_delay: timedelta | float = DEFAULT_RETRY_DELAY,
                  retry_exponential_backoff: float = DEFAULT_RETRY_EXPONENTIAL_BACKOFF,
                  max_retry_delay: timedelta | float | None = DEFAULT_MAX_RETRY_DELAY,
-                 keep_job_on_give_up: bool = False, **kwargs: Any) -> None:
+                 keep_job_on_give_up: bool = False, done_markers: Sequence[str] = (),
+                 replace_outputs: bool = False, supersede_dirs: Sequence[str] = (), **kwargs: Any) -> None:
         # Named parameters (not kwargs.setdefault): Airflow fills a parameter of this signature from
         # the DAG's default_args when the task does not set it, so default_args win over these defaults.
         super().__init__(retries=retries, retry_delay=retry_delay, max_retry_delay=max_retry_delay,
@@ -196,6 +223,9 @@ class SlurmSubmitOperator(BaseOperator):
         self.hint_overrides = dict(hint_overrides or {})
         self.project_tag = project_tag
         self.keep_job_on_give_up = keep_job_on_give_up
+        self.done_markers = tuple(done_markers)
+        self.replace_outputs = replace_outputs
+        self.supersede_dirs = tuple(supersede_dirs)
 
     # --- execute: adopt or submit, then defer ------------------------------------------------------
 
@@ -228,7 +258,7 @@ class SlurmSubmitOperator(BaseOperator):
             if status is not None and status.state.is_terminal:
                 # The watch was lost and the job ended badly meanwhile: the same as seeing it end.
                 ended = status if status.state.keeps_place_in_queue else self._accounted(hook, status)
-                left = self._give_up(context, hook, current.job_id, f"it ended {ended.state.value}")
+                left = self._give_up(context, hook, current.job_id, f"it ended {ended.state.value}", history)
                 raise AirflowFailException(f"{self._failure_message(hook, ended, context)}\n{left}".rstrip())
             self.log.info("Previous job %s is known neither to squeue nor to sacct; this try submits a new "
                           "job", current.job_id)
@@ -269,7 +299,7 @@ class SlurmSubmitOperator(BaseOperator):
             raise AirflowFailException(f"unknown trigger event kind {kind!r}")
         status = JobStatus.from_event(event["status"])
         if kind == NEVER_STARTS:
-            left = self._give_up(context, hook, job_id, event["message"])
+            left = self._give_up(context, hook, job_id, event["message"], history)
             raise AirflowFailException(f"{event['message']}.\n{left}".rstrip())
         if not status.state.keeps_place_in_queue:  # SPECIAL_EXIT has no final accounting row yet
             status = self._accounted(hook, status)
@@ -278,7 +308,7 @@ class SlurmSubmitOperator(BaseOperator):
         if status.state.is_retryable:
             return self._after_interruption(context, hook, history, status)
         message = self._failure_message(hook, status, context)
-        left = self._give_up(context, hook, job_id, f"it ended {status.state.value}")
+        left = self._give_up(context, hook, job_id, f"it ended {status.state.value}", history)
         raise AirflowFailException(f"{message}\n{left}".rstrip())
 
     # --- submitting ------------------------------------------------------------------------------
@@ -294,9 +324,16 @@ class SlurmSubmitOperator(BaseOperator):
                        export=dict(self.export or {}) or None)
         try:
             if self.exclusive_dir:
-                outcome = hook.submit_exclusive(self.script, self.exclusive_dir, **options)
+                outcome = hook.submit_exclusive(
+                    self.script, self.exclusive_dir, done_markers=self.done_markers,
+                    replace=_utc_stamp() if self.replace_outputs else None,
+                    supersede=self.supersede_dirs if self.replace_outputs else (), **options)
+                if outcome.done:
+                    return self.on_already_done(context)
                 if outcome.job_id is None:
-                    return self._adopt_live_writer(context, history, outcome.live, number)
+                    return self._adopt_live_writer(context, history, outcome.live, number, outcome.login_user)
+                for moved in outcome.moved:
+                    self.log.warning("Fresh start: moved the earlier outputs aside to %s", moved)
                 job_id = str(outcome.job_id)
             else:
                 job_id = str(hook.submit(self.script, **options).job_id)
@@ -322,13 +359,31 @@ class SlurmSubmitOperator(BaseOperator):
         return self._defer(context, history)
 
     def _adopt_live_writer(self, context: Any, history: SubmissionHistory, live: Sequence[JobStatus],
-                           number: int) -> Any:
-        """Watch the live job that already writes ``exclusive_dir`` instead of submitting a second one;
-        fail when it runs another version (two versions must never write one directory)."""
-        job = live[0]
+                           number: int, login_user: str | None = None) -> Any:
+        """Watch the live job of the login user that already writes ``exclusive_dir`` instead of
+        submitting a second one. Fail, naming the job, when it belongs to another user (never
+        adopted), runs another version (two versions must never write one directory), or when this
+        task was to move the directory's outputs aside for a fresh start."""
+        own_dir = exclusive_dir_marker(self.exclusive_dir or "/")
+        job = next((j for j in live if (c := parse_job_comment(j.comment)) is not None and c.xdir == own_dir),
+                   live[0])
         theirs = parse_job_comment(job.comment)
-        who = (f"DAG {theirs.dag}, run {theirs.run}, task {theirs.task}" if theirs is not None
-               else f"job name {job.name}")
+        who = _submitter(job, theirs)
+        writes = self._directory_of(theirs)
+        if self.replace_outputs:
+            raise AirflowFailException(
+                f"a fresh start would move {writes} aside while job {job.job_id} ({who}, {job.state.value}) "
+                f"still writes it. Wait for it to end, or cancel it (scancel {job.job_id}), then run again.")
+        if job.user and login_user and job.user != login_user:
+            raise AirflowFailException(
+                f"job {job.job_id} of user {job.user} ({who}) is {job.state.value} and writes {writes}; "
+                f"this task logs in as {login_user}, and a job of another user is never adopted or "
+                f"duplicated. Wait for job {job.job_id} to end and clear this task (a stage it completed is "
+                f"then skipped), or ask {job.user} to cancel it (scancel {job.job_id}).")
+        ours = self._comment(context, number)
+        own = (theirs is not None and theirs.by is not None
+               and (theirs.dag, theirs.task, theirs.run, theirs.by) == (ours.dag, ours.task, ours.run, ours.by))
+        cause = WATCHED_AGAIN if own else ADOPTED  # own: this task's job from before the DAG run was cleared
         mine = self.code_version or None
         if mine is not None and (theirs is None or theirs.code != mine):
             raise AirflowFailException(
@@ -336,12 +391,33 @@ class SlurmSubmitOperator(BaseOperator):
                 f"code {theirs.code if theirs else 'unknown'} and this task runs {mine}: two jobs must never "
                 f"write one directory. Wait for job {job.job_id} to end, or cancel it (scancel {job.job_id}), "
                 "then clear this task.")
-        history.add(Submission(job.job_id, number, "adopted", self._try_number(context),
-                               clear_number=self._clear_number(context), name=job.name))
+        history.add(Submission(job.job_id, number, cause, self._try_number(context),
+                               clear_number=self._clear_number(context), name=job.name,
+                               submitted_by=None if cause == WATCHED_AGAIN else
+                               (f"user {job.user}, {who}" if job.user else who)))
         self._store_history(context, history)
         self.log.info("Job %s (%s, %s) already writes %s: watching it instead of submitting a second job",
                       job.job_id, who, job.state.value, self.exclusive_dir)
+        if cause == ADOPTED:
+            self.log.info("This task did not submit job %s: it leaves it running if it is stopped or gives up",
+                          job.job_id)
         return self._defer(context, history)
+
+    def _directory_of(self, comment: JobComment | None) -> str:
+        """Which of the directories this submit guards a live job's comment names."""
+        for directory in (self.exclusive_dir, *self.supersede_dirs):
+            if directory and comment is not None and comment.xdir == exclusive_dir_marker(directory):
+                return directory
+        return self.exclusive_dir or "the directory"
+
+    def on_already_done(self, context: Any) -> Any:
+        """The directory's ``done_markers`` exist (found under the submit lock): nothing is submitted.
+
+        Skips the task; a subclass may return a result instead."""
+        markers = ", ".join(self.done_markers)
+        self.log.info("%s is already done (%s found under the submit lock): nothing submitted", self.exclusive_dir,
+                      markers)
+        raise AirflowSkipException(f"{self.exclusive_dir} is already done ({markers} exist): nothing submitted")
 
     def _after_interruption(self, context: Any, hook: Any, history: SubmissionHistory,
                             status: JobStatus) -> Any:
@@ -350,13 +426,13 @@ class SlurmSubmitOperator(BaseOperator):
                                        progress_now=progress, probe_configured=bool(self.progress_path))
         self.log.warning("Job %s ended %s: %s", status.job_id, status.state.value, decision.message)
         if not decision.resubmit:
-            left = self._give_up(context, hook, status.job_id, f"not resubmitted: {decision.message}")
+            left = self._give_up(context, hook, status.job_id, f"not resubmitted: {decision.message}", history)
             raise AirflowFailException(f"{self._failure_message(hook, status, context)}\nNot resubmitted: "
                                        f"{decision.message}\n{left}".rstrip())
         try:
             self.check_before_resubmit(context, hook)
         except Exception as exc:
-            left = self._give_up(context, hook, status.job_id, f"resubmission refused: {exc}")
+            left = self._give_up(context, hook, status.job_id, f"resubmission refused: {exc}", history)
             if not left:
                 raise
             raise _with_note(exc, left) from exc
@@ -395,6 +471,7 @@ class SlurmSubmitOperator(BaseOperator):
                 log_path=self._log_path(context, current.job_id),
                 err_log_path=self._log_path(context, current.job_id, stream="err"), pending_policy=self.pending_policy,
                 expected_job_name=current.name or self._job_name(context), carry={"history": history.to_json()},
+                adopted_from=(current.submitted_by or "another task") if current.adopted else None,
             ),
             method_name="execute_complete",
         )
@@ -474,7 +551,8 @@ class SlurmSubmitOperator(BaseOperator):
         except TransportError as exc:
             return f"(could not read the log: {exc})"
 
-    def _give_up(self, context: Any, hook: Any, job_id: str, why: str) -> str:
+    def _give_up(self, context: Any, hook: Any, job_id: str, why: str,
+                 history: SubmissionHistory | None = None) -> str:
         """The task fails: leave none of its jobs in Slurm's queue unless ``keep_job_on_give_up``.
 
         Asks Slurm once more (the event may be a poll old) and returns the sentence for the failure
@@ -490,9 +568,16 @@ class SlurmSubmitOperator(BaseOperator):
             return ""
         reason = status.reason if status.reason not in (None, "", "None") else None
         where = status.state.value + (f", reason {reason}" if reason else "")
-        if status.name != self._name_of_job(context, job_id):
+        adopted = self._adopted_submission(context, job_id, history)
+        if status.name != (adopted.name if adopted is not None and adopted.name else
+                           self._name_of_job(context, job_id)):
             self.log.warning("Job id %s now names %r, not this task's job: left alone", job_id, status.name)
             return ""
+        if adopted is not None:
+            self.log.warning("Giving up on job %s (%s): %s. It was submitted by %s, not by this task, which only "
+                             "watched it: left running", job_id, where, why, adopted.submitted_by or "another task")
+            return (f"Job {job_id} ({where}) was left running: it was submitted by "
+                    f"{adopted.submitted_by or 'another task'}, and this task only watched it.")
         if self.keep_job_on_give_up:
             self.log.warning("Giving up on job %s (%s): %s. Keeping it in the queue for a person "
                              "(keep_job_on_give_up=True)", job_id, where, why)
@@ -542,6 +627,13 @@ class SlurmSubmitOperator(BaseOperator):
             validate_remote_path(self.progress_path, "progress_path", absolute=True)
         if self.exclusive_dir is not None:
             validate_remote_path(self.exclusive_dir, "exclusive_dir", absolute=True)
+        elif self.done_markers or self.replace_outputs or self.supersede_dirs:
+            raise ValidationError("exclusive_dir", "done_markers, replace_outputs and supersede_dirs guard an "
+                                  "exclusive_dir: give the directory the job writes")
+        if isinstance(self.done_markers, str) or isinstance(self.supersede_dirs, str):
+            raise ValidationError("done_markers", "done_markers and supersede_dirs are lists of paths, not a string")
+        for directory in self.supersede_dirs:
+            validate_remote_path(directory, "supersede_dirs", absolute=True)
         if self.code_version is not None and not _CODE_VERSION.match(str(self.code_version)):
             raise ValidationError("code_version", "must be 1-128 letters, digits or '._:+-' (it goes into the "
                                   "job comment), e.g. a content hash", self.code_version)
@@ -569,7 +661,22 @@ class SlurmSubmitOperator(BaseOperator):
         return JobComment(dag=ti.dag_id, task=ti.task_id, run=ti.run_id, attempt=number, stage=self.stage,
                           project=self.project_tag,
                           clear=self._clear_number(context), place=self._place(), code=self.code_version or None,
-                          xdir=exclusive_dir_marker(self.exclusive_dir) if self.exclusive_dir else None)
+                          xdir=exclusive_dir_marker(self.exclusive_dir) if self.exclusive_dir else None,
+                          by=self._submitter_token(context))
+
+    def _submitter_token(self, context: Any) -> str | None:
+        """This task's own token (``JobComment.by``), made on first use and kept in its task state
+        store, which every try and clear of the task in this deployment shares; None without a store."""
+        store = context.get("task_state_store")
+        if store is None:
+            return None
+        token = store.get(SUBMITTER_KEY)
+        if not token:
+            from airflow.sdk import NEVER_EXPIRE
+
+            token = uuid.uuid4().hex[:12]
+            store.set(SUBMITTER_KEY, token, retention=NEVER_EXPIRE)
+        return str(token)
 
     def _place(self) -> str:
         """Short digest of the connection and log directory the jobs write to."""
@@ -584,6 +691,12 @@ class SlurmSubmitOperator(BaseOperator):
     def _log_path(self, context: Any, job_id: str, stream: str = "out") -> str:
         """The file job ``job_id`` writes its output (``out``) or error output (``err``) to."""
         return f"{self.log_dir.rstrip('/')}/{job_log_name(self._name_of_job(context, job_id), job_id, stream)}"
+
+    def _adopted_submission(self, context: Any, job_id: str,
+                            history: SubmissionHistory | None = None) -> Submission | None:
+        """The record of ``job_id`` when this task adopted it instead of submitting it."""
+        known = [*(history.submissions if history is not None else ()), *self._stored_history(context).submissions]
+        return next((s for s in known if s.job_id == job_id and s.adopted), None)
 
     def _name_of_job(self, context: Any, job_id: str) -> str:
         """This task's job name, or the name of a job it adopted from another submitter."""

@@ -25,6 +25,14 @@ DEFAULT_BUDGETS: Mapping[str, int] = {
 }
 
 
+ADOPTED = "adopted"
+"""The ``cause`` of a live job of the same directory, submitted by another task (another DAG run or
+deployment), that a task watches instead of submitting. It is never cancelled by the watching task."""
+
+WATCHED_AGAIN = "watched-again"
+"""The ``cause`` of a live job this very task submitted before its DAG run was cleared, watched again."""
+
+
 @dataclass(frozen=True)
 class Submission:
     """One ``sbatch`` this task made (or adopted)."""
@@ -42,6 +50,14 @@ class Submission:
     name: str | None = None
     """The job's Slurm name when it is not this task's own (a live job of the same directory,
     submitted by another DAG run, clear or deployment, that this task adopted)."""
+    submitted_by: str | None = None
+    """Who submitted an adopted job (user, DAG, run, task), from its comment. A task cancels only
+    the jobs it submitted itself: an adopted job is left running when the task stops or gives up."""
+
+    @property
+    def adopted(self) -> bool:
+        """The job was submitted by someone else (another clear, run or deployment) and only watched here."""
+        return self.cause == ADOPTED
 
 
 @dataclass

@@ -71,6 +71,8 @@ class SlurmJobTrigger(BaseTrigger):
     :param unknown_grace_polls: consecutive polls in which neither squeue nor sacct knows the job
         before it is reported lost (accounting reaches slurmdbd with a lag).
     :param carry: opaque JSON-safe data returned unchanged in the event.
+    :param adopted_from: who submitted the job when the task only adopted it (another clear, run,
+        deployment): ``on_kill`` then leaves it running, whatever its name, and says so.
     """
 
     def __init__(self, *, conn_id: str, job_id: str, poll_interval: float = 15.0,
@@ -78,7 +80,7 @@ class SlurmJobTrigger(BaseTrigger):
                  log_path: str | None = None, log_offset: int = 0, pending_policy: str = "fail",
                  expected_job_name: str | None = None, unknown_grace_polls: int = 6,
                  carry: dict[str, Any] | None = None, err_log_path: str | None = None,
-                 err_log_offset: int = 0) -> None:
+                 err_log_offset: int = 0, adopted_from: str | None = None) -> None:
         super().__init__()
         if pending_policy not in PENDING_POLICIES:
             raise ValueError(f"pending_policy {pending_policy!r} not allowed (known: {', '.join(PENDING_POLICIES)})")
@@ -95,6 +97,7 @@ class SlurmJobTrigger(BaseTrigger):
         self.expected_job_name = expected_job_name
         self.unknown_grace_polls = int(unknown_grace_polls)
         self.carry = dict(carry or {})
+        self.adopted_from = adopted_from
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -113,6 +116,7 @@ class SlurmJobTrigger(BaseTrigger):
                 "expected_job_name": self.expected_job_name,
                 "unknown_grace_polls": self.unknown_grace_polls,
                 "carry": self.carry,
+                "adopted_from": self.adopted_from,
             },
         )
 
@@ -219,7 +223,8 @@ class SlurmJobTrigger(BaseTrigger):
 
     async def on_kill(self) -> None:
         """Airflow stopped this watch because of something done to the task: cancel the job when a
-        person ended the task (marked it failed, success or skipped) and it is still our job.
+        person ended the task (marked it failed, success or skipped) and it is still our job, one this
+        task submitted (an adopted job is left to the task that submitted it).
 
         Airflow 3.3 calls this whenever the trigger leaves a running triggerer, which also happens
         when the task was cleared (its next try adopts the job) or the trigger moved to another
@@ -229,6 +234,10 @@ class SlurmJobTrigger(BaseTrigger):
         if not self.expected_job_name:
             self.log.info("Watch of job %s stopped; the job was submitted elsewhere, so it is left running",
                           self.job_id)
+            return
+        if self.adopted_from:
+            self.log.warning("Watch of job %s stopped. The job was submitted by %s, not by this task, which only "
+                             "watched it: it is left running", self.job_id, self.adopted_from)
             return
         task = TaskKey.of(self.task_instance)
         if task is not None:

@@ -3,7 +3,7 @@
 The job script is never written to a file by the user: :func:`build_sbatch_submit` makes sbatch
 read it from standard input, and the hook sends the script text as the command's stdin (or, for
 transports without stdin, wraps it with :func:`with_stdin_heredoc`). The exclusive submit holds a
-lock in the job's directory and refuses while a live job of the user writes there.
+lock in the job's directory and refuses while a live job of the project writes there.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from slurm_provider.cli.squeue import build_squeue_live_own_jobs
+from slurm_provider.cli.squeue import build_squeue_live_jobs
 from slurm_provider.cli.values import FIELD_SEPARATOR, join_argv, parse_slurm_time
 from slurm_provider.validation import (
     ValidationError,
@@ -66,6 +66,10 @@ class JobComment:
     xdir: str | None = None
     """Digest of the directory the job writes exclusively (``exclusive_dir_marker``): at most one live
     job per directory, whoever submitted it."""
+    by: str | None = None
+    """The submitting task's own token, kept in its task state store across tries and clears: two
+    Airflow deployments running the same DAG run id (scheduled runs) never take each other's job for
+    their own."""
 
     def to_json(self) -> str:
         """Compact JSON without spaces and with ``|`` escaped, so it never breaks our output parsing.
@@ -80,14 +84,16 @@ class JobComment:
         return text.replace("|", "\\u007c")
 
     def same_task(self, other: JobComment | None) -> bool:
-        """True when ``other`` is the same task of the same DAG run, clear and place (any attempt)."""
-        return other is not None and self._identity() == other._identity()
+        """True when ``other`` is the same task of the same DAG run, clear and place (any attempt), and
+        of the same submitter where both carry one."""
+        return (other is not None and self._identity() == other._identity()
+                and (self.by is None or other.by is None or self.by == other.by))
 
     def _identity(self) -> tuple:
         return (self.project, self.dag, self.task, self.run, self.stage, self.clear, self.place)
 
 
-_OMITTED_AT_DEFAULT = {"clear": 0, "place": None, "code": None, "xdir": None}
+_OMITTED_AT_DEFAULT = {"clear": 0, "place": None, "code": None, "xdir": None, "by": None}
 
 
 def parse_job_comment(text: str | None) -> JobComment | None:
@@ -107,6 +113,7 @@ def parse_job_comment(text: str | None) -> JobComment | None:
             place=None if data.get("place") is None else str(data["place"]),
             code=None if data.get("code") is None else str(data["code"]),
             xdir=None if data.get("xdir") is None else str(data["xdir"]),
+            by=None if data.get("by") is None else str(data["by"]),
         )
     except (ValueError, KeyError, TypeError):
         return None
@@ -191,13 +198,36 @@ def build_sbatch_submit(
 
 
 LIVE_MARKER = "__SLURM_PROVIDER_LIVE__"
+"""Printed (with the login user after it) instead of a job id when live jobs already write the directory."""
+
+DONE_MARKER = "__SLURM_PROVIDER_DONE__"
+"""Printed instead of a job id when the directory's done markers exist: nothing is left to do."""
+
+MOVED_MARKER = "__SLURM_PROVIDER_MOVED__"
+"""Printed before the job id, with a directory after it, for each directory whose outputs were moved aside."""
 
 
 SUBMIT_LOCK_NAME = ".slurm-submit.lock"
 
+SUBMIT_LOCK_OWNER = "owner"
+"""File inside the lock directory: ``<host> <pid>`` of the shell that holds it, touched while held."""
 
-SUBMIT_LOCK_STALE_MINUTES = 2
-"""A lock directory older than this was left by a submit that died; it is taken over."""
+SUBMIT_LOCK_STALE_MINUTES = 1
+"""An owner file on another login node not refreshed for this long belongs to a submit that died."""
+
+SUBMIT_LOCK_WAIT_TENTHS = 1200
+"""How long (tenths of a second) a submit waits for the lock before it gives up with exit 75."""
+
+EXIT_LOCK_BUSY = 75
+"""The exclusive submit's exit status when another submit held the lock all along (EX_TEMPFAIL):
+nothing was submitted, and trying again later is right."""
+
+EXIT_NO_DIRECTORY = 70
+"""The exclusive submit's exit status when the directory cannot be created or its outputs moved aside."""
+
+EXIT_QUERY_FAILED = 76
+"""The exclusive submit's exit status when ``squeue`` gave no answer (slurmctld busy): nothing was
+submitted, and trying again later is right."""
 
 
 def exclusive_dir_marker(directory: str) -> str:
@@ -205,38 +235,136 @@ def exclusive_dir_marker(directory: str) -> str:
     return hashlib.sha256(directory.rstrip("/").encode()).hexdigest()[:16]
 
 
-def build_exclusive_sbatch_submit(*, exclusive_dir: str, **submit: Any) -> str:
-    """Submit unless a live job of the login user already writes ``exclusive_dir``; one command.
+_SCRIPT_ACCOUNT = re.compile(r"^#SBATCH\s+(?:--account(?:=|\s+)|-A\s*)(?P<account>\S+)")
 
-    Under a lock directory inside ``exclusive_dir`` (``mkdir`` is atomic on every POSIX file system,
-    Lustre included), ``squeue --me`` lists the live jobs whose comment names the directory's
-    digest: if there is one, it prints ``LIVE_MARKER`` and those squeue rows and submits nothing;
-    otherwise it runs :func:`build_sbatch_submit` (the script on stdin). Two Airflow deployments
-    that submit for the same directory at the same moment thus get one job between them. The
-    comment in ``submit`` must carry the same digest (``JobComment.xdir``).
+
+def script_account(script: str) -> str | None:
+    """The account an ``#SBATCH --account``/``-A`` line of the script charges, if it names one.
+
+    Only the directive block counts: sbatch stops reading directives at the first command.
     """
-    directory = validate_remote_path(exclusive_dir.rstrip("/") or "/", "exclusive_dir", absolute=True)
+    for line in script.splitlines()[1:]:
+        stripped = line.strip()
+        if not stripped or (stripped.startswith("#") and not stripped.startswith("#SBATCH")):
+            continue
+        if not stripped.startswith("#SBATCH"):
+            return None
+        match = _SCRIPT_ACCOUNT.match(stripped)
+        if match:
+            return match.group("account").strip("'\"")
+    return None
+
+
+def _lock_acquire(lock: str) -> list[str]:
+    """Shell lines that take the submit lock, a directory (``mkdir`` is atomic on every POSIX file
+    system, Lustre included), for a live holder only.
+
+    The holder writes ``<host> <pid>`` into the lock and a keeper touches it every few seconds while
+    it is held. A waiter on the same host takes the lock over when that pid is gone; a waiter on
+    another login node when the owner file went unrefreshed for ``SUBMIT_LOCK_STALE_MINUTES``. A
+    takeover renames the lock away and checks that it took the very lock it judged dead, putting it
+    back otherwise. A submit that waits ``SUBMIT_LOCK_WAIT_TENTHS`` in vain exits ``EXIT_LOCK_BUSY``.
+    """
+    owner = f'"$lock"/{SUBMIT_LOCK_OWNER}'
+    return [
+        f"lock={shlex.quote(lock)}; here=$(hostname); waited=0",
+        'until mkdir -m 775 "$lock" 2>/dev/null; do '
+        f'holder=$(cat {owner} 2>/dev/null); stale=; '
+        'if [ -n "$holder" ]; then '
+        'if [ "${holder%% *}" = "$here" ]; then [ -d "/proc/${holder#* }" ] || stale=1; '
+        f'elif [ -n "$(find {owner} -mmin +{SUBMIT_LOCK_STALE_MINUTES} 2>/dev/null)" ]; then stale=1; fi; '
+        f'elif [ -n "$(find "$lock" -maxdepth 0 -mmin +{SUBMIT_LOCK_STALE_MINUTES} 2>/dev/null)" ]; then stale=1; fi; '
+        'if [ -n "$stale" ]; then '
+        'if mv -T "$lock" "$lock.stale.$$" 2>/dev/null; then '
+        f'if [ "$(cat "$lock.stale.$$/{SUBMIT_LOCK_OWNER}" 2>/dev/null)" = "$holder" ]; then rm -rf "$lock.stale.$$"; '
+        'else mv -T "$lock.stale.$$" "$lock" 2>/dev/null; fi; fi; continue; fi; '
+        'waited=$((waited + 1)); '
+        f'if [ "$waited" -gt {SUBMIT_LOCK_WAIT_TENTHS} ]; then '
+        'echo "sbatch: error: another submit holds $lock (${holder:-owner unknown}); try again" >&2; '
+        f'exit {EXIT_LOCK_BUSY}; fi; '
+        "sleep 0.1; done",
+        f'echo "$here $$" > {owner}',
+        f'( while sleep 5 && [ -d "/proc/$$" ]; do touch -c {owner} 2>/dev/null || exit 0; done ) '
+        "</dev/null >/dev/null 2>&1 & keeper=$!",
+        f"trap 'kill $keeper 2>/dev/null; rm -f {owner}; rmdir \"$lock\" 2>/dev/null' EXIT",
+    ]
+
+
+def build_exclusive_sbatch_submit(*, exclusive_dir: str, done_markers: Sequence[str] = (),
+                                  replace: str | None = None, supersede: Sequence[str] = (),
+                                  live_account: str | None = None, **submit: Any) -> str:
+    """Submit unless a live job already writes ``exclusive_dir``, or it is done; one command.
+
+    Under a lock directory inside ``exclusive_dir`` held by a live holder (see :func:`_lock_acquire`),
+    one ``squeue`` lists every user's live jobs of the project's account (``live_account``, else
+    ``submit['account']``; every account's when neither names one) whose comment names the
+    directory's digest: if there is one, it prints ``LIVE_MARKER``, the login user and those rows,
+    and submits nothing. Otherwise, when every one of ``done_markers`` (paths relative to the
+    directory) exists, it prints ``DONE_MARKER`` and submits nothing: the work is done. Otherwise it
+    runs :func:`build_sbatch_submit` (the script on stdin). Two Airflow deployments, or two members
+    of a project, that submit for the same directory at the same moment thus get one job between
+    them, and one that comes a moment after the job finished gets none.
+
+    ``replace`` (a stamp such as ``20260312T101500``) asks for a fresh start: the done markers are
+    not looked at, and before ``sbatch`` what the directory holds is moved into
+    ``<directory>.replaced-<stamp>``, and what each ``supersede`` directory holds (outputs computed
+    from the old ones, e.g. later training stages) into ``<that directory>.superseded-<stamp>``,
+    each printed after ``MOVED_MARKER``. A live job writing a ``supersede`` directory counts as a
+    live writer too. The job and its outputs are created with ``umask 002``: the project's members
+    share the directories. The comment in ``submit`` must carry the directory's digest
+    (``JobComment.xdir``).
+    """
+    directory = _directory(exclusive_dir, "exclusive_dir")
     comment = submit.get("comment")
     marker = exclusive_dir_marker(directory)
     if not isinstance(comment, JobComment) or comment.xdir != marker:
         raise ValidationError("comment", f"must be a JobComment with xdir={marker!r} for {directory}")
-    lock = f"{directory}/{SUBMIT_LOCK_NAME}"
-    needle = f'"xdir":"{marker}"'
-    return "; ".join([
-        f"mkdir -p {shlex.quote(directory)} || exit 70",
-        f"lock={shlex.quote(lock)}; waited=0",
-        'until mkdir "$lock" 2>/dev/null; do '
-        f'if [ -n "$(find "$lock" -maxdepth 0 -mmin +{SUBMIT_LOCK_STALE_MINUTES} 2>/dev/null)" ]; then '
-        'rmdir "$lock" 2>/dev/null; continue; fi; '
-        'waited=$((waited + 1)); '
-        'if [ "$waited" -gt 1200 ]; then echo "sbatch: error: another submit holds $lock" >&2; exit 75; fi; '
-        "sleep 0.1; done",
-        "trap 'rmdir \"$lock\" 2>/dev/null' EXIT",
-        f"live=$({build_squeue_live_own_jobs()}) || exit $?",
-        f"match=$(printf '%s\\n' \"$live\" | grep -F -- {shlex.quote(needle)})",
-        f'if [ -n "$match" ]; then echo {LIVE_MARKER}; printf \'%s\\n\' "$match"; exit 0; fi',
-        build_sbatch_submit(**submit),
-    ])
+    markers = [_relative(m, "done_markers") for m in done_markers]
+    later = [_directory(d, "supersede") for d in supersede]
+    if later and replace is None:
+        raise ValidationError("supersede", "only a replacing submit moves other directories aside (give replace)")
+    if replace is not None and not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", replace):
+        raise ValidationError("replace", "must be a stamp of letters, digits, '.', '_' or '-'", replace)
+    account = live_account if live_account is not None else submit.get("account")
+    needles = " ".join(f"-e {shlex.quote(_xdir_needle(d))}" for d in [directory, *later])
+    lines = [
+        "umask 002",
+        f"mkdir -p {shlex.quote(directory)} || exit {EXIT_NO_DIRECTORY}",
+        *_lock_acquire(f"{directory}/{SUBMIT_LOCK_NAME}"),
+        f"live=$({build_squeue_live_jobs(account)}) || exit {EXIT_QUERY_FAILED}",
+        f"match=$(printf '%s\\n' \"$live\" | grep -F {needles})",
+        f'if [ -n "$match" ]; then echo "{LIVE_MARKER} $(id -un)"; printf \'%s\\n\' "$match"; exit 0; fi',
+    ]
+    if replace is None and markers:
+        present = " && ".join(f"[ -e {shlex.quote(directory + '/' + m)} ]" for m in markers)
+        lines.append(f"if {present}; then echo {DONE_MARKER}; exit 0; fi")
+    if replace is not None:
+        moves = [(directory, f"{directory}.replaced-{replace}", SUBMIT_LOCK_NAME)]
+        moves += [(d, f"{d}.superseded-{replace}", SUBMIT_LOCK_NAME) for d in later]
+        for source, target, keep in moves:
+            src, dst = shlex.quote(source), shlex.quote(target)
+            lines.append(
+                f"if [ -d {src} ] && [ -n \"$(find {src} -mindepth 1 -maxdepth 1 ! -name {keep} -print -quit)\" ]; "
+                f"then mkdir {dst} && find {src} -mindepth 1 -maxdepth 1 ! -name {keep} -exec mv -t {dst} -- {{}} + "
+                f"|| exit {EXIT_NO_DIRECTORY}; echo {MOVED_MARKER} {dst}; fi")
+    lines.append(build_sbatch_submit(**submit))
+    return "; ".join(lines)
+
+
+def _xdir_needle(directory: str) -> str:
+    """The text a job comment holds when the job writes ``directory`` (compact JSON, see JobComment)."""
+    return f'"xdir":"{exclusive_dir_marker(directory)}"'
+
+
+def _directory(value: str, field: str) -> str:
+    return validate_remote_path(value.rstrip("/") or "/", field, absolute=True)
+
+
+def _relative(value: str, field: str) -> str:
+    value = validate_remote_path(value, field)
+    if value.startswith("/") or ".." in value.split("/"):
+        raise ValidationError(field, f"{value!r} must be a path inside the directory (relative, no '..')", value)
+    return value
 
 
 def build_sbatch_test_only(

@@ -58,11 +58,18 @@ LIVE_JOB_STATES: tuple[str, ...] = (
 """Every state in which a job may still (or again) write its outputs."""
 
 
-def build_squeue_live_own_jobs() -> str:
-    """``squeue --me`` of the login user's live jobs (``LIVE_JOB_STATES``), every field."""
-    argv = [
-        "squeue", "-h", "-r", "--me", f"--states={','.join(LIVE_JOB_STATES)}", f"--Format={_squeue_format()}",
-    ]
+def build_squeue_live_jobs(account: str | None = None) -> str:
+    """``squeue`` of every user's live jobs (``LIVE_JOB_STATES``), every field; only ``account``'s
+    when given.
+
+    A directory of a project is shared by its members: whether a live job writes it must be asked of
+    every job of the project's account, not only of the login user's (``--me``). ``--all`` includes
+    hidden partitions, so no job escapes the question.
+    """
+    argv = ["squeue", "-h", "-r", "--all", f"--states={','.join(LIVE_JOB_STATES)}"]
+    if account is not None:
+        argv.append(f"--account={validate_account(account)}")
+    argv.append(f"--Format={_squeue_format()}")
     return f"{TIME_FORMAT_ENV} " + join_argv(argv)
 
 
@@ -83,11 +90,16 @@ def build_squeue(job_ids: Iterable[str | int]) -> str:
     return f"{TIME_FORMAT_ENV} " + join_argv(argv)
 
 
-def build_squeue_by_name(job_name: str, user: str | None = None) -> str:
-    """``squeue`` for jobs with this exact name (all states), optionally only one user's."""
+def build_squeue_by_name(job_name: str, user: str | None = None, *, own: bool = False) -> str:
+    """``squeue`` for jobs with this exact name (all states), optionally only one user's, or only
+    the login user's (``own``: ``--me``, what adoption asks: a job of another user is never adopted)."""
+    if own and user is not None:
+        raise ValueError("give user or own, not both")
     argv = ["squeue", "-h", "-r", "-t", "all", f"--name={validate_job_name(job_name)}"]
     if user is not None:
         argv.append(f"--user={validate_user(user)}")
+    if own:
+        argv.append("--me")
     argv.append(f"--Format={_squeue_format()}")
     return f"{TIME_FORMAT_ENV} " + join_argv(argv)
 
