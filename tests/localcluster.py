@@ -56,6 +56,12 @@ class LocalCluster:
     scratch: Path
     account: str
     conn_id: str
+    teammate: str = "vcloud2"
+    """A second member of the project (same Slurm account and group, own key and connection)."""
+
+    @property
+    def teammate_conn_id(self) -> str:
+        return f"{self.conn_id}_{self.teammate}"
 
     @property
     def ssh_config(self) -> Path:
@@ -297,4 +303,5 @@ def bring_up() -> LocalCluster:
         scratch=Path(os.environ.get("VCLOUD_SCRATCH", "/srv/vcloud/scratch/vcloud")),
         account="vcloud_local",
         conn_id="vcloud_local_cluster",
+        teammate=os.environ.get("VCLOUD_CLUSTER_TEAMMATE", "vcloud2"),
     )

@@ -29,6 +29,9 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 STATE="${VCLOUD_CLUSTER_DIR:-/var/lib/vcloud-localcluster}"
 CLUSTER_USER="${VCLOUD_CLUSTER_USER:-vcloud}"
+# A second member of the same project: same Slurm account, same project group (the cluster user's),
+# own login key and Airflow connection; for the tests of what two people sharing a project may do.
+TEAMMATE="${VCLOUD_CLUSTER_TEAMMATE:-vcloud2}"
 SSH_PORT="${VCLOUD_SSH_PORT:-2222}"
 SSH_LISTEN="${VCLOUD_SSH_LISTEN:-127.0.0.1}"
 SSH_HOST="${VCLOUD_SSH_HOST:-127.0.0.1}"
@@ -87,6 +90,7 @@ render() {  # render TEMPLATE DEST MODE OWNER: fill @VARS@ in a template
   tmp=$(mktemp "$dest.XXXXXX")
   sed -e "s|@STATE@|$STATE|g" -e "s|@HOSTNAME@|$(hostname -s)|g" \
       -e "s|@SSH_PORT@|$SSH_PORT|g" -e "s|@SSH_LISTEN@|$SSH_LISTEN|g" -e "s|@CLUSTER_USER@|$CLUSTER_USER|g" \
+      -e "s|@TEAMMATE@|$TEAMMATE|g" \
       -e "s|@DB_PASSWORD@|${DB_PASSWORD:-}|g" -e "s|@TASK_PLUGIN@|${TASK_PLUGIN:-task/none}|g" \
       -e "s|@JOBACCT_PARAMS@|${JOBACCT_PARAMS:-OverMemoryKill}|g" \
       -e "s|@CONTROLLER_ADDR@|$CONTROLLER_ADDR|g" "$HERE/templates/$template" >"$tmp"
@@ -136,7 +140,25 @@ ensure_cluster_user() {
   [[ -z $CLIENT_KEY_OWNER ]] || chown "$CLIENT_KEY_OWNER" "$STATE/ssh/id_ed25519"
   install -m 600 -o "$CLUSTER_USER" -g "$CLUSTER_USER" "$STATE/ssh/id_ed25519.pub" "$home/.ssh/authorized_keys"
   install -d -m 755 "$(dirname "$SCRATCH")"
-  install -d -m 755 -o "$CLUSTER_USER" -g "$CLUSTER_USER" "$SCRATCH"
+  # The project directory belongs to the project's group, setgid, as on LUMI's /scratch/project_*.
+  install -d -m 2775 -o "$CLUSTER_USER" -g "$CLUSTER_USER" "$SCRATCH"
+  chmod 2775 "$SCRATCH"
+  ensure_teammate
+}
+
+ensure_teammate() {
+  if ! id "$TEAMMATE" >/dev/null 2>&1; then
+    log "creating a second project member $TEAMMATE (group $CLUSTER_USER)"
+    useradd --create-home --shell /bin/bash "$TEAMMATE"
+  fi
+  usermod -p '*' -a -G "$CLUSTER_USER" "$TEAMMATE"
+  local home key="$STATE/ssh/id_ed25519_$TEAMMATE"
+  home=$(getent passwd "$TEAMMATE" | cut -d: -f6)
+  install -d -m 700 -o "$TEAMMATE" -g "$TEAMMATE" "$home/.ssh"
+  [[ -s $key ]] || ssh-keygen -q -t ed25519 -N '' -C "airflow-$TEAMMATE@vcloud-local" -f "$key"
+  chmod 600 "$key"
+  [[ -z $CLIENT_KEY_OWNER ]] || chown "$CLIENT_KEY_OWNER" "$key"
+  install -m 600 -o "$TEAMMATE" -g "$TEAMMATE" "$key.pub" "$home/.ssh/authorized_keys"
 }
 
 prepare_site_roots() {
@@ -247,7 +269,7 @@ register_accounts() {
       description="vcloud local cluster" organization=vcloud >/dev/null
   fi
   local user
-  for user in "$CLUSTER_USER" root; do
+  for user in "$CLUSTER_USER" "$TEAMMATE" root; do
     if ! sacctmgr -n -P list assoc users="$user" account="$SLURM_ACCOUNT" format=user | grep -qx "$user"; then
       sacctmgr -i -Q add user "$user" account="$SLURM_ACCOUNT" defaultaccount="$SLURM_ACCOUNT" \
         cluster=vcloud-local >/dev/null
@@ -369,12 +391,18 @@ remove_node_networks() {
 start_sshd() {
   [[ -s $STATE/ssh/host_ed25519_key ]] || ssh-keygen -q -t ed25519 -N '' -C vcloud-local-login \
     -f "$STATE/ssh/host_ed25519_key"
+  local before
+  before=$(sha256sum "$STATE/etc/sshd_config" 2>/dev/null | cut -d' ' -f1)
   render sshd_config "$STATE/etc/sshd_config" 600 root:root
   install -d -m 755 /run/sshd
   /usr/sbin/sshd -t -f "$STATE/etc/sshd_config"
   if ! pid_alive "$STATE/run/sshd.pid"; then
     log "starting sshd on $SSH_LISTEN:$SSH_PORT"
     /usr/sbin/sshd -f "$STATE/etc/sshd_config" -E "$STATE/log/sshd.log"
+  elif [[ $before != $(sha256sum "$STATE/etc/sshd_config" | cut -d' ' -f1) ]]; then
+    log "sshd_config changed: sshd reloads it (open sessions stay)"
+    kill -HUP "$(<"$STATE/run/sshd.pid")"
+    sleep 1
   fi
   wait_for 20 sshd bash -c "exec 3<>/dev/tcp/127.0.0.1/$SSH_PORT"
 }
@@ -399,9 +427,9 @@ Host vcloud-local
     ControlPath $CONTROL_PATH
     ControlPersist 10m
 EOF
-  /usr/bin/python3 - "$STATE" "$CONN_ID" "$CLUSTER_USER" "$SSH_PORT" "$host_key_b64" "$SSH_HOST" <<'PY'
+  /usr/bin/python3 - "$STATE" "$CONN_ID" "$CLUSTER_USER" "$SSH_PORT" "$host_key_b64" "$SSH_HOST" "$TEAMMATE" <<'PY'
 import json, shlex, sys
-state, conn_id, user, port, host_key, host = sys.argv[1:]
+state, conn_id, user, port, host_key, host, teammate = sys.argv[1:]
 base = {"conn_type": "ssh", "host": host, "port": int(port), "login": user}
 # Paramiko/asyncssh transport (providers-ssh): key file and the pinned host key.
 paramiko_conn = dict(base, extra={
@@ -415,7 +443,10 @@ openssh_conn = dict(base, extra={
     "ssh_alias": "vcloud-local",
     "ssh_config_file": f"{state}/ssh/config",
 })
-conns = {conn_id: paramiko_conn, f"{conn_id}_openssh": openssh_conn}
+# The second project member: same login node, own user and key.
+teammate_conn = dict(paramiko_conn, login=teammate, extra=dict(paramiko_conn["extra"],
+                                                              key_file=f"{state}/ssh/id_ed25519_{teammate}"))
+conns = {conn_id: paramiko_conn, f"{conn_id}_openssh": openssh_conn, f"{conn_id}_{teammate}": teammate_conn}
 with open(f"{state}/airflow_conn.json", "w") as f:
     json.dump(conns, f, indent=2)
 with open(f"{state}/airflow_conn.env", "w") as f:

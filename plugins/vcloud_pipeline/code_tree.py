@@ -243,9 +243,15 @@ def build_manifest(tree: CodeTree, created_at: dt.datetime) -> CodeManifest:
 # --------------------------------------------------------------------------- rsync argv
 
 
+PROJECT_SHARED = ("--omit-dir-times", "--chmod=ug+rwX,Dg+s")
+"""A project's members share its directories: what rsync creates is group-writable and its
+directories setgid (files keep the project's group), and it never sets the times of directories,
+which fails on a directory another member created (rsync exit 23)."""
+
+
 def rsync_argv(source_dir: Path, destination: str, remote_dir: PurePosixPath | str,
                ssh_command: Sequence[str], *, filters: Sequence[str] = (), delete: bool = True) -> list[str]:
-    """``rsync -az [--delete] -e "ssh ..." <filters> source_dir/ destination:remote_dir/``.
+    """``rsync -az [--delete] -e "ssh ..." <PROJECT_SHARED> <filters> source_dir/ destination:remote_dir/``.
 
     ``ssh_command`` and ``destination`` come from the cluster's connection
     (``SlurmHook.ssh_command()``), so rsync logs in exactly as the Slurm commands do.
@@ -256,7 +262,7 @@ def rsync_argv(source_dir: Path, destination: str, remote_dir: PurePosixPath | s
     argv = ["rsync", "-az", "-s"]
     if delete:
         argv.append("--delete")
-    argv += ["-e", shlex.join(ssh_command), *filters]
+    argv += ["-e", shlex.join(ssh_command), *PROJECT_SHARED, *filters]
     argv += [f"{str(source_dir).rstrip('/')}/", f"{destination}:{str(remote_dir).rstrip('/')}/"]
     return argv
 

@@ -19,14 +19,21 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from slurm_provider.operators import SlurmSubmitOperator
 from slurm_provider.resubmission import DEFAULT_BUDGETS
 from slurm_provider.job_status import JobStatus
-from vcloud.contract import best_checkpoint_metrics, completed_epochs, final_metrics, recorded_code_hash
+from vcloud.contract import (
+    BEST_CHECKPOINT,
+    COMPLETE_FILE,
+    STAGES,
+    best_checkpoint_metrics,
+    completed_epochs,
+    final_metrics,
+    recorded_code_hash,
+)
 
 from vcloud_pipeline import job_exits
 from vcloud_pipeline.assets import asset_for
 from vcloud_pipeline.budget import Allocation, BudgetExceeded, billed_hours, check_budget
 from vcloud_pipeline.preflight import PROJECT_TAG, read_allocation, read_ledger, usage_of
 from vcloud_pipeline.profiles import ClusterProfile
-from vcloud_pipeline.remote import move_aside
 from vcloud_pipeline.stage_decisions import (
     DATA,
     EXPORT,
@@ -39,7 +46,7 @@ from vcloud_pipeline.stage_decisions import (
     decide_data,
     decide_export,
 )
-from vcloud_pipeline.tasks import PLAN_TASK, SYNC_TASK, RunContext, now_stamp
+from vcloud_pipeline.tasks import PLAN_TASK, SYNC_TASK, RunContext
 
 if TYPE_CHECKING:
     import jinja2
@@ -117,6 +124,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
         if self.job.startswith("stage"):
             self.progress_path = str(ctx.paths.progress_path(int(self.job[5:])))
         self.exclusive_dir = self._writes(ctx)
+        self.done_markers = self._done_when(ctx)
         budget = ctx.request.max_resubmits
         self.resubmit_budgets = {cause: budget for cause in DEFAULT_BUDGETS}
         self.gpu_billing_factor = ctx.profile.billing.factor
@@ -136,6 +144,16 @@ class PipelineJobOperator(SlurmSubmitOperator):
         if self.job == EXPORT:
             return str(ctx.paths.viewer_dir)
         return None  # the preflight import check writes nothing but its log
+
+    def _done_when(self, ctx: RunContext) -> tuple[str, ...]:
+        """Files inside :meth:`_writes` whose presence means the job's work is done, looked at under
+        the submit lock: a stage is complete with ``COMPLETE`` and ``best.pt``, the synthetic dataset
+        with its index. A job that finished a moment before this one's submit is not repeated."""
+        if self.job.startswith("stage"):
+            return (COMPLETE_FILE, BEST_CHECKPOINT)
+        if self.job == DATA:
+            return (str(ctx.paths.data_index.relative_to(ctx.paths.data_dir.parent)),)
+        return ()
 
     # --- deciding ----------------------------------------------------------------------------------
 
@@ -194,30 +212,19 @@ class PipelineJobOperator(SlurmSubmitOperator):
                 self.log.info("%s: %s", self.job, decision.reason)
                 if not decision.submit:
                     raise AirflowSkipException(decision.reason)
-                if decision.restart and not self._restart_already_submitted(context, hook):
-                    moved = move_aside(hook.runner, ctx.paths.stage_dir(int(self.job[5:])), now_stamp())
-                    if moved:
-                        self.log.warning("mode restart: moved the previous outputs (best.pt included) to %s", moved)
+                if decision.restart:
+                    self._start_afresh(ctx)
             self._check_budget(ctx, hook)
         summary = super().execute(context)  # defers; returns only when the job had already completed
         return self._report(context, summary)
 
-    def _restart_already_submitted(self, context: Any, hook: Any) -> bool:
-        """Whether this task's own restarted job already writes the stage (a try that died between
-        ``sbatch`` and recording it: the retry adopts it, nothing is moved aside). Another job writing
-        it stops the restart: moving its outputs aside under it would lose them."""
-        live = hook.live_writers(self.exclusive_dir) if self.exclusive_dir else []
-        if not live:
-            return False
-        job = live[0]
-        if job.name == self._job_name(context):
-            self.log.info("mode restart: job %s of this task already restarted %s; adopting it", job.job_id,
-                          self.exclusive_dir)
-            return True
-        raise AirflowFailException(
-            f"mode restart would move {self.exclusive_dir} aside while job {job.job_id} ({job.name}, "
-            f"{job.state.value}) still writes it. Wait for it to end, or cancel it (scancel {job.job_id}), "
-            "then run again.")
+    def _start_afresh(self, ctx: RunContext) -> None:
+        """mode restart: the submit moves the stage's outputs aside under the stage's lock, after the
+        budget check, and with them every later stage's (trained on the outputs being replaced), so
+        that none of those counts as complete any more. A live job writing any of them stops it."""
+        stage = int(self.job[5:])
+        self.replace_outputs = True
+        self.supersede_dirs = tuple(str(ctx.paths.stage_dir(later)) for later in STAGES if later > stage)
 
     def billed_gpu_hours(self, run: JobStatus) -> float:
         """One run of the job as the ledger and the budget bill it (whole nodes on full-node partitions),

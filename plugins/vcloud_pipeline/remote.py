@@ -41,8 +41,13 @@ def run_checked(runner: CommandRunner, line: str, *, what: str, stdin: str | Non
     return result.stdout
 
 
+SHARED_UMASK = "umask 002"
+"""A project's members share its directories: what the pipeline creates there is group-writable
+(and, inside a setgid project directory, keeps the project's group)."""
+
+
 def make_dirs(runner: CommandRunner, directories: Sequence[PurePosixPath | str]) -> None:
-    run_checked(runner, f"mkdir -p -- {_quote(directories)}", what="creating the run's directories")
+    run_checked(runner, f"{SHARED_UMASK}; mkdir -p -- {_quote(directories)}", what="creating the run's directories")
 
 
 def write_file(runner: CommandRunner, path: PurePosixPath | str, text: str) -> None:
@@ -55,7 +60,7 @@ def write_file(runner: CommandRunner, path: PurePosixPath | str, text: str) -> N
     """
     target = shlex.quote(str(path))
     tmp = shlex.quote(f"{path}.tmp.{uuid.uuid4().hex}")
-    run_checked(runner, f"cat > {tmp} && mv -f -- {tmp} {target} && touch -c -- {target}", stdin=text,
+    run_checked(runner, f"{SHARED_UMASK}; cat > {tmp} && mv -f -- {tmp} {target} && touch -c -- {target}", stdin=text,
                 what=f"writing {path}")
 
 

@@ -7,7 +7,6 @@ from disk: cheap, and it keeps XComs small and free of derived state that could 
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import tempfile
 from collections.abc import Mapping
@@ -263,8 +262,3 @@ def ledger_report(ledger: Ledger) -> dict[str, Any]:
         "by_stage": {f"{run} {label}": round(hours, 4) for (run, label), hours in ledger.summary.by_stage.items()},
         "lines": ledger.lines(),
     }
-
-
-def now_stamp() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-

@@ -16,6 +16,7 @@ import datetime as dt
 import json
 import shlex
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -126,6 +127,10 @@ def test_schedule_retrains_once_and_a_backfill_retrains_one_stage(deployment: di
     moved = local_cluster.ssh(f"ls -d {shlex.quote(outputs)}/stage2.replaced-* 2>/dev/null || true").stdout.split()
     assert len(moved) == 1, f"mode restart moves the old stage 2 aside once: {moved}"
     local_cluster.ssh(f"test -s {shlex.quote(outputs)}/stage2/best.pt && test -f {shlex.quote(outputs)}/stage2/COMPLETE")
+    # Stage 3 was trained on the replaced stage 2: moved aside with it, no longer complete.
+    superseded = local_cluster.ssh(f"ls -d {shlex.quote(outputs)}/stage3.superseded-*").stdout.split()
+    assert len(superseded) == 1 and Path(superseded[0]).name.split("-", 1)[1] == Path(moved[0]).name.split("-", 1)[1]
+    local_cluster.ssh(f"test -f {shlex.quote(superseded[0])}/COMPLETE && test ! -e {shlex.quote(outputs)}/stage3/COMPLETE")
 
     backfills = api.get(f"/api/v2/backfills?dag_id={DAG_ID}")["backfills"]
     assert [b["id"] for b in backfills] == [in_flight, backfills[1]["id"]], backfills

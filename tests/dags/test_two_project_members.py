@@ -1,0 +1,97 @@
+"""Two members of one project (two login users of one Slurm account) train the same run name.
+
+Each has an Airflow deployment of their own (`airflow dags test` in a subprocess, its own home and
+database) and their own connection (their own user and key), and both trigger the run at the same
+moment in the project's shared directory. Whatever their timing, every directory a job writes gets
+exactly one job between them: a stage is trained by one member's job, and the other member's task
+either finds it complete or refuses, naming the live job, its user and its run, without submitting
+a second writer and without adopting a job that is not its user's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from localcluster import LocalCluster, poll_until
+from ports import free_port
+from standalone import airflow, airflow_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.usefixtures("cluster_connection")]
+RUN = "team"
+
+
+def _dags_test(env: dict[str, str], log: Path, results: dict[str, int], key: str) -> None:
+    conf = {"profile": "local", "config": "tiny", "run_name": RUN, "max_epochs": 1}
+    with log.open("w") as out:
+        proc = subprocess.run([sys.executable, "-m", "airflow", "dags", "test", "vcloud_training",
+                               "--conf", json.dumps(conf)], env=env, stdout=out, stderr=subprocess.STDOUT,
+                              timeout=1500)
+    results[key] = proc.returncode
+
+
+def _sacct_user(cluster: LocalCluster, job_id: str) -> str:
+    return cluster.root("sacct", "-X", "-n", "-P", "-j", job_id, "--format=User").stdout.split()[0]
+
+
+def test_two_members_of_a_project_get_one_job_per_stage_or_a_refusal_naming_the_other(
+        local_cluster: LocalCluster, tmp_path: Path) -> None:
+    project_dir = local_cluster.test_dir()
+    local_cluster.ssh(f"chmod 2775 {shlex.quote(project_dir)}")  # the project group's directory
+    users = {"a": (local_cluster.user, local_cluster.conn_id),
+             "b": (local_cluster.teammate, local_cluster.teammate_conn_id)}
+    envs = {}
+    for name, (_, conn_id) in users.items():
+        home = tmp_path / f"home-{name}"
+        home.mkdir()
+        env = airflow_env(home, free_port(), project_dir)
+        env.update(local_cluster.connection_env())
+        env["VCLOUD_PROFILE_OVERRIDES"] = json.dumps(
+            {"local": {"paths.base": project_dir, "connection.conn_id": conn_id}})
+        airflow("db", "migrate", env=env)
+        envs[name] = env
+    results: dict[str, int] = {}
+    threads = [threading.Thread(target=_dags_test, args=(envs[n], tmp_path / f"{n}.log", results, n)) for n in envs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    logs = {n: (tmp_path / f"{n}.log").read_text(errors="replace") for n in envs}
+
+    outputs = f"{project_dir}/outputs/{RUN}"
+    directories = {"data": f"{project_dir}/data/synthetic-tiny", **{f"stage{n}": f"{outputs}/stage{n}" for n in range(4)}}
+
+    def every_stage_has_its_job() -> dict[str, list[str]] | None:
+        found = {k: local_cluster.jobs_writing(d) for k, d in directories.items()}
+        return found if all(found.values()) else None
+
+    jobs = poll_until(every_stage_has_its_job, timeout=120, what="every stage's job in sacct")
+    assert all(len(ids) == 1 for ids in jobs.values()), jobs
+    for stage in range(4):
+        local_cluster.ssh(f"test -f {outputs}/stage{stage}/COMPLETE")
+    trained_by = {label: _sacct_user(local_cluster, ids[0]) for label, ids in jobs.items()}
+    assert set(trained_by.values()) <= {u for u, _ in users.values()}, trained_by
+
+    refused = {}
+    for name, (user, _) in users.items():
+        other = next(u for n, (u, _) in users.items() if n != name)
+        said = re.findall(rf"job (\d+) of user {other} \(DAG vcloud_training, run [^,]+, task \w+\) is "
+                          rf"(?:RUNNING|PENDING|CONFIGURING|COMPLETING) and writes (\S+); this task logs in as {user}",
+                          logs[name])
+        if results[name] != 0:
+            assert said, f"deployment {name} failed without naming the other member's job:\n{logs[name][-5000:]}"
+            job_id, where = said[0]
+            assert f"ask {other} to cancel it (scancel {job_id})" in logs[name]
+            assert _sacct_user(local_cluster, job_id) == other
+            assert where in {*directories.values(), f"{project_dir}/viewer_data/{RUN}"}, where
+            refused[name] = job_id
+    assert len(refused) <= 1, "at most one member is refused: the other trains the run to its end"
+    assert "watching it instead of submitting a second job" not in logs["a"] + logs["b"], \
+        "a job of another user is never adopted"
