@@ -212,6 +212,15 @@ class LocalCluster:
             time.sleep(0.5)
         raise AssertionError(f"job {job_id} stayed {state}, wanted one of {sorted(wanted)} within {timeout}s")
 
+    def accounting_caught_up(self, timeout: float = 120) -> None:
+        """Wait for evidence that accounting holds every job submitted until now: submit a marker job
+        and wait until sacct lists it (slurmctld hands job records to slurmdbd in order)."""
+        marker = self.sbatch("#!/bin/bash\ntrue\n", "--job-name=accounting-marker", "--partition=debug",
+                             "--time=1", "--output=/dev/null")
+        poll_until(lambda: self.root("sacct", "-X", "-n", "-P", "-a", "-j", str(marker),
+                                     "--format=JobIDRaw").stdout.strip(),
+                   timeout=timeout, what=f"the marker job {marker} in sacct")
+
     def current_state(self, job_id: int) -> str:
         out = self.root("squeue", "-h", "-j", str(job_id), "-o", "%T", check=False).stdout.strip()
         if out:

@@ -5,7 +5,8 @@ The operator is the provider's ``SlurmSubmitOperator`` with its default retries;
 ``hold_file`` (a path on the Airflow host, empty for none) stops the task between submitting its
 job and deferring until that file exists: the window in which a killed worker process leaves a
 submitted job that nobody watches, which the test kills on purpose. The task writes
-``<hold_file>.holding`` (its pid and job id) when it gets there.
+``<hold_file>.holding`` (its pid and job id) when it gets there. ``exclusive_dir`` (empty for none)
+is the directory the job writes: a second run naming the same one watches the first run's job.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ with DAG(
     catchup=False,
     render_template_as_native_obj=True,
     default_args={"retry_delay": timedelta(seconds=5)},
-    params={"script": "#!/bin/bash\ntrue\n", "log_dir": "/tmp", "hold_file": ""},
+    params={"script": "#!/bin/bash\ntrue\n", "log_dir": "/tmp", "hold_file": "", "exclusive_dir": ""},
 ) as dag:
     HeldSubmitOperator(
         task_id="job",
@@ -57,6 +58,7 @@ with DAG(
         script="{{ params.script }}",
         log_dir="{{ params.log_dir }}",
         hold_file="{{ params.hold_file }}",
+        exclusive_dir="{{ params.exclusive_dir or None }}",
         time_limit="10",
         stage="gestures",
         # A real triggerer: the first poll >= 10 s after the deferral; a steady 30 s interval.

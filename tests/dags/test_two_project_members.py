@@ -93,5 +93,6 @@ def test_two_members_of_a_project_get_one_job_per_stage_or_a_refusal_naming_the_
             assert where in {*directories.values(), f"{project_dir}/viewer_data/{RUN}"}, where
             refused[name] = job_id
     assert len(refused) <= 1, "at most one member is refused: the other trains the run to its end"
+    print(f"trained by {trained_by}; refused (deployment: the other member's job): {refused}")
     assert "watching it instead of submitting a second job" not in logs["a"] + logs["b"], \
         "a job of another user is never adopted"

@@ -124,7 +124,7 @@ def _jobs(cluster: LocalCluster, run_id: str, expect: int = 1) -> list[dict[str,
         return [{"job_id": job_id, "state": state.split()[0]} for job_id, state in rows]
 
     poll_until(lambda: len(read()) >= expect, timeout=120, what=f"{expect} job(s) named {name} in sacct")
-    time.sleep(2)  # a duplicate submitted earlier would be in accounting by now too
+    cluster.accounting_caught_up()  # a duplicate submitted earlier is in accounting by now too
     return read()
 
 
@@ -229,6 +229,43 @@ def test_marking_a_deferred_task_failed_cancels_its_job(deployment: dict[str, An
     assert _jobs(local_cluster, run_id) == [{"job_id": job_id, "state": "CANCELLED"}]
     ti = _ti(api, run_id)
     assert ti["state"] == "failed" and ti["try_number"] == 1, ti
+
+
+def test_marking_a_task_failed_that_only_watches_another_runs_job_leaves_the_job_running(
+        deployment: dict[str, Any], local_cluster: LocalCluster) -> None:
+    api = deployment["api"]
+    script, [gate] = _waiting_script(local_cluster, "finish")
+    log_dir = local_cluster.test_dir()
+    writes = f"{log_dir}/outputs"
+    owner = _start_run(api, script=script, log_dir=log_dir, exclusive_dir=writes)
+    _wait_ti(deployment, owner, lambda t: t["state"] == "deferred", "the first run's task to defer")
+    [job] = _jobs(local_cluster, owner)
+    job_id = job["job_id"]
+    local_cluster.wait_for_state(int(job_id), {"RUNNING"}, timeout=120)
+
+    # A second run for the same directory watches the first run's job instead of submitting another.
+    watcher = _start_run(api, script=script, log_dir=log_dir, exclusive_dir=writes)
+    _wait_ti(deployment, watcher, lambda t: t["state"] == "deferred", "the second run's task to defer")
+    assert any(f"Job {job_id} (DAG {DAG_ID}, run {owner}, task {TASK_ID}" in line
+               and "watching it instead of submitting a second job" in line for line in _task_log(api, watcher))
+
+    # The UI's "Mark as failed" on the watching task: the job is not its to cancel.
+    status, body = api.call("PATCH", f"/api/v2/dags/{DAG_ID}/dagRuns/{watcher}/taskInstances/{TASK_ID}",
+                            {"new_state": "failed"})
+    assert status == 200, body
+    left = (f"Watch of job {job_id} stopped. The job was submitted by user {local_cluster.user}, DAG {DAG_ID}, "
+            f"run {owner}, task {TASK_ID}, not by this task, which only watched it: it is left running")
+    poll_until(lambda: any(line.startswith(left) for line in _task_log(api, watcher)), timeout=120, interval=2,
+               what="the watching trigger to stop and say it leaves the job")
+    assert local_cluster.current_state(int(job_id)) == "RUNNING"
+    assert _ti(api, owner)["state"] == "deferred", "the run that submitted it still watches it"
+
+    _open(local_cluster, gate)
+    final = _wait_ti(deployment, owner, lambda t: t["state"] in ("success", "failed"), "the first run to finish")
+    assert final["state"] == "success", (final, _task_log_text(api, owner))
+    assert local_cluster.jobs_writing(writes) == [job_id]
+    assert _jobs(local_cluster, owner) == [{"job_id": job_id, "state": "COMPLETED"}]
+    assert _ti(api, watcher)["state"] == "failed"
 
 
 def test_restarting_the_triggerer_cancels_nothing_and_repeats_no_log_line(deployment: dict[str, Any],

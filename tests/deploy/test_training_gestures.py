@@ -164,7 +164,7 @@ def _settled_stage_jobs(cluster: LocalCluster, stage_dir: str, expect: int) -> l
         return jobs if len(jobs) >= expect and not any(state in live for _, state in jobs) else None
 
     poll_until(ended, timeout=120, what=f"{expect} ended job(s) writing {stage_dir} in sacct")
-    time.sleep(2)  # a second job submitted a moment later would be in accounting by now too
+    cluster.accounting_caught_up()  # a second job submitted a moment later is in accounting by now too
     return _stage_jobs(cluster, stage_dir)
 
 

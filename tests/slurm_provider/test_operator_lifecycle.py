@@ -69,7 +69,7 @@ def _jobs_of(cluster: LocalCluster, outcome: LifecycleOutcome, expect: int = 1) 
         return sorted({line for line in out.splitlines() if line})
 
     poll_until(lambda: len(read()) >= expect, timeout=60, what=f"{expect} job(s) named {name} in sacct")
-    time.sleep(2)
+    cluster.accounting_caught_up()
     return read()
 
 
