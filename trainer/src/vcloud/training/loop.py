@@ -9,7 +9,9 @@ evaluate, keep ``best.pt``, checkpoint and print one progress line; finally writ
 Resuming is exact: the checkpoint stores the position inside the epoch, every RNG state and the
 running epoch statistics, the data order is a pure function of (seed, epoch), and the learning
 rate a pure function of the position, so an interrupted and resumed CPU run ends with the same
-weights, bit for bit, as an uninterrupted one.
+weights, bit for bit, as an uninterrupted one. A checkpoint that other code wrote is resumed as far
+as its fingerprint allows (:mod:`vcloud.training.fingerprint`): as written, or its weights with a fresh
+optimizer state (``train.on_code_change: keep_weights``), or not at all (exit 88, with the remedies).
 """
 
 from __future__ import annotations
@@ -595,18 +597,20 @@ def _restore(session: StageSession, checkpoint: dict[str, Any], source: Path) ->
         log.info("resumed from %s: epoch %d, batch %d, step %d (written by %s, code %s)", source, state.epoch,
                  state.batch_in_epoch, state.global_step, checkpoint.get("code_version", "unknown code"),
                  checkpoint.get("code_hash") or "of unknown hash")
-        if checkpoint.get("code_hash") and code_hash() and checkpoint["code_hash"] != code_hash() \
-                and not fresh_optimizer:
+        if fresh_optimizer:
+            log.warning("%s", fresh_optimizer)
+        elif checkpoint.get("code_hash") and code_hash() and checkpoint["code_hash"] != code_hash():
             log.warning("the checkpoint was written by code %s; training goes on with code %s",
                         checkpoint["code_hash"], code_hash())
     return state
 
 
 def _load_checkpoint_state(session: StageSession, checkpoint: dict[str, Any], source: Path,
-                           state: TrainState) -> bool:
+                           state: TrainState) -> str | None:
     """Load the checkpoint's weights and optimizer state into the session as far as this code and
     ``train.on_code_change`` allow (:func:`~vcloud.training.fingerprint.decide_resume`); raises
-    :class:`ResumeRefused` otherwise. True when the optimizer starts fresh.
+    :class:`ResumeRefused` otherwise. Returns the log line that says why the optimizer starts
+    fresh, or None when the checkpoint resumes as written.
 
     PyTorch checks an optimizer state's group sizes before it changes anything, so a refused
     ``load_state_dict`` leaves the optimizer as built: fresh."""
@@ -629,11 +633,9 @@ def _load_checkpoint_state(session: StageSession, checkpoint: dict[str, Any], so
         raise ResumeRefused(refusal_message(decision, stage=run.stage, source=str(source), saved_hash=saved_hash,
                                             running_hash=running_hash))
     if decision.outcome is ResumeOutcome.FRESH_OPTIMIZER:
-        if session.ctx.is_main:
-            log.warning(fresh_optimizer_line(decision, stage=run.stage, source=str(source), saved_hash=saved_hash,
-                                             running_hash=running_hash, epoch=state.epoch, step=state.global_step))
-        return True
-    return False
+        return fresh_optimizer_line(decision, stage=run.stage, source=str(source), saved_hash=saved_hash,
+                                    running_hash=running_hash, epoch=state.epoch, step=state.global_step)
+    return None
 
 
 def _first_line(exc: BaseException) -> str:
