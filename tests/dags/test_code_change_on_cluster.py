@@ -164,6 +164,7 @@ def test_a_stage_resumed_by_other_code_keeps_its_weights_or_is_refused_never_a_t
     assert refusal in failure and 'mode: restart for this stage (DAG run params {"stages": [1], "mode": ' \
         '"restart"}' in failure, failure[:6000]
     assert f"finish the stage with code {hash_a}: deploy that code version" in failure
+    assert "Hint: The stage's latest.pt was written by code this one cannot resume" in failure
     assert any(refusal in line for line in job_lines(output[:failed.start()], job_c)), output[-4000:]
     logs_c = job_logs(local_cluster, project_dir, job_c)
     assert "Traceback" not in logs_c and " | epoch " not in logs_c, logs_c[-4000:]
