@@ -20,7 +20,6 @@ from vcloud.training.fingerprint import (
     fresh_optimizer_line,
     optimizer_differences,
     refusal_message,
-    weight_differences,
 )
 
 HASH_A, HASH_B = "a" * 64, "b" * 64

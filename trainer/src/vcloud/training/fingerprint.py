@@ -17,7 +17,7 @@ Pure: no I/O, no logging; the training loop acts on the decision and prints the 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -249,7 +249,7 @@ class ResumeDecision:
     outcome: ResumeOutcome
     weights: tuple[str, ...] = ()
     """What differs in the model's state dict (empty: the weights fit)."""
-    optimizer: tuple[str, ...] = field(default=())
+    optimizer: tuple[str, ...] = ()
     """What differs in the optimizer's layout (empty: the optimizer state fits)."""
 
     @property
