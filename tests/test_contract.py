@@ -119,8 +119,9 @@ def test_the_dag_trains_exactly_the_trainers_stages() -> None:
 def test_exit_codes_are_distinct_and_the_trainers_are_the_contracts() -> None:
     assert len(set(EXITS.values())) == len(EXITS)
     assert (exitcodes.STAGE_COMPLETE, exitcodes.ERROR, exitcodes.BAD_CONFIG, exitcodes.REQUEUE,
-            exitcodes.GPUS_MISSING) == (contract.EXIT_OK, contract.EXIT_ERROR, contract.EXIT_BAD_CONFIG,
-                                        contract.EXIT_REQUEUE, contract.EXIT_GPUS_MISSING)
+            exitcodes.GPUS_MISSING, exitcodes.RESUME_REFUSED) == (
+        contract.EXIT_OK, contract.EXIT_ERROR, contract.EXIT_BAD_CONFIG, contract.EXIT_REQUEUE,
+        contract.EXIT_GPUS_MISSING, contract.EXIT_RESUME_REFUSED)
 
 
 def test_every_failing_exit_code_is_explained_to_the_task() -> None:

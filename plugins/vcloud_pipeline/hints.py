@@ -187,6 +187,20 @@ LOG_RULES: tuple[HintRule, ...] = (
     ),
 
     HintRule(
+        key="resume_refused",
+        title="The stage's latest.pt was written by code this one cannot resume",
+        hint=(
+            "The trainer refused to resume the checkpoint (its line names both code hashes and what differs): "
+            "its weights no longer fit the model this code builds, or the optimizer's layout differs and the "
+            "run asked on_code_change: refuse. Train the stage again with mode: restart for it, resume with "
+            "on_code_change: keep_weights where only the optimizer differs, or finish the stage with the code "
+            "that wrote the checkpoint (deploy that version and trigger the same run name)."
+        ),
+        source="vcloud trainer, train.on_code_change (exit 88; a torchrun launch reports it as its own exit 1)",
+        pattern=re.compile(r"cannot resume stage \d+ from \S+: it was written by code"),
+    ),
+
+    HintRule(
         key="no_time_to_train",
         title="The time limit leaves no time to train after start-up",
         hint=(

@@ -12,6 +12,7 @@ from vcloud.contract import (
     EXIT_ERROR,
     EXIT_GPUS_MISSING,
     EXIT_REQUEUE,
+    EXIT_RESUME_REFUSED,
 )
 
 MEANINGS: dict[int, str] = {
@@ -28,4 +29,10 @@ MEANINGS: dict[int, str] = {
     EXIT_GPUS_MISSING: "the job was given GPUs, but PyTorch in the job saw fewer, so it stopped instead of "
                        "running on the CPU and billing GPU-hours for it; nothing was trained, and running it "
                        "again cannot help until the job's environment shows PyTorch its GPUs (see the hint).",
+    EXIT_RESUME_REFUSED: "the trainer refused to resume the stage's latest.pt, written by other code: its weights "
+                         "no longer fit the model this code builds, or its optimizer layout differs and the run "
+                         "asked on_code_change: refuse. Nothing was trained; the job's output (below) names both "
+                         "code hashes and what differs. Train the stage again with mode: restart, resume with "
+                         "on_code_change: keep_weights where only the optimizer differs, or finish the stage with "
+                         "the code that wrote the checkpoint.",
 }

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from slurm_provider.validation import parse_time_limit
-from vcloud.contract import STAGES
+from vcloud.contract import ON_CODE_CHANGE_CHOICES, STAGES
 
 from vcloud_pipeline.profiles import ClusterProfile, PartitionSpec, ProfileError
 _MEM = re.compile(r"^(\d+)([KMGT]?)$")
@@ -53,6 +53,8 @@ class JobSpec:
     """Trainer config, relative to the synced code directory."""
     max_epochs: int | None = None
     restart: bool = False
+    on_code_change: str | None = None
+    """The trainer's ``train.on_code_change`` for this job (training jobs only); ``None``: the config's."""
     data_preset: str | None = None
     """Synthetic dataset preset (``tiny``, ``small``); only for :attr:`JobKind.DATA`."""
 
@@ -76,6 +78,10 @@ class JobSpec:
         cpus = self.cpus_per_task
         if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int) or cpus < 1):
             raise JobSpecError(f"cpus_per_task must be a positive integer, got {self.cpus_per_task!r}")
+        if self.on_code_change is not None and (self.kind is not JobKind.TRAIN
+                                                or self.on_code_change not in ON_CODE_CHANGE_CHOICES):
+            raise JobSpecError(f"on_code_change {self.on_code_change!r} is for training jobs only, one of "
+                               f"{', '.join(ON_CODE_CHANGE_CHOICES)} (kind {self.kind.value})")
         if self.max_epochs is not None and (not isinstance(self.max_epochs, int) or self.max_epochs < 1):
             raise JobSpecError(f"max_epochs must be a positive integer, got {self.max_epochs!r}")
         if self.mem is not None and not _MEM.match(self.mem):

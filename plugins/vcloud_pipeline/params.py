@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, get_args
 import pydantic
 from pydantic import BeforeValidator, ValidationInfo
 
-from vcloud.contract import STAGES
+from vcloud.contract import ON_CODE_CHANGE_CHOICES, ON_CODE_CHANGE_DEFAULT, STAGES
 
 from vcloud_pipeline.layout import RunNameError, validate_run_name
 from vcloud_pipeline.profiles import DEFAULT_PROFILE, available_profiles
@@ -36,6 +36,9 @@ SYNTHETIC_PRESETS: Mapping[str, str] = {"tiny": "tiny", "small": "small"}
 
 Mode = Literal["resume", "restart"]
 MODES: tuple[str, ...] = get_args(Mode)
+OnCodeChange = Literal[ON_CODE_CHANGE_CHOICES]  # type: ignore[valid-type]
+"""What a resume from a ``latest.pt`` of other code does when only its optimizer layout differs
+(the trainer's ``train.on_code_change``)."""
 DEFAULT_MAX_RESUBMITS = 3
 MAX_RESUBMITS_LIMIT = 50
 
@@ -80,6 +83,10 @@ class TrainingRequest:
     """Nodes per training job (more than one: torchrun across the nodes)."""
     gpus_per_node: int = 1
     """GPUs (GCDs on LUMI) per node of each training job; the profile's partition checks both."""
+    on_code_change: str = ON_CODE_CHANGE_DEFAULT
+    """A stage resumed from a ``latest.pt`` written by other code whose optimizer layout differs:
+    ``keep_weights`` resumes the weights with a fresh optimizer state, ``refuse`` stops the job
+    (exit 88). Weights that no longer fit are refused either way."""
 
     @property
     def config_path(self) -> str:
@@ -91,7 +98,7 @@ class TrainingRequest:
     def to_dict(self) -> dict[str, Any]:
         return {name: (list(v) if isinstance(v := getattr(self, name), tuple) else v) for name in (
             "profile", "config", "stages", "mode", "max_resubmits", "dry_run", "run_name", "export",
-            "time_limit", "max_epochs", "partition", "nodes", "gpus_per_node")}
+            "time_limit", "max_epochs", "partition", "nodes", "gpus_per_node", "on_code_change")}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "TrainingRequest":
@@ -191,6 +198,7 @@ class RunConf(Document):
     partition: Annotated[str | None, BeforeValidator(_partition)] = None
     nodes: _integer(1, MAX_NODES) = 1
     gpus_per_node: _integer(1, 64) = 1
+    on_code_change: OnCodeChange = ON_CODE_CHANGE_DEFAULT
 
 
 FIELDS: tuple[str, ...] = tuple(RunConf.model_fields)
@@ -235,7 +243,8 @@ def parse_request(conf: Mapping[str, Any], *, run_type: str | None = None, logic
     return TrainingRequest(profile=run.profile, config=run.config, stages=stages, mode=run.mode,
                            max_resubmits=run.max_resubmits, dry_run=run.dry_run, run_name=run_name,
                            export=run.export, time_limit=run.time_limit, max_epochs=run.max_epochs,
-                           partition=run.partition, nodes=run.nodes, gpus_per_node=run.gpus_per_node)
+                           partition=run.partition, nodes=run.nodes, gpus_per_node=run.gpus_per_node,
+                           on_code_change=run.on_code_change)
 
 
 def dag_params(default_profile: str = DEFAULT_PROFILE,
@@ -295,4 +304,11 @@ def dag_params(default_profile: str = DEFAULT_PROFILE,
                                section=ADVANCED,
                                description="GPUs (GCDs on LUMI) per node of each training job; whole-node "
                                            "partitions need all of a node's."),
+        "on_code_change": Param(ON_CODE_CHANGE_DEFAULT, type="string", enum=list(ON_CODE_CHANGE_CHOICES),
+                                title="Resuming after a code change", section=ADVANCED,
+                                description="A stage resumed from a latest.pt that other code wrote, whose "
+                                            "optimizer layout differs: keep_weights resumes the weights with a "
+                                            "fresh optimizer state, refuse stops the job (exit 88). Weights that "
+                                            "no longer fit are refused either way: use mode restart, or the old "
+                                            "code."),
     }

@@ -35,6 +35,7 @@ from vcloud.contract import (
     EXIT_REQUEUE,
     GPU_HINT_ENV,
     GPUS_REQUIRED_ENV,
+    ON_CODE_CHANGE_SETTING,
     OUTPUTS_MIRROR_ENV,
 )
 
@@ -289,6 +290,8 @@ def _python_args(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code: 
             args.append("--restart")
         if spec.max_epochs is not None:
             args += ["--max-epochs", str(spec.max_epochs)]
+        if spec.on_code_change is not None:
+            args += ["--set", f"{ON_CODE_CHANGE_SETTING}={spec.on_code_change}"]
         return args
     if spec.kind is JobKind.EXPORT:
         return ["-m", "vcloud.export", "--config", config, "--data", data, "--out", out,

@@ -95,7 +95,8 @@ class StagePlan:
         for stage in STAGES:
             specs[f"stage{stage}"] = JobSpec.train(stage, config=r.config_path, time_limit=r.time_limit,
                                                    max_epochs=r.max_epochs, partition=r.partition,
-                                                   nodes=r.nodes, gpus_per_node=r.gpus_per_node)
+                                                   nodes=r.nodes, gpus_per_node=r.gpus_per_node,
+                                                   on_code_change=r.on_code_change)
         specs[EXPORT] = JobSpec.export(config=r.config_path)
         return specs
 

@@ -108,7 +108,9 @@ def test_the_form_offers_the_installed_profiles_and_groups_the_advanced_params(d
         "cosmos", "levante", "local", "lumi"]
     advanced = {name for name in params.keys() if params.get_param(name).schema.get("section") == ADVANCED}
     assert advanced == {"start_stage", "max_resubmits", "time_limit", "max_epochs", "partition", "nodes",
-                        "gpus_per_node"}
+                        "gpus_per_node", "on_code_change"}
+    assert params.get_param("on_code_change").schema["enum"] == ["keep_weights", "refuse"]
+    assert params["on_code_change"] == "keep_weights"
     # The UI shows sections in the order of their first field: the everyday fields stay on top.
     order = list(params.keys())
     assert max(order.index(name) for name in order if name not in advanced) < min(order.index(n) for n in advanced)

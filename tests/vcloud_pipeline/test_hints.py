@@ -89,6 +89,15 @@ Fine-tuned optimizer configuration:
   - AdamW optimizer...
 [rank3]:[E ProcessGroupNCCL.cpp:563] [Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600043 milliseconds before timing out.
 """,
+    "resume_refused": """\
+2026-02-16 09:00:14 ERROR: cannot resume stage 1 from /scratch/project_465002500/vcloud/outputs/full/stage1/latest.pt: \
+it was written by code 6b829dd20a7628144321692d499d4828fc3a90d7696686054017d14925feb299, this job runs code \
+05b1b377072133955283a866870c8c4bf789511247a7397f650cfb3e2ecf182b, and its weights no longer fit the model: \
+gate.pair_out.weight 1x8x3x3 -> 1x8x5x5. Nothing was trained. Either train stage 1 again from the start with mode: restart
+2026-02-16 09:00:14 exit 88: latest.pt was written by other code and cannot be resumed as asked; nothing trained
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+  exitcode  : 88 (pid: 4242)
+""",
     "no_time_to_train": """\
 vcloud job 16082080: job step finished with exit code 140
 vcloud job 16082080: not requeueing: the last 3 starts of this job ended before the trainer could train \

@@ -68,6 +68,9 @@ def test_levante_cpu_request_above_gpu_node_cores_is_refused_before_submit() -> 
         ({"kind": JobKind.TRAIN, "stage": 0, "config": "../x.yaml"}, "inside the code directory"),
         ({"kind": JobKind.TRAIN, "stage": 0, "time_limit": "soon"},
          "time_limit: 'soon' is not a Slurm time limit; use one of Slurm's forms"),
+        ({"kind": JobKind.TRAIN, "stage": 1, "on_code_change": "ignore"},
+         "on_code_change 'ignore' is for training jobs only, one of keep_weights, refuse"),
+        ({"kind": JobKind.EXPORT, "on_code_change": "refuse"}, r"for training jobs only.*\(kind export\)"),
     ],
 )
 def test_job_spec_validation(kwargs: dict, message: str) -> None:

@@ -23,6 +23,7 @@ def test_defaults_train_every_stage_of_the_tiny_config_on_the_local_cluster() ->
     assert request.mode == "resume"
     assert request.run_name == "tiny"
     assert request.export and not request.dry_run
+    assert request.on_code_change == "keep_weights"
     assert request.config_path == "trainer/configs/model_tiny.yaml"
 
 
@@ -58,6 +59,7 @@ def test_start_stage_skips_the_stages_before_it_like_the_seed_start_stage() -> N
     ({"partition": "dev-g; scancel -u vcloud"}, "partition must be a Slurm partition name"),
     ({"nodes": 0}, "nodes must be from 1 to 1024"),
     ({"gpus_per_node": "two"}, "gpus_per_node must be an integer"),
+    ({"on_code_change": "ignore"}, r"on_code_change 'ignore' not allowed \(allowed: keep_weights, refuse\)"),
     ({"stage": [2]}, r"unknown param\(s\) stage \(known: profile, config, stages"),
 ])
 def test_bad_values_are_refused_naming_the_field_and_the_allowed_values(conf, message) -> None:
@@ -89,8 +91,9 @@ def test_the_task_sdks_run_type_enum_names_scheduled_and_backfill_runs() -> None
 
 def test_request_round_trips_through_xcom() -> None:
     request = parse(stages=[1, 2], mode="restart", run_name="r1", time_limit="00:10:00", max_epochs=2,
-                    partition="standard-g", nodes=2, gpus_per_node=8)
+                    partition="standard-g", nodes=2, gpus_per_node=8, on_code_change="refuse")
     assert TrainingRequest.from_dict(request.to_dict()) == request
+    assert request.on_code_change == "refuse"
     assert (request.partition, request.nodes, request.gpus_per_node) == ("standard-g", 2, 8)
 
 

@@ -32,19 +32,19 @@ CODE_HASH = hashlib.sha256(b"vcloud golden code tree").hexdigest()
 UPDATE = os.environ.get("VCLOUD_UPDATE_GOLDEN") == "1"
 
 CASES = {
-    "lumi_stage": ("lumi", JobSpec.train(1)),
+    "lumi_stage": ("lumi", JobSpec.train(1, on_code_change="keep_weights")),
     "lumi_stage_multinode": ("lumi", JobSpec.train(1, partition="standard-g", nodes=2, gpus_per_node=8,
                                                       config="trainer/configs/model_full.yaml")),
     "lumi_export": ("lumi", JobSpec.export(config="trainer/configs/model_full.yaml")),
     "lumi_preflight": ("lumi", JobSpec.preflight()),
-    "levante_stage": ("levante", JobSpec.train(0, gpus_per_node=4, max_epochs=5)),
+    "levante_stage": ("levante", JobSpec.train(0, gpus_per_node=4, max_epochs=5, on_code_change="refuse")),
     "levante_export": ("levante", JobSpec.export()),
     "levante_preflight": ("levante", JobSpec.preflight()),
     "cosmos_stage": ("cosmos", JobSpec.train(2)),
     "cosmos_stage_multinode": ("cosmos", JobSpec.train(3, nodes=4, gpus_per_node=4, restart=True)),
     "cosmos_export": ("cosmos", JobSpec.export()),
     "cosmos_preflight": ("cosmos", JobSpec.preflight()),
-    "local_stage": ("local", JobSpec.train(0, max_epochs=2)),
+    "local_stage": ("local", JobSpec.train(0, max_epochs=2, on_code_change="keep_weights")),
     "local_export": ("local", JobSpec.export()),
     "local_preflight": ("local", JobSpec.preflight()),
     "local_bare_stage": ("local", JobSpec.train(0, max_epochs=2)),
@@ -164,7 +164,7 @@ def test_levante_requests_a100_gres_and_no_container() -> None:
     job = render_case("levante_stage")
     assert "#SBATCH --gres=gpu:a100_80:4" in job.outer and "--gpus" not in job.outer
     assert "singularity" not in job.outer
-    assert "--max-epochs 5" in job.inner
+    assert "--max-epochs 5 --set train.on_code_change=refuse &" in job.inner
 
 
 def test_cosmos_stages_to_node_local_disk_and_syncs_back() -> None:
@@ -319,3 +319,17 @@ def test_templates_refuse_unknown_names_and_quote_through_their_filters(tmp_path
         render_template(str(tmp_path), "missing.sh")
 
 
+
+
+@pytest.mark.parametrize("on_code_change", ["keep_weights", "refuse"])
+def test_the_runs_on_code_change_reaches_every_training_job_and_only_them(on_code_change: str) -> None:
+    """From the DAG run's params through the plan's XCom to the trainer's command line."""
+    from vcloud_pipeline.params import parse_request
+    from vcloud_pipeline.tasks import RunContext, plan_run
+
+    planned = plan_run({"profile": "local", "config": "tiny", "on_code_change": on_code_change})
+    jobs = RunContext.from_xcom(planned).render(CODE_HASH)
+    flag = f" --set train.on_code_change={on_code_change} &\n"
+    assert [label for label, job in jobs.items() if flag in job.inner] == ["stage0", "stage1", "stage2", "stage3"]
+    assert not any("on_code_change" in job.inner for label, job in jobs.items() if not label.startswith("stage"))
+    assert parse_request({"profile": "local"}).on_code_change == "keep_weights"

@@ -83,6 +83,8 @@ def test_job_specs_cover_every_job_with_the_requested_limits() -> None:
     specs = plan(time_limit="00:05:00", max_epochs=2).job_specs()
     assert list(specs) == ["preflight", "data", "stage0", "stage1", "stage2", "stage3", "export"]
     assert specs["stage1"].time_limit == "00:05:00" and specs["stage1"].max_epochs == 2
+    assert specs["stage1"].on_code_change == "keep_weights" and specs["export"].on_code_change is None
+    assert plan(on_code_change="refuse").job_specs()["stage3"].on_code_change == "refuse"
     assert specs["data"].data_preset == "tiny"
     assert "data" not in plan(LUMI).job_specs()
 

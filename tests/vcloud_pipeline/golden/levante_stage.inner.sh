@@ -33,7 +33,7 @@ trap 'on_signal TERM' TERM
     --nproc_per_node=4 \
     --master_addr="${MASTER_ADDR}" \
     --master_port="${MASTER_PORT}" \
-    -m vcloud.train --stage 0 --config /work/bb1234/b381234/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908/trainer/configs/model_tiny.yaml --data /work/bb1234/b381234/vcloud/data/prepared --out /work/bb1234/b381234/vcloud/outputs/full --max-epochs 5 &
+    -m vcloud.train --stage 0 --config /work/bb1234/b381234/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908/trainer/configs/model_tiny.yaml --data /work/bb1234/b381234/vcloud/data/prepared --out /work/bb1234/b381234/vcloud/outputs/full --max-epochs 5 --set train.on_code_change=refuse &
 child_pid=$!
 # Wait for "$child_pid" and set rc to its exit status. wait returns early (status > 128) when a
 # trapped signal arrives, so wait again while the child lives; the wait that saw it end has its

@@ -29,7 +29,7 @@ on_signal() {
 trap 'on_signal USR2' USR2
 trap 'on_signal TERM' TERM
 
-/opt/vcloud-localcluster/venv/bin/python -m vcloud.train --stage 0 --config /srv/vcloud/scratch/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908/trainer/configs/model_tiny.yaml --data /srv/vcloud/scratch/vcloud/data/prepared --out /srv/vcloud/scratch/vcloud/outputs/full --max-epochs 2 &
+/opt/vcloud-localcluster/venv/bin/python -m vcloud.train --stage 0 --config /srv/vcloud/scratch/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908/trainer/configs/model_tiny.yaml --data /srv/vcloud/scratch/vcloud/data/prepared --out /srv/vcloud/scratch/vcloud/outputs/full --max-epochs 2 --set train.on_code_change=keep_weights &
 child_pid=$!
 # Wait for "$child_pid" and set rc to its exit status. wait returns early (status > 128) when a
 # trapped signal arrives, so wait again while the child lives; the wait that saw it end has its

@@ -32,7 +32,7 @@ on_signal() {
 trap 'on_signal USR2' USR2
 trap 'on_signal TERM' TERM
 
-python3 -m vcloud.train --stage 1 --config /scratch/project_465002500/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908/trainer/configs/model_tiny.yaml --data /scratch/project_465002500/vcloud/data/sen12mscrts_real/prepared --out /scratch/project_465002500/vcloud/outputs/full &
+python3 -m vcloud.train --stage 1 --config /scratch/project_465002500/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908/trainer/configs/model_tiny.yaml --data /scratch/project_465002500/vcloud/data/sen12mscrts_real/prepared --out /scratch/project_465002500/vcloud/outputs/full --set train.on_code_change=keep_weights &
 child_pid=$!
 # Wait for "$child_pid" and set rc to its exit status. wait returns early (status > 128) when a
 # trapped signal arrives, so wait again while the child lives; the wait that saw it end has its

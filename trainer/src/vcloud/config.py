@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from vcloud.contract import METRIC_NAMES, STAGES
+from vcloud.contract import METRIC_NAMES, ON_CODE_CHANGE_CHOICES, ON_CODE_CHANGE_DEFAULT, STAGES
 
 LR_SCHEDULES = ("cosine", "constant")
 
@@ -126,6 +126,12 @@ class TrainConfig:
     model as epoch 0) must improve ``best_metric`` on validation, in that metric's units (dB for
     psnr), before trained weights replace the start as ``best.pt``. A fine-tuning stage whose gain
     is within the noise of the validation split then hands on the model it was given."""
+    on_code_change: str = ON_CODE_CHANGE_DEFAULT
+    """What a resume does when ``latest.pt`` was written by code whose optimizer layout differs (its
+    groups, their parameters or their settings, e.g. a parameter moved into a group of its own):
+    ``keep_weights`` resumes the weights with a fresh optimizer state at the saved epoch and step
+    (and says so in the log), ``refuse`` stops with exit 88. Weights that no longer fit the model
+    (a parameter added, removed or reshaped) are refused whatever this says."""
     stage0: StageTrainConfig = field(default_factory=StageTrainConfig)
     """Autoencoder."""
     stage1: StageTrainConfig = field(default_factory=StageTrainConfig)
@@ -153,6 +159,8 @@ class TrainConfig:
         _check(self.best_metric in METRIC_NAMES, s, "best_metric", self.best_metric, ", ".join(METRIC_NAMES))
         _check(self.start_min_gain >= 0.0, s, "start_min_gain", self.start_min_gain,
                f"a number >= 0, in the units of best_metric ({self.best_metric})")
+        _check(self.on_code_change in ON_CODE_CHANGE_CHOICES, s, "on_code_change", self.on_code_change,
+               ", ".join(ON_CODE_CHANGE_CHOICES))
         for stage in STAGES:
             self.for_stage(stage).validate(f"train.stage{stage}")
 

@@ -77,6 +77,28 @@ EXIT_GPUS_MISSING = 87
 """The job was given GPUs but PyTorch sees fewer: refused to train on the CPU, which would bill
 GPU-hours for nothing."""
 
+EXIT_RESUME_REFUSED = 88
+"""The trainer refused to resume ``latest.pt`` written by other code: its weights no longer fit the
+model this code builds (always refused), or its optimizer layout differs and the run asked for
+:data:`ON_CODE_CHANGE_REFUSE`. Nothing was trained; the job's log names both code hashes and the
+remedies (``mode: restart`` for the stage, or the code that wrote the checkpoint)."""
+
+# --------------------------------------------------------------------------- resuming after a code change
+
+ON_CODE_CHANGE_SETTING = "train.on_code_change"
+"""The trainer's config key that says what a resume does when ``latest.pt`` was written by code
+whose optimizer layout differs (``--set train.on_code_change=refuse``); the DAG run's
+``on_code_change`` param sets it in the training jobs' command line."""
+
+ON_CODE_CHANGE_KEEP_WEIGHTS = "keep_weights"
+"""Resume the weights (they still fit) with a fresh optimizer state, at the saved position."""
+
+ON_CODE_CHANGE_REFUSE = "refuse"
+"""Stop with :data:`EXIT_RESUME_REFUSED` instead."""
+
+ON_CODE_CHANGE_CHOICES: tuple[str, ...] = (ON_CODE_CHANGE_KEEP_WEIGHTS, ON_CODE_CHANGE_REFUSE)
+ON_CODE_CHANGE_DEFAULT = ON_CODE_CHANGE_KEEP_WEIGHTS
+
 # --------------------------------------------------------------------------- job environment
 
 CODE_HASH_ENV = "VCLOUD_CODE_HASH"

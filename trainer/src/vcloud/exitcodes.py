@@ -12,8 +12,9 @@ from vcloud.contract import EXIT_ERROR as ERROR
 from vcloud.contract import EXIT_GPUS_MISSING as GPUS_MISSING
 from vcloud.contract import EXIT_OK as STAGE_COMPLETE
 from vcloud.contract import EXIT_REQUEUE as REQUEUE
+from vcloud.contract import EXIT_RESUME_REFUSED as RESUME_REFUSED
 
-__all__ = ["BAD_CONFIG", "ERROR", "GPUS_MISSING", "REQUEUE", "STAGE_COMPLETE", "describe"]
+__all__ = ["BAD_CONFIG", "ERROR", "GPUS_MISSING", "REQUEUE", "RESUME_REFUSED", "STAGE_COMPLETE", "describe"]
 
 
 def describe(code: int) -> str:
@@ -24,4 +25,5 @@ def describe(code: int) -> str:
         BAD_CONFIG: "bad arguments or configuration",
         REQUEUE: "stopped on a signal after checkpointing (requeue)",
         GPUS_MISSING: "GPUs required but not visible to PyTorch; not training on the CPU",
+        RESUME_REFUSED: "latest.pt was written by other code and cannot be resumed as asked; nothing trained",
     }.get(code, f"unexpected exit code {code}")

@@ -5,7 +5,8 @@ aside and starts over. ``--set section.key=value`` (repeatable) overrides the YA
 checkpoint records the resolved configuration); ``--print-config`` prints that configuration as YAML
 and exits without training. Under ``torchrun --nproc_per_node=K`` it trains with DDP. Exit codes are in
 :mod:`vcloud.exitcodes`: 0 complete, 85 stopped on a signal after checkpointing, 87 GPUs required
-(``VCLOUD_GPUS_REQUIRED``) but not visible to PyTorch, 1 error, 2 bad arguments or configuration.
+(``VCLOUD_GPUS_REQUIRED``) but not visible to PyTorch, 88 ``latest.pt`` written by other code that
+cannot be resumed as asked (``train.on_code_change``), 1 error, 2 bad arguments or configuration.
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ def _main(argv: list[str] | None, stop: StopRequest) -> int:
             log.info("what to do: %s", exc.hint)
         log.info("exit %d: %s", exitcodes.GPUS_MISSING, exitcodes.describe(exitcodes.GPUS_MISSING))
         return exitcodes.GPUS_MISSING
-    from vcloud.training.loop import StageRun, TrainingError, train_stage
+    from vcloud.training.loop import ResumeRefused, StageRun, TrainingError, train_stage
 
     configure_logging(ctx.rank, ctx.world_size)
     log.info("%s", describe_device(ctx))
@@ -156,6 +157,9 @@ def _main(argv: list[str] | None, stop: StopRequest) -> int:
     code = exitcodes.ERROR
     try:
         code = train_stage(run, ctx, stop)
+    except ResumeRefused as exc:
+        log.error("%s", exc)
+        code = exitcodes.RESUME_REFUSED
     except (TrainingError, StageError, CheckpointError) as exc:
         log.error("stage %d failed: %s", args.stage, exc)
         code = exitcodes.ERROR

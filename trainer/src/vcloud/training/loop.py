@@ -9,7 +9,9 @@ evaluate, keep ``best.pt``, checkpoint and print one progress line; finally writ
 Resuming is exact: the checkpoint stores the position inside the epoch, every RNG state and the
 running epoch statistics, the data order is a pure function of (seed, epoch), and the learning
 rate a pure function of the position, so an interrupted and resumed CPU run ends with the same
-weights, bit for bit, as an uninterrupted one.
+weights, bit for bit, as an uninterrupted one. A checkpoint that other code wrote is resumed as far
+as its fingerprint allows (:mod:`vcloud.training.fingerprint`): as written, or its weights with a fresh
+optimizer state (``train.on_code_change: keep_weights``), or not at all (exit 88, with the remedies).
 """
 
 from __future__ import annotations
@@ -38,6 +40,17 @@ from vcloud.stage_registry import Batch, BuildContext, StageSpec, get_stage
 from vcloud.training import markers
 from vcloud.training.best import improves, keeps_trained
 from vcloud.training.distributed import DistContext, all_reduce_sum, barrier, gather_to_main, max_over_ranks
+from vcloud.training.fingerprint import (
+    ResumeDecision,
+    ResumeOutcome,
+    after_failed_optimizer_load,
+    after_failed_weights_load,
+    checkpoint_fingerprint,
+    decide_resume,
+    fingerprint_of,
+    fresh_optimizer_line,
+    refusal_message,
+)
 from vcloud.training.paths import StagePaths
 from vcloud.training.precision import Precision, resolve_precision
 from vcloud.training.provenance import code_hash, code_version
@@ -55,6 +68,11 @@ log = logging.getLogger("vcloud.train")
 
 class TrainingError(RuntimeError):
     """Training cannot continue (diverged loss, too little data); the message says why."""
+
+
+class ResumeRefused(RuntimeError):
+    """``latest.pt`` cannot be resumed by this code as the run asked (see
+    :mod:`vcloud.training.fingerprint`); the message names both code hashes and what to do."""
 
 
 @dataclass(frozen=True)
@@ -308,7 +326,7 @@ def _build_session(run: StageRun, ctx: DistContext, paths: StagePaths, budget: S
     build_ctx = BuildContext(config=run.config, run_dir=run.run_dir, device=ctx.device,
                              data_root=run.data_root)
     model_section = _model_section(run, checkpoint)
-    model_config = spec.parse_model_config(model_section)
+    model_config = _parse_model_config(run, spec, model_section, checkpoint, paths.latest)
     model = spec.build_model(model_config, build_ctx).to(ctx.device)
     optimizer = build_optimizer(model, budget.lr, run.config.train.weight_decay)
     return StageSession(
@@ -319,6 +337,21 @@ def _build_session(run: StageRun, ctx: DistContext, paths: StagePaths, budget: S
         val_loader=_build_val_loader(run, budget, ctx),
         start_tolerance=spec.start_tolerance(model_config) if spec.start_tolerance is not None else None,
     )
+
+
+def _parse_model_config(run: StageRun, spec: StageSpec, section: dict[str, Any],
+                        checkpoint: dict[str, Any] | None, source: Path) -> Any:
+    """The stage's model config; a checkpoint's architecture this code no longer accepts is a
+    refused resume (its weights cannot fit a model this code cannot build), not a traceback."""
+    if checkpoint is None:
+        return spec.parse_model_config(section)
+    try:
+        return spec.parse_model_config(section)
+    except ValueError as exc:
+        decision = ResumeDecision(ResumeOutcome.REFUSE_WEIGHTS,
+                                  weights=(f"this code cannot build the checkpoint's architecture ({exc})",))
+        raise ResumeRefused(refusal_message(decision, stage=run.stage, source=str(source),
+                                            saved_hash=checkpoint.get("code_hash"), running_hash=code_hash())) from None
 
 
 def _open_monitor(session: StageSession, resumed_step: int | None) -> StageMonitor:
@@ -504,6 +537,7 @@ def _checkpoint_payload(session: StageSession, state: TrainState) -> dict[str, A
         "config": session.run.config.to_dict(),
         "code_version": session.version,
         "code_hash": code_hash(),
+        "fingerprint": fingerprint_of(session.model, session.optimizer).to_json(),
         "epoch": state.epoch,
         "batch_in_epoch": state.batch_in_epoch,
         "global_step": state.global_step,
@@ -545,9 +579,8 @@ def _save_best(session: StageSession, state: TrainState, epoch: int | None = Non
 
 def _restore(session: StageSession, checkpoint: dict[str, Any], source: Path) -> TrainState:
     run, ctx = session.run, session.ctx
-    session.model.load_state_dict(checkpoint["model"])
-    session.optimizer.load_state_dict(checkpoint["optimizer"])
     state = TrainState(**checkpoint["train_state"])
+    fresh_optimizer = _load_checkpoint_state(session, checkpoint, source, state)
     saved_sampler = checkpoint["sampler"]
     now = {"seed": run.config.train.seed, "batch_size": session.budget.batch_size, "world_size": ctx.world_size}
     changed = {k: (saved_sampler[k], v) for k, v in now.items() if saved_sampler[k] != v}
@@ -564,10 +597,50 @@ def _restore(session: StageSession, checkpoint: dict[str, Any], source: Path) ->
         log.info("resumed from %s: epoch %d, batch %d, step %d (written by %s, code %s)", source, state.epoch,
                  state.batch_in_epoch, state.global_step, checkpoint.get("code_version", "unknown code"),
                  checkpoint.get("code_hash") or "of unknown hash")
-        if checkpoint.get("code_hash") and code_hash() and checkpoint["code_hash"] != code_hash():
+        if fresh_optimizer:
+            log.warning("%s", fresh_optimizer)
+        elif checkpoint.get("code_hash") and code_hash() and checkpoint["code_hash"] != code_hash():
             log.warning("the checkpoint was written by code %s; training goes on with code %s",
                         checkpoint["code_hash"], code_hash())
     return state
+
+
+def _load_checkpoint_state(session: StageSession, checkpoint: dict[str, Any], source: Path,
+                           state: TrainState) -> str | None:
+    """Load the checkpoint's weights and optimizer state into the session as far as this code and
+    ``train.on_code_change`` allow (:func:`~vcloud.training.fingerprint.decide_resume`); raises
+    :class:`ResumeRefused` otherwise. Returns the log line that says why the optimizer starts
+    fresh, or None when the checkpoint resumes as written.
+
+    PyTorch checks an optimizer state's group sizes before it changes anything, so a refused
+    ``load_state_dict`` leaves the optimizer as built: fresh."""
+    run = session.run
+    policy = run.config.train.on_code_change
+    decision = decide_resume(checkpoint_fingerprint(checkpoint), fingerprint_of(session.model, session.optimizer),
+                             policy)
+    if not decision.refused:
+        try:
+            session.model.load_state_dict(checkpoint["model"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            decision = after_failed_weights_load(_first_line(exc))
+    if decision.outcome is ResumeOutcome.RESUME:
+        try:
+            session.optimizer.load_state_dict(checkpoint["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            decision = after_failed_optimizer_load(_first_line(exc), policy)
+    saved_hash, running_hash = checkpoint.get("code_hash"), code_hash()
+    if decision.refused:
+        raise ResumeRefused(refusal_message(decision, stage=run.stage, source=str(source), saved_hash=saved_hash,
+                                            running_hash=running_hash))
+    if decision.outcome is ResumeOutcome.FRESH_OPTIMIZER:
+        return fresh_optimizer_line(decision, stage=run.stage, source=str(source), saved_hash=saved_hash,
+                                    running_hash=running_hash, epoch=state.epoch, step=state.global_step)
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _write_progress(session: StageSession, state: TrainState, status: str) -> None:
