@@ -23,12 +23,12 @@ import json
 import re
 import shlex
 import shutil
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from background import BackgroundStep
 from localcluster import LocalCluster, poll_until
 from tests.dags.test_code_versions_on_cluster import stage_job
 from tests.dags.test_dag_on_cluster import job_logs_tail, run_dag
@@ -49,15 +49,6 @@ def build_optimizer(model, lr, weight_decay):  # this version: every parameter i
 GATE_3X3 = "self.pair_out = nn.Conv2d(gc, 1, 3, padding=1)"
 GATE_5X5 = "self.pair_out = nn.Conv2d(gc, 1, 5, padding=2)"
 
-
-@pytest.fixture
-def project_dir(local_cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> str:
-    base = local_cluster.test_dir()
-    monkeypatch.setenv("VCLOUD_PROFILE_OVERRIDES", json.dumps({"local": {"paths.base": base}}))
-    monkeypatch.setenv("VCLOUD_POLL_INTERVAL", "2")
-    monkeypatch.setenv("VCLOUD_MAX_POLL_INTERVAL", "5")
-    monkeypatch.setenv("VCLOUD_FIRST_POLL_DELAY", "1")
-    return base
 
 
 def code_version(root: Path, path: str, change: str | tuple[str, str]) -> Path:
@@ -82,22 +73,15 @@ def synced_from(monkeypatch: pytest.MonkeyPatch, tree: Path) -> None:
     monkeypatch.setitem(tasks.sync_code.__kwdefaults__, "project_root", tree)
 
 
-class CancelAfterFirstEpoch(threading.Thread):
+class CancelAfterFirstEpoch(BackgroundStep):
     """Cancel run A's stage 1 job once its first epoch is checkpointed, as "mark failed" does."""
 
     def __init__(self, cluster: LocalCluster, project_dir: str) -> None:
-        super().__init__(daemon=True)
+        super().__init__()
         self.cluster, self.project_dir = cluster, project_dir
-        self.error: BaseException | None = None
         self.job: int | None = None
 
-    def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as exc:  # surfaced by the test after run A
-            self.error = exc
-
-    def _run(self) -> None:
+    def step(self) -> None:
         cluster = self.cluster
         progress = f"{self.project_dir}/outputs/{RUN}/stage1/progress.json"
         job = poll_until(lambda: stage_job(cluster, self.project_dir, RUN, "stage1"), timeout=2 * QUEUE_WAIT_S,

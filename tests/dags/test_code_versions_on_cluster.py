@@ -17,13 +17,13 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
-import threading
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from background import BackgroundStep
 from localcluster import LocalCluster, poll_until
 from tests.dags.test_dag_on_cluster import job_err_log, job_logs_tail, run_dag
 
@@ -38,14 +38,8 @@ QUEUE_WAIT_S = 1200
 
 
 @pytest.fixture
-def project_dir(local_cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> str:
-    base = local_cluster.test_dir()
-    monkeypatch.setenv("VCLOUD_PROFILE_OVERRIDES",
-                       json.dumps({"local": {"paths.base": base, "paths.code_keep": 1}}))
-    monkeypatch.setenv("VCLOUD_POLL_INTERVAL", "2")
-    monkeypatch.setenv("VCLOUD_MAX_POLL_INTERVAL", "5")
-    monkeypatch.setenv("VCLOUD_FIRST_POLL_DELAY", "1")
-    return base
+def profile_overrides() -> dict[str, Any]:
+    return {"paths.code_keep": 1}
 
 
 def changed_tree(root: Path, change: str) -> Path:
@@ -88,22 +82,15 @@ def checkpoint_code_hash(cluster: LocalCluster, path: str) -> str:
     return cluster.ssh(f"{CLUSTER_PYTHON} -c {shlex.quote(code)}", timeout=120).stdout.strip()
 
 
-class RunB(threading.Thread):
+class RunB(BackgroundStep):
     """While run A trains: suspend A's job, sync run B's code, then requeue A's job."""
 
     def __init__(self, cluster: LocalCluster, project_dir: str, tree: Path) -> None:
-        super().__init__(daemon=True)
+        super().__init__()
         self.cluster, self.project_dir, self.tree = cluster, project_dir, tree
-        self.error: BaseException | None = None
         self.seen: dict[str, Any] = {}
 
-    def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as exc:  # surfaced by the test after run A
-            self.error = exc
-
-    def _run(self) -> None:
+    def step(self) -> None:
         from slurm_provider.hooks import SlurmHook
         from vcloud_pipeline.params import parse_request
         from vcloud_pipeline.tasks import RunContext, sync_code

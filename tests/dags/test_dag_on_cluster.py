@@ -25,15 +25,6 @@ REPO = Path(__file__).resolve().parents[2]
 STAGES = ["stage0", "stage1", "stage2", "stage3"]
 
 
-@pytest.fixture
-def project_dir(local_cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> str:
-    base = local_cluster.test_dir()
-    monkeypatch.setenv("VCLOUD_PROFILE_OVERRIDES", json.dumps({"local": {"paths.base": base}}))
-    monkeypatch.setenv("VCLOUD_POLL_INTERVAL", "2")
-    monkeypatch.setenv("VCLOUD_MAX_POLL_INTERVAL", "5")
-    monkeypatch.setenv("VCLOUD_FIRST_POLL_DELAY", "1")
-    return base
-
 
 def image_line(cluster: LocalCluster) -> str:
     """What the inner script logs inside the image `make image` built (its hash is next to it)."""

@@ -9,45 +9,23 @@ stage complete and skips it. Both runs end successfully, and accounting shows on
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
 
+from concurrent_deployments import dags_test_together, deployments
 from localcluster import LocalCluster, poll_until
-from ports import free_port
-from standalone import airflow, airflow_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.usefixtures("cluster_connection")]
 RUN = "shared"
-
-
 REPEATS = 10
-
-
-def _dags_test(env: dict[str, str], log: Path, results: dict[str, int], key: str, **conf_changes: object) -> None:
-    conf = {"profile": "local", "config": "tiny", "run_name": RUN, "max_epochs": 1, **conf_changes}
-    with log.open("w") as out:
-        proc = subprocess.run([sys.executable, "-m", "airflow", "dags", "test", "vcloud_training",
-                               "--conf", json.dumps(conf)], env=env, stdout=out, stderr=subprocess.STDOUT,
-                              timeout=1500)
-    results[key] = proc.returncode
 
 
 def test_two_deployments_with_one_run_name_get_one_job_per_stage(local_cluster: LocalCluster,
                                                                 tmp_path: Path) -> None:
     project_dir = local_cluster.test_dir()
-    envs = _two_deployments(local_cluster, tmp_path, project_dir)
-    results: dict[str, int] = {}
-    threads = [threading.Thread(target=_dags_test, args=(envs[n], tmp_path / f"{n}.log", results, n)) for n in envs]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    logs = {n: (tmp_path / f"{n}.log").read_text(errors="replace") for n in envs}
+    envs = deployments(local_cluster, tmp_path, project_dir, {"a": None, "b": None})
+    results, logs = dags_test_together(envs, tmp_path, run_name=RUN)
     for name, code in results.items():
         assert code == 0, f"deployment {name} exited {code}:\n{logs[name][-5000:]}"
 
@@ -69,45 +47,26 @@ def test_two_deployments_with_one_run_name_get_one_job_per_stage(local_cluster: 
     assert watched >= 1, "the race was never run: one deployment finished before the other started"
 
 
-def _two_deployments(local_cluster: LocalCluster, tmp_path: Path, project_dir: str) -> dict[str, dict[str, str]]:
-    envs = {}
-    for name in ("a", "b"):
-        home = tmp_path / f"home-{name}"
-        home.mkdir()
-        env = airflow_env(home, free_port(), project_dir)
-        env.update(local_cluster.connection_env())
-        airflow("db", "migrate", env=env)
-        envs[name] = env
-    return envs
-
-
 def test_two_deployments_racing_for_one_stage_get_one_job_ten_times_in_a_row(local_cluster: LocalCluster,
                                                                             tmp_path: Path) -> None:
     """The race of the test above, narrowed to what decides it (stage 0 of a new run name, both
     deployments at once) and run ten times in a row, beside whatever else loads the machine: each
     time, exactly one stage-0 job, both runs successful."""
     project_dir = local_cluster.test_dir()
-    envs = _two_deployments(local_cluster, tmp_path, project_dir)
+    envs = deployments(local_cluster, tmp_path, project_dir, {"a": None, "b": None})
     outcomes = []
     for attempt in range(REPEATS):
         run = f"race{attempt}"
-        results: dict[str, int] = {}
-        logs = {n: tmp_path / f"{run}-{n}.log" for n in envs}
-        threads = [threading.Thread(target=_dags_test, args=(envs[n], logs[n], results, n),
-                                    kwargs={"run_name": run, "stages": [0], "export": False}) for n in envs]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        results, texts = dags_test_together(envs, tmp_path, run_name=run, stages=[0], export=False)
         for name, code in results.items():
-            assert code == 0, f"{run}: deployment {name} exited {code}:\n{logs[name].read_text()[-5000:]}"
+            assert code == 0, f"{run}: deployment {name} exited {code}:\n{texts[name][-5000:]}"
         stage_dir = f"{project_dir}/outputs/{run}/stage0"
         local_cluster.ssh(f"test -f {stage_dir}/COMPLETE")
         local_cluster.accounting_caught_up()
         jobs = local_cluster.jobs_writing(stage_dir)
-        texts = [logs[n].read_text(errors="replace") for n in envs]
-        how = ("watched" if any("watching it instead of submitting a second job" in t for t in texts) else
-               "done under the lock" if any("found under the submit lock" in t for t in texts) else "skipped")
+        said = "\n".join(texts.values())
+        how = ("watched" if "watching it instead of submitting a second job" in said else
+               "done under the lock" if "found under the submit lock" in said else "skipped")
         outcomes.append((run, jobs, how))
         assert len(jobs) == 1, outcomes
     print("ten races, one job each:", outcomes)

@@ -10,31 +10,17 @@ a second writer and without adopting a job that is not its user's.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
 
+from concurrent_deployments import dags_test_together, deployments
 from localcluster import LocalCluster, poll_until
-from ports import free_port
-from standalone import airflow, airflow_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.usefixtures("cluster_connection")]
 RUN = "team"
-
-
-def _dags_test(env: dict[str, str], log: Path, results: dict[str, int], key: str) -> None:
-    conf = {"profile": "local", "config": "tiny", "run_name": RUN, "max_epochs": 1}
-    with log.open("w") as out:
-        proc = subprocess.run([sys.executable, "-m", "airflow", "dags", "test", "vcloud_training",
-                               "--conf", json.dumps(conf)], env=env, stdout=out, stderr=subprocess.STDOUT,
-                              timeout=1500)
-    results[key] = proc.returncode
 
 
 def _sacct_user(cluster: LocalCluster, job_id: str) -> str:
@@ -47,23 +33,8 @@ def test_two_members_of_a_project_get_one_job_per_stage_or_a_refusal_naming_the_
     local_cluster.ssh(f"chmod 2775 {shlex.quote(project_dir)}")  # the project group's directory
     users = {"a": (local_cluster.user, local_cluster.conn_id),
              "b": (local_cluster.teammate, local_cluster.teammate_conn_id)}
-    envs = {}
-    for name, (_, conn_id) in users.items():
-        home = tmp_path / f"home-{name}"
-        home.mkdir()
-        env = airflow_env(home, free_port(), project_dir)
-        env.update(local_cluster.connection_env())
-        env["VCLOUD_PROFILE_OVERRIDES"] = json.dumps(
-            {"local": {"paths.base": project_dir, "connection.conn_id": conn_id}})
-        airflow("db", "migrate", env=env)
-        envs[name] = env
-    results: dict[str, int] = {}
-    threads = [threading.Thread(target=_dags_test, args=(envs[n], tmp_path / f"{n}.log", results, n)) for n in envs]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    logs = {n: (tmp_path / f"{n}.log").read_text(errors="replace") for n in envs}
+    envs = deployments(local_cluster, tmp_path, project_dir, {n: conn for n, (_, conn) in users.items()})
+    results, logs = dags_test_together(envs, tmp_path, run_name=RUN)
 
     outputs = f"{project_dir}/outputs/{RUN}"
     directories = {"data": f"{project_dir}/data/synthetic-tiny", **{f"stage{n}": f"{outputs}/stage{n}" for n in range(4)}}

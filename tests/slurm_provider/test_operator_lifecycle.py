@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import re
 import shlex
-import threading
 import time
 from collections.abc import Callable
 
 import pytest
 
 from lifecycle import LifecycleOutcome, run_lifecycle
+from background import BackgroundStep
 from localcluster import LocalCluster, poll_until
 from slurm_provider.operators import job_name_for
 
@@ -34,25 +34,21 @@ def _job_in(cluster: LocalCluster, log_dir: str) -> int | None:
     return None
 
 
-class Injector(threading.Thread):
+class Injector(BackgroundStep):
     """Waits until the test's job runs (or is in any of ``states``), then does something to it from the outside."""
 
     def __init__(self, cluster: LocalCluster, log_dir: str, action: Callable[[int], None],
                  states: frozenset[str] = frozenset({"RUNNING"})) -> None:
-        super().__init__(daemon=True)
+        super().__init__()
         self.cluster, self.log_dir, self.action, self.states = cluster, log_dir, action, states
-        self.error: BaseException | None = None
         self.job_id: int | None = None
 
-    def run(self) -> None:
-        try:
-            self.job_id = poll_until(lambda: _job_in(self.cluster, self.log_dir), timeout=120,
-                                     what=f"a job logging to {self.log_dir}")
-            self.cluster.wait_for_state(self.job_id, self.states, timeout=120)
-            time.sleep(1)
-            self.action(self.job_id)
-        except BaseException as exc:  # surfaced by the test after the run
-            self.error = exc
+    def step(self) -> None:
+        self.job_id = poll_until(lambda: _job_in(self.cluster, self.log_dir), timeout=120,
+                                 what=f"a job logging to {self.log_dir}")
+        self.cluster.wait_for_state(self.job_id, self.states, timeout=120)
+        time.sleep(1)
+        self.action(self.job_id)
 
 
 def _jobs_of(cluster: LocalCluster, outcome: LifecycleOutcome, expect: int = 1) -> list[str]:
