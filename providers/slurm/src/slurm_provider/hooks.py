@@ -12,8 +12,10 @@ the plan's first step, before anything reaches the cluster.
 
 Failures: a :class:`TransportError` when the login node cannot be reached;
 :class:`SlurmCommandFailed` (a retryable ``TransportError``: the status call failed, the job did
-not) when a read-only Slurm command gives no usable answer; ``parsers.SbatchRefused`` with
-Slurm's own message when sbatch refuses a job.
+not) when a read-only Slurm command gives no usable answer, and when ``sbatch`` met no controller
+(:class:`SubmitLockBusy` when another submit held an exclusive directory's lock): nothing says the
+request was wrong, so trying later is the answer; ``parsers.SbatchRefused`` with Slurm's own
+message when sbatch refuses a job.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from slurm_provider.cli.sacct import (
 )
 from slurm_provider.cli.sbatch import (
     LIVE_MARKER,
+    SUBMIT_LOCK_BUSY_EXIT,
     JobComment,
     SubmitResult,
     TestOnlyResult,
@@ -53,11 +56,18 @@ from slurm_provider.cli.sbatch import (
     build_sbatch_submit,
     build_sbatch_test_only,
     exclusive_dir_marker,
+    is_controller_unavailable,
     parse_sbatch_parsable,
     parse_sbatch_test_only,
+    sbatch_error_message,
 )
 from slurm_provider.cli.scancel import build_scancel
-from slurm_provider.cli.scontrol import build_scontrol_show_job, parse_scontrol_show_job
+from slurm_provider.cli.scontrol import (
+    build_scontrol_ping,
+    build_scontrol_show_job,
+    parse_scontrol_ping,
+    parse_scontrol_show_job,
+)
 from slurm_provider.cli.sinfo import build_sinfo_unavailable_nodes, parse_sinfo_unavailable
 from slurm_provider.cli.squeue import (
     SqueueRow,
@@ -123,6 +133,13 @@ class SlurmCommandFailed(TransportError):
     def __init__(self, message: str, result: CommandResult | None = None) -> None:
         super().__init__(message)
         self.result = result
+
+
+class SubmitLockBusy(SlurmCommandFailed):
+    """Another submit held the exclusive directory's lock for all of the wait: nothing was submitted.
+
+    Retryable: the other submit ends, or its lock goes stale and is taken over, within minutes.
+    """
 
 
 @dataclass(frozen=True)
@@ -198,10 +215,23 @@ def _failed(verb: str, result: CommandResult) -> SlurmCommandFailed:
     return SlurmCommandFailed(f"{verb} exited {result.exit_status}: {detail[-1000:]}", result)
 
 
+def _check_submit(result: CommandResult) -> None:
+    """Raise the retryable error when ``sbatch`` (or the exclusive submit around it) failed for a
+    reason that passes (no controller answered, the submit lock was busy) instead of refusing the job."""
+    if result.exit_status == 0:
+        return
+    if result.exit_status == SUBMIT_LOCK_BUSY_EXIT:
+        raise SubmitLockBusy(f"{sbatch_error_message(result.stderr) or 'the submit lock is busy'}: nothing was "
+                             "submitted; try again in a few minutes", result)
+    if is_controller_unavailable(result.stderr):
+        raise _failed("sbatch", result)
+
+
 def submit_plan(script: str, options: SubmitOptions) -> Plan[SubmitResult]:
     command = build_sbatch_submit(**options.as_kwargs())
     _validate_script(script)
     result = yield RemoteCommand(command, "sbatch", stdin=script, timeout=SUBMIT_TIMEOUT)
+    _check_submit(result)
     return parse_sbatch_parsable(result.stdout, result.stderr)
 
 
@@ -219,6 +249,7 @@ def exclusive_submit_plan(script: str, options: SubmitOptions, exclusive_dir: st
     command = build_exclusive_sbatch_submit(exclusive_dir=exclusive_dir, **options.as_kwargs())
     _validate_script(script)
     result = yield RemoteCommand(command, "sbatch", stdin=script, timeout=SUBMIT_TIMEOUT)
+    _check_submit(result)
     _, found, rows_text = result.stdout.partition(LIVE_MARKER)
     if found:
         rows = parse_squeue(rows_text)
@@ -372,6 +403,21 @@ def scontrol_show_plan(job_id: str | int) -> Plan[list[dict[str, str]]]:
             return []
         raise _failed("scontrol show job", result)
     return parse_scontrol_show_job(result.stdout)
+
+
+def ping_plan() -> Plan[dict[str, str]]:
+    """The login node answers and a ``slurmctld`` answers it; the controllers' states.
+
+    Raises :class:`SlurmCommandFailed` (retryable) when no controller is up."""
+    result = yield RemoteCommand(build_scontrol_ping(), "scontrol")
+    try:
+        states = parse_scontrol_ping(result.stdout)
+    except SlurmOutputError as exc:
+        raise _failed("scontrol ping", result) from exc
+    if "UP" not in states.values():
+        said = ", ".join(f"{role} {state}" for role, state in states.items())
+        raise SlurmCommandFailed(f"no slurmctld answers the login node ({said})", result)
+    return states
 
 
 def unavailable_nodes_plan(partition: str | None) -> Plan[dict[str, str]]:
@@ -548,6 +594,11 @@ class SlurmHook(BaseHook, _CommandCounter):
     def unavailable_nodes(self, partition: str | None = None) -> dict[str, str]:
         return self._drive(unavailable_nodes_plan(partition))
 
+    def ping(self) -> dict[str, str]:
+        """``scontrol ping``: raises a retryable ``TransportError`` unless the login node and a
+        controller answer; the controllers' states (``{"primary": "UP"}``)."""
+        return self._drive(ping_plan())
+
     @contextlib.contextmanager
     def ssh_command(self) -> Iterator[SSHCommand]:
         """The system ``ssh`` command (and destination) that logs in exactly as this hook does, for
@@ -669,6 +720,9 @@ class SlurmAsyncHook(BaseHook, _CommandCounter):
 
     async def unavailable_nodes(self, partition: str | None = None) -> dict[str, str]:
         return await self._drive(unavailable_nodes_plan(partition))
+
+    async def ping(self) -> dict[str, str]:
+        return await self._drive(ping_plan())
 
     async def account_tres(self, account: str, tres: str = "billing") -> TresMinutes | None:
         return await self._drive(account_tres_plan(account, tres))

@@ -199,6 +199,10 @@ SUBMIT_LOCK_NAME = ".slurm-submit.lock"
 SUBMIT_LOCK_STALE_MINUTES = 2
 """A lock directory older than this was left by a submit that died; it is taken over."""
 
+SUBMIT_LOCK_BUSY_EXIT = 75
+"""Exit status of the exclusive submit when another submit held the lock for all of its wait
+(``EX_TEMPFAIL``): nothing was submitted, and trying again later is the answer."""
+
 
 def exclusive_dir_marker(directory: str) -> str:
     """The short digest a job comment carries for the directory the job writes (``"xdir":"..."``)."""
@@ -229,7 +233,8 @@ def build_exclusive_sbatch_submit(*, exclusive_dir: str, **submit: Any) -> str:
         f'if [ -n "$(find "$lock" -maxdepth 0 -mmin +{SUBMIT_LOCK_STALE_MINUTES} 2>/dev/null)" ]; then '
         'rmdir "$lock" 2>/dev/null; continue; fi; '
         'waited=$((waited + 1)); '
-        'if [ "$waited" -gt 1200 ]; then echo "sbatch: error: another submit holds $lock" >&2; exit 75; fi; '
+        'if [ "$waited" -gt 1200 ]; then echo "sbatch: error: another submit holds $lock" >&2; '
+        f'exit {SUBMIT_LOCK_BUSY_EXIT}; fi; '
         "sleep 0.1; done",
         "trap 'rmdir \"$lock\" 2>/dev/null' EXIT",
         f"live=$({build_squeue_live_own_jobs()}) || exit $?",
@@ -319,6 +324,22 @@ def parse_sbatch_parsable(stdout: str, stderr: str = "") -> SubmitResult:
         or f"sbatch printed no job id (stdout: {stdout.strip()!r}, stderr: {(stderr or '').strip()!r})",
         stderr,
     )
+
+
+CONTROLLER_UNAVAILABLE = (
+    "Unable to contact slurm controller",
+    "Socket timed out on send/recv operation",
+    "Slurm temporarily unable to accept job",
+    "Slurm backup controller in standby mode",
+    "Zero Bytes were transmitted or received",
+)
+"""What sbatch and squeue print when ``slurmctld`` is down, restarting or overloaded: the request may
+be tried again later (a timed-out ``sbatch`` may even have submitted the job: look before trying)."""
+
+
+def is_controller_unavailable(stderr: str | None) -> bool:
+    """True when a Slurm command failed because no controller answered, not because of the request."""
+    return any(message in (stderr or "") for message in CONTROLLER_UNAVAILABLE)
 
 
 def sbatch_error_message(stderr: str | None) -> str | None:
