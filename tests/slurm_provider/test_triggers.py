@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import structlog.testing
 
-from localcluster import LocalCluster
+from localcluster import LocalCluster, poll_until
 from slurm_provider.hooks import SlurmHook
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.transport import TransportUnavailable
@@ -403,3 +403,59 @@ def test_the_outage_is_noted_for_the_try_and_a_restarted_trigger_counts_from_its
         assert _run_to_event(trigger, timeout=30)["kind"] == FINISHED
     assert _events(logs, "reachable again after") == [
         "login node of c reachable again after 12 min; watching job 7 again"]
+
+
+@pytest.mark.slow
+def test_a_job_that_ends_while_its_login_node_is_down_is_read_from_sacct_when_it_answers(
+        local_cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A private login sshd stopped, with its sessions, under a running watch; the job ends and slurmctld
+    forgets it while nobody can look; the node comes back and the watch reads the end from sacct."""
+    from private_login import PrivateLogin
+
+    login = PrivateLogin(local_cluster, tmp_path)
+    for key, value in login.connection_env().items():
+        monkeypatch.setenv(key, value)
+    login.start()
+    release = f"{local_cluster.test_dir()}/release"
+    job_id, _, log_path = _submit(local_cluster, login.conn_id, f"echo started; until [ -e {release} ]; do sleep 0.5; "
+                                                                 "done; echo done", time_limit="5")
+
+    async def watch(logs: list[dict[str, Any]]) -> dict[str, Any]:
+        waiting = asyncio.ensure_future(_run_to_event_async(SlurmJobTrigger(
+            conn_id=login.conn_id, job_id=job_id, log_path=log_path, **FAST)))
+        while not _events(logs, f"Job {job_id} RUNNING") or not _streamed(logs, job_id):
+            assert not waiting.done(), waiting.result()
+            await asyncio.sleep(0.2)
+        await asyncio.to_thread(login.stop)
+        while not _events(logs, "unreachable since"):
+            assert not waiting.done(), waiting.result()
+            await asyncio.sleep(0.2)
+        await asyncio.to_thread(local_cluster.ssh, f"touch {release}")  # the job ends during the outage
+        await asyncio.to_thread(local_cluster.wait_for_state, int(job_id), {"COMPLETED"}, 120)
+        # slurmctld forgets it (MinJobAge): only accounting knows how it ended
+        await asyncio.to_thread(poll_until, lambda: not local_cluster.root(
+            "squeue", "-h", "-t", "all", "-j", job_id, check=False).stdout.strip(), timeout=300,
+            what="squeue to forget the job",
+            interval=2)
+        assert not waiting.done(), "the watch gave up while the login node was down"
+        await asyncio.to_thread(login.start)
+        return await asyncio.wait_for(waiting, 120)
+
+    try:
+        with structlog.testing.capture_logs() as logs:
+            payload = asyncio.run(asyncio.wait_for(watch(logs), 600))
+    finally:
+        login.start()
+        local_cluster.ssh(f"touch {release}; scancel {job_id}", check=False)
+
+    assert (payload["kind"], payload["status"]["state"], payload["status"]["source"]) == (FINISHED, "COMPLETED", "sacct")
+    told = _events(logs, "unreachable since")
+    assert len(told) == 1 and f"; job {job_id} last seen RUNNING; waiting up to 24 h" in told[0], told
+    assert len(_events(logs, "reachable again after")) == 1
+    assert _streamed(logs, job_id) == [f"[job {job_id}] started", f"[job {job_id}] done"]
+
+
+async def _run_to_event_async(trigger: SlurmJobTrigger) -> dict[str, Any]:
+    async for event in trigger.run():
+        return event.payload
+    raise AssertionError("trigger ended without an event")
