@@ -118,3 +118,28 @@ def test_a_failure_no_retry_can_heal_ends_every_watch_at_once() -> None:
 def test_retry_delay_grows_but_never_exceeds_its_cap(attempt: int, cap: float, most: float) -> None:
     delays = [retry_delay(attempt, cap) for _ in range(200)]
     assert all(most / 2 <= d <= most for d in delays)
+
+
+class GrownLog(ScriptedSource):
+    """A job whose log grew by ``text`` while nobody looked; each read returns at most four bytes."""
+
+    text = "epoch 1\nepoch 2\nepoch 3\ndone\n"
+
+    async def file_sizes(self, paths: list[str]) -> dict[str, int]:
+        return {path: len(self.text) for path in paths}
+
+    async def read_log(self, path: str, offset: int) -> tuple[str, int]:
+        chunk = self.text[offset:offset + 4]
+        return chunk, offset + len(chunk)
+
+
+def test_a_log_that_grew_while_nobody_looked_is_shown_whole_before_the_end() -> None:
+    poller = JobPoller("c", lambda: GrownLog([SlurmState.COMPLETED]))
+
+    async def first_update() -> PollUpdate:
+        async with poller.subscribe("1", log_path="/logs/1.out", **FAST) as updates:
+            return await asyncio.wait_for(updates.get(), 10)
+
+    update = asyncio.run(first_update())
+    assert update.status.state is SlurmState.COMPLETED
+    assert (update.new_log_text, update.log_offset) == (GrownLog.text, len(GrownLog.text))  # 8 reads, one cycle

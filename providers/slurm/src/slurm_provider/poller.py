@@ -43,6 +43,8 @@ from slurm_provider.transport import ControlMasterNotRunning, TransportError
 log = logging.getLogger(__name__)
 
 MAX_RETRY_DELAY = 300.0
+MAX_LOG_READS_PER_CYCLE = 16
+"""Reads of one log per cycle (each up to 64 KiB): a megabyte of output catches up in one cycle."""
 
 
 class StatusSource(Protocol):
@@ -212,9 +214,11 @@ class JobPoller:
             text = err_text = ""
             if sub in streaming:
                 if sub.log_path and sizes.get(sub.log_path, 0) > sub.log_offset:
-                    text, sub.log_offset = await source.read_log(sub.log_path, sub.log_offset)
+                    text, sub.log_offset = await _read_grown(source, sub.log_path, sub.log_offset,
+                                                             sizes[sub.log_path])
                 if sub.err_path and sizes.get(sub.err_path, 0) > sub.err_offset:
-                    err_text, sub.err_offset = await source.read_log(sub.err_path, sub.err_offset)
+                    err_text, sub.err_offset = await _read_grown(source, sub.err_path, sub.err_offset,
+                                                                 sizes[sub.err_path])
             sub.queue.put_nowait(PollUpdate(status=status, new_log_text=text, log_offset=sub.log_offset,
                                             new_err_text=err_text, err_offset=sub.err_offset))
         return changed
@@ -275,6 +279,20 @@ class JobPoller:
                 await task
         await self._drop_source()
         _POLLERS.pop((id(asyncio.get_running_loop()), self.conn_id), None)
+
+
+async def _read_grown(source: StatusSource, path: str, offset: int, size: int) -> tuple[str, int]:
+    """What ``path`` grew by from ``offset`` to ``size``, in as many reads as that takes (at most
+    ``MAX_LOG_READS_PER_CYCLE``): a job that wrote a lot while nobody could look (an outage of the login
+    node) has its output shown before its end is announced."""
+    parts = []
+    for _ in range(MAX_LOG_READS_PER_CYCLE):
+        text, new_offset = await source.read_log(path, offset)
+        parts.append(text)
+        moved_on, offset = new_offset > offset, new_offset
+        if not moved_on or offset >= size:  # caught up, or the file was rewritten and read from 0
+            break
+    return "".join(parts), offset
 
 
 def retry_delay(attempt: int, cap: float) -> float:
