@@ -1,6 +1,6 @@
 """A stage task's own steps before it submits (the stage decision's file reads, the budget check)
 meet a login node that does not answer: the task waits for it in the triggerer, then decides again
-and submits once. The cluster is a recording stand-in for ``SlurmHook``; the whole run through a
+and submits once. The Python tasks that talk to the cluster retry only when it could not be reached. The cluster is a recording stand-in for ``SlurmHook``; the whole run through a
 ten-minute outage on the local cluster is tests/dags/test_login_outage.py.
 """
 
@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from airflow.exceptions import TaskDeferred
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from slurm_provider import hooks
 from slurm_provider.hooks import ExclusiveSubmitResult
@@ -18,7 +19,8 @@ from slurm_provider.login_wait import REACHABLE, SlurmLoginTrigger
 from slurm_provider.transport import TransportUnavailable
 from slurm_provider.triggers import SlurmJobTrigger
 from vcloud_pipeline.job_operator import PipelineJobOperator
-from vcloud_pipeline.tasks import PLAN_TASK, SYNC_TASK, RunContext, plan_run
+from vcloud_pipeline.preflight import PreflightError
+from vcloud_pipeline.tasks import PLAN_TASK, SYNC_TASK, RunContext, final_unless_unreachable, plan_run
 
 CODE_HASH = "c0de" * 16
 DOWN = TransportUnavailable("cannot reach vcloud@127.0.0.1:2222 (connection 'vcloud_local_cluster'): "
@@ -109,3 +111,18 @@ def test_the_stage_decision_waits_for_the_login_node_then_submits_once(context: 
     assert cluster.submitted == ["901"]
     assert cluster.asked[1:] == ["file_sizes", "find_jobs", "account_tres", "find_jobs", "sbatch"], \
         "decided, checked the budget, looked for its own job, submitted"
+
+
+@pytest.mark.parametrize(("raised", "final"), [
+    (DOWN, False),  # the login node did not answer: the task's retries ride it out
+    (PreflightError("sbatch --test-only refused vcloud-outage-stage0: invalid partition"), True),
+    (ValueError("a bug"), True),
+    (AirflowSkipException("nothing to do"), False),
+])
+def test_a_cluster_step_fails_for_good_unless_the_login_node_was_unreachable(raised: BaseException,
+                                                                            final: bool) -> None:
+    with pytest.raises((type(raised), AirflowException)) as caught:
+        with final_unless_unreachable():
+            raise raised
+    assert isinstance(caught.value, AirflowFailException) == final
+    assert str(raised) in str(caught.value)
