@@ -265,8 +265,8 @@ class SlurmSubmitOperator(BaseOperator):
         if self._outage is None:
             self.log.warning("%s", unreachable_line(self.conn_id, outage, self.unreachable_timeout))
         else:
-            self.log.warning("Login node of %s still does not answer everything (%s): waiting on", self.conn_id,
-                             exc)
+            self.log.warning("Login node of %s answers scontrol ping, but this step still failed (%s): waiting "
+                             "on", self.conn_id, exc)
         self.defer(trigger=SlurmLoginTrigger(conn_id=self.conn_id, since=since, cause=str(exc),
                                              unreachable_timeout=self.unreachable_timeout,
                                              poll_interval=self.poll_interval,
