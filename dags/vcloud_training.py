@@ -4,10 +4,12 @@ Wiring only; what each task does lives in ``plugins/vcloud_pipeline`` (``tasks``
 ``preflight``, ``sync``, ``job_operator``). Trigger from the UI form, on the retraining schedule,
 or for one stage: ``airflow dags trigger vcloud_training --conf '{"stages": [2]}'``.
 
-The job tasks retry a lost watch (worker or triggerer lost, the cluster unreachable for a while)
+The job tasks wait out a login node that does not answer (up to the provider's
+``unreachable_timeout``, 24 hours) and retry a lost watch (worker or triggerer lost, a longer outage)
 with the Slurm provider's defaults, adopting the job they find; a job that failed fails its task for
-good. To change that, pass e.g. ``default_args={"retries": 0}`` to the DAG below, or ``retries=``
-to one task.
+good. The Python tasks that talk to the cluster (sync, checks, summary) retry with the same defaults
+when it could not be reached, and only then. To change that, pass e.g.
+``default_args={"retries": 0}`` to the DAG below, or ``retries=`` to one task.
 
 Deployment settings (read when the file is parsed, no I/O): ``VCLOUD_TRAINING_SCHEDULE``
 (cron or preset, default ``@monthly``; ``none`` for manual runs only) and
@@ -24,6 +26,7 @@ from airflow.sdk import DAG, TriggerRule, chain, get_current_context, task
 from vcloud_pipeline.assets import STAGE_CHECKPOINTS, VIEWER_EXPORT
 from vcloud_pipeline.job_operator import PipelineJobOperator
 from vcloud_pipeline.params import dag_params
+from vcloud_pipeline.tasks import CLUSTER_STEP_RETRIES
 
 _schedule = os.environ.get("VCLOUD_TRAINING_SCHEDULE", "@monthly")
 
@@ -49,39 +52,39 @@ with DAG(
         return plan_run(context["params"], run_type=getattr(dag_run, "run_type", None),
                         logical_date=context.get("logical_date"))
 
-    @task(task_id="sync_code")
+    @task(task_id="sync_code", **CLUSTER_STEP_RETRIES)
     def sync_code(planned: dict) -> dict:
         """rsync trainer/ (anchored excludes) and the rendered job scripts; record the code hash."""
         from slurm_provider.hooks import SlurmHook
-        from vcloud_pipeline.tasks import RunContext
+        from vcloud_pipeline.tasks import RunContext, final_unless_unreachable
         from vcloud_pipeline.tasks import sync_code as sync
 
         ctx = RunContext.from_xcom(planned)
-        with SlurmHook(ctx.profile.connection.conn_id) as hook:
+        with final_unless_unreachable(), SlurmHook(ctx.profile.connection.conn_id) as hook:
             return sync(ctx, hook.runner)
 
-    @task(task_id="preflight_checks", trigger_rule=TriggerRule.NONE_FAILED)
+    @task(task_id="preflight_checks", trigger_rule=TriggerRule.NONE_FAILED, **CLUSTER_STEP_RETRIES)
     def preflight_checks(planned: dict, synced: dict) -> dict:
         """sbatch --test-only of each job to run, the container image, and the GPU-hour budget."""
         from slurm_provider.hooks import SlurmHook
-        from vcloud_pipeline.tasks import RunContext
+        from vcloud_pipeline.tasks import RunContext, final_unless_unreachable
         from vcloud_pipeline.tasks import preflight_checks as checks
 
         ctx = RunContext.from_xcom(planned)
-        with SlurmHook(ctx.profile.connection.conn_id) as hook:
+        with final_unless_unreachable(), SlurmHook(ctx.profile.connection.conn_id) as hook:
             return checks(ctx, hook, synced["code_hash"])
 
-    @task(task_id="summary", trigger_rule=TriggerRule.ALL_DONE)
+    @task(task_id="summary", trigger_rule=TriggerRule.ALL_DONE, **CLUSTER_STEP_RETRIES)
     def summary(planned: dict) -> dict:
         """Per job: ids, states, GPU-hours, metrics; per stage: COMPLETE; the project's ledger."""
         from slurm_provider.hooks import SlurmHook
-        from vcloud_pipeline.tasks import RunContext, summarize
+        from vcloud_pipeline.tasks import RunContext, final_unless_unreachable, summarize
 
         ctx = RunContext.from_xcom(planned)
         ti = get_current_context()["ti"]
         labels = ["prepare_data", "preflight_imports", "stage0", "stage1", "stage2", "stage3", "export"]
         jobs = {label: ti.xcom_pull(task_ids=label) for label in labels}
-        with SlurmHook(ctx.profile.connection.conn_id) as hook:
+        with final_unless_unreachable(), SlurmHook(ctx.profile.connection.conn_id) as hook:
             return summarize(ctx, hook, {k: v for k, v in jobs.items() if v})
 
     @task(task_id="verdict", trigger_rule=TriggerRule.NONE_FAILED)

@@ -11,19 +11,23 @@ The training DAG's jobs also record the allocation when they ended (``allocation
 figure with its source); the newest such record is the budget the page shows.
 
 A task that is still waiting (deferred) or failed has only its job id here: its Slurm state is
-shown as not known until the refresh asks the cluster (:mod:`hpc_view.live`).
+shown as not known until the refresh asks the cluster (:mod:`hpc_view.live`). While its watch cannot
+reach the login node, the trigger's note of the task try (``slurm_watch``) says since when, and the
+job's last state seen; the view shows both.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from slurm_provider.cli.values import format_duration
 from slurm_provider.links import JOB_ID_XCOM_KEY, task_log_url
+from slurm_provider.outage import clock
 from slurm_provider.state_vocabulary import SlurmState, classify_pending_reason, parse_state
+from slurm_provider.watch_state import WATCH_XCOM_KEY
 
 RETURN_VALUE_KEY = "return_value"
 SUMMARY_KEYS = ("job_id", "job_ids", "state", "gpu_hours")
@@ -96,6 +100,10 @@ class JobRecord:
     """The allocation when the job ended, as the training DAG's operator read it (``Allocation.to_json``)."""
     final: bool = False
     """True when this is the operator's final record (its return value): only those are billed here."""
+    unreachable_since: datetime | None = None
+    """While the task waits: since when its watch cannot reach the login node (the trigger's note)."""
+    last_seen: str | None = None
+    """The job's last state the waiting watch saw (the trigger's note)."""
 
     @property
     def slurm_state(self) -> SlurmState | None:
@@ -104,6 +112,10 @@ class JobRecord:
     @property
     def state_description(self) -> str:
         if self.slurm_state is None:
+            if self.task_state in WAITING_TASK_STATES and self.unreachable_since is not None:
+                seen = f" (last seen {self.last_seen})" if self.last_seen else ""
+                return (f"Login node unreachable since {clock(self.unreachable_since.timestamp())}: the task "
+                        f"waits for it; the job runs on{seen}.")
             if self.task_state in WAITING_TASK_STATES:
                 return "Submitted; the task waits for the job. Refresh asks the cluster for its state."
             return "No final record: the task ended without the job completing (see the task log)."
@@ -118,6 +130,7 @@ class JobRecord:
         data["job_ids"] = list(self.job_ids)
         data["submissions"] = [asdict(s) for s in self.submissions]
         data["finished_at"] = self.finished_at.isoformat() if self.finished_at else None
+        data["unreachable_since"] = self.unreachable_since.isoformat() if self.unreachable_since else None
         data["state_description"] = self.state_description
         data["category"] = self.slurm_state.category.value if self.slurm_state else None
         data["elapsed"] = format_duration(self.elapsed_s)
@@ -148,6 +161,18 @@ def _submissions(value: Any) -> tuple[Submission, ...]:
             out.append(Submission(str(item["job_id"]), int(item.get("number") or len(out) + 1),
                                   str(item.get("cause") or "")))
     return tuple(out)
+
+
+def _outage(note: XComRow | None, job_id: str) -> tuple[datetime | None, str | None]:
+    """(since when the login node has not answered, the job's last state seen) from the watch note of a
+    waiting task, when the note is about ``job_id`` and an outage is on."""
+    value = note.value if note is not None else None
+    if note is None or note.task_state not in WAITING_TASK_STATES or not isinstance(value, Mapping):
+        return None, None
+    since = value.get("unreachable_since")
+    if str(value.get("job_id")) != job_id or not isinstance(since, (int, float)):
+        return None, None
+    return datetime.fromtimestamp(since, timezone.utc), value.get("state")
 
 
 def _int(value: Any) -> int | None:
@@ -181,10 +206,12 @@ def records_from_xcoms(rows: Iterable[XComRow]) -> list[JobRecord]:
         dag_id, run_id, task_id, map_index = key
         if summary is None:
             job_id = str(job_row.value)
+            since, last_seen = _outage(xcoms.get(WATCH_XCOM_KEY), job_id)
             records.append(JobRecord(
                 dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index,
                 task_state=anchor.task_state, profile=profile, run_name=str(conf.get("run_name") or ""),
-                stage=task_id, job_id=job_id, job_ids=(job_id,), finished_at=anchor.end_date))
+                stage=task_id, job_id=job_id, job_ids=(job_id,), finished_at=anchor.end_date,
+                unreachable_since=since, last_seen=last_seen))
             continue
         job_ids = tuple(str(j) for j in summary.get("job_ids") or [summary["job_id"]])
         records.append(JobRecord(

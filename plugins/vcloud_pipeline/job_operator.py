@@ -5,7 +5,10 @@ the run's ``plan`` and ``sync_code`` tasks have run, so the operator binds itsel
 at the start of ``execute`` and again in ``execute_complete`` (a resumed deferral builds a fresh
 operator). Before submitting it decides, from what is on the cluster, whether the job is needed
 at all (:mod:`vcloud_pipeline.stage_decisions`) and whether the allocation can pay for its worst case.
-Submission, deferral, adoption and resubmission are the provider's.
+Submission, deferral, adoption and resubmission are the provider's, and so is waiting for a login
+node that does not answer: these steps run inside ``waiting_out_outages``, so an outage during the
+decision's file reads, the budget check or the report defers the task until the node answers and
+the step starts over, instead of failing it.
 """
 
 from __future__ import annotations
@@ -203,20 +206,25 @@ class PipelineJobOperator(SlurmSubmitOperator):
 
     def execute(self, context: Any) -> Any:
         ctx, _ = self._bind(context)
-        # A try that already submitted (since the run was last cleared) goes straight to its job.
-        submitted_before = bool(self.history_since_clear(context).submissions)
-        if not submitted_before:
-            hook = self._hook()
-            decision = self._decide(ctx, hook)
-            if decision is not None:
-                self.log.info("%s: %s", self.job, decision.reason)
-                if not decision.submit:
-                    raise AirflowSkipException(decision.reason)
-                if decision.restart:
-                    self._start_afresh(ctx)
-            self._check_budget(ctx, hook)
-        summary = super().execute(context)  # defers; returns only when the job had already completed
-        return self._report(context, summary)
+        with self.waiting_out_outages(context):
+            # A try that already submitted (since the run was last cleared) goes straight to its job.
+            submitted_before = bool(self.history_since_clear(context).submissions)
+            if not submitted_before:
+                with self._hook() as hook:
+                    self._before_submitting(ctx, hook)
+            summary = super().execute(context)  # defers; returns only when the job had already completed
+            return self._report(context, summary)
+
+    def _before_submitting(self, ctx: RunContext, hook: Any) -> None:
+        """Skip a job that is not needed, ask a restarted stage to start afresh, check the budget."""
+        decision = self._decide(ctx, hook)
+        if decision is not None:
+            self.log.info("%s: %s", self.job, decision.reason)
+            if not decision.submit:
+                raise AirflowSkipException(decision.reason)
+            if decision.restart:
+                self._start_afresh(ctx)
+        self._check_budget(ctx, hook)
 
     def _start_afresh(self, ctx: RunContext) -> None:
         """mode restart: the submit moves the stage's outputs aside under the stage's lock, after the
@@ -240,7 +248,8 @@ class PipelineJobOperator(SlurmSubmitOperator):
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         self._bind(context)
-        return self._report(context, super().execute_complete(context, event))
+        with self.waiting_out_outages(context):
+            return self._report(context, super().execute_complete(context, event))
 
     def _report(self, context: Any, summary: dict[str, Any]) -> dict[str, Any]:
         """Add every job's state, the code, the metrics of the stage's ``best.pt`` (and of its last

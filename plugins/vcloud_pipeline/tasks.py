@@ -7,13 +7,21 @@ from disk: cheap, and it keeps XComs small and free of derived state that could 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from slurm_provider.operators import (
+    DEFAULT_MAX_RETRY_DELAY,
+    DEFAULT_RETRIES,
+    DEFAULT_RETRY_DELAY,
+    DEFAULT_RETRY_EXPONENTIAL_BACKOFF,
+)
 from slurm_provider.transport.base import TransportError
 from vcloud.contract import STAGES
 
@@ -47,6 +55,27 @@ log = logging.getLogger(__name__)
 
 PLAN_TASK = "plan"
 SYNC_TASK = "sync_code"
+
+CLUSTER_STEP_RETRIES: dict[str, Any] = {
+    "retries": DEFAULT_RETRIES, "retry_delay": DEFAULT_RETRY_DELAY,
+    "retry_exponential_backoff": DEFAULT_RETRY_EXPONENTIAL_BACKOFF, "max_retry_delay": DEFAULT_MAX_RETRY_DELAY,
+}
+"""Task retries of the Python tasks that talk to the cluster (sync, checks, summary): the job tasks'
+defaults, so that a login node down for minutes does not fail a run; inside
+:func:`final_unless_unreachable` only a failure to reach it is retried. (The job tasks wait out
+longer outages in the triggerer; these steps run before anything is submitted or after it all ended.)"""
+
+
+@contextlib.contextmanager
+def final_unless_unreachable() -> Iterator[None]:
+    """A failure inside fails the task for good (a refused check, a failed sync stay so on a retry),
+    unless the cluster could not be reached (a ``TransportError``), which the task's retries ride out."""
+    try:
+        yield
+    except (TransportError, AirflowException):
+        raise
+    except Exception as exc:
+        raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
 
 
 @dataclass(frozen=True)

@@ -141,6 +141,10 @@ def test_job_tasks_retry_a_lost_watch_by_default_as_the_scheduler_sees_them(dag)
         assert (task.retries, task.retry_delay, task.retry_exponential_backoff, task.max_retry_delay) == \
             (DEFAULT_RETRIES, DEFAULT_RETRY_DELAY, 2.0, DEFAULT_MAX_RETRY_DELAY), task_id
     assert serialized.get_task("plan").retries == 0  # a bad param stays bad: no retry
+    for task_id in ("sync_code", "preflight_checks", "summary"):  # they talk to the cluster: ride out an outage
+        task = serialized.get_task(task_id)
+        assert (task.retries, task.retry_delay, task.retry_exponential_backoff, task.max_retry_delay) == \
+            (DEFAULT_RETRIES, DEFAULT_RETRY_DELAY, 2.0, DEFAULT_MAX_RETRY_DELAY), task_id
 
 
 class _RunXComs:

@@ -99,3 +99,21 @@ def test_charts_escape_labels_and_show_the_numbers() -> None:
     assert svg.startswith("<svg") and "GPU-hours left of 100,000.0: 99,998.0000" in svg
     bars = bars_svg("per stage", [("<stage>", 1.5)], "GPU-hours")
     assert "&lt;stage&gt;" in bars and "<stage>" not in bars and "1.5000" in bars
+
+
+def test_a_task_whose_login_node_is_down_says_since_when_and_what_its_job_was_doing() -> None:
+    since = datetime(2026, 11, 21, 9, 2, tzinfo=timezone.utc)
+    note = {"job_id": "8", "log_path": "/l/8.out", "log_offset": 10, "state": "RUNNING", "err_offset": 0,
+            "unreachable_since": since.timestamp()}
+    rows = [XComRow("vcloud_training", "r1", "stage2", -1, "slurm_job_id", "8", "deferred"),
+            XComRow("vcloud_training", "r1", "stage2", -1, "slurm_watch", note, "deferred"),
+            XComRow("vcloud_training", "r1", "stage3", -1, "slurm_job_id", "9", "deferred"),
+            XComRow("vcloud_training", "r1", "stage3", -1, "slurm_watch", {**note, "job_id": "9",
+                                                                            "unreachable_since": None}, "deferred")]
+    records = {r.task_id: r for r in records_from_xcoms(rows)}
+    down = records["stage2"].to_json()
+    assert down["unreachable_since"] == since.isoformat()
+    assert down["state_description"].startswith("Login node unreachable since ")
+    assert "09:02 UTC: the task waits for it; the job runs on (last seen RUNNING)." in down["state_description"]
+    assert records["stage3"].unreachable_since is None  # the node answers: the usual words
+    assert records["stage3"].state_description.startswith("Submitted; the task waits for the job.")

@@ -18,11 +18,11 @@ import paramiko
 import pytest
 from localcluster import poll_until
 
-from slurm_provider.cli.sbatch import JobComment, parse_job_comment
-from slurm_provider.hooks import SlurmAsyncHook, SlurmHook, SubmitOptions
+from slurm_provider.cli.sbatch import JobComment, exclusive_dir_marker, parse_job_comment
+from slurm_provider.hooks import SlurmAsyncHook, SlurmCommandFailed, SlurmHook, SubmitLockBusy, SubmitOptions
 from slurm_provider.cli.sbatch import SbatchRefused
 from slurm_provider.state_vocabulary import SlurmState
-from slurm_provider.transport import CommandResult, runner_for_connection
+from slurm_provider.transport import CommandResult, TransportError, runner_for_connection
 from slurm_provider.validation import ValidationError
 
 CONN_IDS = ["vcloud_local_cluster", "vcloud_local_cluster_openssh"]
@@ -379,3 +379,69 @@ def test_a_hook_dropped_without_close_leaves_no_connection_open(cluster_connecti
         SlurmHook(cluster_connection).statuses(["987654321"])  # never closed, as a poking sensor does
     gc.collect()
     poll_until(lambda: transports() <= before, timeout=10, what="dropped hooks to close their connections")
+
+
+# --- failures that pass: no controller, a busy submit lock ------------------------------------------
+
+
+class AnsweringRunner:
+    """A login node that answers every command with one canned result (the failures come from there)."""
+
+    def __init__(self, exit_status: int, stdout: str = "", stderr: str = "") -> None:
+        self.answer = (exit_status, stdout, stderr)
+
+    def run(self, command: str, *, stdin=None, timeout: float) -> CommandResult:
+        return CommandResult(command, *self.answer)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("exclusive", "exit_status", "stderr", "raised"), [
+    (False, 1, "sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)",
+     SlurmCommandFailed),
+    (False, 1, "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation",
+     SlurmCommandFailed),
+    (True, 1, "slurm_load_jobs error: Unable to contact slurm controller (connect failure)", SlurmCommandFailed),
+    (True, 75, "sbatch: error: another submit holds /p/run/stage0/.slurm-submit.lock", SubmitLockBusy),
+    (False, 1, "sbatch: error: invalid partition specified: small-gx", SbatchRefused),
+])
+def test_a_submit_that_met_no_controller_or_a_busy_lock_may_be_tried_again(
+        exclusive: bool, exit_status: int, stderr: str, raised: type[Exception]) -> None:
+    hook = SlurmHook("unused", runner=AnsweringRunner(exit_status, "", stderr))
+    name = _name("flaky")
+    with pytest.raises(raised) as caught:
+        if exclusive:
+            comment = JobComment(dag="d", task="t", run="r", attempt=1, xdir=exclusive_dir_marker("/p/run/stage0"))
+            hook.submit_exclusive(SLEEP, "/p/run/stage0", _options("/p", name, comment=comment))
+        else:
+            hook.submit(SLEEP, _options("/p", name))
+    assert isinstance(caught.value, TransportError) == (raised is not SbatchRefused)
+    if raised is SubmitLockBusy:
+        assert str(caught.value) == ("another submit holds /p/run/stage0/.slurm-submit.lock: nothing was submitted; "
+                                     "try again in a few minutes")
+
+
+@pytest.mark.parametrize(("stdout", "states"), [
+    ("Slurmctld(primary) at vm is UP\n", {"primary": "UP"}),
+    ("Slurmctld(primary) at a is DOWN\nSlurmctld(backup) at b is UP\n", {"primary": "DOWN", "backup": "UP"}),
+])
+def test_ping_says_which_controllers_answer(stdout: str, states: dict[str, str]) -> None:
+    assert SlurmHook("unused", runner=AnsweringRunner(0, stdout)).ping() == states
+
+
+@pytest.mark.parametrize(("exit_status", "stdout"), [
+    (1, "Slurmctld(primary) at vm is DOWN\n*****************************************\n"
+        "** RESTORE SLURMCTLD DAEMON TO SERVICE **\n*****************************************\n"),
+    (127, ""),
+])
+def test_ping_without_a_controller_is_a_failure_that_passes(exit_status: int, stdout: str) -> None:
+    with pytest.raises(SlurmCommandFailed) as caught:
+        SlurmHook("unused", runner=AnsweringRunner(exit_status, stdout, "bash: scontrol: not found")).ping()
+    assert caught.value.retryable
+
+
+def test_ping_on_the_cluster(conn_id: str) -> None:
+    with SlurmHook(conn_id) as hook:
+        assert hook.ping()["primary"] == "UP"
+    assert asyncio.run(SlurmAsyncHook(conn_id).ping())["primary"] == "UP"

@@ -1,9 +1,10 @@
 """The shared poller's retry policy, on a scripted status source (fast; the real proof, a ControlMaster
 closed and reopened under a running watch, is in test_triggers.py).
 
-A login that waits for a person is waited out without a limit and announced to every watcher; a
-transport failure that may heal is retried a bounded number of times; anything that cannot heal
-ends every watch with the error.
+A login that waits for a person is waited out without a limit and announced to every watcher; so
+is a login node that does not answer, with the outage (since when, why, next try in) handed to every
+watcher, whose own deadline ends its wait (test_triggers.py); anything that cannot heal ends every
+watch with the error.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Iterable
 
 import pytest
 
-from slurm_provider.poller import JobPoller, PollUpdate, retry_delay
+from slurm_provider.poller import MAX_RETRY_DELAY, JobPoller, PollUpdate, retry_delay
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.job_status import JobStatus
 from slurm_provider.transport import ControlMasterNotRunning, HostKeyRejected, TransportUnavailable
@@ -72,7 +73,7 @@ def test_a_lapsed_master_pauses_every_watch_without_a_limit_and_they_resume() ->
     lapsed = ControlMasterNotRunning("no ControlMaster is running for ssh alias lumi2; Open it again with: "
                                      "ssh -o ControlMaster=auto -fN lumi2")
     script = [SlurmState.RUNNING, *[lapsed] * 12, SlurmState.RUNNING, SlurmState.COMPLETED]
-    seen = watch(script, max_transport_retries=3)  # far more waits than transport retries allowed
+    seen = watch(script)
     for updates in seen.values():
         assert all(u.error is None for u in updates)
         waiting = [u.waiting for u in updates if u.waiting is not None]
@@ -82,13 +83,28 @@ def test_a_lapsed_master_pauses_every_watch_without_a_limit_and_they_resume() ->
     assert ScriptedSource.opened == 13  # a fresh connection after every failed try
 
 
-def test_transient_failures_are_retried_a_bounded_number_of_times() -> None:
-    down = TransportUnavailable("cannot reach lumi2: Connection refused")
-    healed = watch([down, down, SlurmState.COMPLETED], max_transport_retries=3)
-    assert all(u.status.state is SlurmState.COMPLETED for u in (ups[-1] for ups in healed.values()))
-    assert not any(u.waiting for ups in healed.values() for u in ups)
-    given_up = watch([down], max_transport_retries=2)
-    assert all(ups[-1].error is down for ups in given_up.values())
+def test_an_unreachable_login_node_is_retried_without_a_limit_and_every_watch_resumes() -> None:
+    down = TransportUnavailable("cannot reach lumi2: ConnectionRefusedError: [Errno 111] Connection refused")
+    tries = 40  # five times what the poller once allowed before it gave up
+    seen = watch([SlurmState.RUNNING, *[down] * tries, SlurmState.RUNNING, SlurmState.COMPLETED])
+    for updates in seen.values():
+        assert all(u.error is None and u.waiting is None for u in updates)
+        outages = [u.unreachable for u in updates if u.unreachable is not None]
+        assert len(outages) == tries
+        assert len({o.since for o in outages}) == 1, "one outage, counted from its first failed try"
+        assert {o.cause for o in outages} == {str(down)}
+        assert all(0 < o.retry_in <= FAST["max_poll_interval"] for o in outages), "the back-off is capped"
+        assert updates[0].status.state is SlurmState.RUNNING
+        assert [u.status.state for u in updates[-2:]] == [SlurmState.RUNNING, SlurmState.COMPLETED]
+    assert ScriptedSource.opened == tries + 1  # a fresh connection after every failed try
+
+
+def test_a_second_outage_is_counted_from_its_own_start() -> None:
+    down = TransportUnavailable("cannot reach lumi2: timed out")
+    seen = watch([down, down, SlurmState.RUNNING, down, SlurmState.COMPLETED], jobs=("1",))
+    outages = [u.unreachable for u in seen["1"] if u.unreachable is not None]
+    assert len(outages) == 3
+    assert outages[0].since == outages[1].since < outages[2].since
 
 
 def test_a_failure_no_retry_can_heal_ends_every_watch_at_once() -> None:
@@ -98,7 +114,32 @@ def test_a_failure_no_retry_can_heal_ends_every_watch_at_once() -> None:
 
 
 @pytest.mark.parametrize(("attempt", "cap", "most"), [(1, 300.0, 2.0), (5, 300.0, 32.0), (20, 300.0, 300.0),
-                                                     (20, 4.0, 4.0)])
+                                                     (20, 4.0, 4.0), (5000, MAX_RETRY_DELAY, MAX_RETRY_DELAY)])
 def test_retry_delay_grows_but_never_exceeds_its_cap(attempt: int, cap: float, most: float) -> None:
     delays = [retry_delay(attempt, cap) for _ in range(200)]
     assert all(most / 2 <= d <= most for d in delays)
+
+
+class GrownLog(ScriptedSource):
+    """A job whose log grew by ``text`` while nobody looked; each read returns at most four bytes."""
+
+    text = "epoch 1\nepoch 2\nepoch 3\ndone\n"
+
+    async def file_sizes(self, paths: list[str]) -> dict[str, int]:
+        return {path: len(self.text) for path in paths}
+
+    async def read_log(self, path: str, offset: int) -> tuple[str, int]:
+        chunk = self.text[offset:offset + 4]
+        return chunk, offset + len(chunk)
+
+
+def test_a_log_that_grew_while_nobody_looked_is_shown_whole_before_the_end() -> None:
+    poller = JobPoller("c", lambda: GrownLog([SlurmState.COMPLETED]))
+
+    async def first_update() -> PollUpdate:
+        async with poller.subscribe("1", log_path="/logs/1.out", **FAST) as updates:
+            return await asyncio.wait_for(updates.get(), 10)
+
+    update = asyncio.run(first_update())
+    assert update.status.state is SlurmState.COMPLETED
+    assert (update.new_log_text, update.log_offset) == (GrownLog.text, len(GrownLog.text))  # 8 reads, one cycle

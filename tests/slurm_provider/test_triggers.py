@@ -6,6 +6,7 @@ import asyncio
 import json
 import shutil
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,9 +15,13 @@ from typing import Any
 import pytest
 import structlog.testing
 
-from localcluster import LocalCluster
+from localcluster import LocalCluster, poll_until
 from slurm_provider.hooks import SlurmHook
-from slurm_provider.triggers import FINISHED, NEVER_STARTS, SlurmJobTrigger
+from slurm_provider.state_vocabulary import SlurmState
+from slurm_provider.transport import TransportUnavailable
+from slurm_provider.triggers import ERROR, FINISHED, NEVER_STARTS, SlurmJobTrigger
+from slurm_provider.watch_state import WatchNote
+from tests.slurm_provider.test_poller import ScriptedSource
 
 FAST = {"poll_interval": 1.0, "max_poll_interval": 3.0, "first_poll_delay": 0.0}
 
@@ -45,17 +50,27 @@ def _run_to_event(trigger: SlurmJobTrigger, timeout: float = 120) -> dict[str, A
 def test_serialize_round_trips() -> None:
     trigger = SlurmJobTrigger(conn_id="c", job_id="12", log_path="/p/x.out", log_offset=7, pending_policy="warn",
                               expected_job_name="n", carry={"history": [{"job_id": "12"}]},
-                              err_log_path="/p/x.err", err_log_offset=3,
+                              err_log_path="/p/x.err", err_log_offset=3, unreachable_timeout=3600,
                               adopted_from="user ana, DAG d, run r, task t", **FAST)
     classpath, kwargs = trigger.serialize()
     assert classpath == "slurm_provider.triggers.SlurmJobTrigger"
     assert kwargs["err_log_path"] == "/p/x.err" and kwargs["err_log_offset"] == 3
+    assert kwargs["unreachable_timeout"] == 3600.0
     assert kwargs["adopted_from"] == "user ana, DAG d, run r, task t"
     assert SlurmJobTrigger(**kwargs).serialize() == (classpath, kwargs)
-    # a trigger deferred before the error output was streamed still resumes
-    old = {k: v for k, v in kwargs.items() if not k.startswith("err_") and k != "adopted_from"}
+    # a trigger deferred before the error output was streamed, before outages had a deadline or
+    # before ownership was recorded still resumes
+    old = {k: v for k, v in kwargs.items()
+           if not k.startswith("err_") and k not in ("unreachable_timeout", "adopted_from")}
     assert SlurmJobTrigger(**old).err_log_path is None
+    assert SlurmJobTrigger(**old).unreachable_timeout == 24 * 3600.0
     assert SlurmJobTrigger(**old).adopted_from is None, "a watch deferred before ownership was recorded: its own"
+
+
+@pytest.mark.parametrize("timeout", [0, -5, "1 day"])
+def test_an_unusable_unreachable_timeout_is_refused(timeout: Any) -> None:
+    with pytest.raises(ValueError, match="unreachable_timeout must be a positive number of seconds"):
+        SlurmJobTrigger(conn_id="c", job_id="1", unreachable_timeout=timeout)
 
 
 def test_bad_pending_policy_is_refused() -> None:
@@ -332,3 +347,148 @@ def test_a_lapsed_control_master_pauses_the_watches_until_a_person_opens_it_agai
     assert all(w.endswith(f"Open it again with: {reopen}") for w in warnings)
     for job_id in jobs.values():
         assert any(e.get("event") == f"Watching job {job_id} again on otp_watch" for e in logs)
+
+
+# --- a login node that does not answer: a scripted cluster (fast); the real outage, an sshd stopped
+# for ten minutes under a training stage, is tests/dags/test_login_outage.py ------------------------
+
+DOWN = TransportUnavailable("cannot reach vcloud@login:22 (connection 'c'): ConnectionRefusedError: [Errno 111] "
+                            "Connection refused")
+SCRIPTED = {"poll_interval": 0.01, "max_poll_interval": 0.02, "first_poll_delay": 0.0}
+
+
+def _scripted_cluster(monkeypatch: pytest.MonkeyPatch, script: list[BaseException | SlurmState]) -> None:
+    """Every poll of the trigger's shared poller answers with the next step of ``script``."""
+    from slurm_provider import triggers
+
+    shared = list(script)
+    monkeypatch.setattr(triggers, "_hook_factory", lambda conn_id: lambda: ScriptedSource(shared))
+
+
+def _events(logs: list[dict[str, Any]], text: str) -> list[str]:
+    return [str(e["event"]) for e in logs if text in str(e.get("event", ""))]
+
+
+def _with_task(trigger: SlurmJobTrigger, monkeypatch: pytest.MonkeyPatch, recalled: WatchNote) -> list[WatchNote]:
+    """Attach a task instance whose watch note is ``recalled``; returns the notes the trigger writes."""
+    from slurm_provider import triggers
+
+    written: list[WatchNote] = []
+
+    async def recall(task: Any, job_id: str, log_path: str | None) -> WatchNote:
+        return recalled
+
+    async def remember(task: Any, job_id: str, log_path: str | None, note: WatchNote) -> None:
+        written.append(note)
+
+    monkeypatch.setattr(triggers, "recall_watch", recall)
+    monkeypatch.setattr(triggers, "remember_watch", remember)
+    trigger.task_instance = SimpleNamespace(dag_id="d", task_id="t", run_id="r", map_index=-1)
+    return written
+
+
+def test_an_outage_is_told_once_and_the_watch_picks_up_when_the_login_node_answers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _scripted_cluster(monkeypatch, [SlurmState.RUNNING, *[DOWN] * 30, SlurmState.COMPLETED])
+    with structlog.testing.capture_logs() as logs:
+        payload = _run_to_event(SlurmJobTrigger(conn_id="c", job_id="7", **SCRIPTED), timeout=30)
+    assert (payload["kind"], payload["status"]["state"]) == (FINISHED, "COMPLETED")
+    told = _events(logs, "unreachable since")
+    assert len(told) == 1, "one line for the whole outage, not one per try"
+    assert told[0].startswith("login node of c unreachable since ")
+    assert f"({DOWN}); job 7 last seen RUNNING; waiting up to 24 h, until " in told[0]
+    assert len(_events(logs, "login node of c reachable again after ")) == 1
+    assert not _events(logs, "still waiting")  # the words of a ControlMaster that needs a person
+
+
+def test_past_its_deadline_the_watch_ends_as_a_lost_watch(monkeypatch: pytest.MonkeyPatch) -> None:
+    _scripted_cluster(monkeypatch, [SlurmState.RUNNING, DOWN])  # the login node never comes back
+    with structlog.testing.capture_logs() as logs:
+        payload = _run_to_event(SlurmJobTrigger(conn_id="c", job_id="7", unreachable_timeout=1, **SCRIPTED),
+                                timeout=30)
+    assert payload["kind"] == ERROR and payload["status"] is None
+    assert "longer than unreachable_timeout (1 s); last error: " in payload["message"]
+    assert payload["message"].endswith("job 7 last seen RUNNING, it may still run")
+    assert len(_events(logs, "unreachable since")) == 2  # told once, then the end, both in the task log
+
+
+def test_the_outage_is_noted_for_the_try_and_a_restarted_trigger_counts_from_its_start(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _scripted_cluster(monkeypatch, [SlurmState.RUNNING, DOWN, DOWN, SlurmState.COMPLETED])
+    trigger = SlurmJobTrigger(conn_id="c", job_id="7", **SCRIPTED)
+    written = _with_task(trigger, monkeypatch, WatchNote())
+    assert _run_to_event(trigger, timeout=30)["kind"] == FINISHED
+    since = [n.unreachable_since for n in written if n.unreachable_since is not None]
+    assert len(since) == 1 and written[-1].unreachable_since is None, written
+
+    # A triggerer restarted two hours into an outage: the new trigger's deadline is the outage's.
+    _scripted_cluster(monkeypatch, [DOWN])
+    trigger = SlurmJobTrigger(conn_id="c", job_id="7", unreachable_timeout=3600, **SCRIPTED)
+    _with_task(trigger, monkeypatch, WatchNote(0, "RUNNING", 0, unreachable_since=time.time() - 7200))
+    payload = _run_to_event(trigger, timeout=30)
+    assert payload["kind"] == ERROR and "longer than unreachable_timeout (1 h)" in payload["message"]
+
+    # ... and says how long the whole outage lasted when the node answers.
+    _scripted_cluster(monkeypatch, [SlurmState.COMPLETED])
+    trigger = SlurmJobTrigger(conn_id="c", job_id="7", **SCRIPTED)
+    _with_task(trigger, monkeypatch, WatchNote(0, "RUNNING", 0, unreachable_since=time.time() - 750))
+    with structlog.testing.capture_logs() as logs:
+        assert _run_to_event(trigger, timeout=30)["kind"] == FINISHED
+    assert _events(logs, "reachable again after") == [
+        "login node of c reachable again after 12 min; watching job 7 again"]
+
+
+@pytest.mark.slow
+def test_a_job_that_ends_while_its_login_node_is_down_is_read_from_sacct_when_it_answers(
+        local_cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A private login sshd stopped, with its sessions, under a running watch; the job ends and slurmctld
+    forgets it while nobody can look; the node comes back and the watch reads the end from sacct."""
+    from private_login import PrivateLogin
+
+    login = PrivateLogin(local_cluster, tmp_path)
+    for key, value in login.connection_env().items():
+        monkeypatch.setenv(key, value)
+    login.start()
+    release = f"{local_cluster.test_dir()}/release"
+    job_id, _, log_path = _submit(local_cluster, login.conn_id, f"echo started; until [ -e {release} ]; do sleep 0.5; "
+                                                                 "done; echo done", time_limit="5")
+
+    async def watch(logs: list[dict[str, Any]]) -> dict[str, Any]:
+        waiting = asyncio.ensure_future(_run_to_event_async(SlurmJobTrigger(
+            conn_id=login.conn_id, job_id=job_id, log_path=log_path, **FAST)))
+        while not _events(logs, f"Job {job_id} RUNNING") or not _streamed(logs, job_id):
+            assert not waiting.done(), waiting.result()
+            await asyncio.sleep(0.2)
+        await asyncio.to_thread(login.stop)
+        while not _events(logs, "unreachable since"):
+            assert not waiting.done(), waiting.result()
+            await asyncio.sleep(0.2)
+        await asyncio.to_thread(local_cluster.ssh, f"touch {release}")  # the job ends during the outage
+        await asyncio.to_thread(local_cluster.wait_for_state, int(job_id), {"COMPLETED"}, 120)
+        # slurmctld forgets it (MinJobAge): only accounting knows how it ended
+        await asyncio.to_thread(poll_until, lambda: not local_cluster.root(
+            "squeue", "-h", "-t", "all", "-j", job_id, check=False).stdout.strip(), timeout=300,
+            what="squeue to forget the job",
+            interval=2)
+        assert not waiting.done(), "the watch gave up while the login node was down"
+        await asyncio.to_thread(login.start)
+        return await asyncio.wait_for(waiting, 120)
+
+    try:
+        with structlog.testing.capture_logs() as logs:
+            payload = asyncio.run(asyncio.wait_for(watch(logs), 600))
+    finally:
+        login.start()
+        local_cluster.ssh(f"touch {release}; scancel {job_id}", check=False)
+
+    assert (payload["kind"], payload["status"]["state"], payload["status"]["source"]) == (FINISHED, "COMPLETED", "sacct")
+    told = _events(logs, "unreachable since")
+    assert len(told) == 1 and f"; job {job_id} last seen RUNNING; waiting up to 24 h" in told[0], told
+    assert len(_events(logs, "reachable again after")) == 1
+    assert _streamed(logs, job_id) == [f"[job {job_id}] started", f"[job {job_id}] done"]
+
+
+async def _run_to_event_async(trigger: SlurmJobTrigger) -> dict[str, Any]:
+    async for event in trigger.run():
+        return event.payload
+    raise AssertionError("trigger ended without an event")

@@ -7,7 +7,12 @@ import json
 import pytest
 
 from slurm_provider.cli.scancel import build_scancel
-from slurm_provider.cli.scontrol import build_scontrol_show_job, parse_scontrol_show_job
+from slurm_provider.cli.scontrol import (
+    build_scontrol_ping,
+    build_scontrol_show_job,
+    parse_scontrol_ping,
+    parse_scontrol_show_job,
+)
 from slurm_provider.cli.values import SlurmOutputError, is_invalid_job_id_error
 from slurm_provider.validation import ValidationError
 from tests.slurm_provider.cli.captured_output import JOBS, raw
@@ -51,3 +56,13 @@ def test_scontrol_values_with_spaces() -> None:
     assert record["Power"] == ""
     with pytest.raises(SlurmOutputError):
         parse_scontrol_show_job("slurm_load_jobs error: Invalid job id specified")
+
+
+def test_scontrol_ping() -> None:
+    assert argv_of(build_scontrol_ping()) == ["scontrol", "ping"]
+    assert parse_scontrol_ping("Slurmctld(primary) at vm is UP\n") == {"primary": "UP"}
+    down = ("Slurmctld(primary) at ctl1 is DOWN\nSlurmctld(backup) at ctl2 is UP\n"
+            "*****************************************\n** RESTORE SLURMCTLD DAEMON TO SERVICE **\n")
+    assert parse_scontrol_ping(down) == {"primary": "DOWN", "backup": "UP"}
+    with pytest.raises(SlurmOutputError, match="not a 'scontrol ping' answer"):
+        parse_scontrol_ping("scontrol: error: something else\n")

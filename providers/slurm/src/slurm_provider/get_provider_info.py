@@ -27,7 +27,8 @@ def get_provider_info() -> dict[str, Any]:
         "hooks": [{"integration-name": INTEGRATION, "python-modules": ["slurm_provider.hooks"]}],
         "operators": [{"integration-name": INTEGRATION, "python-modules": ["slurm_provider.operators"]}],
         "sensors": [{"integration-name": INTEGRATION, "python-modules": ["slurm_provider.sensors"]}],
-        "triggers": [{"integration-name": INTEGRATION, "python-modules": ["slurm_provider.triggers"]}],
+        "triggers": [{"integration-name": INTEGRATION,
+                      "python-modules": ["slurm_provider.triggers", "slurm_provider.login_wait"]}],
         "extra-links": ["slurm_provider.links.SlurmJobLogLink"],
         "connection-types": [provider_connection_type()],
         "config": {

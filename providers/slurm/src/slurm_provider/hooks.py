@@ -12,8 +12,10 @@ the plan's first step, before anything reaches the cluster.
 
 Failures: a :class:`TransportError` when the login node cannot be reached;
 :class:`SlurmCommandFailed` (a retryable ``TransportError``: the status call failed, the job did
-not) when a read-only Slurm command gives no usable answer; ``parsers.SbatchRefused`` with
-Slurm's own message when sbatch refuses a job.
+not) when a read-only Slurm command gives no usable answer, and when ``sbatch`` met no controller
+(:class:`SubmitLockBusy` when another submit held an exclusive directory's lock): nothing says the
+request was wrong, so trying later is the answer; ``parsers.SbatchRefused`` with Slurm's own
+message when sbatch refuses a job.
 """
 
 from __future__ import annotations
@@ -59,12 +61,19 @@ from slurm_provider.cli.sbatch import (
     build_sbatch_submit,
     build_sbatch_test_only,
     exclusive_dir_marker,
+    is_controller_unavailable,
     parse_sbatch_parsable,
     parse_sbatch_test_only,
+    sbatch_error_message,
     script_account,
 )
 from slurm_provider.cli.scancel import build_scancel
-from slurm_provider.cli.scontrol import build_scontrol_show_job, parse_scontrol_show_job
+from slurm_provider.cli.scontrol import (
+    build_scontrol_ping,
+    build_scontrol_show_job,
+    parse_scontrol_ping,
+    parse_scontrol_show_job,
+)
 from slurm_provider.cli.sinfo import build_sinfo_unavailable_nodes, parse_sinfo_unavailable
 from slurm_provider.cli.squeue import (
     SqueueRow,
@@ -130,6 +139,13 @@ class SlurmCommandFailed(TransportError):
     def __init__(self, message: str, result: CommandResult | None = None) -> None:
         super().__init__(message)
         self.result = result
+
+
+class SubmitLockBusy(SlurmCommandFailed):
+    """Another submit held the exclusive directory's lock for all of the wait: nothing was submitted.
+
+    Retryable: the other submit ends, or its lock goes stale and is taken over, within minutes.
+    """
 
 
 @dataclass(frozen=True)
@@ -205,10 +221,23 @@ def _failed(verb: str, result: CommandResult) -> SlurmCommandFailed:
     return SlurmCommandFailed(f"{verb} exited {result.exit_status}: {detail[-1000:]}", result)
 
 
+def _check_submit(result: CommandResult) -> None:
+    """Raise the retryable error when ``sbatch`` (or the exclusive submit around it) failed for a
+    reason that passes (no controller answered, the submit lock was busy) instead of refusing the job."""
+    if result.exit_status == 0:
+        return
+    if result.exit_status in (EXIT_LOCK_BUSY, EXIT_QUERY_FAILED):
+        raise SubmitLockBusy(f"{sbatch_error_message(result.stderr) or 'squeue did not answer under the submit lock'}"
+                             ": nothing was submitted; try again in a few minutes", result)
+    if is_controller_unavailable(result.stderr):
+        raise _failed("sbatch", result)
+
+
 def submit_plan(script: str, options: SubmitOptions) -> Plan[SubmitResult]:
     command = build_sbatch_submit(**options.as_kwargs())
     _validate_script(script)
     result = yield RemoteCommand(command, "sbatch", stdin=script, timeout=SUBMIT_TIMEOUT)
+    _check_submit(result)
     return parse_sbatch_parsable(result.stdout, result.stderr)
 
 
@@ -230,11 +259,6 @@ class ExclusiveSubmitResult:
     """Where a replacing submit moved the directories' earlier outputs."""
 
 
-class SubmitLockBusy(SlurmCommandFailed):
-    """Another submit held the directory's lock all along, or squeue did not answer under it:
-    nothing was submitted, and a later try is right (retryable)."""
-
-
 def exclusive_submit_plan(script: str, options: SubmitOptions, exclusive_dir: str, *,
                           done_markers: Sequence[str] = (), replace: str | None = None,
                           supersede: Sequence[str] = ()) -> Plan[ExclusiveSubmitResult]:
@@ -243,10 +267,8 @@ def exclusive_submit_plan(script: str, options: SubmitOptions, exclusive_dir: st
         exclusive_dir=exclusive_dir, done_markers=done_markers, replace=replace, supersede=supersede,
         live_account=options.account or script_account(script), **options.as_kwargs())
     result = yield RemoteCommand(command, "sbatch", stdin=script, timeout=SUBMIT_TIMEOUT)
-    if result.exit_status in (EXIT_LOCK_BUSY, EXIT_QUERY_FAILED):
-        raise SubmitLockBusy(f"the exclusive submit for {exclusive_dir} did not get to sbatch: "
-                             f"{(result.stderr or '').strip()[-1000:] or 'squeue failed'}", result)
-    head, found, rows_text = result.stdout.partition(LIVE_MARKER)
+    _check_submit(result)
+    _, found, rows_text = result.stdout.partition(LIVE_MARKER)
     if found:
         user_line, _, rows_text = rows_text.partition("\n")
         rows = parse_squeue(rows_text)
@@ -410,6 +432,21 @@ def scontrol_show_plan(job_id: str | int) -> Plan[list[dict[str, str]]]:
             return []
         raise _failed("scontrol show job", result)
     return parse_scontrol_show_job(result.stdout)
+
+
+def ping_plan() -> Plan[dict[str, str]]:
+    """The login node answers and a ``slurmctld`` answers it; the controllers' states.
+
+    Raises :class:`SlurmCommandFailed` (retryable) when no controller is up."""
+    result = yield RemoteCommand(build_scontrol_ping(), "scontrol")
+    try:
+        states = parse_scontrol_ping(result.stdout)
+    except SlurmOutputError as exc:
+        raise _failed("scontrol ping", result) from exc
+    if "UP" not in states.values():
+        said = ", ".join(f"{role} {state}" for role, state in states.items())
+        raise SlurmCommandFailed(f"no slurmctld answers the login node ({said})", result)
+    return states
 
 
 def unavailable_nodes_plan(partition: str | None) -> Plan[dict[str, str]]:
@@ -592,6 +629,11 @@ class SlurmHook(BaseHook, _CommandCounter):
     def unavailable_nodes(self, partition: str | None = None) -> dict[str, str]:
         return self._drive(unavailable_nodes_plan(partition))
 
+    def ping(self) -> dict[str, str]:
+        """``scontrol ping``: raises a retryable ``TransportError`` unless the login node and a
+        controller answer; the controllers' states (``{"primary": "UP"}``)."""
+        return self._drive(ping_plan())
+
     @contextlib.contextmanager
     def ssh_command(self) -> Iterator[SSHCommand]:
         """The system ``ssh`` command (and destination) that logs in exactly as this hook does, for
@@ -713,6 +755,9 @@ class SlurmAsyncHook(BaseHook, _CommandCounter):
 
     async def unavailable_nodes(self, partition: str | None = None) -> dict[str, str]:
         return await self._drive(unavailable_nodes_plan(partition))
+
+    async def ping(self) -> dict[str, str]:
+        return await self._drive(ping_plan())
 
     async def account_tres(self, account: str, tres: str = "billing") -> TresMinutes | None:
         return await self._drive(account_tres_plan(account, tres))

@@ -7,11 +7,13 @@ the trigger event. Before submitting, and after a submit whose answer was lost (
 a duplicate. Waiting states never fail the task; an interrupted end (time limit, node failure,
 preemption without requeue) is resubmitted within per-cause budgets when the job made progress.
 
-Task retries are for a lost watch only (worker or triggerer lost, the cluster unreachable for longer
-than the trigger waits): every task retries by default, and a retry adopts the job it finds. A job
-that itself ended badly (failed, out of memory, cancelled, can never start, resubmission budget
-spent) fails the task with :class:`AirflowFailException`, which Airflow never retries, so a broken
-job is not submitted again behind anyone's back.
+A login node that does not answer is waited out, not failed: the watch waits in the triggerer, and
+the task's own steps defer on :class:`~slurm_provider.login_wait.SlurmLoginTrigger` until it answers,
+both up to ``unreachable_timeout``. Task retries are for a lost watch only (worker or triggerer lost,
+the login node unreachable for longer than that): every task retries by default, and a retry adopts
+the job it finds. A job that itself ended badly (failed, out of memory, cancelled, can never start,
+resubmission budget spent) fails the task with :class:`AirflowFailException`, which Airflow never
+retries, so a broken job is not submitted again behind anyone's back.
 
 When the task gives up on a job that Slurm still keeps in its queue (a reason that means it can
 never start, ``SPECIAL_EXIT`` held for a person, an interrupted job Slurm requeued but the policy
@@ -21,11 +23,12 @@ refuses to wait for again), the job is cancelled with the reason logged, unless
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import uuid
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -44,6 +47,14 @@ from slurm_provider.exit_codes import explain_exit
 from slurm_provider.hints import find_submit_hints, format_hints, hint_for
 from slurm_provider.job_status import JobStatus
 from slurm_provider.links import JOB_ID_XCOM_KEY, SlurmJobLogLink
+from slurm_provider.login_wait import REACHABLE, SlurmLoginTrigger
+from slurm_provider.outage import (
+    DEFAULT_UNREACHABLE_TIMEOUT,
+    Outage,
+    gave_up_line,
+    timeout_seconds,
+    unreachable_line,
+)
 from slurm_provider.resubmission import (
     ADOPTED,
     DEFAULT_BUDGETS,
@@ -174,6 +185,22 @@ class SlurmSubmitOperator(BaseOperator):
     :param keep_job_on_give_up: when the task fails while its job is still in Slurm's queue (pending
         for a reason that never resolves, held after ``SPECIAL_EXIT``, requeued after an end the
         policy does not resubmit), leave the job there for a person instead of cancelling it.
+    :param unreachable_timeout: how long (a timedelta or seconds; 24 hours by default) the task waits
+        for a login node that does not answer before it gives up on this try (a retry adopts the job).
+
+    A login node that does not answer (refused, reset, timed out, no ``slurmctld``) is a wait, not a
+    failure, because the jobs run on without it: maintenance breaks on LUMI last hours, longer than
+    any sensible retry budget (the default retries cover about six minutes), and a retry that meets
+    the node still down would only spend another one. So the watch waits in the triggerer and says
+    so once in the task log ("login node of ... unreachable since 14:02 ...; job 123 last seen
+    RUNNING; waiting up to 24 h"); and when one of the task's own steps meets the outage (adopting or
+    submitting, reading how the job ended, a subclass's checks before submitting) the task defers on
+    :class:`~slurm_provider.login_wait.SlurmLoginTrigger`, which holds no worker slot and spends no
+    retry, and starts its step over when the node answers: what was submitted is adopted (by the
+    job ids in the task state store, or by name and comment when ``sbatch``'s answer was lost). Both
+    waits end past ``unreachable_timeout`` with a plain :class:`AirflowException`, which a task retry
+    follows, adopting the job. A busy submit lock (``exclusive_dir``) or a controller that refused to
+    talk is retried by Airflow's task retries, as nothing was submitted.
     """
 
     template_fields: Sequence[str] = ("script", "log_dir", "partition", "account", "time_limit",
@@ -196,7 +223,8 @@ class SlurmSubmitOperator(BaseOperator):
                  retry_exponential_backoff: float = DEFAULT_RETRY_EXPONENTIAL_BACKOFF,
                  max_retry_delay: timedelta | float | None = DEFAULT_MAX_RETRY_DELAY,
                  keep_job_on_give_up: bool = False, done_markers: Sequence[str] = (),
-                 replace_outputs: bool = False, supersede_dirs: Sequence[str] = (), **kwargs: Any) -> None:
+                 replace_outputs: bool = False, supersede_dirs: Sequence[str] = (),
+                 unreachable_timeout: timedelta | float = DEFAULT_UNREACHABLE_TIMEOUT, **kwargs: Any) -> None:
         # Named parameters (not kwargs.setdefault): Airflow fills a parameter of this signature from
         # the DAG's default_args when the task does not set it, so default_args win over these defaults.
         super().__init__(retries=retries, retry_delay=retry_delay, max_retry_delay=max_retry_delay,
@@ -226,6 +254,9 @@ class SlurmSubmitOperator(BaseOperator):
         self.done_markers = tuple(done_markers)
         self.replace_outputs = replace_outputs
         self.supersede_dirs = tuple(supersede_dirs)
+        self.unreachable_timeout = timeout_seconds(unreachable_timeout)
+        self._outage: tuple[float, int] | None = None
+        """(since, probes) of the outage this try already waited through, carried by the login wait's event."""
 
     # --- execute: adopt or submit, then defer ------------------------------------------------------
 
@@ -234,8 +265,52 @@ class SlurmSubmitOperator(BaseOperator):
             self._validate()
         except ValidationError as exc:
             raise AirflowFailException(str(exc)) from exc
-        with self._hook() as hook:
+        with self.waiting_out_outages(context), self._hook() as hook:
             return self._adopt_or_submit(context, hook)
+
+    # --- a login node that does not answer --------------------------------------------------------
+
+    @contextlib.contextmanager
+    def waiting_out_outages(self, context: Any) -> Iterator[None]:
+        """Run steps that talk to the cluster; when the login node does not answer, defer on
+        :class:`SlurmLoginTrigger` and start over in :meth:`execute_after_outage` once it does.
+
+        A failure waiting cannot heal (host key, authentication, configuration) raises
+        :class:`AirflowException`: a person fixes the connection and a task retry goes on.
+        """
+        try:
+            yield
+        except TransportError as exc:
+            if not exc.retryable:
+                raise AirflowException(f"cannot use the cluster connection {self.conn_id}: {exc}. Once it is "
+                                       "fixed, a retry of this task adopts any job it submitted") from exc
+            self._wait_for_login_node(context, exc)
+
+    def _wait_for_login_node(self, context: Any, exc: TransportError) -> None:
+        since, tries = self._outage if self._outage is not None else (time.time(), 0)
+        outage = Outage(since, str(exc))
+        if outage.is_past(self.unreachable_timeout):
+            raise AirflowException(f"{gave_up_line(self.conn_id, outage, self.unreachable_timeout)}. A retry "
+                                   "of this task adopts any job it submitted") from exc
+        if self._outage is None:
+            self.log.warning("%s", unreachable_line(self.conn_id, outage, self.unreachable_timeout))
+        else:
+            self.log.warning("Login node of %s answers scontrol ping, but this step still failed (%s): waiting "
+                             "on", self.conn_id, exc)
+        self.defer(trigger=SlurmLoginTrigger(conn_id=self.conn_id, since=since, cause=str(exc),
+                                             unreachable_timeout=self.unreachable_timeout,
+                                             poll_interval=self.poll_interval,
+                                             max_poll_interval=self.max_poll_interval, tries=tries),
+                   method_name="execute_after_outage")
+
+    def execute_after_outage(self, context: Any, event: dict[str, Any]) -> Any:
+        """The login node answers again: do this try's work from the start (``execute``), adopting
+        whatever it submitted before the outage. Past the deadline: a retryable failure."""
+        if (event or {}).get("kind") != REACHABLE:
+            raise AirflowException(f"{(event or {}).get('message')}. A retry of this task adopts any job it "
+                                   "submitted")
+        self._outage = (float(event["since"]), int(event.get("tries") or 0))
+        return self.execute(context)
 
     def _adopt_or_submit(self, context: Any, hook: Any) -> Any:
         stored = self._stored_history(context)
@@ -283,7 +358,7 @@ class SlurmSubmitOperator(BaseOperator):
                                           SubmissionHistory.from_json(event["carry"].get("history")),
                                           ).since_clear(self._clear_number(context))
         self._store_history(context, history)
-        with self._hook() as hook:
+        with self.waiting_out_outages(context), self._hook() as hook:
             return self._interpret(context, hook, history, event)
 
     def _interpret(self, context: Any, hook: Any, history: SubmissionHistory, event: dict[str, Any]) -> Any:
@@ -431,6 +506,8 @@ class SlurmSubmitOperator(BaseOperator):
                                        f"{decision.message}\n{left}".rstrip())
         try:
             self.check_before_resubmit(context, hook)
+        except TransportError:
+            raise  # the check could not be made: wait for the login node, then decide again
         except Exception as exc:
             left = self._give_up(context, hook, status.job_id, f"resubmission refused: {exc}", history)
             if not left:
@@ -472,6 +549,7 @@ class SlurmSubmitOperator(BaseOperator):
                 err_log_path=self._log_path(context, current.job_id, stream="err"), pending_policy=self.pending_policy,
                 expected_job_name=current.name or self._job_name(context), carry={"history": history.to_json()},
                 adopted_from=(current.submitted_by or "another task") if current.adopted else None,
+                unreachable_timeout=self.unreachable_timeout,
             ),
             method_name="execute_complete",
         )

@@ -13,6 +13,12 @@ subscriber resets it. Only transport errors are retried (with jittered exponenti
 at the subscribers' longest allowed poll interval, and a fresh connection); anything else is handed
 to every subscriber.
 
+A login node that does not answer (refused, reset, timed out; ``slurmctld`` not answering the login
+node's ``squeue``) is retried without a limit for as long as anyone watches: every failed try hands
+each subscriber the :class:`~slurm_provider.outage.Outage` so far (since when, why, next try in),
+and each watch decides by its own deadline when it has waited long enough. A failure retrying cannot
+heal (host key, authentication, configuration) ends every watch at once.
+
 A login that waits for a person (an OTP ControlMaster that lapsed overnight) is not a failure of the
 watched jobs: they keep running on the cluster. The poller then keeps trying with back-off, without
 a retry limit, and tells every subscriber what a person has to do; the watches pick up as soon as
@@ -25,16 +31,20 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from slurm_provider.job_status import JobStatus
+from slurm_provider.outage import Outage, reachable_again_line
 from slurm_provider.transport import ControlMasterNotRunning, TransportError
 
 log = logging.getLogger(__name__)
 
 MAX_RETRY_DELAY = 300.0
+MAX_LOG_READS_PER_CYCLE = 16
+"""Reads of one log per cycle (each up to 64 KiB): a megabyte of output catches up in one cycle."""
 
 
 class StatusSource(Protocol):
@@ -63,6 +73,9 @@ class PollUpdate:
     new_err_text: str = ""
     """New text of the job's error output (stderr), when it is a file of its own."""
     err_offset: int = 0
+    unreachable: Outage | None = None
+    """No status this cycle: the cluster did not answer (since when, why); the watch decides whether
+    to wait on."""
 
 
 @dataclass
@@ -85,7 +98,7 @@ class JobPoller:
     """Polls every watched job of one connection in one batched call per cycle."""
 
     def __init__(self, conn_id: str, source_factory: Callable[[], StatusSource], *, growth: float = 1.5,
-                 max_transport_retries: int = 8, jitter: float = 0.1, coalesce: float = 1.0) -> None:
+                 jitter: float = 0.1, coalesce: float = 1.0) -> None:
         self.conn_id = conn_id
         self._source_factory = source_factory
         self._source: StatusSource | None = None
@@ -95,7 +108,6 @@ class JobPoller:
         self._growth = growth
         self._jitter = jitter
         self._coalesce = coalesce
-        self._max_transport_retries = max_transport_retries
         self._interval: float | None = None
         self.cycles = 0
 
@@ -135,14 +147,19 @@ class JobPoller:
     # --- the loop ----------------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        failures = 0  # transport failures in a row that may go away by themselves
+        failures = 0  # tries in a row the cluster did not answer
         waits = 0  # cycles in a row whose login waited for a person
+        since: float | None = None  # when the cluster stopped answering
         while self._subs:
             try:
                 changed = await self._cycle()
-                if failures or waits:
+                if since is not None:
+                    log.warning("Cluster %s: %s; watching %d job(s)", self.conn_id,
+                                reachable_again_line(self.conn_id, since), len(self._subs))
+                elif waits:
                     log.info("Cluster %s reachable again; watching %d job(s)", self.conn_id, len(self._subs))
                 failures = waits = 0
+                since = None
             except ControlMasterNotRunning as exc:
                 waits += 1
                 await self._drop_source()
@@ -153,14 +170,19 @@ class JobPoller:
                 await self._sleep(delay)
                 continue
             except TransportError as exc:
-                failures += 1
                 await self._drop_source()
-                if not exc.retryable or failures > self._max_transport_retries:
+                if not exc.retryable:
                     self._broadcast_error(exc)
                     return
+                failures += 1
+                if since is None:
+                    since = time.time()
+                    log.warning("Cluster %s unreachable (%s); still watching %d job(s), trying again with a "
+                                "new connection", self.conn_id, exc, len(self._subs))
                 delay = self._retry_delay(failures)
-                log.warning("Cluster %s unreachable (%s); retry %d/%d in %.0fs with a new connection",
-                            self.conn_id, exc, failures, self._max_transport_retries, delay)
+                log.info("Cluster %s still unreachable after %d tries (%s); next try in %.0fs", self.conn_id,
+                         failures, exc, delay)
+                self._broadcast_unreachable(Outage(since, str(exc), delay))
                 await self._sleep(delay)
                 continue
             except Exception as exc:  # a bug or an unreadable answer: every watcher must hear of it
@@ -192,9 +214,11 @@ class JobPoller:
             text = err_text = ""
             if sub in streaming:
                 if sub.log_path and sizes.get(sub.log_path, 0) > sub.log_offset:
-                    text, sub.log_offset = await source.read_log(sub.log_path, sub.log_offset)
+                    text, sub.log_offset = await _read_grown(source, sub.log_path, sub.log_offset,
+                                                             sizes[sub.log_path])
                 if sub.err_path and sizes.get(sub.err_path, 0) > sub.err_offset:
-                    err_text, sub.err_offset = await source.read_log(sub.err_path, sub.err_offset)
+                    err_text, sub.err_offset = await _read_grown(source, sub.err_path, sub.err_offset,
+                                                                 sizes[sub.err_path])
             sub.queue.put_nowait(PollUpdate(status=status, new_log_text=text, log_offset=sub.log_offset,
                                             new_err_text=err_text, err_offset=sub.err_offset))
         return changed
@@ -231,6 +255,11 @@ class JobPoller:
             sub.queue.put_nowait(PollUpdate(status=None, error=exc, log_offset=sub.log_offset,
                                             err_offset=sub.err_offset))
 
+    def _broadcast_unreachable(self, outage: Outage) -> None:
+        for sub in self._subs.values():
+            sub.queue.put_nowait(PollUpdate(status=None, log_offset=sub.log_offset, unreachable=outage,
+                                            err_offset=sub.err_offset))
+
     def _broadcast_waiting(self, what_to_do: str) -> None:
         for sub in self._subs.values():
             sub.queue.put_nowait(PollUpdate(status=None, log_offset=sub.log_offset, waiting=what_to_do,
@@ -252,9 +281,25 @@ class JobPoller:
         _POLLERS.pop((id(asyncio.get_running_loop()), self.conn_id), None)
 
 
+async def _read_grown(source: StatusSource, path: str, offset: int, size: int) -> tuple[str, int]:
+    """What ``path`` grew by from ``offset`` to ``size``, in as many reads as that takes (at most
+    ``MAX_LOG_READS_PER_CYCLE``): a job that wrote a lot while nobody could look (an outage of the login
+    node) has its output shown before its end is announced."""
+    parts = []
+    for _ in range(MAX_LOG_READS_PER_CYCLE):
+        text, new_offset = await source.read_log(path, offset)
+        parts.append(text)
+        moved_on, offset = new_offset > offset, new_offset
+        if not moved_on or offset >= size:  # caught up, or the file was rewritten and read from 0
+            break
+    return "".join(parts), offset
+
+
 def retry_delay(attempt: int, cap: float) -> float:
-    """Jittered exponential back-off: up to ``2 ** attempt`` seconds, never more than ``cap``."""
-    return min(cap, 2.0 ** attempt) * random.uniform(0.5, 1.0)
+    """Jittered exponential back-off: up to ``2 ** attempt`` seconds, never more than ``cap``
+    (an outage of days is thousands of tries: the exponent stops growing long before a float would
+    overflow)."""
+    return min(cap, 2.0 ** min(attempt, 64)) * random.uniform(0.5, 1.0)
 
 
 _POLLERS: dict[tuple[int, str], JobPoller] = {}

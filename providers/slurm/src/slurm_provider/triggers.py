@@ -7,7 +7,11 @@ task log, fires exactly one event, and carries
 everything the operator needs to resume in that event (``airflow dags test`` drops ``defer()``
 kwargs), including an opaque ``carry`` dict the operator hands in. While the login waits for a
 person (an OTP ControlMaster that lapsed), the trigger logs what to do once and keeps waiting: the
-job runs on regardless, and the watch picks up when the master is back.
+job runs on regardless, and the watch picks up when the master is back. While the login node does
+not answer at all (maintenance), the trigger says so once ("login node of lumi unreachable since
+14:02 ...; job 123 last seen RUNNING; waiting up to 24 h ...") and waits up to
+``unreachable_timeout``; when the node answers again it says after how long and goes on (a job that
+ended meanwhile is read from ``sacct``); past the deadline it fires an ``error`` event, a lost watch.
 """
 
 from __future__ import annotations
@@ -19,6 +23,14 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from slurm_provider.outage import (
+    DEFAULT_UNREACHABLE_TIMEOUT,
+    Outage,
+    gave_up_line,
+    reachable_again_line,
+    timeout_seconds,
+    unreachable_line,
+)
 from slurm_provider.poller import shared_poller
 from slurm_provider.state_vocabulary import SlurmState, StateCategory, classify_pending_reason
 from slurm_provider.job_status import JobStatus
@@ -73,6 +85,9 @@ class SlurmJobTrigger(BaseTrigger):
     :param carry: opaque JSON-safe data returned unchanged in the event.
     :param adopted_from: who submitted the job when the task only adopted it (another clear, run,
         deployment): ``on_kill`` then leaves it running, whatever its name, and says so.
+    :param unreachable_timeout: seconds to wait for a login node that does not answer (counted from
+        the first failed try, kept across triggerer restarts in the watch note) before firing an
+        ``error`` event; the job runs on meanwhile and a task retry adopts it.
     """
 
     def __init__(self, *, conn_id: str, job_id: str, poll_interval: float = 15.0,
@@ -80,7 +95,8 @@ class SlurmJobTrigger(BaseTrigger):
                  log_path: str | None = None, log_offset: int = 0, pending_policy: str = "fail",
                  expected_job_name: str | None = None, unknown_grace_polls: int = 6,
                  carry: dict[str, Any] | None = None, err_log_path: str | None = None,
-                 err_log_offset: int = 0, adopted_from: str | None = None) -> None:
+                 err_log_offset: int = 0, adopted_from: str | None = None,
+                 unreachable_timeout: float = DEFAULT_UNREACHABLE_TIMEOUT.total_seconds()) -> None:
         super().__init__()
         if pending_policy not in PENDING_POLICIES:
             raise ValueError(f"pending_policy {pending_policy!r} not allowed (known: {', '.join(PENDING_POLICIES)})")
@@ -98,6 +114,7 @@ class SlurmJobTrigger(BaseTrigger):
         self.unknown_grace_polls = int(unknown_grace_polls)
         self.carry = dict(carry or {})
         self.adopted_from = adopted_from
+        self.unreachable_timeout = timeout_seconds(unreachable_timeout)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -117,6 +134,7 @@ class SlurmJobTrigger(BaseTrigger):
                 "unknown_grace_polls": self.unknown_grace_polls,
                 "carry": self.carry,
                 "adopted_from": self.adopted_from,
+                "unreachable_timeout": self.unreachable_timeout,
             },
         )
 
@@ -143,6 +161,8 @@ class SlurmJobTrigger(BaseTrigger):
         last_state = SlurmState(note.state) if note.state in SlurmState.__members__ else None
         warned_reason: str | None = None
         waiting_for: str | None = None
+        unreachable_since = note.unreachable_since  # an earlier trigger of this try met the same outage
+        announced = False  # the outage was told in the task log by this trigger
         unknown_polls = 0
         async with poller.subscribe(self.job_id, poll_interval=self.poll_interval,
                                     max_poll_interval=self.max_poll_interval, log_path=self.log_path,
@@ -161,6 +181,30 @@ class SlurmJobTrigger(BaseTrigger):
                                          update.waiting)
                         waiting_for = update.waiting
                     continue
+                if update.unreachable is not None:  # the job runs on; wait for the login node
+                    outage = Outage(unreachable_since or update.unreachable.since, update.unreachable.cause,
+                                    update.unreachable.retry_in)
+                    state = last_state.value if last_state is not None else None
+                    if outage.is_past(self.unreachable_timeout):
+                        message = gave_up_line(self.conn_id, outage, self.unreachable_timeout,
+                                               job_id=self.job_id, last_state=state)
+                        self.log.error("%s", message)
+                        yield self._event(ERROR, None, message)
+                        return
+                    if not announced:
+                        self.log.warning("%s", unreachable_line(self.conn_id, outage, self.unreachable_timeout,
+                                                                job_id=self.job_id, last_state=state))
+                        announced = True
+                    if unreachable_since is None:
+                        unreachable_since = outage.since
+                        await self._remember(task, last_state, unreachable_since)
+                    continue
+                if unreachable_since is not None:
+                    self.log.warning("%s; watching job %s again", reachable_again_line(self.conn_id,
+                                                                                      unreachable_since),
+                                     self.job_id)
+                    unreachable_since, announced = None, False
+                    await self._remember(task, last_state)
                 if waiting_for is not None:
                     self.log.info("Watching job %s again on %s", self.job_id, self.conn_id)
                     waiting_for = None
@@ -211,10 +255,12 @@ class SlurmJobTrigger(BaseTrigger):
                              self.job_id, exc, self.log_path, self.log_offset)
             return WatchNote(self.log_offset)
 
-    async def _remember(self, task: TaskKey | None, state: SlurmState | None) -> None:
+    async def _remember(self, task: TaskKey | None, state: SlurmState | None,
+                        unreachable_since: float | None = None) -> None:
         if task is None:
             return
-        note = WatchNote(self.log_offset, state.value if state is not None else None, self.err_log_offset)
+        note = WatchNote(self.log_offset, state.value if state is not None else None, self.err_log_offset,
+                         unreachable_since)
         try:
             await asyncio.wait_for(remember_watch(task, self.job_id, self.log_path, note), timeout=30)
         except Exception as exc:

@@ -1,7 +1,8 @@
 """What a trigger keeps and asks about its own task in Airflow, over the triggerer's Execution API link.
 
-* **How far the watch got**: the bytes of the job's log already copied into the task log and the
-  last job state announced there, kept as an XCom of the task try. A triggerer that restarts
+* **How far the watch got**: the bytes of the job's log already copied into the task log, the
+  last job state announced there and, while the login node does not answer, since when (the wait's
+  deadline counts from it, and the HPC view shows it), kept as an XCom of the task try. A triggerer that restarts
   rebuilds every trigger from the arguments it had when the task deferred (offset 0); without this
   note the new trigger would copy the whole log into the task log again and announce the state
   again. XComs live as long as the try: a retry starts a new task log, shown from the start.
@@ -21,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 WATCH_XCOM_KEY = "slurm_watch"
-"""XCom of the task try holding ``{"job_id", "log_path", "log_offset", "state", "err_offset"}`` of the watch
-in progress."""
+"""XCom of the task try holding ``{"job_id", "log_path", "log_offset", "state", "err_offset",
+"unreachable_since"}`` of the watch in progress."""
 
 ENDED_BY_A_PERSON = frozenset({"failed", "success", "skipped", "upstream_failed", "removed"})
 """Task instance states in which a stopped trigger means "stop the job": the task was ended for good."""
@@ -63,6 +64,8 @@ class WatchNote:
     """The last job state announced in the task log (a ``SlurmState`` value)."""
     err_offset: int = 0
     """Bytes of the job's error output already copied into the task log."""
+    unreachable_since: float | None = None
+    """Since when the login node has not answered (epoch seconds); None while it answers."""
 
 
 async def recall_watch(key: TaskKey, job_id: str, log_path: str | None) -> WatchNote:
@@ -72,7 +75,9 @@ async def recall_watch(key: TaskKey, job_id: str, log_path: str | None) -> Watch
     note = await XCom.aget_one(key=WATCH_XCOM_KEY, dag_id=key.dag_id, task_id=key.task_id, run_id=key.run_id,
                                map_index=key.map_index)
     if isinstance(note, dict) and note.get("job_id") == job_id and note.get("log_path") == log_path:
-        return WatchNote(int(note.get("log_offset") or 0), note.get("state"), int(note.get("err_offset") or 0))
+        since = note.get("unreachable_since")
+        return WatchNote(int(note.get("log_offset") or 0), note.get("state"), int(note.get("err_offset") or 0),
+                         float(since) if isinstance(since, (int, float)) else None)
     return WatchNote()
 
 
@@ -80,7 +85,8 @@ async def remember_watch(key: TaskKey, job_id: str, log_path: str | None, note: 
     from airflow.sdk.execution_time.xcom import XCom
 
     await XCom.aset(WATCH_XCOM_KEY, {"job_id": job_id, "log_path": log_path, "log_offset": note.log_offset,
-                                     "state": note.state, "err_offset": note.err_offset},
+                                     "state": note.state, "err_offset": note.err_offset,
+                                     "unreachable_since": note.unreachable_since},
                     dag_id=key.dag_id, task_id=key.task_id, run_id=key.run_id, map_index=key.map_index)
 
 

@@ -34,3 +34,24 @@ def parse_scontrol_show_job(stdout: str | None) -> list[dict[str, str]]:
             record[match.group(1)] = text[match.end() : end].strip()
         records.append(record)
     return records
+
+
+def build_scontrol_ping() -> str:
+    """``scontrol ping``: does a ``slurmctld`` answer the login node? (cheap: no job is read)."""
+    return join_argv(["scontrol", "ping"])
+
+
+_PING_LINE = re.compile(r"^Slurmctld\((?P<role>[^)]*)\) at (?P<host>\S+) is (?P<state>UP|DOWN)\b")
+
+
+def parse_scontrol_ping(stdout: str | None) -> dict[str, str]:
+    """``{"primary": "UP", "backup": "DOWN"}`` from ``scontrol ping`` (the role of each controller
+    Slurm names); lines that are not a controller's state (the banner below a DOWN) are skipped."""
+    states = {}
+    for line in output_lines(stdout):
+        match = _PING_LINE.match(line.strip())
+        if match:
+            states[match.group("role")] = match.group("state")
+    if not states:
+        raise SlurmOutputError(f"not a 'scontrol ping' answer: {(stdout or '').strip()[:200]!r}")
+    return states

@@ -1,0 +1,121 @@
+"""A login node of the local cluster that a test may take down: its own sshd on a free port.
+
+The shared login sshd (127.0.0.1:2222) serves every test running on this machine; an outage test
+starts a second sshd with the same configuration (``include/local_cluster/templates/sshd_config``
+as ``cluster.sh start_sshd`` renders it), the same host key and the same cluster user, on another
+port with its own pid file, and points an Airflow connection of its own at it. :meth:`stop` takes it
+down as a maintenance break does: the listening sshd and every session it serves end, so open
+connections drop and new ones are refused; :meth:`start` brings it back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+from localcluster import REPO, LocalCluster, poll_until
+from ports import free_port
+
+TEMPLATE = REPO / "include" / "local_cluster" / "templates" / "sshd_config"
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children first), found by their parent pid in /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # ended while we looked
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        parents.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its parent to reap it counts as ended)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _answers(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+class PrivateLogin:
+    """A second sshd for the cluster user; ``conn_id`` is its Airflow connection (paramiko transport)."""
+
+    def __init__(self, cluster: LocalCluster, directory: Path, conn_id: str = "vcloud_private_login") -> None:
+        self.cluster = cluster
+        self.directory = directory
+        self.conn_id = conn_id
+        self.port = free_port()
+        self.config = directory / "sshd_config"
+        self.pid_file = directory / "sshd.pid"
+        self.log_file = directory / "sshd.log"
+        text = TEMPLATE.read_text()
+        for key, value in {"@STATE@": str(cluster.state_dir), "@SSH_PORT@": str(self.port),
+                           "@SSH_LISTEN@": "127.0.0.1", "@CLUSTER_USER@": cluster.user}.items():
+            text = text.replace(key, value)
+        lines = [f"PidFile {self.pid_file}" if line.startswith("PidFile ") else line for line in text.splitlines()]
+        self.config.write_text("\n".join(lines) + "\n")
+        self.config.chmod(0o600)
+        subprocess.run(["/usr/sbin/sshd", "-t", "-f", str(self.config)], check=True, capture_output=True, timeout=30)
+
+    def connection(self) -> dict:
+        """The cluster's key-based connection, logging in through this sshd (same pinned host key)."""
+        return {**self.cluster.connection(), "port": self.port}
+
+    def connection_env(self) -> dict[str, str]:
+        return {f"AIRFLOW_CONN_{self.conn_id.upper()}": json.dumps(self.connection())}
+
+    @property
+    def pid(self) -> int | None:
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if _alive(pid) else None
+
+    def start(self) -> None:
+        if self.pid is None:
+            subprocess.run(["/usr/sbin/sshd", "-f", str(self.config), "-E", str(self.log_file)], check=True,
+                           capture_output=True, timeout=30)
+        poll_until(lambda: _answers(self.port), timeout=30, what=f"the private sshd on port {self.port}")
+
+    def stop(self) -> None:
+        """SIGTERM the listening sshd and every session process below it, by pid; wait until they are gone."""
+        pid = self.pid
+        if pid is None:
+            return
+        sessions = descendants(pid)
+        os.kill(pid, signal.SIGTERM)
+        for child in sessions:
+            try:
+                os.kill(child, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        poll_until(lambda: not any(_alive(p) for p in [pid, *sessions]), timeout=30,
+                   what="the private sshd and its sessions to end")
+        poll_until(lambda: not _answers(self.port), timeout=10, what=f"port {self.port} to refuse connections")
+        self.pid_file.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self.stop()
+

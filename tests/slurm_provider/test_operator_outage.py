@@ -1,0 +1,269 @@
+"""A login node that does not answer while the operator itself talks to the cluster.
+
+The task defers on ``SlurmLoginTrigger`` instead of failing (no retry spent, no worker slot held),
+starts its step over when the node answers and adopts what it submitted; past ``unreachable_timeout``
+it fails retryably. The fast tests use a recording stand-in for ``SlurmHook``; the last one stops a
+private login sshd of the local cluster under a real task and its real job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow.exceptions import TaskDeferred
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from slurm_provider import hooks
+from slurm_provider.hooks import SlurmCommandFailed, SubmitLockBusy
+from slurm_provider.job_status import JobStatus
+from slurm_provider.login_wait import REACHABLE, SlurmLoginTrigger
+from slurm_provider.operators import SlurmSubmitOperator
+from slurm_provider.state_vocabulary import SlurmState
+from slurm_provider.transport import HostKeyRejected, TransportTimeout, TransportUnavailable
+from slurm_provider.triggers import ERROR, FINISHED, SlurmJobTrigger
+from tests.slurm_provider.test_operator_retries import Cluster, _context, _event, _operator, _status
+
+DOWN = TransportUnavailable("cannot reach vcloud@lumi:22 (connection 'c'): ConnectionRefusedError")
+
+
+class DownCluster(Cluster):
+    """The stand-in cluster, whose every command fails with ``down`` while it is set."""
+
+    def __init__(self, *statuses: Any, down: BaseException | None = DOWN, **kwargs: Any) -> None:
+        super().__init__(*statuses, **kwargs)
+        self.down = down
+        self.lookups = 0
+
+    def _reach(self) -> None:
+        if self.down is not None:
+            raise self.down
+
+    def statuses(self, job_ids: Any) -> Any:
+        self._reach()
+        return super().statuses(job_ids)
+
+    def runs(self, job_id: Any) -> Any:
+        self._reach()
+        return super().runs(job_id)
+
+    def find_jobs(self, name: str | None = None, **kwargs: Any) -> Any:
+        self.lookups += 1
+        self._reach()
+        return super().find_jobs(name, **kwargs)
+
+    def submit(self, script: str, **fields: Any) -> Any:
+        self._reach()
+        return super().submit(script, **fields)
+
+
+def _deferred_on_login_wait(call: Any) -> SlurmLoginTrigger:
+    with pytest.raises(TaskDeferred) as deferred:
+        call()
+    assert deferred.value.method_name == "execute_after_outage"
+    assert isinstance(deferred.value.trigger, SlurmLoginTrigger)
+    return deferred.value.trigger
+
+
+def _reachable(trigger: SlurmLoginTrigger, tries: int = 3) -> dict[str, Any]:
+    return {"kind": REACHABLE, "conn_id": trigger.conn_id, "since": trigger.since, "tries": tries,
+            "message": "login node of c reachable again after 40 min", "carry": {}}
+
+
+def test_a_retry_that_meets_the_outage_waits_for_the_login_node_and_then_adopts_its_job(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = DownCluster(_status("101", SlurmState.RUNNING))
+    monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    context = _context(2, "101")
+    before = time.time()
+    wait = _deferred_on_login_wait(lambda: _operator(unreachable_timeout=timedelta(hours=6)).execute(context))
+    assert before <= wait.since <= time.time()
+    assert (wait.conn_id, wait.cause, wait.unreachable_timeout, wait.tries) == ("c", str(DOWN), 6 * 3600.0, 0)
+    assert cluster.submitted == []
+
+    cluster.down = None  # maintenance over: a fresh operator resumes, as Airflow resumes a deferred task
+    with pytest.raises(TaskDeferred) as watching:
+        _operator().execute_after_outage(context, _reachable(wait))
+    assert isinstance(watching.value.trigger, SlurmJobTrigger) and watching.value.trigger.job_id == "101"
+    assert cluster.submitted == []
+
+
+def test_the_first_try_submits_once_the_login_node_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = DownCluster()
+    monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    context = _context(1)
+    wait = _deferred_on_login_wait(lambda: _operator().execute(context))
+    cluster.down = None
+    with pytest.raises(TaskDeferred) as watching:
+        _operator().execute_after_outage(context, _reachable(wait))
+    assert cluster.submitted == [watching.value.trigger.job_id]
+
+
+class LostAnswer(DownCluster):
+    """sbatch accepts the job, then the login node goes away before its answer arrives."""
+
+    def submit(self, script: str, **fields: Any) -> Any:
+        self.jobs["555"] = JobStatus("555", SlurmState.PENDING, name=fields["job_name"],
+                                     comment=fields["comment"].to_json(), source="squeue")
+        self.down = DOWN
+        raise TransportTimeout("command on vcloud@lumi:22 did not finish within the timeout")
+
+    def find_jobs(self, name: str | None = None, **kwargs: Any) -> Any:
+        self.lookups += 1
+        self._reach()
+        return [job for job in self.jobs.values() if job.name == name]
+
+
+def test_a_submit_whose_answer_was_lost_adopts_the_job_after_the_outage(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("slurm_provider.operators.time.sleep", lambda seconds: None)
+    cluster = LostAnswer(down=None)
+    monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    context = _context(1)
+    wait = _deferred_on_login_wait(lambda: _operator().execute(context))
+    assert cluster.lookups == 1 + 5  # one look before sbatch, five after its answer was lost, then the wait
+    cluster.down = None
+    with pytest.raises(TaskDeferred) as watching:
+        _operator().execute_after_outage(context, _reachable(wait))
+    assert watching.value.trigger.job_id == "555" and cluster.submitted == [], "adopted, not submitted twice"
+
+
+def test_reading_how_the_job_ended_waits_for_the_login_node_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    done = _status("101", SlurmState.COMPLETED, exit_code=0)
+    cluster = DownCluster(done)
+    monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    context = _context(1, "101")
+    wait = _deferred_on_login_wait(lambda: _operator().execute_complete(context, _event(FINISHED, done)))
+    cluster.down = None
+    summary = _operator().execute_after_outage(context, _reachable(wait))
+    assert (summary["job_id"], summary["state"], summary["job_ids"]) == ("101", "COMPLETED", ["101"])
+
+
+def test_an_outage_that_outlasts_the_deadline_fails_the_try_retryably(monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = DownCluster(_status("101", SlurmState.RUNNING))
+    monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    context = _context(2, "101")
+    # the login wait's own end: its event says why
+    with pytest.raises(AirflowException) as ended:
+        _operator().execute_after_outage(context, {"kind": ERROR, "message": "login node of c unreachable since "
+                                                   "14:02 UTC, longer than unreachable_timeout (24 h)"})
+    assert not isinstance(ended.value, AirflowFailException)
+    assert "A retry of this task adopts any job it submitted" in str(ended.value)
+    # ... and a node that answered the probe but not the step, with the deadline gone meanwhile
+    since = time.time() - 7200
+    with pytest.raises(AirflowException) as late:
+        _operator(unreachable_timeout=3600).execute_after_outage(
+            context, {"kind": REACHABLE, "since": since, "tries": 9, "message": "reachable again"})
+    assert not isinstance(late.value, AirflowFailException)
+    assert "longer than unreachable_timeout (1 h)" in str(late.value)
+
+
+def test_a_wait_that_meets_the_outage_again_keeps_its_start_and_its_pace(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hooks, "SlurmHook", DownCluster(_status("101", SlurmState.RUNNING),
+                                                        down=SlurmCommandFailed("sacct exited 1: slurmdbd down")))
+    since = time.time() - 600
+    again = _deferred_on_login_wait(lambda: _operator().execute_after_outage(
+        _context(2, "101"), {"kind": REACHABLE, "since": since, "tries": 7, "message": "reachable again"}))
+    assert (again.since, again.tries) == (since, 7)
+
+
+def test_a_host_key_or_login_problem_is_not_waited_for_but_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = DownCluster(_status("101", SlurmState.RUNNING), down=HostKeyRejected("host key of lumi changed"))
+    monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    with pytest.raises(AirflowException) as raised:
+        _operator().execute(_context(2, "101"))
+    assert not isinstance(raised.value, (AirflowFailException, TaskDeferred))
+    assert "cannot use the cluster connection c: host key of lumi changed" in str(raised.value)
+
+
+def test_a_busy_submit_lock_is_retried_by_airflow_and_submits_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("slurm_provider.operators.time.sleep", lambda seconds: None)
+    busy = SubmitLockBusy("another submit holds /scratch/run/stage0/.slurm-submit.lock: nothing was submitted")
+    cluster = DownCluster(down=None, submit_error=busy)
+    monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    with pytest.raises(AirflowException) as raised:
+        _operator().execute(_context(1))
+    assert not isinstance(raised.value, AirflowFailException)
+    assert "a retry of this task submits it again" in str(raised.value) and cluster.submitted == []
+
+
+def test_the_watch_gets_the_tasks_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hooks, "SlurmHook", DownCluster(_status("101", SlurmState.RUNNING), down=None))
+    with pytest.raises(TaskDeferred) as watching:
+        _operator(unreachable_timeout=timedelta(hours=3)).execute(_context(2, "101"))
+    assert watching.value.trigger.serialize()[1]["unreachable_timeout"] == 3 * 3600.0
+
+
+def test_an_unusable_deadline_is_refused_when_the_dag_is_parsed() -> None:
+    with pytest.raises(ValueError, match="unreachable_timeout must be a positive number"):
+        SlurmSubmitOperator(task_id="t", conn_id="c", script="#!/bin/bash\n", log_dir="/l", unreachable_timeout=0)
+
+
+# --- the real thing: a private login sshd of the local cluster stopped under a task and its job ------
+
+
+@pytest.fixture
+def private_login(local_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from private_login import PrivateLogin
+
+    login = PrivateLogin(local_cluster, tmp_path)
+    for key, value in login.connection_env().items():
+        monkeypatch.setenv(key, value)
+    login.start()
+    try:
+        yield login
+    finally:
+        login.stop()
+
+
+def test_a_task_that_meets_a_stopped_login_node_waits_for_it_and_adopts_its_job(
+        local_cluster: Any, private_login: Any) -> None:
+    from task_context import StateStore, task_context
+
+    log_dir = local_cluster.test_dir()
+    run_id = f"manual__outage_{uuid.uuid4().hex[:8]}"
+
+    def operator() -> SlurmSubmitOperator:
+        return SlurmSubmitOperator(task_id="train", conn_id=private_login.conn_id, log_dir=log_dir,
+                                   script="#!/bin/bash\nsleep 300\n", time_limit="10", poll_interval=1,
+                                   max_poll_interval=2, first_poll_delay=0)
+
+    store = StateStore()
+    with pytest.raises(TaskDeferred) as submitted:
+        operator().execute(task_context(run_id, store, dag_id="outage", task_id="train"))
+    job_id = submitted.value.trigger.job_id
+    try:
+        private_login.stop()
+        # the worker was lost meanwhile: the retry finds the login node down
+        retry = task_context(run_id, store, dag_id="outage", task_id="train", try_number=2)
+        wait = _deferred_on_login_wait(lambda: operator().execute(retry))
+        assert wait.cause.startswith(f"cannot reach vcloud@127.0.0.1:{private_login.port} ")
+
+        async def wait_then_come_back() -> dict[str, Any]:
+            waiting = asyncio.ensure_future(_first_event(wait))
+            while wait.tries < 2:  # the trigger has found the node down, twice
+                assert not waiting.done(), waiting.result()
+                await asyncio.sleep(0.2)
+            await asyncio.to_thread(private_login.start)
+            return await asyncio.wait_for(waiting, 60)
+
+        event = asyncio.run(asyncio.wait_for(wait_then_come_back(), 120))
+        assert event["kind"] == REACHABLE and event["message"].startswith(
+            f"login node of {private_login.conn_id} reachable again after ")
+        with pytest.raises(TaskDeferred) as watching:
+            operator().execute_after_outage(retry, event)
+        assert watching.value.trigger.job_id == job_id, "the job submitted before the outage is adopted"
+        assert [s["job_id"] for s in store.data["slurm_submissions"]] == [job_id]
+    finally:
+        private_login.start()
+        local_cluster.ssh(f"scancel {job_id}", check=False)
+
+
+async def _first_event(trigger: SlurmLoginTrigger) -> dict[str, Any]:
+    async for event in trigger.run():
+        return event.payload
+    raise AssertionError("the login wait ended without an event")

@@ -1,0 +1,128 @@
+"""A stage task's own steps before it submits (the stage decision's file reads, the budget check)
+meet a login node that does not answer: the task waits for it in the triggerer, then decides again
+and submits once. The Python tasks that talk to the cluster retry only when it could not be reached. The cluster is a recording stand-in for ``SlurmHook``; the whole run through a
+ten-minute outage on the local cluster is tests/dags/test_login_outage.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from airflow.exceptions import TaskDeferred
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+
+from slurm_provider import hooks
+from slurm_provider.hooks import ExclusiveSubmitResult
+from slurm_provider.job_status import JobStatus
+from slurm_provider.login_wait import REACHABLE, SlurmLoginTrigger
+from slurm_provider.transport import TransportUnavailable
+from slurm_provider.triggers import SlurmJobTrigger
+from vcloud_pipeline.job_operator import PipelineJobOperator
+from vcloud_pipeline.preflight import PreflightError
+from vcloud_pipeline.tasks import PLAN_TASK, SYNC_TASK, RunContext, final_unless_unreachable, plan_run
+
+CODE_HASH = "c0de" * 16
+DOWN = TransportUnavailable("cannot reach vcloud@127.0.0.1:2222 (connection 'vcloud_local_cluster'): "
+                            "ConnectionRefusedError")
+
+
+class Cluster:
+    """Answers a stage task's reads; every command fails while ``down`` is set. Records submissions."""
+
+    def __init__(self) -> None:
+        self.down = True
+        self.asked: list[str] = []
+        self.submitted: list[str] = []
+
+    def __call__(self, conn_id: str) -> Cluster:
+        return self
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def _reach(self, verb: str) -> None:
+        self.asked.append(verb)
+        if self.down:
+            raise DOWN
+
+    def file_sizes(self, paths: Any) -> dict[str, int]:
+        self._reach("file_sizes")
+        return {}  # nothing of the stage exists yet
+
+    def find_jobs(self, **kwargs: Any) -> list[JobStatus]:
+        self._reach("find_jobs")
+        return []
+
+    def account_tres(self, account: str, tres: str) -> None:
+        self._reach("account_tres")
+        return None  # no limit in Slurm: the profile's allocation
+
+    def submit_exclusive(self, script: str, exclusive_dir: str, **fields: Any) -> ExclusiveSubmitResult:
+        self._reach("sbatch")
+        self.submitted.append("901")
+        return ExclusiveSubmitResult("901")
+
+
+class StateStore(dict):
+    def set(self, key: str, value: Any, *, retention: Any = None) -> None:
+        self[key] = value
+
+
+class TaskTry:
+    dag_id, task_id, run_id, map_index, try_number = "vcloud_training", "stage0", "manual__outage", -1, 1
+
+    def __init__(self, xcoms: dict[str, Any]) -> None:
+        self.xcoms = xcoms
+
+    def xcom_pull(self, task_ids: str) -> Any:
+        return self.xcoms[task_ids]
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def context() -> dict[str, Any]:
+    planned = plan_run({"profile": "local", "config": "tiny", "stages": [0], "run_name": "outage"})
+    scripts = {label: job.outer for label, job in RunContext.from_xcom(planned).render(CODE_HASH).items()}
+    synced = {"scripts": scripts, "code_hash": CODE_HASH}
+    return {"ti": TaskTry({PLAN_TASK: planned, SYNC_TASK: synced}), "task_state_store": StateStore()}
+
+
+def test_the_stage_decision_waits_for_the_login_node_then_submits_once(context: dict[str, Any],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = Cluster()
+    monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    with pytest.raises(TaskDeferred) as waiting:
+        PipelineJobOperator(task_id="stage0", job="stage0").execute(context)
+    wait = waiting.value.trigger
+    assert isinstance(wait, SlurmLoginTrigger) and waiting.value.method_name == "execute_after_outage"
+    assert wait.conn_id == "vcloud_local_cluster" and cluster.asked == ["file_sizes"]
+
+    cluster.down = False
+    event = {"kind": REACHABLE, "since": wait.since, "tries": 2, "message": "reachable again after 3 h"}
+    with pytest.raises(TaskDeferred) as watching:
+        PipelineJobOperator(task_id="stage0", job="stage0").execute_after_outage(context, event)
+    assert isinstance(watching.value.trigger, SlurmJobTrigger) and watching.value.trigger.job_id == "901"
+    assert cluster.submitted == ["901"]
+    assert cluster.asked[1:] == ["file_sizes", "find_jobs", "account_tres", "find_jobs", "sbatch"], \
+        "decided, checked the budget, looked for its own job, submitted"
+
+
+@pytest.mark.parametrize(("raised", "final"), [
+    (DOWN, False),  # the login node did not answer: the task's retries ride it out
+    (PreflightError("sbatch --test-only refused vcloud-outage-stage0: invalid partition"), True),
+    (ValueError("a bug"), True),
+    (AirflowSkipException("nothing to do"), False),
+])
+def test_a_cluster_step_fails_for_good_unless_the_login_node_was_unreachable(raised: BaseException,
+                                                                            final: bool) -> None:
+    with pytest.raises((type(raised), AirflowException)) as caught:
+        with final_unless_unreachable():
+            raise raised
+    assert isinstance(caught.value, AirflowFailException) == final
+    assert str(raised) in str(caught.value)
