@@ -38,7 +38,7 @@ export {{ GPU_HINT_ENV }}={{ profile.accelerator.missing_gpu_hint | shq(job_id=F
 # Ranks that exit with a code of the contract ({{ RECORDED_EXITS | join(', ') }}) record it here, on storage
 # every node of the job sees; vcloud.launch, torchrun that ends with its ranks' exit code instead of
 # its own exit {{ EXIT_ERROR }}, reads the records after a failed launch.
-export {{ EXIT_RECORD_DIR_ENV }}={{ exit_records | shq }}
+export {{ RANK_EXITS_DIR_ENV }}={{ exit_records | shq }}
 {% endif %}
 {% if outputs_mirror %}
 # Outputs live on node-local disk: the trainer copies every checkpoint back to shared storage as it

@@ -144,7 +144,7 @@ class RunPaths:
         return self.viewer_dir / contract.curve_png_name(stage)
 
     def exit_records_dir(self, job_name: str) -> PurePosixPath:
-        """Where the ranks of a torchrun job record their exit codes (``EXIT_RECORD_DIR_ENV`` of
+        """Where the ranks of a torchrun job record their exit codes (``RANK_EXITS_DIR_ENV`` of
         :mod:`vcloud.contract`): per job (``{job_id}`` expands in the job), on the shared storage that
         every node of the job sees."""
         return self.logs_dir / f".{job_name}.{RUNTIME_JOB_ID}.exits"

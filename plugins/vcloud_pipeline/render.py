@@ -35,12 +35,12 @@ from vcloud.contract import (
     EXIT_CODE_MISMATCH,
     EXIT_ERROR,
     EXIT_GPUS_MISSING,
-    EXIT_RECORD_DIR_ENV,
     EXIT_REQUEUE,
     GPU_HINT_ENV,
     GPUS_REQUIRED_ENV,
     ON_CODE_CHANGE_SETTING,
     OUTPUTS_MIRROR_ENV,
+    RANK_EXITS_DIR_ENV,
     RECORDED_EXITS,
 )
 
@@ -58,7 +58,7 @@ them (:func:`slurm_provider.cli.job_files.job_log_name`), so a job submitted by 
 # code hash, and GPUS_REQUIRED_ENV (how many GPUs this node was given) and GPU_HINT_ENV (the profile's
 # accelerator.missing_gpu_hint) in training and preflight jobs of profiles that require GPUs, and
 # OUTPUTS_MIRROR_ENV (the shared output directory) in training jobs whose outputs are staged, and
-# EXIT_RECORD_DIR_ENV (RunPaths.exit_records_dir) in torchrun jobs: their ranks record exit codes
+# RANK_EXITS_DIR_ENV (RunPaths.exit_records_dir) in torchrun jobs: their ranks record exit codes
 # there, and the launch (python -m vcloud.launch, torchrun ending with the ranks' exit code) reads them.
 
 MAX_EARLY_STOPS = 3
@@ -350,7 +350,7 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
         EXIT_ERROR=EXIT_ERROR, EXIT_REQUEUE=EXIT_REQUEUE, EXIT_CODE_MISMATCH=EXIT_CODE_MISMATCH,
         RECORDED_EXITS=RECORDED_EXITS,
         CODE_HASH_ENV=CODE_HASH_ENV, GPUS_REQUIRED_ENV=GPUS_REQUIRED_ENV, GPU_HINT_ENV=GPU_HINT_ENV,
-        OUTPUTS_MIRROR_ENV=OUTPUTS_MIRROR_ENV, EXIT_RECORD_DIR_ENV=EXIT_RECORD_DIR_ENV,
+        OUTPUTS_MIRROR_ENV=OUTPUTS_MIRROR_ENV, RANK_EXITS_DIR_ENV=RANK_EXITS_DIR_ENV,
         IMAGE_HASH_FILE=IMAGE_HASH_FILE,
         MAX_EARLY_STOPS=MAX_EARLY_STOPS,
     )

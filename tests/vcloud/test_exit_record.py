@@ -12,7 +12,7 @@ from vcloud.exit_record import read_exit_records, records_dir, write_exit_record
 
 
 def env_for(directory: Path, rank: int | None = None) -> dict[str, str]:
-    env = {contract.EXIT_RECORD_DIR_ENV: str(directory)}
+    env = {contract.RANK_EXITS_DIR_ENV: str(directory)}
     if rank is not None:
         env["RANK"] = str(rank)
     return env
@@ -41,7 +41,7 @@ def test_codes_that_say_only_that_the_job_failed_leave_no_record(tmp_path: Path,
 
 
 def test_nothing_is_recorded_where_the_job_script_asked_for_no_records(tmp_path: Path) -> None:
-    assert records_dir({}) is None and records_dir({contract.EXIT_RECORD_DIR_ENV: " "}) is None
+    assert records_dir({}) is None and records_dir({contract.RANK_EXITS_DIR_ENV: " "}) is None
     assert write_exit_record(contract.EXIT_RESUME_REFUSED, {"RANK": "0"}) is None
     assert read_exit_records(None) == {} and read_exit_records(tmp_path / "missing") == {}
 

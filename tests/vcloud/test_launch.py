@@ -77,7 +77,7 @@ def env_with(records: Path | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "VCLOUD_"))}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO / "trainer" / "src"))
     if records is not None:
-        env[contract.EXIT_RECORD_DIR_ENV] = str(records)
+        env[contract.RANK_EXITS_DIR_ENV] = str(records)
     return env
 
 

@@ -17,8 +17,8 @@ from vcloud_pipeline.profiles import ProfileError, load_profile
 from vcloud_pipeline.render import (
     CODE_HASH_ENV,
     EXIT_CODE_MISMATCH,
-    EXIT_RECORD_DIR_ENV,
     OUTPUTS_MIRROR_ENV,
+    RANK_EXITS_DIR_ENV,
     RenderError,
     RenderedJob,
     directive_value,
@@ -165,13 +165,13 @@ def test_torchrun_jobs_name_one_exit_record_directory_in_both_scripts() -> None:
     """The inner script names it to the ranks; the outer empties it before the step and removes it after."""
     job = render_case("lumi_stage_multinode")
     records = shell_word(run_paths(complete_profile("lumi"), "full").exit_records_dir(job.job_name))
-    assert f"export {EXIT_RECORD_DIR_ENV}={records}\n" in job.inner
+    assert f"export {RANK_EXITS_DIR_ENV}={records}\n" in job.inner
     assert f"readonly EXIT_RECORDS={records}\n" in job.outer
     assert job.outer.count('rm -rf "$EXIT_RECORDS"') == 2
     assert job.outer.index('rm -rf "$EXIT_RECORDS"') < job.outer.index("srun --nodes=2")
     for case in ("lumi_stage", "lumi_export", "local_stage"):
         single = render_case(case)
-        assert EXIT_RECORD_DIR_ENV not in single.inner and "EXIT_RECORDS" not in single.outer, case
+        assert RANK_EXITS_DIR_ENV not in single.inner and "EXIT_RECORDS" not in single.outer, case
 
 
 def test_levante_requests_a100_gres_and_no_container() -> None:

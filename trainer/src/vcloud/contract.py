@@ -87,7 +87,7 @@ remedies (``mode: restart`` for the stage, or the code that wrote the checkpoint
 RECORDED_EXITS: tuple[int, ...] = (EXIT_REQUEUE, EXIT_GPUS_MISSING, EXIT_RESUME_REFUSED)
 """The trainer's exit codes that tell what a job did, not only that it failed. torchrun reports any
 failed worker as its own exit 1; under torchrun each rank that exits with one of these records it
-(:data:`EXIT_RECORD_DIR_ENV`), and the launch (``python -m vcloud.launch``) exits with it instead.
+(:data:`RANK_EXITS_DIR_ENV`), and the launch (``python -m vcloud.launch``) exits with it instead.
 Where ranks ended with several, the highest wins, as ``srun`` merges the exit codes of the nodes.
 (:data:`EXIT_CODE_MISMATCH` is the job script's own, before any launch.)"""
 
@@ -124,7 +124,7 @@ OUTPUTS_MIRROR_ENV = "VCLOUD_OUTPUTS_MIRROR"
 0) copies its stage directory there at every checkpoint (:mod:`vcloud.training.mirror`), so a node
 failure loses at most the checkpoint interval; the job's own copy-back at the end stays."""
 
-EXIT_RECORD_DIR_ENV = "VCLOUD_EXIT_RECORD_DIR"
+RANK_EXITS_DIR_ENV = "VCLOUD_EXIT_RECORD_DIR"
 """Set by the job script of a torchrun launch: a directory on shared storage, one per job (the
 layout's ``RunPaths.exit_records_dir``), emptied by the job before each start. A rank that exits with
 one of :data:`RECORDED_EXITS` writes :func:`exit_record_name` there, holding
@@ -133,7 +133,7 @@ included."""
 
 
 def exit_record_name(rank: int) -> str:
-    """The exit record of global rank ``rank`` in the :data:`EXIT_RECORD_DIR_ENV` directory."""
+    """The exit record of global rank ``rank`` in the :data:`RANK_EXITS_DIR_ENV` directory."""
     return f"rank{rank}.exit"
 
 

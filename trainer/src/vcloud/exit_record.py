@@ -3,7 +3,7 @@
 torchrun reports a failed worker as its own exit 1, ends the other workers of its node with SIGTERM
 as soon as one fails, and never sees the workers of other nodes. So a rank that ends with a code of
 :data:`vcloud.contract.RECORDED_EXITS` writes it, just before it exits, into the directory the job
-script names in :data:`vcloud.contract.EXIT_RECORD_DIR_ENV` (shared storage, one per job), and
+script names in :data:`vcloud.contract.RANK_EXITS_DIR_ENV` (shared storage, one per job), and
 :mod:`vcloud.launch` reads every rank's record after a failed launch. Standard library only.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from vcloud.contract import (
-    EXIT_RECORD_DIR_ENV,
+    RANK_EXITS_DIR_ENV,
     RECORDED_EXITS,
     exit_record_name,
     exit_record_rank,
@@ -28,7 +28,7 @@ log = logging.getLogger("vcloud.train")
 
 def records_dir(env: Mapping[str, str]) -> Path | None:
     """The job's exit record directory, or None where the job script asked for no records."""
-    directory = env.get(EXIT_RECORD_DIR_ENV, "").strip()
+    directory = env.get(RANK_EXITS_DIR_ENV, "").strip()
     return Path(directory) if directory else None
 
 
