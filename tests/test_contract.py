@@ -20,7 +20,7 @@ from slurm_provider.operators import SlurmSubmitOperator, job_name_for
 from slurm_provider.resubmission import Submission, SubmissionHistory, progress_made
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.job_status import JobStatus, gpu_hours
-from vcloud import contract, exitcodes
+from vcloud import contract, exit_record, exitcodes
 from vcloud.config import ConfigError, config_from_dict
 from vcloud.data.index import INDEX_NAME
 from vcloud.training import distributed, markers, mirror, provenance
@@ -143,13 +143,13 @@ def test_rendered_inner_scripts_use_the_contracts_exit_codes_and_environment(gol
     text = golden.read_text()
     found = re.findall(r"\brc=(\d+)|-eq (\d+)|int\(\"(\d+)\"\)", text)
     codes = {int(n) for groups in found for n in groups if n} - {contract.EXIT_OK, 255}  # 255: status unknown
-    assert codes <= {contract.EXIT_REQUEUE, contract.EXIT_GPUS_MISSING}
+    assert codes <= {contract.EXIT_REQUEUE, contract.EXIT_GPUS_MISSING, contract.EXIT_ERROR}
     if "preflight" in golden.name:
         assert f'EXIT_GPUS_MISSING = int("{contract.EXIT_GPUS_MISSING}")' in text
     assert f"export {contract.CODE_HASH_ENV}=" in text
     variables = set(re.findall(r"\bVCLOUD_[A-Z_]+", text))
     assert variables <= {contract.CODE_HASH_ENV, contract.GPUS_REQUIRED_ENV, contract.GPU_HINT_ENV,
-                         contract.OUTPUTS_MIRROR_ENV}
+                         contract.OUTPUTS_MIRROR_ENV, contract.RANK_EXITS_DIR_ENV}
 
 
 def test_the_job_environment_names_are_the_contracts_on_both_sides() -> None:
@@ -159,6 +159,9 @@ def test_the_job_environment_names_are_the_contracts_on_both_sides() -> None:
     assert render.OUTPUTS_MIRROR_ENV == contract.OUTPUTS_MIRROR_ENV
     shared = "/shared/outputs/run"
     assert mirror.mirror_root({contract.OUTPUTS_MIRROR_ENV: shared}) == Path(shared)
+    assert render.RANK_EXITS_DIR_ENV == contract.RANK_EXITS_DIR_ENV
+    records = "/shared/logs/run/.job.77.exits"
+    assert exit_record.records_dir({contract.RANK_EXITS_DIR_ENV: records}) == Path(records)
 
 
 # --------------------------------------------------------------------------- metric directions

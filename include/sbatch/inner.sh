@@ -34,6 +34,12 @@ export {{ GPUS_REQUIRED_ENV }}="${SLURM_GPUS_ON_NODE:-{{ res.gpus_per_node }}}"
 export {{ GPU_HINT_ENV }}={{ profile.accelerator.missing_gpu_hint | shq(job_id=False) }}
 {% endif %}
 {% endif %}
+{% if torchrun %}
+# Ranks that exit with a code of the contract ({{ RECORDED_EXITS | join(', ') }}) record it here, on storage
+# every node of the job sees; vcloud.launch, torchrun that ends with its ranks' exit code instead of
+# its own exit {{ EXIT_ERROR }}, reads the records after a failed launch.
+export {{ RANK_EXITS_DIR_ENV }}={{ exit_records | shq }}
+{% endif %}
 {% if outputs_mirror %}
 # Outputs live on node-local disk: the trainer copies every checkpoint back to shared storage as it
 # saves it, so a node failure loses at most the checkpoint interval.
@@ -60,7 +66,7 @@ trap 'on_signal USR2' USR2
 trap 'on_signal TERM' TERM
 
 {% if torchrun %}
-{{ python | shq }} -m torch.distributed.run \
+{{ python | shq }} -m vcloud.launch \
     --nnodes={{ res.nodes }} \
     --node_rank="${SLURM_NODEID}" \
     --nproc_per_node={{ res.gpus_per_node }} \
@@ -75,16 +81,10 @@ trap 'on_signal TERM' TERM
 child_pid=$!
 {{ wait_for_child }}
 {% if torchrun %}
-# torchrun reports a worker's exit {{ EXIT_REQUEUE }} (checkpointed after a stop signal) as its own failure.
-if [ -n "$stop_signal" ] && [ "$rc" -ne 0 ]; then rc={{ EXIT_REQUEUE }}; fi
-{% if profile.accelerator.gpus_required %}
-# ...and a worker's exit {{ EXIT_GPUS_MISSING }} (GPUs required, PyTorch sees fewer) too: ask once more.
-if [ -z "$stop_signal" ] && [ "$rc" -ne 0 ]; then
-    gpus_rc=0
-    {{ python | shq }} -m vcloud.training.distributed >/dev/null 2>&1 || gpus_rc=$?
-    if [ "$gpus_rc" -eq {{ EXIT_GPUS_MISSING }} ]; then rc={{ EXIT_GPUS_MISSING }}; fi
-fi
-{% endif %}
+# A stop signal that reached the workers before the trainer could handle it leaves no exit record:
+# the launch then ends with torchrun's own failure ({{ EXIT_ERROR }}) or dies of the signal. It is the
+# stop all the same.
+if [ -n "$stop_signal" ] && { [ "$rc" -eq {{ EXIT_ERROR }} ] || [ "$rc" -gt 128 ]; }; then rc={{ EXIT_REQUEUE }}; fi
 {% endif %}
 if [ -n "$stop_signal" ]; then
     echo "vcloud inner script: stopped after SIG${stop_signal}, exit code ${rc}" >&2

@@ -196,7 +196,7 @@ LOG_RULES: tuple[HintRule, ...] = (
             "on_code_change: keep_weights where only the optimizer differs, or finish the stage with the code "
             "that wrote the checkpoint (deploy that version and trigger the same run name)."
         ),
-        source="vcloud trainer, train.on_code_change (exit 88; a torchrun launch reports it as its own exit 1)",
+        source="vcloud trainer, train.on_code_change (exit 88)",
         pattern=re.compile(r"cannot resume stage \d+ from \S+: it was written by code"),
     ),
 

@@ -18,6 +18,8 @@ things are, so the layout can change here without hunting through the DAG and th
     <paths.outputs>/<run>/stage{N}/       latest.pt, best.pt, progress.json, COMPLETE, metrics.jsonl
                                           (the names are vcloud.contract's, which the trainer writes)
     <paths.logs>/<run>/                   Slurm .out/.err of every job of the run
+    <paths.logs>/<run>/.<job>.<id>.exits/ a torchrun job's exit records of its ranks (one start's:
+                                          emptied before each start, removed after it)
     <paths.viewer>/<run>/                 exported viewer images; curves/stage{N}.png, the training
                                           curves the run summary points at
     <paths.jobs>/<run>/                   rendered job scripts
@@ -32,7 +34,7 @@ from pathlib import PurePosixPath
 from vcloud import contract
 from vcloud.contract import STAGES
 
-from vcloud_pipeline.profiles import ClusterProfile
+from vcloud_pipeline.profiles import RUNTIME_JOB_ID, ClusterProfile
 
 MANIFEST_NAME = ".vcloud_manifest.json"
 """Written into the synced code directory (and left alone by ``rsync --delete``, see code_tree.py)."""
@@ -140,6 +142,12 @@ class RunPaths:
         """The export's plot of a stage's training curve (from its ``metrics.jsonl``)."""
         self.stage_dir(stage)  # the same check of the stage number
         return self.viewer_dir / contract.curve_png_name(stage)
+
+    def exit_records_dir(self, job_name: str) -> PurePosixPath:
+        """Where the ranks of a torchrun job record their exit codes (``RANK_EXITS_DIR_ENV`` of
+        :mod:`vcloud.contract`): per job (``{job_id}`` expands in the job), on the shared storage that
+        every node of the job sees."""
+        return self.logs_dir / f".{job_name}.{RUNTIME_JOB_ID}.exits"
 
     def job_script(self, job_name: str, *, inner: bool) -> PurePosixPath:
         return self.jobs_dir / (f"{job_name}.inner.sh" if inner else f"{job_name}.sbatch")

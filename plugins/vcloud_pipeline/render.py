@@ -12,7 +12,9 @@ before its time limit (not ``USR1``, which NCCL may use). The outer script forwa
 the trainer, which checkpoints at a step boundary and exits 85 (``vcloud.contract.EXIT_REQUEUE``,
 like every exit code and file name the jobs share with the trainer); the outer script then requeues
 the job. A training step that dies of that signal (it came before the trainer could handle it)
-counts as stopped too: nothing was trained since the last checkpoint. Every interpolated value is
+counts as stopped too: nothing was trained since the last checkpoint. A training job on more than
+one GPU runs torchrun through ``python -m vcloud.launch``, which ends with the exit code its ranks
+ended with (85, 87, 88) instead of torchrun's exit 1 and traceback. Every interpolated value is
 shell-quoted (the templates' ``shq`` filter); per-job values (``{job_id}``) expand in the job.
 """
 
@@ -31,12 +33,15 @@ from slurm_provider.validation import format_time_limit
 from vcloud.contract import (
     CODE_HASH_ENV,
     EXIT_CODE_MISMATCH,
+    EXIT_ERROR,
     EXIT_GPUS_MISSING,
     EXIT_REQUEUE,
     GPU_HINT_ENV,
     GPUS_REQUIRED_ENV,
     ON_CODE_CHANGE_SETTING,
     OUTPUTS_MIRROR_ENV,
+    RANK_EXITS_DIR_ENV,
+    RECORDED_EXITS,
 )
 
 from vcloud_pipeline.jobspec import JobKind, JobSpec, Resources, resolve_resources
@@ -52,7 +57,9 @@ them (:func:`slurm_provider.cli.job_files.job_log_name`), so a job submitted by 
 # The environment of the job (vcloud.contract): the inner script sets CODE_HASH_ENV to the job's
 # code hash, and GPUS_REQUIRED_ENV (how many GPUs this node was given) and GPU_HINT_ENV (the profile's
 # accelerator.missing_gpu_hint) in training and preflight jobs of profiles that require GPUs, and
-# OUTPUTS_MIRROR_ENV (the shared output directory) in training jobs whose outputs are staged.
+# OUTPUTS_MIRROR_ENV (the shared output directory) in training jobs whose outputs are staged, and
+# RANK_EXITS_DIR_ENV (RunPaths.exit_records_dir) in torchrun jobs: their ranks record exit codes
+# there, and the launch (python -m vcloud.launch, torchrun ending with the ranks' exit code) reads them.
 
 MAX_EARLY_STOPS = 3
 """Starts in a row that a training job may spend without training (a stop signal during set-up or
@@ -338,10 +345,13 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
     values = dict(
         profile=profile, container=c, res=res, paths=paths, code=code, job_name=name, title=title,
         torchrun=torchrun, node_local=node_local, sync_back=staged_outputs,
+        exit_records=paths.exit_records_dir(name) if torchrun else None,
         wait_for_child=_template_text(templates, "wait_for_child.sh").rstrip("\n"),
-        EXIT_REQUEUE=EXIT_REQUEUE, EXIT_CODE_MISMATCH=EXIT_CODE_MISMATCH, EXIT_GPUS_MISSING=EXIT_GPUS_MISSING,
+        EXIT_ERROR=EXIT_ERROR, EXIT_REQUEUE=EXIT_REQUEUE, EXIT_CODE_MISMATCH=EXIT_CODE_MISMATCH,
+        RECORDED_EXITS=RECORDED_EXITS,
         CODE_HASH_ENV=CODE_HASH_ENV, GPUS_REQUIRED_ENV=GPUS_REQUIRED_ENV, GPU_HINT_ENV=GPU_HINT_ENV,
-        OUTPUTS_MIRROR_ENV=OUTPUTS_MIRROR_ENV, IMAGE_HASH_FILE=IMAGE_HASH_FILE,
+        OUTPUTS_MIRROR_ENV=OUTPUTS_MIRROR_ENV, RANK_EXITS_DIR_ENV=RANK_EXITS_DIR_ENV,
+        IMAGE_HASH_FILE=IMAGE_HASH_FILE,
         MAX_EARLY_STOPS=MAX_EARLY_STOPS,
     )
     outer = render_template(templates, "outer.sbatch", **values, directives=options, inner_path=inner_path,

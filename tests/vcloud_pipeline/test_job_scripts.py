@@ -22,10 +22,20 @@ from slurm_provider.hints import find_hints
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.layout import RunPaths, run_paths
 from vcloud_pipeline.profiles import load_profile
-from vcloud_pipeline.render import EXIT_CODE_MISMATCH, EXIT_REQUEUE, MAX_EARLY_STOPS, RenderedJob, render_job
+from vcloud_pipeline.render import (
+    EXIT_CODE_MISMATCH,
+    EXIT_REQUEUE,
+    MAX_EARLY_STOPS,
+    RenderedJob,
+    render_job,
+    shell_word,
+)
 from vcloud_pipeline.code_tree import CodeManifest
 
 CODE_HASH = "c" * 64
+TRAINER_PACKAGE = Path(__file__).resolve().parents[2] / "trainer" / "src" / "vcloud"
+LAUNCHER = ("launch.py", "exit_record.py", "contract.py", "exitcodes.py")
+"""The real torchrun launcher of a multi-GPU job and what it imports, next to the stand-in trainer."""
 
 STAND_IN_TRAINER = '''
 import os, pathlib, signal, sys, time
@@ -52,13 +62,13 @@ time.sleep(600)  # like importing torch on a loaded node: no signal handler yet
 """Prepended to :data:`STAND_IN_TRAINER`: a trainer still starting when the stop signal arrives."""
 
 
-def render(tmp_path: Path, spec: JobSpec, runtime: str = "none",
-           trainer: str = STAND_IN_TRAINER) -> tuple[RenderedJob, RunPaths]:
+def render(tmp_path: Path, spec: JobSpec, runtime: str = "none", trainer: str = STAND_IN_TRAINER,
+           **overrides: object) -> tuple[RenderedJob, RunPaths]:
     """Scripts of the local profile in a temporary project; ``none``: bare, in this interpreter."""
     base = tmp_path / "project dir's"
     profile = load_profile("local", overrides={"paths.base": str(base), "software.python": sys.executable,
                                                "container.runtime": runtime,
-                                               "container.binds": [str(tmp_path)]})
+                                               "container.binds": [str(tmp_path)], **overrides})
     paths = run_paths(profile, "r1")
     job = render_job(profile, spec, paths, CODE_HASH)
     for directory in paths.directories_to_create():
@@ -70,12 +80,14 @@ def render(tmp_path: Path, spec: JobSpec, runtime: str = "none",
     (package / "__init__.py").write_text("")
     (package / "train.py").write_text(trainer)
     (package / "export.py").write_text(trainer)
+    for module in LAUNCHER:
+        (package / module).write_text((TRAINER_PACKAGE / module).read_text())
     return job, paths
 
 
 def job_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update({"SLURM_JOB_ID": "4242", "SLURM_NODEID": "0", **extra})
+    env.update({"SLURM_JOB_ID": "4242", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "node1", **extra})
     return env
 
 
@@ -135,7 +147,7 @@ def test_inner_forwards_the_stop_signal_and_passes_exit_85_through(tmp_path: Pat
 @pytest.mark.slow
 def test_inner_reaches_torchrun_workers_and_reports_the_requeue(tmp_path: Path) -> None:
     job, paths = render(tmp_path, JobSpec.train(0, gpus_per_node=2))
-    assert "torch.distributed.run" in job.inner
+    assert "-m vcloud.launch" in job.inner
     out = Path(paths.outputs_dir)
     env = job_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000), OMP_NUM_THREADS="1")
     process = subprocess.Popen(["bash", str(job.inner_path)], env=env, stdout=subprocess.PIPE,
@@ -145,9 +157,10 @@ def test_inner_reaches_torchrun_workers_and_reports_the_requeue(tmp_path: Path) 
     _, err = process.communicate(timeout=120)
     assert process.returncode == EXIT_REQUEUE, err
     assert (out / "stopped.0").read_text() == "USR2" and (out / "stopped.1").read_text() == "USR2"
+    assert "vcloud launch: exit 85 of rank" in err and "Traceback" not in err, err
 
 
-def start_outer(job: RenderedJob, paths: RunPaths, tmp_path: Path) -> subprocess.Popen:
+def start_outer(job: RenderedJob, paths: RunPaths, tmp_path: Path, **env: str) -> subprocess.Popen:
     """The outer script as Slurm would run it, with ``srun``/``scontrol`` stand-ins first on PATH.
 
     ``hostname`` is one too: it runs during set-up, and when ``hold-setup`` exists it waits (up
@@ -158,7 +171,7 @@ def start_outer(job: RenderedJob, paths: RunPaths, tmp_path: Path) -> subprocess
     bin_dir.mkdir(exist_ok=True)
     stand_ins = {
         "srun": 'while [[ $1 == --* ]]; do shift; done\nexec "$@"',
-        "scontrol": f'echo "$*" >> {tmp_path}/scontrol.calls',
+        "scontrol": f'if [ "$1" = show ]; then echo 127.0.0.1; else echo "$*" >> {tmp_path}/scontrol.calls; fi',
         "hostname": (f'if [ -e {tmp_path}/hold-setup ]; then touch {tmp_path}/in-setup;'
                      f' for _ in $(seq 600); do [ -e {tmp_path}/release-setup ] && break; sleep 0.1; done; fi\n'
                      'echo node1'),
@@ -166,9 +179,44 @@ def start_outer(job: RenderedJob, paths: RunPaths, tmp_path: Path) -> subprocess
     for name, body in stand_ins.items():
         (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
         (bin_dir / name).chmod(0o755)
-    env = job_env(PATH=f"{bin_dir}:{os.environ['PATH']}")
+    env = job_env(PATH=f"{bin_dir}:{os.environ['PATH']}", **env)
     return subprocess.Popen(["bash", str(job.outer_path)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+
+
+# Rank 1 refuses and records it; rank 0 then fails as a rank does whose peer on another node went away.
+REFUSING_TRAINERS = """
+import os, sys, time
+from vcloud.exit_record import records_dir, write_exit_record
+if os.environ["RANK"] == "1":
+    write_exit_record(88, os.environ)
+    sys.exit(88)
+peer = records_dir(os.environ) / "rank1.exit"
+for _ in range(1200):
+    if peer.exists():
+        break
+    time.sleep(0.05)
+sys.exit(1)
+"""
+
+
+@pytest.mark.slow
+def test_a_torchrun_step_ends_with_this_starts_recorded_exit_code(tmp_path: Path) -> None:
+    """The outer script empties the ranks' exit record directory before the step (a record of an
+    earlier start must not count) and removes it after; the launch ends with what rank 1 recorded."""
+    job, paths = render(tmp_path, JobSpec.train(0, gpus_per_node=2), trainer=REFUSING_TRAINERS,
+                        **{"jobs.master_port": 29500 + os.getpid() % 1000})
+    records = Path(str(paths.exit_records_dir(job.job_name)).replace("{job_id}", "4242"))
+    assert f"export VCLOUD_EXIT_RECORD_DIR={shell_word(paths.exit_records_dir(job.job_name))}\n" in job.inner
+    records.mkdir(parents=True)
+    (records / "rank0.exit").write_text("87\n")  # left by an earlier start of the job
+    process = start_outer(job, paths, tmp_path, OMP_NUM_THREADS="1")
+    _, err = process.communicate(timeout=200)
+    assert process.returncode == 88, err
+    assert "vcloud launch: exit 88 of rank 1: latest.pt was written by other code" in err, err
+    assert "job step finished with exit code 88" in err
+    assert "Traceback" not in err and not records.exists(), err
+    assert requeue_calls(tmp_path) == []
 
 
 def requeue_calls(tmp_path: Path) -> list[str]:

@@ -31,6 +31,8 @@ def test_lumi_run_paths() -> None:
     assert paths.code_being_removed("ab" * 32) == base / "code" / f".{'ab' * 32}.removing"
     assert paths.job_script("vcloud-full-stage1", inner=True) == base / "jobs/full/vcloud-full-stage1.inner.sh"
     assert paths.logs_dir in paths.directories_to_create()
+    # one per job, expanded in the job; hidden next to the job's logs, on storage all its nodes see
+    assert paths.exit_records_dir("vcloud-full-stage1") == base / "logs/full/.vcloud-full-stage1.{job_id}.exits"
 
 
 def test_runs_do_not_share_outputs() -> None:

@@ -18,6 +18,7 @@ from vcloud_pipeline.render import (
     CODE_HASH_ENV,
     EXIT_CODE_MISMATCH,
     OUTPUTS_MIRROR_ENV,
+    RANK_EXITS_DIR_ENV,
     RenderError,
     RenderedJob,
     directive_value,
@@ -155,9 +156,22 @@ def test_lumi_multinode_launch_is_srun_plus_torchrun_with_eight_per_node() -> No
     assert "#SBATCH --nodes=2" in job.outer and "#SBATCH --gpus-per-node=8" in job.outer
     assert "#SBATCH --exclusive" in job.outer
     assert "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=56 singularity exec" in job.outer
-    assert "-m torch.distributed.run" in job.inner and "--nproc_per_node=8" in job.inner
+    assert "-m vcloud.launch" in job.inner and "--nproc_per_node=8" in job.inner
     assert '--node_rank="${SLURM_NODEID}"' in job.inner and "--nnodes=2" in job.inner
     assert "MASTER_ADDR=" in job.outer
+
+
+def test_torchrun_jobs_name_one_exit_record_directory_in_both_scripts() -> None:
+    """The inner script names it to the ranks; the outer empties it before the step and removes it after."""
+    job = render_case("lumi_stage_multinode")
+    records = shell_word(run_paths(complete_profile("lumi"), "full").exit_records_dir(job.job_name))
+    assert f"export {RANK_EXITS_DIR_ENV}={records}\n" in job.inner
+    assert f"readonly EXIT_RECORDS={records}\n" in job.outer
+    assert job.outer.count('rm -rf "$EXIT_RECORDS"') == 2
+    assert job.outer.index('rm -rf "$EXIT_RECORDS"') < job.outer.index("srun --nodes=2")
+    for case in ("lumi_stage", "lumi_export", "local_stage"):
+        single = render_case(case)
+        assert RANK_EXITS_DIR_ENV not in single.inner and "EXIT_RECORDS" not in single.outer, case
 
 
 def test_levante_requests_a100_gres_and_no_container() -> None:

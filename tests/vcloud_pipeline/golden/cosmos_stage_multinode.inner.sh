@@ -20,6 +20,10 @@ mkdir -p "${MIOPEN_USER_DB_PATH}"
 # this node, or the job stops instead of training on the CPU.
 export VCLOUD_GPUS_REQUIRED="${SLURM_GPUS_ON_NODE:-4}"
 export VCLOUD_GPU_HINT='Load the ROCm stack before the container starts (software.modules: rocm/6.3.0 and singularitypro/4.1.3) and run the image with singularity exec --rocm (container.rocm: true, right on Cosmos); the image must hold a ROCm build of PyTorch: python -c "import torch; print(torch.version.hip, torch.cuda.device_count())" in it prints a HIP version and the APU count.'
+# Ranks that exit with a code of the contract (85, 87, 88) record it here, on storage
+# every node of the job sees; vcloud.launch, torchrun that ends with its ranks' exit code instead of
+# its own exit 1, reads the records after a failed launch.
+export VCLOUD_EXIT_RECORD_DIR=/cosmos/vast/scratch/cosmouser/vcloud/logs/full/.vcloud-full-stage3."${SLURM_JOB_ID}".exits
 # Outputs live on node-local disk: the trainer copies every checkpoint back to shared storage as it
 # saves it, so a node failure loses at most the checkpoint interval.
 export VCLOUD_OUTPUTS_MIRROR=/cosmos/vast/scratch/cosmouser/vcloud/outputs/full
@@ -39,7 +43,7 @@ on_signal() {
 trap 'on_signal USR2' USR2
 trap 'on_signal TERM' TERM
 
-python3 -m torch.distributed.run \
+python3 -m vcloud.launch \
     --nnodes=4 \
     --node_rank="${SLURM_NODEID}" \
     --nproc_per_node=4 \
@@ -61,14 +65,10 @@ wait "$child_pid" || recorded=$?
 if [ "$recorded" -ge 0 ] && [ "$recorded" -le 255 ]; then
     rc=$recorded
 fi
-# torchrun reports a worker's exit 85 (checkpointed after a stop signal) as its own failure.
-if [ -n "$stop_signal" ] && [ "$rc" -ne 0 ]; then rc=85; fi
-# ...and a worker's exit 87 (GPUs required, PyTorch sees fewer) too: ask once more.
-if [ -z "$stop_signal" ] && [ "$rc" -ne 0 ]; then
-    gpus_rc=0
-    python3 -m vcloud.training.distributed >/dev/null 2>&1 || gpus_rc=$?
-    if [ "$gpus_rc" -eq 87 ]; then rc=87; fi
-fi
+# A stop signal that reached the workers before the trainer could handle it leaves no exit record:
+# the launch then ends with torchrun's own failure (1) or dies of the signal. It is the
+# stop all the same.
+if [ -n "$stop_signal" ] && { [ "$rc" -eq 1 ] || [ "$rc" -gt 128 ]; }; then rc=85; fi
 if [ -n "$stop_signal" ]; then
     echo "vcloud inner script: stopped after SIG${stop_signal}, exit code ${rc}" >&2
 fi

@@ -11,6 +11,10 @@ export WANDB_MODE=disabled
 # this node, or the job stops instead of training on the CPU.
 export VCLOUD_GPUS_REQUIRED="${SLURM_GPUS_ON_NODE:-4}"
 export VCLOUD_GPU_HINT='Run on the gpu partition with A100s requested (--partition=gpu --gres=gpu:a100_80:N; scontrol show job ID lists Partition=gpu and the Gres), and point software.python at a venv with a CUDA build of PyTorch: python -c "import torch; print(torch.version.cuda, torch.cuda.device_count())" on a gpu node prints a CUDA version and the GPU count, not None and 0.'
+# Ranks that exit with a code of the contract (85, 87, 88) record it here, on storage
+# every node of the job sees; vcloud.launch, torchrun that ends with its ranks' exit code instead of
+# its own exit 1, reads the records after a failed launch.
+export VCLOUD_EXIT_RECORD_DIR=/work/bb1234/b381234/vcloud/logs/full/.vcloud-full-stage0."${SLURM_JOB_ID}".exits
 cd /work/bb1234/b381234/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 
 child_pid=""
@@ -27,7 +31,7 @@ on_signal() {
 trap 'on_signal USR2' USR2
 trap 'on_signal TERM' TERM
 
-/work/bb1234/b381234/vcloud/venv/bin/python -m torch.distributed.run \
+/work/bb1234/b381234/vcloud/venv/bin/python -m vcloud.launch \
     --nnodes=1 \
     --node_rank="${SLURM_NODEID}" \
     --nproc_per_node=4 \
@@ -49,14 +53,10 @@ wait "$child_pid" || recorded=$?
 if [ "$recorded" -ge 0 ] && [ "$recorded" -le 255 ]; then
     rc=$recorded
 fi
-# torchrun reports a worker's exit 85 (checkpointed after a stop signal) as its own failure.
-if [ -n "$stop_signal" ] && [ "$rc" -ne 0 ]; then rc=85; fi
-# ...and a worker's exit 87 (GPUs required, PyTorch sees fewer) too: ask once more.
-if [ -z "$stop_signal" ] && [ "$rc" -ne 0 ]; then
-    gpus_rc=0
-    /work/bb1234/b381234/vcloud/venv/bin/python -m vcloud.training.distributed >/dev/null 2>&1 || gpus_rc=$?
-    if [ "$gpus_rc" -eq 87 ]; then rc=87; fi
-fi
+# A stop signal that reached the workers before the trainer could handle it leaves no exit record:
+# the launch then ends with torchrun's own failure (1) or dies of the signal. It is the
+# stop all the same.
+if [ -n "$stop_signal" ] && { [ "$rc" -eq 1 ] || [ "$rc" -gt 128 ]; }; then rc=85; fi
 if [ -n "$stop_signal" ]; then
     echo "vcloud inner script: stopped after SIG${stop_signal}, exit code ${rc}" >&2
 fi

@@ -18,6 +18,10 @@ mkdir -p "${MIOPEN_USER_DB_PATH}"
 # this node, or the job stops instead of training on the CPU.
 export VCLOUD_GPUS_REQUIRED="${SLURM_GPUS_ON_NODE:-8}"
 export VCLOUD_GPU_HINT='PyTorch in the CSC container sees the GCDs only with the host GPU libraries injected and libfabric bound: export SINGULARITY_CONTAINLIBS=/usr/lib64/libcxi.so.1,/opt/rocm/lib/librocm_smi64.so.7 (container.containlibs) and run singularity exec -B /opt/cray/libfabric (or /opt/cray in container.bind_env); never add --rocm (the host libdrm needs GLIBC 2.33, the container has 2.31). Check in a dev-g job: python3 -c "import torch; print(torch.cuda.device_count())" in the container prints the number of GCDs the job asked for.'
+# Ranks that exit with a code of the contract (85, 87, 88) record it here, on storage
+# every node of the job sees; vcloud.launch, torchrun that ends with its ranks' exit code instead of
+# its own exit 1, reads the records after a failed launch.
+export VCLOUD_EXIT_RECORD_DIR=/scratch/project_465002500/vcloud/logs/full/.vcloud-full-stage1."${SLURM_JOB_ID}".exits
 cd /scratch/project_465002500/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 
 child_pid=""
@@ -34,7 +38,7 @@ on_signal() {
 trap 'on_signal USR2' USR2
 trap 'on_signal TERM' TERM
 
-python3 -m torch.distributed.run \
+python3 -m vcloud.launch \
     --nnodes=2 \
     --node_rank="${SLURM_NODEID}" \
     --nproc_per_node=8 \
@@ -56,14 +60,10 @@ wait "$child_pid" || recorded=$?
 if [ "$recorded" -ge 0 ] && [ "$recorded" -le 255 ]; then
     rc=$recorded
 fi
-# torchrun reports a worker's exit 85 (checkpointed after a stop signal) as its own failure.
-if [ -n "$stop_signal" ] && [ "$rc" -ne 0 ]; then rc=85; fi
-# ...and a worker's exit 87 (GPUs required, PyTorch sees fewer) too: ask once more.
-if [ -z "$stop_signal" ] && [ "$rc" -ne 0 ]; then
-    gpus_rc=0
-    python3 -m vcloud.training.distributed >/dev/null 2>&1 || gpus_rc=$?
-    if [ "$gpus_rc" -eq 87 ]; then rc=87; fi
-fi
+# A stop signal that reached the workers before the trainer could handle it leaves no exit record:
+# the launch then ends with torchrun's own failure (1) or dies of the signal. It is the
+# stop all the same.
+if [ -n "$stop_signal" ] && { [ "$rc" -eq 1 ] || [ "$rc" -gt 128 ]; }; then rc=85; fi
 if [ -n "$stop_signal" ]; then
     echo "vcloud inner script: stopped after SIG${stop_signal}, exit code ${rc}" >&2
 fi

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -83,6 +84,13 @@ model this code builds (always refused), or its optimizer layout differs and the
 :data:`ON_CODE_CHANGE_REFUSE`. Nothing was trained; the job's log names both code hashes and the
 remedies (``mode: restart`` for the stage, or the code that wrote the checkpoint)."""
 
+RECORDED_EXITS: tuple[int, ...] = (EXIT_REQUEUE, EXIT_GPUS_MISSING, EXIT_RESUME_REFUSED)
+"""The trainer's exit codes that tell what a job did, not only that it failed. torchrun reports any
+failed worker as its own exit 1; under torchrun each rank that exits with one of these records it
+(:data:`RANK_EXITS_DIR_ENV`), and the launch (``python -m vcloud.launch``) exits with it instead.
+Where ranks ended with several, the highest wins, as ``srun`` merges the exit codes of the nodes.
+(:data:`EXIT_CODE_MISMATCH` is the job script's own, before any launch.)"""
+
 # --------------------------------------------------------------------------- resuming after a code change
 
 ON_CODE_CHANGE_SETTING = "train.on_code_change"
@@ -115,6 +123,37 @@ OUTPUTS_MIRROR_ENV = "VCLOUD_OUTPUTS_MIRROR"
 ``staging.stage_outputs``): the run's output directory on shared storage. The trainer (global rank
 0) copies its stage directory there at every checkpoint (:mod:`vcloud.training.mirror`), so a node
 failure loses at most the checkpoint interval; the job's own copy-back at the end stays."""
+
+RANK_EXITS_DIR_ENV = "VCLOUD_EXIT_RECORD_DIR"
+"""Set by the job script of a torchrun launch: a directory on shared storage, one per job (the
+layout's ``RunPaths.exit_records_dir``), emptied by the job before each start. A rank that exits with
+one of :data:`RECORDED_EXITS` writes :func:`exit_record_name` there, holding
+:func:`exit_record_text`; the launch reads them after torchrun failed, those of other nodes' ranks
+included."""
+
+
+def exit_record_name(rank: int) -> str:
+    """The exit record of global rank ``rank`` in the :data:`RANK_EXITS_DIR_ENV` directory."""
+    return f"rank{rank}.exit"
+
+
+def exit_record_rank(name: str) -> int | None:
+    """The rank whose exit record is named ``name`` (:func:`exit_record_name`), or None for another file."""
+    match = re.fullmatch(r"rank(\d+)\.exit", name)
+    return int(match.group(1)) if match else None
+
+
+def exit_record_text(code: int) -> str:
+    """An exit record's content: the code, one line."""
+    return f"{code}\n"
+
+
+def parse_exit_record(text: str) -> int | None:
+    """The code an exit record holds, or None for anything but one of :data:`RECORDED_EXITS`."""
+    word = text.strip()
+    code = int(word) if word.isdigit() else None
+    return code if code in RECORDED_EXITS else None
+
 
 # --------------------------------------------------------------------------- validation metrics
 

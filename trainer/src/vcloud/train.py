@@ -23,6 +23,7 @@ from typing import NoReturn
 from vcloud import exitcodes
 from vcloud.config import STAGES, ConfigError, VCloudConfig, config_yaml, load_config
 from vcloud.contract import DATA_INDEX
+from vcloud.exit_record import write_exit_record
 from vcloud.training.signals import STOP_SIGNALS, RequeuePolicy, StopRequest, install_stop_handlers
 
 # Everything that imports torch is imported inside the functions below: importing it takes seconds
@@ -184,10 +185,15 @@ def _run_as_process() -> int:
     process group is left, but the teardown still destroys the communication backend's C++ objects,
     and gloo's sometimes abort there ("terminate called without an active exception", about one
     run in 40 on the local cluster). torchrun reports a rank killed by SIGABRT as the whole launch
-    failing, so a stage that had written COMPLETE would fail its job."""
+    failing, so a stage that had written COMPLETE would fail its job.
+
+    Under torchrun, which reports any failed rank as its own exit 1, an exit code that says what
+    the job did (stopped after a checkpoint, GPUs missing, resume refused) is first recorded where
+    the launch reads it (:mod:`vcloud.exit_record`, :mod:`vcloud.launch`)."""
     code = _main(None, install_stop_handlers())
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+    write_exit_record(code, os.environ)
     if one_of_several_ranks(os.environ):
         end_process_now(code)
     return code

@@ -197,23 +197,3 @@ def shutdown(ctx: DistContext, *, together: bool = False) -> None:
             dist.barrier()
         dist.destroy_process_group()
 
-
-def main(env: Mapping[str, str] | None = None) -> int:
-    """``python -m vcloud.training.distributed``: exit 87 (printing why) when this node's GPUs are
-    not all visible to PyTorch, else 0.
-
-    torchrun turns a worker's exit 87 into its own exit 1; a job script asks this after a failed
-    launch so that the job still ends with the exit code that says what happened.
-    """
-    from vcloud import exitcodes
-
-    try:
-        check_gpus(os.environ if env is None else env)
-    except GpusMissing as exc:
-        print(exc, flush=True)
-        return exitcodes.GPUS_MISSING
-    return exitcodes.STAGE_COMPLETE
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
