@@ -189,7 +189,7 @@ class SlurmSubmitOperator(BaseOperator):
         for a login node that does not answer before it gives up on this try (a retry adopts the job).
 
     A login node that does not answer (refused, reset, timed out, no ``slurmctld``) is a wait, not a
-    failure, because the jobs run on without it: maintenance breaks on LUMI last hours, longer than
+    failure, because the jobs run on without it: maintenance breaks at HPC sites last hours, longer than
     any sensible retry budget (the default retries cover about six minutes), and a retry that meets
     the node still down would only spend another one. So the watch waits in the triggerer and says
     so once in the task log ("login node of ... unreachable since 14:02 ...; job 123 last seen

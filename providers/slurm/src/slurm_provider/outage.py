@@ -1,6 +1,6 @@
 """A login node that does not answer, as the watches and the operator time it and describe it. Pure.
 
-Login nodes go away for hours (LUMI's maintenance breaks) while the jobs on the compute nodes run
+Login nodes go away for hours (a site's maintenance breaks) while the jobs on the compute nodes run
 on: only our view of them pauses. The watch of a job and the operator's own steps therefore wait
 for the login node with a capped back-off, up to ``unreachable_timeout`` (24 hours unless the task
 says otherwise), and say so once in the task log, with when the node was last seen; when it

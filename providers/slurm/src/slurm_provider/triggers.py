@@ -8,7 +8,7 @@ everything the operator needs to resume in that event (``airflow dags test`` dro
 kwargs), including an opaque ``carry`` dict the operator hands in. While the login waits for a
 person (an OTP ControlMaster that lapsed), the trigger logs what to do once and keeps waiting: the
 job runs on regardless, and the watch picks up when the master is back. While the login node does
-not answer at all (maintenance), the trigger says so once ("login node of lumi unreachable since
+not answer at all (maintenance), the trigger says so once ("login node of mycluster unreachable since
 14:02 ...; job 123 last seen RUNNING; waiting up to 24 h ...") and waits up to
 ``unreachable_timeout``; when the node answers again it says after how long and goes on (a job that
 ended meanwhile is read from ``sacct``); past the deadline it fires an ``error`` event, a lost watch.

@@ -2,7 +2,7 @@
 
 * **How far the watch got**: the bytes of the job's log already copied into the task log, the
   last job state announced there and, while the login node does not answer, since when (the wait's
-  deadline counts from it, and the HPC view shows it), kept as an XCom of the task try. A triggerer that restarts
+  deadline counts from it, and a UI can show it), kept as an XCom of the task try. A triggerer that restarts
   rebuilds every trigger from the arguments it had when the task deferred (offset 0); without this
   note the new trigger would copy the whole log into the task log again and announce the state
   again. XComs live as long as the try: a retry starts a new task log, shown from the start.
