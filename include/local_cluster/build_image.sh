@@ -149,6 +149,9 @@ build() {  # build HASH
   done
 
   for path in "${MOUNT_POINTS[@]}"; do install -d -m 755 "$root$path"; done
+  # ch-run binds the node's /etc/hosts only onto a file the image has: without it no node name
+  # resolves inside, and torchrun's rendezvous at MASTER_ADDR (a node name) never completes.
+  [[ -e $root/etc/hosts ]] || install -m 644 /dev/null "$root/etc/hosts"
   # (a wrapper, not a symlink: Python finds its venv from the path it was started by)
   local name
   for name in python3 python; do

@@ -478,8 +478,8 @@ def test_a_job_that_ends_while_its_login_node_is_down_is_read_from_sacct_when_it
         with structlog.testing.capture_logs() as logs:
             payload = asyncio.run(asyncio.wait_for(watch(logs), 600))
     finally:
-        login.start()
         local_cluster.ssh(f"touch {release}; scancel {job_id}", check=False)
+        login.close()
 
     assert (payload["kind"], payload["status"]["state"], payload["status"]["source"]) == (FINISHED, "COMPLETED", "sacct")
     told = _events(logs, "unreachable since")
