@@ -31,6 +31,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from slurm_provider.allocation import DEFAULT_WATCH_DEADLINE
 from slurm_provider.cli.job_files import job_log_name
 from slurm_provider.cli.sbatch import (
     DEFAULT_PROJECT_TAG,
@@ -148,6 +149,11 @@ class SlurmSubmitOperator(BaseOperator):
     :param keep_job_on_give_up: when the task fails while its job is still in Slurm's queue (pending
         for a reason that never resolves, held after ``SPECIAL_EXIT``, requeued after an end the
         policy does not resubmit), leave the job there for a person instead of cancelling it.
+    :param watch_deadline: how long (seconds, default a day) the watch may wait for something outside
+        the job before it gives up: a job pending on its account's allocation
+        (``AssocGrpBillingMinutes``) while the account's running jobs hold what it needs waits this
+        long for them to end, then fails (and is cancelled like any job the task gives up on). One
+        whose allocation the usage alone has spent fails at once.
     """
 
     template_fields: Sequence[str] = ("script", "log_dir", "partition", "account", "time_limit",
@@ -169,7 +175,8 @@ class SlurmSubmitOperator(BaseOperator):
                  retries: int | None = DEFAULT_RETRIES, retry_delay: timedelta | float = DEFAULT_RETRY_DELAY,
                  retry_exponential_backoff: float = DEFAULT_RETRY_EXPONENTIAL_BACKOFF,
                  max_retry_delay: timedelta | float | None = DEFAULT_MAX_RETRY_DELAY,
-                 keep_job_on_give_up: bool = False, **kwargs: Any) -> None:
+                 keep_job_on_give_up: bool = False, watch_deadline: float = DEFAULT_WATCH_DEADLINE,
+                 **kwargs: Any) -> None:
         # Named parameters (not kwargs.setdefault): Airflow fills a parameter of this signature from
         # the DAG's default_args when the task does not set it, so default_args win over these defaults.
         super().__init__(retries=retries, retry_delay=retry_delay, max_retry_delay=max_retry_delay,
@@ -196,6 +203,7 @@ class SlurmSubmitOperator(BaseOperator):
         self.hint_overrides = dict(hint_overrides or {})
         self.project_tag = project_tag
         self.keep_job_on_give_up = keep_job_on_give_up
+        self.watch_deadline = watch_deadline
 
     # --- execute: adopt or submit, then defer ------------------------------------------------------
 
@@ -395,6 +403,7 @@ class SlurmSubmitOperator(BaseOperator):
                 log_path=self._log_path(context, current.job_id),
                 err_log_path=self._log_path(context, current.job_id, stream="err"), pending_policy=self.pending_policy,
                 expected_job_name=current.name or self._job_name(context), carry={"history": history.to_json()},
+                watch_deadline=self.watch_deadline,
             ),
             method_name="execute_complete",
         )
@@ -542,6 +551,10 @@ class SlurmSubmitOperator(BaseOperator):
             validate_remote_path(self.progress_path, "progress_path", absolute=True)
         if self.exclusive_dir is not None:
             validate_remote_path(self.exclusive_dir, "exclusive_dir", absolute=True)
+        if isinstance(self.watch_deadline, bool) or not isinstance(self.watch_deadline, (int, float)) \
+                or not self.watch_deadline > 0:
+            raise ValidationError("watch_deadline", "must be a positive number of seconds, e.g. 86400 for a day",
+                                  self.watch_deadline)
         if self.code_version is not None and not _CODE_VERSION.match(str(self.code_version)):
             raise ValidationError("code_version", "must be 1-128 letters, digits or '._:+-' (it goes into the "
                                   "job comment), e.g. a content hash", self.code_version)

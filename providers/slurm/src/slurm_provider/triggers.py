@@ -8,19 +8,27 @@ everything the operator needs to resume in that event (``airflow dags test`` dro
 kwargs), including an opaque ``carry`` dict the operator hands in. While the login waits for a
 person (an OTP ControlMaster that lapsed), the trigger logs what to do once and keeps waiting: the
 job runs on regardless, and the watch picks up when the master is back.
+
+A job pending on its account's allocation (``AssocGrpBillingMinutes``) is judged on the account's
+figures, which the poller reads for it (:mod:`slurm_provider.allocation`): when the usage alone
+leaves too little the job never starts and the watch ends at once; when teammates' running jobs hold
+the rest it waits, saying whose jobs hold how much, for at most ``watch_deadline`` seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from slurm_provider.allocation import DEFAULT_WATCH_DEADLINE, AccountReading, deadline_message, judge
+from slurm_provider.cli.values import format_duration
 from slurm_provider.poller import shared_poller
-from slurm_provider.state_vocabulary import SlurmState, StateCategory, classify_pending_reason
+from slurm_provider.state_vocabulary import ReasonKind, SlurmState, StateCategory, classify_pending_reason
 from slurm_provider.job_status import JobStatus
 from slurm_provider.watch_state import (
     TaskKey,
@@ -64,13 +72,16 @@ class SlurmJobTrigger(BaseTrigger):
         with its lines marked ``stderr``.
     :param err_log_offset: bytes of ``err_log_path`` already shown.
     :param pending_policy: ``fail`` ends the wait when the pending reason means the job can never
-        start (e.g. the allocation is used up); ``warn`` logs it and keeps waiting.
+        start (e.g. the allocation is spent), or when it waited ``watch_deadline`` for the allocation
+        in vain; ``warn`` logs it and keeps waiting, without a deadline.
     :param expected_job_name: the job's name, checked before ``on_kill`` cancels anything, so a
         recycled job id of someone else's job is never cancelled. None (a sensor watching a job
         submitted elsewhere): ``on_kill`` never cancels.
     :param unknown_grace_polls: consecutive polls in which neither squeue nor sacct knows the job
         before it is reported lost (accounting reaches slurmdbd with a lag).
     :param carry: opaque JSON-safe data returned unchanged in the event.
+    :param watch_deadline: how long (seconds) the watch may wait for something outside the job before
+        it gives up: here, for running jobs of the account to release the allocation the job pends on.
     """
 
     def __init__(self, *, conn_id: str, job_id: str, poll_interval: float = 15.0,
@@ -78,10 +89,12 @@ class SlurmJobTrigger(BaseTrigger):
                  log_path: str | None = None, log_offset: int = 0, pending_policy: str = "fail",
                  expected_job_name: str | None = None, unknown_grace_polls: int = 6,
                  carry: dict[str, Any] | None = None, err_log_path: str | None = None,
-                 err_log_offset: int = 0) -> None:
+                 err_log_offset: int = 0, watch_deadline: float = DEFAULT_WATCH_DEADLINE) -> None:
         super().__init__()
         if pending_policy not in PENDING_POLICIES:
             raise ValueError(f"pending_policy {pending_policy!r} not allowed (known: {', '.join(PENDING_POLICIES)})")
+        if not float(watch_deadline) > 0:
+            raise ValueError(f"watch_deadline must be a positive number of seconds (got {watch_deadline!r})")
         self.conn_id = conn_id
         self.job_id = str(job_id)
         self.poll_interval = float(poll_interval)
@@ -95,6 +108,9 @@ class SlurmJobTrigger(BaseTrigger):
         self.expected_job_name = expected_job_name
         self.unknown_grace_polls = int(unknown_grace_polls)
         self.carry = dict(carry or {})
+        self.watch_deadline = float(watch_deadline)
+        self._allocation_since: float | None = None
+        self._allocation_said: tuple[Any, ...] | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -113,6 +129,7 @@ class SlurmJobTrigger(BaseTrigger):
                 "expected_job_name": self.expected_job_name,
                 "unknown_grace_polls": self.unknown_grace_polls,
                 "carry": self.carry,
+                "watch_deadline": self.watch_deadline,
             },
         )
 
@@ -136,6 +153,7 @@ class SlurmJobTrigger(BaseTrigger):
         note = await self._recalled(task)
         self.log_offset = max(self.log_offset, note.log_offset)
         self.err_log_offset = max(self.err_log_offset, note.err_offset)
+        self._allocation_since = note.allocation_since
         last_state = SlurmState(note.state) if note.state in SlurmState.__members__ else None
         warned_reason: str | None = None
         waiting_for: str | None = None
@@ -185,9 +203,17 @@ class SlurmJobTrigger(BaseTrigger):
                 if status.state.is_terminal:
                     yield self._event(FINISHED, status, _describe(status))
                     return
+                if status.state.has_started and self._allocation_since is not None:
+                    self._allocation_since, self._allocation_said = None, None
+                    await self._remember(task, last_state)
                 if status.state is SlurmState.PENDING and status.reason:
                     reason = classify_pending_reason(status.reason)
-                    if reason.blocks_forever:
+                    if reason.kind is ReasonKind.ALLOCATION:
+                        event = await self._waited_for_allocation(task, last_state, status, update.allocation)
+                        if event is not None:
+                            yield event
+                            return
+                    elif reason.blocks_forever:
                         text = f"job {self.job_id} will not start: {status.reason}: {reason.explanation}"
                         if self.pending_policy == "fail":
                             yield self._event(NEVER_STARTS, status, text)
@@ -195,6 +221,44 @@ class SlurmJobTrigger(BaseTrigger):
                         if warned_reason != status.reason:
                             self.log.warning("%s (still waiting: pending_policy=warn)", text)
                             warned_reason = status.reason
+
+    async def _waited_for_allocation(self, task: TaskKey | None, last_state: SlurmState | None,
+                                     status: JobStatus, reading: AccountReading | None) -> TriggerEvent | None:
+        """The job pends on its account's allocation: the event that ends the watch (the usage alone
+        leaves too little, or ``watch_deadline`` passed), or None to wait on, logging whose running
+        jobs hold the allocation whenever that changes."""
+        now = time.time()
+        first = self._allocation_since is None
+        if first:
+            self._allocation_since = now
+            await self._remember(task, last_state)
+        verdict = judge(status, status.reason or "", reading.figures) if reading and reading.figures else None
+        if verdict is not None and verdict.spent:
+            if self.pending_policy == "fail":
+                return self._event(NEVER_STARTS, status, verdict.spent_message())
+            said: tuple[Any, ...] = ("spent",)
+            text = f"{verdict.spent_message()} (still waiting: pending_policy=warn)"
+        elif verdict is not None:
+            said = ("waiting", verdict.judged, tuple(user for user, _ in verdict.figures.holders))
+            text = verdict.waiting()
+        else:
+            problem = reading.problem if reading is not None else "the allocation was not read"
+            said = ("unread", problem)
+            text = (f"Job {self.job_id} pends with {status.reason}, but its account's allocation cannot be read "
+                    f"({problem}): waiting")
+        waited = now - (self._allocation_since or now)
+        if self.pending_policy == "fail" and waited > self.watch_deadline:
+            return self._event(NEVER_STARTS, status, deadline_message(self.job_id, status.reason or "", waited,
+                                                                      self.watch_deadline, text))
+        if said != self._allocation_said:
+            if first and self.pending_policy == "fail":
+                text += f" (for at most {format_duration(self.watch_deadline)}: watch_deadline)"
+            if said[0] == "spent":
+                self.log.warning("%s", text)
+            else:
+                self.log.info("%s", text)
+            self._allocation_said = said
+        return None
 
     async def _recalled(self, task: TaskKey | None) -> WatchNote:
         """What an earlier trigger of this task try showed already (a triggerer restart loses nothing)."""
@@ -210,7 +274,8 @@ class SlurmJobTrigger(BaseTrigger):
     async def _remember(self, task: TaskKey | None, state: SlurmState | None) -> None:
         if task is None:
             return
-        note = WatchNote(self.log_offset, state.value if state is not None else None, self.err_log_offset)
+        note = WatchNote(self.log_offset, state.value if state is not None else None, self.err_log_offset,
+                         self._allocation_since)
         try:
             await asyncio.wait_for(remember_watch(task, self.job_id, self.log_path, note), timeout=30)
         except Exception as exc:

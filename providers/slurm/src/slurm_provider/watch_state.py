@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 WATCH_XCOM_KEY = "slurm_watch"
-"""XCom of the task try holding ``{"job_id", "log_path", "log_offset", "state", "err_offset"}`` of the watch
-in progress."""
+"""XCom of the task try holding ``{"job_id", "log_path", "log_offset", "state", "err_offset",
+"allocation_since"}`` of the watch in progress."""
 
 ENDED_BY_A_PERSON = frozenset({"failed", "success", "skipped", "upstream_failed", "removed"})
 """Task instance states in which a stopped trigger means "stop the job": the task was ended for good."""
@@ -63,6 +63,9 @@ class WatchNote:
     """The last job state announced in the task log (a ``SlurmState`` value)."""
     err_offset: int = 0
     """Bytes of the job's error output already copied into the task log."""
+    allocation_since: float | None = None
+    """When (epoch seconds) the watch first saw the job pend on its account's allocation: the start of
+    the wait that ``watch_deadline`` bounds. None while it does not wait for it."""
 
 
 async def recall_watch(key: TaskKey, job_id: str, log_path: str | None) -> WatchNote:
@@ -72,7 +75,9 @@ async def recall_watch(key: TaskKey, job_id: str, log_path: str | None) -> Watch
     note = await XCom.aget_one(key=WATCH_XCOM_KEY, dag_id=key.dag_id, task_id=key.task_id, run_id=key.run_id,
                                map_index=key.map_index)
     if isinstance(note, dict) and note.get("job_id") == job_id and note.get("log_path") == log_path:
-        return WatchNote(int(note.get("log_offset") or 0), note.get("state"), int(note.get("err_offset") or 0))
+        since = note.get("allocation_since")
+        return WatchNote(int(note.get("log_offset") or 0), note.get("state"), int(note.get("err_offset") or 0),
+                         float(since) if since is not None else None)
     return WatchNote()
 
 
@@ -80,7 +85,8 @@ async def remember_watch(key: TaskKey, job_id: str, log_path: str | None, note: 
     from airflow.sdk.execution_time.xcom import XCom
 
     await XCom.aset(WATCH_XCOM_KEY, {"job_id": job_id, "log_path": log_path, "log_offset": note.log_offset,
-                                     "state": note.state, "err_offset": note.err_offset},
+                                     "state": note.state, "err_offset": note.err_offset,
+                                     "allocation_since": note.allocation_since},
                     dag_id=key.dag_id, task_id=key.task_id, run_id=key.run_id, map_index=key.map_index)
 
 
