@@ -178,8 +178,8 @@ class PipelineJobOperator(SlurmSubmitOperator):
             worst = check_budget(ctx.profile, ctx.specs()[self.job], allocation)
         except BudgetExceeded as exc:
             raise AirflowFailException(str(exc)) from None
-        self.log.info("Budget: %s worst case %.2f %s (%s) fits; allocation %s", self.job, worst.amount,
-                      worst.billing_unit, worst.describe(), allocation.describe())
+        self.log.info("Budget: %s worst case %.2f %s (%s) fits; allocation %s%s", self.job, worst.amount,
+                      worst.billing_unit, worst.describe(), allocation.describe(), allocation.wait_note(worst.amount))
 
     # --- the operator's two entry points ---------------------------------------------------------------
 

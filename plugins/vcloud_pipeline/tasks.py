@@ -192,7 +192,8 @@ def preflight_checks(ctx: RunContext, hook: Any, code_hash: str) -> dict[str, An
     budgeted = {label: ctx.specs()[label] for label in _budgeted(ctx, hook, to_run)}
     worst = check_jobs_budget(ctx.profile, budgeted, allocation)
     for label, case in worst.items():
-        log.info("worst case %s: %.2f %s (%s)", label, case.amount, case.billing_unit, case.describe())
+        log.info("worst case %s: %.2f %s (%s)%s", label, case.amount, case.billing_unit, case.describe(),
+                 allocation.wait_note(case.amount))
     return {
         "test_only": verdicts,
         "image": image,

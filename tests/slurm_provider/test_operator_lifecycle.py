@@ -257,40 +257,6 @@ def test_job_held_after_special_exit_is_cancelled_not_left_behind(local_cluster:
 
 
 @pytest.mark.exclusive_cluster
-def test_allocation_used_up_after_submission_pends_with_slurms_reason_and_is_cancelled(
-        local_cluster: LocalCluster, capfd: pytest.CaptureFixture) -> None:
-    # Submitted held while the allocation is fine; then Slurm's limit drops below what the job needs
-    # and the job is released: Slurm itself keeps it pending (AccountingStorageEnforce=safe).
-    log_dir = local_cluster.test_dir()
-    job_minutes = 24 * 60  # 1 GPU for a day: more than any limit set below leaves
-
-    def use_up_the_allocation(job: int) -> None:
-        _, used, running = local_cluster.billing_minutes()
-        # Left for new jobs: at most 2 minutes, now and later (usage only grows); running jobs of the
-        # account still fit, so Slurm kills none of them for the limit.
-        assert running + 2 < job_minutes, f"running jobs of the account hold {running} billing-minutes"
-        local_cluster.set_billing_limit(used + running + 2)
-        local_cluster.root("scontrol", "release", str(job))
-
-    injector = Injector(local_cluster, log_dir, use_up_the_allocation, states=frozenset({"PENDING"}))
-    with local_cluster.billing_limit():
-        before = local_cluster.billing_minutes()[0]
-        injector.start()
-        outcome = run_lifecycle(capfd, script=_script("echo never runs"), log_dir=log_dir, time_limit="1-00:00:00",
-                                sbatch_options=["--gpus=1", "--hold"])
-        injector.join(5)
-    assert local_cluster.billing_minutes()[0] == before  # restored
-    assert injector.error is None, injector.error
-    assert outcome.state == "failed"
-    (job_id,) = _jobs_of(local_cluster, outcome)
-    assert job_id == str(injector.job_id)
-    assert f"job {job_id} will not start: AssocGrpBillingMinutes: " in outcome.output
-    assert "The project's GPU-hour allocation is used up, or too little of it is left" in outcome.output
-    assert f"Job {job_id} was cancelled (PENDING, reason AssocGrpBillingMinutes)" in outcome.output
-    assert local_cluster.wait_for_state(int(job_id), {"CANCELLED"}, timeout=30) == "CANCELLED"
-
-
-@pytest.mark.exclusive_cluster
 def test_node_failure_with_requeue_runs_again_and_completes(local_cluster: LocalCluster,
                                                             capfd: pytest.CaptureFixture) -> None:
     log_dir = local_cluster.test_dir()

@@ -56,21 +56,24 @@ def test_ledger_bills_this_project_jobs_and_holds_the_rest_of_running_ones() -> 
 def test_budget_fails_with_the_numbers_when_a_stage_does_not_fit() -> None:
     allocation = Allocation.from_profile(LUMI, used=99990.0, held=0.0)
     spec = JobSpec.train(1, time_limit="3-00:00:00")
-    with pytest.raises(BudgetExceeded, match=r"stage 1 needs up to 72.0 GPU-hours \(1 GCDs x 72 h x 1.0\); 10 of 100000 left"):
+    with pytest.raises(BudgetExceeded, match=r"stage 1 needs up to 72.0 GPU-hours \(1 GCDs x 72 h x 1.0\); 10 of 100000 left by the usage"):
         check_jobs_budget(LUMI, {"stage1": spec}, allocation)
 
 
 def test_budget_fails_when_the_stages_together_do_not_fit() -> None:
     allocation = Allocation.from_profile(LUMI, used=99900.0, held=0.0)
     specs = {f"stage{s}": JobSpec.train(s, time_limit="1-12:00:00") for s in range(4)}
-    with pytest.raises(PreflightError, match=r"need up to 144.0 GPU-hours together .* 100 of 100000 left: limit "
-                                             r"100000 \(profile lumi billing.allocation\)"):
+    with pytest.raises(PreflightError, match=r"need up to 144.0 GPU-hours together .* 100 of 100000 left by the "
+                                             r"usage: limit 100000 \(profile lumi billing.allocation\)"):
         check_jobs_budget(LUMI, specs, allocation)
     assert set(check_jobs_budget(LUMI, dict(list(specs.items())[:2]), allocation)) == {"stage0", "stage1"}
+    # Running and queued jobs holding the rest make the run's jobs wait for them, not fail.
+    busy = Allocation.from_profile(LUMI, used=99900.0, held=90.0)
+    assert set(check_jobs_budget(LUMI, dict(list(specs.items())[:2]), busy)) == {"stage0", "stage1"}
     in_slurm = Allocation.from_slurm(LUMI, account="project_465002500", limit_minutes=6_000_000,
                                      used_minutes=5_994_000, running_minutes=0)
     with pytest.raises(PreflightError, match=r"144.0 GPU-hours together = 8640 billing-minutes .* 100 of 100000 "
-                                             r"left: limit 100000 \(Slurm association limit GrpTRESMins "
+                                             r"left by the usage: limit 100000 \(Slurm association limit GrpTRESMins "
                                              r"billing=6000000 on account project_465002500\)"):
         check_jobs_budget(LUMI, specs, in_slurm)
 
