@@ -19,14 +19,17 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from slurm_provider.operators import SlurmSubmitOperator
 from slurm_provider.resubmission import DEFAULT_BUDGETS
 from slurm_provider.job_status import JobStatus
+from slurm_provider.transport import TransportError
 from vcloud.contract import best_checkpoint_metrics, completed_epochs, final_metrics, recorded_code_hash
 
 from vcloud_pipeline import job_exits
 from vcloud_pipeline.assets import asset_for
 from vcloud_pipeline.budget import Allocation, BudgetExceeded, billed_hours, check_budget
+from vcloud_pipeline.code_retention import touch_run
+from vcloud_pipeline.layout import run_key
 from vcloud_pipeline.preflight import PROJECT_TAG, read_allocation, read_ledger, usage_of
 from vcloud_pipeline.profiles import ClusterProfile
-from vcloud_pipeline.remote import move_aside
+from vcloud_pipeline.remote import RemoteCommandError, move_aside
 from vcloud_pipeline.stage_decisions import (
     DATA,
     EXPORT,
@@ -199,6 +202,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
                     if moved:
                         self.log.warning("mode restart: moved the previous outputs (best.pt included) to %s", moved)
             self._check_budget(ctx, hook)
+            self._keep_run_code(context, ctx, hook)
         summary = super().execute(context)  # defers; returns only when the job had already completed
         return self._report(context, summary)
 
@@ -230,6 +234,17 @@ class PipelineJobOperator(SlurmSubmitOperator):
         """A resubmission spends the allocation again: its worst case must still fit."""
         ctx, _ = self._bind(context)
         self._check_budget(ctx, hook)
+        self._keep_run_code(context, ctx, hook)
+
+    def _keep_run_code(self, context: Any, ctx: RunContext, hook: Any) -> None:
+        """Refresh the DAG run's code marker before a job is submitted: the run is alive and its code must
+        stay (:mod:`vcloud_pipeline.code_retention`). A failure is a warning: the job carries its code
+        in its comment, which keeps the code while Slurm lists the job."""
+        ti = context["ti"]
+        try:
+            touch_run(hook.runner, ctx.paths, run_key(ti.dag_id, ti.run_id), self.code_version)
+        except (RemoteCommandError, TransportError, ValueError) as exc:
+            self.log.warning("Could not refresh the code marker of this DAG run: %s", exc)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         self._bind(context)

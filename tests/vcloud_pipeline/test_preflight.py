@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,6 +14,7 @@ from slurm_provider.hooks import SlurmCommandFailed
 from slurm_provider.cli.sshare import TresMinutes
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.job_status import JobStatus
+from slurm_provider.transport.base import CommandResult
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.preflight import (
     PROJECT_TAG,
@@ -202,6 +204,7 @@ def test_a_resubmission_is_checked_against_the_budget_again(monkeypatch: pytest.
     from airflow.sdk.exceptions import AirflowFailException
 
     from vcloud_pipeline.job_operator import PipelineJobOperator
+    from vcloud_pipeline.layout import run_key
     from vcloud_pipeline.params import parse_request
     from vcloud_pipeline.tasks import RunContext
 
@@ -212,6 +215,12 @@ def test_a_resubmission_is_checked_against_the_budget_again(monkeypatch: pytest.
     class Cluster:
         def __init__(self, used_hours: float) -> None:
             self.used_hours = used_hours
+            self.runner = self
+            self.commands: list[str] = []
+
+        def run(self, line: str, *, stdin: str | None = None, timeout: float = 0) -> CommandResult:
+            self.commands.append(line)
+            return CommandResult(command=line, exit_status=0, stdout="", stderr="")
 
         def find_jobs(self, **kwargs: object) -> list[JobStatus]:
             assert kwargs.get("every_run") is True
@@ -220,6 +229,12 @@ def test_a_resubmission_is_checked_against_the_budget_again(monkeypatch: pytest.
         def account_tres(self, account: str, tres: str) -> None:
             return None  # no limit in Slurm: the profile's allocation and the ledger
 
-    op.check_before_resubmit({}, Cluster(used_hours=1000))  # plenty left: resubmit
+    op.code_version = "c" * 64
+    context = {"ti": SimpleNamespace(dag_id="vcloud_training", run_id="manual__r")}
+    plenty = Cluster(used_hours=1000)
+    op.check_before_resubmit(context, plenty)  # plenty left: resubmit
+    # ... and the run's code marker is refreshed first: the code stays while the run lives.
+    marker = f"{ctx.paths.run_markers_dir}/{run_key('vcloud_training', 'manual__r')}-{'c' * 64}"
+    assert plenty.commands == [f"mkdir -p {ctx.paths.run_markers_dir} && touch -- {marker}"]
     with pytest.raises(AirflowFailException, match=r"stage 1 needs up to 72.0 GPU-hours .* of 100000 left"):
-        op.check_before_resubmit({}, Cluster(used_hours=99_990))
+        op.check_before_resubmit(context, Cluster(used_hours=99_990))
