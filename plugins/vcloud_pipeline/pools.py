@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import logging
 import os
 import re
@@ -142,19 +141,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--slots must be at least 1")
     pools = cluster_pools()
     airflow = [sys.executable, "-m", "airflow"]
-    existing: set[str] = set()
-    if args.create:
-        listed = subprocess.run([*airflow, "pools", "list", "--output", "json"], capture_output=True, text=True,
-                                check=True).stdout
-        existing = {row["pool"] for row in json.loads(listed or "[]")}
     for name, (conn_id, profiles) in sorted(pools.items()):
         command = pool_set_argv(name, args.slots, pool_description(conn_id, profiles))
         if not args.create:
             print(shlex.join(command))
-        elif name in existing:
+        elif subprocess.run([*airflow, "pools", "get", name], capture_output=True).returncode == 0:
             print(f"pool {name} exists: left as it is")
         else:
-            subprocess.run([*airflow, *command[1:]], check=True, capture_output=True)
+            made = subprocess.run([*airflow, *command[1:]], capture_output=True, text=True)
+            if made.returncode != 0:
+                print(f"creating pool {name} failed (is the metadata database migrated?): "
+                      f"{(made.stderr or made.stdout).strip()[-2000:]}", file=sys.stderr)
+                return 1
             print(f"pool {name} created: {args.slots} slots, deferred tasks included")
     return 0
 
