@@ -15,10 +15,9 @@ import threading
 
 import pytest
 
-from lifecycle import run_lifecycle
+from lifecycle import Injector, batch_script, jobs_of, run_lifecycle
 from localcluster import LocalCluster, PrivateAccount, poll_until
 from slurm_provider.allocation import AllocationVerdict
-from tests.slurm_provider.test_operator_lifecycle import Injector, _jobs_of, _script
 
 pytestmark = pytest.mark.usefixtures("cluster_connection", "airflow_home")
 
@@ -62,12 +61,12 @@ def test_a_job_waits_while_a_teammates_running_job_holds_the_allocation(
         injector = Injector(local_cluster, log_dir, end_the_holder_once_the_task_said_who_holds_it,
                             states=frozenset({"PENDING"}))
         injector.start()
-        outcome = run_lifecycle(capfd, script=_script("echo started after the holder ended"), log_dir=log_dir,
+        outcome = run_lifecycle(capfd, script=batch_script("echo started after the holder ended"), log_dir=log_dir,
                                 time_limit="100", sbatch_options=["--gpus=1"], account=account.name)
         injector.join(5)
     assert injector.error is None, injector.error
     assert outcome.state == "success", outcome.output[-4000:]
-    (job_id,) = _jobs_of(local_cluster, outcome)
+    (job_id,) = jobs_of(local_cluster, outcome)
     # What root's running job holds shrinks, and its usage grows, as it runs (every 5 minutes in Slurm).
     said_line = re.search(
         rf"Job {job_id} waits for the allocation of account {account.name}: GrpTRESMins billing=300, used (\d+) "
@@ -98,9 +97,9 @@ def test_a_job_the_usage_leaves_too_little_for_fails_at_once_and_is_cancelled(
         # The usage leaves 5 billing-minutes; the job asks 1 GPU x 10 minutes and nothing runs that could
         # release anything.
         account.set_limit(used + 5)
-        outcome = run_lifecycle(capfd, script=_script("echo never runs"), log_dir=log_dir, time_limit="10",
+        outcome = run_lifecycle(capfd, script=batch_script("echo never runs"), log_dir=log_dir, time_limit="10",
                                 sbatch_options=["--gpus=1"], account=account.name)
-        (job_id,) = _jobs_of(local_cluster, outcome)
+        (job_id,) = jobs_of(local_cluster, outcome)
         state = local_cluster.wait_for_state(int(job_id), {"CANCELLED"}, timeout=60)
     assert outcome.state == "failed", outcome.output[-4000:]
     assert state == "CANCELLED"
