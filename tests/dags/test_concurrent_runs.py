@@ -9,7 +9,8 @@ different run names, one per profile, are triggered through the REST API: both t
 has a job task deferred on its job at the same moment), both succeed, and sacct holds exactly one
 job per stage of each. While both hold their slot (their jobs frozen with ``scontrol suspend`` or
 ``hold`` so that the moment lasts), a third run's first job task waits in Airflow for a slot and
-submits nothing: the pool bounds the jobs in flight on the cluster. Each run's code is recorded
+submits nothing: the pool bounds the jobs in flight on the cluster. The local run's name triggered
+a second time while that run trains adds no job to any stage. Each run's code is recorded
 (``<paths.code>/.runs``) while it runs and released when it ends.
 """
 
@@ -159,6 +160,11 @@ def _wait_end(deployment: dict[str, Any], run_id: str) -> dict[str, Any]:
             from None
 
 
+def _return_value(api: RestClient, run_id: str, task_id: str) -> Any:
+    return api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}"
+                   "/xcomEntries/return_value?deserialize=true")["value"]
+
+
 def _states(api: RestClient, run_id: str) -> dict[str, str]:
     return {task: ti["state"] for task, ti in _tis(api, run_id).items()}
 
@@ -211,16 +217,20 @@ def test_two_runs_on_two_profiles_train_at_once_and_the_pool_bounds_their_jobs(
         assert _jobs_of_run(local_cluster, third) == {}
         pool = _pool(api)
         assert (pool["open_slots"], pool["deferred_slots"], pool["scheduled_slots"]) == (0, SLOTS, 1), pool
+        # The local run's name triggered again while that run trains: its stages watch the first run's
+        # jobs or skip complete stages; the first run adopts what the second submits first. (An export
+        # is made again by every run that asks for one: this one does not.)
+        again = _trigger(api, "local", names["local"], export=False)
     finally:
         _thaw(local_cluster, frozen)
 
-    ended = {run_id: _wait_end(deployment, run_id) for run_id in [*runs.values(), third]}
+    ended = {run_id: _wait_end(deployment, run_id) for run_id in [*runs.values(), third, again]}
     watch.done.set()
     watch.join(10)
     for run_id, run in ended.items():
         assert run["state"] == "success", (run_id, _states(api, run_id))
     # Every job task of every run waited in its cluster's pool; never more jobs in flight than slots.
-    for run_id in [*runs.values(), third]:
+    for run_id in [*runs.values(), third, again]:
         pools = {task: ti["pool"] for task, ti in _tis(api, run_id).items() if task in JOB_TASKS}
         assert set(pools.values()) == {POOL}, pools
         assert _tis(api, run_id)["plan"]["pool"] == "default_pool"
@@ -240,6 +250,13 @@ def test_two_runs_on_two_profiles_train_at_once_and_the_pool_bounds_their_jobs(
 
     jobs = poll_until(every_directory_has_its_job, timeout=120, what="every directory's job in sacct")
     assert all(len(ids) == 1 for ids in jobs.values()), jobs
+    # The second run of the local run's name made no job of any stage: each of its stages watched the
+    # one job (or adopted it into the first run) or skipped the stage.
+    for stage in [*STAGES, "export"]:
+        ti = _tis(api, again)[stage]
+        assert ti["state"] in ("success", "skipped"), (stage, ti["state"])
+        if ti["state"] == "success":
+            assert _return_value(api, again, stage)["job_ids"] == jobs[f"local {stage}"], stage
     for profile in names:
         for stage in STAGES:
             local_cluster.ssh(f"test -f {shlex.quote(directories[f'{profile} {stage}'])}/COMPLETE")
