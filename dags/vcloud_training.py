@@ -5,11 +5,15 @@ Wiring only; what each task does lives in ``plugins/vcloud_pipeline`` (``tasks``
 or for one stage: ``airflow dags trigger vcloud_training --conf '{"stages": [2]}'``.
 
 The job tasks wait out a login node that does not answer (up to the provider's
-``unreachable_timeout``, 24 hours) and retry a lost watch (worker or triggerer lost, a longer outage)
+``watch_deadline``, 24 hours) and retry a lost watch (worker or triggerer lost, a longer outage)
 with the Slurm provider's defaults, adopting the job they find; a job that failed fails its task for
 good. The Python tasks that talk to the cluster (sync, checks, summary) retry with the same defaults
 when it could not be reached, and only then. To change that, pass e.g.
 ``default_args={"retries": 0}`` to the DAG below, or ``retries=`` to one task.
+
+Runs go at the same time (Airflow's ``max_active_runs_per_dag``); two runs with one run name share
+each stage's job through the provider's one-writer-per-directory lock. The jobs one deployment has
+on a cluster are bounded by the pool of the run's connection (``vcloud_pipeline.pools``).
 
 Deployment settings (read when the file is parsed, no I/O): ``VCLOUD_TRAINING_SCHEDULE``
 (cron or preset, default ``@monthly``; ``none`` for manual runs only) and
@@ -36,7 +40,6 @@ with DAG(
     schedule=None if _schedule.strip().lower() in ("", "none") else _schedule,
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
-    max_active_runs=1,
     params=dag_params(os.environ.get("VCLOUD_DEFAULT_PROFILE", "local")),
     tags=["vcloud", "slurm", "training"],
     doc_md=__doc__,
@@ -60,8 +63,9 @@ with DAG(
         from vcloud_pipeline.tasks import sync_code as sync
 
         ctx = RunContext.from_xcom(planned)
+        context = get_current_context()
         with final_unless_unreachable(), SlurmHook(ctx.profile.connection.conn_id) as hook:
-            return sync(ctx, hook.runner)
+            return sync(ctx, hook.runner, dag_run=(context["dag"].dag_id, context["run_id"]))
 
     @task(task_id="preflight_checks", trigger_rule=TriggerRule.NONE_FAILED, **CLUSTER_STEP_RETRIES)
     def preflight_checks(planned: dict, synced: dict) -> dict:
@@ -76,15 +80,18 @@ with DAG(
 
     @task(task_id="summary", trigger_rule=TriggerRule.ALL_DONE, **CLUSTER_STEP_RETRIES)
     def summary(planned: dict) -> dict:
-        """Per job: ids, states, GPU-hours, metrics; per stage: COMPLETE; the project's ledger."""
+        """Per job: ids, states, GPU-hours, metrics; per stage: COMPLETE; the project's ledger. The run
+        submits nothing more: its code is no longer kept for it."""
         from slurm_provider.hooks import SlurmHook
-        from vcloud_pipeline.tasks import RunContext, final_unless_unreachable, summarize
+        from vcloud_pipeline.tasks import RunContext, final_unless_unreachable, release_run_code, summarize
 
         ctx = RunContext.from_xcom(planned)
-        ti = get_current_context()["ti"]
+        context = get_current_context()
+        ti = context["ti"]
         labels = ["prepare_data", "preflight_imports", "stage0", "stage1", "stage2", "stage3", "export"]
         jobs = {label: ti.xcom_pull(task_ids=label) for label in labels}
         with final_unless_unreachable(), SlurmHook(ctx.profile.connection.conn_id) as hook:
+            release_run_code(ctx, hook.runner, (context["dag"].dag_id, context["run_id"]))
             return summarize(ctx, hook, {k: v for k, v in jobs.items() if v})
 
     @task(task_id="verdict", trigger_rule=TriggerRule.NONE_FAILED)

@@ -113,12 +113,14 @@ def _kill_leftovers(pgid: int) -> None:
 
 
 @contextlib.contextmanager
-def deployment_with_dag(env: dict[str, str], home: Path, dag_id: str) -> Iterator[tuple[Deployment, RestClient]]:
-    """A migrated, running deployment whose DAG processor has parsed ``dag_id``, unpaused."""
+def deployment_with_dag(env: dict[str, str], home: Path, dag_id: str,
+                        pool_slots: int | None = None) -> Iterator[tuple[Deployment, RestClient]]:
+    """A migrated, running deployment whose DAG processor has parsed ``dag_id``, unpaused; its cluster
+    pools have ``pool_slots`` slots (default :data:`standalone.POOL_SLOTS`)."""
     from localcluster import poll_until
-    from standalone import RestClient, airflow
+    from standalone import POOL_SLOTS, RestClient, migrate
 
-    airflow("db", "migrate", env=env)
+    migrate(env, pool_slots or POOL_SLOTS)
     with Deployment(env, home) as components:
         api = RestClient(components.base)
         poll_until(lambda: api.call("GET", f"/api/v2/dags/{dag_id}")[0] == 200, timeout=300, interval=2,

@@ -1,12 +1,19 @@
-"""Run the `slurm_lifecycle` test DAG with dag.test() and read back what happened."""
+"""Run the `slurm_lifecycle` test DAG with dag.test() and read back what happened; inject faults from
+outside while it runs; count the task's jobs in accounting."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from background import BackgroundStep
+from localcluster import LocalCluster, poll_until
+from slurm_provider.operators import job_name_for
 
 FIXTURE = Path(__file__).resolve().parent / "dag_fixtures" / "slurm_lifecycle.py"
 
@@ -45,3 +52,55 @@ def run_lifecycle(capfd: Any, **conf: Any) -> LifecycleOutcome:
         if row is not None:
             result = json.loads(row.value) if isinstance(row.value, (str, bytes)) else row.value
     return LifecycleOutcome(dag_run.run_id, state, result, captured.out + captured.err)
+
+
+# --- faults from outside and what accounting then holds ----------------------------------------------
+
+
+def job_in(cluster: LocalCluster, log_dir: str) -> int | None:
+    """The id of the job currently in squeue whose output goes to ``log_dir`` (one per test)."""
+    out = cluster.root("squeue", "-h", "-t", "all", "-O", "JobID:20,STDOUT:400", check=False).stdout
+    for line in out.splitlines():
+        parts = line.split(None, 1)
+        if len(parts) == 2 and parts[1].strip().startswith(log_dir + "/"):
+            return int(parts[0])
+    return None
+
+
+class Injector(BackgroundStep):
+    """Waits until the test's job runs (or is in any of ``states``), then does something to it from the outside."""
+
+    def __init__(self, cluster: LocalCluster, log_dir: str, action: Callable[[int], None],
+                 states: frozenset[str] = frozenset({"RUNNING"})) -> None:
+        super().__init__()
+        self.cluster, self.log_dir, self.action, self.states = cluster, log_dir, action, states
+        self.job_id: int | None = None
+
+    def step(self) -> None:
+        self.job_id = poll_until(lambda: job_in(self.cluster, self.log_dir), timeout=120,
+                                 what=f"a job logging to {self.log_dir}")
+        self.cluster.wait_for_state(self.job_id, self.states, timeout=120)
+        time.sleep(1)
+        self.action(self.job_id)
+
+
+def jobs_of(cluster: LocalCluster, outcome: LifecycleOutcome, expect: int = 1) -> list[str]:
+    """Every job id accounting knows under this task's deterministic name in this run.
+
+    Accounting reaches slurmdbd with a lag, so wait until at least ``expect`` jobs are visible and
+    then read once more: a duplicate submitted earlier would be there by then too.
+    """
+    name = job_name_for("slurm_lifecycle", "job", outcome.run_id)
+
+    def read() -> list[str]:
+        out = cluster.root("sacct", "-X", "-n", "-P", "-S", "now-1days", f"--name={name}",
+                           "--format=JobIDRaw").stdout
+        return sorted({line for line in out.splitlines() if line})
+
+    poll_until(lambda: len(read()) >= expect, timeout=60, what=f"{expect} job(s) named {name} in sacct")
+    cluster.accounting_caught_up()
+    return read()
+
+
+def batch_script(body: str) -> str:
+    return f"#!/bin/bash\n{body}\n"

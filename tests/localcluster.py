@@ -268,6 +268,27 @@ class LocalCluster:
             else:
                 self.set_billing_limit(before)
 
+    @contextmanager
+    def private_account(self, billing_minutes: int) -> Iterator["PrivateAccount"]:
+        """A Slurm account of the test's own with ``GrpTRESMins=billing=<billing_minutes>``, open to the
+        cluster user and root, so a test can spend or hold an allocation without touching the shared
+        account's. Its jobs are cancelled and it is removed after the block, whatever happened."""
+        account = PrivateAccount(self, f"vct_{uuid.uuid4().hex[:10]}")
+        cluster = "cluster=vcloud-local"
+        self.root("sacctmgr", "-i", "-Q", "add", "account", account.name, cluster,
+                  "description=test allocation", "organization=vcloud")
+        try:
+            self.root("sacctmgr", "-i", "-Q", "add", "user", f"{self.user},root", f"account={account.name}", cluster)
+            account.set_limit(billing_minutes)
+            yield account
+        finally:
+            self.root("scancel", f"--account={account.name}", check=False)
+            poll_until(lambda: not self.root("squeue", "-h", f"--account={account.name}").stdout.strip(),
+                       timeout=120, what=f"the jobs of account {account.name} to end")
+            self.root("sacctmgr", "-i", "-Q", "remove", "user", f"{self.user},root", f"account={account.name}",
+                      cluster, check=False)
+            self.root("sacctmgr", "-i", "-Q", "remove", "account", account.name, cluster, check=False)
+
     def daemon_pids(self) -> dict[str, int]:
         """Each daemon's pid by name; the compute nodes' as ``slurmd-<node>``."""
         run = self.state_dir / "run"
@@ -314,3 +335,37 @@ def bring_up() -> LocalCluster:
         conn_id="vcloud_local_cluster",
         teammate=os.environ.get("VCLOUD_CLUSTER_TEAMMATE", "vcloud2"),
     )
+
+
+@dataclass(frozen=True)
+class PrivateAccount:
+    """A test's own Slurm account (:meth:`LocalCluster.private_account`)."""
+
+    cluster: LocalCluster
+    name: str
+
+    def billing(self) -> tuple[int | None, int, int, dict[str, int]]:
+        """(limit, used, held by running jobs, held per user) of the account's billing TRES, in
+        billing-minutes, as slurmctld holds them (``sshare --all``, as root)."""
+        out = self.cluster.root("sshare", "-n", "-P", "-a", f"--accounts={self.name}",
+                                "--format=Account,User,GrpTRESMins,GrpTRESRaw,TRESRunMins").stdout
+
+        def billing(tres: str) -> int | None:
+            values = dict(item.split("=", 1) for item in tres.split(",") if "=" in item)
+            return int(values["billing"]) if values.get("billing", "").isdigit() else None
+
+        own, users = None, {}
+        for line in out.splitlines():
+            account, user, limit, used, running = line.strip().split("|")
+            if account == self.name and not user:
+                own = (billing(limit), billing(used) or 0, billing(running) or 0)
+            elif user:
+                users[user] = billing(running) or 0
+        assert own is not None, f"sshare lists no association for account {self.name}: {out!r}"
+        return (*own, users)
+
+    def set_limit(self, minutes: int) -> None:
+        self.cluster.root("sacctmgr", "-i", "-Q", "modify", "account", self.name, "where", "cluster=vcloud-local",
+                          "set", f"GrpTRESMins=billing={minutes}")
+        poll_until(lambda: self.billing()[0] == minutes, timeout=30,
+                   what=f"slurmctld to hold GrpTRESMins=billing={minutes} on {self.name}")

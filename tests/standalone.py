@@ -4,7 +4,8 @@
 the triggerer, the components a deployment runs, configured the way ``include/demo.sh`` configures
 ``airflow dags test``: this checkout's ``dags/``, ``plugins/`` and Slurm provider source (first on
 ``PYTHONPATH``, so it wins over any installed copy), the local cluster's connections
-from the environment, and one known user of the simple auth manager.
+from the environment, and one known user of the simple auth manager. Like docker-compose.yaml's
+deployment it has the cluster policy and, once :func:`migrate` ran, the cluster pools.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ def airflow_env(home: Path, port: int, project_dir: str, *, schedule: str = "non
     ~5 s of the deferral); 1 s is fine for ``airflow dags test``, which runs them inline.
     """
     env = dict(os.environ)
+    # include/airflow: the deployment's cluster policy (airflow_local_settings), as docker-compose.yaml
+    # installs it: each run's job tasks wait in the pool of its cluster connection.
     pythonpath = os.pathsep.join([str(REPO / "providers" / "slurm" / "src"), str(REPO / "plugins"),
-                                  str(REPO / "trainer" / "src"), str(REPO)])
+                                  str(REPO / "trainer" / "src"), str(REPO), str(REPO / "include" / "airflow")])
     env.update({
         "PYTHONPATH": pythonpath + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -80,6 +83,18 @@ def run_cli(argv: list[str], env: dict[str, str], timeout: float) -> subprocess.
 
 def airflow(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return run_cli([sys.executable, "-m", "airflow", *args], env, timeout)
+
+
+POOL_SLOTS = 8
+"""Jobs a test deployment may have in flight per cluster connection: enough for tests that run a few
+runs at once on the one local cluster."""
+
+
+def migrate(env: dict[str, str], pool_slots: int = POOL_SLOTS) -> None:
+    """Migrate the deployment's database and create the pool of each profile's cluster connection,
+    as docker-compose.yaml's airflow-init does (``python -m vcloud_pipeline.pools --create``)."""
+    airflow("db", "migrate", env=env)
+    run_cli([sys.executable, "-m", "vcloud_pipeline.pools", "--create", "--slots", str(pool_slots)], env, 300)
 
 
 RECORDS_SCRIPT = """\

@@ -3,8 +3,11 @@
 LUMI bills accelerator time, and whole nodes on full-node partitions: one wall-hour on
 ``standard-g`` costs all 8 GCDs whatever the job uses, and a 3-day job on 8 GCDs costs 576
 GPU-hours (seed 001). The DAG checks a stage's worst case (every GPU busy until the time limit)
-against what is left of the allocation before submitting, and fails with the numbers when it
-does not fit.
+against what the usage leaves of the allocation before submitting, and fails with the numbers when
+it does not fit. What running (and queued) jobs hold is not spent yet: they release what they do
+not use as they end, so a job that fits what the usage leaves is submitted and waits for them
+(Slurm pends it with ``AssocGrpBillingMinutes``; the provider's watch waits at most
+``watch_deadline``), the same rule :mod:`slurm_provider.allocation` applies to a pending job.
 
 Where the allocation comes from (:class:`Allocation`): a site that enforces it holds it in Slurm,
 as ``GrpTRESMins=<tres>=<minutes>`` on the project account, shared with every job of the account,
@@ -134,8 +137,20 @@ class Allocation:
         return None if self.limit is None else self.limit - self.used
 
     def headroom(self) -> str:
-        """``412.5 of 100000 left`` (never below zero)."""
-        return f"{_num(max(self.left or 0.0, 0.0))} of {_num(self.limit or 0.0)} left"
+        """``412.5 of 100000 left by the usage`` (never below zero): what a job can ever get."""
+        return f"{_num(max(self.remaining or 0.0, 0.0))} of {_num(self.limit or 0.0)} left by the usage"
+
+    def waits_for_holders(self, amount: float) -> bool:
+        """True when ``amount`` fits what the usage leaves but not what running and queued jobs leave
+        now: a job of that worst case waits for them to end (Slurm: ``AssocGrpBillingMinutes``)."""
+        return self.left is not None and self.remaining is not None and self.left < amount <= self.remaining
+
+    def wait_note(self, amount: float) -> str:
+        """`` [waits: ...]`` when a job of ``amount`` will wait for running jobs, else ``""``."""
+        if not self.waits_for_holders(amount):
+            return ""
+        return (f" [running and queued jobs hold {_num(self.held)} now ({self.held_from}), so it waits until they "
+                f"have released enough: {_num(max(self.left or 0.0, 0.0))} is free at the moment]")
 
     def figures(self) -> str:
         """``limit 1000 (Slurm association limit ...), used 2.5 (...), held 0.5 (...)``."""
@@ -205,14 +220,15 @@ def _advice(profile: ClusterProfile, allocation: Allocation, unit_name: str) -> 
 
 
 def check_budget(profile: ClusterProfile, spec: JobSpec, allocation: Allocation) -> WorstCase:
-    """Raise :class:`BudgetExceeded` unless the job's worst case fits in what is left of the allocation.
+    """Raise :class:`BudgetExceeded` unless the job's worst case fits in what the usage leaves of the
+    allocation (limit less usage; see the module doc for why what running jobs hold is not counted).
 
     The message names the job's need, the limit, the usage and what queued/running jobs hold, each
     with its source. Without a tracked allocation every job passes.
     """
     worst = worst_case(profile, spec)
-    left = allocation.left
-    if left is None or worst.amount <= left:
+    remaining = allocation.remaining
+    if remaining is None or worst.amount <= remaining:
         return worst
     in_slurm = ""
     if allocation.source == SLURM and allocation.slurm:
@@ -220,7 +236,7 @@ def check_budget(profile: ClusterProfile, spec: JobSpec, allocation: Allocation)
         in_slurm = f" = {minutes:g} {allocation.slurm['tres']}-minutes"
     raise BudgetExceeded(
         f"{worst.label} needs up to {worst.amount:.1f} {worst.billing_unit} ({worst.describe()}{in_slurm}); "
-        f"{allocation.headroom()}: {allocation.figures()}. "
+        f"{allocation.headroom()}: {allocation.figures()}; no running job's end can free that. "
         f"{_advice(profile, allocation, worst.unit_name)}"
     )
 

@@ -9,6 +9,12 @@ sync, a directory is removed only when all of these hold:
   running, requeued, held, suspended and completing jobs keep their code, and so do jobs that
   ended interrupted (time limit, node failure, preemption), since the operator may resubmit the
   same script, and ``SPECIAL_EXIT`` jobs, held in the queue for a person to release;
+- no unfinished DAG run uses it: each run's sync writes a marker naming its code
+  (``<paths.code>/.runs/<run key>-<hash>``), each job it submits or resubmits refreshes it, and the
+  run's ``summary`` task removes it. That covers what Slurm no longer shows: a later stage not yet
+  submitted, a resubmission after an interrupted job squeue has forgotten. A marker untouched for
+  :data:`RUN_MARKER_EXPIRY_S` belongs to a run that vanished (its Airflow database gone) and is
+  removed;
 - it is not among the newest ``paths.code_keep`` complete directories (by the manifest's mtime,
   which a sync that finds its code already there refreshes), nor the one just synced;
 - it is complete (has its manifest), or incomplete and untouched for :data:`INCOMPLETE_GRACE_S`
@@ -23,20 +29,38 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from slurm_provider.cli.squeue import build_squeue_account_jobs
 from slurm_provider.cli.squeue import SqueueRow, parse_squeue
 from slurm_provider.state_vocabulary import SlurmState, parse_state
 
-from vcloud_pipeline.layout import MANIFEST_NAME, REMOVING_SUFFIX, RunPaths, is_code_hash
+from vcloud_pipeline.layout import MANIFEST_NAME, REMOVING_SUFFIX, RUN_MARKERS, RunPaths, is_code_hash, is_run_key
 from vcloud_pipeline.profiles import ClusterProfile
 from vcloud_pipeline.remote import CommandRunner, run_checked
 
 INCOMPLETE_GRACE_S = 24 * 3600.0
 """A directory without its manifest this long after its last change is a dead transfer, not a
 running one (rsync gives up after ``sync.RSYNC_TIMEOUT``)."""
+
+RUN_MARKER_EXPIRY_S = 30 * 24 * 3600.0
+"""A run marker untouched this long belongs to a run that vanished. A live run refreshes it with every
+job it submits; between two submissions lies at most one job's wait in the queue and its time limit
+(3 days on LUMI), so a month leaves a multi-week run ample margin."""
+
+
+@dataclass(frozen=True)
+class RunMarker:
+    """``<paths.code>/.runs/<key>-<hash>``: DAG run ``key`` uses code ``hash``, last refreshed then."""
+
+    key: str
+    hash: str
+    touched_at: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.key}-{self.hash}"
 
 
 @dataclass(frozen=True)
@@ -70,12 +94,19 @@ class RetentionPlan:
     """Kept: no manifest yet, changed within the grace period (a transfer may be running)."""
     leftovers: tuple[str, ...] = ()
     """Renamed for removal by an earlier cleanup that did not finish: deleted now."""
+    in_runs: tuple[str, ...] = ()
+    """Kept: an unfinished DAG run uses them (its marker), though no job Slurm lists does."""
+    expired_runs: tuple[RunMarker, ...] = ()
+    """Markers of runs that vanished (untouched for :data:`RUN_MARKER_EXPIRY_S`): deleted now."""
 
     def lines(self) -> list[str]:
         """One line per decision, for the task log."""
         out = [f"removing unused code directory {h}" for h in self.remove]
         out += [f"keeping code directory {h}: a queued, running or requeued job uses it" for h in self.in_use]
+        out += [f"keeping code directory {h}: an unfinished DAG run uses it" for h in self.in_runs]
         out += [f"finishing the removal of code directory {h}" for h in self.leftovers]
+        out += [f"forgetting DAG run {m.key}, untouched for {RUN_MARKER_EXPIRY_S / 86400:.0f} days (code {m.hash})"
+                for m in self.expired_runs]
         return out
 
 
@@ -113,24 +144,30 @@ def hashes_in_use(rows: Iterable[SqueueRow]) -> set[str]:
 
 
 def plan_retention(dirs: Sequence[CodeDir], *, in_use: Iterable[str], current: str, keep: int, now: float,
-                   incomplete_grace_s: float = INCOMPLETE_GRACE_S) -> RetentionPlan:
-    """Decide which code directories go. Pure.
+                   incomplete_grace_s: float = INCOMPLETE_GRACE_S, runs: Sequence[RunMarker] = (),
+                   run_expiry_s: float = RUN_MARKER_EXPIRY_S) -> RetentionPlan:
+    """Decide which code directories (and run markers) go. Pure.
 
     ``current`` (the hash just synced) always stays; so do the newest ``keep`` complete ones,
-    every one in ``in_use``, and incomplete ones changed within ``incomplete_grace_s``.
+    every one in ``in_use``, every one an unexpired run marker names, and incomplete ones changed
+    within ``incomplete_grace_s``. Run markers older than ``run_expiry_s`` go.
     """
     if keep < 1:
         raise ValueError(f"keep must be at least 1 (got {keep})")
     used = set(in_use)
+    expired = tuple(sorted((m for m in runs if now - m.touched_at >= run_expiry_s), key=lambda m: m.name))
+    by_runs = {m.hash for m in runs if m not in expired}
     live = [d for d in dirs if not d.removing]
     complete = sorted((d for d in live if d.complete), key=lambda d: (d.synced_at or 0.0, d.hash), reverse=True)
     newest = {current} | {d.hash for d in complete[:keep]}
-    remove, kept_in_use, kept_incomplete = [], [], []
+    remove, kept_in_use, kept_incomplete, kept_by_runs = [], [], [], []
     for d in sorted(live, key=lambda d: d.hash):
         if d.hash in newest:
             continue
         if d.hash in used:
             kept_in_use.append(d.hash)
+        elif d.hash in by_runs:
+            kept_by_runs.append(d.hash)
         elif not d.complete and now - d.changed_at < incomplete_grace_s:
             kept_incomplete.append(d.hash)
         else:
@@ -141,6 +178,8 @@ def plan_retention(dirs: Sequence[CodeDir], *, in_use: Iterable[str], current: s
         newest=tuple(sorted(h for h in newest if any(d.hash == h for d in live))),
         incomplete=tuple(kept_incomplete),
         leftovers=tuple(sorted(d.hash for d in dirs if d.removing)),
+        in_runs=tuple(kept_by_runs),
+        expired_runs=expired,
     )
 
 
@@ -157,13 +196,16 @@ def newest_complete(dirs: Sequence[CodeDir], *, other_than: str) -> str | None:
 
 
 def list_code_dirs_command(code_root: PurePosixPath | str) -> str:
-    """One shell line: the login node's clock, every directory under ``code_root`` with its ctime and
-    every manifest with its mtime (ages are measured on the cluster's clock, not the worker's)."""
+    """One shell line: the login node's clock, every directory under ``code_root`` with its ctime,
+    every manifest with its mtime and every run marker with its mtime (ages are measured on the
+    cluster's clock, not the worker's)."""
     root = shlex.quote(str(code_root))
+    markers = shlex.quote(f"{code_root}/{RUN_MARKERS}")
     return (f"echo \"now $(date +%s)\"; [ -d {root} ] || exit 0; "
             f"find {root} -mindepth 1 -maxdepth 1 -type d -printf 'dir %C@ %f\\n'; "
             f"find {root} -mindepth 2 -maxdepth 2 -type f -name {shlex.quote(MANIFEST_NAME)} "
-            f"-printf 'manifest %T@ %h\\n'")
+            f"-printf 'manifest %T@ %h\\n'; "
+            f"[ -d {markers} ] || exit 0; find {markers} -mindepth 1 -maxdepth 1 -type f -printf 'run %T@ %f\\n'")
 
 
 @dataclass(frozen=True)
@@ -171,12 +213,15 @@ class CodeDirListing:
     dirs: list[CodeDir]
     now: float
     """The login node's clock when it listed them."""
+    runs: list[RunMarker] = field(default_factory=list)
+    """The markers of the DAG runs that recorded their code."""
 
 
 def parse_code_dirs(stdout: str) -> CodeDirListing:
     """The code directories in :func:`list_code_dirs_command`'s output; other entries are ignored."""
     changed: dict[str, tuple[float, bool]] = {}
     synced: dict[str, float] = {}
+    runs: list[RunMarker] = []
     now: float | None = None
     for line in stdout.splitlines():
         kind, _, rest = line.partition(" ")
@@ -196,19 +241,24 @@ def parse_code_dirs(stdout: str) -> CodeDirListing:
             code = PurePosixPath(name).name
             if is_code_hash(code):
                 synced[code] = when
+        elif kind == "run":
+            key, _, code = name.partition("-")
+            if is_run_key(key) and is_code_hash(code):
+                runs.append(RunMarker(key=key, hash=code, touched_at=when))
     if now is None:
         raise ValueError(f"the code directory listing lacks the login node's clock: {stdout[:200]!r}")
     return CodeDirListing(
         dirs=[CodeDir(hash=h, synced_at=None if removing else synced.get(h), changed_at=when, removing=removing)
               for h, (when, removing) in sorted(changed.items())],
-        now=now)
+        now=now, runs=runs)
 
 
 def removal_command(paths: RunPaths, plan: RetentionPlan) -> str | None:
-    """Rename each directory to go to its hidden name, then delete it; None when nothing goes."""
-    if not plan.remove and not plan.leftovers:
+    """Rename each directory to go to its hidden name, then delete it; delete the expired run markers;
+    None when nothing goes."""
+    if not plan.remove and not plan.leftovers and not plan.expired_runs:
         return None
-    parts = []
+    parts = [f"rm -f -- {shlex.quote(str(paths.run_marker(m.key, m.hash)))}" for m in plan.expired_runs]
     for code in plan.remove:
         src, dst = shlex.quote(str(paths.code(code).dir)), shlex.quote(str(paths.code_being_removed(code)))
         parts.append(f"mv -T -- {src} {dst} && rm -rf -- {dst}")
@@ -241,8 +291,50 @@ def remove_unused_code_dirs(profile: ClusterProfile, paths: RunPaths, runner: Co
     listing = list_code_dirs(runner, paths)
     rows = live_jobs(runner, profile.account)
     plan = plan_retention(listing.dirs, in_use=hashes_in_use(rows), current=current,
-                          keep=profile.paths.code_keep, now=listing.now)
+                          keep=profile.paths.code_keep, now=listing.now, runs=listing.runs)
     command = removal_command(paths, plan)
     if command is not None:
         run_checked(runner, command, what=f"removing unused code directories in {paths.code_root}", timeout=600)
     return plan
+
+
+# --------------------------------------------------------------------------- the runs' markers
+
+
+def mark_run_command(paths: RunPaths, key: str, code_hash: str, about: str) -> str:
+    """Record that DAG run ``key`` uses ``code_hash``: its marker (written whole, then renamed into
+    place), replacing a marker of other code the run used before. ``about`` (the DAG run, the run
+    name) is the marker's text, for people."""
+    marker = paths.run_marker(key, code_hash)
+    directory = shlex.quote(str(paths.run_markers_dir))
+    temporary = shlex.quote(f"{paths.run_markers_dir}/.{marker.name}.tmp")
+    others = f"{shlex.quote(str(paths.run_markers_dir))}/{key}-*"
+    return (f"set -e; mkdir -p {directory}; printf '%s\\n' {shlex.quote(about)} > {temporary}; "
+            f"for old in {others}; do [ \"$old\" = {shlex.quote(str(marker))} ] || rm -f -- \"$old\"; done; "
+            f"mv -f -- {temporary} {shlex.quote(str(marker))}")
+
+
+def touch_run_command(paths: RunPaths, key: str, code_hash: str) -> str:
+    """Refresh (or create) DAG run ``key``'s marker for ``code_hash``: the run is alive."""
+    return (f"mkdir -p {shlex.quote(str(paths.run_markers_dir))} && "
+            f"touch -- {shlex.quote(str(paths.run_marker(key, code_hash)))}")
+
+
+def release_run_command(paths: RunPaths, key: str) -> str:
+    """Remove DAG run ``key``'s marker(s): the run has ended and submits nothing more."""
+    if not is_run_key(key):
+        raise ValueError(f"run key {key!r} is not 16 hex digits")
+    return f"rm -f -- {shlex.quote(str(paths.run_markers_dir))}/{key}-*"
+
+
+def mark_run(runner: CommandRunner, paths: RunPaths, key: str, code_hash: str, about: str) -> None:
+    run_checked(runner, mark_run_command(paths, key, code_hash, about),
+                what=f"recording that DAG run {key} uses code {code_hash}")
+
+
+def touch_run(runner: CommandRunner, paths: RunPaths, key: str, code_hash: str) -> None:
+    run_checked(runner, touch_run_command(paths, key, code_hash), what=f"refreshing the marker of DAG run {key}")
+
+
+def release_run(runner: CommandRunner, paths: RunPaths, key: str) -> None:
+    run_checked(runner, release_run_command(paths, key), what=f"removing the marker of DAG run {key}")

@@ -22,6 +22,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from slurm_provider.operators import SlurmSubmitOperator
 from slurm_provider.resubmission import DEFAULT_BUDGETS
 from slurm_provider.job_status import JobStatus
+from slurm_provider.transport import TransportError
 from vcloud.contract import (
     BEST_CHECKPOINT,
     COMPLETE_FILE,
@@ -35,8 +36,11 @@ from vcloud.contract import (
 from vcloud_pipeline import job_exits
 from vcloud_pipeline.assets import asset_for
 from vcloud_pipeline.budget import Allocation, BudgetExceeded, billed_hours, check_budget
+from vcloud_pipeline.code_retention import touch_run
+from vcloud_pipeline.layout import run_key
 from vcloud_pipeline.preflight import PROJECT_TAG, read_allocation, read_ledger, usage_of
 from vcloud_pipeline.profiles import ClusterProfile
+from vcloud_pipeline.remote import RemoteCommandError
 from vcloud_pipeline.stage_decisions import (
     DATA,
     EXPORT,
@@ -199,8 +203,8 @@ class PipelineJobOperator(SlurmSubmitOperator):
             worst = check_budget(ctx.profile, ctx.specs()[self.job], allocation)
         except BudgetExceeded as exc:
             raise AirflowFailException(str(exc)) from None
-        self.log.info("Budget: %s worst case %.2f %s (%s) fits; allocation %s", self.job, worst.amount,
-                      worst.billing_unit, worst.describe(), allocation.describe())
+        self.log.info("Budget: %s worst case %.2f %s (%s) fits; allocation %s%s", self.job, worst.amount,
+                      worst.billing_unit, worst.describe(), allocation.describe(), allocation.wait_note(worst.amount))
 
     # --- the operator's two entry points ---------------------------------------------------------------
 
@@ -212,6 +216,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
             if not submitted_before:
                 with self._hook() as hook:
                     self._before_submitting(ctx, hook)
+                    self._keep_run_code(context, ctx, hook)
             summary = super().execute(context)  # defers; returns only when the job had already completed
             return self._report(context, summary)
 
@@ -245,6 +250,17 @@ class PipelineJobOperator(SlurmSubmitOperator):
         """A resubmission spends the allocation again: its worst case must still fit."""
         ctx, _ = self._bind(context)
         self._check_budget(ctx, hook)
+        self._keep_run_code(context, ctx, hook)
+
+    def _keep_run_code(self, context: Any, ctx: RunContext, hook: Any) -> None:
+        """Refresh the DAG run's code marker before a job is submitted: the run is alive and its code must
+        stay (:mod:`vcloud_pipeline.code_retention`). A failure is a warning: the job carries its code
+        in its comment, which keeps the code while Slurm lists the job."""
+        ti = context["ti"]
+        try:
+            touch_run(hook.runner, ctx.paths, run_key(ti.dag_id, ti.run_id), self.code_version)
+        except (RemoteCommandError, TransportError, ValueError) as exc:
+            self.log.warning("Could not refresh the code marker of this DAG run: %s", exc)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         self._bind(context)

@@ -9,8 +9,12 @@ things are, so the layout can change here without hunting through the DAG and th
                                           cannot change what a queued or requeued job runs
     <paths.code>/<hash>/.vcloud_manifest.json
                                           written last: the tree is complete and carries <hash>
-                                          (see code_tree.py); directories no live job uses are removed
-                                          beyond the newest paths.code_keep (code_retention.py)
+                                          (see code_tree.py); directories no live job and no
+                                          unfinished DAG run uses are removed beyond the newest
+                                          paths.code_keep (code_retention.py)
+    <paths.code>/.runs/<run key>-<hash>   one marker per unfinished DAG run: the code it uses
+                                          (written by its sync, refreshed when it submits a job,
+                                          removed when the run ends)
     <paths.data>/                         prepared dataset, shared by all runs
     <paths.data>/../synthetic-<preset>/   clusters without the real dataset: one synthetic dataset
                                           per preset (raw/ and prepared/), so a tiny run and a
@@ -27,6 +31,7 @@ things are, so the layout can change here without hunting through the DAG and th
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -43,6 +48,11 @@ CODE_HASH = re.compile(r"^[0-9a-f]{64}$")
 """A content hash (sha256 hex, :func:`vcloud_pipeline.code_tree.code_hash`): also a code directory's name."""
 
 REMOVING_SUFFIX = ".removing"
+
+RUN_MARKERS = ".runs"
+"""Directory under ``paths.code`` with one marker per unfinished DAG run (:meth:`RunPaths.run_marker`)."""
+
+_RUN_KEY = re.compile(r"^[0-9a-f]{16}$")
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -63,6 +73,16 @@ def validate_run_name(run: str) -> str:
 
 def is_code_hash(value: object) -> bool:
     return isinstance(value, str) and bool(CODE_HASH.match(value))
+
+
+def run_key(dag_id: str, run_id: str) -> str:
+    """A DAG run's identity as a file name: 16 hex digits of its DAG id and run id (Airflow run ids
+    hold ``:`` and ``+``, and one run name can have many DAG runs)."""
+    return hashlib.sha1(f"{dag_id}\0{run_id}".encode()).hexdigest()[:16]
+
+
+def is_run_key(value: object) -> bool:
+    return isinstance(value, str) and bool(_RUN_KEY.match(value))
 
 
 @dataclass(frozen=True)
@@ -99,6 +119,17 @@ class RunPaths:
     def code_being_removed(self, code_hash: str) -> PurePosixPath:
         """Where a code directory is renamed before it is deleted, so that nothing ever sees it half gone."""
         return self.code_root / f".{self.code(code_hash).hash}{REMOVING_SUFFIX}"
+
+    @property
+    def run_markers_dir(self) -> PurePosixPath:
+        """Where each unfinished DAG run of the profile records the code it uses."""
+        return self.code_root / RUN_MARKERS
+
+    def run_marker(self, key: str, code_hash: str) -> PurePosixPath:
+        """The marker saying that DAG run ``key`` (:func:`run_key`) uses code ``code_hash``."""
+        if not is_run_key(key):
+            raise ValueError(f"run key {key!r} is not 16 hex digits; make it with vcloud_pipeline.layout.run_key")
+        return self.run_markers_dir / f"{key}-{self.code(code_hash).hash}"
 
     def code(self, code_hash: str) -> CodePaths:
         """The code directory of ``code_hash``: what a job rendered for that hash runs."""

@@ -278,7 +278,10 @@ def dag_params(default_profile: str = DEFAULT_PROFILE,
                          description="Sync the code, render the job scripts and run the preflight checks only."),
         "run_name": Param("", type="string", pattern=r"^$|^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", title="Run name",
                           description="Directory name of the run's outputs. Empty: the config name for "
-                                      "manual runs, <config>-<YYYYMMDD> for scheduled runs and backfills."),
+                                      "manual runs, <config>-<YYYYMMDD> for scheduled runs and backfills. "
+                                      "Runs with other names train at the same time; a run given the name of "
+                                      "one still training shares its jobs (watches them, skips complete "
+                                      "stages) instead of submitting its own."),
         "export": Param(True, type="boolean", title="Export viewer data",
                         description="Run the viewer export job after stage 3."),
         "start_stage": Param(None, type=["null", "integer"], minimum=0, maximum=3, title="Start stage",

@@ -156,11 +156,12 @@ def read_allocation(hook: Any, profile: ClusterProfile, ledger: Ledger) -> Alloc
 
 def check_jobs_budget(profile: ClusterProfile, specs: Mapping[str, JobSpec],
                       allocation: Allocation) -> dict[str, WorstCase]:
-    """Each job's worst case must fit in what is left; so must all of them together."""
+    """Each job's worst case must fit in what the usage leaves; so must all of them together (what
+    running and queued jobs hold is theirs only until they end: the run's jobs wait for it)."""
     worst = {label: check_budget(profile, spec, allocation) for label, spec in specs.items()}
     total = sum(w.amount for w in worst.values())
-    left = allocation.left
-    if left is not None and total > left:
+    remaining = allocation.remaining
+    if remaining is not None and total > remaining:
         detail = ", ".join(f"{label} {w.amount:.1f} ({w.describe()})" for label, w in worst.items())
         in_slurm = ""
         if allocation.slurm:
@@ -168,7 +169,7 @@ def check_jobs_budget(profile: ClusterProfile, specs: Mapping[str, JobSpec],
             in_slurm = f" = {minutes:g} {allocation.slurm['tres']}-minutes"
         raise PreflightError(
             f"the run's jobs need up to {total:.1f} {profile.billing.unit} together{in_slurm} ({detail}); "
-            f"{allocation.headroom()}: {allocation.figures()}. "
+            f"{allocation.headroom()}: {allocation.figures()}; no running job's end can free that. "
             "Run fewer stages or shorten time_limit; "
             + ("ask the project's PI or the cluster support for more" if allocation.slurm
                else f"raise billing.allocation of profile {profile.name} if the project got more")

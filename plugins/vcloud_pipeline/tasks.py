@@ -25,9 +25,9 @@ from slurm_provider.operators import (
 from slurm_provider.transport.base import TransportError
 from vcloud.contract import STAGES
 
-from vcloud_pipeline.code_retention import RetentionPlan, remove_unused_code_dirs
+from vcloud_pipeline.code_retention import RetentionPlan, mark_run, release_run, remove_unused_code_dirs
 from vcloud_pipeline.jobspec import JobSpec
-from vcloud_pipeline.layout import RunPaths, run_paths
+from vcloud_pipeline.layout import RunPaths, run_key, run_paths
 from vcloud_pipeline.params import RequestError, TrainingRequest, parse_request
 from vcloud_pipeline.preflight import (
     Ledger,
@@ -151,9 +151,12 @@ def plan_run(params: Mapping[str, Any], *, run_type: Any = None, logical_date: A
     }
 
 
-def sync_code(ctx: RunContext, runner: Any, *, project_root: Path = PROJECT_ROOT) -> dict[str, Any]:
+def sync_code(ctx: RunContext, runner: Any, *, project_root: Path = PROJECT_ROOT,
+              dag_run: tuple[str, str] | None = None) -> dict[str, Any]:
     """Hash the code tree, render every job with that hash, mirror code and scripts to the cluster,
-    then remove code directories that no live job uses beyond the newest few."""
+    record that the DAG run ``dag_run`` (DAG id, run id) uses that code until it ends, then remove
+    code directories that no live job and no unfinished DAG run uses beyond the newest few.
+    ``dag_run`` None: a sync outside a DAG run, which records nothing."""
     tree = CodeTree(project_root)
     manifest = local_manifest(tree)
     code = ctx.paths.code(manifest.hash)
@@ -166,6 +169,11 @@ def sync_code(ctx: RunContext, runner: Any, *, project_root: Path = PROJECT_ROOT
     else:
         log.info("code %s already on the cluster in %s, unchanged since it was synced; job scripts to %s",
                  manifest.hash, code.dir, ctx.paths.jobs_dir)
+    if dag_run is not None:
+        key = run_key(*dag_run)
+        mark_run(runner, ctx.paths, key, manifest.hash,
+                 f"DAG {dag_run[0]}, run {dag_run[1]}, run name {ctx.request.run_name}, profile {ctx.profile.name}")
+        log.info("DAG run %s (marker %s) uses code %s until it ends", dag_run[1], key, manifest.hash)
     cleanup = clean_code_dirs(ctx, runner, manifest.hash)
     return {
         "code_hash": manifest.hash,
@@ -179,6 +187,18 @@ def sync_code(ctx: RunContext, runner: Any, *, project_root: Path = PROJECT_ROOT
     }
 
 
+def release_run_code(ctx: RunContext, runner: Any, dag_run: tuple[str, str]) -> None:
+    """The DAG run has ended: its code is no longer kept for it (a failure is a warning: the marker
+    then expires on its own)."""
+    key = run_key(*dag_run)
+    try:
+        release_run(runner, ctx.paths, key)
+    except (RemoteCommandError, TransportError) as exc:
+        log.warning("the marker of DAG run %s (%s) stays until it expires: %s", dag_run[1], key, exc)
+        return
+    log.info("DAG run %s ended: its code is no longer kept for it (marker %s removed)", dag_run[1], key)
+
+
 def clean_code_dirs(ctx: RunContext, runner: Any, current: str) -> RetentionPlan | None:
     """Remove unused code directories; a failure is a warning (the run needs none of them), None."""
     try:
@@ -189,8 +209,8 @@ def clean_code_dirs(ctx: RunContext, runner: Any, current: str) -> RetentionPlan
     for line in plan.lines():
         log.info("%s", line)
     log.info("code directories in %s: %d kept (newest %d), %d removed", ctx.paths.code_root,
-             len(plan.newest) + len(plan.in_use) + len(plan.incomplete), ctx.profile.paths.code_keep,
-             len(plan.remove))
+             len(plan.newest) + len(plan.in_use) + len(plan.in_runs) + len(plan.incomplete),
+             ctx.profile.paths.code_keep, len(plan.remove))
     return plan
 
 
@@ -220,7 +240,8 @@ def preflight_checks(ctx: RunContext, hook: Any, code_hash: str) -> dict[str, An
     budgeted = {label: ctx.specs()[label] for label in _budgeted(ctx, hook, to_run)}
     worst = check_jobs_budget(ctx.profile, budgeted, allocation)
     for label, case in worst.items():
-        log.info("worst case %s: %.2f %s (%s)", label, case.amount, case.billing_unit, case.describe())
+        log.info("worst case %s: %.2f %s (%s)%s", label, case.amount, case.billing_unit, case.describe(),
+                 allocation.wait_note(case.amount))
     return {
         "test_only": verdicts,
         "image": image,

@@ -21,7 +21,7 @@ with DAG(
     catchup=False,
     render_template_as_native_obj=True,
     params={"script": "#!/bin/bash\ntrue\n", "log_dir": "/tmp", "time_limit": "2", "sbatch_options": [],
-            "progress_path": None, "pending_policy": "fail"},
+            "progress_path": None, "pending_policy": "fail", "account": None},
 ) as dag:
     SlurmSubmitOperator(
         task_id="job",
@@ -31,6 +31,7 @@ with DAG(
         time_limit="{{ params.time_limit }}",
         sbatch_options="{{ params.sbatch_options }}",
         progress_path="{{ params.progress_path }}",
+        account="{{ params.account }}",
         stage="lifecycle",
         poll_interval=2.0,
         max_poll_interval=4.0,

@@ -63,7 +63,8 @@ def run_a_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def code_dirs(cluster: LocalCluster, project_dir: str) -> set[str]:
-    return set(cluster.ssh(f"ls -A {shlex.quote(project_dir)}/code").stdout.split())
+    """The code root's entries, hidden ones included, but the DAG runs' markers (``.runs``)."""
+    return set(cluster.ssh(f"ls -A {shlex.quote(project_dir)}/code").stdout.split()) - {".runs"}
 
 
 def stage_job(cluster: LocalCluster, project_dir: str, run: str, stage: str) -> int | None:

@@ -51,9 +51,12 @@ def test_stage_checkpoints_and_viewer_export_are_assets(dag) -> None:
     assert viewer.name == "vcloud_viewer_export"
 
 
-def test_retraining_schedule_without_catchup_and_one_run_at_a_time(dag) -> None:
+def test_retraining_schedule_without_catchup_and_runs_at_the_same_time(dag) -> None:
+    from airflow.configuration import conf
+
     assert dag.catchup is False
-    assert dag.max_active_runs == 1
+    # A multi-week run does not hold the others back; each cluster's pool bounds the jobs.
+    assert dag.max_active_runs == conf.getint("core", "max_active_runs_per_dag") > 1
     assert dag.timetable.expression == "0 0 1 * *"  # @monthly, VCLOUD_TRAINING_SCHEDULE changes it
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from localcluster import LocalCluster, poll_until
+from localcluster import LocalCluster
 
 pytestmark = [pytest.mark.usefixtures("cluster_connection", "airflow_home"), pytest.mark.timeout(1500)]
 REPO = Path(__file__).resolve().parents[2]
@@ -209,38 +209,49 @@ def test_a_stage_without_its_predecessor_fails_before_submitting(project_dir: st
     assert states["<run>"] == "failed", "a run whose stage failed is never a success"
 
 
-@pytest.mark.exclusive_cluster
-def test_preflight_refuses_a_run_slurms_allocation_cannot_pay_for_before_submitting_anything(
-        local_cluster: LocalCluster, project_dir: str, capfd) -> None:
-    # Nothing of the account runs (so its usage stays put), then Slurm's limit leaves 25
-    # billing-minutes: the preflight job (5) and the data job (20) fit, stage 0 (1 GPU x 30 min) not.
-    poll_until(lambda: local_cluster.billing_minutes()[2] == 0, timeout=600, interval=5,
-               what="no running job of the account")
-    before, used, _ = local_cluster.billing_minutes()
-    with local_cluster.billing_limit(used + 25):
+def test_preflight_refuses_a_run_the_usage_leaves_too_little_for_and_lets_one_wait_for_running_jobs(
+        local_cluster: LocalCluster, project_dir: str, capfd, monkeypatch: pytest.MonkeyPatch) -> None:
+    with local_cluster.private_account(billing_minutes=25) as account:
+        monkeypatch.setenv("VCLOUD_PROFILE_OVERRIDES", json.dumps(
+            {"local": {"paths.base": project_dir, "account": account.name}}))
+        # Nothing of the account ran, and its limit is 25 billing-minutes: the preflight job (5) and the
+        # data job (20) fit, stage 0 (1 GPU x 30 min) not, whatever ends.
         run_id, states, values = run_dag(profile="local", config="tiny", run_name="budget", max_epochs=1)
-    out = "".join(capfd.readouterr())
-    assert states["preflight_checks"] == "failed", states
-    later = ["prepare_data", "preflight_imports", *STAGES, "export"]
-    assert {task: states[task] for task in later} == dict.fromkeys(later, "upstream_failed"), states
-    assert states["<run>"] == "failed"
-    refusal = re.search(
-        r"stage 0 needs up to 0\.5 GPU-hours \(1 GPUs x 0\.5 h x 1\.0 = 30 billing-minutes\); 0\.42 of (\S+) left: "
-        r"limit \S+ \(Slurm association limit GrpTRESMins billing=(\d+) on account vcloud_local\), "
-        r"used \S+ \(Slurm GrpTRESRaw billing=(\d+) of account vcloud_local, every job of the account\), "
-        r"held 0 \(Slurm TRESRunMins billing=0 of the account's running jobs\)\. .*ask the project's PI or the "
-        r"cluster support to raise GrpTRESMins of account vcloud_local", out)
-    assert refusal, out[-4000:]
-    assert int(refusal.group(2)) == used + 25 and int(refusal.group(3)) == used
-    assert refusal.group(1) == f"{(used + 25) / 60:.2f}".rstrip("0").rstrip(".")
-    # The summary still reports the allocation, with its source.
-    assert values["summary"]["allocation"]["source"] == "slurm"
-    assert values["summary"]["allocation"]["slurm"]["limit"] == used + 25
-    # Not one job of this DAG run reached Slurm (sbatch --test-only makes no job).
-    comments = local_cluster.root("sacct", "-a", "-X", "-n", "-P", "-S", "now-1hours",
-                                  "--format=JobIDRaw,Comment").stdout
-    assert run_id not in comments
-    assert local_cluster.billing_minutes()[0] == before, "the limit is restored"
+        out = "".join(capfd.readouterr())
+        assert states["preflight_checks"] == "failed", states
+        later = ["prepare_data", "preflight_imports", *STAGES, "export"]
+        assert {task: states[task] for task in later} == dict.fromkeys(later, "upstream_failed"), states
+        assert states["<run>"] == "failed"
+        assert (
+            "stage 0 needs up to 0.5 GPU-hours (1 GPUs x 0.5 h x 1.0 = 30 billing-minutes); 0.42 of 0.42 left by "
+            f"the usage: limit 0.42 (Slurm association limit GrpTRESMins billing=25 on account {account.name}), "
+            f"used 0 (Slurm GrpTRESRaw billing=0 of account {account.name}, every job of the account), "
+            "held 0 (Slurm TRESRunMins billing=0 of the account's running jobs); no running job's end can free "
+            "that.") in out, out[-4000:]
+        assert f"ask the project's PI or the cluster support to raise GrpTRESMins of account {account.name}" in out
+        # The summary still reports the allocation, with its source.
+        assert values["summary"]["allocation"]["source"] == "slurm"
+        assert values["summary"]["allocation"]["slurm"]["limit"] == 25
+        # Not one job of this DAG run reached Slurm (sbatch --test-only makes no job).
+        comments = local_cluster.root("sacct", "-a", "-X", "-n", "-P", "-S", "now-1hours",
+                                      "--format=JobIDRaw,Comment").stdout
+        assert run_id not in comments
+
+        # Another user's running job holds all but 10 of a 1000-minute allocation: the run's jobs fit
+        # what the usage leaves, so the preflight lets them wait for it instead of refusing the run.
+        account.set_limit(1000)
+        holder = int(local_cluster.root("sbatch", "--parsable", f"--account={account.name}", "--gpus=1",
+                                        "--time=990", "--output=/dev/null", "--wrap=sleep 3000").stdout.strip())
+        local_cluster.wait_for_state(holder, {"RUNNING"}, timeout=180)
+        _, states, values = run_dag(profile="local", config="tiny", run_name="budget-waits", dry_run=True)
+    assert states["preflight_checks"] == "success", states
+    checked = values["preflight_checks"]
+    allocation, stage0 = checked["allocation"], checked["worst_case"]["stage0"]
+    assert stage0 == 0.5 and allocation["source"] == "slurm"
+    # What root's running job holds shrinks, and its usage grows, as it runs (every 5 minutes in Slurm).
+    assert 980 <= allocation["slurm"]["running"] + allocation["slurm"]["used"] <= 990
+    # Stage 0 does not fit what is free now, only what the usage leaves: it would wait, not be refused.
+    assert allocation["left"] < stage0 <= allocation["remaining"]
 
 
 def job_logs_tail(cluster: LocalCluster, project_dir: str, run: str, label: str, chars: int = 3000) -> str:

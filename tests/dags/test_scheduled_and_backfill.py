@@ -23,7 +23,7 @@ import pytest
 
 from localcluster import LocalCluster, poll_until
 from ports import free_port
-from standalone import RestClient, airflow, airflow_env, dag_run_records, log_tail
+from standalone import RestClient, airflow, airflow_env, dag_run_records, log_tail, migrate
 from standalone import standalone as airflow_standalone
 
 DAG_ID = "vcloud_training"
@@ -40,7 +40,7 @@ def deployment(local_cluster: LocalCluster, cluster_connection: str,
     project_dir = local_cluster.test_dir()
     # A real triggerer runs the triggers here: keep the first status poll >= 10 s after deferral.
     env = airflow_env(home, free_port(), project_dir, schedule="@daily", first_poll_delay=10)
-    airflow("db", "migrate", env=env)
+    migrate(env)
     with airflow_standalone(env, home) as base:
         yield {"env": env, "home": home, "api": RestClient(base), "project_dir": project_dir}
 

@@ -85,6 +85,13 @@ def test_keys_are_mounted_read_only_and_host_keys_are_checked(compose: dict) -> 
         if name != "airflow-init":  # the one-shot init runs as root to chown the logs volume
             assert service["user"].startswith("${AIRFLOW_UID"), name
     assert "no_host_key_check" not in COMPOSE.read_text()
+    # The cluster policy (job tasks to their cluster's pool) in every component; the pools made at init.
+    for name, service in _airflow_services(compose).items():
+        assert _mounts(service)["/opt/airflow/config/airflow_local_settings.py"] == (
+            "./include/airflow/airflow_local_settings.py", "ro"), name
+    init = "\n".join(compose["services"]["airflow-init"]["command"])
+    assert "python -m vcloud_pipeline.pools --create" in init
+    assert init.index("check_connections.py") < init.index("vcloud_pipeline.pools")
     for dockerfile in DOCKER.glob("*.Dockerfile"):
         copies = [line for line in dockerfile.read_text().splitlines() if line.startswith(("COPY", "ADD"))]
         assert not [c for c in copies if "ssh" in c or "secret" in c or "id_" in c], dockerfile

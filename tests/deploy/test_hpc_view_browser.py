@@ -25,7 +25,7 @@ from vcloud_pipeline.layout import run_paths
 from vcloud_pipeline.profiles import load_profile
 from localcluster import LocalCluster, poll_until
 from ports import free_port
-from standalone import PASSWORD, USER, RestClient, airflow, airflow_env, dag_run_records, log_tail
+from standalone import PASSWORD, USER, RestClient, airflow, airflow_env, dag_run_records, log_tail, migrate
 from standalone import standalone as airflow_standalone
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,7 +52,7 @@ def finished_run(local_cluster: LocalCluster, cluster_connection: str,
     port = free_port()
     project_dir = local_cluster.test_dir()
     env = airflow_env(home, port, project_dir)
-    airflow("db", "migrate", env=env)
+    migrate(env)
     run_name = f"hpcview-{Path(project_dir).name}"
     conf = {"profile": "local", "config": "tiny", "run_name": run_name}
     # A whole tiny run; the rest of the suite shares the two cores and the cluster meanwhile.

@@ -5,8 +5,8 @@ One deployment for the module (``airflow api-server``, ``scheduler`` with the Lo
 and stage 0 only, the local profile moved to a fresh project directory. Each test triggers a run
 through the REST API (what the UI's trigger form does), makes one of the README's gestures on its
 ``stage0`` task (clear it while its job runs, clear it after its job failed, mark it success while its
-job runs, trigger the same run name again) and then counts the jobs that wrote the stage's directory
-(``sacct``, by the directory the job comment names), with their final states.
+job runs, trigger the same run name again while it trains) and then counts the jobs that wrote the
+stage's directory (``sacct``, by the directory the job comment names), with their final states.
 
 Training a tiny stage takes seconds on a fast CPU. Where a gesture needs the job still alive when
 Airflow acts on it, the test suspends the job with ``scontrol suspend`` right after the gesture (a
@@ -279,20 +279,35 @@ def test_marking_a_running_stage_success_cancels_its_job(deployment: dict[str, A
     local_cluster.ssh(f"test ! -e {shlex.quote(_stage_dir(deployment, run_name))}/COMPLETE")
 
 
-def test_triggering_a_run_name_again_trains_only_what_is_not_complete(deployment: dict[str, Any],
-                                                                      local_cluster: LocalCluster) -> None:
+def test_triggering_a_run_name_again_while_it_trains_watches_its_job(deployment: dict[str, Any],
+                                                                     local_cluster: LocalCluster) -> None:
     api, run_name = deployment["api"], "again"
     first = _trigger(api, run_name, max_epochs=20)
-    _wait(deployment, first, lambda: _ti(api, first)["state"] == "deferred", f"{STAGE} to defer")
-    second = _trigger(api, run_name, max_epochs=20)  # while the first one trains
-
-    # One run at a time (max_active_runs=1): the second waits for the first.
-    assert _run(api, second)["state"] == "queued", _run(api, second)
+    job = _live_stage_job(deployment, local_cluster, first, run_name)
+    stage_dir = _stage_dir(deployment, run_name)
+    # Suspended, the job stays live (to Slurm and the provider) until the second run has found it.
+    local_cluster.root("scontrol", "suspend", job)
+    try:
+        second = _trigger(api, run_name, max_epochs=20)  # while the first one trains
+        # Runs go at the same time: the second does not wait for the first; its stage finds the job.
+        _wait(deployment, second, lambda: _ti(api, second)["state"] == "deferred", f"the second run's {STAGE} "
+              "to watch")
+        assert _run(api, first)["state"] == "running" and _ti(api, first)["state"] == "deferred"
+        log = _task_log(api, second, 1)
+        assert (f"Job {job} (DAG {DAG_ID}, run {first}, task {STAGE}, SUSPENDED) already writes {stage_dir}: "
+                "watching it instead of submitting a second job") in log, log[-3000:]
+    finally:
+        local_cluster.root("scontrol", "resume", job)
     assert _wait_run_end(deployment, first)["state"] == "success", _explain(deployment, first)
     assert _wait_run_end(deployment, second)["state"] == "success", _explain(deployment, second)
-    assert _states(api, second)[STAGE] == "skipped", _states(api, second)
-    assert "stage0: stage 0 is complete" in _task_log(api, second, 1), _task_log(api, second, 1)
+    assert _return_value(api, second, STAGE)["job_ids"] == [job]
 
-    jobs = _settled_stage_jobs(local_cluster, _stage_dir(deployment, run_name), 1)
-    assert jobs == [(_return_value(api, first, STAGE)["job_ids"][0], "COMPLETED")], jobs
-    print(f"trigger the same run name again: 1 job in all ({jobs}); the second run skipped {STAGE}")
+    jobs = _settled_stage_jobs(local_cluster, stage_dir, 1)
+    assert jobs == [(job, "COMPLETED")], jobs
+    # A third run of the name finds the stage complete and skips it.
+    third = _trigger(api, run_name, max_epochs=20)
+    assert _wait_run_end(deployment, third)["state"] == "success", _explain(deployment, third)
+    assert _states(api, third)[STAGE] == "skipped", _states(api, third)
+    assert "stage0: stage 0 is complete" in _task_log(api, third, 1)
+    assert _settled_stage_jobs(local_cluster, stage_dir, 1) == jobs
+    print(f"trigger the same run name again: 1 job in all ({jobs}); the second run watched it, the third skipped")

@@ -85,7 +85,7 @@ def test_refresh_explains_pending_jobs_and_asks_each_cluster_at_most_once_per_in
     records, problems = refresh(records_from_xcoms(_rows()), lambda profile: "lumi", live)
     waiting = {r.task_id: r for r in records}["stage2"]
     assert problems == [] and waiting.state == "PENDING"
-    assert waiting.pending.kind == "never" and "GPU-hour allocation is used up" in waiting.pending.explanation
+    assert waiting.pending.kind == "allocation" and "GPU-hour allocation" in waiting.pending.explanation
     refresh(records_from_xcoms(_rows()), lambda profile: "lumi", live)
     assert calls == [("lumi", ["8"])]  # the second press within the interval is answered from memory
     now[0] += 60

@@ -54,11 +54,11 @@ def _event(trigger: SlurmLoginTrigger) -> dict[str, Any]:
 
 
 def test_serialize_round_trips() -> None:
-    trigger = SlurmLoginTrigger(conn_id="lumi", since=1_777_600_000.5, cause="refused", unreachable_timeout=3600,
+    trigger = SlurmLoginTrigger(conn_id="lumi", since=1_777_600_000.5, cause="refused", watch_deadline=3600,
                                 poll_interval=15, max_poll_interval=300, tries=4, carry={"k": 1})
     classpath, kwargs = trigger.serialize()
     assert classpath == "slurm_provider.login_wait.SlurmLoginTrigger"
-    assert kwargs == {"conn_id": "lumi", "since": 1_777_600_000.5, "cause": "refused", "unreachable_timeout": 3600.0,
+    assert kwargs == {"conn_id": "lumi", "since": 1_777_600_000.5, "cause": "refused", "watch_deadline": 3600.0,
                       "poll_interval": 15.0, "max_poll_interval": 300.0, "tries": 4, "carry": {"k": 1}}
     assert SlurmLoginTrigger(**kwargs).serialize() == (classpath, kwargs)
 
@@ -78,9 +78,9 @@ def test_the_node_answering_again_ends_the_wait(monkeypatch: pytest.MonkeyPatch)
 
 def test_past_the_deadline_the_wait_ends_with_an_error_event(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hooks, "SlurmAsyncHook", Probes(TransportUnavailable("cannot reach lumi: timed out")))
-    payload = _event(SlurmLoginTrigger(conn_id="lumi", since=time.time(), unreachable_timeout=0.5, **FAST))
+    payload = _event(SlurmLoginTrigger(conn_id="lumi", since=time.time(), watch_deadline=0.5, **FAST))
     assert payload["kind"] == ERROR and payload["tries"] >= 1
-    assert "longer than unreachable_timeout (0 s); last error: cannot reach lumi: timed out" in payload["message"]
+    assert "longer than watch_deadline (0 s); last error: cannot reach lumi: timed out" in payload["message"]
 
 
 def test_a_failure_only_a_person_can_fix_ends_the_wait_at_once(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,71 +11,31 @@ from __future__ import annotations
 
 import re
 import shlex
-import time
-from collections.abc import Callable
 
 import pytest
 
-from lifecycle import LifecycleOutcome, run_lifecycle
-from background import BackgroundStep
+from lifecycle import Injector, batch_script, jobs_of, run_lifecycle
 from localcluster import LocalCluster, poll_until
-from slurm_provider.operators import job_name_for
 
 pytestmark = pytest.mark.usefixtures("cluster_connection", "airflow_home")
 
 
-def _job_in(cluster: LocalCluster, log_dir: str) -> int | None:
-    """The id of the job currently in squeue whose output goes to ``log_dir`` (one per test)."""
-    out = cluster.root("squeue", "-h", "-t", "all", "-O", "JobID:20,STDOUT:400", check=False).stdout
-    for line in out.splitlines():
-        parts = line.split(None, 1)
-        if len(parts) == 2 and parts[1].strip().startswith(log_dir + "/"):
-            return int(parts[0])
-    return None
+PROGRESS_SCRIPT = """
+P={progress}
+epoch=0
+if [ -f "$P" ]; then epoch=$(sed -E 's/.*"epoch": ([0-9]+).*/\\1/' "$P"); fi
+epoch=$((epoch + 1))
+echo "{{\\"epoch\\": $epoch, \\"step\\": 0}}" > "$P"
+echo "run reached epoch $epoch"
+[ "$epoch" -ge 2 ] && exit 0
+sleep 600
+"""
 
 
-class Injector(BackgroundStep):
-    """Waits until the test's job runs (or is in any of ``states``), then does something to it from the outside."""
-
-    def __init__(self, cluster: LocalCluster, log_dir: str, action: Callable[[int], None],
-                 states: frozenset[str] = frozenset({"RUNNING"})) -> None:
-        super().__init__()
-        self.cluster, self.log_dir, self.action, self.states = cluster, log_dir, action, states
-        self.job_id: int | None = None
-
-    def step(self) -> None:
-        self.job_id = poll_until(lambda: _job_in(self.cluster, self.log_dir), timeout=120,
-                                 what=f"a job logging to {self.log_dir}")
-        self.cluster.wait_for_state(self.job_id, self.states, timeout=120)
-        time.sleep(1)
-        self.action(self.job_id)
-
-
-def _jobs_of(cluster: LocalCluster, outcome: LifecycleOutcome, expect: int = 1) -> list[str]:
-    """Every job id accounting knows under this task's deterministic name in this run.
-
-    Accounting reaches slurmdbd with a lag, so wait until at least ``expect`` jobs are visible and
-    then read once more: a duplicate submitted earlier would be there by then too.
-    """
-    name = job_name_for("slurm_lifecycle", "job", outcome.run_id)
-
-    def read() -> list[str]:
-        out = cluster.root("sacct", "-X", "-n", "-P", "-S", "now-1days", f"--name={name}",
-                           "--format=JobIDRaw").stdout
-        return sorted({line for line in out.splitlines() if line})
-
-    poll_until(lambda: len(read()) >= expect, timeout=60, what=f"{expect} job(s) named {name} in sacct")
-    cluster.accounting_caught_up()
-    return read()
-
-
-def _script(body: str) -> str:
-    return f"#!/bin/bash\n{body}\n"
-
-
+@pytest.mark.slow
 def test_completed_job_succeeds_with_summary(local_cluster: LocalCluster, capfd: pytest.CaptureFixture) -> None:
     log_dir = local_cluster.test_dir()
-    outcome = run_lifecycle(capfd, script=_script("echo working; sleep 2"), log_dir=log_dir,
+    outcome = run_lifecycle(capfd, script=batch_script("echo working; sleep 2"), log_dir=log_dir,
                             sbatch_options=["--gpus=1"])
     assert outcome.state == "success", outcome.output[-3000:]
     summary = outcome.result
@@ -83,7 +43,7 @@ def test_completed_job_succeeds_with_summary(local_cluster: LocalCluster, capfd:
     assert summary["gpus"] == 1 and summary["elapsed_s"] >= 2
     assert 0 < summary["gpu_hours"] < 0.1
     assert re.fullmatch(r"nid00500[1-3]", summary["node_list"]), summary["node_list"]  # small-g's nodes
-    assert _jobs_of(local_cluster, outcome) == [summary["job_id"]]
+    assert jobs_of(local_cluster, outcome) == [summary["job_id"]]
     assert f"[job {summary['job_id']}] working" in outcome.output
 
 
@@ -91,9 +51,9 @@ def test_failed_job_reports_exit_code_log_tail_and_hint(local_cluster: LocalClus
                                                          capfd: pytest.CaptureFixture) -> None:
     log_dir = local_cluster.test_dir()
     body = "echo 'srun: error: Unable to create step for job 7: More processors requested than permitted' >&2; exit 3"
-    outcome = run_lifecycle(capfd, script=_script(body), log_dir=log_dir)
+    outcome = run_lifecycle(capfd, script=batch_script(body), log_dir=log_dir)
     assert outcome.state == "failed"
-    (job_id,) = _jobs_of(local_cluster, outcome)
+    (job_id,) = jobs_of(local_cluster, outcome)
     assert f"Slurm job {job_id} ended FAILED" in outcome.output
     assert "Exit code 3." in outcome.output
     assert "More processors requested than permitted" in outcome.output
@@ -117,13 +77,13 @@ def test_timeout_is_resubmitted_and_continues_progress(local_cluster: LocalClust
                                                         capfd: pytest.CaptureFixture) -> None:
     log_dir = local_cluster.test_dir()
     progress = f"{log_dir}/progress.json"
-    outcome = run_lifecycle(capfd, script=_script(PROGRESS_SCRIPT.format(progress=shlex.quote(progress))),
+    outcome = run_lifecycle(capfd, script=batch_script(PROGRESS_SCRIPT.format(progress=shlex.quote(progress))),
                             log_dir=log_dir, time_limit="1", progress_path=progress)
     assert outcome.state == "success", outcome.output[-3000:]
     first, second = outcome.result["job_ids"]
     assert [s["cause"] for s in outcome.result["submissions"]] == ["initial", "TIMEOUT"]
     assert local_cluster.sacct_runs(int(first))[-1]["State"] == "TIMEOUT"
-    assert _jobs_of(local_cluster, outcome, expect=2) == sorted([first, second])
+    assert jobs_of(local_cluster, outcome, expect=2) == sorted([first, second])
     assert local_cluster.ssh(f"cat {shlex.quote(progress)}").stdout.strip() == '{"epoch": 2, "step": 0}'
 
 
@@ -131,11 +91,11 @@ def test_timeout_is_resubmitted_and_continues_progress(local_cluster: LocalClust
 def test_timeout_without_progress_is_not_resubmitted(local_cluster: LocalCluster,
                                                       capfd: pytest.CaptureFixture) -> None:
     log_dir = local_cluster.test_dir()
-    outcome = run_lifecycle(capfd, script=_script("echo stuck; sleep 600"), log_dir=log_dir, time_limit="1",
+    outcome = run_lifecycle(capfd, script=batch_script("echo stuck; sleep 600"), log_dir=log_dir, time_limit="1",
                             progress_path=f"{log_dir}/progress.json")
     assert outcome.state == "failed"
     assert "ended TIMEOUT without progress" in outcome.output
-    (job_id,) = _jobs_of(local_cluster, outcome)
+    (job_id,) = jobs_of(local_cluster, outcome)
     # Slurm's own line (slurmstepd writes it to the job's error output) reaches the task log and the failure
     streamed, _, failure = outcome.output.partition(f"Slurm job {job_id} ended TIMEOUT")
     assert re.search(rf"\[job {job_id} stderr\] .*\*\*\* JOB {job_id} ON \S+ CANCELLED AT .* DUE TO TIME LIMIT \*\*\*",
@@ -150,9 +110,9 @@ def test_a_traceback_reaches_the_task_log_and_the_failure(local_cluster: LocalCl
     log_dir = local_cluster.test_dir()
     body = ("echo preparing\n"
             "python3 -c 'print(\"loading\", flush=True); raise ValueError(\"band 13 is missing from the stack\")'")
-    outcome = run_lifecycle(capfd, script=_script(body), log_dir=log_dir)
+    outcome = run_lifecycle(capfd, script=batch_script(body), log_dir=log_dir)
     assert outcome.state == "failed"
-    (job_id,) = _jobs_of(local_cluster, outcome)
+    (job_id,) = jobs_of(local_cluster, outcome)
     streamed, _, failure = outcome.output.partition(f"Slurm job {job_id} ended FAILED")
     assert f"[job {job_id}] preparing" in streamed and f"[job {job_id}] loading" in streamed, streamed[-3000:]
     assert f"[job {job_id} stderr] Traceback (most recent call last):" in streamed, streamed[-3000:]
@@ -169,13 +129,13 @@ def test_requeue_mid_run_keeps_waiting_then_completes(local_cluster: LocalCluste
     injector = Injector(local_cluster, log_dir, lambda job: local_cluster.root("scontrol", "requeue", str(job)))
     injector.start()
     outcome = run_lifecycle(capfd, log_dir=log_dir, sbatch_options=["--requeue", "--open-mode=append"],
-                            script=_script('echo "restart ${SLURM_RESTART_COUNT:-0}"\n'
+                            script=batch_script('echo "restart ${SLURM_RESTART_COUNT:-0}"\n'
                                            '[ "${SLURM_RESTART_COUNT:-0}" -ge 1 ] && exit 0\nsleep 300'))
     injector.join(5)
     assert injector.error is None, injector.error
     assert outcome.state == "success", outcome.output[-3000:]
     assert outcome.result["restarts"] == 1
-    assert _jobs_of(local_cluster, outcome) == [str(injector.job_id)]
+    assert jobs_of(local_cluster, outcome) == [str(injector.job_id)]
     states = [run["State"] for run in local_cluster.sacct_runs(injector.job_id)]
     assert states == ["REQUEUED", "COMPLETED"]
 
@@ -184,22 +144,22 @@ def test_cancel_by_a_person_fails_and_says_who(local_cluster: LocalCluster, capf
     log_dir = local_cluster.test_dir()
     injector = Injector(local_cluster, log_dir, lambda job: local_cluster.ssh(f"scancel {job}"))
     injector.start()
-    outcome = run_lifecycle(capfd, script=_script("sleep 300"), log_dir=log_dir)
+    outcome = run_lifecycle(capfd, script=batch_script("sleep 300"), log_dir=log_dir)
     injector.join(5)
     assert injector.error is None, injector.error
     assert outcome.state == "failed"
     uid = local_cluster.ssh("id -u").stdout.strip()
     assert f"Slurm job {injector.job_id} ended CANCELLED" in outcome.output
     assert f"Cancelled by uid/user {uid}" in outcome.output
-    assert _jobs_of(local_cluster, outcome) == [str(injector.job_id)]
+    assert jobs_of(local_cluster, outcome) == [str(injector.job_id)]
 
 
 def test_memory_overrun_is_explained(local_cluster: LocalCluster, capfd: pytest.CaptureFixture) -> None:
     log_dir = local_cluster.test_dir()
     hog = "python3 -c 'import time; b = bytearray(600 * 2**20); b[::4096] = b\"x\" * len(b[::4096]); time.sleep(30)'"
-    outcome = run_lifecycle(capfd, script=_script(hog), log_dir=log_dir, sbatch_options=["--mem=100M"])
+    outcome = run_lifecycle(capfd, script=batch_script(hog), log_dir=log_dir, sbatch_options=["--mem=100M"])
     assert outcome.state == "failed"
-    (job_id,) = _jobs_of(local_cluster, outcome)
+    (job_id,) = jobs_of(local_cluster, outcome)
     config = local_cluster.root("scontrol", "show", "config").stdout
     if "task/cgroup" in config:  # the kernel lets Slurm confine memory: the real OUT_OF_MEMORY state
         assert f"Slurm job {job_id} ended OUT_OF_MEMORY" in outcome.output
@@ -211,9 +171,9 @@ def test_memory_overrun_is_explained(local_cluster: LocalCluster, capfd: pytest.
 def test_job_that_can_never_start_fails_clearly_and_is_cancelled(local_cluster: LocalCluster,
                                                                   capfd: pytest.CaptureFixture) -> None:
     log_dir = local_cluster.test_dir()
-    outcome = run_lifecycle(capfd, script=_script("true"), log_dir=log_dir, time_limit="4-00:00:00")
+    outcome = run_lifecycle(capfd, script=batch_script("true"), log_dir=log_dir, time_limit="4-00:00:00")
     assert outcome.state == "failed"
-    (job_id,) = _jobs_of(local_cluster, outcome)
+    (job_id,) = jobs_of(local_cluster, outcome)
     # Slurm says PartitionTimeLimit or PartitionConfig, and may switch between them from one
     # scheduling pass to the next: the cancel names the reason Slurm gave at that moment.
     assert re.search(rf"job {job_id} will not start: Partition(TimeLimit|Config): ", outcome.output)
@@ -226,8 +186,8 @@ def test_keep_job_on_give_up_leaves_a_job_that_cannot_start_for_a_person(
         local_cluster: LocalCluster, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLURM_LIFECYCLE_KEEP_JOB", "1")
     log_dir = local_cluster.test_dir()
-    outcome = run_lifecycle(capfd, script=_script("true"), log_dir=log_dir, time_limit="4-00:00:00")
-    (job_id,) = _jobs_of(local_cluster, outcome)
+    outcome = run_lifecycle(capfd, script=batch_script("true"), log_dir=log_dir, time_limit="4-00:00:00")
+    (job_id,) = jobs_of(local_cluster, outcome)
     try:
         assert outcome.state == "failed"
         assert re.search(rf"job {job_id} will not start: Partition(TimeLimit|Config): ", outcome.output)
@@ -243,46 +203,12 @@ def test_job_held_after_special_exit_is_cancelled_not_left_behind(local_cluster:
     # The job asks for a person (scontrol requeuehold State=SpecialExit): Slurm holds it in the queue.
     log_dir = local_cluster.test_dir()
     body = 'echo "needs a person"\nscontrol requeuehold State=SpecialExit "$SLURM_JOB_ID"\nsleep 60'
-    outcome = run_lifecycle(capfd, script=_script(body), log_dir=log_dir)
+    outcome = run_lifecycle(capfd, script=batch_script(body), log_dir=log_dir)
     assert outcome.state == "failed"
-    (job_id,) = _jobs_of(local_cluster, outcome)
+    (job_id,) = jobs_of(local_cluster, outcome)
     assert f"Slurm job {job_id} ended SPECIAL_EXIT" in outcome.output
     assert f"Job {job_id} was cancelled (SPECIAL_EXIT, reason job requeued in held state)" in outcome.output
     assert f"Cancelled job {job_id} (SPECIAL_EXIT" in outcome.output  # the task log says why, too
-    assert local_cluster.wait_for_state(int(job_id), {"CANCELLED"}, timeout=30) == "CANCELLED"
-
-
-@pytest.mark.exclusive_cluster
-def test_allocation_used_up_after_submission_pends_with_slurms_reason_and_is_cancelled(
-        local_cluster: LocalCluster, capfd: pytest.CaptureFixture) -> None:
-    # Submitted held while the allocation is fine; then Slurm's limit drops below what the job needs
-    # and the job is released: Slurm itself keeps it pending (AccountingStorageEnforce=safe).
-    log_dir = local_cluster.test_dir()
-    job_minutes = 24 * 60  # 1 GPU for a day: more than any limit set below leaves
-
-    def use_up_the_allocation(job: int) -> None:
-        _, used, running = local_cluster.billing_minutes()
-        # Left for new jobs: at most 2 minutes, now and later (usage only grows); running jobs of the
-        # account still fit, so Slurm kills none of them for the limit.
-        assert running + 2 < job_minutes, f"running jobs of the account hold {running} billing-minutes"
-        local_cluster.set_billing_limit(used + running + 2)
-        local_cluster.root("scontrol", "release", str(job))
-
-    injector = Injector(local_cluster, log_dir, use_up_the_allocation, states=frozenset({"PENDING"}))
-    with local_cluster.billing_limit():
-        before = local_cluster.billing_minutes()[0]
-        injector.start()
-        outcome = run_lifecycle(capfd, script=_script("echo never runs"), log_dir=log_dir, time_limit="1-00:00:00",
-                                sbatch_options=["--gpus=1", "--hold"])
-        injector.join(5)
-    assert local_cluster.billing_minutes()[0] == before  # restored
-    assert injector.error is None, injector.error
-    assert outcome.state == "failed"
-    (job_id,) = _jobs_of(local_cluster, outcome)
-    assert job_id == str(injector.job_id)
-    assert f"job {job_id} will not start: AssocGrpBillingMinutes: " in outcome.output
-    assert "The project's GPU-hour allocation is used up, or too little of it is left" in outcome.output
-    assert f"Job {job_id} was cancelled (PENDING, reason AssocGrpBillingMinutes)" in outcome.output
     assert local_cluster.wait_for_state(int(job_id), {"CANCELLED"}, timeout=30) == "CANCELLED"
 
 
@@ -303,13 +229,13 @@ def test_node_failure_with_requeue_runs_again_and_completes(local_cluster: Local
     injector = Injector(local_cluster, log_dir, fail_node)
     injector.start()
     outcome = run_lifecycle(capfd, log_dir=log_dir, sbatch_options=["--requeue", "--open-mode=append"],
-                            script=_script('[ "${SLURM_RESTART_COUNT:-0}" -ge 1 ] && exit 0\nsleep 300'))
+                            script=batch_script('[ "${SLURM_RESTART_COUNT:-0}" -ge 1 ] && exit 0\nsleep 300'))
     injector.join(5)
     assert injector.error is None, injector.error
     assert outcome.state == "success", outcome.output[-3000:]
     states = [run["State"] for run in local_cluster.sacct_runs(injector.job_id)]
     assert states[0] == "NODE_FAIL" and states[-1] == "COMPLETED"
-    assert _jobs_of(local_cluster, outcome) == [str(injector.job_id)]
+    assert jobs_of(local_cluster, outcome) == [str(injector.job_id)]
 
 
 @pytest.mark.exclusive_cluster
@@ -328,12 +254,12 @@ def test_preemption_by_urgent_partition_requeues_and_completes(local_cluster: Lo
     injector.start()
     outcome = run_lifecycle(capfd, log_dir=log_dir,
                             sbatch_options=["--requeue", "--open-mode=append", "--gres=gpu:4"],
-                            script=_script('[ "${SLURM_RESTART_COUNT:-0}" -ge 1 ] && exit 0\nsleep 300'))
+                            script=batch_script('[ "${SLURM_RESTART_COUNT:-0}" -ge 1 ] && exit 0\nsleep 300'))
     injector.join(5)
     assert injector.error is None, injector.error
     assert outcome.state == "success", outcome.output[-3000:]
     assert outcome.result["restarts"] >= 1
     states = [run["State"] for run in local_cluster.sacct_runs(injector.job_id)]
     assert states[0] in ("PREEMPTED", "REQUEUED") and states[-1] == "COMPLETED"
-    assert _jobs_of(local_cluster, outcome) == [str(injector.job_id)]
+    assert jobs_of(local_cluster, outcome) == [str(injector.job_id)]
     assert local_cluster.wait_for_state(urgent[0], {"COMPLETED"}, timeout=60) == "COMPLETED"

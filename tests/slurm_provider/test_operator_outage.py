@@ -1,7 +1,7 @@
 """A login node that does not answer while the operator itself talks to the cluster.
 
 The task defers on ``SlurmLoginTrigger`` instead of failing (no retry spent, no worker slot held),
-starts its step over when the node answers and adopts what it submitted; past ``unreachable_timeout``
+starts its step over when the node answers and adopts what it submitted; past ``watch_deadline``
 it fails retryably. The fast tests use a recording stand-in for ``SlurmHook``; the last one stops a
 private login sshd of the local cluster under a real task and its real job.
 """
@@ -81,9 +81,9 @@ def test_a_retry_that_meets_the_outage_waits_for_the_login_node_and_then_adopts_
     monkeypatch.setattr(hooks, "SlurmHook", cluster)
     context = _context(2, "101")
     before = time.time()
-    wait = _deferred_on_login_wait(lambda: _operator(unreachable_timeout=timedelta(hours=6)).execute(context))
+    wait = _deferred_on_login_wait(lambda: _operator(watch_deadline=timedelta(hours=6)).execute(context))
     assert before <= wait.since <= time.time()
-    assert (wait.conn_id, wait.cause, wait.unreachable_timeout, wait.tries) == ("c", str(DOWN), 6 * 3600.0, 0)
+    assert (wait.conn_id, wait.cause, wait.watch_deadline, wait.tries) == ("c", str(DOWN), 6 * 3600.0, 0)
     assert cluster.submitted == []
 
     cluster.down = None  # maintenance over: a fresh operator resumes, as Airflow resumes a deferred task
@@ -150,16 +150,16 @@ def test_an_outage_that_outlasts_the_deadline_fails_the_try_retryably(monkeypatc
     # the login wait's own end: its event says why
     with pytest.raises(AirflowException) as ended:
         _operator().execute_after_outage(context, {"kind": ERROR, "message": "login node of c unreachable since "
-                                                   "14:02 UTC, longer than unreachable_timeout (24 h)"})
+                                                   "14:02 UTC, longer than watch_deadline (24 h)"})
     assert not isinstance(ended.value, AirflowFailException)
     assert "A retry of this task adopts any job it submitted" in str(ended.value)
     # ... and a node that answered the probe but not the step, with the deadline gone meanwhile
     since = time.time() - 7200
     with pytest.raises(AirflowException) as late:
-        _operator(unreachable_timeout=3600).execute_after_outage(
+        _operator(watch_deadline=3600).execute_after_outage(
             context, {"kind": REACHABLE, "since": since, "tries": 9, "message": "reachable again"})
     assert not isinstance(late.value, AirflowFailException)
-    assert "longer than unreachable_timeout (1 h)" in str(late.value)
+    assert "longer than watch_deadline (1 h)" in str(late.value)
 
 
 def test_a_wait_that_meets_the_outage_again_keeps_its_start_and_its_pace(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -194,13 +194,8 @@ def test_a_busy_submit_lock_is_retried_by_airflow_and_submits_nothing(monkeypatc
 def test_the_watch_gets_the_tasks_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hooks, "SlurmHook", DownCluster(_status("101", SlurmState.RUNNING), down=None))
     with pytest.raises(TaskDeferred) as watching:
-        _operator(unreachable_timeout=timedelta(hours=3)).execute(_context(2, "101"))
-    assert watching.value.trigger.serialize()[1]["unreachable_timeout"] == 3 * 3600.0
-
-
-def test_an_unusable_deadline_is_refused_when_the_dag_is_parsed() -> None:
-    with pytest.raises(ValueError, match="unreachable_timeout must be a positive number"):
-        SlurmSubmitOperator(task_id="t", conn_id="c", script="#!/bin/bash\n", log_dir="/l", unreachable_timeout=0)
+        _operator(watch_deadline=timedelta(hours=3)).execute(_context(2, "101"))
+    assert watching.value.trigger.serialize()[1]["watch_deadline"] == 3 * 3600.0
 
 
 # --- the real thing: a private login sshd of the local cluster stopped under a task and its job ------

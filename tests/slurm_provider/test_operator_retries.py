@@ -211,6 +211,20 @@ def test_a_retry_adopts_the_job_its_lost_watch_left_running(monkeypatch: pytest.
     assert deferred.value.trigger.job_id == "101" and cluster.submitted == []
 
 
+def test_the_watch_deadline_reaches_the_trigger_and_must_be_a_positive_number(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hooks, "SlurmHook", Cluster(_status("101", SlurmState.PENDING)))
+    with pytest.raises(TaskDeferred) as deferred:
+        _operator().execute(_context(2, "101"))
+    assert deferred.value.trigger.watch_deadline == 86400.0  # a day unless said otherwise
+    with pytest.raises(TaskDeferred) as deferred:
+        _operator(watch_deadline=7200).execute(_context(2, "101"))
+    assert deferred.value.trigger.serialize()[1]["watch_deadline"] == 7200.0
+    for bad in (0, -5, "1 day", True):
+        with pytest.raises(AirflowFailException, match="watch_deadline: must be a positive number of seconds"):
+            _operator(watch_deadline=bad).execute(_context(2, "101"))
+
+
 @pytest.mark.parametrize("state", [SlurmState.FAILED, SlurmState.CANCELLED, SlurmState.OUT_OF_MEMORY])
 def test_a_retry_that_finds_its_job_ended_badly_fails_instead_of_submitting_again(
         state: SlurmState, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -48,7 +48,7 @@ def test_the_lines_of_an_outage() -> None:
     assert "; job" not in unreachable_line("lumi", OUTAGE, 60, now=NOW)
     assert reachable_again_line("lumi", SINCE, now=SINCE + 12 * 60 + 5) == "login node of lumi reachable again after 12 min"
     assert gave_up_line("lumi", OUTAGE, 7200, job_id="123", last_state="RUNNING", now=NOW) == (
-        "login node of lumi unreachable since 14:02 UTC, longer than unreachable_timeout (2 h); last error: "
+        "login node of lumi unreachable since 14:02 UTC, longer than watch_deadline (2 h); last error: "
         "cannot reach vcloud@lumi:22 (connection 'lumi'): ConnectionRefusedError; job 123 last seen RUNNING, "
         "it may still run")
 
@@ -57,5 +57,5 @@ def test_a_timeout_is_a_timedelta_or_positive_seconds() -> None:
     assert timeout_seconds(timedelta(hours=24)) == 86400.0
     assert timeout_seconds(90) == 90.0
     for bad in (0, -1, True, "24h", timedelta(0)):
-        with pytest.raises(ValueError, match="unreachable_timeout must be a positive number"):
+        with pytest.raises(ValueError, match="watch_deadline must be a positive number"):
             timeout_seconds(bad)

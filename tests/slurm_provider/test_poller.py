@@ -14,6 +14,8 @@ from collections.abc import Iterable
 
 import pytest
 
+from slurm_provider.cli.sshare import TresMinutes
+from slurm_provider.hooks import SlurmCommandFailed
 from slurm_provider.poller import MAX_RETRY_DELAY, JobPoller, PollUpdate, retry_delay
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.job_status import JobStatus
@@ -143,3 +145,58 @@ def test_a_log_that_grew_while_nobody_looked_is_shown_whole_before_the_end() -> 
     update = asyncio.run(first_update())
     assert update.status.state is SlurmState.COMPLETED
     assert (update.new_log_text, update.log_offset) == (GrownLog.text, len(GrownLog.text))  # 8 reads, one cycle
+
+
+class AllocationSource(ScriptedSource):
+    """Jobs pending on their account's allocation until ``pending_cycles`` cycles passed, then done;
+    counts the sshare reads (one per account and cycle at most)."""
+
+    def __init__(self, accounts: dict[str, str], pending_cycles: int) -> None:
+        super().__init__([SlurmState.PENDING])
+        self.accounts, self.pending_cycles = accounts, pending_cycles
+        self.cycles = 0
+        self.reads: list[tuple[int, str, str]] = []
+
+    async def statuses(self, job_ids: Iterable[str]) -> dict[str, JobStatus]:
+        self.cycles += 1
+        if self.cycles > self.pending_cycles:
+            return {j: JobStatus(job_id=j, state=SlurmState.COMPLETED, account=self.accounts[j]) for j in job_ids}
+        return {j: JobStatus(job_id=j, state=SlurmState.PENDING, reason="AssocGrpBillingMinutes",
+                             account=self.accounts[j], tres="billing=1", time_limit_s=600) for j in job_ids}
+
+    async def account_tres(self, account: str, tres: str = "billing") -> TresMinutes | None:
+        self.reads.append((self.cycles, account, tres))
+        if account == "broken":
+            raise SlurmCommandFailed("sshare exited 1: Socket timed out")
+        return TresMinutes(account=account, tres=tres, limit=100, used=0, running=95, holders=(("bob", 95),))
+
+
+def test_jobs_pending_on_an_allocation_share_one_sshare_per_account_and_cycle() -> None:
+    source = AllocationSource({"1": "proj", "2": "proj", "3": "other", "4": "broken"}, pending_cycles=3)
+    poller = JobPoller("c", lambda: source)
+
+    async def one(job_id: str) -> list[PollUpdate]:
+        seen = []
+        async with poller.subscribe(job_id, **FAST) as updates:
+            while not seen or not seen[-1].status.is_terminal:
+                seen.append(await asyncio.wait_for(updates.get(), 10))
+        return seen
+
+    async def all_jobs() -> list[list[PollUpdate]]:
+        return await asyncio.gather(*(one(job_id) for job_id in "1234"))
+
+    seen = dict(zip("1234", asyncio.run(all_jobs())))
+    # Each cycle a job pends: one sshare per account, whatever the number of its jobs; none after.
+    per_cycle = {}
+    for cycle, account, _ in source.reads:
+        per_cycle.setdefault(cycle, []).append(account)
+    assert all(sorted(accounts) == ["broken", "other", "proj"] for accounts in per_cycle.values()), per_cycle
+    assert max(per_cycle) <= 3
+    pending_updates = [u for ups in seen.values() for u in ups if u.status.state is SlurmState.PENDING]
+    assert pending_updates and all(u.allocation is not None for u in pending_updates)
+    proj = next(u.allocation for u in seen["1"] if u.allocation is not None)
+    assert proj.figures.holders == (("bob", 95),) and proj.problem is None
+    broken = next(u.allocation for u in seen["4"] if u.allocation is not None)
+    assert broken.figures is None and "sshare gave no answer: sshare exited 1: Socket timed out" == broken.problem
+    assert all(u.error is None for ups in seen.values() for u in ups)  # a failed sshare ends no watch
+    assert all(u.allocation is None for ups in seen.values() for u in ups if u.status.is_terminal)

@@ -155,8 +155,9 @@ def test_states_seen_on_the_real_cluster() -> None:
         ("PartitionDown", ReasonKind.WAITING),
         ("JobHeldUser", ReasonKind.HELD),
         ("JobHeldAdmin", ReasonKind.HELD),
-        ("AssocGrpBillingMinutes", ReasonKind.NEVER),
-        ("AssocGrpCPUMinutesLimit", ReasonKind.NEVER),
+        # The account's allocation: waiting or spent, which the account's figures tell (allocation.py).
+        ("AssocGrpBillingMinutes", ReasonKind.ALLOCATION),
+        ("AssocGrpCPUMinutesLimit", ReasonKind.ALLOCATION),
         ("AssocGrpGRESMinutes", ReasonKind.NEVER),
         ("QOSGrpBillingMinutes", ReasonKind.NEVER),
         ("AssocGrpWallLimit", ReasonKind.NEVER),
@@ -198,12 +199,21 @@ def test_reason_kinds(reason: str | None, kind: ReasonKind) -> None:
     assert result.blocks_forever is (kind is ReasonKind.NEVER)
 
 
-def test_budget_exhausted_is_explained_in_plain_words() -> None:
+def test_the_allocation_reason_is_explained_in_plain_words_and_names_its_tres() -> None:
     result = classify_pending_reason("AssocGrpBillingMinutes")
-    assert result.kind is ReasonKind.NEVER
-    assert "GPU-hour allocation is used up" in result.explanation
-    assert "GrpTRESMins" in result.explanation and "shorter --time" in result.explanation
-    assert "GPU/GRES-minutes limit" in classify_pending_reason("AssocGrpGRESMinutes").explanation
+    assert result.kind is ReasonKind.ALLOCATION and not result.blocks_forever
+    assert "project's GPU-hour allocation" in result.explanation
+    assert "GrpTRESMins" in result.explanation and "starts as they end" in result.explanation
+    assert "shorten --time" in result.explanation
+    assert result.allocation_tres == "billing"
+    assert classify_pending_reason("AssocGrpCPUMinutesLimit").allocation_tres == "cpu"
+    # GRES minutes name no single TRES and a QOS's usage is not the account's: they stay "never".
+    gres = classify_pending_reason("AssocGrpGRESMinutes")
+    assert "GPU/GRES-minutes limit" in gres.explanation and gres.allocation_tres is None
+    assert gres.blocks_forever
+    qos = classify_pending_reason("QOSGrpBillingMinutes")
+    assert qos.blocks_forever and "GPU-hour allocation is used up" in qos.explanation
+    assert classify_pending_reason("Priority").allocation_tres is None
 
 
 def test_special_exit_is_over_for_its_watcher_but_keeps_its_place_in_the_queue() -> None:

@@ -16,7 +16,9 @@ import pytest
 import structlog.testing
 
 from localcluster import LocalCluster, poll_until
+from slurm_provider.cli.sshare import TresMinutes
 from slurm_provider.hooks import SlurmHook
+from slurm_provider.job_status import JobStatus
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.transport import TransportUnavailable
 from slurm_provider.triggers import ERROR, FINISHED, NEVER_STARTS, SlurmJobTrigger
@@ -24,6 +26,8 @@ from slurm_provider.watch_state import WatchNote
 from tests.slurm_provider.test_poller import ScriptedSource
 
 FAST = {"poll_interval": 1.0, "max_poll_interval": 3.0, "first_poll_delay": 0.0}
+SCRIPTED = {"poll_interval": 0.05, "max_poll_interval": 0.1, "first_poll_delay": 0.0}
+"""Polling a scripted cluster in a test: no reason to wait."""
 
 
 def _submit(cluster: LocalCluster, conn_id: str, body: str, *extra: str, time_limit: str = "2") -> tuple[str, str, str]:
@@ -50,32 +54,119 @@ def _run_to_event(trigger: SlurmJobTrigger, timeout: float = 120) -> dict[str, A
 def test_serialize_round_trips() -> None:
     trigger = SlurmJobTrigger(conn_id="c", job_id="12", log_path="/p/x.out", log_offset=7, pending_policy="warn",
                               expected_job_name="n", carry={"history": [{"job_id": "12"}]},
-                              err_log_path="/p/x.err", err_log_offset=3, unreachable_timeout=3600,
+                              err_log_path="/p/x.err", err_log_offset=3, watch_deadline=3600,
                               adopted_from="user ana, DAG d, run r, task t", **FAST)
     classpath, kwargs = trigger.serialize()
     assert classpath == "slurm_provider.triggers.SlurmJobTrigger"
     assert kwargs["err_log_path"] == "/p/x.err" and kwargs["err_log_offset"] == 3
-    assert kwargs["unreachable_timeout"] == 3600.0
+    assert kwargs["watch_deadline"] == 3600.0
     assert kwargs["adopted_from"] == "user ana, DAG d, run r, task t"
     assert SlurmJobTrigger(**kwargs).serialize() == (classpath, kwargs)
     # a trigger deferred before the error output was streamed, before outages had a deadline or
     # before ownership was recorded still resumes
     old = {k: v for k, v in kwargs.items()
-           if not k.startswith("err_") and k not in ("unreachable_timeout", "adopted_from")}
+           if not k.startswith("err_") and k not in ("watch_deadline", "adopted_from")}
     assert SlurmJobTrigger(**old).err_log_path is None
-    assert SlurmJobTrigger(**old).unreachable_timeout == 24 * 3600.0
+    assert SlurmJobTrigger(**old).watch_deadline == 24 * 3600.0
     assert SlurmJobTrigger(**old).adopted_from is None, "a watch deferred before ownership was recorded: its own"
 
 
 @pytest.mark.parametrize("timeout", [0, -5, "1 day"])
-def test_an_unusable_unreachable_timeout_is_refused(timeout: Any) -> None:
-    with pytest.raises(ValueError, match="unreachable_timeout must be a positive number of seconds"):
-        SlurmJobTrigger(conn_id="c", job_id="1", unreachable_timeout=timeout)
+def test_an_unusable_watch_deadline_is_refused(timeout: Any) -> None:
+    with pytest.raises(ValueError, match="watch_deadline must be a positive number of seconds"):
+        SlurmJobTrigger(conn_id="c", job_id="1", watch_deadline=timeout)
 
 
 def test_bad_pending_policy_is_refused() -> None:
     with pytest.raises(ValueError, match="pending_policy 'maybe' not allowed"):
         SlurmJobTrigger(conn_id="c", job_id="1", pending_policy="maybe")
+    with pytest.raises(ValueError, match="watch_deadline must be a positive number of seconds"):
+        SlurmJobTrigger(conn_id="c", job_id="1", watch_deadline=0)
+
+
+class AllocationScript:
+    """A cluster on which job 7 pends on its account's allocation (1 GPU for 30 minutes: 30
+    billing-minutes) for ``pending`` polls, then runs and completes; sshare answers ``figures``."""
+
+    def __init__(self, figures: TresMinutes, pending: int = 10**6) -> None:
+        self.figures, self.pending = figures, pending
+        self.polls = self.reads = 0
+
+    async def statuses(self, job_ids: Any) -> dict[str, JobStatus]:
+        self.polls += 1
+        if self.polls <= self.pending:
+            state, reason = SlurmState.PENDING, "AssocGrpBillingMinutes"
+        else:
+            state, reason = (SlurmState.RUNNING if self.polls == self.pending + 1 else SlurmState.COMPLETED), None
+        return {"7": JobStatus(job_id="7", state=state, reason=reason, account="proj", source="squeue",
+                               tres="cpu=1,mem=1000M,node=1,billing=1,gres/gpu=1", time_limit_s=1800)}
+
+    async def account_tres(self, account: str, tres: str = "billing") -> TresMinutes:
+        self.reads += 1
+        return self.figures
+
+    async def read_log(self, path: str, offset: int) -> tuple[str, int]:
+        return "", offset
+
+    async def file_sizes(self, paths: Any) -> dict[str, int]:
+        return {}
+
+    async def close(self) -> None:
+        pass
+
+
+def _scripted(monkeypatch: pytest.MonkeyPatch, script: AllocationScript) -> None:
+    monkeypatch.setattr("slurm_provider.triggers._hook_factory", lambda conn_id: lambda: script)
+
+
+def _info(logs: list[dict[str, Any]], text: str) -> list[str]:
+    return [str(entry["event"]) for entry in logs if text in str(entry.get("event", ""))]
+
+
+def test_a_job_whose_allocation_the_usage_spent_fails_at_the_first_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    script = AllocationScript(TresMinutes("proj", "billing", limit=1000, used=990, running=5, holders=(("bob", 5),)))
+    _scripted(monkeypatch, script)
+    payload = _run_to_event(SlurmJobTrigger(conn_id="c", job_id="7", **SCRIPTED), timeout=30)
+    assert payload["kind"] == NEVER_STARTS and script.polls == 1 and script.reads == 1
+    assert payload["message"].startswith("job 7 will never start: AssocGrpBillingMinutes: the allocation of "
+                                         "account proj is spent for it")
+    assert "the usage leaves 10 billing-minutes and the job needs 30 billing-minutes" in payload["message"]
+
+
+def test_a_job_waits_while_teammates_hold_the_allocation_and_says_who(monkeypatch: pytest.MonkeyPatch) -> None:
+    held = TresMinutes("proj", "billing", limit=1000, used=10, running=980, holders=(("alice", 900), ("bob", 80)))
+    script = AllocationScript(held, pending=4)
+    _scripted(monkeypatch, script)
+    with structlog.testing.capture_logs() as logs:
+        payload = _run_to_event(SlurmJobTrigger(conn_id="c", job_id="7", **SCRIPTED), timeout=60)
+    assert payload["kind"] == FINISHED and payload["status"]["state"] == "COMPLETED"
+    assert script.reads == 4  # one sshare per poll while it pends, none once it runs
+    waiting = _info(logs, "waits for the allocation")
+    assert waiting == [  # said once: the holders did not change
+        "Job 7 waits for the allocation of account proj: GrpTRESMins billing=1000, used 10 (GrpTRESRaw), running "
+        "jobs hold 980 (TRESRunMins: alice 900, bob 80). It needs 30 billing-minutes, the usage leaves 990: it "
+        "starts once running jobs of the account have released enough (for at most 1-00:00:00: watch_deadline)"]
+
+
+def test_a_job_that_waited_for_the_allocation_past_the_deadline_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    held = TresMinutes("proj", "billing", limit=1000, used=10, running=980, holders=(("alice", 980),))
+    _scripted(monkeypatch, AllocationScript(held))
+    payload = _run_to_event(SlurmJobTrigger(conn_id="c", job_id="7", watch_deadline=0.5, **SCRIPTED), timeout=60)
+    assert payload["kind"] == NEVER_STARTS
+    assert payload["message"].startswith("job 7 still pends with AssocGrpBillingMinutes after the watch waited "
+                                         "00:00:0")
+    assert "(watch_deadline 00:00:00)" in payload["message"] and "alice 980" in payload["message"]
+    assert "raise watch_deadline to wait longer" in payload["message"]
+
+
+def test_with_pending_policy_warn_a_spent_allocation_is_waited_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    spent = TresMinutes("proj", "billing", limit=100, used=90, running=0)
+    _scripted(monkeypatch, AllocationScript(spent, pending=3))
+    with structlog.testing.capture_logs() as logs:
+        payload = _run_to_event(SlurmJobTrigger(conn_id="c", job_id="7", pending_policy="warn",
+                                                watch_deadline=0.001, **SCRIPTED), timeout=60)
+    assert payload["kind"] == FINISHED
+    assert len(_info(logs, "(still waiting: pending_policy=warn)")) == 1
 
 
 def test_failed_job_yields_one_event_with_status_and_streams_log(
@@ -404,10 +495,10 @@ def test_an_outage_is_told_once_and_the_watch_picks_up_when_the_login_node_answe
 def test_past_its_deadline_the_watch_ends_as_a_lost_watch(monkeypatch: pytest.MonkeyPatch) -> None:
     _scripted_cluster(monkeypatch, [SlurmState.RUNNING, DOWN])  # the login node never comes back
     with structlog.testing.capture_logs() as logs:
-        payload = _run_to_event(SlurmJobTrigger(conn_id="c", job_id="7", unreachable_timeout=1, **SCRIPTED),
+        payload = _run_to_event(SlurmJobTrigger(conn_id="c", job_id="7", watch_deadline=1, **SCRIPTED),
                                 timeout=30)
     assert payload["kind"] == ERROR and payload["status"] is None
-    assert "longer than unreachable_timeout (1 s); last error: " in payload["message"]
+    assert "longer than watch_deadline (1 s); last error: " in payload["message"]
     assert payload["message"].endswith("job 7 last seen RUNNING, it may still run")
     assert len(_events(logs, "unreachable since")) == 2  # told once, then the end, both in the task log
 
@@ -423,10 +514,10 @@ def test_the_outage_is_noted_for_the_try_and_a_restarted_trigger_counts_from_its
 
     # A triggerer restarted two hours into an outage: the new trigger's deadline is the outage's.
     _scripted_cluster(monkeypatch, [DOWN])
-    trigger = SlurmJobTrigger(conn_id="c", job_id="7", unreachable_timeout=3600, **SCRIPTED)
+    trigger = SlurmJobTrigger(conn_id="c", job_id="7", watch_deadline=3600, **SCRIPTED)
     _with_task(trigger, monkeypatch, WatchNote(0, "RUNNING", 0, unreachable_since=time.time() - 7200))
     payload = _run_to_event(trigger, timeout=30)
-    assert payload["kind"] == ERROR and "longer than unreachable_timeout (1 h)" in payload["message"]
+    assert payload["kind"] == ERROR and "longer than watch_deadline (1 h)" in payload["message"]
 
     # ... and says how long the whole outage lasted when the node answers.
     _scripted_cluster(monkeypatch, [SlurmState.COMPLETED])

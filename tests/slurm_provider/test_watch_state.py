@@ -33,3 +33,31 @@ def test_task_key_of_the_triggers_task_instance() -> None:
     ti = SimpleNamespace(dag_id="d", task_id="t", run_id="r", map_index=None)
     assert TaskKey.of(ti) == TaskKey("d", "t", "r", -1)
     assert TaskKey.of(SimpleNamespace(dag_id="d", task_id="t", run_id="r", map_index=3)).map_index == 3
+
+
+def test_a_restarted_triggerer_recalls_how_long_the_job_waited_for_its_allocation(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The note goes into an XCom of the task try and comes back whole (here Airflow's XCom store is a dict)."""
+    import asyncio
+
+    from airflow.sdk.execution_time.xcom import XCom
+
+    from slurm_provider.watch_state import TaskKey, WatchNote, recall_watch, remember_watch
+
+    stored: dict[str, object] = {}
+
+    async def aset(key: str, value: object, **where: object) -> None:
+        stored[key] = value
+
+    async def aget_one(key: str, **where: object) -> object:
+        return stored.get(key)
+
+    monkeypatch.setattr(XCom, "aset", aset, raising=False)
+    monkeypatch.setattr(XCom, "aget_one", aget_one, raising=False)
+    task = TaskKey("d", "t", "r")
+    note = WatchNote(log_offset=10, state="PENDING", err_offset=3, allocation_since=1_795_000_000.5)
+    asyncio.run(remember_watch(task, "42", "/logs/x.out", note))
+    assert asyncio.run(recall_watch(task, "42", "/logs/x.out")) == note
+    assert asyncio.run(recall_watch(task, "43", "/logs/x.out")) == WatchNote()  # another job: a fresh note
+    del stored["slurm_watch"]["allocation_since"]  # noted before the field existed
+    assert asyncio.run(recall_watch(task, "42", "/logs/x.out")).allocation_since is None

@@ -42,7 +42,7 @@ def test_the_seeds_576_gpu_hours_and_the_failure_message() -> None:
     with pytest.raises(BudgetExceeded) as err:
         check_budget(lumi, spec, ledger(lumi, used=100_000 - 412.5))
     assert str(err.value).startswith(
-        "stage 1 needs up to 576.0 GPU-hours (8 GCDs x 72 h x 1.0); 412.5 of 100000 left: limit 100000 "
+        "stage 1 needs up to 576.0 GPU-hours (8 GCDs x 72 h x 1.0); 412.5 of 100000 left by the usage: limit 100000 "
         "(profile lumi billing.allocation), used 99587.5 (ledger: this project's jobs in sacct), held 0 (")
     assert str(err.value).endswith("raise billing.allocation of profile lumi if the project got more")
     assert check_budget(lumi, spec, ledger(lumi, used=100_000 - 576)).amount == 576.0
@@ -52,11 +52,20 @@ def ledger(profile, *, used: float, held: float = 0.0) -> Allocation:
     return Allocation.from_profile(profile, used=used, held=held)
 
 
-def test_reserved_hours_of_queued_jobs_count() -> None:
+def test_what_running_and_queued_jobs_hold_makes_a_job_wait_and_only_the_usage_refuses_it() -> None:
     lumi = load_profile("lumi")
-    check_budget(lumi, JobSpec.train(0), ledger(lumi, used=99_900))
-    with pytest.raises(BudgetExceeded, match=r"28 of 100000 left: .* held 72 \(this project's queued and running"):
-        check_budget(lumi, JobSpec.train(0), ledger(lumi, used=99_900, held=72))
+    alone = ledger(lumi, used=99_900)
+    assert check_budget(lumi, JobSpec.train(0), alone).amount == 72 and alone.wait_note(72) == ""
+    # Teammates' running jobs hold all but 28 of the 100 the usage leaves: the 72-hour job waits for them.
+    held = ledger(lumi, used=99_900, held=72)
+    assert check_budget(lumi, JobSpec.train(0), held).amount == 72
+    assert held.waits_for_holders(72) and not held.waits_for_holders(28) and not held.waits_for_holders(101)
+    assert held.wait_note(72) == (" [running and queued jobs hold 72 now (this project's queued and running jobs), "
+                                  "so it waits until they have released enough: 28 is free at the moment]")
+    # The usage alone leaves 50: no running job's end frees 72.
+    with pytest.raises(BudgetExceeded, match=r"50 of 100000 left by the usage: .* held 72 \(this project's queued and "
+                                             r"running jobs\); no running job's end can free that"):
+        check_budget(lumi, JobSpec.train(0), ledger(lumi, used=99_950, held=72))
 
 
 def test_untracked_allocation_always_fits() -> None:
@@ -81,13 +90,18 @@ def test_slurms_limit_wins_and_the_refusal_names_every_figure_and_its_source() -
                                  running_minutes=30, queued=0.25, queued_jobs=1)
     assert (held.limit, held.used, held.held, held.left) == (10.0, 9.0, 0.75, 0.25)
     assert held.source == "slurm" and held.remaining == 1.0
+    # 1 GPU x 30 min = 0.5 GPU-hours: the usage leaves 1, running and queued jobs hold all but 0.25 of it.
+    assert check_budget(local, JobSpec.train(0), held).amount == 0.5 and held.waits_for_holders(0.5)
+    spent = Allocation.from_slurm(local, account="vcloud_local", limit_minutes=600, used_minutes=580,
+                                  running_minutes=10, queued=0.25, queued_jobs=1)
     with pytest.raises(BudgetExceeded) as err:
-        check_budget(local, JobSpec.train(0), held)  # 1 GPU x 30 min = 0.5 GPU-hours
+        check_budget(local, JobSpec.train(0), spent)
     assert str(err.value) == (
-        "stage 0 needs up to 0.5 GPU-hours (1 GPUs x 0.5 h x 1.0 = 30 billing-minutes); 0.25 of 10 left: "
-        "limit 10 (Slurm association limit GrpTRESMins billing=600 on account vcloud_local), "
-        "used 9 (Slurm GrpTRESRaw billing=540 of account vcloud_local, every job of the account), "
-        "held 0.75 (Slurm TRESRunMins billing=30 of the account's running jobs + 1 queued job(s) of this project). "
+        "stage 0 needs up to 0.5 GPU-hours (1 GPUs x 0.5 h x 1.0 = 30 billing-minutes); 0.33 of 10 left by the "
+        "usage: limit 10 (Slurm association limit GrpTRESMins billing=600 on account vcloud_local), "
+        "used 9.67 (Slurm GrpTRESRaw billing=580 of account vcloud_local, every job of the account), "
+        "held 0.42 (Slurm TRESRunMins billing=10 of the account's running jobs + 1 queued job(s) of this project); "
+        "no running job's end can free that. "
         "Shorten the time limit, use fewer GPUs, or ask the project's PI or the cluster support to raise "
         "GrpTRESMins of account vcloud_local")
     assert held.to_json()["slurm"] == {"account": "vcloud_local", "tres": "billing", "limit": 600, "used": 540,

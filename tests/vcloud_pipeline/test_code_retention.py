@@ -17,8 +17,10 @@ from slurm_provider.cli.squeue import parse_squeue
 from slurm_provider.transport.base import CommandResult
 from vcloud_pipeline.code_retention import (
     INCOMPLETE_GRACE_S,
+    RUN_MARKER_EXPIRY_S,
     CodeDir,
     RetentionPlan,
+    RunMarker,
     code_hash_of_comment,
     hashes_in_use,
     job_keeps_its_code,
@@ -26,10 +28,13 @@ from vcloud_pipeline.code_retention import (
     newest_complete,
     parse_code_dirs,
     plan_retention,
+    mark_run,
+    release_run,
     removal_command,
     remove_unused_code_dirs,
+    touch_run,
 )
-from vcloud_pipeline.layout import MANIFEST_NAME, RunPaths, run_paths
+from vcloud_pipeline.layout import MANIFEST_NAME, RunPaths, run_key, run_paths
 from vcloud_pipeline.params import parse_request
 from vcloud_pipeline.profiles import ClusterProfile, load_profile
 from vcloud_pipeline.tasks import RunContext, clean_code_dirs
@@ -71,6 +76,20 @@ def test_the_current_code_stays_even_when_it_is_not_the_newest() -> None:
     result = plan(dirs, current=A, keep=1)
     assert result.remove == (C,)
     assert set(result.newest) == {A, B}
+
+
+def test_the_code_of_an_unfinished_dag_run_stays_until_its_marker_expires() -> None:
+    # Run 1 synced C and has not submitted its next stage: no job Slurm lists names C. Run 2's
+    # marker is older than the expiry: its run vanished, its code D goes with it.
+    one, two = run_key("vcloud_training", "manual__1"), run_key("vcloud_training", "manual__2")
+    runs = [RunMarker(one, C, NOW - 3 * 86400), RunMarker(two, D, NOW - RUN_MARKER_EXPIRY_S - 1)]
+    result = plan_retention([synced(A, 10), synced(B, 100), synced(C, 200), synced(D, 300)], in_use=set(),
+                            current=A, keep=1, now=NOW, runs=runs)
+    assert result.in_runs == (C,) and result.remove == (B, D)
+    assert result.expired_runs == (runs[1],)
+    lines = "\n".join(result.lines())
+    assert f"keeping code directory {C}: an unfinished DAG run uses it" in lines
+    assert f"forgetting DAG run {two}, untouched for 30 days (code {D})" in lines
 
 
 def test_a_transfer_in_progress_stays_and_a_dead_one_goes() -> None:
@@ -175,6 +194,50 @@ def test_the_listing_reads_a_real_directory(tmp_path: Path) -> None:
     assert abs(listing.now - by_hash[B].changed_at) < 60
 
 
+def test_the_listing_reads_the_run_markers(tmp_path: Path) -> None:
+    root = tmp_path / "code"
+    (root / A).mkdir(parents=True)
+    (root / A / MANIFEST_NAME).write_text("{}")
+    (root / ".runs").mkdir()
+    key = run_key("vcloud_training", "scheduled__2026-03-01T00:00:00+00:00")
+    (root / ".runs" / f"{key}-{A}").write_text("DAG vcloud_training ...\n")
+    os.utime(root / ".runs" / f"{key}-{A}", (NOW - 50, NOW - 50))
+    (root / ".runs" / f".{key}-{B}.tmp").write_text("")  # a marker being written: not a marker yet
+    (root / ".runs" / "notes.txt").write_text("")
+    out = subprocess.run(["bash", "-c", list_code_dirs_command(root)], capture_output=True, text=True,
+                         check=True).stdout
+    listing = parse_code_dirs(out)
+    assert [d.hash for d in listing.dirs] == [A]  # .runs is no code directory
+    assert listing.runs == [RunMarker(key, A, NOW - 50)]
+
+
+def test_a_run_marks_refreshes_and_releases_its_code(tmp_path: Path) -> None:
+    from tests.vcloud_pipeline.test_remote import LocalShell as Shell
+
+    paths = run_paths(load_profile("local", overrides={"paths.base": str(tmp_path / "base dir")}), "r")
+    shell = Shell()
+    mine, other = run_key("d", "manual__mine"), run_key("d", "manual__other")
+    mark_run(shell, paths, other, B, "DAG d, run manual__other")
+    mark_run(shell, paths, mine, A, "DAG d, run manual__mine, run name 'r'")
+    markers = Path(paths.run_markers_dir)
+    assert sorted(p.name for p in markers.iterdir()) == sorted([f"{mine}-{A}", f"{other}-{B}"])
+    assert (markers / f"{mine}-{A}").read_text() == "DAG d, run manual__mine, run name 'r'\n"
+    # The run synced again with other code (its whole run was cleared): one marker, for the new code.
+    mark_run(shell, paths, mine, C, "DAG d, run manual__mine")
+    assert sorted(p.name for p in markers.iterdir()) == sorted([f"{mine}-{C}", f"{other}-{B}"])
+    os.utime(markers / f"{mine}-{C}", (1000, 1000))  # touched long ago
+    touch_run(shell, paths, mine, C)
+    assert (markers / f"{mine}-{C}").stat().st_mtime > 10**9
+    release_run(shell, paths, mine)
+    assert [p.name for p in markers.iterdir()] == [f"{other}-{B}"]
+    release_run(shell, paths, mine)  # twice is fine: the summary of a cleared run runs again
+    # A cleared task of an ended run submits again: its marker is back for as long as the run lives.
+    touch_run(shell, paths, mine, C)
+    assert (markers / f"{mine}-{C}").exists()
+    with pytest.raises(ValueError, match="run key"):
+        touch_run(shell, paths, "manual__mine", C)
+
+
 def test_the_listing_of_a_missing_root_is_empty(tmp_path: Path) -> None:
     out = subprocess.run(["bash", "-c", list_code_dirs_command(tmp_path / "none")], capture_output=True, text=True,
                          check=True).stdout
@@ -189,10 +252,16 @@ def test_removal_renames_first_and_touches_nothing_else(tmp_path: Path) -> None:
     for code in (A, B, C):
         (Path(paths.code(code).dir) / "trainer").mkdir(parents=True)
     Path(paths.code_being_removed(D)).mkdir()
-    command = removal_command(paths, RetentionPlan(remove=(B, C), newest=(A,), leftovers=(D,)))
+    gone, kept = RunMarker(run_key("d", "r1"), B, NOW), RunMarker(run_key("d", "r2"), A, NOW)
+    Path(paths.run_markers_dir).mkdir()
+    for marker in (gone, kept):
+        Path(paths.run_marker(marker.key, marker.hash)).write_text("")
+    command = removal_command(paths, RetentionPlan(remove=(B, C), newest=(A,), leftovers=(D,),
+                                                   expired_runs=(gone,)))
     assert command is not None and command.index("mv -T -- ") < command.index("rm -rf")
     subprocess.run(["bash", "-c", command], check=True)
-    assert sorted(p.name for p in Path(paths.code_root).iterdir()) == [A]
+    assert sorted(p.name for p in Path(paths.code_root).iterdir()) == [".runs", A]
+    assert [p.name for p in Path(paths.run_markers_dir).iterdir()] == [kept.name]
     assert removal_command(paths, RetentionPlan(newest=(A,))) is None
 
 
@@ -240,6 +309,14 @@ def test_the_cleanup_lists_reads_the_queue_and_removes_in_three_commands(tmp_pat
     assert (plan.remove, plan.in_use, plan.newest) == ((B,), (A,), (C,))
     assert remaining(paths) == {A, C}
     assert len(shell.commands) == 3 and "squeue" in shell.commands[1] and "--account=vcloud_local" in shell.commands[1]
+
+
+def test_the_cleanup_keeps_what_an_unfinished_run_recorded(tmp_path: Path) -> None:
+    shell, profile, paths = cleanup_setup(tmp_path, "true")  # nothing in the queue
+    mark_run(shell, paths, run_key("vcloud_training", "manual__long"), A, "a run between two stages")
+    plan = remove_unused_code_dirs(profile, paths, shell, current=C)
+    assert (plan.remove, plan.in_runs, plan.newest) == ((B,), (A,), (C,))
+    assert remaining(paths) == {A, C, ".runs"}
 
 
 def test_nothing_is_removed_when_the_queue_cannot_be_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

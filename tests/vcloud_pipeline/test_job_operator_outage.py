@@ -13,6 +13,7 @@ from airflow.exceptions import TaskDeferred
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from slurm_provider import hooks
+from slurm_provider.transport import CommandResult
 from slurm_provider.hooks import ExclusiveSubmitResult
 from slurm_provider.job_status import JobStatus
 from slurm_provider.login_wait import REACHABLE, SlurmLoginTrigger
@@ -60,6 +61,15 @@ class Cluster:
     def account_tres(self, account: str, tres: str) -> None:
         self._reach("account_tres")
         return None  # no limit in Slurm: the profile's allocation
+
+    @property
+    def runner(self) -> Cluster:
+        """The login shell: the DAG run's code marker is refreshed before a submit."""
+        return self
+
+    def run(self, command: str, *, stdin: str | None = None, timeout: float) -> CommandResult:
+        self._reach("code marker" if "/.runs" in command else command)
+        return CommandResult(command, 0, "", "")
 
     def submit_exclusive(self, script: str, exclusive_dir: str, **fields: Any) -> ExclusiveSubmitResult:
         self._reach("sbatch")
@@ -109,7 +119,7 @@ def test_the_stage_decision_waits_for_the_login_node_then_submits_once(context: 
         PipelineJobOperator(task_id="stage0", job="stage0").execute_after_outage(context, event)
     assert isinstance(watching.value.trigger, SlurmJobTrigger) and watching.value.trigger.job_id == "901"
     assert cluster.submitted == ["901"]
-    assert cluster.asked[1:] == ["file_sizes", "find_jobs", "account_tres", "find_jobs", "sbatch"], \
+    assert cluster.asked[1:] == ["file_sizes", "find_jobs", "account_tres", "code marker", "find_jobs", "sbatch"], \
         "decided, checked the budget, looked for its own job, submitted"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,6 +14,7 @@ from slurm_provider.hooks import SlurmCommandFailed
 from slurm_provider.cli.sshare import TresMinutes
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.job_status import JobStatus
+from slurm_provider.transport.base import CommandResult
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.preflight import (
     PROJECT_TAG,
@@ -56,21 +58,24 @@ def test_ledger_bills_this_project_jobs_and_holds_the_rest_of_running_ones() -> 
 def test_budget_fails_with_the_numbers_when_a_stage_does_not_fit() -> None:
     allocation = Allocation.from_profile(LUMI, used=99990.0, held=0.0)
     spec = JobSpec.train(1, time_limit="3-00:00:00")
-    with pytest.raises(BudgetExceeded, match=r"stage 1 needs up to 72.0 GPU-hours \(1 GCDs x 72 h x 1.0\); 10 of 100000 left"):
+    with pytest.raises(BudgetExceeded, match=r"stage 1 needs up to 72.0 GPU-hours \(1 GCDs x 72 h x 1.0\); 10 of 100000 left by the usage"):
         check_jobs_budget(LUMI, {"stage1": spec}, allocation)
 
 
 def test_budget_fails_when_the_stages_together_do_not_fit() -> None:
     allocation = Allocation.from_profile(LUMI, used=99900.0, held=0.0)
     specs = {f"stage{s}": JobSpec.train(s, time_limit="1-12:00:00") for s in range(4)}
-    with pytest.raises(PreflightError, match=r"need up to 144.0 GPU-hours together .* 100 of 100000 left: limit "
-                                             r"100000 \(profile lumi billing.allocation\)"):
+    with pytest.raises(PreflightError, match=r"need up to 144.0 GPU-hours together .* 100 of 100000 left by the "
+                                             r"usage: limit 100000 \(profile lumi billing.allocation\)"):
         check_jobs_budget(LUMI, specs, allocation)
     assert set(check_jobs_budget(LUMI, dict(list(specs.items())[:2]), allocation)) == {"stage0", "stage1"}
+    # Running and queued jobs holding the rest make the run's jobs wait for them, not fail.
+    busy = Allocation.from_profile(LUMI, used=99900.0, held=90.0)
+    assert set(check_jobs_budget(LUMI, dict(list(specs.items())[:2]), busy)) == {"stage0", "stage1"}
     in_slurm = Allocation.from_slurm(LUMI, account="project_465002500", limit_minutes=6_000_000,
                                      used_minutes=5_994_000, running_minutes=0)
     with pytest.raises(PreflightError, match=r"144.0 GPU-hours together = 8640 billing-minutes .* 100 of 100000 "
-                                             r"left: limit 100000 \(Slurm association limit GrpTRESMins "
+                                             r"left by the usage: limit 100000 \(Slurm association limit GrpTRESMins "
                                              r"billing=6000000 on account project_465002500\)"):
         check_jobs_budget(LUMI, specs, in_slurm)
 
@@ -199,6 +204,7 @@ def test_a_resubmission_is_checked_against_the_budget_again(monkeypatch: pytest.
     from airflow.sdk.exceptions import AirflowFailException
 
     from vcloud_pipeline.job_operator import PipelineJobOperator
+    from vcloud_pipeline.layout import run_key
     from vcloud_pipeline.params import parse_request
     from vcloud_pipeline.tasks import RunContext
 
@@ -209,6 +215,12 @@ def test_a_resubmission_is_checked_against_the_budget_again(monkeypatch: pytest.
     class Cluster:
         def __init__(self, used_hours: float) -> None:
             self.used_hours = used_hours
+            self.runner = self
+            self.commands: list[str] = []
+
+        def run(self, line: str, *, stdin: str | None = None, timeout: float = 0) -> CommandResult:
+            self.commands.append(line)
+            return CommandResult(command=line, exit_status=0, stdout="", stderr="")
 
         def find_jobs(self, **kwargs: object) -> list[JobStatus]:
             assert kwargs.get("every_run") is True
@@ -217,6 +229,12 @@ def test_a_resubmission_is_checked_against_the_budget_again(monkeypatch: pytest.
         def account_tres(self, account: str, tres: str) -> None:
             return None  # no limit in Slurm: the profile's allocation and the ledger
 
-    op.check_before_resubmit({}, Cluster(used_hours=1000))  # plenty left: resubmit
+    op.code_version = "c" * 64
+    context = {"ti": SimpleNamespace(dag_id="vcloud_training", run_id="manual__r")}
+    plenty = Cluster(used_hours=1000)
+    op.check_before_resubmit(context, plenty)  # plenty left: resubmit
+    # ... and the run's code marker is refreshed first: the code stays while the run lives.
+    marker = f"{ctx.paths.run_markers_dir}/{run_key('vcloud_training', 'manual__r')}-{'c' * 64}"
+    assert plenty.commands == [f"mkdir -p {ctx.paths.run_markers_dir} && touch -- {marker}"]
     with pytest.raises(AirflowFailException, match=r"stage 1 needs up to 72.0 GPU-hours .* of 100000 left"):
-        op.check_before_resubmit({}, Cluster(used_hours=99_990))
+        op.check_before_resubmit(context, Cluster(used_hours=99_990))

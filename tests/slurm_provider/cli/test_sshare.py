@@ -13,7 +13,7 @@ from tests.slurm_provider.cli.command_words import argv_of
 
 def test_sshare_of_one_account_with_fixed_fields() -> None:
     assert argv_of(build_sshare_account("project_465002500")) == [
-        "sshare", "--noheader", "--parsable2", "--accounts=project_465002500",
+        "sshare", "--noheader", "--parsable2", "--all", "--accounts=project_465002500",
         "--format=Account,User,GrpTRESMins,GrpTRESRaw,TRESRunMins"]
     with pytest.raises(ValidationError, match="account"):
         build_sshare_account("project;scancel -u $USER")
@@ -40,3 +40,23 @@ def test_sshare_without_a_limit_and_unreadable_lines() -> None:
     assert (gres.limit, gres.used, gres.running) == (None, 1, 5)
     with pytest.raises(SlurmOutputError, match="sshare line has 2 fields"):
         parse_sshare("vcloud_local|billing=1\n")
+
+
+# `sshare --all` of a private account while root's 1-GPU job with --time=90 runs and vcloud's job pends
+# with AssocGrpBillingMinutes (GrpTRESMins=billing=100), as the local cluster printed it.
+TEAM = """\
+vctest_probe||billing=100|cpu=0,mem=0,energy=0,node=0,billing=0,fs/disk=0,vmem=0,pages=0,gres/gpu=0|cpu=90,mem=90000,energy=0,node=90,billing=90,fs/disk=0,vmem=0,pages=0,gres/gpu=90
+ vctest_probe|root||cpu=0,mem=0,energy=0,node=0,billing=0,fs/disk=0,vmem=0,pages=0,gres/gpu=0|cpu=90,mem=90000,energy=0,node=90,billing=90,fs/disk=0,vmem=0,pages=0,gres/gpu=90
+ vctest_probe|vcloud||cpu=0,mem=0,energy=0,node=0,billing=0,fs/disk=0,vmem=0,pages=0,gres/gpu=0|cpu=0,mem=0,energy=0,node=0,billing=0,fs/disk=0,vmem=0,pages=0,gres/gpu=0
+"""
+
+
+def test_sshare_says_whose_running_jobs_hold_the_allocation() -> None:
+    account = account_tres_minutes(parse_sshare(TEAM), "vctest_probe")
+    assert (account.limit, account.used, account.running) == (100, 0, 90)
+    assert account.holders == (("root", 90),)  # vcloud holds nothing: left out
+    assert account.left == 10 and account.left_by_usage == 100
+    two = TEAM.replace("|vcloud||cpu=0,mem=0,energy=0,node=0,billing=0,fs/disk=0,vmem=0,pages=0,gres/gpu=0|cpu=0,",
+                       "|vcloud||cpu=0,mem=0,energy=0,node=0,billing=0,fs/disk=0,vmem=0,pages=0,gres/gpu=0|cpu=5,")
+    two = two.replace("billing=0,fs/disk=0,vmem=0,pages=0,gres/gpu=0\n", "billing=120,fs/disk=0,vmem=0,pages=0,gres/gpu=0\n")
+    assert account_tres_minutes(parse_sshare(two), "vctest_probe").holders == (("vcloud", 120), ("root", 90))

@@ -78,6 +78,9 @@ class JobStatus:
     node_list: str | None = None
     gpus: int = 0
     """GPUs allocated (each GPU Slurm schedules), from the allocated TRES."""
+    tres: str | None = None
+    """The job's TRES as Slurm prints them (``cpu=1,mem=1000M,node=1,billing=2,gres/gpu=2``): what it
+    asks for while it waits, what it holds once it started; ``billing`` is what an allocation charges."""
     start: str | None = None
     end: str | None = None
     submit: str | None = None
@@ -228,6 +231,7 @@ class JobStatus:
             restarts=row.restarts,
             node_list=row.node_list,
             gpus=gpus_from_tres(row.tres) if parsed.state.has_started else 0,
+            tres=row.tres,
             start=row.start if parsed.state.has_started else None,
             end=row.end if parsed.state.is_terminal else None,
             submit=row.submit,
@@ -267,6 +271,7 @@ class JobStatus:
             restarts=restarts,
             node_list=row.node_list,
             gpus=gpus_from_tres(row.alloc_tres),
+            tres=row.alloc_tres,
             start=row.start,
             end=row.end,
             submit=row.submit,
@@ -304,6 +309,7 @@ class JobStatus:
             restarts=parse_int(record.get("Restarts")) or 0,
             node_list=record.get("NodeList") or None,
             gpus=gpus_from_tres(record.get("TRES")) if parsed.state.has_started else 0,
+            tres=record.get("TRES") or None,
             start=parse_slurm_time(record.get("StartTime")) if parsed.state.has_started else None,
             end=parse_slurm_time(record.get("EndTime")) if parsed.state.is_terminal else None,
             submit=parse_slurm_time(record.get("SubmitTime")),

@@ -20,7 +20,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from slurm_provider.outage import (
-    DEFAULT_UNREACHABLE_TIMEOUT,
+    DEFAULT_WATCH_DEADLINE,
     Outage,
     gave_up_line,
     reachable_again_line,
@@ -31,7 +31,7 @@ from slurm_provider.triggers import ERROR
 
 REACHABLE = "reachable"
 """The login node and a controller answer again: the task goes on. (``ERROR``, as for a watch: the
-wait ended without an answer, past ``unreachable_timeout`` or at a failure only a person can fix.)"""
+wait ended without an answer, past ``watch_deadline`` or at a failure only a person can fix.)"""
 
 
 def probe_delay(tries: int, first: float, cap: float) -> float:
@@ -46,7 +46,7 @@ class SlurmLoginTrigger(BaseTrigger):
     :param conn_id: Airflow connection of the cluster's login node.
     :param since: when the login node stopped answering (epoch seconds).
     :param cause: the last error met, for the messages.
-    :param unreachable_timeout: seconds after ``since`` at which the wait ends with an ``error`` event.
+    :param watch_deadline: seconds after ``since`` at which the wait ends with an ``error`` event.
     :param poll_interval: seconds before the first probe; the interval doubles from there.
     :param max_poll_interval: cap of the interval between probes.
     :param tries: probes already made in this outage (by earlier waits of the same task try).
@@ -54,14 +54,14 @@ class SlurmLoginTrigger(BaseTrigger):
     """
 
     def __init__(self, *, conn_id: str, since: float, cause: str = "",
-                 unreachable_timeout: float = DEFAULT_UNREACHABLE_TIMEOUT.total_seconds(),
+                 watch_deadline: float = DEFAULT_WATCH_DEADLINE.total_seconds(),
                  poll_interval: float = 15.0, max_poll_interval: float = 300.0, tries: int = 0,
                  carry: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.conn_id = conn_id
         self.since = float(since)
         self.cause = cause
-        self.unreachable_timeout = timeout_seconds(unreachable_timeout)
+        self.watch_deadline = timeout_seconds(watch_deadline)
         self.poll_interval = timeout_seconds(poll_interval, "poll_interval")
         self.max_poll_interval = max(self.poll_interval, float(max_poll_interval))
         self.tries = int(tries)
@@ -74,7 +74,7 @@ class SlurmLoginTrigger(BaseTrigger):
                 "conn_id": self.conn_id,
                 "since": self.since,
                 "cause": self.cause,
-                "unreachable_timeout": self.unreachable_timeout,
+                "watch_deadline": self.watch_deadline,
                 "poll_interval": self.poll_interval,
                 "max_poll_interval": self.max_poll_interval,
                 "tries": self.tries,
@@ -90,7 +90,7 @@ class SlurmLoginTrigger(BaseTrigger):
         while True:
             outage = Outage(self.since, self.cause)
             wait = min(probe_delay(self.tries, self.poll_interval, self.max_poll_interval),
-                       max(0.0, outage.deadline(self.unreachable_timeout) - time.time()))
+                       max(0.0, outage.deadline(self.watch_deadline) - time.time()))
             await asyncio.sleep(wait)
             self.tries += 1
             try:
@@ -101,8 +101,8 @@ class SlurmLoginTrigger(BaseTrigger):
                     yield self._event(ERROR, f"cannot log in to {self.conn_id}: {exc}")
                     return
                 outage = Outage(self.since, self.cause)
-                if outage.is_past(self.unreachable_timeout):
-                    yield self._event(ERROR, gave_up_line(self.conn_id, outage, self.unreachable_timeout))
+                if outage.is_past(self.watch_deadline):
+                    yield self._event(ERROR, gave_up_line(self.conn_id, outage, self.watch_deadline))
                     return
                 self.log.debug("Login node of %s still unreachable after %d tries: %s", self.conn_id,
                                self.tries, exc)

@@ -9,7 +9,7 @@ preemption without requeue) is resubmitted within per-cause budgets when the job
 
 A login node that does not answer is waited out, not failed: the watch waits in the triggerer, and
 the task's own steps defer on :class:`~slurm_provider.login_wait.SlurmLoginTrigger` until it answers,
-both up to ``unreachable_timeout``. Task retries are for a lost watch only (worker or triggerer lost,
+both up to ``watch_deadline``. Task retries are for a lost watch only (worker or triggerer lost,
 the login node unreachable for longer than that): every task retries by default, and a retry adopts
 the job it finds. A job that itself ended badly (failed, out of memory, cancelled, can never start,
 resubmission budget spent) fails the task with :class:`AirflowFailException`, which Airflow never
@@ -49,7 +49,7 @@ from slurm_provider.job_status import JobStatus
 from slurm_provider.links import JOB_ID_XCOM_KEY, SlurmJobLogLink
 from slurm_provider.login_wait import REACHABLE, SlurmLoginTrigger
 from slurm_provider.outage import (
-    DEFAULT_UNREACHABLE_TIMEOUT,
+    DEFAULT_WATCH_DEADLINE,
     Outage,
     gave_up_line,
     timeout_seconds,
@@ -185,8 +185,12 @@ class SlurmSubmitOperator(BaseOperator):
     :param keep_job_on_give_up: when the task fails while its job is still in Slurm's queue (pending
         for a reason that never resolves, held after ``SPECIAL_EXIT``, requeued after an end the
         policy does not resubmit), leave the job there for a person instead of cancelling it.
-    :param unreachable_timeout: how long (a timedelta or seconds; 24 hours by default) the task waits
-        for a login node that does not answer before it gives up on this try (a retry adopts the job).
+    :param watch_deadline: how long (a timedelta or seconds; 24 hours by default) the task waits for
+        something outside its job before it gives up on this try: a login node that does not answer
+        (a retry adopts the job), or a job pending on its account's allocation
+        (``AssocGrpBillingMinutes``) while the account's running jobs hold what it needs (then it
+        fails, and the job is cancelled like any job the task gives up on). A job whose allocation
+        the usage alone has spent fails at once.
 
     A login node that does not answer (refused, reset, timed out, no ``slurmctld``) is a wait, not a
     failure, because the jobs run on without it: maintenance breaks at HPC sites last hours, longer than
@@ -198,7 +202,7 @@ class SlurmSubmitOperator(BaseOperator):
     :class:`~slurm_provider.login_wait.SlurmLoginTrigger`, which holds no worker slot and spends no
     retry, and starts its step over when the node answers: what was submitted is adopted (by the
     job ids in the task state store, or by name and comment when ``sbatch``'s answer was lost). Both
-    waits end past ``unreachable_timeout`` with a plain :class:`AirflowException`, which a task retry
+    waits end past ``watch_deadline`` with a plain :class:`AirflowException`, which a task retry
     follows, adopting the job. A busy submit lock (``exclusive_dir``) or a controller that refused to
     talk is retried by Airflow's task retries, as nothing was submitted.
     """
@@ -224,7 +228,7 @@ class SlurmSubmitOperator(BaseOperator):
                  max_retry_delay: timedelta | float | None = DEFAULT_MAX_RETRY_DELAY,
                  keep_job_on_give_up: bool = False, done_markers: Sequence[str] = (),
                  replace_outputs: bool = False, supersede_dirs: Sequence[str] = (),
-                 unreachable_timeout: timedelta | float = DEFAULT_UNREACHABLE_TIMEOUT, **kwargs: Any) -> None:
+                 watch_deadline: timedelta | float = DEFAULT_WATCH_DEADLINE, **kwargs: Any) -> None:
         # Named parameters (not kwargs.setdefault): Airflow fills a parameter of this signature from
         # the DAG's default_args when the task does not set it, so default_args win over these defaults.
         super().__init__(retries=retries, retry_delay=retry_delay, max_retry_delay=max_retry_delay,
@@ -254,7 +258,7 @@ class SlurmSubmitOperator(BaseOperator):
         self.done_markers = tuple(done_markers)
         self.replace_outputs = replace_outputs
         self.supersede_dirs = tuple(supersede_dirs)
-        self.unreachable_timeout = timeout_seconds(unreachable_timeout)
+        self.watch_deadline = watch_deadline
         self._outage: tuple[float, int] | None = None
         """(since, probes) of the outage this try already waited through, carried by the login wait's event."""
 
@@ -289,16 +293,17 @@ class SlurmSubmitOperator(BaseOperator):
     def _wait_for_login_node(self, context: Any, exc: TransportError) -> None:
         since, tries = self._outage if self._outage is not None else (time.time(), 0)
         outage = Outage(since, str(exc))
-        if outage.is_past(self.unreachable_timeout):
-            raise AirflowException(f"{gave_up_line(self.conn_id, outage, self.unreachable_timeout)}. A retry "
+        deadline = self._deadline_seconds()
+        if outage.is_past(deadline):
+            raise AirflowException(f"{gave_up_line(self.conn_id, outage, deadline)}. A retry "
                                    "of this task adopts any job it submitted") from exc
         if self._outage is None:
-            self.log.warning("%s", unreachable_line(self.conn_id, outage, self.unreachable_timeout))
+            self.log.warning("%s", unreachable_line(self.conn_id, outage, deadline))
         else:
             self.log.warning("Login node of %s answers scontrol ping, but this step still failed (%s): waiting "
                              "on", self.conn_id, exc)
         self.defer(trigger=SlurmLoginTrigger(conn_id=self.conn_id, since=since, cause=str(exc),
-                                             unreachable_timeout=self.unreachable_timeout,
+                                             watch_deadline=deadline,
                                              poll_interval=self.poll_interval,
                                              max_poll_interval=self.max_poll_interval, tries=tries),
                    method_name="execute_after_outage")
@@ -549,7 +554,7 @@ class SlurmSubmitOperator(BaseOperator):
                 err_log_path=self._log_path(context, current.job_id, stream="err"), pending_policy=self.pending_policy,
                 expected_job_name=current.name or self._job_name(context), carry={"history": history.to_json()},
                 adopted_from=(current.submitted_by or "another task") if current.adopted else None,
-                unreachable_timeout=self.unreachable_timeout,
+                watch_deadline=self._deadline_seconds(),
             ),
             method_name="execute_complete",
         )
@@ -683,8 +688,17 @@ class SlurmSubmitOperator(BaseOperator):
 
     # --- naming and persistence -------------------------------------------------------------------
 
+    def _deadline_seconds(self) -> float:
+        """``watch_deadline`` in seconds; a :class:`ValidationError` when it is not a positive duration."""
+        try:
+            return timeout_seconds(self.watch_deadline)
+        except ValueError:
+            raise ValidationError("watch_deadline", "must be a positive number of seconds or a timedelta, e.g. "
+                                  "86400 or timedelta(days=1)", self.watch_deadline) from None
+
     def _validate(self) -> None:
         """Every value that reaches a remote command is checked before any SSH connection."""
+        self._deadline_seconds()
         if not isinstance(self.script, str) or not self.script.startswith("#!"):
             raise ValidationError("script", "must be a complete batch script starting with '#!'")
         validate_remote_path(self.log_dir, "log_dir", absolute=True)

@@ -2,7 +2,7 @@
 
 Login nodes go away for hours (a site's maintenance breaks) while the jobs on the compute nodes run
 on: only our view of them pauses. The watch of a job and the operator's own steps therefore wait
-for the login node with a capped back-off, up to ``unreachable_timeout`` (24 hours unless the task
+for the login node with a capped back-off, up to ``watch_deadline`` (24 hours unless the task
 says otherwise), and say so once in the task log, with when the node was last seen; when it
 answers again they pick up where they were. Only past the deadline does the wait end, and then as
 a lost watch (a task retry adopts the job), never as a failed job.
@@ -17,11 +17,12 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
-DEFAULT_UNREACHABLE_TIMEOUT = timedelta(hours=24)
-"""How long a watch or a task waits for a login node that does not answer, unless told otherwise."""
+DEFAULT_WATCH_DEADLINE = timedelta(hours=24)
+"""How long a watch or a task waits for something outside its job (a login node that does not
+answer, teammates' running jobs that hold the account's allocation), unless told otherwise."""
 
 
-def timeout_seconds(value: timedelta | float | int, name: str = "unreachable_timeout") -> float:
+def timeout_seconds(value: timedelta | float | int, name: str = "watch_deadline") -> float:
     """``value`` (a timedelta or seconds) in seconds; refuses zero, negative and non-numbers."""
     seconds = value.total_seconds() if isinstance(value, timedelta) else value
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
@@ -98,7 +99,7 @@ def gave_up_line(conn_id: str, outage: Outage, timeout: float, *, job_id: str | 
                  last_state: str | None = None, now: float | None = None) -> str:
     """Why a wait ended past its deadline, and what that means for the job."""
     parts = [f"login node of {conn_id} unreachable since {clock(outage.since, now)}, longer than "
-             f"unreachable_timeout ({span(timeout)}); last error: {outage.cause}"]
+             f"watch_deadline ({span(timeout)}); last error: {outage.cause}"]
     if job_id is not None:
         parts.append(f"{_job(job_id, last_state)}, it may still run")
     return "; ".join(parts)

@@ -5,7 +5,9 @@ costs one SSH round trip per job per interval and hammers slurmctld; instead eve
 :class:`~slurm_provider.triggers.SlurmJobTrigger` of one connection subscribes to the same
 :class:`JobPoller`, which keeps **one** connection open and asks for **all** watched jobs at once
 per cycle (one ``squeue``; ``sacct`` only for the jobs ``squeue`` has forgotten). Log files (a job's
-output and its error output) that grew since the last cycle are read over the same connection.
+output and its error output) that grew since the last cycle are read over the same connection. Only
+while a watched job pends on its account's allocation (``AssocGrpBillingMinutes``) does a cycle add
+one ``sshare`` per such account (:mod:`slurm_provider.allocation`), shared by every job pending on it.
 
 The interval starts at the smallest interval any subscriber asked for and grows by ``growth``
 per quiet cycle (no watched job changed state) up to the smallest cap; any change or a new
@@ -36,8 +38,11 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from slurm_provider.allocation import AccountReading
+from slurm_provider.cli.sshare import TresMinutes
 from slurm_provider.job_status import JobStatus
 from slurm_provider.outage import Outage, reachable_again_line
+from slurm_provider.state_vocabulary import SlurmState, classify_pending_reason
 from slurm_provider.transport import ControlMasterNotRunning, TransportError
 
 log = logging.getLogger(__name__)
@@ -55,6 +60,8 @@ class StatusSource(Protocol):
     async def read_log(self, path: str, offset: int) -> tuple[str, int]: ...
 
     async def file_sizes(self, paths: list[str]) -> dict[str, int]: ...
+
+    async def account_tres(self, account: str, tres: str = "billing") -> TresMinutes | None: ...
 
     async def close(self) -> None: ...
 
@@ -76,6 +83,8 @@ class PollUpdate:
     unreachable: Outage | None = None
     """No status this cycle: the cluster did not answer (since when, why); the watch decides whether
     to wait on."""
+    allocation: AccountReading | None = None
+    """The job's account allocation, read this cycle because the job pends on it (else None)."""
 
 
 @dataclass
@@ -204,6 +213,7 @@ class JobPoller:
         streaming = [s for s in subs if s.log_files() and (st := statuses.get(s.job_id)) and st.state.has_started]
         paths = sorted({p for s in streaming for p in s.log_files()})
         sizes = await source.file_sizes(paths) if paths else {}
+        readings = await self._read_allocations(source, statuses.values())
         changed = False
         for sub in subs:
             status = statuses.get(sub.job_id)
@@ -219,9 +229,35 @@ class JobPoller:
                 if sub.err_path and sizes.get(sub.err_path, 0) > sub.err_offset:
                     err_text, sub.err_offset = await _read_grown(source, sub.err_path, sub.err_offset,
                                                                  sizes[sub.err_path])
+            reading = readings.get(key) if (key := allocation_key(status)) is not None else None
             sub.queue.put_nowait(PollUpdate(status=status, new_log_text=text, log_offset=sub.log_offset,
-                                            new_err_text=err_text, err_offset=sub.err_offset))
+                                            new_err_text=err_text, err_offset=sub.err_offset,
+                                            allocation=reading))
         return changed
+
+    async def _read_allocations(self, source: StatusSource,
+                                statuses: Any) -> dict[tuple[str, str], AccountReading]:
+        """One ``sshare`` per account (and TRES) that watched jobs pend on; none when no job does.
+
+        A failed ``sshare`` is the reading's problem, not the poll's: the watches go on without it.
+        A dropped connection is the poll's (the cycle is retried like any other)."""
+        from slurm_provider.hooks import SlurmCommandFailed
+
+        readings: dict[tuple[str, str], AccountReading] = {}
+        for account, tres in sorted({key for status in statuses if (key := allocation_key(status)) is not None}):
+            try:
+                figures = await source.account_tres(account, tres)
+            except SlurmCommandFailed as exc:
+                readings[(account, tres)] = AccountReading(account, tres, None, f"sshare gave no answer: {exc}")
+                continue
+            except TransportError:
+                raise
+            except Exception as exc:  # unreadable answer or a refused account name: the watch goes on
+                readings[(account, tres)] = AccountReading(account, tres, None, f"sshare failed: {exc}")
+                continue
+            problem = None if figures is not None else f"sshare lists no association for account {account}"
+            readings[(account, tres)] = AccountReading(account, tres, figures, problem)
+        return readings
 
     def _next_interval(self, changed: bool) -> float:
         subs = list(self._subs.values())
@@ -293,6 +329,14 @@ async def _read_grown(source: StatusSource, path: str, offset: int, size: int) -
         if not moved_on or offset >= size:  # caught up, or the file was rewritten and read from 0
             break
     return "".join(parts), offset
+
+
+def allocation_key(status: JobStatus | None) -> tuple[str, str] | None:
+    """``(account, TRES)`` whose allocation a pending job waits for, or None."""
+    if status is None or status.state is not SlurmState.PENDING or not status.account:
+        return None
+    tres = classify_pending_reason(status.reason).allocation_tres if status.reason else None
+    return (status.account, tres) if tres else None
 
 
 def retry_delay(attempt: int, cap: float) -> float:

@@ -269,6 +269,11 @@ class ReasonKind(str, Enum):
     end. If none are running, the request itself is over the limit and it never starts."""
     HELD = "held"
     """Held: it waits until a person runs ``scontrol release``."""
+    ALLOCATION = "allocation"
+    """The account's TRES-minute allocation (``GrpTRESMins``) cannot pay for the job's whole time limit
+    now. With ``AccountingStorageEnforce=safe`` the running jobs of the account hold what they may still
+    use: if they hold what is missing, it starts as they end; if the usage alone leaves too little, it
+    never starts. Which of the two holds takes the account's figures (``sshare``)."""
     NEVER = "never"
     """It will never start as submitted: a budget is used up, the request breaks a limit, or an
     account/QOS/dependency/node is invalid. Cancel, fix and resubmit."""
@@ -288,6 +293,15 @@ class PendingReason:
     @property
     def blocks_forever(self) -> bool:
         return self.kind is ReasonKind.NEVER
+
+    @property
+    def allocation_tres(self) -> str | None:
+        """The TRES whose account allocation the job waits for (``billing`` for
+        ``AssocGrpBillingMinutes``), as ``sshare`` names it; None for any other reason."""
+        if self.kind is not ReasonKind.ALLOCATION:
+            return None
+        match = _GRP_MINUTES.match(self.code)
+        return _ALLOCATION_TRES.get(match.group("what")) if match else None
 
     @property
     def unavailable_nodes(self) -> str | None:
@@ -429,6 +443,10 @@ _QOS_MIN = re.compile(r"^QOSMin(?P<what>[A-Za-z]+?)(?:NotSatisfied|Limit)?$")
 
 _SCOPE_WORDS = {"Assoc": "your project account", "QOS": "the QOS"}
 
+_ALLOCATION_TRES = {"Billing": "billing", "CPU": "cpu", "Cpu": "cpu", "Mem": "mem", "Node": "node",
+                    "Energy": "energy"}
+"""``AssocGrp<what>Minutes`` -> the TRES ``sshare`` reports it under (GRES minutes name no single TRES)."""
+
 
 def _resource(what: str) -> str:
     what = what.replace("Per", "")
@@ -447,6 +465,16 @@ def _pattern_reason(code: str) -> tuple[ReasonKind, str] | None:
     if match := _GRP_MINUTES.match(code):
         scope = _SCOPE_WORDS[match.group("scope")]
         what = _resource(match.group("what"))
+        if match.group("scope") == "Assoc" and match.group("what") in _ALLOCATION_TRES:
+            extra = (" That is the project's GPU-hour allocation." if match.group("what") == "Billing" else "")
+            return (
+                ReasonKind.ALLOCATION,
+                f"What is left of the {what}-minutes limit of {scope} (GrpTRESMins, less the usage and what "
+                f"the account's running jobs may still use) cannot pay for this job's whole time limit yet.{extra} "
+                "If the running jobs hold what is missing, it starts as they end; if the usage alone leaves "
+                "too little, it never starts: then shorten --time, or ask the project's PI or the cluster "
+                "support to raise the limit.",
+            )
         extra = (" The project's GPU-hour allocation is used up, or too little of it is left for this job."
                  if match.group("what") == "Billing" else "")
         return (

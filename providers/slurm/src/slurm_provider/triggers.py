@@ -10,29 +10,37 @@ person (an OTP ControlMaster that lapsed), the trigger logs what to do once and 
 job runs on regardless, and the watch picks up when the master is back. While the login node does
 not answer at all (maintenance), the trigger says so once ("login node of mycluster unreachable since
 14:02 ...; job 123 last seen RUNNING; waiting up to 24 h ...") and waits up to
-``unreachable_timeout``; when the node answers again it says after how long and goes on (a job that
+``watch_deadline``; when the node answers again it says after how long and goes on (a job that
 ended meanwhile is read from ``sacct``); past the deadline it fires an ``error`` event, a lost watch.
+
+A job pending on its account's allocation (``AssocGrpBillingMinutes``) is judged on the account's
+figures, which the poller reads for it (:mod:`slurm_provider.allocation`): when the usage alone
+leaves too little the job never starts and the watch ends at once; when teammates' running jobs hold
+the rest it waits, saying whose jobs hold how much, for at most ``watch_deadline`` seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from slurm_provider.outage import (
-    DEFAULT_UNREACHABLE_TIMEOUT,
+    DEFAULT_WATCH_DEADLINE,
     Outage,
     gave_up_line,
     reachable_again_line,
     timeout_seconds,
     unreachable_line,
 )
+from slurm_provider.allocation import AccountReading, deadline_message, judge
+from slurm_provider.cli.values import format_duration
 from slurm_provider.poller import shared_poller
-from slurm_provider.state_vocabulary import SlurmState, StateCategory, classify_pending_reason
+from slurm_provider.state_vocabulary import ReasonKind, SlurmState, StateCategory, classify_pending_reason
 from slurm_provider.job_status import JobStatus
 from slurm_provider.watch_state import (
     TaskKey,
@@ -76,7 +84,8 @@ class SlurmJobTrigger(BaseTrigger):
         with its lines marked ``stderr``.
     :param err_log_offset: bytes of ``err_log_path`` already shown.
     :param pending_policy: ``fail`` ends the wait when the pending reason means the job can never
-        start (e.g. the allocation is used up); ``warn`` logs it and keeps waiting.
+        start (e.g. the allocation is spent), or when it waited ``watch_deadline`` for the allocation
+        in vain; ``warn`` logs it and keeps waiting, without a deadline.
     :param expected_job_name: the job's name, checked before ``on_kill`` cancels anything, so a
         recycled job id of someone else's job is never cancelled. None (a sensor watching a job
         submitted elsewhere): ``on_kill`` never cancels.
@@ -85,9 +94,10 @@ class SlurmJobTrigger(BaseTrigger):
     :param carry: opaque JSON-safe data returned unchanged in the event.
     :param adopted_from: who submitted the job when the task only adopted it (another clear, run,
         deployment): ``on_kill`` then leaves it running, whatever its name, and says so.
-    :param unreachable_timeout: seconds to wait for a login node that does not answer (counted from
-        the first failed try, kept across triggerer restarts in the watch note) before firing an
-        ``error`` event; the job runs on meanwhile and a task retry adopts it.
+    :param watch_deadline: seconds the watch may wait for something outside the job before it gives
+        up: a login node that does not answer (counted from the first failed try, kept across
+        triggerer restarts in the watch note; then an ``error`` event: the job runs on and a task
+        retry adopts it), or running jobs of the account that hold the allocation the job pends on.
     """
 
     def __init__(self, *, conn_id: str, job_id: str, poll_interval: float = 15.0,
@@ -96,7 +106,7 @@ class SlurmJobTrigger(BaseTrigger):
                  expected_job_name: str | None = None, unknown_grace_polls: int = 6,
                  carry: dict[str, Any] | None = None, err_log_path: str | None = None,
                  err_log_offset: int = 0, adopted_from: str | None = None,
-                 unreachable_timeout: float = DEFAULT_UNREACHABLE_TIMEOUT.total_seconds()) -> None:
+                 watch_deadline: float = DEFAULT_WATCH_DEADLINE.total_seconds()) -> None:
         super().__init__()
         if pending_policy not in PENDING_POLICIES:
             raise ValueError(f"pending_policy {pending_policy!r} not allowed (known: {', '.join(PENDING_POLICIES)})")
@@ -114,7 +124,9 @@ class SlurmJobTrigger(BaseTrigger):
         self.unknown_grace_polls = int(unknown_grace_polls)
         self.carry = dict(carry or {})
         self.adopted_from = adopted_from
-        self.unreachable_timeout = timeout_seconds(unreachable_timeout)
+        self.watch_deadline = timeout_seconds(watch_deadline)
+        self._allocation_since: float | None = None
+        self._allocation_said: tuple[Any, ...] | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -134,7 +146,7 @@ class SlurmJobTrigger(BaseTrigger):
                 "unknown_grace_polls": self.unknown_grace_polls,
                 "carry": self.carry,
                 "adopted_from": self.adopted_from,
-                "unreachable_timeout": self.unreachable_timeout,
+                "watch_deadline": self.watch_deadline,
             },
         )
 
@@ -158,6 +170,7 @@ class SlurmJobTrigger(BaseTrigger):
         note = await self._recalled(task)
         self.log_offset = max(self.log_offset, note.log_offset)
         self.err_log_offset = max(self.err_log_offset, note.err_offset)
+        self._allocation_since = note.allocation_since
         last_state = SlurmState(note.state) if note.state in SlurmState.__members__ else None
         warned_reason: str | None = None
         waiting_for: str | None = None
@@ -185,14 +198,14 @@ class SlurmJobTrigger(BaseTrigger):
                     outage = Outage(unreachable_since or update.unreachable.since, update.unreachable.cause,
                                     update.unreachable.retry_in)
                     state = last_state.value if last_state is not None else None
-                    if outage.is_past(self.unreachable_timeout):
-                        message = gave_up_line(self.conn_id, outage, self.unreachable_timeout,
+                    if outage.is_past(self.watch_deadline):
+                        message = gave_up_line(self.conn_id, outage, self.watch_deadline,
                                                job_id=self.job_id, last_state=state)
                         self.log.error("%s", message)
                         yield self._event(ERROR, None, message)
                         return
                     if not announced:
-                        self.log.warning("%s", unreachable_line(self.conn_id, outage, self.unreachable_timeout,
+                        self.log.warning("%s", unreachable_line(self.conn_id, outage, self.watch_deadline,
                                                                 job_id=self.job_id, last_state=state))
                         announced = True
                     if unreachable_since is None:
@@ -233,9 +246,17 @@ class SlurmJobTrigger(BaseTrigger):
                 if status.state.is_terminal:
                     yield self._event(FINISHED, status, _describe(status))
                     return
+                if status.state.has_started and self._allocation_since is not None:
+                    self._allocation_since, self._allocation_said = None, None
+                    await self._remember(task, last_state)
                 if status.state is SlurmState.PENDING and status.reason:
                     reason = classify_pending_reason(status.reason)
-                    if reason.blocks_forever:
+                    if reason.kind is ReasonKind.ALLOCATION:
+                        event = await self._waited_for_allocation(task, last_state, status, update.allocation)
+                        if event is not None:
+                            yield event
+                            return
+                    elif reason.blocks_forever:
                         text = f"job {self.job_id} will not start: {status.reason}: {reason.explanation}"
                         if self.pending_policy == "fail":
                             yield self._event(NEVER_STARTS, status, text)
@@ -243,6 +264,44 @@ class SlurmJobTrigger(BaseTrigger):
                         if warned_reason != status.reason:
                             self.log.warning("%s (still waiting: pending_policy=warn)", text)
                             warned_reason = status.reason
+
+    async def _waited_for_allocation(self, task: TaskKey | None, last_state: SlurmState | None,
+                                     status: JobStatus, reading: AccountReading | None) -> TriggerEvent | None:
+        """The job pends on its account's allocation: the event that ends the watch (the usage alone
+        leaves too little, or ``watch_deadline`` passed), or None to wait on, logging whose running
+        jobs hold the allocation whenever that changes."""
+        now = time.time()
+        first = self._allocation_since is None
+        if first:
+            self._allocation_since = now
+            await self._remember(task, last_state)
+        verdict = judge(status, status.reason or "", reading.figures) if reading and reading.figures else None
+        if verdict is not None and verdict.spent:
+            if self.pending_policy == "fail":
+                return self._event(NEVER_STARTS, status, verdict.spent_message())
+            said: tuple[Any, ...] = ("spent",)
+            text = f"{verdict.spent_message()} (still waiting: pending_policy=warn)"
+        elif verdict is not None:
+            said = ("waiting", verdict.judged, tuple(user for user, _ in verdict.figures.holders))
+            text = verdict.waiting()
+        else:
+            problem = reading.problem if reading is not None else "the allocation was not read"
+            said = ("unread", problem)
+            text = (f"Job {self.job_id} pends with {status.reason}, but its account's allocation cannot be read "
+                    f"({problem}): waiting")
+        waited = now - (self._allocation_since or now)
+        if self.pending_policy == "fail" and waited > self.watch_deadline:
+            return self._event(NEVER_STARTS, status, deadline_message(self.job_id, status.reason or "", waited,
+                                                                      self.watch_deadline, text))
+        if said != self._allocation_said:
+            if first and self.pending_policy == "fail":
+                text += f" (for at most {format_duration(self.watch_deadline)}: watch_deadline)"
+            if said[0] == "spent":
+                self.log.warning("%s", text)
+            else:
+                self.log.info("%s", text)
+            self._allocation_said = said
+        return None
 
     async def _recalled(self, task: TaskKey | None) -> WatchNote:
         """What an earlier trigger of this task try showed already (a triggerer restart loses nothing)."""
@@ -260,7 +319,7 @@ class SlurmJobTrigger(BaseTrigger):
         if task is None:
             return
         note = WatchNote(self.log_offset, state.value if state is not None else None, self.err_log_offset,
-                         unreachable_since)
+                         unreachable_since=unreachable_since, allocation_since=self._allocation_since)
         try:
             await asyncio.wait_for(remember_watch(task, self.job_id, self.log_path, note), timeout=30)
         except Exception as exc:

@@ -23,7 +23,7 @@ from typing import Any
 
 WATCH_XCOM_KEY = "slurm_watch"
 """XCom of the task try holding ``{"job_id", "log_path", "log_offset", "state", "err_offset",
-"unreachable_since"}`` of the watch in progress."""
+"unreachable_since", "allocation_since"}`` of the watch in progress."""
 
 ENDED_BY_A_PERSON = frozenset({"failed", "success", "skipped", "upstream_failed", "removed"})
 """Task instance states in which a stopped trigger means "stop the job": the task was ended for good."""
@@ -66,6 +66,9 @@ class WatchNote:
     """Bytes of the job's error output already copied into the task log."""
     unreachable_since: float | None = None
     """Since when the login node has not answered (epoch seconds); None while it answers."""
+    allocation_since: float | None = None
+    """When (epoch seconds) the watch first saw the job pend on its account's allocation: the start of
+    the wait that ``watch_deadline`` bounds. None while it does not wait for it."""
 
 
 async def recall_watch(key: TaskKey, job_id: str, log_path: str | None) -> WatchNote:
@@ -75,9 +78,10 @@ async def recall_watch(key: TaskKey, job_id: str, log_path: str | None) -> Watch
     note = await XCom.aget_one(key=WATCH_XCOM_KEY, dag_id=key.dag_id, task_id=key.task_id, run_id=key.run_id,
                                map_index=key.map_index)
     if isinstance(note, dict) and note.get("job_id") == job_id and note.get("log_path") == log_path:
-        since = note.get("unreachable_since")
+        since, waiting = note.get("unreachable_since"), note.get("allocation_since")
         return WatchNote(int(note.get("log_offset") or 0), note.get("state"), int(note.get("err_offset") or 0),
-                         float(since) if isinstance(since, (int, float)) else None)
+                         unreachable_since=float(since) if isinstance(since, (int, float)) else None,
+                         allocation_since=float(waiting) if isinstance(waiting, (int, float)) else None)
     return WatchNote()
 
 
@@ -86,7 +90,8 @@ async def remember_watch(key: TaskKey, job_id: str, log_path: str | None, note: 
 
     await XCom.aset(WATCH_XCOM_KEY, {"job_id": job_id, "log_path": log_path, "log_offset": note.log_offset,
                                      "state": note.state, "err_offset": note.err_offset,
-                                     "unreachable_since": note.unreachable_since},
+                                     "unreachable_since": note.unreachable_since,
+                                     "allocation_since": note.allocation_since},
                     dag_id=key.dag_id, task_id=key.task_id, run_id=key.run_id, map_index=key.map_index)
 
 

@@ -21,15 +21,15 @@ used (what Slurm holds against ``GrpTRESMins``) and the TRES-minutes its running
 
 
 def build_sshare_account(account: str) -> str:
-    """``sshare`` of one account: one ``|``-separated line per association (the account's own, with
-    an empty user, then its users), fields :data:`SSHARE_FIELDS`.
+    """``sshare --all`` of one account: one ``|``-separated line per association (the account's own,
+    with an empty user, then every user of it, not only the caller), fields :data:`SSHARE_FIELDS`.
 
     An allocation that Slurm enforces is a ``GrpTRESMins`` limit (``billing=6000000``) on the
     account; ``GrpTRESRaw`` is the usage counted against it and ``TRESRunMins`` what running jobs
     still hold (time limit left x TRES), which ``AccountingStorageEnforce=safe`` counts too before it
     starts a job. An account the user cannot see prints nothing and exits 0.
     """
-    argv = ["sshare", "--noheader", "--parsable2", f"--accounts={validate_account(account)}",
+    argv = ["sshare", "--noheader", "--parsable2", "--all", f"--accounts={validate_account(account)}",
             f"--format={','.join(SSHARE_FIELDS)}"]
     return join_argv(argv)
 
@@ -77,18 +77,35 @@ class TresMinutes:
     """``None``: the account has no ``GrpTRESMins`` limit on this TRES."""
     used: int
     running: int
+    holders: tuple[tuple[str, int], ...] = ()
+    """``(user, TRES-minutes)`` that each user's running jobs in the account may still use, largest
+    first, users holding nothing left out. Where the site hides other users' usage (``PrivateData``)
+    sshare lists only the caller: ``running`` less these is then held by users not shown."""
 
     @property
     def left(self) -> int | None:
         """What a new job may still use: the limit less usage and running jobs' remaining time."""
         return None if self.limit is None else self.limit - self.used - self.running
 
+    @property
+    def left_by_usage(self) -> int | None:
+        """What the usage alone leaves of the limit: what a job can ever get once running jobs ended
+        (they may use some of what they hold, never more)."""
+        return None if self.limit is None else self.limit - self.used
+
 
 def account_tres_minutes(rows: Iterable[AssociationRow], account: str,
                          tres: str = "billing") -> TresMinutes | None:
-    """The account's own association (no user) for ``tres``; ``None`` when sshare did not list it."""
+    """The account's own association (no user) for ``tres``, with what each user's running jobs hold;
+    ``None`` when sshare did not list it."""
+    rows = list(rows)
+    held: dict[str, int] = {}
+    for row in rows:
+        if row.user is not None and row.running.get(tres, 0) > 0:
+            held[row.user] = held.get(row.user, 0) + row.running[tres]
+    holders = tuple(sorted(held.items(), key=lambda item: (-item[1], item[0])))
     for row in rows:
         if row.account == account and row.user is None:
             return TresMinutes(account=account, tres=tres, limit=row.limits.get(tres),
-                               used=row.used.get(tres, 0), running=row.running.get(tres, 0))
+                               used=row.used.get(tres, 0), running=row.running.get(tres, 0), holders=holders)
     return None
