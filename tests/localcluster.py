@@ -287,7 +287,7 @@ class LocalCluster:
                        timeout=120, what=f"the jobs of account {account.name} to end")
             self.root("sacctmgr", "-i", "-Q", "remove", "user", f"{self.user},root", f"account={account.name}",
                       cluster, check=False)
-            self.root("sacctmgr", "-i", "-Q", "remove", "account", account.name, cluster, check=False)
+            self.root("sacctmgr", "-i", "-Q", "remove", "account", account.name, check=False)  # not per cluster
 
     def daemon_pids(self) -> dict[str, int]:
         """Each daemon's pid by name; the compute nodes' as ``slurmd-<node>``."""
