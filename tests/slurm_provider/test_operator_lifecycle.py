@@ -60,46 +60,6 @@ sleep 600
 
 
 @pytest.mark.slow
-def test_completed_job_succeeds_with_summary(local_cluster: LocalCluster, capfd: pytest.CaptureFixture) -> None:
-    log_dir = local_cluster.test_dir()
-    outcome = run_lifecycle(capfd, script=batch_script("echo working; sleep 2"), log_dir=log_dir,
-                            sbatch_options=["--gpus=1"])
-    assert outcome.state == "success", outcome.output[-3000:]
-    summary = outcome.result
-    assert summary["state"] == "COMPLETED" and summary["exit_code"] == 0
-    assert summary["gpus"] == 1 and summary["elapsed_s"] >= 2
-    assert 0 < summary["gpu_hours"] < 0.1
-    assert re.fullmatch(r"nid00500[1-3]", summary["node_list"]), summary["node_list"]  # small-g's nodes
-    assert jobs_of(local_cluster, outcome) == [summary["job_id"]]
-    assert f"[job {summary['job_id']}] working" in outcome.output
-
-
-def test_failed_job_reports_exit_code_log_tail_and_hint(local_cluster: LocalCluster,
-                                                         capfd: pytest.CaptureFixture) -> None:
-    log_dir = local_cluster.test_dir()
-    body = "echo 'srun: error: Unable to create step for job 7: More processors requested than permitted' >&2; exit 3"
-    outcome = run_lifecycle(capfd, script=batch_script(body), log_dir=log_dir)
-    assert outcome.state == "failed"
-    (job_id,) = jobs_of(local_cluster, outcome)
-    assert f"Slurm job {job_id} ended FAILED" in outcome.output
-    assert "Exit code 3." in outcome.output
-    assert "More processors requested than permitted" in outcome.output
-    assert "Hint: More CPUs requested than the node has: " in outcome.output and "--cpus-per-task" in outcome.output
-
-
-PROGRESS_SCRIPT = """
-P={progress}
-epoch=0
-if [ -f "$P" ]; then epoch=$(sed -E 's/.*"epoch": ([0-9]+).*/\\1/' "$P"); fi
-epoch=$((epoch + 1))
-echo "{{\\"epoch\\": $epoch, \\"step\\": 0}}" > "$P"
-echo "run reached epoch $epoch"
-[ "$epoch" -ge 2 ] && exit 0
-sleep 600
-"""
-
-
-@pytest.mark.slow
 def test_timeout_is_resubmitted_and_continues_progress(local_cluster: LocalCluster,
                                                         capfd: pytest.CaptureFixture) -> None:
     log_dir = local_cluster.test_dir()
