@@ -4,11 +4,9 @@ Two gloo ranks (``gpus_per_node: 2`` of the local profile) resume stage 0 of the
 ``latest.pt`` whose weights no longer fit the model. torchrun alone would end the job with exit 1
 and a ``ChildFailedError`` traceback; the job ends with the trainer's exit 88 in ``sacct``, its
 error output says so in the launch's one line, and holds no traceback. The project's code is synced
-as the DAG syncs it; the scripts are the rendered ones, submitted with sbatch.
-
-The job runs bare (``container.runtime: none``, the nodes' own venv): the local Charliecloud image
-has no ``/etc/hosts`` for ch-run to bind, so inside it a node's name does not resolve and torchrun's
-rendezvous at ``MASTER_ADDR`` (the node's name) never completes.
+as the DAG syncs it; the scripts are the rendered ones, submitted with sbatch. The job runs in the
+local profile's Charliecloud image, where torchrun's rendezvous at ``MASTER_ADDR`` (a node's name)
+needs the node's ``/etc/hosts`` bound into the image.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ from tests.vcloud_pipeline.test_on_local_cluster import FINAL, REPO, setup_run, 
 from vcloud.contract import EXIT_RESUME_REFUSED
 from vcloud_pipeline.code_tree import CodeTree
 from vcloud_pipeline.jobspec import JobSpec
-from vcloud_pipeline.profiles import load_profile
 from vcloud_pipeline.render import render_job
 
 pytestmark = pytest.mark.usefixtures("cluster_connection")  # rsync logs in with the profile's connection
@@ -42,7 +39,6 @@ def test_a_refused_resume_under_torchrun_ends_the_job_with_exit_88_and_no_traceb
     from vcloud.data.synthetic import generate_raw
 
     profile, paths, manifest = setup_run(local_cluster, CodeTree(REPO), tmp_path)
-    profile = load_profile("local", overrides={"paths.base": profile.paths.base, "container.runtime": "none"})
     # The dataset and stage 0 after one epoch, made here on the project file system (which the
     # cluster's nodes share with this machine), then handed to the cluster user.
     prepare_dataset(generate_raw(tmp_path / "raw", preset="tiny", seed=0), Path(paths.data_dir))
