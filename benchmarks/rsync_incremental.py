@@ -33,7 +33,7 @@ CONN_ENV = Path(os.environ.get("VCLOUD_CLUSTER_DIR", "/var/lib/vcloud-localclust
 
 from slurm_provider.transport import runner_for_connection  # noqa: E402
 from vcloud_pipeline.layout import run_paths  # noqa: E402
-from vcloud_pipeline.profiles import load_profile  # noqa: E402
+from vcloud_pipeline.profile import load_profile  # noqa: E402
 from vcloud_pipeline.code_tree import CodeTree, code_sync_argv, tree_files  # noqa: E402
 from vcloud_pipeline.code_upload import cluster_ssh, local_manifest, run_rsync, sync_code_tree  # noqa: E402
 

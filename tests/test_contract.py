@@ -32,7 +32,7 @@ from vcloud_pipeline.job_operator import PipelineJobOperator
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.layout import run_paths
 from vcloud_pipeline.preflight import PROJECT_TAG, ledger_from_statuses, usage_of
-from vcloud_pipeline.profiles import load_profile
+from vcloud_pipeline.profile import load_profile
 from vcloud_pipeline.render import render_job
 from vcloud_pipeline.stage_decisions import StagePlan, completion_record
 

@@ -15,7 +15,7 @@ echo "vcloud inner script: in Charliecloud image ${image_hash} on $(hostname)" >
 {% endif %}
 export PYTHONPATH={{ pythonpath | join(":") | shq }}"${PYTHONPATH:+:${PYTHONPATH}}"
 export {{ CODE_HASH_ENV }}={{ code.hash | shq }}
-{% for name, value in profile.software.env %}
+{% for name, value in profile.software.env.items() %}
 export {{ name }}={{ value | shq }}
 {% endfor %}
 {% if profile.software.miopen_cache_dir %}

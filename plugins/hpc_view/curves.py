@@ -56,7 +56,7 @@ def hook_read_files(conn_id: str, paths: list[str]) -> dict[str, str | None]:
 def profile_metrics_path(profile_name: str, run_name: str, stage: int) -> tuple[str, str]:
     """Where a stage of a run writes ``metrics.jsonl``, by the profile's layout."""
     from vcloud_pipeline.layout import run_paths
-    from vcloud_pipeline.profiles import ProfileError, load_profile, overrides_from_environ
+    from vcloud_pipeline.profile import ProfileError, load_profile, overrides_from_environ
 
     if profile_name == UNASSIGNED:
         raise ValueError("the DAG run names no cluster profile, so the view does not know where the run's "

@@ -34,7 +34,7 @@ def profile_info(name: str) -> ProfileInfo:
     """Load profile ``name``; a missing or broken profile is reported, not raised."""
     if name == UNASSIGNED:
         return ProfileInfo(name, None, "GPU-hours", None, "jobs of DAG runs that name no cluster profile")
-    from vcloud_pipeline.profiles import ProfileError, load_profile, overrides_from_environ
+    from vcloud_pipeline.profile import ProfileError, load_profile, overrides_from_environ
 
     try:
         profile = load_profile(name, overrides_from_environ(name))

@@ -6,7 +6,7 @@ that wires them together never names a cluster. What the jobs and the trainer mu
 file names, ``index.json``, exit codes, the job environment, the ``COMPLETE`` fields) comes from the
 trainer's torch-free :mod:`vcloud.contract`.
 
-- :mod:`vcloud_pipeline.profiles`         typed, validated cluster profiles (``load_profile``)
+- :mod:`vcloud_pipeline.profile`         typed, validated cluster profiles (``load_profile``)
 - :mod:`vcloud_pipeline.schema`           pydantic validation in our words (unknown keys, choices, durations)
 - :mod:`vcloud_pipeline.jobspec`          what one job asks for, checked against a profile's partitions
 - :mod:`vcloud_pipeline.layout`           ``RunPaths``: every remote path of a run, computed once

@@ -37,7 +37,7 @@ from slurm_provider.cli.squeue import SqueueRow, parse_squeue
 from slurm_provider.state_vocabulary import SlurmState, parse_state
 
 from vcloud_pipeline.layout import MANIFEST_NAME, REMOVING_SUFFIX, RUN_MARKERS, RunPaths, is_code_hash, is_run_key
-from vcloud_pipeline.profiles import ClusterProfile
+from vcloud_pipeline.profile import ClusterProfile
 from vcloud_pipeline.remote import CommandRunner, run_checked
 
 INCOMPLETE_GRACE_S = 24 * 3600.0

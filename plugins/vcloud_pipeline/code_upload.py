@@ -25,10 +25,11 @@ from pathlib import Path
 from slurm_provider.hooks import SlurmHook
 from slurm_provider.transport import SSHCommand, TransportError
 
+from vcloud_pipeline.checkout import PROJECT_ROOT
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.code_retention import list_code_dirs, newest_complete
 from vcloud_pipeline.layout import CodePaths, RunPaths
-from vcloud_pipeline.profiles import ClusterProfile
+from vcloud_pipeline.profile import ClusterProfile
 from vcloud_pipeline.remote import CommandRunner, make_dirs, write_file
 from vcloud_pipeline.render import RenderedJob, render_job
 from vcloud_pipeline.code_tree import (
@@ -39,9 +40,6 @@ from vcloud_pipeline.code_tree import (
     refuse_unanchored_excludes,
     scripts_sync_argv,
 )
-
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-"""The project checkout whose ``trainer/`` is synced (the same tree the DAG runs from)."""
 
 RSYNC_TIMEOUT = 1800.0
 

@@ -39,7 +39,7 @@ from vcloud_pipeline.budget import Allocation, BudgetExceeded, billed_hours, che
 from vcloud_pipeline.code_retention import touch_run
 from vcloud_pipeline.layout import run_key
 from vcloud_pipeline.preflight import PROJECT_TAG, read_allocation, read_ledger, usage_of
-from vcloud_pipeline.profiles import ClusterProfile
+from vcloud_pipeline.profile import ClusterProfile
 from vcloud_pipeline.remote import RemoteCommandError
 from vcloud_pipeline.stage_decisions import (
     DATA,

@@ -1,7 +1,7 @@
 """What one job asks for, and the checks that catch a bad request before it reaches the queue.
 
 A :class:`JobSpec` is cluster-neutral (a stage, a partition name, GPUs per node, a time limit);
-:func:`resolve_resources` checks it against a :class:`~vcloud_pipeline.profiles.ClusterProfile` and
+:func:`resolve_resources` checks it against a :class:`~vcloud_pipeline.profile.ClusterProfile` and
 fills in the profile's defaults. Every refusal names the limit and what to ask for instead, because
 a request Slurm rejects at submit time costs a round trip, and one it rejects at ``srun`` time
 costs a place in the queue.
@@ -16,7 +16,7 @@ from enum import Enum
 from slurm_provider.validation import parse_time_limit
 from vcloud.contract import ON_CODE_CHANGE_CHOICES, STAGES
 
-from vcloud_pipeline.profiles import ClusterProfile, PartitionSpec, ProfileError
+from vcloud_pipeline.profile import ClusterProfile, PartitionSpec, ProfileError
 _MEM = re.compile(r"^(\d+)([KMGT]?)$")
 
 
@@ -166,7 +166,7 @@ def resolve_resources(profile: ClusterProfile, spec: JobSpec) -> Resources:
             raise JobSpecError(
                 f"{where} allocates whole nodes and bills all {per_node} {profile.accelerator.unit}s of "
                 f"each; ask for gpus_per_node={per_node} (asked {gpus}) or use a shared partition "
-                f"({', '.join(p.name for p in profile.partitions if not p.full_node)})"
+                f"({', '.join(p.name for p in profile.partitions.values() if not p.full_node)})"
             )
     if gpus > part.max_gpus_per_node:
         raise JobSpecError(f"{where} allows {part.max_gpus_per_node} {profile.accelerator.unit}s per node; "

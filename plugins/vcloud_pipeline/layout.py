@@ -39,7 +39,7 @@ from pathlib import PurePosixPath
 from vcloud import contract
 from vcloud.contract import STAGES
 
-from vcloud_pipeline.profiles import RUNTIME_JOB_ID, ClusterProfile
+from vcloud_pipeline.profile import RUNTIME_JOB_ID, ClusterProfile
 
 MANIFEST_NAME = ".vcloud_manifest.json"
 """Written into the synced code directory (and left alone by ``rsync --delete``, see code_tree.py)."""

@@ -20,7 +20,7 @@ from pydantic import BeforeValidator, ValidationInfo
 from vcloud.contract import ON_CODE_CHANGE_CHOICES, ON_CODE_CHANGE_DEFAULT, STAGES
 
 from vcloud_pipeline.layout import RunNameError, validate_run_name
-from vcloud_pipeline.profiles import DEFAULT_PROFILE, available_profiles
+from vcloud_pipeline.profile import DEFAULT_PROFILE, available_profiles
 from vcloud_pipeline.schema import Document, problems, refuse, slurm_seconds
 
 ConfigName = Literal["tiny", "small", "full"]

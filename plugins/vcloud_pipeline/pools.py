@@ -60,8 +60,8 @@ def pool_description(conn_id: str, profiles: Sequence[str]) -> str:
 def connection_of(profile: str, environ: Mapping[str, str] | None = None) -> str:
     """The profile's connection id as the run's tasks load it: with the deployment's overrides and site
     facts (``VCLOUD_PROFILE_OVERRIDES``, ``VCLOUD_SITE_FACTS``) of ``environ`` (default: this process's)."""
-    from vcloud_pipeline.profiles import OVERRIDES_ENV
-    from vcloud_pipeline.site_facts import SITE_FACTS_ENV
+    from vcloud_pipeline.profile import OVERRIDES_ENV
+    from vcloud_pipeline.profile.site_facts import SITE_FACTS_ENV
 
     env = os.environ if environ is None else environ
     return _connection_of(profile, env.get(OVERRIDES_ENV), env.get(SITE_FACTS_ENV))
@@ -70,8 +70,8 @@ def connection_of(profile: str, environ: Mapping[str, str] | None = None) -> str
 @functools.lru_cache(maxsize=64)
 def _connection_of(profile: str, overrides: str | None, site_facts: str | None) -> str:
     """Cached per profile and environment: the scheduler asks for every job task instance it creates."""
-    from vcloud_pipeline.profiles import OVERRIDES_ENV, load_profile, overrides_from_environ
-    from vcloud_pipeline.site_facts import SITE_FACTS_ENV
+    from vcloud_pipeline.profile import OVERRIDES_ENV, load_profile, overrides_from_environ
+    from vcloud_pipeline.profile.site_facts import SITE_FACTS_ENV
 
     env = {key: value for key, value in ((OVERRIDES_ENV, overrides), (SITE_FACTS_ENV, site_facts)) if value}
     return load_profile(profile, overrides=overrides_from_environ(profile, env) or None).connection.conn_id
@@ -114,7 +114,7 @@ def route_to_cluster_pool(task_instance: Any, dag_run: Any) -> None:
 def cluster_pools(profiles: Sequence[str] | None = None,
                   environ: Mapping[str, str] | None = None) -> dict[str, tuple[str, list[str]]]:
     """Pool name -> (connection id, profiles using it) for every installed profile."""
-    from vcloud_pipeline.profiles import available_profiles
+    from vcloud_pipeline.profile import available_profiles
 
     pools: dict[str, tuple[str, list[str]]] = {}
     for profile in profiles if profiles is not None else available_profiles():

@@ -36,7 +36,7 @@ from vcloud_pipeline.budget import (
     summarize_ledger,
 )
 from vcloud_pipeline.jobspec import JobSpec
-from vcloud_pipeline.profiles import ClusterProfile
+from vcloud_pipeline.profile import ClusterProfile
 from vcloud_pipeline.render import RenderedJob
 
 LEDGER_SINCE = "now-365days"

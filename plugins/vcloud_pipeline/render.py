@@ -44,11 +44,12 @@ from vcloud.contract import (
     RECORDED_EXITS,
 )
 
+from vcloud_pipeline.checkout import INCLUDE_DIR
 from vcloud_pipeline.jobspec import JobKind, JobSpec, Resources, resolve_resources
 from vcloud_pipeline.layout import CodePaths, RunPaths, is_code_hash
-from vcloud_pipeline.profiles import RUNTIME_JOB_ID, ClusterProfile, ContainerSpec
+from vcloud_pipeline.profile import RUNTIME_JOB_ID, ClusterProfile, ContainerSpec
 
-TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "include" / "sbatch"
+TEMPLATES_DIR = INCLUDE_DIR / "sbatch"
 
 LOG_OUTPUT_PATTERN, LOG_ERROR_PATTERN = job_log_name("%x", "%j", "out"), job_log_name("%x", "%j", "err")
 """The job's output and error output in the run's log directory, named as SlurmSubmitOperator names

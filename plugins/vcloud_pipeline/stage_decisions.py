@@ -20,7 +20,7 @@ from vcloud.contract import DATA_INDEX, STAGES
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.layout import RunPaths
 from vcloud_pipeline.params import SYNTHETIC_PRESETS, TrainingRequest
-from vcloud_pipeline.profiles import ClusterProfile
+from vcloud_pipeline.profile import ClusterProfile
 
 EXPORT = "export"
 DATA = "data"

@@ -37,7 +37,7 @@ from vcloud_pipeline.preflight import (
     read_ledger,
     test_only,
 )
-from vcloud_pipeline.profiles import ClusterProfile, ProfileError, load_profile, overrides_from_environ
+from vcloud_pipeline.profile import ClusterProfile, ProfileError, load_profile, overrides_from_environ
 from vcloud_pipeline.remote import RemoteCommandError, listing
 from vcloud_pipeline.render import RenderedJob
 from vcloud_pipeline.code_tree import CodeTree

@@ -43,7 +43,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(3000)]
 @pytest.fixture(scope="module")
 def deployment(local_cluster: LocalCluster, cluster_connection: str,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    from vcloud_pipeline.site_facts import LOCAL_SITE_FACTS
+    from vcloud_pipeline.profile.site_facts import LOCAL_SITE_FACTS
 
     home = tmp_path_factory.mktemp("concurrent-runs-home")
     local_dir = local_cluster.test_dir()

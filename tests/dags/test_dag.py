@@ -104,7 +104,7 @@ def test_an_unknown_profile_is_refused_by_the_form_and_by_the_plan(dag) -> None:
 
 def test_the_form_offers_the_installed_profiles_and_groups_the_advanced_params(dag) -> None:
     from vcloud_pipeline.params import ADVANCED, RequestError, dag_params
-    from vcloud_pipeline.profiles import available_profiles
+    from vcloud_pipeline.profile import available_profiles
 
     params = dag.params
     assert params.get_param("profile").schema["enum"] == list(available_profiles()) == [

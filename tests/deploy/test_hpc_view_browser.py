@@ -22,7 +22,7 @@ import pytest
 from deploy.cdp import CHROMIUM, Browser
 from vcloud.contract import training_curve
 from vcloud_pipeline.layout import run_paths
-from vcloud_pipeline.profiles import load_profile
+from vcloud_pipeline.profile import load_profile
 from localcluster import LocalCluster, poll_until
 from ports import free_port
 from standalone import PASSWORD, USER, RestClient, airflow, airflow_env, dag_run_records, log_tail, migrate

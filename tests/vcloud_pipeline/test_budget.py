@@ -17,7 +17,7 @@ from vcloud_pipeline.budget import (
     worst_case,
 )
 from vcloud_pipeline.jobspec import JobSpec
-from vcloud_pipeline.profiles import load_profile
+from vcloud_pipeline.profile import load_profile
 from tests.vcloud_pipeline.conftest import complete_profile
 
 

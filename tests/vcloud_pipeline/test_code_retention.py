@@ -36,7 +36,7 @@ from vcloud_pipeline.code_retention import (
 )
 from vcloud_pipeline.layout import MANIFEST_NAME, RunPaths, run_key, run_paths
 from vcloud_pipeline.params import parse_request
-from vcloud_pipeline.profiles import ClusterProfile, load_profile
+from vcloud_pipeline.profile import ClusterProfile, load_profile
 from vcloud_pipeline.tasks import RunContext, clean_code_dirs
 
 NOW = 1_800_000_000.0

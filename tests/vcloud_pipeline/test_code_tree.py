@@ -13,7 +13,7 @@ import pytest
 
 from slurm_provider.transport import OpenSSHTarget
 from vcloud_pipeline.layout import MANIFEST_NAME, run_paths
-from vcloud_pipeline.profiles import load_profile
+from vcloud_pipeline.profile import load_profile
 from vcloud_pipeline.render import TEMPLATES_DIR
 from vcloud_pipeline.code_tree import (
     DEFAULT_EXCLUDES,

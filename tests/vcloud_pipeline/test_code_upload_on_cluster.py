@@ -23,7 +23,7 @@ from slurm_provider.transport import HostKeyRejected
 from vcloud_pipeline.code_retention import remove_unused_code_dirs
 from vcloud_pipeline.layout import RunPaths, run_paths
 from vcloud_pipeline.params import parse_request
-from vcloud_pipeline.profiles import load_profile
+from vcloud_pipeline.profile import load_profile
 from vcloud_pipeline.render import EXIT_CODE_MISMATCH
 from vcloud_pipeline.code_tree import (
     DEFAULT_EXCLUDES,

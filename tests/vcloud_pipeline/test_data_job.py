@@ -6,7 +6,7 @@ import pytest
 
 from vcloud_pipeline.jobspec import JobKind, JobSpec, JobSpecError
 from vcloud_pipeline.layout import run_paths
-from vcloud_pipeline.profiles import load_profile
+from vcloud_pipeline.profile import load_profile
 from vcloud_pipeline.render import render_job
 
 

@@ -27,7 +27,7 @@ from vcloud_pipeline.hints import LOG_RULES
 from vcloud_pipeline.job_operator import GPUS_NOT_VISIBLE, PipelineJobOperator
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.layout import run_paths
-from vcloud_pipeline.profiles import load_profile
+from vcloud_pipeline.profile import load_profile
 from vcloud_pipeline.render import GPU_HINT_ENV, GPUS_REQUIRED_ENV, RenderedJob, render_job
 from tests.vcloud_pipeline.conftest import complete_profile
 

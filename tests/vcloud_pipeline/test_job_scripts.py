@@ -21,7 +21,7 @@ import pytest
 from slurm_provider.hints import find_hints
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.layout import RunPaths, run_paths
-from vcloud_pipeline.profiles import load_profile
+from vcloud_pipeline.profile import load_profile
 from vcloud_pipeline.render import (
     EXIT_CODE_MISMATCH,
     EXIT_REQUEUE,

@@ -7,7 +7,7 @@ from pathlib import PurePosixPath
 import pytest
 
 from vcloud_pipeline.layout import MANIFEST_NAME, RunNameError, is_code_hash, run_paths
-from vcloud_pipeline.profiles import load_profile
+from vcloud_pipeline.profile import load_profile
 
 
 def test_lumi_run_paths() -> None:

@@ -21,7 +21,7 @@ import pytest
 from localcluster import LocalCluster, poll_until
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.layout import RunPaths, run_paths
-from vcloud_pipeline.profiles import ClusterProfile, load_profile
+from vcloud_pipeline.profile import ClusterProfile, load_profile
 from vcloud_pipeline.render import EXIT_CODE_MISMATCH, RenderedJob, render_job
 from vcloud_pipeline.code_tree import (
     CodeManifest,

@@ -99,7 +99,7 @@ def test_request_round_trips_through_xcom() -> None:
 
 def test_training_jobs_take_the_requested_partition_nodes_and_gpus() -> None:
     from vcloud_pipeline.jobspec import resolve_resources
-    from vcloud_pipeline.profiles import load_profile
+    from vcloud_pipeline.profile import load_profile
     from vcloud_pipeline.stage_decisions import StagePlan
 
     request = parse_request({"profile": "lumi", "partition": "standard-g", "nodes": 2, "gpus_per_node": 8})

@@ -24,7 +24,7 @@ from vcloud_pipeline.pools import (
     profile_of_run,
     route_to_cluster_pool,
 )
-from vcloud_pipeline.site_facts import LOCAL_SITE_FACTS
+from vcloud_pipeline.profile.site_facts import LOCAL_SITE_FACTS
 
 REPO = Path(__file__).resolve().parents[2]
 JOB_TASKS = ["prepare_data", "preflight_imports", "stage0", "stage1", "stage2", "stage3", "export"]

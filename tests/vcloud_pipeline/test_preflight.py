@@ -24,7 +24,7 @@ from vcloud_pipeline.preflight import (
     read_allocation,
 )
 from vcloud_pipeline.budget import Allocation, BudgetExceeded
-from vcloud_pipeline.profiles import load_profile
+from vcloud_pipeline.profile import load_profile
 
 LUMI = load_profile("lumi")
 

@@ -13,7 +13,7 @@ import pytest
 
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.layout import run_paths
-from vcloud_pipeline.profiles import ProfileError, load_profile
+from vcloud_pipeline.profile import ProfileError, load_profile
 from vcloud_pipeline.render import (
     CODE_HASH_ENV,
     EXIT_CODE_MISMATCH,

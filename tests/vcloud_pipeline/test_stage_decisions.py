@@ -7,7 +7,7 @@ import pytest
 from vcloud.contract import best_checkpoint_metrics
 from vcloud_pipeline.layout import run_paths
 from vcloud_pipeline.params import parse_request
-from vcloud_pipeline.profiles import load_profile
+from vcloud_pipeline.profile import load_profile
 from vcloud_pipeline.stage_decisions import (
     StageDecisionError,
     StageFiles,

@@ -10,7 +10,7 @@ requeue handling) stays the profile's own. A key outside :data:`SITE_FACT_KEYS` 
 file cannot grow into a second copy of a profile.
 
 Selected with :data:`SITE_FACTS_ENV` (a path; ``make demo PROFILE=lumi`` sets it). The overrides of
-:data:`vcloud_pipeline.profiles.OVERRIDES_ENV` still apply on top.
+:data:`vcloud_pipeline.profile.models.OVERRIDES_ENV` still apply on top.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 import pydantic
 import yaml
 
+from vcloud_pipeline.checkout import INCLUDE_DIR
 from vcloud_pipeline.schema import problems, refuse
 
 SITE_FACTS_ENV = "VCLOUD_SITE_FACTS"
@@ -43,7 +44,7 @@ SITE_FACT_KEYS: tuple[str, ...] = (
 )
 """Dotted keys a site-facts file may set (``*``: any partition of the profile)."""
 
-LOCAL_SITE_FACTS = Path(__file__).resolve().parents[2] / "include" / "local_cluster" / "site_facts.yaml"
+LOCAL_SITE_FACTS = INCLUDE_DIR / "local_cluster" / "site_facts.yaml"
 """The mapping that runs the real profiles on the local cluster."""
 
 
