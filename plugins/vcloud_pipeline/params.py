@@ -9,18 +9,18 @@ unvalidated: names are matched against fixed patterns, the run name becomes a di
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal, get_args
 
 import pydantic
 from pydantic import BeforeValidator, ValidationInfo
 
+from slurm_provider.validation import ValidationError as SlurmValueError
+from slurm_provider.validation import validate_partition
 from vcloud.contract import ON_CODE_CHANGE_CHOICES, ON_CODE_CHANGE_DEFAULT, STAGES
 
 from vcloud_pipeline.layout import RunNameError, validate_run_name
-from vcloud_pipeline.profile import DEFAULT_PROFILE, available_profiles
+from vcloud_pipeline.profile import DEFAULT_PROFILE, PROFILE_NAME, available_profiles
 from vcloud_pipeline.schema import Document, problems, refuse, slurm_seconds
 
 ConfigName = Literal["tiny", "small", "full"]
@@ -42,8 +42,6 @@ OnCodeChange = Literal[ON_CODE_CHANGE_CHOICES]  # type: ignore[valid-type]
 DEFAULT_MAX_RESUBMITS = 3
 MAX_RESUBMITS_LIMIT = 50
 
-_PROFILE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
-_PARTITION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 MAX_NODES = 1024
 ADVANCED = "Advanced: resources, limits and resubmission"
 """The trigger form's section for what a run rarely changes (``Param(section=...)``); the rest is on top."""
@@ -51,58 +49,6 @@ ADVANCED = "Advanced: resources, limits and resubmission"
 
 class RequestError(ValueError):
     """A DAG run asked for something invalid; raised before anything reaches the cluster."""
-
-
-@dataclass(frozen=True)
-class TrainingRequest:
-    """One validated DAG-run request."""
-
-    profile: str
-    """Cluster profile name (``include/profiles/<name>.yaml``)."""
-    config: str
-    """``tiny``, ``small`` or ``full``."""
-    stages: tuple[int, ...]
-    """Stages selected to run, ascending (after ``start_stage`` is applied)."""
-    mode: str
-    """``resume``: skip complete stages, continue from ``latest.pt``; ``restart``: move the selected
-    stages' outputs aside and train them from scratch."""
-    max_resubmits: int
-    """Resubmissions per interrupting cause (time limit, node failure, preemption, boot failure)."""
-    dry_run: bool
-    """Sync, render and preflight only: no data, training or export job."""
-    run_name: str
-    export: bool
-    """Run the viewer export job after stage 3."""
-    time_limit: str | None = None
-    """Slurm time limit for the training jobs; ``None``: the partition's default."""
-    max_epochs: int | None = None
-    """Overrides the config's epochs per stage (short smoke runs)."""
-    partition: str | None = None
-    """Partition of the training jobs; ``None``: the profile's default partition."""
-    nodes: int = 1
-    """Nodes per training job (more than one: torchrun across the nodes)."""
-    gpus_per_node: int = 1
-    """GPUs (GCDs on LUMI) per node of each training job; the profile's partition checks both."""
-    on_code_change: str = ON_CODE_CHANGE_DEFAULT
-    """A stage resumed from a ``latest.pt`` written by other code whose optimizer layout differs:
-    ``keep_weights`` resumes the weights with a fresh optimizer state, ``refuse`` stops the job
-    (exit 88). Weights that no longer fit are refused either way."""
-
-    @property
-    def config_path(self) -> str:
-        return CONFIGS[self.config]
-
-    def selected(self, stage: int) -> bool:
-        return stage in self.stages
-
-    def to_dict(self) -> dict[str, Any]:
-        return {name: (list(v) if isinstance(v := getattr(self, name), tuple) else v) for name in (
-            "profile", "config", "stages", "mode", "max_resubmits", "dry_run", "run_name", "export",
-            "time_limit", "max_epochs", "partition", "nodes", "gpus_per_node", "on_code_change")}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "TrainingRequest":
-        return cls(**{**data, "stages": tuple(data["stages"])})
 
 
 def _integer(low: int, high: int) -> Any:
@@ -147,9 +93,11 @@ def _stages(value: Any) -> tuple[int, ...]:
 
 
 def _profile(value: Any, info: ValidationInfo) -> str:
-    profiles = (info.context or {}).get("profiles") or available_profiles()
-    if not isinstance(value, str) or not _PROFILE.match(value) or value not in profiles:
-        refuse(f"profile {value!r} not known (known: {', '.join(profiles)})", whole=True)
+    """A profile's name; one of the installed ones where the caller says which are (a request read
+    back from a run's plan names the profile the plan carries, whatever is installed now)."""
+    profiles = (info.context or {}).get("profiles")
+    if not isinstance(value, str) or not PROFILE_NAME.match(value) or (profiles is not None and value not in profiles):
+        refuse(f"profile {value!r} not known (known: {', '.join(profiles or available_profiles())})", whole=True)
     return value
 
 
@@ -165,7 +113,11 @@ def _time_limit(value: Any) -> str | None:
 def _partition(value: Any) -> str | None:
     if value in (None, ""):
         return None
-    if not isinstance(value, str) or not _PARTITION.match(value):
+    try:
+        if not isinstance(value, str) or "," in value:
+            raise SlurmValueError("partition", "one partition")
+        validate_partition(value)
+    except SlurmValueError:
         refuse(f"must be a Slurm partition name (letters, digits, '-', '_'), got {value!r}")
     return value
 
@@ -179,29 +131,77 @@ def _run_name(value: Any) -> str | None:
         refuse(str(exc), whole=True)
 
 
-class RunConf(Document):
-    """The params of one DAG run as sent (form, ``--dag-run-conf`` or REST API), before defaults that
-    depend on the run (the run name) are filled in. Unknown params are refused."""
-
-    profile: Annotated[str, BeforeValidator(_profile)] = pydantic.Field(DEFAULT_PROFILE,
-                                                                        validate_default=True)
-    config: ConfigName = "tiny"
-    stages: Annotated[tuple[int, ...], BeforeValidator(_stages)] = STAGES
-    start_stage: _integer(0, 3) | None = None
-    mode: Mode = "resume"
-    max_resubmits: _integer(0, MAX_RESUBMITS_LIMIT) = DEFAULT_MAX_RESUBMITS
-    dry_run: Annotated[bool, BeforeValidator(_flag)] = False
-    run_name: Annotated[str | None, BeforeValidator(_run_name)] = None
-    export: Annotated[bool, BeforeValidator(_flag)] = True
-    time_limit: Annotated[str | None, BeforeValidator(_time_limit)] = None
-    max_epochs: _integer(1, 100000) | None = None
-    partition: Annotated[str | None, BeforeValidator(_partition)] = None
-    nodes: _integer(1, MAX_NODES) = 1
-    gpus_per_node: _integer(1, 64) = 1
-    on_code_change: OnCodeChange = ON_CODE_CHANGE_DEFAULT
+def _advanced(description: str, title: str) -> Any:
+    return {"title": title, "description": description, "json_schema_extra": {"section": ADVANCED}}
 
 
-FIELDS: tuple[str, ...] = tuple(RunConf.model_fields)
+class TrainingRequest(Document):
+    """One DAG run's request: the trigger form's fields, in the form's order (:func:`dag_params`
+    builds the form from this model). Sent (form, ``--dag-run-conf`` or REST API) it is validated
+    by :func:`parse_request`, which applies ``start_stage`` and fills in the run name; unknown
+    params are refused."""
+
+    profile: Annotated[str, BeforeValidator(_profile)] = pydantic.Field(
+        DEFAULT_PROFILE, validate_default=True, title="Cluster profile",
+        description="One of include/profiles/<name>.yaml (its connection, partitions, paths and software "
+                    "environment).")
+    config: ConfigName = pydantic.Field(
+        "tiny", title="Model size", description="Trainer config: tiny (smoke test), small, full (production).")
+    stages: Annotated[tuple[int, ...], BeforeValidator(_stages)] = pydantic.Field(
+        STAGES, title="Stages",
+        description="Stages to run (0 autoencoder, 1 draft, 2 refiner, 3 self-training). Complete stages are "
+                    "skipped unless mode is restart.",
+        json_schema_extra={"items": {"type": "integer", "minimum": 0, "maximum": 3}})
+    mode: Mode = pydantic.Field(
+        "resume", title="Resume or restart",
+        description="resume: skip complete stages and continue from latest.pt. restart: move the selected "
+                    "stages' outputs aside and train them from scratch.")
+    dry_run: Annotated[bool, BeforeValidator(_flag)] = pydantic.Field(
+        False, title="Dry run", description="Sync the code, render the job scripts and run the preflight checks only.")
+    run_name: Annotated[str | None, BeforeValidator(_run_name)] = pydantic.Field(
+        None, title="Run name",
+        description="Directory name of the run's outputs. Empty: the config name for manual runs, "
+                    "<config>-<YYYYMMDD> for scheduled runs and backfills. Runs with other names train at "
+                    "the same time; a run given the name of one still training shares its jobs (watches "
+                    "them, skips complete stages) instead of submitting its own.",
+        json_schema_extra={"form": {"default": "", "type": "string",
+                                    "pattern": r"^$|^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"}})
+    export: Annotated[bool, BeforeValidator(_flag)] = pydantic.Field(
+        True, title="Export viewer data", description="Run the viewer export job after stage 3.")
+    start_stage: Annotated[_integer(0, 3) | None, pydantic.Field(ge=0, le=3)] = pydantic.Field(
+        None, **_advanced("Like the job scripts' START_STAGE: skip every stage before it.", "Start stage"))
+    max_resubmits: Annotated[_integer(0, MAX_RESUBMITS_LIMIT), pydantic.Field(ge=0, le=MAX_RESUBMITS_LIMIT)] = \
+        pydantic.Field(DEFAULT_MAX_RESUBMITS, **_advanced(
+            "How often a stage job ended by its time limit, a node failure or a preemption is submitted "
+            "again (only if it made progress).", "Resubmissions per cause"))
+    """Resubmissions per interrupting cause (time limit, node failure, preemption, boot failure)."""
+    time_limit: Annotated[str | None, BeforeValidator(_time_limit)] = pydantic.Field(None, **_advanced(
+        "Slurm duration (e.g. 3-00:00:00) for each training job. Empty: the partition's default. Jobs "
+        "checkpoint and requeue before it.", "Training job time limit"))
+    max_epochs: Annotated[_integer(1, 100000) | None, pydantic.Field(ge=1)] = pydantic.Field(None, **_advanced(
+        "Override the config's epochs per stage (short test runs).", "Epochs per stage"))
+    partition: Annotated[str | None, BeforeValidator(_partition)] = pydantic.Field(None, **_advanced(
+        "Partition of the training jobs (e.g. standard-g on LUMI for whole nodes). Empty: the profile's "
+        "default partition.", "Training partition"))
+    nodes: Annotated[_integer(1, MAX_NODES), pydantic.Field(ge=1, le=MAX_NODES)] = pydantic.Field(1, **_advanced(
+        "More than one: torchrun across the nodes (the partition must allow it).", "Nodes per training job"))
+    gpus_per_node: Annotated[_integer(1, 64), pydantic.Field(ge=1, le=64)] = pydantic.Field(1, **_advanced(
+        "GPUs (GCDs on LUMI) per node of each training job; whole-node partitions need all of a node's.",
+        "GPUs per node"))
+    on_code_change: OnCodeChange = pydantic.Field(ON_CODE_CHANGE_DEFAULT, **_advanced(
+        "A stage resumed from a latest.pt that other code wrote, whose optimizer layout differs: keep_weights "
+        "resumes the weights with a fresh optimizer state, refuse stops the job (exit 88). Weights that no "
+        "longer fit are refused either way: use mode restart, or the old code.", "Resuming after a code change"))
+
+    @property
+    def config_path(self) -> str:
+        return CONFIGS[self.config]
+
+    def selected(self, stage: int) -> bool:
+        return stage in self.stages
+
+
+FIELDS: tuple[str, ...] = tuple(TrainingRequest.model_fields)
 """The params a run accepts."""
 
 
@@ -223,12 +223,13 @@ def default_run_name(config: str, run_type: str | None, logical_date: Any) -> st
 
 def parse_request(conf: Mapping[str, Any], *, run_type: str | None = None, logical_date: Any = None,
                   known_profiles: tuple[str, ...] | None = None) -> TrainingRequest:
-    """Validate the params of one DAG run; raises :class:`RequestError` naming the field."""
+    """Validate the params of one DAG run; raises :class:`RequestError` naming the field. The request
+    returned has ``start_stage`` applied to ``stages`` and its run name filled in."""
     profiles = known_profiles if known_profiles is not None else available_profiles()
     try:
-        run = RunConf.model_validate(conf, context={"profiles": profiles})
+        run = TrainingRequest.model_validate(conf, context={"profiles": profiles})
     except pydantic.ValidationError as exc:
-        raise RequestError("; ".join(problems(exc, RunConf, _unknown_params))) from None
+        raise RequestError("; ".join(problems(exc, TrainingRequest, _unknown_params))) from None
     stages = run.stages
     if run.start_stage is not None:
         stages = tuple(s for s in stages if s >= run.start_stage)
@@ -240,16 +241,42 @@ def parse_request(conf: Mapping[str, Any], *, run_type: str | None = None, logic
         validate_run_name(run_name)
     except RunNameError as exc:
         raise RequestError(str(exc)) from None
-    return TrainingRequest(profile=run.profile, config=run.config, stages=stages, mode=run.mode,
-                           max_resubmits=run.max_resubmits, dry_run=run.dry_run, run_name=run_name,
-                           export=run.export, time_limit=run.time_limit, max_epochs=run.max_epochs,
-                           partition=run.partition, nodes=run.nodes, gpus_per_node=run.gpus_per_node,
-                           on_code_change=run.on_code_change)
+    return run.model_copy(update={"stages": stages, "start_stage": None, "run_name": run_name})
+
+
+_BOUNDS = {"minimum": "minimum", "maximum": "maximum", "ge": "minimum", "le": "maximum"}
+
+
+def _bounds(schema: Mapping[str, Any]) -> dict[str, Any]:
+    return {_BOUNDS[key]: value for key, value in schema.items() if key in _BOUNDS}
+
+
+def _param_schema(field: Any, schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON schema Airflow's form validates one field against, from the model's own schema."""
+    out: dict[str, Any] = {}
+    extra = dict(field.json_schema_extra or {})
+    if "anyOf" in schema:  # X | None: the form sends null for an empty field
+        kinds = [part for part in schema["anyOf"] if part.get("type") != "null"]
+        out["type"] = ["null", kinds[0]["type"]]
+        out.update(_bounds(kinds[0]))
+    else:
+        out["type"] = schema["type"] if schema.get("type") != "array" or "enum" in schema else "array"
+        out.update({key: value for key, value in schema.items() if key == "enum"})
+        out.update(_bounds(schema))
+        if "const" in schema:
+            out["enum"] = [schema["const"]]
+    out.update(extra.pop("form", {}))
+    if "items" in extra:
+        out["items"] = extra.pop("items")
+    out.update(extra)
+    out.pop("default", None)
+    return out
 
 
 def dag_params(default_profile: str = DEFAULT_PROFILE,
                profiles: tuple[str, ...] | None = None) -> dict[str, Any]:
-    """The trigger form: one ``Param`` per field, with the schema the UI validates against.
+    """The trigger form, built from :class:`TrainingRequest`: one ``Param`` per field, in its order,
+    with its title, description and the schema the UI validates against.
 
     ``profile`` is a drop-down of the installed profiles (``include/profiles/*.yaml`` when the DAG is
     parsed, or ``profiles``); what a run rarely changes sits in the collapsed :data:`ADVANCED`
@@ -261,57 +288,14 @@ def dag_params(default_profile: str = DEFAULT_PROFILE,
     if default_profile not in installed:
         raise RequestError(f"default profile {default_profile!r} is not installed (installed: "
                            f"{', '.join(installed) or 'none'}); set VCLOUD_DEFAULT_PROFILE to one of them")
-    return {
-        "profile": Param(default_profile, type="string", enum=installed, title="Cluster profile",
-                         description="One of include/profiles/<name>.yaml (its connection, partitions, paths "
-                                     "and software environment)."),
-        "config": Param("tiny", type="string", enum=list(CONFIGS), title="Model size",
-                        description="Trainer config: tiny (smoke test), small, full (production)."),
-        "stages": Param(list(STAGES), type="array", items={"type": "integer", "minimum": 0, "maximum": 3},
-                        title="Stages",
-                        description="Stages to run (0 autoencoder, 1 draft, 2 refiner, 3 self-training). "
-                                    "Complete stages are skipped unless mode is restart."),
-        "mode": Param("resume", type="string", enum=list(MODES), title="Resume or restart",
-                      description="resume: skip complete stages and continue from latest.pt. restart: move "
-                                  "the selected stages' outputs aside and train them from scratch."),
-        "dry_run": Param(False, type="boolean", title="Dry run",
-                         description="Sync the code, render the job scripts and run the preflight checks only."),
-        "run_name": Param("", type="string", pattern=r"^$|^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", title="Run name",
-                          description="Directory name of the run's outputs. Empty: the config name for "
-                                      "manual runs, <config>-<YYYYMMDD> for scheduled runs and backfills. "
-                                      "Runs with other names train at the same time; a run given the name of "
-                                      "one still training shares its jobs (watches them, skips complete "
-                                      "stages) instead of submitting its own."),
-        "export": Param(True, type="boolean", title="Export viewer data",
-                        description="Run the viewer export job after stage 3."),
-        "start_stage": Param(None, type=["null", "integer"], minimum=0, maximum=3, title="Start stage",
-                             section=ADVANCED,
-                             description="Like the job scripts' START_STAGE: skip every stage before it."),
-        "max_resubmits": Param(DEFAULT_MAX_RESUBMITS, type="integer", minimum=0, maximum=MAX_RESUBMITS_LIMIT,
-                               title="Resubmissions per cause", section=ADVANCED,
-                               description="How often a stage job ended by its time limit, a node failure or "
-                                           "a preemption is submitted again (only if it made progress)."),
-        "time_limit": Param(None, type=["null", "string"], title="Training job time limit", section=ADVANCED,
-                            description="Slurm duration (e.g. 3-00:00:00) for each training job. Empty: the "
-                                        "partition's default. Jobs checkpoint and requeue before it."),
-        "max_epochs": Param(None, type=["null", "integer"], minimum=1, title="Epochs per stage",
-                            section=ADVANCED,
-                            description="Override the config's epochs per stage (short test runs)."),
-        "partition": Param(None, type=["null", "string"], title="Training partition", section=ADVANCED,
-                           description="Partition of the training jobs (e.g. standard-g on LUMI for whole "
-                                       "nodes). Empty: the profile's default partition."),
-        "nodes": Param(1, type="integer", minimum=1, maximum=MAX_NODES, title="Nodes per training job",
-                       section=ADVANCED,
-                       description="More than one: torchrun across the nodes (the partition must allow it)."),
-        "gpus_per_node": Param(1, type="integer", minimum=1, maximum=64, title="GPUs per node",
-                               section=ADVANCED,
-                               description="GPUs (GCDs on LUMI) per node of each training job; whole-node "
-                                           "partitions need all of a node's."),
-        "on_code_change": Param(ON_CODE_CHANGE_DEFAULT, type="string", enum=list(ON_CODE_CHANGE_CHOICES),
-                                title="Resuming after a code change", section=ADVANCED,
-                                description="A stage resumed from a latest.pt that other code wrote, whose "
-                                            "optimizer layout differs: keep_weights resumes the weights with a "
-                                            "fresh optimizer state, refuse stops the job (exit 88). Weights that "
-                                            "no longer fit are refused either way: use mode restart, or the old "
-                                            "code."),
-    }
+    schemas = TrainingRequest.model_json_schema(mode="serialization")["properties"]
+    params: dict[str, Any] = {}
+    for name, field in TrainingRequest.model_fields.items():
+        schema = _param_schema(field, schemas[name])
+        default = (field.json_schema_extra or {}).get("form", {}).get("default", field.default)  # type: ignore[union-attr]
+        if name == "profile":
+            schema["enum"], default = installed, default_profile
+        if isinstance(default, tuple):
+            default = list(default)
+        params[name] = Param(default, title=field.title, description=field.description, **schema)
+    return params

@@ -104,7 +104,7 @@ class RunContext:
 
     @classmethod
     def from_xcom(cls, planned: Mapping[str, Any]) -> "RunContext":
-        return cls.build(TrainingRequest.from_dict(planned["request"]))
+        return cls.build(TrainingRequest.model_validate(planned["request"]))
 
     def specs(self) -> dict[str, JobSpec]:
         return self.plan.job_specs()
@@ -143,7 +143,7 @@ def plan_run(params: Mapping[str, Any], *, run_type: Any = None, logical_date: A
     log.info("run %s on profile %s: config %s, stages %s, mode %s%s", request.run_name, request.profile,
              request.config, list(request.stages), request.mode, " (dry run)" if request.dry_run else "")
     return {
-        "request": request.to_dict(),
+        "request": request.model_dump(mode="json"),
         "conn_id": ctx.profile.connection.conn_id,
         "outputs_dir": str(ctx.paths.outputs_dir),
         "viewer_dir": str(ctx.paths.viewer_dir),

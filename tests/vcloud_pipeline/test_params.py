@@ -92,7 +92,7 @@ def test_the_task_sdks_run_type_enum_names_scheduled_and_backfill_runs() -> None
 def test_request_round_trips_through_xcom() -> None:
     request = parse(stages=[1, 2], mode="restart", run_name="r1", time_limit="00:10:00", max_epochs=2,
                     partition="standard-g", nodes=2, gpus_per_node=8, on_code_change="refuse")
-    assert TrainingRequest.from_dict(request.to_dict()) == request
+    assert TrainingRequest.model_validate(request.model_dump(mode="json")) == request
     assert request.on_code_change == "refuse"
     assert (request.partition, request.nodes, request.gpus_per_node) == ("standard-g", 2, 8)
 
@@ -143,7 +143,7 @@ def test_user_in_a_profiles_paths_is_the_login_of_its_connection(transport: str,
 def test_the_config_choices_are_the_configs_shipped() -> None:
     from typing import get_args
 
-    from vcloud_pipeline.params import CONFIGS, FIELDS, ConfigName, RunConf
+    from vcloud_pipeline.params import CONFIGS, FIELDS, ConfigName, TrainingRequest
 
     assert get_args(ConfigName) == tuple(CONFIGS)
-    assert FIELDS == tuple(RunConf.model_fields) and "start_stage" in FIELDS
+    assert FIELDS == tuple(TrainingRequest.model_fields) and "start_stage" in FIELDS
