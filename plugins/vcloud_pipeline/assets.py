@@ -12,6 +12,8 @@ from airflow.sdk import Asset
 
 from vcloud.contract import BEST_CHECKPOINT, STAGES, stage_dir_name
 
+from vcloud_pipeline.plan.labels import JobLabel
+
 GROUP = "vcloud"
 
 STAGE_CHECKPOINTS: dict[int, Asset] = {
@@ -25,10 +27,14 @@ VIEWER_EXPORT = Asset(name="vcloud_viewer_export", uri="vcloud://training/viewer
 """The exported viewer images, GeoTIFFs and metrics of a run."""
 
 
-def asset_for(job: str) -> Asset | None:
-    """The asset a job label (``stage2``, ``export``) updates, if any."""
-    if job == "export":
+def asset_for(job: JobLabel) -> Asset | None:
+    """The asset a job updates, if any."""
+    if job is JobLabel.EXPORT:
         return VIEWER_EXPORT
-    if job.startswith("stage") and job[5:].isdigit():
-        return STAGE_CHECKPOINTS.get(int(job[5:]))
-    return None
+    return STAGE_CHECKPOINTS[job.stage] if job.stage is not None else None
+
+
+def outlets_of(job: JobLabel) -> list[Asset]:
+    """The task's ``outlets``: the asset its job updates, if any."""
+    asset = asset_for(job)
+    return [asset] if asset is not None else []

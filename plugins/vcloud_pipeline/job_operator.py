@@ -2,8 +2,9 @@
 
 What the job is (profile, connection, script, log directory, progress file) is only known once
 the run's ``plan`` and ``sync_code`` tasks have run, so the operator binds itself from their XComs
-at the start of ``execute`` and again in ``execute_complete`` (a resumed deferral builds a fresh
-operator). Before submitting it decides, from what is on the cluster, whether the job is needed
+(the frozen run plan and the synced code, :mod:`vcloud_pipeline.plan.run_plan`) at the start of
+``execute`` and again in ``execute_complete`` (a resumed deferral builds a fresh operator); it
+submits the script only if its digest is the one recorded when it was rendered. Before submitting it decides, from what is on the cluster, whether the job is needed
 at all (:mod:`vcloud_pipeline.stage_decisions`) and whether the allocation can pay for its worst case.
 Submission, deferral, adoption and resubmission are the provider's, and so is waiting for a login
 node that does not answer: these steps run inside ``waiting_out_outages``, so an outage during the
@@ -42,9 +43,6 @@ from vcloud_pipeline.preflight import PROJECT_TAG, read_allocation, read_ledger,
 from vcloud_pipeline.profile import ClusterProfile
 from vcloud_pipeline.remote import RemoteCommandError
 from vcloud_pipeline.stage_decisions import (
-    DATA,
-    EXPORT,
-    PREFLIGHT,
     Decision,
     StageDecisionError,
     StageFiles,
@@ -53,7 +51,9 @@ from vcloud_pipeline.stage_decisions import (
     decide_data,
     decide_export,
 )
-from vcloud_pipeline.tasks import PLAN_TASK, SYNC_TASK, RunContext
+from vcloud_pipeline.plan.labels import JobLabel
+from vcloud_pipeline.plan.run_plan import RunPlan, ScriptRefused, SyncedCode
+from vcloud_pipeline.tasks import PLAN_TASK, SYNC_TASK
 
 if TYPE_CHECKING:
     import jinja2
@@ -88,7 +88,9 @@ class PipelineJobOperator(SlurmSubmitOperator):
     template_fields_renderers = {"script": "bash"}
     ui_color = "#e3ecd9"
 
-    def __init__(self, *, job: str, plan_task: str = PLAN_TASK, sync_task: str = SYNC_TASK, **kwargs: Any) -> None:
+    def __init__(self, *, job: JobLabel | str, plan_task: str = PLAN_TASK, sync_task: str = SYNC_TASK,
+                 **kwargs: Any) -> None:
+        job = JobLabel(job)
         kwargs.setdefault("conn_id", "vcloud_unbound")
         kwargs.setdefault("script", _PLACEHOLDER_SCRIPT)
         kwargs.setdefault("log_dir", "/unbound")
@@ -99,7 +101,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
         self.plan_task = plan_task
         self.sync_task = sync_task
         self.cluster_profile: ClusterProfile | None = None
-        """The run's profile, bound from the plan's XCom at run time."""
+        """The run's profile as planned, bound from the plan's XCom at run time."""
 
     # --- binding ---------------------------------------------------------------------------------
 
@@ -113,94 +115,102 @@ class PipelineJobOperator(SlurmSubmitOperator):
         """
         self._bind(context)
 
-    def _bind(self, context: Any) -> tuple[RunContext, dict[str, Any]]:
+    def _bind(self, context: Any) -> tuple[RunPlan, SyncedCode]:
+        """The run's plan and synced code from XCom, validated; the job's script only if its digest is
+        the one recorded when it was rendered."""
         ti = context["ti"]
         planned = ti.xcom_pull(task_ids=self.plan_task)
-        synced = ti.xcom_pull(task_ids=self.sync_task)
-        if not planned or not synced:
+        synced_xcom = ti.xcom_pull(task_ids=self.sync_task)
+        if not planned or not synced_xcom:
             raise AirflowFailException(f"{self.job}: no XCom from {self.plan_task}/{self.sync_task}; those tasks "
                                        "must run first in the same DAG run")
-        ctx = RunContext.from_xcom(planned)
-        scripts = synced["scripts"]
-        if self.job not in scripts:
-            raise AirflowFailException(f"{self.job}: no rendered script (rendered: {', '.join(sorted(scripts))})")
-        self.conn_id = ctx.profile.connection.conn_id
-        self.script = scripts[self.job]
-        self.code_version = synced["code_hash"]  # in the job comment: the cleanup keeps this code
-        self.log_dir = str(ctx.paths.logs_dir)
-        if self.job.startswith("stage"):
-            self.progress_path = str(ctx.paths.progress_path(int(self.job[5:])))
-        self.exclusive_dir = self._writes(ctx)
-        self.done_markers = self._done_when(ctx)
-        budget = ctx.request.max_resubmits
+        try:
+            plan = RunPlan.from_xcom(planned)
+            synced = SyncedCode.model_validate(synced_xcom)
+            self.script = synced.script_for(self.job)
+        except (ValueError, ScriptRefused) as exc:  # pydantic's ValidationError is a ValueError
+            raise AirflowFailException(f"{self.job}: {exc}") from None
+        paths = plan.paths
+        self.conn_id = plan.conn_id
+        self.code_version = synced.code_hash  # in the job comment: the cleanup keeps this code
+        self.log_dir = str(paths.logs_dir)
+        if self.job.stage is not None:
+            self.progress_path = str(paths.progress_path(self.job.stage))
+        self.exclusive_dir = self._writes(plan)
+        self.done_markers = self._done_when(plan)
+        budget = plan.request.max_resubmits
         self.resubmit_budgets = {cause: budget for cause in DEFAULT_BUDGETS}
-        self.gpu_billing_factor = ctx.profile.billing.factor
-        self.cluster_profile = ctx.profile
-        if ctx.profile.accelerator.missing_gpu_hint:
-            self.hint_overrides = {GPUS_NOT_VISIBLE: ctx.profile.accelerator.missing_gpu_hint}
+        self.gpu_billing_factor = plan.profile.billing.factor
+        self.cluster_profile = plan.profile
+        if plan.profile.accelerator.missing_gpu_hint:
+            self.hint_overrides = {GPUS_NOT_VISIBLE: plan.profile.accelerator.missing_gpu_hint}
         for attr, (env, default) in POLL_ENV.items():
             setattr(self, attr, float(os.environ.get(env, default)))
-        return ctx, synced
+        return plan, synced
 
-    def _writes(self, ctx: RunContext) -> str | None:
+    def _writes(self, plan: RunPlan) -> str | None:
         """The directory this job writes, which at most one live job may write at a time."""
-        if self.job.startswith("stage"):
-            return str(ctx.paths.stage_dir(int(self.job[5:])))
-        if self.job == DATA:
-            return str(ctx.paths.data_dir.parent)
-        if self.job == EXPORT:
-            return str(ctx.paths.viewer_dir)
+        paths = plan.paths
+        if self.job.stage is not None:
+            return str(paths.stage_dir(self.job.stage))
+        if self.job is JobLabel.DATA:
+            return str(paths.data_dir.parent)
+        if self.job is JobLabel.EXPORT:
+            return str(paths.viewer_dir)
         return None  # the preflight import check writes nothing but its log
 
-    def _done_when(self, ctx: RunContext) -> tuple[str, ...]:
+    def _done_when(self, plan: RunPlan) -> tuple[str, ...]:
         """Files inside :meth:`_writes` whose presence means the job's work is done, looked at under
         the submit lock: a stage is complete with ``COMPLETE`` and ``best.pt``, the synthetic dataset
         with its index. A job that finished a moment before this one's submit is not repeated."""
-        if self.job.startswith("stage"):
+        if self.job.trains:
             return (COMPLETE_FILE, BEST_CHECKPOINT)
-        if self.job == DATA:
-            return (str(ctx.paths.data_index.relative_to(ctx.paths.data_dir.parent)),)
+        if self.job is JobLabel.DATA:
+            paths = plan.paths
+            return (str(paths.data_index.relative_to(paths.data_dir.parent)),)
         return ()
 
     # --- deciding ----------------------------------------------------------------------------------
 
-    def _decide(self, ctx: RunContext, hook: Any) -> Decision | None:
+    def _decide(self, plan: RunPlan, hook: Any) -> Decision | None:
         """None: always submit (preflight import check)."""
-        if self.job == PREFLIGHT:
+        paths = plan.paths
+        if self.job is JobLabel.PREFLIGHT:
             return None
-        if self.job == DATA:
-            sizes = hook.file_sizes([str(ctx.paths.data_index)])
-            return decide_data(ctx.plan, sizes.get(str(ctx.paths.data_index)))
-        if self.job == EXPORT:
-            return decide_export(ctx.plan)
-        stage = int(self.job[5:])
-        wanted = [ctx.paths.complete_path(stage), ctx.paths.best_checkpoint(stage)]
+        if self.job is JobLabel.DATA:
+            sizes = hook.file_sizes([str(paths.data_index)])
+            return decide_data(plan.stage_plan, sizes.get(str(paths.data_index)))
+        if self.job is JobLabel.EXPORT:
+            return decide_export(plan.stage_plan)
+        stage = self.job.stage
+        assert stage is not None
+        wanted = [paths.complete_path(stage), paths.best_checkpoint(stage)]
         if stage > 0:
-            wanted.append(ctx.paths.best_checkpoint(stage - 1))
+            wanted.append(paths.best_checkpoint(stage - 1))
         sizes = hook.file_sizes([str(p) for p in wanted])
         files = StageFiles(complete=sizes.get(str(wanted[0])), best=sizes.get(str(wanted[1])),
                            predecessor_best=sizes.get(str(wanted[2])) if stage > 0 else None)
         try:
-            return decide(ctx.plan, stage, files, ctx.paths)
+            return decide(plan.stage_plan, stage, files, paths)
         except StageDecisionError as exc:
             raise AirflowFailException(str(exc)) from None
 
-    def _allocation(self, ctx: RunContext, hook: Any) -> Allocation:
-        return read_allocation(hook, ctx.profile, read_ledger(hook, ctx.profile))
+    def _allocation(self, plan: RunPlan, hook: Any) -> Allocation:
+        return read_allocation(hook, plan.profile, read_ledger(hook, plan.profile))
 
-    def _allocation_after(self, ctx: RunContext, hook: Any) -> dict[str, Any] | None:
+    def _allocation_after(self, plan: RunPlan, hook: Any) -> dict[str, Any] | None:
         """The allocation once the job ended, for the record (the HPC view's burn-down); a cluster that
         cannot be asked now costs the record this figure, never the finished job its success."""
         try:
-            return self._allocation(ctx, hook).to_json()
+            return self._allocation(plan, hook).to_json()
         except Exception as exc:  # transport errors, unreadable sacct/sshare output
             self.log.warning("Could not read the allocation after %s finished: %s", self.job, exc)
             return None
 
-    def _check_budget(self, ctx: RunContext, hook: Any) -> None:
-        allocation = self._allocation(ctx, hook)
+    def _check_budget(self, plan: RunPlan, hook: Any) -> None:
+        allocation = self._allocation(plan, hook)
         try:
-            worst = check_budget(ctx.profile, ctx.specs()[self.job], allocation)
+            worst = check_budget(plan.profile, plan.jobs[self.job].spec, allocation)
         except BudgetExceeded as exc:
             raise AirflowFailException(str(exc)) from None
         self.log.info("Budget: %s worst case %.2f %s (%s) fits; allocation %s%s", self.job, worst.amount,
@@ -209,35 +219,36 @@ class PipelineJobOperator(SlurmSubmitOperator):
     # --- the operator's two entry points ---------------------------------------------------------------
 
     def execute(self, context: Any) -> Any:
-        ctx, _ = self._bind(context)
+        plan, _ = self._bind(context)
         with self.waiting_out_outages(context):
             # A try that already submitted (since the run was last cleared) goes straight to its job.
             submitted_before = bool(self.history_since_clear(context).submissions)
             if not submitted_before:
                 with self._hook() as hook:
-                    self._before_submitting(ctx, hook)
-                    self._keep_run_code(context, ctx, hook)
+                    self._before_submitting(plan, hook)
+                    self._keep_run_code(context, plan, hook)
             summary = super().execute(context)  # defers; returns only when the job had already completed
             return self._report(context, summary)
 
-    def _before_submitting(self, ctx: RunContext, hook: Any) -> None:
+    def _before_submitting(self, plan: RunPlan, hook: Any) -> None:
         """Skip a job that is not needed, ask a restarted stage to start afresh, check the budget."""
-        decision = self._decide(ctx, hook)
+        decision = self._decide(plan, hook)
         if decision is not None:
             self.log.info("%s: %s", self.job, decision.reason)
             if not decision.submit:
                 raise AirflowSkipException(decision.reason)
             if decision.restart:
-                self._start_afresh(ctx)
-        self._check_budget(ctx, hook)
+                self._start_afresh(plan)
+        self._check_budget(plan, hook)
 
-    def _start_afresh(self, ctx: RunContext) -> None:
+    def _start_afresh(self, plan: RunPlan) -> None:
         """mode restart: the submit moves the stage's outputs aside under the stage's lock, after the
         budget check, and with them every later stage's (trained on the outputs being replaced), so
         that none of those counts as complete any more. A live job writing any of them stops it."""
-        stage = int(self.job[5:])
+        stage = self.job.stage
+        assert stage is not None
         self.replace_outputs = True
-        self.supersede_dirs = tuple(str(ctx.paths.stage_dir(later)) for later in STAGES if later > stage)
+        self.supersede_dirs = tuple(str(plan.paths.stage_dir(later)) for later in STAGES if later > stage)
 
     def billed_gpu_hours(self, run: JobStatus) -> float:
         """One run of the job as the ledger and the budget bill it (whole nodes on full-node partitions),
@@ -248,17 +259,17 @@ class PipelineJobOperator(SlurmSubmitOperator):
 
     def check_before_resubmit(self, context: Any, hook: Any) -> None:
         """A resubmission spends the allocation again: its worst case must still fit."""
-        ctx, _ = self._bind(context)
-        self._check_budget(ctx, hook)
-        self._keep_run_code(context, ctx, hook)
+        plan, _ = self._bind(context)
+        self._check_budget(plan, hook)
+        self._keep_run_code(context, plan, hook)
 
-    def _keep_run_code(self, context: Any, ctx: RunContext, hook: Any) -> None:
+    def _keep_run_code(self, context: Any, plan: RunPlan, hook: Any) -> None:
         """Refresh the DAG run's code marker before a job is submitted: the run is alive and its code must
         stay (:mod:`vcloud_pipeline.code_retention`). A failure is a warning: the job carries its code
         in its comment, which keeps the code while Slurm lists the job."""
         ti = context["ti"]
         try:
-            touch_run(hook.runner, ctx.paths, run_key(ti.dag_id, ti.run_id), self.code_version)
+            touch_run(hook.runner, plan.paths, run_key(ti.dag_id, ti.run_id), self.code_version)
         except (RemoteCommandError, TransportError, ValueError) as exc:
             self.log.warning("Could not refresh the code marker of this DAG run: %s", exc)
 
@@ -274,26 +285,27 @@ class PipelineJobOperator(SlurmSubmitOperator):
         ``code_hash`` is the code the jobs ran; ``trained_code_hash`` the code that finished the
         stage, as the trainer recorded it in ``COMPLETE`` (and in every checkpoint).
         """
-        ctx, synced = self._bind(context)
+        plan, synced = self._bind(context)
+        paths = plan.paths
         hook = self._hook()
         states = {job_id: status.state.value for job_id, status in hook.statuses(summary["job_ids"]).items()}
         record = None
-        if self.job.startswith("stage"):
-            record = completion_record(hook.read_file(str(ctx.paths.complete_path(int(self.job[5:])))))
+        if self.job.stage is not None:
+            record = completion_record(hook.read_file(str(paths.complete_path(self.job.stage))))
         best_epoch, best_metrics = best_checkpoint_metrics(record)
-        summary.update({"job": self.job, "run": ctx.request.run_name, "profile": ctx.profile.name,
-                        "code_hash": synced["code_hash"], "trained_code_hash": recorded_code_hash(record),
+        summary.update({"job": str(self.job), "run": plan.run_name, "profile": plan.profile.name,
+                        "code_hash": synced.code_hash, "trained_code_hash": recorded_code_hash(record),
                         "states": states,
-                        "allocation": self._allocation_after(ctx, hook),
+                        "allocation": self._allocation_after(plan, hook),
                         "metrics": best_metrics, "best_epoch": best_epoch,
                         "final_metrics": final_metrics(record), "epochs": completed_epochs(record)})
         asset = asset_for(self.job)
         if asset is not None and "outlet_events" in context:
-            where = (str(ctx.paths.best_checkpoint(int(self.job[5:]))) if self.job.startswith("stage")
-                     else str(ctx.paths.viewer_dir))
+            where = (str(paths.best_checkpoint(self.job.stage)) if self.job.stage is not None
+                     else str(paths.viewer_dir))
             context["outlet_events"][asset].extra.update({
-                "profile": ctx.profile.name, "run": ctx.request.run_name, "path": where,
-                "code_hash": synced["code_hash"], "job_ids": summary["job_ids"],
+                "profile": plan.profile.name, "run": plan.run_name, "path": where,
+                "code_hash": synced.code_hash, "job_ids": summary["job_ids"],
                 "metrics": summary["metrics"],
             })
         self.log.info("%s done: jobs %s, %s GPU-hours, best.pt from epoch %s: metrics %s", self.job, states,

@@ -16,6 +16,7 @@ from enum import Enum
 from slurm_provider.validation import parse_time_limit
 from vcloud.contract import ON_CODE_CHANGE_CHOICES, STAGES
 
+from vcloud_pipeline.plan.labels import JobLabel
 from vcloud_pipeline.profile import ClusterProfile, PartitionSpec, ProfileError
 _MEM = re.compile(r"^(\d+)([KMGT]?)$")
 
@@ -114,9 +115,9 @@ class JobSpec:
         return cls(kind=JobKind.DATA, data_preset=preset, **kwargs)  # type: ignore[arg-type]
 
     @property
-    def label(self) -> str:
-        """Short name used in job names and file names: ``stage1``, ``export``, ``preflight``."""
-        return f"stage{self.stage}" if self.kind is JobKind.TRAIN else self.kind.value
+    def label(self) -> JobLabel:
+        """The job's label, also its short name in job names and file names: ``stage1``, ``export``."""
+        return JobLabel.of_stage(self.stage) if self.stage is not None else JobLabel(self.kind.value)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,6 @@ from vcloud_pipeline.budget import (
 )
 from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.profile import ClusterProfile
-from vcloud_pipeline.render import RenderedJob
 
 LEDGER_SINCE = "now-365days"
 """How far back the ledger reads sacct: allocations on LUMI run for a year."""
@@ -177,14 +176,15 @@ def check_jobs_budget(profile: ClusterProfile, specs: Mapping[str, JobSpec],
     return worst
 
 
-def test_only(hook: Any, job: RenderedJob) -> str:
+def test_only(hook: Any, job_name: str, script: str, *, output: str) -> str:
     """``sbatch --test-only`` of the rendered script: Slurm's own verdict on the request."""
     try:
-        result = hook.test_only(job.outer, job_name=job.job_name, output=str(job.stdout_pattern))
+        result = hook.test_only(script, job_name=job_name, output=output)
     except Exception as exc:  # SbatchRefused, validation: Slurm's text is the useful part
-        raise PreflightError(f"sbatch --test-only refused {job.job_name} "
-                             f"({' '.join(job.sbatch_options)}): {exc}") from exc
-    return (f"{job.job_name}: Slurm would start it at {result.start} on {result.nodes} "
+        directives = " ".join(line.split(None, 1)[1] for line in script.splitlines()
+                              if line.startswith("#SBATCH ") and " " in line)
+        raise PreflightError(f"sbatch --test-only refused {job_name} ({directives}): {exc}") from exc
+    return (f"{job_name}: Slurm would start it at {result.start} on {result.nodes} "
             f"in partition {result.partition}")
 
 

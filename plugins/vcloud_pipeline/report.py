@@ -19,7 +19,8 @@ from vcloud_pipeline.params import RequestError, parse_request
 from vcloud_pipeline.budget import Allocation
 from vcloud_pipeline.preflight import read_allocation, read_ledger
 from vcloud_pipeline.remote import listing
-from vcloud_pipeline.tasks import RunContext, curve_pngs, stage_records
+from vcloud_pipeline.plan.run_plan import RunPlan
+from vcloud_pipeline.tasks import build_plan, curve_pngs, stage_records
 
 
 def _size(n: int) -> str:
@@ -74,9 +75,9 @@ def curves_section(pngs: dict[str, str]) -> list[str]:
     return lines
 
 
-def render_report(ctx: RunContext, hook, dag_run_id: str | None = None) -> str:
-    paths = ctx.paths
-    lines = [f"run {ctx.request.run_name} on profile {ctx.profile.name}", "", f"outputs: {paths.outputs_dir}"]
+def render_report(plan: RunPlan, hook, dag_run_id: str | None = None) -> str:
+    paths = plan.paths
+    lines = [f"run {plan.run_name} on profile {plan.profile.name}", "", f"outputs: {paths.outputs_dir}"]
     lines += [f"  {_size(size):>10}  {rel}" for rel, size in listing(hook.runner, paths.outputs_dir)]
     lines += ["", f"viewer export: {paths.viewer_dir}"]
     lines += [f"  {_size(size):>10}  {rel}" for rel, size in listing(hook.runner, paths.viewer_dir)]
@@ -84,17 +85,17 @@ def render_report(ctx: RunContext, hook, dag_run_id: str | None = None) -> str:
     if metrics:
         lines += ["", "viewer metrics.json:", *("  " + line for line in metrics.strip().splitlines()[:40])]
     lines += ["", "stages (from COMPLETE):"]
-    for label, record in stage_records(ctx, hook).items():
+    for label, record in stage_records(plan, hook).items():
         if record is None:
             lines.append(f"  {label}: not complete")
             continue
         best_epoch, best = best_checkpoint_metrics(record)
         lines.append(f"  {label}: {completed_epochs(record)} epochs; best.pt from epoch {best_epoch}: {_metrics(best)}; "
                      f"last epoch: {_metrics(final_metrics(record))}")
-    lines += ["", *curves_section(curve_pngs(ctx, hook))]
-    ledger = read_ledger(hook, ctx.profile)
-    lines += ["", *ledger_section(ledger, dag_run_id, ctx.profile.billing.unit)]
-    lines += ["", *allocation_section(read_allocation(hook, ctx.profile, ledger))]
+    lines += ["", *curves_section(curve_pngs(plan, hook))]
+    ledger = read_ledger(hook, plan.profile)
+    lines += ["", *ledger_section(ledger, dag_run_id, plan.profile.billing.unit)]
+    lines += ["", *allocation_section(read_allocation(hook, plan.profile, ledger))]
     return "\n".join(lines)
 
 
@@ -106,14 +107,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dag-run-id", default=None, help="Airflow run id whose jobs the ledger lists one by one")
     args = parser.parse_args(argv)
     try:
-        ctx = RunContext.build(parse_request({"profile": args.profile, "config": args.config, "run_name": args.run}))
+        plan = build_plan(parse_request({"profile": args.profile, "config": args.config, "run_name": args.run}))
     except RequestError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from slurm_provider.hooks import SlurmHook
 
-    with SlurmHook(ctx.profile.connection.conn_id) as hook:
-        print(render_report(ctx, hook, args.dag_run_id))
+    with SlurmHook(plan.profile.connection.conn_id) as hook:
+        print(render_report(plan, hook, args.dag_run_id))
     return 0
 
 

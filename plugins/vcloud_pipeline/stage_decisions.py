@@ -18,13 +18,12 @@ from typing import Any
 from vcloud.contract import DATA_INDEX, STAGES
 
 from vcloud_pipeline.jobspec import JobSpec
+from vcloud_pipeline.plan.labels import JobLabel
 from vcloud_pipeline.layout import RunPaths
 from vcloud_pipeline.params import SYNTHETIC_PRESETS, TrainingRequest
 from vcloud_pipeline.profile import ClusterProfile
 
-EXPORT = "export"
-DATA = "data"
-PREFLIGHT = "preflight"
+EXPORT, DATA, PREFLIGHT = JobLabel.EXPORT, JobLabel.DATA, JobLabel.PREFLIGHT
 
 
 class StageDecisionError(RuntimeError):
@@ -86,23 +85,23 @@ class StagePlan:
     def data_preset(self) -> str | None:
         return SYNTHETIC_PRESETS[self.request.config] if self.synthetic_data else None
 
-    def job_specs(self) -> dict[str, JobSpec]:
+    def job_specs(self) -> dict[JobLabel, JobSpec]:
         """Every job this run may submit, by label (``preflight``, ``data``, ``stage0``.. , ``export``)."""
         r = self.request
-        specs: dict[str, JobSpec] = {PREFLIGHT: JobSpec.preflight(config=r.config_path)}
+        specs: dict[JobLabel, JobSpec] = {PREFLIGHT: JobSpec.preflight(config=r.config_path)}
         if self.data_preset is not None:
             specs[DATA] = JobSpec.data(self.data_preset, config=r.config_path)
         for stage in STAGES:
-            specs[f"stage{stage}"] = JobSpec.train(stage, config=r.config_path, time_limit=r.time_limit,
+            specs[JobLabel.of_stage(stage)] = JobSpec.train(stage, config=r.config_path, time_limit=r.time_limit,
                                                    max_epochs=r.max_epochs, partition=r.partition,
                                                    nodes=r.nodes, gpus_per_node=r.gpus_per_node,
                                                    on_code_change=r.on_code_change)
         specs[EXPORT] = JobSpec.export(config=r.config_path)
         return specs
 
-    def training_labels(self) -> list[str]:
+    def training_labels(self) -> list[JobLabel]:
         """Labels of the jobs that spend training time, for the preflight checks."""
-        labels = [f"stage{s}" for s in self.stages]
+        labels = [JobLabel.of_stage(s) for s in self.stages]
         return labels + ([EXPORT] if self.request.export else [])
 
 

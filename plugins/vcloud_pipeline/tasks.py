@@ -1,8 +1,8 @@
 """What the training DAG's Python tasks do, as functions of a validated run and a Slurm hook.
 
-The DAG file only wires these together. Every task after ``plan`` rebuilds its
-:class:`RunContext` from the plan's XCom (profile name, validated request), reloading the profile
-from disk: cheap, and it keeps XComs small and free of derived state that could drift.
+The DAG file only wires these together. The ``plan`` task reads the profile and validates the
+request once (:func:`plan_run`); every later task reads the frozen :class:`RunPlan` from its XCom
+and never the profile file, so a profile edited while a run trains changes nothing in that run.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import contextlib
 import logging
 import tempfile
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +25,10 @@ from slurm_provider.transport.base import TransportError
 from vcloud.contract import STAGES
 
 from vcloud_pipeline.code_retention import RetentionPlan, mark_run, release_run, remove_unused_code_dirs
-from vcloud_pipeline.jobspec import JobSpec
-from vcloud_pipeline.layout import RunPaths, run_key, run_paths
+from vcloud_pipeline.layout import run_key
 from vcloud_pipeline.params import RequestError, TrainingRequest, parse_request
+from vcloud_pipeline.plan.labels import STAGE_LABELS, JobLabel
+from vcloud_pipeline.plan.run_plan import RunPlan, SyncedCode
 from vcloud_pipeline.preflight import (
     Ledger,
     check_image,
@@ -39,17 +39,11 @@ from vcloud_pipeline.preflight import (
 )
 from vcloud_pipeline.profile import ClusterProfile, ProfileError, load_profile, overrides_from_environ
 from vcloud_pipeline.remote import RemoteCommandError, listing
-from vcloud_pipeline.render import RenderedJob
+from vcloud_pipeline.render import LOG_OUTPUT_PATTERN
 from vcloud_pipeline.code_tree import CodeTree
-from vcloud_pipeline.stage_decisions import (
-    DATA,
-    PREFLIGHT,
-    StageDecisionError,
-    StagePlan,
-    completion_record,
-    decide_data,
-)
-from vcloud_pipeline.code_upload import PROJECT_ROOT, local_manifest, render_run_jobs, sync_run
+from vcloud_pipeline.stage_decisions import StageDecisionError, completion_record, decide_data
+from vcloud_pipeline.checkout import PROJECT_ROOT
+from vcloud_pipeline.code_upload import local_manifest, sync_run
 
 log = logging.getLogger(__name__)
 
@@ -78,39 +72,27 @@ def final_unless_unreachable() -> Iterator[None]:
         raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
 
 
-@dataclass(frozen=True)
-class RunContext:
-    """A validated request with its profile, layout and stage plan."""
+def load_run_profile(name: str) -> ClusterProfile:
+    """The profile a run is planned with: the file, the deployment's overrides, and ``{user}`` as the
+    login of the profile's Airflow connection. Read by the ``plan`` task only."""
+    try:
+        overrides = overrides_from_environ(name) or None
+        profile = load_profile(name, overrides=overrides)
+        if profile.login_fields:  # paths such as /scratch/{user}: the user is the connection's login
+            profile = load_profile(name, overrides=overrides, login=connection_login(profile.connection.conn_id))
+        profile.require_complete()
+    except ProfileError as exc:
+        raise RequestError(str(exc)) from None
+    return profile
 
-    request: TrainingRequest
-    profile: ClusterProfile
-    paths: RunPaths
-    plan: StagePlan
 
-    @classmethod
-    def build(cls, request: TrainingRequest) -> "RunContext":
-        try:
-            overrides = overrides_from_environ(request.profile) or None
-            profile = load_profile(request.profile, overrides=overrides)
-            if profile.login_fields:  # paths such as /scratch/{user}: the user is the connection's login
-                profile = load_profile(request.profile, overrides=overrides,
-                                       login=connection_login(profile.connection.conn_id))
-            profile.require_complete()
-        except ProfileError as exc:
-            raise RequestError(str(exc)) from None
-        plan = StagePlan.build(request, profile)
-        paths = run_paths(profile, request.run_name, synthetic_preset=plan.data_preset)
-        return cls(request=request, profile=profile, paths=paths, plan=plan)
-
-    @classmethod
-    def from_xcom(cls, planned: Mapping[str, Any]) -> "RunContext":
-        return cls.build(TrainingRequest.model_validate(planned["request"]))
-
-    def specs(self) -> dict[str, JobSpec]:
-        return self.plan.job_specs()
-
-    def render(self, code_hash: str) -> dict[str, RenderedJob]:
-        return render_run_jobs(self.profile, self.specs(), self.paths, code_hash)
+def build_plan(request: TrainingRequest) -> RunPlan:
+    """The run's frozen plan: the request, its profile as loaded now, and every job it may submit."""
+    profile = load_run_profile(request.profile)
+    try:
+        return RunPlan.build(request, profile)
+    except StageDecisionError as exc:
+        raise RequestError(str(exc)) from None
 
 
 def connection_login(conn_id: str) -> str:
@@ -131,114 +113,109 @@ def run_type_name(run_type: Any) -> str | None:
 
 
 def plan_run(params: Mapping[str, Any], *, run_type: Any = None, logical_date: Any = None) -> dict[str, Any]:
-    """Validate the run's params and profile; everything later builds on this. Fails before any I/O
-    on the cluster."""
+    """Validate the run's params and profile and plan every job; everything later reads this plan.
+    Fails before any I/O on the cluster."""
     conf = {k: v for k, v in params.items() if v is not None}
     request = parse_request(conf, run_type=run_type_name(run_type), logical_date=logical_date)
-    try:
-        ctx = RunContext.build(request)
-    except StageDecisionError as exc:
-        raise RequestError(str(exc)) from None
-    ctx.render("0" * 64)  # every job must render (resources within the partitions' limits)
-    log.info("run %s on profile %s: config %s, stages %s, mode %s%s", request.run_name, request.profile,
+    plan = build_plan(request)
+    log.info("run %s on profile %s: config %s, stages %s, mode %s%s", plan.run_name, request.profile,
              request.config, list(request.stages), request.mode, " (dry run)" if request.dry_run else "")
-    return {
-        "request": request.model_dump(mode="json"),
-        "conn_id": ctx.profile.connection.conn_id,
-        "outputs_dir": str(ctx.paths.outputs_dir),
-        "viewer_dir": str(ctx.paths.viewer_dir),
-        "logs_dir": str(ctx.paths.logs_dir),
-    }
+    for job in plan.jobs.values():
+        log.info("%s: partition %s, %d node(s) x %d, %d s", job.label, job.partition, job.nodes,
+                 job.gpus_per_node, job.time_seconds)
+    return plan.to_xcom()
 
 
-def sync_code(ctx: RunContext, runner: Any, *, project_root: Path = PROJECT_ROOT,
+def sync_code(plan: RunPlan, runner: Any, *, project_root: Path = PROJECT_ROOT,
               dag_run: tuple[str, str] | None = None) -> dict[str, Any]:
-    """Hash the code tree, render every job with that hash, mirror code and scripts to the cluster,
-    record that the DAG run ``dag_run`` (DAG id, run id) uses that code until it ends, then remove
-    code directories that no live job and no unfinished DAG run uses beyond the newest few.
-    ``dag_run`` None: a sync outside a DAG run, which records nothing."""
+    """Hash the code tree, render every job once with that hash, mirror code and scripts to the
+    cluster, record that the DAG run ``dag_run`` (DAG id, run id) uses that code until it ends, then
+    remove code directories that no live job and no unfinished DAG run uses beyond the newest few.
+    ``dag_run`` None: a sync outside a DAG run, which records nothing. Returns :class:`SyncedCode`
+    as JSON: the scripts and the digest of each."""
     tree = CodeTree(project_root)
     manifest = local_manifest(tree)
-    code = ctx.paths.code(manifest.hash)
-    jobs = ctx.render(manifest.hash)
+    paths = plan.paths
+    code = paths.code(manifest.hash)
+    jobs = plan.render(manifest.hash)
     with tempfile.TemporaryDirectory(prefix="vcloud-jobs-") as staging:
-        result = sync_run(ctx.profile, ctx.paths, tree, jobs, manifest, runner, Path(staging))
+        result = sync_run(plan.profile, paths, tree, jobs, manifest, runner, Path(staging))
     if result.code_sent:
         log.info("synced %d files (code %s) to %s in %.1f s; job scripts to %s", manifest.files, manifest.hash,
-                 code.dir, result.code_seconds, ctx.paths.jobs_dir)
+                 code.dir, result.code_seconds, paths.jobs_dir)
     else:
         log.info("code %s already on the cluster in %s, unchanged since it was synced; job scripts to %s",
-                 manifest.hash, code.dir, ctx.paths.jobs_dir)
+                 manifest.hash, code.dir, paths.jobs_dir)
     if dag_run is not None:
         key = run_key(*dag_run)
-        mark_run(runner, ctx.paths, key, manifest.hash,
-                 f"DAG {dag_run[0]}, run {dag_run[1]}, run name {ctx.request.run_name}, profile {ctx.profile.name}")
+        mark_run(runner, paths, key, manifest.hash,
+                 f"DAG {dag_run[0]}, run {dag_run[1]}, run name {plan.run_name}, profile {plan.profile.name}")
         log.info("DAG run %s (marker %s) uses code %s until it ends", dag_run[1], key, manifest.hash)
-    cleanup = clean_code_dirs(ctx, runner, manifest.hash)
-    return {
-        "code_hash": manifest.hash,
-        "files": manifest.files,
-        "code_dir": str(code.dir),
-        "manifest_path": str(code.manifest),
-        "code_seconds": round(result.code_seconds, 3),
-        "code_sent": result.code_sent,
-        "code_dirs_removed": list(cleanup.remove) if cleanup else None,
-        "scripts": {label: job.outer for label, job in jobs.items()},
-    }
+    cleanup = clean_code_dirs(plan, runner, manifest.hash)
+    synced = SyncedCode.recording(
+        manifest.hash, {label: job.outer for label, job in jobs.items()},
+        files=manifest.files, code_dir=str(code.dir), manifest_path=str(code.manifest),
+        code_seconds=round(result.code_seconds, 3), code_sent=result.code_sent,
+        code_dirs_removed=list(cleanup.remove) if cleanup else None)
+    for label, digest in synced.script_sha256.items():
+        log.info("%s: %s (sha256 %s)", label, jobs[label].outer_path, digest)
+    return synced.model_dump(mode="json")
 
 
-def release_run_code(ctx: RunContext, runner: Any, dag_run: tuple[str, str]) -> None:
+def release_run_code(plan: RunPlan, runner: Any, dag_run: tuple[str, str]) -> None:
     """The DAG run has ended: its code is no longer kept for it (a failure is a warning: the marker
     then expires on its own)."""
     key = run_key(*dag_run)
     try:
-        release_run(runner, ctx.paths, key)
+        release_run(runner, plan.paths, key)
     except (RemoteCommandError, TransportError) as exc:
         log.warning("the marker of DAG run %s (%s) stays until it expires: %s", dag_run[1], key, exc)
         return
     log.info("DAG run %s ended: its code is no longer kept for it (marker %s removed)", dag_run[1], key)
 
 
-def clean_code_dirs(ctx: RunContext, runner: Any, current: str) -> RetentionPlan | None:
+def clean_code_dirs(plan: RunPlan, runner: Any, current: str) -> RetentionPlan | None:
     """Remove unused code directories; a failure is a warning (the run needs none of them), None."""
+    paths = plan.paths
     try:
-        plan = remove_unused_code_dirs(ctx.profile, ctx.paths, runner, current)
+        retention = remove_unused_code_dirs(plan.profile, paths, runner, current)
     except (RemoteCommandError, TransportError, ValueError) as exc:
-        log.warning("code directories in %s left as they are: %s", ctx.paths.code_root, exc)
+        log.warning("code directories in %s left as they are: %s", paths.code_root, exc)
         return None
-    for line in plan.lines():
+    for line in retention.lines():
         log.info("%s", line)
-    log.info("code directories in %s: %d kept (newest %d), %d removed", ctx.paths.code_root,
-             len(plan.newest) + len(plan.in_use) + len(plan.in_runs) + len(plan.incomplete),
-             ctx.profile.paths.code_keep, len(plan.remove))
-    return plan
+    log.info("code directories in %s: %d kept (newest %d), %d removed", paths.code_root,
+             len(retention.newest) + len(retention.in_use) + len(retention.in_runs) + len(retention.incomplete),
+             plan.profile.paths.code_keep, len(retention.remove))
+    return retention
 
 
-def preflight_checks(ctx: RunContext, hook: Any, code_hash: str) -> dict[str, Any]:
+def preflight_checks(plan: RunPlan, hook: Any, synced: SyncedCode) -> dict[str, Any]:
     """``sbatch --test-only`` of every training job still to run, the container image, and the budget
     of every job the run will submit (the preflight import job and the data job included): nothing
     has been submitted yet when this runs."""
-    jobs = ctx.render(code_hash)
+    paths = plan.paths
     to_run = []
-    for label in ctx.plan.training_labels():
-        if label.startswith("stage") and ctx.request.mode == "resume":
-            stage = int(label[5:])
-            sizes = hook.file_sizes([str(ctx.paths.complete_path(stage)), str(ctx.paths.best_checkpoint(stage))])
+    for label in plan.stage_plan.training_labels():
+        if label.stage is not None and plan.request.mode == "resume":
+            sizes = hook.file_sizes([str(paths.complete_path(label.stage)), str(paths.best_checkpoint(label.stage))])
             if len(sizes) == 2:
                 log.info("%s is complete: not checked", label)
                 continue
         to_run.append(label)
-    verdicts = {label: test_only(hook, jobs[label]) for label in to_run}
+    verdicts = {label: test_only(hook, plan.job_name(label), synced.script_for(label),
+                                 output=str(paths.logs_dir / LOG_OUTPUT_PATTERN)) for label in to_run}
     for line in verdicts.values():
         log.info("test-only: %s", line)
-    image = check_image(hook.runner, ctx.profile)
-    ledger = read_ledger(hook, ctx.profile)
-    allocation = read_allocation(hook, ctx.profile, ledger)
+    image = check_image(hook.runner, plan.profile)
+    ledger = read_ledger(hook, plan.profile)
+    allocation = read_allocation(hook, plan.profile, ledger)
     log.info("allocation (%s): %s", allocation.source, allocation.describe())
     log.info("ledger of this project's jobs: %s", "; ".join(
         ledger.lines()[-1:] + [f"held by queued/running jobs {ledger.reserved:.2f}"]))
-    budgeted = {label: ctx.specs()[label] for label in _budgeted(ctx, hook, to_run)}
-    worst = check_jobs_budget(ctx.profile, budgeted, allocation)
+    specs = plan.specs()
+    budgeted = {label: specs[label] for label in _budgeted(plan, hook, to_run)}
+    worst = check_jobs_budget(plan.profile, budgeted, allocation)
     for label, case in worst.items():
         log.info("worst case %s: %.2f %s (%s)%s", label, case.amount, case.billing_unit, case.describe(),
                  allocation.wait_note(case.amount))
@@ -252,49 +229,54 @@ def preflight_checks(ctx: RunContext, hook: Any, code_hash: str) -> dict[str, An
     }
 
 
-def _budgeted(ctx: RunContext, hook: Any, to_run: list[str]) -> list[str]:
+def _budgeted(plan: RunPlan, hook: Any, to_run: list[JobLabel]) -> list[JobLabel]:
     """The jobs the run will submit, in order: the preflight import job, the data job if the dataset
     is missing, then ``to_run``."""
-    labels = [PREFLIGHT]
-    if DATA in ctx.specs():
-        index = str(ctx.paths.data_index)
-        if decide_data(ctx.plan, hook.file_sizes([index]).get(index)).submit:
-            labels.append(DATA)
+    labels = [JobLabel.PREFLIGHT]
+    if JobLabel.DATA in plan.jobs:
+        index = str(plan.paths.data_index)
+        if decide_data(plan.stage_plan, hook.file_sizes([index]).get(index)).submit:
+            labels.append(JobLabel.DATA)
     return labels + to_run
 
 
-def stage_records(ctx: RunContext, hook: Any) -> dict[str, Any]:
+def job_summaries(ti: Any) -> dict[str, Any]:
+    """What each job task of the run returned, by task id (the tasks that ran a job)."""
+    jobs = {label.task_id: ti.xcom_pull(task_ids=label.task_id) for label in JobLabel}
+    return {task_id: summary for task_id, summary in jobs.items() if summary}
+
+
+def stage_records(plan: RunPlan, hook: Any) -> dict[str, Any]:
     """Every stage's ``COMPLETE`` record (epochs, final metrics) as the cluster has it now."""
-    out: dict[str, Any] = {}
-    for stage in (0, 1, 2, 3):
-        out[f"stage{stage}"] = completion_record(hook.read_file(str(ctx.paths.complete_path(stage))))
-    return out
+    return {label: completion_record(hook.read_file(str(plan.paths.complete_path(stage))))
+            for stage, label in zip(STAGES, STAGE_LABELS)}
 
 
-def curve_pngs(ctx: RunContext, hook: Any) -> dict[str, str]:
+def curve_pngs(plan: RunPlan, hook: Any) -> dict[str, str]:
     """The export's training-curve plot of each stage that has one, by stage label: where the run
     summary points for the curves (``<paths.viewer>/<run>/curves/stage{N}.png``, plotted from the
     stage's ``metrics.jsonl``). One command on the login node."""
-    wanted = {f"stage{stage}": str(ctx.paths.curve_png(stage)) for stage in STAGES}
+    wanted = {label: str(plan.paths.curve_png(stage)) for stage, label in zip(STAGES, STAGE_LABELS)}
     present = hook.file_sizes(wanted.values())
     return {label: path for label, path in wanted.items() if present.get(path)}
 
 
-def summarize(ctx: RunContext, hook: Any, job_summaries: Mapping[str, Any]) -> dict[str, Any]:
+def summarize(plan: RunPlan, hook: Any, job_summaries: Mapping[str, Any]) -> dict[str, Any]:
     """The run at a glance: per job what ran, per stage the final metrics and its training-curve PNG,
     the files, the ledger."""
-    ledger = read_ledger(hook, ctx.profile)
-    allocation = read_allocation(hook, ctx.profile, ledger)
+    ledger = read_ledger(hook, plan.profile)
+    allocation = read_allocation(hook, plan.profile, ledger)
     log.info("allocation (%s): %s", allocation.source, allocation.describe())
-    records = stage_records(ctx, hook)
-    files = listing(hook.runner, ctx.paths.outputs_dir) + [
-        (f"viewer/{rel}", size) for rel, size in listing(hook.runner, ctx.paths.viewer_dir)]
-    curves = curve_pngs(ctx, hook)
+    records = stage_records(plan, hook)
+    paths = plan.paths
+    files = listing(hook.runner, paths.outputs_dir) + [
+        (f"viewer/{rel}", size) for rel, size in listing(hook.runner, paths.viewer_dir)]
+    curves = curve_pngs(plan, hook)
     log.info("training curves: %s", "; ".join(f"{label} {path}" for label, path in curves.items())
              or "none plotted (the export job plots them)")
     return {
-        "run": ctx.request.run_name,
-        "profile": ctx.profile.name,
+        "run": plan.run_name,
+        "profile": plan.profile.name,
         "jobs": dict(job_summaries),
         "stages": records,
         "files": len(files),

@@ -94,7 +94,7 @@ class RunB(BackgroundStep):
     def step(self) -> None:
         from slurm_provider.hooks import SlurmHook
         from vcloud_pipeline.params import parse_request
-        from vcloud_pipeline.tasks import RunContext, sync_code
+        from vcloud_pipeline.tasks import build_plan, sync_code
 
         cluster, progress = self.cluster, f"{self.project_dir}/outputs/{RUN_A}/stage0/progress.json"
 
@@ -116,7 +116,7 @@ class RunB(BackgroundStep):
         self.seen["job"] = job
         self.seen["dirs_before_b"] = code_dirs(cluster, self.project_dir)
 
-        ctx = RunContext.build(parse_request({"profile": "local", "config": "tiny", "run_name": RUN_B,
+        ctx = build_plan(parse_request({"profile": "local", "config": "tiny", "run_name": RUN_B,
                                               "stages": [0], "export": False}))
         with SlurmHook(ctx.profile.connection.conn_id) as hook:
             self.seen["b"] = sync_code(ctx, hook.runner, project_root=self.tree)
@@ -174,9 +174,9 @@ def test_a_requeued_job_runs_its_own_code_after_another_run_synced_new_code(
     # queued job references it any more.
     from slurm_provider.hooks import SlurmHook
     from vcloud_pipeline.params import parse_request
-    from vcloud_pipeline.tasks import RunContext, sync_code
+    from vcloud_pipeline.tasks import build_plan, sync_code
 
-    ctx = RunContext.build(parse_request({"profile": "local", "config": "tiny", "run_name": RUN_B,
+    ctx = build_plan(parse_request({"profile": "local", "config": "tiny", "run_name": RUN_B,
                                           "stages": [0], "export": False}))
     held = local_cluster.sbatch("#!/bin/bash\ntrue\n", "--hold", "--output=/dev/null",
                                 f'--comment={{"code":"{hash_a}"}}')  # e.g. a job of run A someone queued by hand

@@ -165,13 +165,15 @@ def test_job_tasks_show_the_script_they_submit_never_rendered_by_jinja(dag) -> N
     the sync's script, which Jinja must leave alone (bash has ``${#x}``; a comment may hold ``{{``)."""
     import copy
 
+    from vcloud_pipeline.plan.labels import JobLabel
+    from vcloud_pipeline.plan.run_plan import SyncedCode
     from vcloud_pipeline.tasks import plan_run
 
     task = copy.deepcopy(dag.get_task("preflight_imports"))  # binding changes it; the DAG's stays unbound
     assert "script" in task.template_fields and task.template_fields_renderers["script"] == "bash"
     planned = plan_run({"profile": "local", "config": "tiny", "run_name": "shown"})
     script = '#!/bin/bash\n# {{ ds }} {% raw %} {# not a comment #}\necho "${#BASH_ARGV[@]}"\n'
-    synced = {"scripts": {"preflight": script}, "code_hash": "c" * 64}
+    synced = SyncedCode.recording("c" * 64, {JobLabel.PREFLIGHT: script}).model_dump(mode="json")
     task.render_template_fields({"ti": _RunXComs({"plan": planned, "sync_code": synced})},
                                 jinja_env=dag.get_template_env())
     assert task.script == script

@@ -37,7 +37,7 @@ from vcloud_pipeline.code_retention import (
 from vcloud_pipeline.layout import MANIFEST_NAME, RunPaths, run_key, run_paths
 from vcloud_pipeline.params import parse_request
 from vcloud_pipeline.profile import ClusterProfile, load_profile
-from vcloud_pipeline.tasks import RunContext, clean_code_dirs
+from vcloud_pipeline.tasks import build_plan, clean_code_dirs
 
 NOW = 1_800_000_000.0
 A, B, C, D, E, F = (c * 64 for c in "abcdef")
@@ -324,7 +324,7 @@ def test_nothing_is_removed_when_the_queue_cannot_be_read(tmp_path: Path, monkey
     shell, _, paths = cleanup_setup(tmp_path, "echo 'slurm_load_jobs error: Socket timed out' >&2; exit 1")
     monkeypatch.setenv("VCLOUD_PROFILE_OVERRIDES", json.dumps(
         {"local": {"paths.base": str(tmp_path / "base dir"), "paths.code_keep": 1}}))
-    ctx = RunContext.build(parse_request({"profile": "local"}))
+    ctx = build_plan(parse_request({"profile": "local"}))
     with caplog.at_level(logging.WARNING):
         assert clean_code_dirs(ctx, shell, C) is None  # the sync itself goes on
     assert "code directories in" in caplog.text and "Socket timed out" in caplog.text

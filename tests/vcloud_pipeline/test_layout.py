@@ -55,9 +55,9 @@ def test_each_synthetic_preset_has_its_own_dataset() -> None:
 
 def test_the_run_context_reads_the_data_of_its_config() -> None:
     from vcloud_pipeline.params import parse_request
-    from vcloud_pipeline.tasks import RunContext
+    from vcloud_pipeline.tasks import build_plan
 
-    ctx = RunContext.build(parse_request({"profile": "local", "config": "small"}))
+    ctx = build_plan(parse_request({"profile": "local", "config": "small"}))
     assert ctx.paths.data_dir.parts[-2:] == ("synthetic-small", "prepared")
     assert "synthetic-small/prepared" in ctx.render("0" * 64)["stage1"].inner
 

@@ -121,7 +121,7 @@ def test_user_in_a_profiles_paths_is_the_login_of_its_connection(transport: str,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
-    from vcloud_pipeline.tasks import RunContext
+    from vcloud_pipeline.tasks import build_plan
 
     if transport == "key":
         pin = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA+FyJGmYfy8zo5LMRX2V3JhRuUVxh6TdNGOkT63oaCH"
@@ -133,7 +133,7 @@ def test_user_in_a_profiles_paths_is_the_login_of_its_connection(transport: str,
             "transport": "openssh", "ssh_alias": "cosmos", "ssh_config_file": str(config)}}
     monkeypatch.setenv("AIRFLOW_CONN_COSMOS", json.dumps(conn))
     monkeypatch.setenv("VCLOUD_PROFILE_OVERRIDES", json.dumps({"cosmos": {"account": "csd999"}}))
-    ctx = RunContext.build(parse_request({"profile": "cosmos", "config": "full"}))
+    ctx = build_plan(parse_request({"profile": "cosmos", "config": "full"}))
     assert ctx.profile.paths.base == "/cosmos/vast/scratch/alice/vcloud"
     assert str(ctx.paths.outputs_dir).startswith("/cosmos/vast/scratch/alice/vcloud/outputs/")
     assert ctx.profile.staging is not None

@@ -206,11 +206,11 @@ def test_a_resubmission_is_checked_against_the_budget_again(monkeypatch: pytest.
     from vcloud_pipeline.job_operator import PipelineJobOperator
     from vcloud_pipeline.layout import run_key
     from vcloud_pipeline.params import parse_request
-    from vcloud_pipeline.tasks import RunContext
+    from vcloud_pipeline.tasks import build_plan
 
-    ctx = RunContext.build(parse_request({"profile": "lumi", "config": "full", "time_limit": "3-00:00:00"}))
+    ctx = build_plan(parse_request({"profile": "lumi", "config": "full", "time_limit": "3-00:00:00"}))
     op = PipelineJobOperator(task_id="stage1", job="stage1")
-    monkeypatch.setattr(op, "_bind", lambda context: (ctx, {}))
+    monkeypatch.setattr(op, "_bind", lambda context: (ctx, None))
 
     class Cluster:
         def __init__(self, used_hours: float) -> None:

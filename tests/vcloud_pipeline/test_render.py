@@ -339,10 +339,11 @@ def test_templates_refuse_unknown_names_and_quote_through_their_filters(tmp_path
 def test_the_runs_on_code_change_reaches_every_training_job_and_only_them(on_code_change: str) -> None:
     """From the DAG run's params through the plan's XCom to the trainer's command line."""
     from vcloud_pipeline.params import parse_request
-    from vcloud_pipeline.tasks import RunContext, plan_run
+    from vcloud_pipeline.plan.run_plan import RunPlan
+    from vcloud_pipeline.tasks import plan_run
 
     planned = plan_run({"profile": "local", "config": "tiny", "on_code_change": on_code_change})
-    jobs = RunContext.from_xcom(planned).render(CODE_HASH)
+    jobs = RunPlan.from_xcom(planned).render(CODE_HASH)
     flag = f" --set train.on_code_change={on_code_change} &\n"
     assert [label for label, job in jobs.items() if flag in job.inner] == ["stage0", "stage1", "stage2", "stage3"]
     assert not any("on_code_change" in job.inner for label, job in jobs.items() if not label.startswith("stage"))
