@@ -67,7 +67,7 @@ with DAG(
         run_plan = RunPlan.from_xcom(planned)
         context = get_current_context()
         with final_unless_unreachable(), SlurmHook(run_plan.conn_id) as hook:
-            return sync(run_plan, hook.runner, dag_run=(context["dag"].dag_id, context["run_id"]))
+            return sync(run_plan, hook, dag_run=(context["dag"].dag_id, context["run_id"]))
 
     @task(task_id="preflight_checks", trigger_rule=TriggerRule.NONE_FAILED, **CLUSTER_STEP_RETRIES)
     def preflight_checks(planned: dict, synced: dict) -> dict:
@@ -92,7 +92,7 @@ with DAG(
         run_plan = RunPlan.from_xcom(planned)
         context = get_current_context()
         with final_unless_unreachable(), SlurmHook(run_plan.conn_id) as hook:
-            release_run_code(run_plan, hook.runner, (context["dag"].dag_id, context["run_id"]))
+            release_run_code(run_plan, hook, (context["dag"].dag_id, context["run_id"]))
             return summarize(run_plan, hook, job_summaries(context["ti"]))
 
     @task(task_id="verdict", trigger_rule=TriggerRule.NONE_FAILED)

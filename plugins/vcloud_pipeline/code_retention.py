@@ -21,24 +21,27 @@ sync, a directory is removed only when all of these hold:
   (a transfer that died; a transfer in progress is younger).
 
 A directory is renamed to a hidden name first and then deleted, so a job never sees half of it.
-:func:`plan_retention` decides, from facts only (unit-tested); the rest is three SSH commands.
+:func:`plan_retention` decides, from facts only (unit-tested); the rest is three verbs of the Slurm
+hook (``dir_inventory``, ``account_jobs``, ``remove_dirs``).
 """
 
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+from typing import Any
 
-from slurm_provider.cli.squeue import build_squeue_account_jobs
-from slurm_provider.cli.squeue import SqueueRow, parse_squeue
+from slurm_provider.cli.files import DirInventory, build_dir_inventory, build_remove_dirs, parse_dir_inventory
+from slurm_provider.cli.squeue import SqueueRow
 from slurm_provider.state_vocabulary import SlurmState, parse_state
 
 from vcloud_pipeline.layout import MANIFEST_NAME, REMOVING_SUFFIX, RUN_MARKERS, RunPaths, is_code_hash, is_run_key
 from vcloud_pipeline.profile import ClusterProfile
-from vcloud_pipeline.remote import CommandRunner, run_checked
+
+FileHook = Any
+"""A :class:`slurm_provider.hooks.SlurmHook` (its file verbs and ``account_jobs``)."""
 
 INCOMPLETE_GRACE_S = 24 * 3600.0
 """A directory without its manifest this long after its last change is a dead transfer, not a
@@ -192,20 +195,13 @@ def newest_complete(dirs: Sequence[CodeDir], *, other_than: str) -> str | None:
     return max(candidates, key=lambda d: (d.synced_at or 0.0, d.hash)).hash
 
 
-# --------------------------------------------------------------------------- commands and parsing
+# --------------------------------------------------------------------------- listing, removing, the runs' markers
 
 
 def list_code_dirs_command(code_root: PurePosixPath | str) -> str:
-    """One shell line: the login node's clock, every directory under ``code_root`` with its ctime,
-    every manifest with its mtime and every run marker with its mtime (ages are measured on the
-    cluster's clock, not the worker's)."""
-    root = shlex.quote(str(code_root))
-    markers = shlex.quote(f"{code_root}/{RUN_MARKERS}")
-    return (f"echo \"now $(date +%s)\"; [ -d {root} ] || exit 0; "
-            f"find {root} -mindepth 1 -maxdepth 1 -type d -printf 'dir %C@ %f\\n'; "
-            f"find {root} -mindepth 2 -maxdepth 2 -type f -name {shlex.quote(MANIFEST_NAME)} "
-            f"-printf 'manifest %T@ %h\\n'; "
-            f"[ -d {markers} ] || exit 0; find {markers} -mindepth 1 -maxdepth 1 -type f -printf 'run %T@ %f\\n'")
+    """The login node's clock, every directory under ``code_root`` with its ctime, every manifest with
+    its mtime and every run marker with its mtime (the hook's ``dir_inventory``)."""
+    return build_dir_inventory(code_root, MANIFEST_NAME, f"{code_root}/{RUN_MARKERS}")
 
 
 @dataclass(frozen=True)
@@ -217,124 +213,82 @@ class CodeDirListing:
     """The markers of the DAG runs that recorded their code."""
 
 
-def parse_code_dirs(stdout: str) -> CodeDirListing:
-    """The code directories in :func:`list_code_dirs_command`'s output; other entries are ignored."""
+def code_dirs_of(inventory: DirInventory) -> CodeDirListing:
+    """The code directories and run markers in a listing of ``paths.code``; other entries are ignored."""
     changed: dict[str, tuple[float, bool]] = {}
-    synced: dict[str, float] = {}
-    runs: list[RunMarker] = []
-    now: float | None = None
-    for line in stdout.splitlines():
-        kind, _, rest = line.partition(" ")
-        stamp, _, name = rest.partition(" ")
-        try:
-            when = float(stamp)
-        except ValueError:
-            continue
-        if kind == "now":
-            now = when
-        elif kind == "dir":
-            removing = name.startswith(".") and name.endswith(REMOVING_SUFFIX)
-            code = name[1:-len(REMOVING_SUFFIX)] if removing else name
-            if is_code_hash(code):
-                changed[code] = (when, removing)
-        elif kind == "manifest":
-            code = PurePosixPath(name).name
-            if is_code_hash(code):
-                synced[code] = when
-        elif kind == "run":
-            key, _, code = name.partition("-")
-            if is_run_key(key) and is_code_hash(code):
-                runs.append(RunMarker(key=key, hash=code, touched_at=when))
-    if now is None:
-        raise ValueError(f"the code directory listing lacks the login node's clock: {stdout[:200]!r}")
+    for name, when in inventory.dirs.items():
+        removing = name.startswith(".") and name.endswith(REMOVING_SUFFIX)
+        code = name[1:-len(REMOVING_SUFFIX)] if removing else name
+        if is_code_hash(code):
+            changed[code] = (when, removing)
+    synced = {code: when for code, when in inventory.marked.items() if is_code_hash(code)}
+    runs = []
+    for name, when in inventory.records.items():
+        key, _, code = name.partition("-")
+        if is_run_key(key) and is_code_hash(code):
+            runs.append(RunMarker(key=key, hash=code, touched_at=when))
     return CodeDirListing(
         dirs=[CodeDir(hash=h, synced_at=None if removing else synced.get(h), changed_at=when, removing=removing)
               for h, (when, removing) in sorted(changed.items())],
-        now=now, runs=runs)
+        now=inventory.now, runs=runs)
+
+
+def parse_code_dirs(stdout: str) -> CodeDirListing:
+    """The code directories in :func:`list_code_dirs_command`'s output."""
+    return code_dirs_of(parse_dir_inventory(stdout))
+
+
+def list_code_dirs(hook: FileHook, paths: RunPaths) -> CodeDirListing:
+    return code_dirs_of(hook.dir_inventory(paths.code_root, MANIFEST_NAME, paths.run_markers_dir))
+
+
+def _removals(paths: RunPaths, plan: RetentionPlan) -> dict[str, Any]:
+    return {"renames": [(paths.code(code).dir, paths.code_being_removed(code)) for code in plan.remove],
+            "leftovers": [paths.code_being_removed(code) for code in plan.leftovers],
+            "record_files": [paths.run_marker(m.key, m.hash) for m in plan.expired_runs]}
 
 
 def removal_command(paths: RunPaths, plan: RetentionPlan) -> str | None:
-    """Rename each directory to go to its hidden name, then delete it; delete the expired run markers;
-    None when nothing goes."""
-    if not plan.remove and not plan.leftovers and not plan.expired_runs:
-        return None
-    parts = [f"rm -f -- {shlex.quote(str(paths.run_marker(m.key, m.hash)))}" for m in plan.expired_runs]
-    for code in plan.remove:
-        src, dst = shlex.quote(str(paths.code(code).dir)), shlex.quote(str(paths.code_being_removed(code)))
-        parts.append(f"mv -T -- {src} {dst} && rm -rf -- {dst}")
-    for code in plan.leftovers:
-        parts.append(f"rm -rf -- {shlex.quote(str(paths.code_being_removed(code)))}")
-    return "set -e; " + "; ".join(parts)
+    """The command :func:`remove_code_dirs` runs (None when nothing goes)."""
+    return build_remove_dirs(**_removals(paths, plan))
 
 
-# --------------------------------------------------------------------------- I/O
+def remove_code_dirs(hook: FileHook, paths: RunPaths, plan: RetentionPlan) -> bool:
+    """Rename each directory to go to its hidden name, then delete it; delete the expired run markers.
+    False when nothing goes."""
+    return hook.remove_dirs(**_removals(paths, plan), what=f"removing unused code directories in {paths.code_root}")
 
 
-def list_code_dirs(runner: CommandRunner, paths: RunPaths) -> CodeDirListing:
-    return parse_code_dirs(run_checked(runner, list_code_dirs_command(paths.code_root),
-                                       what=f"listing the code directories in {paths.code_root}"))
-
-
-def live_jobs(runner: CommandRunner, account: str) -> list[SqueueRow]:
-    """Every job Slurm lists for the account and the login user."""
-    return parse_squeue(run_checked(runner, build_squeue_account_jobs(account),
-                                    what=f"listing the jobs of account {account}"))
-
-
-def remove_unused_code_dirs(profile: ClusterProfile, paths: RunPaths, runner: CommandRunner,
+def remove_unused_code_dirs(profile: ClusterProfile, paths: RunPaths, hook: FileHook,
                             current: str) -> RetentionPlan:
     """Remove the code directories :func:`plan_retention` lets go; returns the plan it carried out.
 
     A job submitted after the queue was read belongs to a run that has just synced its code (or
     found it there, refreshing its manifest), so its directory is among the newest and stays.
     """
-    listing = list_code_dirs(runner, paths)
-    rows = live_jobs(runner, profile.account)
+    listing = list_code_dirs(hook, paths)
+    rows = hook.account_jobs(profile.account)
     plan = plan_retention(listing.dirs, in_use=hashes_in_use(rows), current=current,
                           keep=profile.paths.code_keep, now=listing.now, runs=listing.runs)
-    command = removal_command(paths, plan)
-    if command is not None:
-        run_checked(runner, command, what=f"removing unused code directories in {paths.code_root}", timeout=600)
+    remove_code_dirs(hook, paths, plan)
     return plan
 
 
-# --------------------------------------------------------------------------- the runs' markers
-
-
-def mark_run_command(paths: RunPaths, key: str, code_hash: str, about: str) -> str:
+def mark_run(hook: FileHook, paths: RunPaths, key: str, code_hash: str, about: str) -> None:
     """Record that DAG run ``key`` uses ``code_hash``: its marker (written whole, then renamed into
     place), replacing a marker of other code the run used before. ``about`` (the DAG run, the run
     name) is the marker's text, for people."""
     marker = paths.run_marker(key, code_hash)
-    directory = shlex.quote(str(paths.run_markers_dir))
-    temporary = shlex.quote(f"{paths.run_markers_dir}/.{marker.name}.tmp")
-    others = f"{shlex.quote(str(paths.run_markers_dir))}/{key}-*"
-    return (f"set -e; mkdir -p {directory}; printf '%s\\n' {shlex.quote(about)} > {temporary}; "
-            f"for old in {others}; do [ \"$old\" = {shlex.quote(str(marker))} ] || rm -f -- \"$old\"; done; "
-            f"mv -f -- {temporary} {shlex.quote(str(marker))}")
+    hook.replace_record(paths.run_markers_dir, marker.name, about, prefix=f"{key}-")
 
 
-def touch_run_command(paths: RunPaths, key: str, code_hash: str) -> str:
+def touch_run(hook: FileHook, paths: RunPaths, key: str, code_hash: str) -> None:
     """Refresh (or create) DAG run ``key``'s marker for ``code_hash``: the run is alive."""
-    return (f"mkdir -p {shlex.quote(str(paths.run_markers_dir))} && "
-            f"touch -- {shlex.quote(str(paths.run_marker(key, code_hash)))}")
+    hook.touch_record(paths.run_markers_dir, paths.run_marker(key, code_hash).name)
 
 
-def release_run_command(paths: RunPaths, key: str) -> str:
+def release_run(hook: FileHook, paths: RunPaths, key: str) -> None:
     """Remove DAG run ``key``'s marker(s): the run has ended and submits nothing more."""
     if not is_run_key(key):
         raise ValueError(f"run key {key!r} is not 16 hex digits")
-    return f"rm -f -- {shlex.quote(str(paths.run_markers_dir))}/{key}-*"
-
-
-def mark_run(runner: CommandRunner, paths: RunPaths, key: str, code_hash: str, about: str) -> None:
-    run_checked(runner, mark_run_command(paths, key, code_hash, about),
-                what=f"recording that DAG run {key} uses code {code_hash}")
-
-
-def touch_run(runner: CommandRunner, paths: RunPaths, key: str, code_hash: str) -> None:
-    run_checked(runner, touch_run_command(paths, key, code_hash), what=f"refreshing the marker of DAG run {key}")
-
-
-def release_run(runner: CommandRunner, paths: RunPaths, key: str) -> None:
-    run_checked(runner, release_run_command(paths, key), what=f"removing the marker of DAG run {key}")
+    hook.remove_records(paths.run_markers_dir, f"{key}-")

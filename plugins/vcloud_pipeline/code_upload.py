@@ -6,23 +6,22 @@ the directory of that hash (``<paths.code>/<hash>/``), which no other sync write
 manifest is uploaded into it only after the code has arrived, so a job never sees a manifest that
 promises code that is not there yet. Code already there is not sent again; a new hash is sent
 against the newest code directory already there, so only changed files travel. Everything goes
-over the profile's Airflow connection: rsync's ssh logs in exactly as the Slurm hook does (the
-connection's key and pinned host key, or its ssh_config alias and ControlMaster socket for OTP
-logins such as LUMI's).
+through the caller's Slurm hook: its file verbs, and rsync over the hook's own ssh command, which logs
+in exactly as the hook does (the connection's key and pinned host key, or its ssh_config alias and
+ControlMaster socket for OTP logins such as LUMI's).
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import shlex
 import subprocess
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from slurm_provider.hooks import SlurmHook
 from slurm_provider.transport import SSHCommand, TransportError
 
 from vcloud_pipeline.checkout import PROJECT_ROOT
@@ -30,7 +29,6 @@ from vcloud_pipeline.jobspec import JobSpec
 from vcloud_pipeline.code_retention import list_code_dirs, newest_complete
 from vcloud_pipeline.layout import CodePaths, RunPaths
 from vcloud_pipeline.profile import ClusterProfile
-from vcloud_pipeline.remote import CommandRunner, make_dirs, write_file
 from vcloud_pipeline.render import RenderedJob, render_job
 from vcloud_pipeline.code_tree import (
     CodeManifest,
@@ -46,13 +44,6 @@ RSYNC_TIMEOUT = 1800.0
 
 class SyncError(RuntimeError):
     """The code or the job scripts could not be transferred."""
-
-
-@contextlib.contextmanager
-def cluster_ssh(profile: ClusterProfile) -> Iterator[SSHCommand]:
-    """The ssh command rsync uses: the one of the profile's Airflow connection, as the hook logs in."""
-    with SlurmHook(profile.connection.conn_id).ssh_command() as ssh:
-        yield ssh
 
 
 def run_rsync(argv: Sequence[str], *, what: str, ssh: SSHCommand | None = None,
@@ -106,10 +97,7 @@ class SyncResult:
     """False when the cluster already held exactly this code and the transfer was skipped."""
 
 
-_NEWER_MARK = "__VCLOUD_NEWER_THAN_MANIFEST__"
-
-
-def code_is_current(runner: CommandRunner, code: CodePaths, manifest: CodeManifest) -> bool:
+def code_is_current(hook: Any, code: CodePaths, manifest: CodeManifest) -> bool:
     """True when the cluster already holds exactly this code, so the transfer can be skipped.
 
     The manifest in the hash's directory must carry our hash, and nothing under that directory may
@@ -118,56 +106,51 @@ def code_is_current(runner: CommandRunner, code: CodePaths, manifest: CodeManife
     the code is current its manifest is touched: the manifest's mtime says when the code was last
     synced or reused, which keeps it among the newest for the cleanup. One command, no rsync.
     """
-    manifest_path, code_dir = shlex.quote(str(code.manifest)), shlex.quote(str(code.dir))
-    line = (f"[ -f {manifest_path} ] || exit 0; cat {manifest_path}; echo; echo {_NEWER_MARK}; "
-            f"newer=\"$(find {code_dir} -newer {manifest_path} -print -quit)\"; printf '%s\\n' \"$newer\"; "
-            f"if [ -z \"$newer\" ] && grep -qF {shlex.quote(manifest.hash)} {manifest_path}; "
-            f"then touch -c -- {manifest_path}; fi")
-    result = runner.run(line, timeout=60)
-    if result.exit_status != 0 or _NEWER_MARK not in result.stdout:
+    found = hook.read_if_unchanged(code.manifest, code.dir, manifest.hash)
+    if found is None:
         return False
-    remote_manifest, _, newer = result.stdout.partition(_NEWER_MARK)
+    remote_manifest, unchanged = found
     try:
         same_hash = CodeManifest.from_json(remote_manifest).hash == manifest.hash
     except ValueError:
         return False
-    return same_hash and not newer.strip()
+    return same_hash and unchanged
 
 
-def sync_code_tree(profile: ClusterProfile, paths: RunPaths, tree: CodeTree, manifest: CodeManifest,
-                   runner: CommandRunner) -> bool:
+def sync_code_tree(paths: RunPaths, tree: CodeTree, manifest: CodeManifest, hook: Any) -> bool:
     """Mirror the code tree into its hash's directory unless the cluster already has it there;
     returns whether anything was sent.
 
     Unchanged files are copied on the cluster from the newest complete code directory instead of
     being sent. The manifest is uploaded only after the code has arrived (a job never sees a
     manifest that promises code that is not there yet), with an mtime newer than anything rsync wrote.
+    rsync's ssh is the hook's: it logs in exactly as the hook does.
     """
     code = paths.code(manifest.hash)
-    if code_is_current(runner, code, manifest):
+    if code_is_current(hook, code, manifest):
         return False
     refuse_unanchored_excludes(tree)
-    basis = newest_complete(list_code_dirs(runner, paths).dirs, other_than=manifest.hash)
-    with cluster_ssh(profile) as ssh:
+    basis = newest_complete(list_code_dirs(hook, paths).dirs, other_than=manifest.hash)
+    with hook.ssh_command() as ssh:
         run_rsync(code_sync_argv(tree, ssh.destination, code.dir, ssh.argv, basis=basis), ssh=ssh,
                   what=f"syncing {tree.root} to {code.dir}")
-    write_file(runner, code.manifest, manifest.to_json())
+    hook.write_file(code.manifest, manifest.to_json())
     return True
 
 
-def sync_run(profile: ClusterProfile, paths: RunPaths, tree: CodeTree, jobs: Mapping[str, RenderedJob],
-             manifest: CodeManifest, runner: CommandRunner, staging_dir: Path) -> SyncResult:
+def sync_run(paths: RunPaths, tree: CodeTree, jobs: Mapping[str, RenderedJob], manifest: CodeManifest,
+             hook: Any, staging_dir: Path) -> SyncResult:
     """Create the run's directories, mirror the code (unless already current), upload the scripts."""
     refuse_unanchored_excludes(tree)
-    make_dirs(runner, list(paths.directories_to_create()))
+    hook.make_dirs(list(paths.directories_to_create()), what="creating the run's directories")
 
     started = time.monotonic()
-    sent = sync_code_tree(profile, paths, tree, manifest, runner)
+    sent = sync_code_tree(paths, tree, manifest, hook)
     code_seconds = time.monotonic() - started
 
     write_jobs(jobs, staging_dir)
     started = time.monotonic()
-    with cluster_ssh(profile) as ssh:
+    with hook.ssh_command() as ssh:
         run_rsync(scripts_sync_argv(staging_dir, ssh.destination, paths.jobs_dir, ssh.argv), ssh=ssh,
                   what=f"uploading the job scripts to {paths.jobs_dir}")
     scripts_seconds = time.monotonic() - started

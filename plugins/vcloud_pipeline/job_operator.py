@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from slurm_provider.hooks import RemoteCommandError
 from slurm_provider.operators import SlurmSubmitOperator
 from slurm_provider.resubmission import DEFAULT_BUDGETS
 from slurm_provider.job_status import JobStatus
@@ -41,7 +42,6 @@ from vcloud_pipeline.code_retention import touch_run
 from vcloud_pipeline.layout import run_key
 from vcloud_pipeline.preflight import PROJECT_TAG, read_allocation, read_ledger, usage_of
 from vcloud_pipeline.profile import ClusterProfile
-from vcloud_pipeline.remote import RemoteCommandError
 from vcloud_pipeline.stage_decisions import (
     Decision,
     StageDecisionError,
@@ -269,7 +269,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
         in its comment, which keeps the code while Slurm lists the job."""
         ti = context["ti"]
         try:
-            touch_run(hook.runner, plan.paths, run_key(ti.dag_id, ti.run_id), self.code_version)
+            touch_run(hook, plan.paths, run_key(ti.dag_id, ti.run_id), self.code_version)
         except (RemoteCommandError, TransportError, ValueError) as exc:
             self.log.warning("Could not refresh the code marker of this DAG run: %s", exc)
 

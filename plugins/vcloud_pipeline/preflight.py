@@ -15,7 +15,6 @@ profile's ``billing.allocation`` against the ledger (:func:`read_allocation`).
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -188,7 +187,7 @@ def test_only(hook: Any, job_name: str, script: str, *, output: str) -> str:
             f"in partition {result.partition}")
 
 
-def check_image(runner: Any, profile: ClusterProfile) -> str | None:
+def check_image(hook: Any, profile: ClusterProfile) -> str | None:
     """The container image must be readable on the login node (profiles with a container).
 
     A Charliecloud image is a directory, and ``ch-run`` must be installed: both missing is what a
@@ -199,18 +198,15 @@ def check_image(runner: Any, profile: ClusterProfile) -> str | None:
         return None
     image = profile.container.image
     if profile.container.runtime == "charliecloud":
-        result = runner.run("command -v ch-run", timeout=60)
-        if result.exit_status != 0:
+        if not hook.command_exists("ch-run"):
             raise PreflightError(f"ch-run (Charliecloud) is not installed on the login node of profile "
                                  f"{profile.name}; install charliecloud-runtime (make image does)")
-        result = runner.run(f"test -d {shlex.quote(image)} && test -r {shlex.quote(image)}", timeout=60)
-        if result.exit_status != 0:
+        if not hook.readable(image, directory=True):
             raise PreflightError(f"Charliecloud image directory {image} of profile {profile.name} is missing or "
                                  "unreadable on the login node; build it with `make image` "
                                  "(include/local_cluster/build_image.sh) or fix container.image")
         return image
-    result = runner.run(f"test -r {shlex.quote(image)}", timeout=60)
-    if result.exit_status != 0:
+    if not hook.readable(image):
         raise PreflightError(f"container image {image} of profile {profile.name} is missing or unreadable on "
                              "the login node; fix container.image (images move when CSC updates them)")
     return image

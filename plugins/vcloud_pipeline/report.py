@@ -18,7 +18,6 @@ from vcloud.contract import best_checkpoint_metrics, completed_epochs, final_met
 from vcloud_pipeline.params import RequestError, parse_request
 from vcloud_pipeline.budget import Allocation
 from vcloud_pipeline.preflight import read_allocation, read_ledger
-from vcloud_pipeline.remote import listing
 from vcloud_pipeline.plan.run_plan import RunPlan
 from vcloud_pipeline.tasks import build_plan, curve_pngs, stage_records
 
@@ -78,9 +77,9 @@ def curves_section(pngs: dict[str, str]) -> list[str]:
 def render_report(plan: RunPlan, hook, dag_run_id: str | None = None) -> str:
     paths = plan.paths
     lines = [f"run {plan.run_name} on profile {plan.profile.name}", "", f"outputs: {paths.outputs_dir}"]
-    lines += [f"  {_size(size):>10}  {rel}" for rel, size in listing(hook.runner, paths.outputs_dir)]
+    lines += [f"  {_size(size):>10}  {rel}" for rel, size in hook.list_files(paths.outputs_dir)]
     lines += ["", f"viewer export: {paths.viewer_dir}"]
-    lines += [f"  {_size(size):>10}  {rel}" for rel, size in listing(hook.runner, paths.viewer_dir)]
+    lines += [f"  {_size(size):>10}  {rel}" for rel, size in hook.list_files(paths.viewer_dir)]
     metrics = hook.read_file(str(paths.viewer_dir / "metrics.json"))
     if metrics:
         lines += ["", "viewer metrics.json:", *("  " + line for line in metrics.strip().splitlines()[:40])]

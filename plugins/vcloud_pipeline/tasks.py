@@ -21,6 +21,7 @@ from slurm_provider.operators import (
     DEFAULT_RETRY_DELAY,
     DEFAULT_RETRY_EXPONENTIAL_BACKOFF,
 )
+from slurm_provider.hooks import RemoteCommandError
 from slurm_provider.transport.base import TransportError
 from vcloud.contract import STAGES
 
@@ -38,7 +39,6 @@ from vcloud_pipeline.preflight import (
     test_only,
 )
 from vcloud_pipeline.profile import ClusterProfile, ProfileError, load_profile, overrides_from_environ
-from vcloud_pipeline.remote import RemoteCommandError, listing
 from vcloud_pipeline.render import LOG_OUTPUT_PATTERN
 from vcloud_pipeline.code_tree import CodeTree
 from vcloud_pipeline.stage_decisions import StageDecisionError, completion_record, decide_data
@@ -126,7 +126,7 @@ def plan_run(params: Mapping[str, Any], *, run_type: Any = None, logical_date: A
     return plan.to_xcom()
 
 
-def sync_code(plan: RunPlan, runner: Any, *, project_root: Path = PROJECT_ROOT,
+def sync_code(plan: RunPlan, hook: Any, *, project_root: Path = PROJECT_ROOT,
               dag_run: tuple[str, str] | None = None) -> dict[str, Any]:
     """Hash the code tree, render every job once with that hash, mirror code and scripts to the
     cluster, record that the DAG run ``dag_run`` (DAG id, run id) uses that code until it ends, then
@@ -139,7 +139,7 @@ def sync_code(plan: RunPlan, runner: Any, *, project_root: Path = PROJECT_ROOT,
     code = paths.code(manifest.hash)
     jobs = plan.render(manifest.hash)
     with tempfile.TemporaryDirectory(prefix="vcloud-jobs-") as staging:
-        result = sync_run(plan.profile, paths, tree, jobs, manifest, runner, Path(staging))
+        result = sync_run(paths, tree, jobs, manifest, hook, Path(staging))
     if result.code_sent:
         log.info("synced %d files (code %s) to %s in %.1f s; job scripts to %s", manifest.files, manifest.hash,
                  code.dir, result.code_seconds, paths.jobs_dir)
@@ -148,10 +148,10 @@ def sync_code(plan: RunPlan, runner: Any, *, project_root: Path = PROJECT_ROOT,
                  manifest.hash, code.dir, paths.jobs_dir)
     if dag_run is not None:
         key = run_key(*dag_run)
-        mark_run(runner, paths, key, manifest.hash,
+        mark_run(hook, paths, key, manifest.hash,
                  f"DAG {dag_run[0]}, run {dag_run[1]}, run name {plan.run_name}, profile {plan.profile.name}")
         log.info("DAG run %s (marker %s) uses code %s until it ends", dag_run[1], key, manifest.hash)
-    cleanup = clean_code_dirs(plan, runner, manifest.hash)
+    cleanup = clean_code_dirs(plan, hook, manifest.hash)
     synced = SyncedCode.recording(
         manifest.hash, {label: job.outer for label, job in jobs.items()},
         files=manifest.files, code_dir=str(code.dir), manifest_path=str(code.manifest),
@@ -162,23 +162,23 @@ def sync_code(plan: RunPlan, runner: Any, *, project_root: Path = PROJECT_ROOT,
     return synced.model_dump(mode="json")
 
 
-def release_run_code(plan: RunPlan, runner: Any, dag_run: tuple[str, str]) -> None:
+def release_run_code(plan: RunPlan, hook: Any, dag_run: tuple[str, str]) -> None:
     """The DAG run has ended: its code is no longer kept for it (a failure is a warning: the marker
     then expires on its own)."""
     key = run_key(*dag_run)
     try:
-        release_run(runner, plan.paths, key)
+        release_run(hook, plan.paths, key)
     except (RemoteCommandError, TransportError) as exc:
         log.warning("the marker of DAG run %s (%s) stays until it expires: %s", dag_run[1], key, exc)
         return
     log.info("DAG run %s ended: its code is no longer kept for it (marker %s removed)", dag_run[1], key)
 
 
-def clean_code_dirs(plan: RunPlan, runner: Any, current: str) -> RetentionPlan | None:
+def clean_code_dirs(plan: RunPlan, hook: Any, current: str) -> RetentionPlan | None:
     """Remove unused code directories; a failure is a warning (the run needs none of them), None."""
     paths = plan.paths
     try:
-        retention = remove_unused_code_dirs(plan.profile, paths, runner, current)
+        retention = remove_unused_code_dirs(plan.profile, paths, hook, current)
     except (RemoteCommandError, TransportError, ValueError) as exc:
         log.warning("code directories in %s left as they are: %s", paths.code_root, exc)
         return None
@@ -207,7 +207,7 @@ def preflight_checks(plan: RunPlan, hook: Any, synced: SyncedCode) -> dict[str, 
                                  output=str(paths.logs_dir / LOG_OUTPUT_PATTERN)) for label in to_run}
     for line in verdicts.values():
         log.info("test-only: %s", line)
-    image = check_image(hook.runner, plan.profile)
+    image = check_image(hook, plan.profile)
     ledger = read_ledger(hook, plan.profile)
     allocation = read_allocation(hook, plan.profile, ledger)
     log.info("allocation (%s): %s", allocation.source, allocation.describe())
@@ -269,8 +269,8 @@ def summarize(plan: RunPlan, hook: Any, job_summaries: Mapping[str, Any]) -> dic
     log.info("allocation (%s): %s", allocation.source, allocation.describe())
     records = stage_records(plan, hook)
     paths = plan.paths
-    files = listing(hook.runner, paths.outputs_dir) + [
-        (f"viewer/{rel}", size) for rel, size in listing(hook.runner, paths.viewer_dir)]
+    files = hook.list_files(paths.outputs_dir) + [
+        (f"viewer/{rel}", size) for rel, size in hook.list_files(paths.viewer_dir)]
     curves = curve_pngs(plan, hook)
     log.info("training curves: %s", "; ".join(f"{label} {path}" for label, path in curves.items())
              or "none plotted (the export job plots them)")

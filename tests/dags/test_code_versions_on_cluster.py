@@ -119,7 +119,7 @@ class RunB(BackgroundStep):
         ctx = build_plan(parse_request({"profile": "local", "config": "tiny", "run_name": RUN_B,
                                               "stages": [0], "export": False}))
         with SlurmHook(ctx.profile.connection.conn_id) as hook:
-            self.seen["b"] = sync_code(ctx, hook.runner, project_root=self.tree)
+            self.seen["b"] = sync_code(ctx, hook, project_root=self.tree)
         self.seen["dirs_after_b"] = code_dirs(cluster, self.project_dir)
 
         cluster.root("scontrol", "resume", str(job))
@@ -182,13 +182,13 @@ def test_a_requeued_job_runs_its_own_code_after_another_run_synced_new_code(
                                 f'--comment={{"code":"{hash_a}"}}')  # e.g. a job of run A someone queued by hand
     try:
         with SlurmHook(ctx.profile.connection.conn_id) as hook:
-            again = sync_code(ctx, hook.runner, project_root=run_b.tree)
+            again = sync_code(ctx, hook, project_root=run_b.tree)
         assert not again["code_sent"] and again["code_dirs_removed"] == []
         assert code_dirs(local_cluster, project_dir) == {hash_a, hash_b}
     finally:
         local_cluster.ssh(f"scancel {held}")
     local_cluster.wait_for_state(held, {"CANCELLED"}, timeout=60)
     with SlurmHook(ctx.profile.connection.conn_id) as hook:
-        last = sync_code(ctx, hook.runner, project_root=run_b.tree)
+        last = sync_code(ctx, hook, project_root=run_b.tree)
     assert last["code_dirs_removed"] == [hash_a]
     assert code_dirs(local_cluster, project_dir) == {hash_b}

@@ -32,7 +32,7 @@ from vcloud_pipeline.code_tree import (
     refuse_unanchored_excludes,
     scripts_sync_argv,
 )
-from vcloud_pipeline.code_upload import cluster_ssh
+from slurm_provider.hooks import SlurmHook
 from tests.vcloud_pipeline.test_job_scripts import SLOW_START, STAND_IN_TRAINER
 
 pytestmark = pytest.mark.usefixtures("cluster_connection")  # rsync logs in with the profile's connection
@@ -58,7 +58,7 @@ def setup_run(cluster: LocalCluster, tree: CodeTree, tmp_path: Path) -> tuple[Cl
     refuse_unanchored_excludes(tree)
     manifest = build_manifest(tree, dt.datetime.now(dt.timezone.utc))
     code = paths.code(manifest.hash)
-    with cluster_ssh(profile) as ssh:
+    with SlurmHook(profile.connection.conn_id).ssh_command() as ssh:
         subprocess.run(code_sync_argv(tree, ssh.destination, code.dir, ssh.argv),
                        check=True, capture_output=True, timeout=300)
     cluster.ssh(f"cat > {shlex.quote(str(code.manifest))}", input=manifest.to_json())
@@ -70,7 +70,7 @@ def submit(cluster: LocalCluster, profile: ClusterProfile, job: RenderedJob, tmp
     local_jobs.mkdir(exist_ok=True)
     (local_jobs / job.outer_path.name).write_text(job.outer)
     (local_jobs / job.inner_path.name).write_text(job.inner)
-    with cluster_ssh(profile) as ssh:
+    with SlurmHook(profile.connection.conn_id).ssh_command() as ssh:
         subprocess.run(scripts_sync_argv(local_jobs, ssh.destination, job.outer_path.parent, ssh.argv),
                        check=True, capture_output=True, timeout=120)
     return int(cluster.ssh(shlex.join(job.submit_argv)).stdout.strip().split(";")[0])
@@ -82,7 +82,7 @@ def test_preflight_job_imports_everything_in_the_job_environment(local_cluster: 
 
     # what arrived on the cluster hashes exactly like the local tree
     back = tmp_path / "back"
-    with cluster_ssh(profile) as ssh:
+    with SlurmHook(profile.connection.conn_id).ssh_command() as ssh:
         pull = ["rsync", "-a", "-s", "--exclude=/.vcloud_manifest.json", "-e", ssh.shell,
                 f"{ssh.destination}:{paths.code(manifest.hash).dir}/", f"{back}/"]
         subprocess.run(pull, check=True, capture_output=True, timeout=300)

@@ -131,22 +131,22 @@ def test_the_allocation_is_slurms_where_the_site_sets_a_limit_else_the_profiles(
 
 
 def test_a_missing_container_image_fails_preflight_naming_it(tmp_path) -> None:
-    from tests.vcloud_pipeline.test_remote import LocalShell
+    from tests.vcloud_pipeline.shell import local_hook
 
     from vcloud_pipeline.preflight import check_image
 
     with pytest.raises(PreflightError, match=r"container image /appl/local/csc/soft/ai/images/pytorch_2.5.1.*\.sif "
                                              r"of profile lumi is missing"):
-        check_image(LocalShell(), LUMI)
+        check_image(local_hook(), LUMI)
     image = tmp_path / "pytorch.sif"
     image.write_bytes(b"SIF")
     present = load_profile("lumi", overrides={"container.image": str(image)})
-    assert check_image(LocalShell(), present) == str(image)
-    assert check_image(LocalShell(), load_profile("local", overrides={"container.runtime": "none"})) is None
+    assert check_image(local_hook(), present) == str(image)
+    assert check_image(local_hook(), load_profile("local", overrides={"container.runtime": "none"})) is None
 
 
 def test_a_charliecloud_image_must_be_a_directory_and_ch_run_installed(tmp_path, monkeypatch) -> None:
-    from tests.vcloud_pipeline.test_remote import LocalShell
+    from tests.vcloud_pipeline.shell import local_hook
 
     from vcloud_pipeline.preflight import check_image
 
@@ -157,18 +157,18 @@ def test_a_charliecloud_image_must_be_a_directory_and_ch_run_installed(tmp_path,
     (bin_dir / "bash").symlink_to(shutil.which("bash") or "/bin/bash")
     monkeypatch.setenv("PATH", str(bin_dir))  # a login node's PATH without ch-run
     with pytest.raises(PreflightError, match=r"ch-run \(Charliecloud\) is not installed .* charliecloud-runtime"):
-        check_image(LocalShell(), profile)
+        check_image(local_hook(), profile)
     (bin_dir / "ch-run").write_text("#!/bin/sh\n")
     (bin_dir / "ch-run").chmod(0o755)
     with pytest.raises(PreflightError, match=r"Charliecloud image directory .*/vcloud-trainer of profile local is "
                                              r"missing .*`make image`"):
-        check_image(LocalShell(), profile)
+        check_image(local_hook(), profile)
     image.write_text("not a directory image")
     with pytest.raises(PreflightError, match="is missing or unreadable"):
-        check_image(LocalShell(), profile)
+        check_image(local_hook(), profile)
     image.unlink()
     image.mkdir()
-    assert check_image(LocalShell(), profile) == str(image)
+    assert check_image(local_hook(), profile) == str(image)
 
 
 def _find_project_jobs(sacct_text: str, *, every_run: bool) -> list[JobStatus]:
@@ -221,6 +221,11 @@ def test_a_resubmission_is_checked_against_the_budget_again(monkeypatch: pytest.
         def run(self, line: str, *, stdin: str | None = None, timeout: float = 0) -> CommandResult:
             self.commands.append(line)
             return CommandResult(command=line, exit_status=0, stdout="", stderr="")
+
+        def touch_record(self, directory: str, name: str) -> None:
+            from slurm_provider.cli.files import build_touch_record
+
+            self.run(build_touch_record(directory, name))
 
         def find_jobs(self, **kwargs: object) -> list[JobStatus]:
             assert kwargs.get("every_run") is True

@@ -4,7 +4,11 @@ The hooks run the command lines of :mod:`slurm_provider.cli` through a transport
 (:mod:`slurm_provider.transport`) and return what :mod:`slurm_provider.cli` and
 :mod:`slurm_provider.job_status` make of the output. They never decide whether a job succeeded.
 
-Each verb is written once, as a *plan*: a generator that validates its arguments, yields the
+The file operations a workflow needs on the login node (make directories, write a file atomically,
+list a tree, keep records) are verbs of the hook too (:mod:`slurm_provider.file_verbs`), so the
+layers above never compose shell.
+
+Each verb is written once, as a *plan* (:mod:`slurm_provider.plans`): a generator that validates its arguments, yields the
 :class:`RemoteCommand` it needs, receives the :class:`CommandResult`, maybe yields one more, and
 returns the value. The sync hook drives plans with a blocking runner, the async hook with an
 asyncio runner, so both hooks issue exactly the same commands. Every argument is validated in
@@ -24,7 +28,7 @@ import contextlib
 import dataclasses
 import logging
 from collections import Counter
-from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -78,6 +82,7 @@ from slurm_provider.cli.sinfo import build_sinfo_unavailable_nodes, parse_sinfo_
 from slurm_provider.cli.squeue import (
     SqueueRow,
     build_squeue,
+    build_squeue_account_jobs,
     build_squeue_by_name,
     build_squeue_live_jobs,
     build_squeue_own_jobs,
@@ -86,7 +91,9 @@ from slurm_provider.cli.squeue import (
 from slurm_provider.cli.sshare import TresMinutes, account_tres_minutes, build_sshare_account, parse_sshare
 from slurm_provider.cli.values import SlurmOutputError, is_invalid_job_id_error
 from slurm_provider.connection_form import CONN_TYPE, CONNECTION_FIELDS, HOOK_NAME, ui_field_behaviour
+from slurm_provider.file_verbs import FileVerbs, RemoteCommandError
 from slurm_provider.job_status import JobStatus, resolve_statuses
+from slurm_provider.plans import Plan, RemoteCommand
 from slurm_provider.transport import (
     AsyncRemoteCommandRunner,
     CommandResult,
@@ -114,17 +121,6 @@ SUBMIT_TIMEOUT = 120.0
 """sbatch on a busy production cluster can take tens of seconds to answer."""
 DEFAULT_FIND_SINCE = "now-7days"
 LOG_CHUNK_BYTES = 65536
-
-
-@dataclass(frozen=True)
-class RemoteCommand:
-    """One command line a plan needs run, what it is (for counting), and its stdin."""
-
-    line: str
-    verb: str
-    """The Slurm program or file operation: ``squeue``, ``sacct``, ``sbatch``, ``read_log`` ..."""
-    stdin: str | None = None
-    timeout: float | None = None
 
 
 class SlurmCommandFailed(TransportError):
@@ -187,9 +183,6 @@ class CancelResult:
 
 
 # --- plans: one per verb, pure apart from the commands they yield ---------------------------------
-
-Plan = Generator[RemoteCommand, CommandResult, T]
-
 
 def _options(options: SubmitOptions | None, fields: Mapping[str, Any]) -> SubmitOptions:
     if options is None:
@@ -282,6 +275,11 @@ def exclusive_submit_plan(script: str, options: SubmitOptions, exclusive_dir: st
         raise SbatchRefused(f"cannot create {exclusive_dir} or move its outputs aside: "
                             f"{(result.stderr or '').strip()[-1000:]}", result.stderr)
     return ExclusiveSubmitResult(parse_sbatch_parsable(result.stdout, result.stderr).job_id, moved=moved)
+
+
+def account_jobs_plan(account: str) -> Plan[list[SqueueRow]]:
+    """Every job Slurm lists for the account (all its users) and for the login user, every state."""
+    return _squeue_rows((yield RemoteCommand(build_squeue_account_jobs(account), "squeue")))
 
 
 def live_writers_plan(exclusive_dir: str, account: str | None = None) -> Plan[list[JobStatus]]:
@@ -486,7 +484,7 @@ class _CommandCounter:
         self.command_counts[command.verb] += 1
 
 
-class SlurmHook(BaseHook, _CommandCounter):
+class SlurmHook(BaseHook, _CommandCounter, FileVerbs):
     """Slurm over SSH for operators and sensors (blocking). One connection, opened on first use.
 
     :param ssh_conn_id: Airflow connection of type ``slurm`` (or a plain ``ssh`` one); its extra
@@ -581,6 +579,11 @@ class SlurmHook(BaseHook, _CommandCounter):
         if result.job_id is not None:
             log.info("Submitted job %s (%s) on %s", result.job_id, resolved.job_name, self.ssh_conn_id)
         return result
+
+    def account_jobs(self, account: str) -> list[SqueueRow]:
+        """Every job Slurm lists for ``account`` and for the login user, in any state (a job in both
+        is listed twice): what still uses a code directory, for example."""
+        return self._drive(account_jobs_plan(account))
 
     def live_writers(self, exclusive_dir: str, account: str | None = None) -> list[JobStatus]:
         """Live jobs of the project that write ``exclusive_dir`` (submitted with ``submit_exclusive``),
