@@ -1,6 +1,6 @@
 """Code sync cost on the local cluster: full sync, no-change re-sync, one changed file.
 
-Runs the training DAG's own code-sync step (``vcloud_pipeline.code_upload.sync_code_tree``: one manifest
+Runs the training DAG's own code-sync step (``vcloud_pipeline.code.upload.sync_code_tree``: one manifest
 check over the SSH login, then rsync with anchored excludes and ``--delete`` only when needed) on a
 private copy of the project's ``trainer/`` tree into a fresh directory on the cluster, three times:
 empty destination, nothing changed, one file changed. The changed tree is a new content hash and
@@ -32,10 +32,10 @@ sys.path[:0] = [str(REPO / "providers" / "slurm" / "src"), str(REPO / "plugins")
 CONN_ENV = Path(os.environ.get("VCLOUD_CLUSTER_DIR", "/var/lib/vcloud-localcluster")) / "airflow_conn.env"
 
 from slurm_provider.hooks import SlurmHook  # noqa: E402
-from vcloud_pipeline.layout import run_paths  # noqa: E402
+from vcloud_pipeline.plan.layout import run_paths  # noqa: E402
 from vcloud_pipeline.profile import load_profile  # noqa: E402
-from vcloud_pipeline.code_tree import CodeTree, code_sync_argv, tree_files  # noqa: E402
-from vcloud_pipeline.code_upload import local_manifest, run_rsync, sync_code_tree  # noqa: E402
+from vcloud_pipeline.code.tree import CodeTree, code_sync_argv, tree_files  # noqa: E402
+from vcloud_pipeline.code.upload import local_manifest, run_rsync, sync_code_tree  # noqa: E402
 
 
 def load_connection_env() -> None:

@@ -13,7 +13,7 @@ when it could not be reached, and only then. To change that, pass e.g.
 
 Runs go at the same time (Airflow's ``max_active_runs_per_dag``); two runs with one run name share
 each stage's job through the provider's one-writer-per-directory lock. The jobs one deployment has
-on a cluster are bounded by the pool of the run's connection (``vcloud_pipeline.pools``).
+on a cluster are bounded by the pool of the run's connection (``vcloud_pipeline.dag.pools``).
 
 Deployment settings (read when the file is parsed, no I/O): ``VCLOUD_TRAINING_SCHEDULE``
 (cron or preset, default ``@monthly``; ``none`` for manual runs only) and
@@ -27,11 +27,11 @@ import os
 import pendulum
 from airflow.sdk import DAG, TriggerRule, chain, get_current_context, task
 
-from vcloud_pipeline.assets import outlets_of
-from vcloud_pipeline.job_operator import PipelineJobOperator
-from vcloud_pipeline.params import dag_params
+from vcloud_pipeline.dag.assets import outlets_of
+from vcloud_pipeline.dag.job_operator import PipelineJobOperator
+from vcloud_pipeline.plan.request import dag_params
 from vcloud_pipeline.plan.labels import JobLabel
-from vcloud_pipeline.tasks import CLUSTER_STEP_RETRIES
+from vcloud_pipeline.dag.tasks import CLUSTER_STEP_RETRIES
 
 _schedule = os.environ.get("VCLOUD_TRAINING_SCHEDULE", "@monthly")
 
@@ -49,7 +49,7 @@ with DAG(
     @task(task_id="plan")
     def plan() -> dict:
         """Validate params and profile; plan every job. Fails before anything is submitted."""
-        from vcloud_pipeline.tasks import plan_run
+        from vcloud_pipeline.dag.tasks import plan_run
 
         context = get_current_context()
         dag_run = context["dag_run"]
@@ -61,8 +61,8 @@ with DAG(
         """Render every job once with the code's hash; rsync trainer/ (anchored excludes) and the scripts."""
         from slurm_provider.hooks import SlurmHook
         from vcloud_pipeline.plan.run_plan import RunPlan
-        from vcloud_pipeline.tasks import final_unless_unreachable
-        from vcloud_pipeline.tasks import sync_code as sync
+        from vcloud_pipeline.dag.tasks import final_unless_unreachable
+        from vcloud_pipeline.dag.tasks import sync_code as sync
 
         run_plan = RunPlan.from_xcom(planned)
         context = get_current_context()
@@ -74,8 +74,8 @@ with DAG(
         """sbatch --test-only of each job to run, the container image, and the GPU-hour budget."""
         from slurm_provider.hooks import SlurmHook
         from vcloud_pipeline.plan.run_plan import RunPlan, SyncedCode
-        from vcloud_pipeline.tasks import final_unless_unreachable
-        from vcloud_pipeline.tasks import preflight_checks as checks
+        from vcloud_pipeline.dag.tasks import final_unless_unreachable
+        from vcloud_pipeline.dag.tasks import preflight_checks as checks
 
         run_plan = RunPlan.from_xcom(planned)
         with final_unless_unreachable(), SlurmHook(run_plan.conn_id) as hook:
@@ -87,7 +87,7 @@ with DAG(
         submits nothing more: its code is no longer kept for it."""
         from slurm_provider.hooks import SlurmHook
         from vcloud_pipeline.plan.run_plan import RunPlan
-        from vcloud_pipeline.tasks import final_unless_unreachable, job_summaries, release_run_code, summarize
+        from vcloud_pipeline.dag.tasks import final_unless_unreachable, job_summaries, release_run_code, summarize
 
         run_plan = RunPlan.from_xcom(planned)
         context = get_current_context()

@@ -1,6 +1,6 @@
 #!/bin/bash
 # vcloud {{ title }}: inner script, runs {{ where }} on every node of the job.
-# Rendered by vcloud_pipeline.render from profile '{{ profile.name }}' and include/sbatch/inner.sh;
+# Rendered by vcloud_pipeline.jobs.render from profile '{{ profile.name }}' and include/sbatch/inner.sh;
 # change those, not this file.
 set -euo pipefail
 

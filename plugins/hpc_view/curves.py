@@ -9,7 +9,7 @@ older than ``CURVE_INTERVAL_S`` (``FINISHED_INTERVAL_S`` once every task that wr
 whatever the number of people looking. On LUMI each read is a command on a shared login node.
 
 Where a stage's file is comes from the job record (cluster profile, run name, stage label) and the
-profile's layout (``vcloud_pipeline.layout.run_paths``), as the training DAG computed it.
+profile's layout (``vcloud_pipeline.plan.layout.run_paths``), as the training DAG computed it.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def hook_read_files(conn_id: str, paths: list[str]) -> dict[str, str | None]:
 
 def profile_metrics_path(profile_name: str, run_name: str, stage: int) -> tuple[str, str]:
     """Where a stage of a run writes ``metrics.jsonl``, by the profile's layout."""
-    from vcloud_pipeline.layout import run_paths
+    from vcloud_pipeline.plan.layout import run_paths
     from vcloud_pipeline.profile import ProfileError, load_profile, overrides_from_environ
 
     if profile_name == UNASSIGNED:

@@ -55,7 +55,7 @@ def changed_tree(root: Path, change: str) -> Path:
 @pytest.fixture
 def run_a_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The tree run A's DAG syncs (its ``sync_code`` task runs in this process under dag.test())."""
-    from vcloud_pipeline import tasks
+    from vcloud_pipeline.dag import tasks
 
     tree = changed_tree(tmp_path / "run-a", "run A's change")
     monkeypatch.setitem(tasks.sync_code.__kwdefaults__, "project_root", tree)
@@ -93,8 +93,8 @@ class RunB(BackgroundStep):
 
     def step(self) -> None:
         from slurm_provider.hooks import SlurmHook
-        from vcloud_pipeline.params import parse_request
-        from vcloud_pipeline.tasks import build_plan, sync_code
+        from vcloud_pipeline.plan.request import parse_request
+        from vcloud_pipeline.dag.tasks import build_plan, sync_code
 
         cluster, progress = self.cluster, f"{self.project_dir}/outputs/{RUN_A}/stage0/progress.json"
 
@@ -142,8 +142,8 @@ def test_a_requeued_job_runs_its_own_code_after_another_run_synced_new_code(
 
     hash_a, synced_b = values["sync_code"]["code_hash"], run_b.seen["b"]
     hash_b = synced_b["code_hash"]
-    from vcloud_pipeline.code_tree import CodeTree
-    from vcloud_pipeline.code_upload import local_manifest
+    from vcloud_pipeline.code.tree import CodeTree
+    from vcloud_pipeline.code.upload import local_manifest
 
     assert hash_a == local_manifest(CodeTree(run_a_tree)).hash != local_manifest(CodeTree(REPO)).hash
     assert hash_a != hash_b and synced_b["code_sent"]
@@ -173,8 +173,8 @@ def test_a_requeued_job_runs_its_own_code_after_another_run_synced_new_code(
     # After A's job ended, B syncs again (nothing sent): its cleanup removes A's code once no
     # queued job references it any more.
     from slurm_provider.hooks import SlurmHook
-    from vcloud_pipeline.params import parse_request
-    from vcloud_pipeline.tasks import build_plan, sync_code
+    from vcloud_pipeline.plan.request import parse_request
+    from vcloud_pipeline.dag.tasks import build_plan, sync_code
 
     ctx = build_plan(parse_request({"profile": "local", "config": "tiny", "run_name": RUN_B,
                                           "stages": [0], "export": False}))

@@ -61,7 +61,7 @@ def test_retraining_schedule_without_catchup_and_runs_at_the_same_time(dag) -> N
 
 
 def test_params_form_has_a_described_field_for_every_request_field(dag) -> None:
-    from vcloud_pipeline.params import FIELDS
+    from vcloud_pipeline.plan.request import FIELDS
 
     params = dag.params
     assert set(FIELDS) == set(params.keys())
@@ -91,8 +91,8 @@ def test_injection_in_the_form_is_refused_before_the_run_starts(dag) -> None:
 def test_an_unknown_profile_is_refused_by_the_form_and_by_the_plan(dag) -> None:
     from airflow.sdk.definitions.param import ParamValidationError
 
-    from vcloud_pipeline.params import RequestError
-    from vcloud_pipeline.tasks import plan_run
+    from vcloud_pipeline.plan.request import RequestError
+    from vcloud_pipeline.dag.tasks import plan_run
 
     # The form offers the installed profiles only: no run starts, so nothing can be submitted.
     with pytest.raises(ParamValidationError, match=r"'nosuch' is not one of \['cosmos', 'levante', 'local', 'lumi'\]"):
@@ -103,7 +103,7 @@ def test_an_unknown_profile_is_refused_by_the_form_and_by_the_plan(dag) -> None:
 
 
 def test_the_form_offers_the_installed_profiles_and_groups_the_advanced_params(dag) -> None:
-    from vcloud_pipeline.params import ADVANCED, RequestError, dag_params
+    from vcloud_pipeline.plan.request import ADVANCED, RequestError, dag_params
     from vcloud_pipeline.profile import available_profiles
 
     params = dag.params
@@ -167,7 +167,7 @@ def test_job_tasks_show_the_script_they_submit_never_rendered_by_jinja(dag) -> N
 
     from vcloud_pipeline.plan.labels import JobLabel
     from vcloud_pipeline.plan.run_plan import SyncedCode
-    from vcloud_pipeline.tasks import plan_run
+    from vcloud_pipeline.dag.tasks import plan_run
 
     task = copy.deepcopy(dag.get_task("preflight_imports"))  # binding changes it; the DAG's stays unbound
     assert "script" in task.template_fields and task.template_fields_renderers["script"] == "bash"

@@ -78,7 +78,7 @@ def test_a_two_node_stage_equals_one_node_with_the_same_global_batch(
     batch 2 each) against one node's 4 ranks with batch 4, run with the same image, code and data:
     the same global batch of the same samples, so the same weights."""
     import torch
-    from vcloud_pipeline.layout import run_paths
+    from vcloud_pipeline.plan.layout import run_paths
     from vcloud_pipeline.profile import load_profile, overrides_from_environ
 
     base = site_project(local_cluster, monkeypatch, "cosmos", "/cosmos/vast/scratch/{user}")
@@ -137,7 +137,7 @@ def test_a_node_failing_mid_epoch_on_cosmos_costs_at_most_the_epoch_in_progress(
     second node goes DOWN. The shared directory already holds that checkpoint (copied back at every
     checkpoint, not only at exit); the job ends NODE_FAIL, is requeued, stages the shared outputs
     back, resumes and completes; every epoch appears once."""
-    from vcloud_pipeline.layout import run_paths
+    from vcloud_pipeline.plan.layout import run_paths
     from vcloud_pipeline.profile import load_profile, overrides_from_environ
 
     base = site_project(local_cluster, monkeypatch, "cosmos", "/cosmos/vast/scratch/{user}")

@@ -90,8 +90,8 @@ def test_keys_are_mounted_read_only_and_host_keys_are_checked(compose: dict) -> 
         assert _mounts(service)["/opt/airflow/config/airflow_local_settings.py"] == (
             "./include/airflow/airflow_local_settings.py", "ro"), name
     init = "\n".join(compose["services"]["airflow-init"]["command"])
-    assert "python -m vcloud_pipeline.pools --create" in init
-    assert init.index("check_connections.py") < init.index("vcloud_pipeline.pools")
+    assert "python -m vcloud_pipeline.dag.pools --create" in init
+    assert init.index("check_connections.py") < init.index("vcloud_pipeline.dag.pools")
     for dockerfile in DOCKER.glob("*.Dockerfile"):
         copies = [line for line in dockerfile.read_text().splitlines() if line.startswith(("COPY", "ADD"))]
         assert not [c for c in copies if "ssh" in c or "secret" in c or "id_" in c], dockerfile

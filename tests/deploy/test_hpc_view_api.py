@@ -187,7 +187,7 @@ def test_the_stages_training_curves_come_from_their_files_on_the_cluster_once_an
     from hpc_view.curves import CURVE_INTERVAL_S, CurveReads
     from slurm_provider.hooks import SlurmHook
     from vcloud.contract import training_curve
-    from vcloud_pipeline.layout import run_paths
+    from vcloud_pipeline.plan.layout import run_paths
     from vcloud_pipeline.profile import load_profile
 
     base = local_cluster.test_dir()

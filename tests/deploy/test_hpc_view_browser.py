@@ -21,7 +21,7 @@ import pytest
 
 from deploy.cdp import CHROMIUM, Browser
 from vcloud.contract import training_curve
-from vcloud_pipeline.layout import run_paths
+from vcloud_pipeline.plan.layout import run_paths
 from vcloud_pipeline.profile import load_profile
 from localcluster import LocalCluster, poll_until
 from ports import free_port

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vcloud_pipeline.budget import (
+from vcloud_pipeline.budget.billing import (
     Allocation,
     BudgetExceeded,
     Usage,
@@ -16,7 +16,7 @@ from vcloud_pipeline.budget import (
     units_from_slurm_minutes,
     worst_case,
 )
-from vcloud_pipeline.jobspec import JobSpec
+from vcloud_pipeline.plan.jobspec import JobSpec
 from vcloud_pipeline.profile import load_profile
 from tests.vcloud_pipeline.conftest import complete_profile
 

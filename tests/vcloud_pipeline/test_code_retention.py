@@ -16,7 +16,7 @@ from slurm_provider.cli.sbatch import JobComment
 from slurm_provider.cli.squeue import SQUEUE_FIELDS
 from slurm_provider.cli.squeue import parse_squeue
 from slurm_provider.transport.base import CommandResult
-from vcloud_pipeline.code_retention import (
+from vcloud_pipeline.code.retention import (
     INCOMPLETE_GRACE_S,
     RUN_MARKER_EXPIRY_S,
     CodeDir,
@@ -35,10 +35,10 @@ from vcloud_pipeline.code_retention import (
     remove_unused_code_dirs,
     touch_run,
 )
-from vcloud_pipeline.layout import MANIFEST_NAME, RunPaths, run_key, run_paths
-from vcloud_pipeline.params import parse_request
+from vcloud_pipeline.plan.layout import MANIFEST_NAME, RunPaths, run_key, run_paths
+from vcloud_pipeline.plan.request import parse_request
 from vcloud_pipeline.profile import ClusterProfile, load_profile
-from vcloud_pipeline.tasks import build_plan, clean_code_dirs
+from vcloud_pipeline.dag.tasks import build_plan, clean_code_dirs
 
 NOW = 1_800_000_000.0
 A, B, C, D, E, F = (c * 64 for c in "abcdef")

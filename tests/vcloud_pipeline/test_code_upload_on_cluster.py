@@ -20,12 +20,12 @@ import pytest
 from localcluster import LocalCluster, poll_until
 from slurm_provider.hooks import SlurmHook
 from slurm_provider.transport import HostKeyRejected
-from vcloud_pipeline.code_retention import remove_unused_code_dirs
-from vcloud_pipeline.layout import RunPaths, run_paths
-from vcloud_pipeline.params import parse_request
+from vcloud_pipeline.code.retention import remove_unused_code_dirs
+from vcloud_pipeline.plan.layout import RunPaths, run_paths
+from vcloud_pipeline.plan.request import parse_request
 from vcloud_pipeline.profile import load_profile
-from vcloud_pipeline.render import EXIT_CODE_MISMATCH
-from vcloud_pipeline.code_tree import (
+from vcloud_pipeline.jobs.render import EXIT_CODE_MISMATCH
+from vcloud_pipeline.code.tree import (
     DEFAULT_EXCLUDES,
     CodeTree,
     ExcludeError,
@@ -34,8 +34,8 @@ from vcloud_pipeline.code_tree import (
     refuse_unanchored_excludes,
     rsync_argv,
 )
-from vcloud_pipeline.stage_decisions import StagePlan
-from vcloud_pipeline.code_upload import (
+from vcloud_pipeline.plan.stages import StagePlan
+from vcloud_pipeline.code.upload import (
     local_manifest,
     render_run_jobs,
     run_rsync,

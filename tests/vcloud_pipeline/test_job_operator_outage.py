@@ -19,10 +19,10 @@ from slurm_provider.job_status import JobStatus
 from slurm_provider.login_wait import REACHABLE, SlurmLoginTrigger
 from slurm_provider.transport import TransportUnavailable
 from slurm_provider.triggers import SlurmJobTrigger
-from vcloud_pipeline.job_operator import PipelineJobOperator
-from vcloud_pipeline.preflight import PreflightError
+from vcloud_pipeline.dag.job_operator import PipelineJobOperator
+from vcloud_pipeline.budget.preflight import PreflightError
 from vcloud_pipeline.plan.run_plan import RunPlan, SyncedCode
-from vcloud_pipeline.tasks import PLAN_TASK, SYNC_TASK, final_unless_unreachable, plan_run
+from vcloud_pipeline.dag.tasks import PLAN_TASK, SYNC_TASK, final_unless_unreachable, plan_run
 
 CODE_HASH = "c0de" * 16
 DOWN = TransportUnavailable("cannot reach vcloud@127.0.0.1:2222 (connection 'vcloud_local_cluster'): "

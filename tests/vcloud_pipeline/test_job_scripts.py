@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from slurm_provider.hints import find_hints
-from vcloud_pipeline.jobspec import JobSpec
-from vcloud_pipeline.layout import RunPaths, run_paths
+from vcloud_pipeline.plan.jobspec import JobSpec
+from vcloud_pipeline.plan.layout import RunPaths, run_paths
 from vcloud_pipeline.profile import load_profile
-from vcloud_pipeline.render import (
+from vcloud_pipeline.jobs.render import (
     EXIT_CODE_MISMATCH,
     EXIT_REQUEUE,
     MAX_EARLY_STOPS,
@@ -30,7 +30,7 @@ from vcloud_pipeline.render import (
     render_job,
     shell_word,
 )
-from vcloud_pipeline.code_tree import CodeManifest
+from vcloud_pipeline.code.tree import CodeManifest
 
 CODE_HASH = "c" * 64
 TRAINER_PACKAGE = Path(__file__).resolve().parents[2] / "trainer" / "src" / "vcloud"

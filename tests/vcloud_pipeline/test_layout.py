@@ -6,7 +6,7 @@ from pathlib import PurePosixPath
 
 import pytest
 
-from vcloud_pipeline.layout import MANIFEST_NAME, RunNameError, is_code_hash, run_paths
+from vcloud_pipeline.plan.layout import MANIFEST_NAME, RunNameError, is_code_hash, run_paths
 from vcloud_pipeline.profile import load_profile
 
 
@@ -54,8 +54,8 @@ def test_each_synthetic_preset_has_its_own_dataset() -> None:
 
 
 def test_the_run_context_reads_the_data_of_its_config() -> None:
-    from vcloud_pipeline.params import parse_request
-    from vcloud_pipeline.tasks import build_plan
+    from vcloud_pipeline.plan.request import parse_request
+    from vcloud_pipeline.dag.tasks import build_plan
 
     ctx = build_plan(parse_request({"profile": "local", "config": "small"}))
     assert ctx.paths.data_dir.parts[-2:] == ("synthetic-small", "prepared")

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from localcluster import LocalCluster, poll_until
-from vcloud_pipeline.jobspec import JobSpec
-from vcloud_pipeline.layout import RunPaths, run_paths
+from vcloud_pipeline.plan.jobspec import JobSpec
+from vcloud_pipeline.plan.layout import RunPaths, run_paths
 from vcloud_pipeline.profile import ClusterProfile, load_profile
-from vcloud_pipeline.render import EXIT_CODE_MISMATCH, RenderedJob, render_job
-from vcloud_pipeline.code_tree import (
+from vcloud_pipeline.jobs.render import EXIT_CODE_MISMATCH, RenderedJob, render_job
+from vcloud_pipeline.code.tree import (
     CodeManifest,
     CodeTree,
     build_manifest,

@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from vcloud_pipeline.params import RequestError, TrainingRequest, default_run_name, parse_request
+from vcloud_pipeline.plan.request import RequestError, TrainingRequest, default_run_name, parse_request
 
 PROFILES = ("cosmos", "levante", "local", "lumi")
 
@@ -79,7 +79,7 @@ def test_the_task_sdks_run_type_enum_names_scheduled_and_backfill_runs() -> None
     # str() of the task SDK's enum is "DagRunType.SCHEDULED": the plan must use its value.
     from airflow.sdk.api.datamodels._generated import DagRunType
 
-    from vcloud_pipeline.tasks import plan_run, run_type_name
+    from vcloud_pipeline.dag.tasks import plan_run, run_type_name
 
     assert run_type_name(DagRunType.SCHEDULED) == "scheduled"
     assert run_type_name(DagRunType.BACKFILL) == "backfill"
@@ -98,9 +98,9 @@ def test_request_round_trips_through_xcom() -> None:
 
 
 def test_training_jobs_take_the_requested_partition_nodes_and_gpus() -> None:
-    from vcloud_pipeline.jobspec import resolve_resources
+    from vcloud_pipeline.plan.jobspec import resolve_resources
     from vcloud_pipeline.profile import load_profile
-    from vcloud_pipeline.stage_decisions import StagePlan
+    from vcloud_pipeline.plan.stages import StagePlan
 
     request = parse_request({"profile": "lumi", "partition": "standard-g", "nodes": 2, "gpus_per_node": 8})
     plan = StagePlan(request=request, synthetic_data=False)
@@ -121,7 +121,7 @@ def test_user_in_a_profiles_paths_is_the_login_of_its_connection(transport: str,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
-    from vcloud_pipeline.tasks import build_plan
+    from vcloud_pipeline.dag.tasks import build_plan
 
     if transport == "key":
         pin = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA+FyJGmYfy8zo5LMRX2V3JhRuUVxh6TdNGOkT63oaCH"
@@ -143,7 +143,7 @@ def test_user_in_a_profiles_paths_is_the_login_of_its_connection(transport: str,
 def test_the_config_choices_are_the_configs_shipped() -> None:
     from typing import get_args
 
-    from vcloud_pipeline.params import CONFIGS, FIELDS, ConfigName, TrainingRequest
+    from vcloud_pipeline.plan.request import CONFIGS, FIELDS, ConfigName, TrainingRequest
 
     assert get_args(ConfigName) == tuple(CONFIGS)
     assert FIELDS == tuple(TrainingRequest.model_fields) and "start_stage" in FIELDS

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vcloud_pipeline.pools import (
+from vcloud_pipeline.dag.pools import (
     cluster_pools,
     pool_name,
     pool_set_argv,

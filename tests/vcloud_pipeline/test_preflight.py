@@ -15,15 +15,15 @@ from slurm_provider.cli.sshare import TresMinutes
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.job_status import JobStatus
 from slurm_provider.transport.base import CommandResult
-from vcloud_pipeline.jobspec import JobSpec
-from vcloud_pipeline.preflight import (
+from vcloud_pipeline.plan.jobspec import JobSpec
+from vcloud_pipeline.budget.preflight import (
     PROJECT_TAG,
     PreflightError,
     check_jobs_budget,
     ledger_from_statuses,
     read_allocation,
 )
-from vcloud_pipeline.budget import Allocation, BudgetExceeded
+from vcloud_pipeline.budget.billing import Allocation, BudgetExceeded
 from vcloud_pipeline.profile import load_profile
 
 LUMI = load_profile("lumi")
@@ -133,7 +133,7 @@ def test_the_allocation_is_slurms_where_the_site_sets_a_limit_else_the_profiles(
 def test_a_missing_container_image_fails_preflight_naming_it(tmp_path) -> None:
     from tests.vcloud_pipeline.shell import local_hook
 
-    from vcloud_pipeline.preflight import check_image
+    from vcloud_pipeline.budget.preflight import check_image
 
     with pytest.raises(PreflightError, match=r"container image /appl/local/csc/soft/ai/images/pytorch_2.5.1.*\.sif "
                                              r"of profile lumi is missing"):
@@ -148,7 +148,7 @@ def test_a_missing_container_image_fails_preflight_naming_it(tmp_path) -> None:
 def test_a_charliecloud_image_must_be_a_directory_and_ch_run_installed(tmp_path, monkeypatch) -> None:
     from tests.vcloud_pipeline.shell import local_hook
 
-    from vcloud_pipeline.preflight import check_image
+    from vcloud_pipeline.budget.preflight import check_image
 
     image = tmp_path / "vcloud-trainer"
     profile = load_profile("local", overrides={"container.image": str(image)})
@@ -203,10 +203,10 @@ def test_every_run_of_a_requeued_job_is_billed() -> None:
 def test_a_resubmission_is_checked_against_the_budget_again(monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow.sdk.exceptions import AirflowFailException
 
-    from vcloud_pipeline.job_operator import PipelineJobOperator
-    from vcloud_pipeline.layout import run_key
-    from vcloud_pipeline.params import parse_request
-    from vcloud_pipeline.tasks import build_plan
+    from vcloud_pipeline.dag.job_operator import PipelineJobOperator
+    from vcloud_pipeline.plan.layout import run_key
+    from vcloud_pipeline.plan.request import parse_request
+    from vcloud_pipeline.dag.tasks import build_plan
 
     ctx = build_plan(parse_request({"profile": "lumi", "config": "full", "time_limit": "3-00:00:00"}))
     op = PipelineJobOperator(task_id="stage1", job="stage1")

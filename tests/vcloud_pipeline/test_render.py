@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from vcloud_pipeline.jobspec import JobSpec
-from vcloud_pipeline.layout import run_paths
+from vcloud_pipeline.plan.jobspec import JobSpec
+from vcloud_pipeline.plan.layout import run_paths
 from vcloud_pipeline.profile import ProfileError, load_profile
-from vcloud_pipeline.render import (
+from vcloud_pipeline.jobs.render import (
     CODE_HASH_ENV,
     EXIT_CODE_MISMATCH,
     OUTPUTS_MIRROR_ENV,
@@ -338,9 +338,9 @@ def test_templates_refuse_unknown_names_and_quote_through_their_filters(tmp_path
 @pytest.mark.parametrize("on_code_change", ["keep_weights", "refuse"])
 def test_the_runs_on_code_change_reaches_every_training_job_and_only_them(on_code_change: str) -> None:
     """From the DAG run's params through the plan's XCom to the trainer's command line."""
-    from vcloud_pipeline.params import parse_request
+    from vcloud_pipeline.plan.request import parse_request
     from vcloud_pipeline.plan.run_plan import RunPlan
-    from vcloud_pipeline.tasks import plan_run
+    from vcloud_pipeline.dag.tasks import plan_run
 
     planned = plan_run({"profile": "local", "config": "tiny", "on_code_change": on_code_change})
     jobs = RunPlan.from_xcom(planned).render(CODE_HASH)

@@ -1,5 +1,5 @@
 """The run summary on the local cluster: the ``summary`` task's XCom and ``python -m
-vcloud_pipeline.report`` point at each stage's training-curve PNG where the export wrote it."""
+vcloud_pipeline.dag.report`` point at each stage's training-curve PNG where the export wrote it."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 
 from localcluster import LocalCluster
 from vcloud.contract import curve_png_name
-from vcloud_pipeline.params import parse_request
-from vcloud_pipeline.report import render_report
-from vcloud_pipeline.tasks import build_plan, curve_pngs, summarize
+from vcloud_pipeline.plan.request import parse_request
+from vcloud_pipeline.dag.report import render_report
+from vcloud_pipeline.dag.tasks import build_plan, curve_pngs, summarize
 
 def test_the_summary_points_at_the_curve_pngs_the_export_wrote(local_cluster: LocalCluster, cluster_connection: str,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:

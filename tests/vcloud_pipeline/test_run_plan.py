@@ -11,11 +11,11 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from slurm_provider import hooks
-from vcloud_pipeline.job_operator import PipelineJobOperator
+from vcloud_pipeline.dag.job_operator import PipelineJobOperator
 from vcloud_pipeline.plan.labels import JobLabel
 from vcloud_pipeline.plan.run_plan import RunPlan, ScriptRefused, SyncedCode
 from vcloud_pipeline.profile import loading
-from vcloud_pipeline.tasks import PLAN_TASK, SYNC_TASK, plan_run
+from vcloud_pipeline.dag.tasks import PLAN_TASK, SYNC_TASK, plan_run
 
 from tests.vcloud_pipeline.test_job_operator_outage import CODE_HASH, Cluster, StateStore, TaskTry
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from vcloud.contract import best_checkpoint_metrics
-from vcloud_pipeline.layout import run_paths
-from vcloud_pipeline.params import parse_request
+from vcloud_pipeline.plan.layout import run_paths
+from vcloud_pipeline.plan.request import parse_request
 from vcloud_pipeline.profile import load_profile
-from vcloud_pipeline.stage_decisions import (
+from vcloud_pipeline.plan.stages import (
     StageDecisionError,
     StageFiles,
     StagePlan,

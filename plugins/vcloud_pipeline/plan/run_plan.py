@@ -20,14 +20,14 @@ from typing import Any
 
 import pydantic
 
-from vcloud_pipeline.jobspec import JobSpec, resolve_resources
-from vcloud_pipeline.layout import RunPaths, run_paths
-from vcloud_pipeline.params import TrainingRequest
+from vcloud_pipeline.plan.jobspec import JobSpec, resolve_resources
+from vcloud_pipeline.plan.layout import RunPaths, run_paths
+from vcloud_pipeline.plan.request import TrainingRequest
 from vcloud_pipeline.plan.labels import JobLabel
 from vcloud_pipeline.profile import ClusterProfile
-from vcloud_pipeline.render import RenderedJob, job_name, render_job
+from vcloud_pipeline.jobs.render import RenderedJob, job_name, render_job
 from vcloud_pipeline.schema import Document
-from vcloud_pipeline.stage_decisions import StagePlan
+from vcloud_pipeline.plan.stages import StagePlan
 
 _SHOWN = ("conn_id", "outputs_dir", "viewer_dir", "logs_dir")
 """Keys of a plan's XCom that are there for people (and the tests) to read; derived, not read back."""

@@ -19,7 +19,7 @@ from slurm_provider.validation import ValidationError as SlurmValueError
 from slurm_provider.validation import validate_partition
 from vcloud.contract import ON_CODE_CHANGE_CHOICES, ON_CODE_CHANGE_DEFAULT, STAGES
 
-from vcloud_pipeline.layout import RunNameError, validate_run_name
+from vcloud_pipeline.plan.layout import RunNameError, validate_run_name
 from vcloud_pipeline.profile import DEFAULT_PROFILE, PROFILE_NAME, available_profiles
 from vcloud_pipeline.schema import Document, problems, refuse, slurm_seconds
 

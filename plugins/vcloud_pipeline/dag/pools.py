@@ -18,7 +18,7 @@ The run's profile, and so its connection, is a run parameter: Airflow's pool of 
 when the DAG is parsed, so a cluster policy (:func:`route_to_cluster_pool`, installed with
 ``include/airflow/airflow_local_settings.py``) moves each job task instance of a run to its
 connection's pool when the scheduler creates it. Airflow never schedules a task of a pool that does
-not exist: create the pools first, ``python -m vcloud_pipeline.pools --create`` (or the commands it
+not exist: create the pools first, ``python -m vcloud_pipeline.dag.pools --create`` (or the commands it
 prints without ``--create``).
 """
 
@@ -129,7 +129,7 @@ def pool_set_argv(name: str, slots: int, description: str) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vcloud_pipeline.pools", description=(
+    parser = argparse.ArgumentParser(prog="python -m vcloud_pipeline.dag.pools", description=(
         "The Airflow pools that bound this deployment's Slurm jobs per cluster connection: print the "
         "`airflow pools set` commands, or create the missing pools."))
     parser.add_argument("--slots", type=int, default=DEFAULT_SLOTS,

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from vcloud_pipeline.layout import MANIFEST_NAME
+from vcloud_pipeline.plan.layout import MANIFEST_NAME
 
 ARTIFACT_EXCLUDES = (
     "__pycache__/",

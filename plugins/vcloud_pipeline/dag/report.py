@@ -1,4 +1,4 @@
-"""Print a run's outputs and the project's GPU-hour ledger: ``python -m vcloud_pipeline.report``.
+"""Print a run's outputs and the project's GPU-hour ledger: ``python -m vcloud_pipeline.dag.report``.
 
 What ``make demo`` shows at the end, and what a person checks after a run: checkpoints, viewer
 images and metrics as they are on the cluster, each stage's metrics from its ``COMPLETE`` record
@@ -15,11 +15,11 @@ import sys
 
 from vcloud.contract import best_checkpoint_metrics, completed_epochs, final_metrics
 
-from vcloud_pipeline.params import RequestError, parse_request
-from vcloud_pipeline.budget import Allocation
-from vcloud_pipeline.preflight import read_allocation, read_ledger
+from vcloud_pipeline.plan.request import RequestError, parse_request
+from vcloud_pipeline.budget.billing import Allocation
+from vcloud_pipeline.budget.preflight import read_allocation, read_ledger
 from vcloud_pipeline.plan.run_plan import RunPlan
-from vcloud_pipeline.tasks import build_plan, curve_pngs, stage_records
+from vcloud_pipeline.dag.tasks import build_plan, curve_pngs, stage_records
 
 
 def _size(n: int) -> str:
@@ -99,7 +99,7 @@ def render_report(plan: RunPlan, hook, dag_run_id: str | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vcloud_pipeline.report", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m vcloud_pipeline.dag.report", description=__doc__.split("\n")[0])
     parser.add_argument("--profile", default="local")
     parser.add_argument("--config", default="tiny")
     parser.add_argument("--run", required=True, help="run name (the outputs directory)")

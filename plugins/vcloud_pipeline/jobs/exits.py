@@ -1,7 +1,7 @@
 """What the exit codes of the pipeline's jobs mean, for the task's failure message.
 
 The numbers are :mod:`vcloud.contract`'s, which the job scripts (include/sbatch/, filled in by
-:mod:`vcloud_pipeline.render`) and the trainer use.
+:mod:`vcloud_pipeline.jobs.render`) and the trainer use.
 """
 
 from __future__ import annotations

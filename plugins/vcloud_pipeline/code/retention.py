@@ -1,6 +1,6 @@
 """Which code directories on the cluster may go, and removing them after a sync.
 
-Every content hash has a directory of its own under ``paths.code`` (:mod:`vcloud_pipeline.layout`)
+Every content hash has a directory of its own under ``paths.code`` (:mod:`vcloud_pipeline.plan.layout`)
 and every job's scripts point at theirs, so directories pile up with every code change. After a
 sync, a directory is removed only when all of these hold:
 
@@ -37,7 +37,7 @@ from slurm_provider.cli.files import DirInventory, build_dir_inventory, build_re
 from slurm_provider.cli.squeue import SqueueRow
 from slurm_provider.state_vocabulary import SlurmState, parse_state
 
-from vcloud_pipeline.layout import MANIFEST_NAME, REMOVING_SUFFIX, RUN_MARKERS, RunPaths, is_code_hash, is_run_key
+from vcloud_pipeline.plan.layout import MANIFEST_NAME, REMOVING_SUFFIX, RUN_MARKERS, RunPaths, is_code_hash, is_run_key
 from vcloud_pipeline.profile import ClusterProfile
 
 FileHook = Any

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from slurm_provider.job_status import gpu_hours
 
-from vcloud_pipeline.jobspec import JobKind, JobSpec, resolve_resources
+from vcloud_pipeline.plan.jobspec import JobKind, JobSpec, resolve_resources
 from vcloud_pipeline.profile import BillingSpec, ClusterProfile, ProfileError
 
 _TRES_GPU = re.compile(r"(?:^|,)gres/gpu(?::[^=,]+)?=(\d+)")

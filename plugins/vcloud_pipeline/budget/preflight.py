@@ -6,7 +6,7 @@ job environment is a real (short) job on the debug partition, submitted by the D
 other job; this module holds the checks that need only the login node.
 
 The ledger is this project's jobs as ``sacct`` knows them (found by the JSON comment every job
-of the pipeline carries), billed by :mod:`vcloud_pipeline.budget`: spent hours of finished and
+of the pipeline carries), billed by :mod:`vcloud_pipeline.budget.billing`: spent hours of finished and
 running jobs, plus the worst case still ahead of jobs that are queued or running. The allocation
 the budget is checked against is the account's ``GrpTRESMins`` limit where Slurm holds one (read
 with one ``sshare``: limit, usage of every job of the account, what running jobs hold), else the
@@ -24,7 +24,7 @@ from slurm_provider.hooks import SlurmCommandFailed
 from slurm_provider.cli.values import expand_hostlist
 from slurm_provider.job_status import JobStatus
 
-from vcloud_pipeline.budget import (
+from vcloud_pipeline.budget.billing import (
     Allocation,
     LedgerSummary,
     Usage,
@@ -34,7 +34,7 @@ from vcloud_pipeline.budget import (
     slurm_minutes_from_units,
     summarize_ledger,
 )
-from vcloud_pipeline.jobspec import JobSpec
+from vcloud_pipeline.plan.jobspec import JobSpec
 from vcloud_pipeline.profile import ClusterProfile
 
 LEDGER_SINCE = "now-365days"

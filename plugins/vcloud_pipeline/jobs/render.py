@@ -45,8 +45,8 @@ from vcloud.contract import (
 )
 
 from vcloud_pipeline.checkout import INCLUDE_DIR
-from vcloud_pipeline.jobspec import JobKind, JobSpec, Resources, resolve_resources
-from vcloud_pipeline.layout import CodePaths, RunPaths, is_code_hash
+from vcloud_pipeline.plan.jobspec import JobKind, JobSpec, Resources, resolve_resources
+from vcloud_pipeline.plan.layout import CodePaths, RunPaths, is_code_hash
 from vcloud_pipeline.profile import RUNTIME_JOB_ID, ClusterProfile, ContainerSpec
 
 TEMPLATES_DIR = INCLUDE_DIR / "sbatch"
@@ -320,7 +320,7 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
     profile.require_complete()
     if not is_code_hash(code_hash):
         raise RenderError(f"code hash {code_hash!r} is not a sha256 hex digest; compute it with "
-                          "vcloud_pipeline.code_tree.code_hash over the synced tree")
+                          "vcloud_pipeline.code.tree.code_hash over the synced tree")
     templates = str(templates_dir or TEMPLATES_DIR)
     code = paths.code(code_hash)
     res = resolve_resources(profile, spec)

@@ -5,7 +5,7 @@ the run's ``plan`` and ``sync_code`` tasks have run, so the operator binds itsel
 (the frozen run plan and the synced code, :mod:`vcloud_pipeline.plan.run_plan`) at the start of
 ``execute`` and again in ``execute_complete`` (a resumed deferral builds a fresh operator); it
 submits the script only if its digest is the one recorded when it was rendered. Before submitting it decides, from what is on the cluster, whether the job is needed
-at all (:mod:`vcloud_pipeline.stage_decisions`) and whether the allocation can pay for its worst case.
+at all (:mod:`vcloud_pipeline.plan.stages`) and whether the allocation can pay for its worst case.
 Submission, deferral, adoption and resubmission are the provider's, and so is waiting for a login
 node that does not answer: these steps run inside ``waiting_out_outages``, so an outage during the
 decision's file reads, the budget check or the report defers the task until the node answers and
@@ -35,14 +35,14 @@ from vcloud.contract import (
     recorded_code_hash,
 )
 
-from vcloud_pipeline import job_exits
-from vcloud_pipeline.assets import asset_for
-from vcloud_pipeline.budget import Allocation, BudgetExceeded, billed_hours, check_budget
-from vcloud_pipeline.code_retention import touch_run
-from vcloud_pipeline.layout import run_key
-from vcloud_pipeline.preflight import PROJECT_TAG, read_allocation, read_ledger, usage_of
+from vcloud_pipeline.jobs import exits as job_exits
+from vcloud_pipeline.dag.assets import asset_for
+from vcloud_pipeline.budget.billing import Allocation, BudgetExceeded, billed_hours, check_budget
+from vcloud_pipeline.code.retention import touch_run
+from vcloud_pipeline.plan.layout import run_key
+from vcloud_pipeline.budget.preflight import PROJECT_TAG, read_allocation, read_ledger, usage_of
 from vcloud_pipeline.profile import ClusterProfile
-from vcloud_pipeline.stage_decisions import (
+from vcloud_pipeline.plan.stages import (
     Decision,
     StageDecisionError,
     StageFiles,
@@ -53,7 +53,7 @@ from vcloud_pipeline.stage_decisions import (
 )
 from vcloud_pipeline.plan.labels import JobLabel
 from vcloud_pipeline.plan.run_plan import RunPlan, ScriptRefused, SyncedCode
-from vcloud_pipeline.tasks import PLAN_TASK, SYNC_TASK
+from vcloud_pipeline.dag.tasks import PLAN_TASK, SYNC_TASK
 
 if TYPE_CHECKING:
     import jinja2
@@ -110,7 +110,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
 
         Airflow records the template fields right after this call and before ``execute``, so the
         Rendered Template view shows the very script ``execute`` submits. The script is a bash script
-        rendered by :mod:`vcloud_pipeline.render`; Airflow's Jinja never sees it (``${#x}`` or a
+        rendered by :mod:`vcloud_pipeline.jobs.render`; Airflow's Jinja never sees it (``${#x}`` or a
         ``{{`` in it stays as it is).
         """
         self._bind(context)
@@ -265,7 +265,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
 
     def _keep_run_code(self, context: Any, plan: RunPlan, hook: Any) -> None:
         """Refresh the DAG run's code marker before a job is submitted: the run is alive and its code must
-        stay (:mod:`vcloud_pipeline.code_retention`). A failure is a warning: the job carries its code
+        stay (:mod:`vcloud_pipeline.code.retention`). A failure is a warning: the job carries its code
         in its comment, which keeps the code while Slurm lists the job."""
         ti = context["ti"]
         try:

@@ -17,10 +17,10 @@ from typing import Any
 
 from vcloud.contract import DATA_INDEX, STAGES
 
-from vcloud_pipeline.jobspec import JobSpec
+from vcloud_pipeline.plan.jobspec import JobSpec
 from vcloud_pipeline.plan.labels import JobLabel
-from vcloud_pipeline.layout import RunPaths
-from vcloud_pipeline.params import SYNTHETIC_PRESETS, TrainingRequest
+from vcloud_pipeline.plan.layout import RunPaths
+from vcloud_pipeline.plan.request import SYNTHETIC_PRESETS, TrainingRequest
 from vcloud_pipeline.profile import ClusterProfile
 
 EXPORT, DATA, PREFLIGHT = JobLabel.EXPORT, JobLabel.DATA, JobLabel.PREFLIGHT

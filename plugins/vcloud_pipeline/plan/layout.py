@@ -45,7 +45,7 @@ MANIFEST_NAME = ".vcloud_manifest.json"
 """Written into the synced code directory (and left alone by ``rsync --delete``, see code_tree.py)."""
 
 CODE_HASH = re.compile(r"^[0-9a-f]{64}$")
-"""A content hash (sha256 hex, :func:`vcloud_pipeline.code_tree.code_hash`): also a code directory's name."""
+"""A content hash (sha256 hex, :func:`vcloud_pipeline.code.tree.code_hash`): also a code directory's name."""
 
 REMOVING_SUFFIX = ".removing"
 
@@ -128,14 +128,14 @@ class RunPaths:
     def run_marker(self, key: str, code_hash: str) -> PurePosixPath:
         """The marker saying that DAG run ``key`` (:func:`run_key`) uses code ``code_hash``."""
         if not is_run_key(key):
-            raise ValueError(f"run key {key!r} is not 16 hex digits; make it with vcloud_pipeline.layout.run_key")
+            raise ValueError(f"run key {key!r} is not 16 hex digits; make it with vcloud_pipeline.plan.layout.run_key")
         return self.run_markers_dir / f"{key}-{self.code(code_hash).hash}"
 
     def code(self, code_hash: str) -> CodePaths:
         """The code directory of ``code_hash``: what a job rendered for that hash runs."""
         if not is_code_hash(code_hash):
             raise ValueError(f"code hash {code_hash!r} is not a sha256 hex digest; compute it with "
-                             "vcloud_pipeline.code_tree.code_hash over the synced tree")
+                             "vcloud_pipeline.code.tree.code_hash over the synced tree")
         return CodePaths(hash=code_hash, dir=self.code_root / code_hash)
 
     @property

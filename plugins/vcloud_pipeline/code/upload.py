@@ -25,12 +25,12 @@ from typing import Any
 from slurm_provider.transport import SSHCommand, TransportError
 
 from vcloud_pipeline.checkout import PROJECT_ROOT
-from vcloud_pipeline.jobspec import JobSpec
-from vcloud_pipeline.code_retention import list_code_dirs, newest_complete
-from vcloud_pipeline.layout import CodePaths, RunPaths
+from vcloud_pipeline.plan.jobspec import JobSpec
+from vcloud_pipeline.code.retention import list_code_dirs, newest_complete
+from vcloud_pipeline.plan.layout import CodePaths, RunPaths
 from vcloud_pipeline.profile import ClusterProfile
-from vcloud_pipeline.render import RenderedJob, render_job
-from vcloud_pipeline.code_tree import (
+from vcloud_pipeline.jobs.render import RenderedJob, render_job
+from vcloud_pipeline.code.tree import (
     CodeManifest,
     CodeTree,
     build_manifest,

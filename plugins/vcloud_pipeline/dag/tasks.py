@@ -25,12 +25,12 @@ from slurm_provider.hooks import RemoteCommandError
 from slurm_provider.transport.base import TransportError
 from vcloud.contract import STAGES
 
-from vcloud_pipeline.code_retention import RetentionPlan, mark_run, release_run, remove_unused_code_dirs
-from vcloud_pipeline.layout import run_key
-from vcloud_pipeline.params import RequestError, TrainingRequest, parse_request
+from vcloud_pipeline.code.retention import RetentionPlan, mark_run, release_run, remove_unused_code_dirs
+from vcloud_pipeline.plan.layout import run_key
+from vcloud_pipeline.plan.request import RequestError, TrainingRequest, parse_request
 from vcloud_pipeline.plan.labels import STAGE_LABELS, JobLabel
 from vcloud_pipeline.plan.run_plan import RunPlan, SyncedCode
-from vcloud_pipeline.preflight import (
+from vcloud_pipeline.budget.preflight import (
     Ledger,
     check_image,
     check_jobs_budget,
@@ -39,11 +39,11 @@ from vcloud_pipeline.preflight import (
     test_only,
 )
 from vcloud_pipeline.profile import ClusterProfile, ProfileError, load_profile, overrides_from_environ
-from vcloud_pipeline.render import LOG_OUTPUT_PATTERN
-from vcloud_pipeline.code_tree import CodeTree
-from vcloud_pipeline.stage_decisions import StageDecisionError, completion_record, decide_data
+from vcloud_pipeline.jobs.render import LOG_OUTPUT_PATTERN
+from vcloud_pipeline.code.tree import CodeTree
+from vcloud_pipeline.plan.stages import StageDecisionError, completion_record, decide_data
 from vcloud_pipeline.checkout import PROJECT_ROOT
-from vcloud_pipeline.code_upload import local_manifest, sync_run
+from vcloud_pipeline.code.upload import local_manifest, sync_run
 
 log = logging.getLogger(__name__)
 
