@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from slurm_provider.cli.values import gpus_from_tres
 from vcloud_pipeline.budget.billing import (
     Allocation,
     BudgetExceeded,
     Usage,
     billed_hours,
     check_budget,
-    gpus_from_tres,
     slurm_minutes_from_units,
     summarize_ledger,
     units_from_slurm_minutes,

@@ -26,7 +26,6 @@ GPU-hour; ``GrpTRESMins=billing=60000`` is 1000 GPU-hours.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -37,7 +36,6 @@ from slurm_provider.job_status import gpu_hours
 from vcloud_pipeline.plan.jobspec import JobKind, JobSpec, resolve_resources
 from vcloud_pipeline.profile import BillingSpec, ClusterProfile, ProfileError
 
-_TRES_GPU = re.compile(r"(?:^|,)gres/gpu(?::[^=,]+)?=(\d+)")
 
 
 class BudgetExceeded(RuntimeError):
@@ -268,11 +266,6 @@ class Usage:
     gpus: int
     elapsed_seconds: float
     job_id: str = ""
-
-
-def gpus_from_tres(tres: str) -> int:
-    """Accelerators in a TRES string such as sacct's ``billing=16,cpu=16,gres/gpu=1,node=1``."""
-    return sum(int(n) for n in _TRES_GPU.findall(tres or ""))
 
 
 def billed_gpus(profile: ClusterProfile, partition: str, nodes: int, gpus: int) -> int:

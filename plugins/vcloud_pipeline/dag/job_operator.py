@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from slurm_provider.hooks import RemoteCommandError
+from slurm_provider import timing
 from slurm_provider.operators import SlurmSubmitOperator
 from slurm_provider.resubmission import DEFAULT_BUDGETS
 from slurm_provider.job_status import JobStatus
@@ -60,9 +61,9 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 POLL_ENV = {
-    "poll_interval": ("VCLOUD_POLL_INTERVAL", 15.0),
-    "max_poll_interval": ("VCLOUD_MAX_POLL_INTERVAL", 300.0),
-    "first_poll_delay": ("VCLOUD_FIRST_POLL_DELAY", 10.0),
+    "poll_interval": ("VCLOUD_POLL_INTERVAL", timing.POLL_INTERVAL),
+    "max_poll_interval": ("VCLOUD_MAX_POLL_INTERVAL", timing.MAX_POLL_INTERVAL),
+    "first_poll_delay": ("VCLOUD_FIRST_POLL_DELAY", timing.FIRST_POLL_DELAY),
 }
 """Status polling of the trigger, overridable per deployment (keep the first poll >= 10 s there;
 ``airflow dags test`` on the local cluster can poll every few seconds)."""

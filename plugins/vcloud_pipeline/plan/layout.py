@@ -54,7 +54,8 @@ RUN_MARKERS = ".runs"
 
 _RUN_KEY = re.compile(r"^[0-9a-f]{16}$")
 
-_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+"""A run name: a directory name and part of the Slurm job name (the trigger form checks the same)."""
 
 
 class RunNameError(ValueError):
@@ -63,7 +64,7 @@ class RunNameError(ValueError):
 
 def validate_run_name(run: str) -> str:
     """Letters, digits, ``.``, ``_`` and ``-``, at most 64, not starting with a dot or dash."""
-    if not isinstance(run, str) or not _RUN_NAME.match(run) or run.endswith("."):
+    if not isinstance(run, str) or not RUN_NAME.match(run) or run.endswith("."):
         raise RunNameError(
             f"run name {run!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-', starting "
             "with a letter or digit (it becomes a directory name and part of the Slurm job name)"
@@ -198,7 +199,7 @@ def run_paths(profile: ClusterProfile, run: str, synthetic_preset: str | None = 
     p = profile.paths
     data_dir = PurePosixPath(p.data)
     if synthetic_preset is not None:
-        if not _RUN_NAME.match(synthetic_preset):
+        if not RUN_NAME.match(synthetic_preset):
             raise RunNameError(f"synthetic preset {synthetic_preset!r} cannot be a directory name")
         data_dir = data_dir.parent / f"synthetic-{synthetic_preset}" / "prepared"
     return RunPaths(

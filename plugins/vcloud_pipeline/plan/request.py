@@ -19,7 +19,7 @@ from slurm_provider.validation import ValidationError as SlurmValueError
 from slurm_provider.validation import validate_partition
 from vcloud.contract import ON_CODE_CHANGE_CHOICES, ON_CODE_CHANGE_DEFAULT, STAGES
 
-from vcloud_pipeline.plan.layout import RunNameError, validate_run_name
+from vcloud_pipeline.plan.layout import RUN_NAME, RunNameError, validate_run_name
 from vcloud_pipeline.profile import DEFAULT_PROFILE, PROFILE_NAME, available_profiles
 from vcloud_pipeline.schema import Document, problems, refuse, slurm_seconds
 
@@ -165,7 +165,7 @@ class TrainingRequest(Document):
                     "the same time; a run given the name of one still training shares its jobs (watches "
                     "them, skips complete stages) instead of submitting its own.",
         json_schema_extra={"form": {"default": "", "type": "string",
-                                    "pattern": r"^$|^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"}})
+                                    "pattern": f"^$|{RUN_NAME.pattern}"}})
     export: Annotated[bool, BeforeValidator(_flag)] = pydantic.Field(
         True, title="Export viewer data", description="Run the viewer export job after stage 3.")
     start_stage: Annotated[_integer(0, 3) | None, pydantic.Field(ge=0, le=3)] = pydantic.Field(

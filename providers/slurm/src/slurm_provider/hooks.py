@@ -25,7 +25,6 @@ message when sbatch refuses a job.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -59,6 +58,7 @@ from slurm_provider.cli.sbatch import (
     MOVED_MARKER,
     SbatchRefused,
     JobComment,
+    SubmitOptions,
     SubmitResult,
     TestOnlyResult,
     build_exclusive_sbatch_submit,
@@ -145,29 +145,6 @@ class SubmitLockBusy(SlurmCommandFailed):
 
 
 @dataclass(frozen=True)
-class SubmitOptions:
-    """Everything sbatch is told besides the script; see ``commands.build_sbatch_submit``."""
-
-    job_name: str
-    output: str
-    error: str | None = None
-    comment: JobComment | str | None = None
-    chdir: str | None = None
-    export: Mapping[str, str] | None = None
-    export_all: bool = True
-    dependency: str | None = None
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    reservation: str | None = None
-    time_limit: str | None = None
-    extra_options: Sequence[str] | None = None
-
-    def as_kwargs(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-
-@dataclass(frozen=True)
 class CancelResult:
     """What ``scancel`` said. Slurm accepts cancelling a finished job silently."""
 
@@ -185,20 +162,7 @@ class CancelResult:
 # --- plans: one per verb, pure apart from the commands they yield ---------------------------------
 
 def _options(options: SubmitOptions | None, fields: Mapping[str, Any]) -> SubmitOptions:
-    if options is None:
-        try:
-            return SubmitOptions(**fields)
-        except TypeError as exc:
-            raise ValidationError("options", f"{exc}; valid fields: {', '.join(_SUBMIT_FIELDS)}") from None
-    unknown = sorted(set(fields) - set(_SUBMIT_FIELDS))
-    if unknown:
-        raise ValidationError(
-            "options", f"unknown submit options {unknown} (valid: {', '.join(_SUBMIT_FIELDS)})"
-        )
-    return dataclasses.replace(options, **fields)
-
-
-_SUBMIT_FIELDS = tuple(f.name for f in dataclasses.fields(SubmitOptions))
+    return SubmitOptions.of(options, **fields)
 
 
 def _validate_script(script: str) -> str:
@@ -227,7 +191,7 @@ def _check_submit(result: CommandResult) -> None:
 
 
 def submit_plan(script: str, options: SubmitOptions) -> Plan[SubmitResult]:
-    command = build_sbatch_submit(**options.as_kwargs())
+    command = build_sbatch_submit(options)
     _validate_script(script)
     result = yield RemoteCommand(command, "sbatch", stdin=script, timeout=SUBMIT_TIMEOUT)
     _check_submit(result)
@@ -293,7 +257,7 @@ def live_writers_plan(exclusive_dir: str, account: str | None = None) -> Plan[li
 
 
 def test_only_plan(script: str, options: SubmitOptions) -> Plan[TestOnlyResult]:
-    command = build_sbatch_test_only(**options.as_kwargs())
+    command = build_sbatch_test_only(options)
     _validate_script(script)
     result = yield RemoteCommand(command, "sbatch", stdin=script, timeout=SUBMIT_TIMEOUT)
     return parse_sbatch_test_only(result.stderr)

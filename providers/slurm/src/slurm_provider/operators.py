@@ -35,6 +35,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
+from slurm_provider.timing import POLL_INTERVAL, MAX_POLL_INTERVAL, FIRST_POLL_DELAY
 from slurm_provider.cli.job_files import job_log_name
 from slurm_provider.cli.sbatch import (
     DEFAULT_PROJECT_TAG,
@@ -219,8 +220,8 @@ class SlurmSubmitOperator(BaseOperator):
                  sbatch_options: Sequence[str] = (), export: Mapping[str, str] | None = None,
                  stage: str | None = None, progress_path: str | None = None, code_version: str | None = None,
                  resubmit_budgets: Mapping[str, int] | None = None, pending_policy: str = "fail",
-                 poll_interval: float = 15.0, max_poll_interval: float = 300.0,
-                 first_poll_delay: float = 10.0, gpu_billing_factor: float = 1.0,
+                 poll_interval: float = POLL_INTERVAL, max_poll_interval: float = MAX_POLL_INTERVAL,
+                 first_poll_delay: float = FIRST_POLL_DELAY, gpu_billing_factor: float = 1.0,
                  exit_code_meanings: Mapping[int, str] | None = None, exclusive_dir: str | None = None,
                  hint_overrides: Mapping[str, str] | None = None, project_tag: str = DEFAULT_PROJECT_TAG,
                  retries: int | None = DEFAULT_RETRIES, retry_delay: timedelta | float = DEFAULT_RETRY_DELAY,

@@ -29,6 +29,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from slurm_provider.timing import POLL_INTERVAL, MAX_POLL_INTERVAL, FIRST_POLL_DELAY
 from slurm_provider.outage import (
     DEFAULT_WATCH_DEADLINE,
     Outage,
@@ -100,8 +101,8 @@ class SlurmJobTrigger(BaseTrigger):
         retry adopts it), or running jobs of the account that hold the allocation the job pends on.
     """
 
-    def __init__(self, *, conn_id: str, job_id: str, poll_interval: float = 15.0,
-                 max_poll_interval: float = 300.0, first_poll_delay: float = 10.0,
+    def __init__(self, *, conn_id: str, job_id: str, poll_interval: float = POLL_INTERVAL,
+                 max_poll_interval: float = MAX_POLL_INTERVAL, first_poll_delay: float = FIRST_POLL_DELAY,
                  log_path: str | None = None, log_offset: int = 0, pending_policy: str = "fail",
                  expected_job_name: str | None = None, unknown_grace_polls: int = 6,
                  carry: dict[str, Any] | None = None, err_log_path: str | None = None,

@@ -13,7 +13,7 @@ import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from slurm_provider.cli.squeue import build_squeue_live_jobs
@@ -119,23 +119,47 @@ def parse_job_comment(text: str | None) -> JobComment | None:
         return None
 
 
-def _sbatch_argv(
-    *,
-    job_name: str,
-    output: str,
-    error: str | None,
-    comment: JobComment | str | None,
-    chdir: str | None,
-    export: Mapping[str, str] | None,
-    export_all: bool,
-    dependency: str | None,
-    partition: str | None,
-    account: str | None,
-    qos: str | None,
-    reservation: str | None,
-    time_limit: str | None,
-    extra_options: Sequence[str] | None,
-) -> list[str]:
+@dataclass(frozen=True)
+class SubmitOptions:
+    """Everything sbatch is told besides the script: the one definition of the options that
+    :func:`build_sbatch_submit`, :func:`build_sbatch_test_only` and the hooks' ``submit`` take."""
+
+    job_name: str
+    output: str
+    error: str | None = None
+    comment: JobComment | str | None = None
+    chdir: str | None = None
+    export: Mapping[str, str] | None = None
+    export_all: bool = True
+    dependency: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    reservation: str | None = None
+    time_limit: str | None = None
+    extra_options: Sequence[str] | None = None
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def of(cls, options: SubmitOptions | None = None, **given: Any) -> SubmitOptions:
+        """``options`` with ``given`` on top (or ``given`` alone); unknown names are refused."""
+        valid = [f.name for f in fields(cls)]
+        if options is None:
+            try:
+                return cls(**given)
+            except TypeError as exc:
+                raise ValidationError("options", f"{exc}; valid fields: {', '.join(valid)}") from None
+        unknown = sorted(set(given) - set(valid))
+        if unknown:
+            raise ValidationError("options", f"unknown submit options {unknown} (valid: {', '.join(valid)})")
+        return replace(options, **given)
+
+
+def _sbatch_argv(options: SubmitOptions) -> list[str]:
+    (job_name, output, error, comment, chdir, export, export_all, dependency, partition, account, qos,
+     reservation, time_limit, extra_options) = (getattr(options, f.name) for f in fields(options))
     argv = ["sbatch", f"--job-name={validate_job_name(job_name)}"]
     argv.append(f"--output={validate_remote_path(output, 'output')}")
     if error is not None:
@@ -169,30 +193,14 @@ def _sbatch_argv(
     return argv
 
 
-def build_sbatch_submit(
-    *,
-    job_name: str,
-    output: str,
-    error: str | None = None,
-    comment: JobComment | str | None = None,
-    chdir: str | None = None,
-    export: Mapping[str, str] | None = None,
-    export_all: bool = True,
-    dependency: str | None = None,
-    partition: str | None = None,
-    account: str | None = None,
-    qos: str | None = None,
-    reservation: str | None = None,
-    time_limit: str | None = None,
-    extra_options: Sequence[str] | None = None,
-) -> str:
+def build_sbatch_submit(options: SubmitOptions | None = None, /, **given: Any) -> str:
     """``sbatch --parsable ...`` that reads the job script from stdin.
 
     Options given here override ``#SBATCH`` lines in the script. Output is ``<id>`` or
     ``<id>;<cluster>`` (read it with ``parsers.parse_sbatch_parsable``). ``export`` adds
     variables on top of the submitting environment (``--export=ALL,START_STAGE=2``).
     """
-    argv = _sbatch_argv(**locals())  # exactly this function's keyword arguments
+    argv = _sbatch_argv(SubmitOptions.of(options, **given))
     argv.insert(1, "--parsable")
     return join_argv(argv)
 
@@ -367,26 +375,10 @@ def _relative(value: str, field: str) -> str:
     return value
 
 
-def build_sbatch_test_only(
-    *,
-    job_name: str,
-    output: str,
-    error: str | None = None,
-    comment: JobComment | str | None = None,
-    chdir: str | None = None,
-    export: Mapping[str, str] | None = None,
-    export_all: bool = True,
-    dependency: str | None = None,
-    partition: str | None = None,
-    account: str | None = None,
-    qos: str | None = None,
-    reservation: str | None = None,
-    time_limit: str | None = None,
-    extra_options: Sequence[str] | None = None,
-) -> str:
+def build_sbatch_test_only(options: SubmitOptions | None = None, /, **given: Any) -> str:
     """``sbatch --test-only ...`` (script on stdin): validates the request and estimates a start
     time without submitting. The answer is on **stderr** (``parsers.parse_sbatch_test_only``)."""
-    argv = _sbatch_argv(**locals())  # exactly this function's keyword arguments
+    argv = _sbatch_argv(SubmitOptions.of(options, **given))
     argv.insert(1, "--test-only")
     return join_argv(argv)
 
