@@ -2,7 +2,7 @@
 
 Run after capture.sh, then read the diffs: a golden file is only as good as its review.
 
-    .venv/bin/python tests/slurm_provider/golden/make_expected.py
+    .venv/bin/python providers/slurm/tests/golden/make_expected.py
 
 The tests (cli/test_golden.py, test_job_status.py) call :func:`expected_for` on the raw file and
 compare with the JSON written here, so both sides always use the same mapping.
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[2] / "providers" / "slurm" / "src"))
+sys.path.insert(0, str(HERE.parents[1] / "src"))
 
 from slurm_provider.cli.job_files import parse_log_chunk, parse_progress  # noqa: E402
 from slurm_provider.cli.sacct import latest_job_rows, parse_sacct  # noqa: E402

@@ -14,8 +14,8 @@ from slurm_provider.cli.squeue import (
 )
 from slurm_provider.cli.values import gpus_from_tres, is_invalid_job_id_error
 from slurm_provider.validation import ValidationError
-from tests.slurm_provider.cli.captured_output import JOBS, raw
-from tests.slurm_provider.cli.command_words import argv_of
+from providers.slurm.tests.cli.captured_output import JOBS, raw
+from providers.slurm.tests.cli.command_words import argv_of
 
 
 def test_squeue_many_ids_with_fixed_unambiguous_format() -> None:

@@ -16,7 +16,7 @@ from slurm_provider.cli.job_files import (
 )
 from slurm_provider.cli.values import SlurmOutputError
 from slurm_provider.validation import ValidationError
-from tests.slurm_provider.cli.captured_output import raw
+from providers.slurm.tests.cli.captured_output import raw
 
 
 def run_local(command: str) -> str:

@@ -22,7 +22,7 @@ from slurm_provider.hints import (
 from slurm_provider.state_vocabulary import SlurmState
 
 GOLDEN = Path(__file__).parent / "golden"
-PROVIDER_SRC = Path(__file__).resolve().parents[2] / "providers" / "slurm" / "src"
+PROVIDER_SRC = Path(__file__).resolve().parents[1] / "src"
 
 LOG_EXCERPTS: dict[str, str] = {
     "too_many_processors": """\

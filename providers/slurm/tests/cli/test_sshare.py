@@ -7,8 +7,8 @@ import pytest
 from slurm_provider.cli.sshare import account_tres_minutes, build_sshare_account, parse_sshare
 from slurm_provider.cli.values import SlurmOutputError, parse_tres_minutes
 from slurm_provider.validation import ValidationError
-from tests.slurm_provider.cli.captured_output import raw
-from tests.slurm_provider.cli.command_words import argv_of
+from providers.slurm.tests.cli.captured_output import raw
+from providers.slurm.tests.cli.command_words import argv_of
 
 
 def test_sshare_of_one_account_with_fixed_fields() -> None:

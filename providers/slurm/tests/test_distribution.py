@@ -23,7 +23,7 @@ from localcluster import LocalCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PROVIDER = REPO / "providers" / "slurm"
 GOLDEN = Path(__file__).parent / "golden"
 PINNED = ("apache-airflow", "apache-airflow-providers-ssh")

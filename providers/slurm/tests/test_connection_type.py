@@ -23,7 +23,7 @@ from slurm_provider.transport import (
 )
 
 SCHEMA = Path(importlib.import_module("airflow").__file__).parent / "provider_info.schema.json"
-PROVIDER_SRC = Path(__file__).resolve().parents[2] / "providers" / "slurm" / "src"
+PROVIDER_SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 def _class(path: str) -> type:

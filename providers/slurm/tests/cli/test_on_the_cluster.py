@@ -11,7 +11,7 @@ from slurm_provider.cli.sbatch import build_sbatch_test_only, parse_sbatch_test_
 from slurm_provider.cli.squeue import build_squeue, parse_squeue
 from slurm_provider.cli.values import is_invalid_job_id_error
 
-from tests.slurm_provider.cli.test_sbatch import COMMENT
+from providers.slurm.tests.cli.test_sbatch import COMMENT
 
 STATE_DIR = Path("/var/lib/vcloud-localcluster/ssh")
 

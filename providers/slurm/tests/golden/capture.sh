@@ -6,7 +6,7 @@
 # slurm_provider.cli, so the golden files are exactly what the hook will read.
 # Writes <scenario>.txt (stdout), <scenario>.stderr.txt where stderr matters, and
 # jobs.env (the job id of each scenario). Expected parse results (*.json) are written by
-#   .venv/bin/python tests/slurm_provider/golden/make_expected.py
+#   .venv/bin/python providers/slurm/tests/golden/make_expected.py
 # and reviewed by hand before committing.
 #
 # Takes about 4 minutes (one job must reach its 1-minute time limit).

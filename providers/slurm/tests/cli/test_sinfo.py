@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from slurm_provider.cli.sinfo import build_sinfo_unavailable_nodes, parse_sinfo_unavailable
 from slurm_provider.cli.values import expand_hostlist
-from tests.slurm_provider.cli.captured_output import raw
-from tests.slurm_provider.cli.command_words import argv_of
+from providers.slurm.tests.cli.captured_output import raw
+from providers.slurm.tests.cli.command_words import argv_of
 
 
 def test_sinfo_unavailable_nodes() -> None:

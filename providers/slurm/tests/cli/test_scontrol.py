@@ -15,8 +15,8 @@ from slurm_provider.cli.scontrol import (
 )
 from slurm_provider.cli.values import SlurmOutputError, is_invalid_job_id_error
 from slurm_provider.validation import ValidationError
-from tests.slurm_provider.cli.captured_output import JOBS, raw
-from tests.slurm_provider.cli.command_words import argv_of
+from providers.slurm.tests.cli.captured_output import JOBS, raw
+from providers.slurm.tests.cli.command_words import argv_of
 
 
 def test_scontrol_and_scancel() -> None:

@@ -21,8 +21,8 @@ from slurm_provider.cli.sbatch import (
     with_stdin_heredoc,
 )
 from slurm_provider.validation import ValidationError
-from tests.slurm_provider.cli.captured_output import JOBS, raw
-from tests.slurm_provider.cli.command_words import argv_of
+from providers.slurm.tests.cli.captured_output import JOBS, raw
+from providers.slurm.tests.cli.command_words import argv_of
 
 COMMENT = JobComment(dag="vcloud_train", task="train_stage1", run="manual__2026-02-16T08:00:00+00:00", attempt=2, stage="1")
 

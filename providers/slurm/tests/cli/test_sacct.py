@@ -17,8 +17,8 @@ from slurm_provider.cli.sacct import (
 )
 from slurm_provider.cli.values import gpus_from_tres
 from slurm_provider.validation import ValidationError
-from tests.slurm_provider.cli.captured_output import JOBS, raw
-from tests.slurm_provider.cli.command_words import argv_of
+from providers.slurm.tests.cli.captured_output import JOBS, raw
+from providers.slurm.tests.cli.command_words import argv_of
 
 
 def test_sacct_commands() -> None:

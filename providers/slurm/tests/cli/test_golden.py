@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.slurm_provider.cli.captured_output import GOLDEN, make_expected
+from providers.slurm.tests.cli.captured_output import GOLDEN, make_expected
 
 
 @pytest.mark.parametrize("name", make_expected.golden_names())

@@ -1,4 +1,4 @@
-"""Fixtures shared by every test area: the local cluster, its Airflow connection, an Airflow home.
+"""Fixtures shared by every test area (tests/ and the Slurm provider's providers/slurm/tests): the local cluster, its Airflow connection, an Airflow home.
 
 Airflow reads its configuration when first imported, so the throwaway AIRFLOW_HOME (SQLite, no
 examples) is set here, at import time, before any test module imports Airflow. Each test process
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+REPO = Path(__file__).resolve().parent
+sys.path.insert(0, str(REPO / "tests"))  # the test helpers (localcluster, lifecycle, ports ...)
 
 _AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="vcloud-airflow-home-"))
 atexit.register(shutil.rmtree, _AIRFLOW_HOME, True)

@@ -1,6 +1,6 @@
 """SlurmLoginTrigger driven directly: one event, when the login node answers or the wait must end.
 
-The probe is a stand-in here (fast); tests/slurm_provider/test_operator_outage.py runs the trigger
+The probe is a stand-in here (fast); providers/slurm/tests/test_operator_outage.py runs the trigger
 against a private login sshd of the local cluster that is stopped and started again.
 """
 

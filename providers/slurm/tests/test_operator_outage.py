@@ -27,7 +27,7 @@ from slurm_provider.operators import SlurmSubmitOperator
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.transport import HostKeyRejected, TransportTimeout, TransportUnavailable
 from slurm_provider.triggers import ERROR, FINISHED, SlurmJobTrigger
-from tests.slurm_provider.test_operator_retries import Cluster, _context, _event, _operator, _status
+from providers.slurm.tests.test_operator_retries import Cluster, _context, _event, _operator, _status
 
 DOWN = TransportUnavailable("cannot reach vcloud@lumi:22 (connection 'c'): ConnectionRefusedError")
 
