@@ -21,11 +21,11 @@ TEST_WORKERS ?= 4
 # make demo PROFILE=lumi|levante|cosmos: that site's own job scripts on the local cluster.
 PROFILE ?= local
 
-.PHONY: help venv system-packages cluster-up cluster-down cluster-status image test test-fast demo lock clean
+.PHONY: help venv system-packages cluster-up cluster-down cluster-status image typecheck test test-fast demo lock clean
 
 help:
 	@echo "make demo          run the training DAG end to end on the local Slurm cluster (tiny config)"
-	@echo "make test          bring up the local cluster if needed and run every test"
+	@echo "make test          type-check, bring up the local cluster if needed and run every test"
 	@echo "make cluster-up    start the local Slurm cluster and its SSH login node (idempotent)"
 	@echo "make cluster-down  stop the daemons cluster-up started"
 	@echo "make image         build the local cluster's trainer image (Charliecloud) if missing or stale"
@@ -68,7 +68,11 @@ cluster-status:
 image:
 	@bash include/local_cluster/build_image.sh
 
-test: venv cluster-up image
+# mypy over the Slurm provider and the plugins, as configured in pyproject.toml.
+typecheck: venv
+	$(VENV_PY) -m mypy
+
+test: venv typecheck cluster-up image
 	@bash include/test_deps.sh
 	$(VENV_PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 

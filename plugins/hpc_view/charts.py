@@ -34,7 +34,7 @@ def burndown_svg(budget: ProfileBudget) -> str:
     plot_w, plot_h = WIDTH - left_pad - right_pad, height - top - bottom
     has_alloc = budget.allocation is not None
     values = [p.left if has_alloc else p.used for p in budget.burn]
-    ceiling = budget.allocation if has_alloc else max(values or [0.0])
+    ceiling = budget.allocation if has_alloc else max([v for v in values if v is not None] or [0.0])
     ceiling = ceiling if ceiling and ceiling > 0 else 1.0
     where = " (Slurm limit)" if budget.source == "slurm" else ""
     title = (f"{budget.unit} left of {figure(budget.allocation)}{where}: "

@@ -155,7 +155,7 @@ def pending_words(state: str | SlurmState | None, reason: str | None) -> Pending
 
 
 def _submissions(value: Any) -> tuple[Submission, ...]:
-    out = []
+    out: list[Submission] = []
     for item in value or ():
         if isinstance(item, Mapping) and "job_id" in item:
             out.append(Submission(str(item["job_id"]), int(item.get("number") or len(out) + 1),
@@ -205,6 +205,7 @@ def records_from_xcoms(rows: Iterable[XComRow]) -> list[JobRecord]:
         profile = str((summary or {}).get("profile") or conf.get("profile") or UNASSIGNED)
         dag_id, run_id, task_id, map_index = key
         if summary is None:
+            assert job_row is not None
             job_id = str(job_row.value)
             since, last_seen = _outage(xcoms.get(WATCH_XCOM_KEY), job_id)
             records.append(JobRecord(
@@ -340,7 +341,7 @@ def profile_budget(profile: str, records: Iterable[JobRecord], *, allocation: fl
         elif left is not None:
             left -= record.gpu_hours
         burn.append(BurnPoint(record.finished_at, f"{record.stage} ({record.job_id})", total, left))
-    common = dict(profile=profile, unit=unit, allocation=allocation, total=total, by_run=by_run,
+    common: dict[str, Any] = dict(profile=profile, unit=unit, allocation=allocation, total=total, by_run=by_run,
                   by_stage=by_stage, by_run_stage=by_run_stage, burn=tuple(burn), jobs=len(done))
     if newest is None:
         return ProfileBudget(**common, allocation_from=allocation_from)

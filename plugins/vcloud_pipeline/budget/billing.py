@@ -245,14 +245,25 @@ def check_budget(profile: ClusterProfile, spec: JobSpec, allocation: Allocation)
 class UsageRow(Protocol):
     """What the ledger needs of a finished (or running) job; ``JobStatus``-like objects fit."""
 
-    run: str
-    label: str
-    """``stage1``, ``export``, ``preflight``: the job's :attr:`JobSpec.label`."""
-    partition: str
-    nodes: int
-    gpus: int
-    """Accelerators allocated to the job in total (``gres/gpu`` of sacct's AllocTRES)."""
-    elapsed_seconds: float
+    @property
+    def run(self) -> str: ...
+
+    @property
+    def label(self) -> str:
+        """``stage1``, ``export``, ``preflight``: the job's :attr:`JobSpec.label`."""
+
+    @property
+    def partition(self) -> str: ...
+
+    @property
+    def nodes(self) -> int: ...
+
+    @property
+    def gpus(self) -> int:
+        """Accelerators allocated to the job in total (``gres/gpu`` of sacct's AllocTRES)."""
+
+    @property
+    def elapsed_seconds(self) -> float: ...
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from slurm_provider.protocols import SlurmVerbs
 from slurm_provider.cli.sbatch import parse_job_comment
 from slurm_provider.hooks import SlurmCommandFailed
 from slurm_provider.cli.values import expand_hostlist
@@ -35,6 +36,7 @@ from vcloud_pipeline.budget.billing import (
     summarize_ledger,
 )
 from vcloud_pipeline.plan.jobspec import JobSpec
+from vcloud_pipeline.plan.labels import JobLabel
 from vcloud_pipeline.profile import ClusterProfile
 
 LEDGER_SINCE = "now-365days"
@@ -119,13 +121,13 @@ def ledger_from_statuses(profile: ClusterProfile, statuses: Iterable[JobStatus])
                   queued_jobs=queued_jobs)
 
 
-def read_ledger(hook: Any, profile: ClusterProfile, since: str = LEDGER_SINCE) -> Ledger:
+def read_ledger(hook: SlurmVerbs, profile: ClusterProfile, since: str = LEDGER_SINCE) -> Ledger:
     """This project's jobs from squeue and sacct, every run of a requeued job billed on its own."""
     statuses = hook.find_jobs(comment_contains=f'"project":"{PROJECT_TAG}"', since=since, every_run=True)
     return ledger_from_statuses(profile, statuses)
 
 
-def read_allocation(hook: Any, profile: ClusterProfile, ledger: Ledger) -> Allocation:
+def read_allocation(hook: SlurmVerbs, profile: ClusterProfile, ledger: Ledger) -> Allocation:
     """The allocation as Slurm holds it (one ``sshare``), or the profile's figure against the ledger.
 
     Slurm's figures win where the account has a ``GrpTRESMins`` limit on ``billing.slurm_tres``;
@@ -152,8 +154,8 @@ def read_allocation(hook: Any, profile: ClusterProfile, ledger: Ledger) -> Alloc
     return Allocation.from_profile(profile, used=ledger.used, held=ledger.reserved, note=note)
 
 
-def check_jobs_budget(profile: ClusterProfile, specs: Mapping[str, JobSpec],
-                      allocation: Allocation) -> dict[str, WorstCase]:
+def check_jobs_budget(profile: ClusterProfile, specs: Mapping[JobLabel, JobSpec],
+                      allocation: Allocation) -> dict[JobLabel, WorstCase]:
     """Each job's worst case must fit in what the usage leaves; so must all of them together (what
     running and queued jobs hold is theirs only until they end: the run's jobs wait for it)."""
     worst = {label: check_budget(profile, spec, allocation) for label, spec in specs.items()}
@@ -175,7 +177,7 @@ def check_jobs_budget(profile: ClusterProfile, specs: Mapping[str, JobSpec],
     return worst
 
 
-def test_only(hook: Any, job_name: str, script: str, *, output: str) -> str:
+def test_only(hook: SlurmVerbs, job_name: str, script: str, *, output: str) -> str:
     """``sbatch --test-only`` of the rendered script: Slurm's own verdict on the request."""
     try:
         result = hook.test_only(script, job_name=job_name, output=output)
@@ -187,7 +189,7 @@ def test_only(hook: Any, job_name: str, script: str, *, output: str) -> str:
             f"in partition {result.partition}")
 
 
-def check_image(hook: Any, profile: ClusterProfile) -> str | None:
+def check_image(hook: SlurmVerbs, profile: ClusterProfile) -> str | None:
     """The container image must be readable on the login node (profiles with a container).
 
     A Charliecloud image is a directory, and ``ch-run`` must be installed: both missing is what a

@@ -33,15 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
+from slurm_provider.protocols import SlurmVerbs
 from slurm_provider.cli.files import DirInventory, build_dir_inventory, build_remove_dirs, parse_dir_inventory
 from slurm_provider.cli.squeue import SqueueRow
 from slurm_provider.state_vocabulary import SlurmState, parse_state
 
 from vcloud_pipeline.plan.layout import MANIFEST_NAME, REMOVING_SUFFIX, RUN_MARKERS, RunPaths, is_code_hash, is_run_key
 from vcloud_pipeline.profile import ClusterProfile
-
-FileHook = Any
-"""A :class:`slurm_provider.hooks.SlurmHook` (its file verbs and ``account_jobs``)."""
 
 INCOMPLETE_GRACE_S = 24 * 3600.0
 """A directory without its manifest this long after its last change is a dead transfer, not a
@@ -238,7 +236,7 @@ def parse_code_dirs(stdout: str) -> CodeDirListing:
     return code_dirs_of(parse_dir_inventory(stdout))
 
 
-def list_code_dirs(hook: FileHook, paths: RunPaths) -> CodeDirListing:
+def list_code_dirs(hook: SlurmVerbs, paths: RunPaths) -> CodeDirListing:
     return code_dirs_of(hook.dir_inventory(paths.code_root, MANIFEST_NAME, paths.run_markers_dir))
 
 
@@ -253,13 +251,13 @@ def removal_command(paths: RunPaths, plan: RetentionPlan) -> str | None:
     return build_remove_dirs(**_removals(paths, plan))
 
 
-def remove_code_dirs(hook: FileHook, paths: RunPaths, plan: RetentionPlan) -> bool:
+def remove_code_dirs(hook: SlurmVerbs, paths: RunPaths, plan: RetentionPlan) -> bool:
     """Rename each directory to go to its hidden name, then delete it; delete the expired run markers.
     False when nothing goes."""
     return hook.remove_dirs(**_removals(paths, plan), what=f"removing unused code directories in {paths.code_root}")
 
 
-def remove_unused_code_dirs(profile: ClusterProfile, paths: RunPaths, hook: FileHook,
+def remove_unused_code_dirs(profile: ClusterProfile, paths: RunPaths, hook: SlurmVerbs,
                             current: str) -> RetentionPlan:
     """Remove the code directories :func:`plan_retention` lets go; returns the plan it carried out.
 
@@ -274,7 +272,7 @@ def remove_unused_code_dirs(profile: ClusterProfile, paths: RunPaths, hook: File
     return plan
 
 
-def mark_run(hook: FileHook, paths: RunPaths, key: str, code_hash: str, about: str) -> None:
+def mark_run(hook: SlurmVerbs, paths: RunPaths, key: str, code_hash: str, about: str) -> None:
     """Record that DAG run ``key`` uses ``code_hash``: its marker (written whole, then renamed into
     place), replacing a marker of other code the run used before. ``about`` (the DAG run, the run
     name) is the marker's text, for people."""
@@ -282,12 +280,12 @@ def mark_run(hook: FileHook, paths: RunPaths, key: str, code_hash: str, about: s
     hook.replace_record(paths.run_markers_dir, marker.name, about, prefix=f"{key}-")
 
 
-def touch_run(hook: FileHook, paths: RunPaths, key: str, code_hash: str) -> None:
+def touch_run(hook: SlurmVerbs, paths: RunPaths, key: str, code_hash: str) -> None:
     """Refresh (or create) DAG run ``key``'s marker for ``code_hash``: the run is alive."""
     hook.touch_record(paths.run_markers_dir, paths.run_marker(key, code_hash).name)
 
 
-def release_run(hook: FileHook, paths: RunPaths, key: str) -> None:
+def release_run(hook: SlurmVerbs, paths: RunPaths, key: str) -> None:
     """Remove DAG run ``key``'s marker(s): the run has ended and submits nothing more."""
     if not is_run_key(key):
         raise ValueError(f"run key {key!r} is not 16 hex digits")

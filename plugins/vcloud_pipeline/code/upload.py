@@ -22,10 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slurm_provider.protocols import SlurmVerbs
 from slurm_provider.transport import SSHCommand, TransportError
 
 from vcloud_pipeline.checkout import PROJECT_ROOT
 from vcloud_pipeline.plan.jobspec import JobSpec
+from vcloud_pipeline.plan.labels import JobLabel
 from vcloud_pipeline.code.retention import list_code_dirs, newest_complete
 from vcloud_pipeline.plan.layout import CodePaths, RunPaths
 from vcloud_pipeline.profile import ClusterProfile
@@ -72,13 +74,13 @@ def run_rsync(argv: Sequence[str], *, what: str, ssh: SSHCommand | None = None,
     return proc.stdout
 
 
-def render_run_jobs(profile: ClusterProfile, specs: Mapping[str, JobSpec], paths: RunPaths,
-                    code_hash: str) -> dict[str, RenderedJob]:
+def render_run_jobs(profile: ClusterProfile, specs: Mapping[JobLabel, JobSpec], paths: RunPaths,
+                    code_hash: str) -> dict[JobLabel, RenderedJob]:
     """Every job script of the run, by label. Pure."""
     return {label: render_job(profile, spec, paths, code_hash) for label, spec in specs.items()}
 
 
-def write_jobs(jobs: Mapping[str, RenderedJob], directory: Path) -> None:
+def write_jobs(jobs: Mapping[JobLabel, RenderedJob], directory: Path) -> None:
     """Both scripts of every job into ``directory`` (flat, as in the run's jobs directory)."""
     directory.mkdir(parents=True, exist_ok=True)
     for job in jobs.values():
@@ -97,7 +99,7 @@ class SyncResult:
     """False when the cluster already held exactly this code and the transfer was skipped."""
 
 
-def code_is_current(hook: Any, code: CodePaths, manifest: CodeManifest) -> bool:
+def code_is_current(hook: SlurmVerbs, code: CodePaths, manifest: CodeManifest) -> bool:
     """True when the cluster already holds exactly this code, so the transfer can be skipped.
 
     The manifest in the hash's directory must carry our hash, and nothing under that directory may
@@ -117,7 +119,7 @@ def code_is_current(hook: Any, code: CodePaths, manifest: CodeManifest) -> bool:
     return same_hash and unchanged
 
 
-def sync_code_tree(paths: RunPaths, tree: CodeTree, manifest: CodeManifest, hook: Any) -> bool:
+def sync_code_tree(paths: RunPaths, tree: CodeTree, manifest: CodeManifest, hook: SlurmVerbs) -> bool:
     """Mirror the code tree into its hash's directory unless the cluster already has it there;
     returns whether anything was sent.
 
@@ -138,8 +140,8 @@ def sync_code_tree(paths: RunPaths, tree: CodeTree, manifest: CodeManifest, hook
     return True
 
 
-def sync_run(paths: RunPaths, tree: CodeTree, jobs: Mapping[str, RenderedJob], manifest: CodeManifest,
-             hook: Any, staging_dir: Path) -> SyncResult:
+def sync_run(paths: RunPaths, tree: CodeTree, jobs: Mapping[JobLabel, RenderedJob], manifest: CodeManifest,
+             hook: SlurmVerbs, staging_dir: Path) -> SyncResult:
     """Create the run's directories, mirror the code (unless already current), upload the scripts."""
     refuse_unanchored_excludes(tree)
     hook.make_dirs(list(paths.directories_to_create()), what="creating the run's directories")

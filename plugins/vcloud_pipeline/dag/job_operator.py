@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from slurm_provider.protocols import SlurmVerbs
 from slurm_provider.hooks import RemoteCommandError
 from slurm_provider import timing
 from slurm_provider.operators import SlurmSubmitOperator
@@ -116,7 +117,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
         """
         self._bind(context)
 
-    def _bind(self, context: Any) -> tuple[RunPlan, SyncedCode]:
+    def _bind(self, context: Context) -> tuple[RunPlan, SyncedCode]:
         """The run's plan and synced code from XCom, validated; the job's script only if its digest is
         the one recorded when it was rendered."""
         ti = context["ti"]
@@ -173,7 +174,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
 
     # --- deciding ----------------------------------------------------------------------------------
 
-    def _decide(self, plan: RunPlan, hook: Any) -> Decision | None:
+    def _decide(self, plan: RunPlan, hook: SlurmVerbs) -> Decision | None:
         """None: always submit (preflight import check)."""
         paths = plan.paths
         if self.job is JobLabel.PREFLIGHT:
@@ -196,10 +197,10 @@ class PipelineJobOperator(SlurmSubmitOperator):
         except StageDecisionError as exc:
             raise AirflowFailException(str(exc)) from None
 
-    def _allocation(self, plan: RunPlan, hook: Any) -> Allocation:
+    def _allocation(self, plan: RunPlan, hook: SlurmVerbs) -> Allocation:
         return read_allocation(hook, plan.profile, read_ledger(hook, plan.profile))
 
-    def _allocation_after(self, plan: RunPlan, hook: Any) -> dict[str, Any] | None:
+    def _allocation_after(self, plan: RunPlan, hook: SlurmVerbs) -> dict[str, Any] | None:
         """The allocation once the job ended, for the record (the HPC view's burn-down); a cluster that
         cannot be asked now costs the record this figure, never the finished job its success."""
         try:
@@ -208,7 +209,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
             self.log.warning("Could not read the allocation after %s finished: %s", self.job, exc)
             return None
 
-    def _check_budget(self, plan: RunPlan, hook: Any) -> None:
+    def _check_budget(self, plan: RunPlan, hook: SlurmVerbs) -> None:
         allocation = self._allocation(plan, hook)
         try:
             worst = check_budget(plan.profile, plan.jobs[self.job].spec, allocation)
@@ -219,7 +220,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
 
     # --- the operator's two entry points ---------------------------------------------------------------
 
-    def execute(self, context: Any) -> Any:
+    def execute(self, context: Context) -> Any:
         plan, _ = self._bind(context)
         with self.waiting_out_outages(context):
             # A try that already submitted (since the run was last cleared) goes straight to its job.
@@ -231,7 +232,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
             summary = super().execute(context)  # defers; returns only when the job had already completed
             return self._report(context, summary)
 
-    def _before_submitting(self, plan: RunPlan, hook: Any) -> None:
+    def _before_submitting(self, plan: RunPlan, hook: SlurmVerbs) -> None:
         """Skip a job that is not needed, ask a restarted stage to start afresh, check the budget."""
         decision = self._decide(plan, hook)
         if decision is not None:
@@ -258,28 +259,28 @@ class PipelineJobOperator(SlurmSubmitOperator):
             return super().billed_gpu_hours(run)
         return billed_hours(self.cluster_profile, usage_of(self.cluster_profile, run))
 
-    def check_before_resubmit(self, context: Any, hook: Any) -> None:
+    def check_before_resubmit(self, context: Context, hook: SlurmVerbs) -> None:
         """A resubmission spends the allocation again: its worst case must still fit."""
         plan, _ = self._bind(context)
         self._check_budget(plan, hook)
         self._keep_run_code(context, plan, hook)
 
-    def _keep_run_code(self, context: Any, plan: RunPlan, hook: Any) -> None:
+    def _keep_run_code(self, context: Context, plan: RunPlan, hook: SlurmVerbs) -> None:
         """Refresh the DAG run's code marker before a job is submitted: the run is alive and its code must
         stay (:mod:`vcloud_pipeline.code.retention`). A failure is a warning: the job carries its code
         in its comment, which keeps the code while Slurm lists the job."""
         ti = context["ti"]
         try:
-            touch_run(hook, plan.paths, run_key(ti.dag_id, ti.run_id), self.code_version)
+            touch_run(hook, plan.paths, run_key(ti.dag_id, ti.run_id), str(self.code_version))
         except (RemoteCommandError, TransportError, ValueError) as exc:
             self.log.warning("Could not refresh the code marker of this DAG run: %s", exc)
 
-    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         self._bind(context)
         with self.waiting_out_outages(context):
             return self._report(context, super().execute_complete(context, event))
 
-    def _report(self, context: Any, summary: dict[str, Any]) -> dict[str, Any]:
+    def _report(self, context: Context, summary: dict[str, Any]) -> dict[str, Any]:
         """Add every job's state, the code, the metrics of the stage's ``best.pt`` (and of its last
         epoch) and the asset event to the summary.
 

@@ -22,7 +22,8 @@ from vcloud_pipeline.plan.run_plan import RunPlan
 from vcloud_pipeline.dag.tasks import build_plan, curve_pngs, stage_records
 
 
-def _size(n: int) -> str:
+def _size(size: int) -> str:
+    n = float(size)
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

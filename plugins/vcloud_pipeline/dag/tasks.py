@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from slurm_provider.protocols import SlurmVerbs
 from slurm_provider.operators import (
     DEFAULT_MAX_RETRY_DELAY,
     DEFAULT_RETRIES,
@@ -126,7 +127,7 @@ def plan_run(params: Mapping[str, Any], *, run_type: Any = None, logical_date: A
     return plan.to_xcom()
 
 
-def sync_code(plan: RunPlan, hook: Any, *, project_root: Path = PROJECT_ROOT,
+def sync_code(plan: RunPlan, hook: SlurmVerbs, *, project_root: Path = PROJECT_ROOT,
               dag_run: tuple[str, str] | None = None) -> dict[str, Any]:
     """Hash the code tree, render every job once with that hash, mirror code and scripts to the
     cluster, record that the DAG run ``dag_run`` (DAG id, run id) uses that code until it ends, then
@@ -162,7 +163,7 @@ def sync_code(plan: RunPlan, hook: Any, *, project_root: Path = PROJECT_ROOT,
     return synced.model_dump(mode="json")
 
 
-def release_run_code(plan: RunPlan, hook: Any, dag_run: tuple[str, str]) -> None:
+def release_run_code(plan: RunPlan, hook: SlurmVerbs, dag_run: tuple[str, str]) -> None:
     """The DAG run has ended: its code is no longer kept for it (a failure is a warning: the marker
     then expires on its own)."""
     key = run_key(*dag_run)
@@ -174,7 +175,7 @@ def release_run_code(plan: RunPlan, hook: Any, dag_run: tuple[str, str]) -> None
     log.info("DAG run %s ended: its code is no longer kept for it (marker %s removed)", dag_run[1], key)
 
 
-def clean_code_dirs(plan: RunPlan, hook: Any, current: str) -> RetentionPlan | None:
+def clean_code_dirs(plan: RunPlan, hook: SlurmVerbs, current: str) -> RetentionPlan | None:
     """Remove unused code directories; a failure is a warning (the run needs none of them), None."""
     paths = plan.paths
     try:
@@ -190,7 +191,7 @@ def clean_code_dirs(plan: RunPlan, hook: Any, current: str) -> RetentionPlan | N
     return retention
 
 
-def preflight_checks(plan: RunPlan, hook: Any, synced: SyncedCode) -> dict[str, Any]:
+def preflight_checks(plan: RunPlan, hook: SlurmVerbs, synced: SyncedCode) -> dict[str, Any]:
     """``sbatch --test-only`` of every training job still to run, the container image, and the budget
     of every job the run will submit (the preflight import job and the data job included): nothing
     has been submitted yet when this runs."""
@@ -216,8 +217,8 @@ def preflight_checks(plan: RunPlan, hook: Any, synced: SyncedCode) -> dict[str, 
     specs = plan.specs()
     budgeted = {label: specs[label] for label in _budgeted(plan, hook, to_run)}
     worst = check_jobs_budget(plan.profile, budgeted, allocation)
-    for label, case in worst.items():
-        log.info("worst case %s: %.2f %s (%s)%s", label, case.amount, case.billing_unit, case.describe(),
+    for worst_label, case in worst.items():
+        log.info("worst case %s: %.2f %s (%s)%s", worst_label, case.amount, case.billing_unit, case.describe(),
                  allocation.wait_note(case.amount))
     return {
         "test_only": verdicts,
@@ -229,7 +230,7 @@ def preflight_checks(plan: RunPlan, hook: Any, synced: SyncedCode) -> dict[str, 
     }
 
 
-def _budgeted(plan: RunPlan, hook: Any, to_run: list[JobLabel]) -> list[JobLabel]:
+def _budgeted(plan: RunPlan, hook: SlurmVerbs, to_run: list[JobLabel]) -> list[JobLabel]:
     """The jobs the run will submit, in order: the preflight import job, the data job if the dataset
     is missing, then ``to_run``."""
     labels = [JobLabel.PREFLIGHT]
@@ -246,13 +247,13 @@ def job_summaries(ti: Any) -> dict[str, Any]:
     return {task_id: summary for task_id, summary in jobs.items() if summary}
 
 
-def stage_records(plan: RunPlan, hook: Any) -> dict[str, Any]:
+def stage_records(plan: RunPlan, hook: SlurmVerbs) -> dict[str, Any]:
     """Every stage's ``COMPLETE`` record (epochs, final metrics) as the cluster has it now."""
     return {label: completion_record(hook.read_file(str(plan.paths.complete_path(stage))))
             for stage, label in zip(STAGES, STAGE_LABELS)}
 
 
-def curve_pngs(plan: RunPlan, hook: Any) -> dict[str, str]:
+def curve_pngs(plan: RunPlan, hook: SlurmVerbs) -> dict[str, str]:
     """The export's training-curve plot of each stage that has one, by stage label: where the run
     summary points for the curves (``<paths.viewer>/<run>/curves/stage{N}.png``, plotted from the
     stage's ``metrics.jsonl``). One command on the login node."""
@@ -261,7 +262,7 @@ def curve_pngs(plan: RunPlan, hook: Any) -> dict[str, str]:
     return {label: path for label, path in wanted.items() if present.get(path)}
 
 
-def summarize(plan: RunPlan, hook: Any, job_summaries: Mapping[str, Any]) -> dict[str, Any]:
+def summarize(plan: RunPlan, hook: SlurmVerbs, job_summaries: Mapping[str, Any]) -> dict[str, Any]:
     """The run at a glance: per job what ran, per stage the final metrics and its training-curve PNG,
     the files, the ledger."""
     ledger = read_ledger(hook, plan.profile)

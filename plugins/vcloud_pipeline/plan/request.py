@@ -51,8 +51,9 @@ class RequestError(ValueError):
     """A DAG run asked for something invalid; raised before anything reaches the cluster."""
 
 
-def _integer(low: int, high: int) -> Any:
-    """An integer from ``low`` to ``high``; digits in a string count (``--conf`` and forms send text)."""
+def _integer(low: int, high: int) -> BeforeValidator:
+    """Validates an integer from ``low`` to ``high``; digits in a string count (``--conf`` and forms
+    send text)."""
 
     def check(value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -64,7 +65,7 @@ def _integer(low: int, high: int) -> Any:
             refuse(f"must be from {low} to {high}, got {value}")
         return value
 
-    return Annotated[int, BeforeValidator(check)]
+    return BeforeValidator(check)
 
 
 def _flag(value: Any) -> bool:
@@ -131,8 +132,8 @@ def _run_name(value: Any) -> str | None:
         refuse(str(exc), whole=True)
 
 
-def _advanced(description: str, title: str) -> Any:
-    return {"title": title, "description": description, "json_schema_extra": {"section": ADVANCED}}
+ADVANCED_FIELD: dict[str, Any] = {"section": ADVANCED}
+"""``json_schema_extra`` of a field in the form's :data:`ADVANCED` section."""
 
 
 class TrainingRequest(Document):
@@ -168,30 +169,38 @@ class TrainingRequest(Document):
                                     "pattern": f"^$|{RUN_NAME.pattern}"}})
     export: Annotated[bool, BeforeValidator(_flag)] = pydantic.Field(
         True, title="Export viewer data", description="Run the viewer export job after stage 3.")
-    start_stage: Annotated[_integer(0, 3) | None, pydantic.Field(ge=0, le=3)] = pydantic.Field(
-        None, **_advanced("Like the job scripts' START_STAGE: skip every stage before it.", "Start stage"))
-    max_resubmits: Annotated[_integer(0, MAX_RESUBMITS_LIMIT), pydantic.Field(ge=0, le=MAX_RESUBMITS_LIMIT)] = \
-        pydantic.Field(DEFAULT_MAX_RESUBMITS, **_advanced(
-            "How often a stage job ended by its time limit, a node failure or a preemption is submitted "
-            "again (only if it made progress).", "Resubmissions per cause"))
+    start_stage: Annotated[int, _integer(0, 3), pydantic.Field(ge=0, le=3)] | None = pydantic.Field(
+        None, title="Start stage", json_schema_extra=ADVANCED_FIELD,
+        description="Like the job scripts' START_STAGE: skip every stage before it.")
+    max_resubmits: Annotated[int, _integer(0, MAX_RESUBMITS_LIMIT), pydantic.Field(ge=0, le=MAX_RESUBMITS_LIMIT)] = \
+        pydantic.Field(DEFAULT_MAX_RESUBMITS, title="Resubmissions per cause", json_schema_extra=ADVANCED_FIELD,
+                       description="How often a stage job ended by its time limit, a node failure or a preemption "
+                                   "is submitted again (only if it made progress).")
     """Resubmissions per interrupting cause (time limit, node failure, preemption, boot failure)."""
-    time_limit: Annotated[str | None, BeforeValidator(_time_limit)] = pydantic.Field(None, **_advanced(
-        "Slurm duration (e.g. 3-00:00:00) for each training job. Empty: the partition's default. Jobs "
-        "checkpoint and requeue before it.", "Training job time limit"))
-    max_epochs: Annotated[_integer(1, 100000) | None, pydantic.Field(ge=1)] = pydantic.Field(None, **_advanced(
-        "Override the config's epochs per stage (short test runs).", "Epochs per stage"))
-    partition: Annotated[str | None, BeforeValidator(_partition)] = pydantic.Field(None, **_advanced(
-        "Partition of the training jobs (e.g. standard-g on LUMI for whole nodes). Empty: the profile's "
-        "default partition.", "Training partition"))
-    nodes: Annotated[_integer(1, MAX_NODES), pydantic.Field(ge=1, le=MAX_NODES)] = pydantic.Field(1, **_advanced(
-        "More than one: torchrun across the nodes (the partition must allow it).", "Nodes per training job"))
-    gpus_per_node: Annotated[_integer(1, 64), pydantic.Field(ge=1, le=64)] = pydantic.Field(1, **_advanced(
-        "GPUs (GCDs on LUMI) per node of each training job; whole-node partitions need all of a node's.",
-        "GPUs per node"))
-    on_code_change: OnCodeChange = pydantic.Field(ON_CODE_CHANGE_DEFAULT, **_advanced(
-        "A stage resumed from a latest.pt that other code wrote, whose optimizer layout differs: keep_weights "
-        "resumes the weights with a fresh optimizer state, refuse stops the job (exit 88). Weights that no "
-        "longer fit are refused either way: use mode restart, or the old code.", "Resuming after a code change"))
+    time_limit: Annotated[str | None, BeforeValidator(_time_limit)] = pydantic.Field(
+        None, title="Training job time limit", json_schema_extra=ADVANCED_FIELD,
+        description="Slurm duration (e.g. 3-00:00:00) for each training job. Empty: the partition's default. "
+                    "Jobs checkpoint and requeue before it.")
+    max_epochs: Annotated[int, _integer(1, 100000), pydantic.Field(ge=1)] | None = pydantic.Field(
+        None, title="Epochs per stage", json_schema_extra=ADVANCED_FIELD,
+        description="Override the config's epochs per stage (short test runs).")
+    partition: Annotated[str | None, BeforeValidator(_partition)] = pydantic.Field(
+        None, title="Training partition", json_schema_extra=ADVANCED_FIELD,
+        description="Partition of the training jobs (e.g. standard-g on LUMI for whole nodes). Empty: the "
+                    "profile's default partition.")
+    nodes: Annotated[int, _integer(1, MAX_NODES), pydantic.Field(ge=1, le=MAX_NODES)] = pydantic.Field(
+        1, title="Nodes per training job", json_schema_extra=ADVANCED_FIELD,
+        description="More than one: torchrun across the nodes (the partition must allow it).")
+    gpus_per_node: Annotated[int, _integer(1, 64), pydantic.Field(ge=1, le=64)] = pydantic.Field(
+        1, title="GPUs per node", json_schema_extra=ADVANCED_FIELD,
+        description="GPUs (GCDs on LUMI) per node of each training job; whole-node partitions need all of a "
+                    "node's.")
+    on_code_change: OnCodeChange = pydantic.Field(
+        ON_CODE_CHANGE_DEFAULT, title="Resuming after a code change", json_schema_extra=ADVANCED_FIELD,
+        description="A stage resumed from a latest.pt that other code wrote, whose optimizer layout differs: "
+                    "keep_weights resumes the weights with a fresh optimizer state, refuse stops the job "
+                    "(exit 88). Weights that no longer fit are refused either way: use mode restart, or the "
+                    "old code.")
 
     @property
     def config_path(self) -> str:

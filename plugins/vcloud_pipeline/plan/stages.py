@@ -155,5 +155,5 @@ def completion_record(text: str | None) -> dict[str, Any] | None:
         data = json.loads(text)
     except json.JSONDecodeError:
         return None
-    return data if isinstance(data, Mapping) else None
+    return dict(data) if isinstance(data, Mapping) else None
 

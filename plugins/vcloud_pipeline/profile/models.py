@@ -16,7 +16,18 @@ import pydantic
 from pydantic import AfterValidator, BeforeValidator, PlainSerializer, PrivateAttr
 
 from slurm_provider.validation import format_time_limit
-from vcloud_pipeline.schema import Document, Duration, Environment, Flag, Positive, Strings, Text, count, refuse
+from vcloud_pipeline.schema import (
+    Count,
+    Document,
+    Duration,
+    Environment,
+    Flag,
+    Positive,
+    Strings,
+    Text,
+    at_least,
+    refuse,
+)
 
 PLACEHOLDER = "CHANGE_ME"
 """Marks a setting the user must supply (an account, a user name) before jobs can be rendered."""
@@ -120,7 +131,7 @@ class AcceleratorSpec(Document):
     """``rocm``, ``cuda`` or ``none`` (CPU training; the local cluster emulates GRES). A real kind
     means GPUs are required: training and the preflight import job refuse to run on the CPU."""
     model: Text
-    per_node: count()
+    per_node: Count
     unit: Text
     """What one billed unit is called in messages: ``GCD``, ``GPU``, ``APU``."""
     missing_gpu_hint: Annotated[Text | None, AfterValidator(_one_line)] = None
@@ -149,10 +160,10 @@ class PartitionSpec(Document):
     max_time: SlurmDuration
     default_time: SlurmDuration | None = None
     """``None``: the partition's ``max_time``."""
-    max_nodes: count()
-    max_gpus_per_node: count()
-    cpus_per_node: count()
-    default_cpus_per_gpu: count()
+    max_nodes: Count
+    max_gpus_per_node: Count
+    cpus_per_node: Count
+    default_cpus_per_gpu: Count
     full_node: Flag = False
     """Nodes are allocated (and billed) whole: every accelerator of every node counts."""
     mem_per_gpu: Text | None = None
@@ -209,7 +220,7 @@ class PathsSpec(Document):
     pylibs: Text | None = None
     """Extra Python packages installed outside the container (``pip install --target``)."""
     fast_tmp: Text | None = None
-    code_keep: count() = DEFAULT_CODE_KEEP
+    code_keep: Count = DEFAULT_CODE_KEEP
     """Code directories kept after a sync besides those live jobs use: the newest this many."""
 
 
@@ -263,9 +274,9 @@ class StagingSpec(Document):
 class JobDefaults(Document):
     """Settings shared by every job script of the profile."""
 
-    signal_lead_seconds: count(30)
+    signal_lead_seconds: Annotated[int, at_least(30)]
     """``--signal=B:USR2@<lead>``: time for the trainer to reach a step boundary and checkpoint."""
-    master_port: count(1024) = 29500
+    master_port: Annotated[int, at_least(1024)] = 29500
     preflight_time: SlurmDuration = 600
     export_time: SlurmDuration = 7200
 

@@ -91,7 +91,7 @@ def _rule_miopen_cache_node_local(profile: ClusterProfile) -> None:
     if RUNTIME_JOB_ID not in cache:
         raise ProfileError(f"profile {profile.name}: software.miopen_cache_dir {cache!r} must contain "
                            "{job_id} so that jobs never share an MIOpen database (seed 002)")
-    local_roots = NODE_LOCAL_ROOTS
+    local_roots: tuple[str, ...] = NODE_LOCAL_ROOTS
     if profile.staging:
         local_roots += (_static_prefix(profile.staging.node_local_dir),)
     if not any(_under(cache, root) for root in local_roots):

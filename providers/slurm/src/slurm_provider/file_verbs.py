@@ -30,7 +30,6 @@ def FileCommand(line: str, verb: str, stdin: str | None = None, timeout: float =
     return RemoteCommand(line, verb, stdin=stdin, timeout=timeout)
 
 
-FilePlan = Plan
 
 
 class RemoteCommandError(RuntimeError):
@@ -48,37 +47,37 @@ def _checked(what: str, result: CommandResult) -> str:
     return result.stdout
 
 
-def make_dirs_plan(directories: Sequence[Path], what: str) -> FilePlan[None]:
+def make_dirs_plan(directories: Sequence[Path], what: str) -> Plan[None]:
     _checked(what, (yield FileCommand(files.build_make_dirs(directories), "mkdir")))
 
 
-def write_file_plan(path: Path, text: str) -> FilePlan[None]:
+def write_file_plan(path: Path, text: str) -> Plan[None]:
     _checked(f"writing {path}", (yield FileCommand(files.build_write_file(path), "write_file", stdin=text)))
 
 
-def path_exists_plan(path: Path) -> FilePlan[bool]:
+def path_exists_plan(path: Path) -> Plan[bool]:
     return (yield FileCommand(files.build_path_exists(path), "test")).exit_status == 0
 
 
-def readable_plan(path: Path, directory: bool) -> FilePlan[bool]:
+def readable_plan(path: Path, directory: bool) -> Plan[bool]:
     return (yield FileCommand(files.build_readable(path, directory=directory), "test")).exit_status == 0
 
 
-def command_exists_plan(program: str) -> FilePlan[bool]:
+def command_exists_plan(program: str) -> Plan[bool]:
     return (yield FileCommand(files.build_command_exists(program), "command")).exit_status == 0
 
 
-def list_files_plan(root: Path, depth: int) -> FilePlan[list[tuple[str, int]]]:
+def list_files_plan(root: Path, depth: int) -> Plan[list[tuple[str, int]]]:
     out = _checked(f"listing {root}", (yield FileCommand(files.build_list_files(root, depth), "find")))
     return files.parse_list_files(out)
 
 
-def read_if_unchanged_plan(file: Path, tree: Path, needle: str) -> FilePlan[tuple[str, bool] | None]:
+def read_if_unchanged_plan(file: Path, tree: Path, needle: str) -> Plan[tuple[str, bool] | None]:
     result = yield FileCommand(files.build_read_if_unchanged(file, tree, needle), "read_file", timeout=60.0)
     return files.parse_read_if_unchanged(result.stdout) if result.exit_status == 0 else None
 
 
-def dir_inventory_plan(root: Path, marker: str, records: Path) -> FilePlan[DirInventory]:
+def dir_inventory_plan(root: Path, marker: str, records: Path) -> Plan[DirInventory]:
     out = _checked(f"listing the directories in {root}",
                    (yield FileCommand(files.build_dir_inventory(root, marker, records), "find")))
     try:
@@ -88,7 +87,7 @@ def dir_inventory_plan(root: Path, marker: str, records: Path) -> FilePlan[DirIn
 
 
 def remove_dirs_plan(renames: Sequence[tuple[Path, Path]], leftovers: Sequence[Path], record_files: Sequence[Path],
-                     what: str) -> FilePlan[bool]:
+                     what: str) -> Plan[bool]:
     line = files.build_remove_dirs(renames, leftovers, record_files)
     if line is None:
         return False
@@ -96,16 +95,16 @@ def remove_dirs_plan(renames: Sequence[tuple[Path, Path]], leftovers: Sequence[P
     return True
 
 
-def replace_record_plan(directory: Path, name: str, text: str, prefix: str) -> FilePlan[None]:
+def replace_record_plan(directory: Path, name: str, text: str, prefix: str) -> Plan[None]:
     _checked(f"recording {name} in {directory}",
              (yield FileCommand(files.build_replace_record(directory, name, text, prefix), "write_file")))
 
 
-def touch_record_plan(directory: Path, name: str) -> FilePlan[None]:
+def touch_record_plan(directory: Path, name: str) -> Plan[None]:
     _checked(f"refreshing {directory}/{name}", (yield FileCommand(files.build_touch_record(directory, name), "touch")))
 
 
-def remove_records_plan(directory: Path, prefix: str) -> FilePlan[None]:
+def remove_records_plan(directory: Path, prefix: str) -> Plan[None]:
     _checked(f"removing {directory}/{prefix}*", (yield FileCommand(files.build_remove_records(directory, prefix), "rm")))
 
 

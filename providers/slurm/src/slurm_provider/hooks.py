@@ -29,7 +29,7 @@ import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.sdk import BaseHook
 
@@ -340,8 +340,8 @@ def find_jobs_plan(name: str | None, comment_contains: str | None, since: str,
     return matching + earlier
 
 
-def _job_order(job_id: str) -> tuple[int, int]:
-    base, _, task = job_id.partition("_")
+def _job_order(job_id: str | int) -> tuple[int, int]:
+    base, _, task = str(job_id).partition("_")
     return int(base), int(task) if task.isdigit() else -1
 
 
@@ -731,3 +731,11 @@ class SlurmAsyncHook(BaseHook, _CommandCounter):
 
     async def close(self) -> None:
         await self.runner.close()
+
+
+if TYPE_CHECKING:
+    from slurm_provider.protocols import SlurmVerbs
+
+    def _verbs(hook: SlurmHook) -> SlurmVerbs:
+        """The blocking hook offers every verb of :class:`~slurm_provider.protocols.SlurmVerbs` (mypy checks)."""
+        return hook

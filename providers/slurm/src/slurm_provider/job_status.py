@@ -404,9 +404,9 @@ def resolve_statuses(
         raw_to_display.setdefault(row.job_id_raw, row.job_id)
     sacct_rows = list(sacct_rows)
     by_sacct = statuses_from_sacct(sacct_rows)
-    for row in sacct_rows:
-        if not row.is_step:
-            raw_to_display.setdefault(row.job_id_raw, row.job_id)
+    for sacct_row in sacct_rows:
+        if not sacct_row.is_step:
+            raw_to_display.setdefault(sacct_row.job_id_raw, sacct_row.job_id)
 
     result: dict[str, JobStatus] = {}
     for requested in (str(j) for j in job_ids):

@@ -540,7 +540,8 @@ def split_reason(reason: str | None) -> tuple[str, str]:
         return "None", ""
     if text.lower().startswith("launch failed requeued held"):
         return "launch failed requeued held", text[len("launch failed requeued held") :].strip(" ,")
-    code = re.match(r"[^,\s]+", text).group(0)
+    match = re.match(r"[^,\s]+", text)
+    code = match.group(0) if match else text
     return code, text[len(code) :].strip(" ,")
 
 

@@ -115,7 +115,7 @@ class OpenSSHTarget:
         config_file = extra.get("ssh_config_file")
         host_key = extra.get("host_key")
         try:
-            connect_timeout = int(extra.get("connect_timeout", 10))
+            connect_timeout = int(extra.get("connect_timeout", 10))  # type: ignore[call-overload]
         except (TypeError, ValueError):
             raise TransportConfigError(
                 f"connection extra connect_timeout={extra.get('connect_timeout')!r} is not a whole "

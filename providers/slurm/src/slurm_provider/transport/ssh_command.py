@@ -167,7 +167,7 @@ def private_key_text(content: str, passphrase: str | None = None) -> str:
         try:
             key = serialization.load_ssh_private_key(data, secret)
         except ValueError:
-            key = serialization.load_pem_private_key(data, secret)
+            key = serialization.load_pem_private_key(data, secret)  # type: ignore[assignment]
     except (ValueError, TypeError) as exc:
         raise TransportConfigError(
             f"the connection's private_key cannot be opened with its passphrase ({exc})") from None

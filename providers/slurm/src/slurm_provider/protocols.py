@@ -1,0 +1,66 @@
+"""The hook as a type: what a workflow built on the provider may ask of a cluster.
+
+:class:`SlurmVerbs` lists the blocking hook's verbs (Slurm's and the file operations); a workflow
+types its seams with it, and a test hands over a small stand-in with the verbs it exercises. The
+runner under a hook is :class:`slurm_provider.transport.RemoteCommandRunner`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from slurm_provider.cli.files import DirInventory, Path
+from slurm_provider.cli.sbatch import TestOnlyResult
+from slurm_provider.cli.squeue import SqueueRow
+from slurm_provider.cli.sshare import TresMinutes
+from slurm_provider.job_status import JobStatus
+from slurm_provider.transport import RemoteCommandRunner, SSHCommand
+
+
+class SlurmVerbs(Protocol):
+    """The verbs of :class:`slurm_provider.hooks.SlurmHook` a workflow calls."""
+
+    @property
+    def runner(self) -> RemoteCommandRunner: ...
+
+    def statuses(self, job_ids: Iterable[str | int]) -> dict[str, JobStatus]: ...
+
+    def find_jobs(self, name: str | None = None, comment_contains: str | None = None,
+                  since: str = ..., every_run: bool = False) -> list[JobStatus]: ...
+
+    def test_only(self, script: str, options: Any = None, **fields: Any) -> TestOnlyResult: ...
+
+    def account_tres(self, account: str, tres: str = "billing") -> TresMinutes | None: ...
+
+    def account_jobs(self, account: str) -> list[SqueueRow]: ...
+
+    def read_file(self, path: str) -> str | None: ...
+
+    def file_sizes(self, paths: Iterable[str]) -> dict[str, int]: ...
+
+    def ssh_command(self) -> AbstractContextManager[SSHCommand]: ...
+
+    def make_dirs(self, directories: Sequence[Path], what: str = ...) -> None: ...
+
+    def write_file(self, path: Path, text: str) -> None: ...
+
+    def readable(self, path: Path, *, directory: bool = False) -> bool: ...
+
+    def command_exists(self, program: str) -> bool: ...
+
+    def list_files(self, root: Path, depth: int = 3) -> list[tuple[str, int]]: ...
+
+    def read_if_unchanged(self, file: Path, tree: Path, needle: str) -> tuple[str, bool] | None: ...
+
+    def dir_inventory(self, root: Path, marker: str, records: Path) -> DirInventory: ...
+
+    def remove_dirs(self, renames: Sequence[tuple[Path, Path]], leftovers: Sequence[Path] = (),
+                    record_files: Sequence[Path] = (), what: str = ...) -> bool: ...
+
+    def replace_record(self, directory: Path, name: str, text: str, prefix: str) -> None: ...
+
+    def touch_record(self, directory: Path, name: str) -> None: ...
+
+    def remove_records(self, directory: Path, prefix: str) -> None: ...
