@@ -1,7 +1,7 @@
 """vcloud training on a Slurm cluster: sync -> checks -> (data) -> preflight job -> stages 0-3 -> export.
 
-Wiring only; what each task does lives in ``plugins/vcloud_pipeline`` (``tasks``, ``stages``,
-``preflight``, ``sync``, ``job_operator``). Trigger from the UI form, on the retraining schedule,
+Wiring only; what each task does lives in ``plugins/vcloud_pipeline`` (``dag.tasks``,
+``dag.job_operator``; the run's frozen plan in ``plan.run_plan``). Trigger from the UI form, on the retraining schedule,
 or for one stage: ``airflow dags trigger vcloud_training --conf '{"stages": [2]}'``.
 
 The job tasks wait out a login node that does not answer (up to the provider's

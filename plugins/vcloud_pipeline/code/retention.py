@@ -43,7 +43,7 @@ from vcloud_pipeline.profile import ClusterProfile
 
 INCOMPLETE_GRACE_S = 24 * 3600.0
 """A directory without its manifest this long after its last change is a dead transfer, not a
-running one (rsync gives up after ``sync.RSYNC_TIMEOUT``)."""
+running one (rsync gives up after ``vcloud_pipeline.code.upload.RSYNC_TIMEOUT``)."""
 
 RUN_MARKER_EXPIRY_S = 30 * 24 * 3600.0
 """A run marker untouched this long belongs to a run that vanished. A live run refreshes it with every

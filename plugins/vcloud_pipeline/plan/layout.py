@@ -9,9 +9,9 @@ things are, so the layout can change here without hunting through the DAG and th
                                           cannot change what a queued or requeued job runs
     <paths.code>/<hash>/.vcloud_manifest.json
                                           written last: the tree is complete and carries <hash>
-                                          (see code_tree.py); directories no live job and no
+                                          (see code/tree.py); directories no live job and no
                                           unfinished DAG run uses are removed beyond the newest
-                                          paths.code_keep (code_retention.py)
+                                          paths.code_keep (code/retention.py)
     <paths.code>/.runs/<run key>-<hash>   one marker per unfinished DAG run: the code it uses
                                           (written by its sync, refreshed when it submits a job,
                                           removed when the run ends)
@@ -42,7 +42,7 @@ from vcloud.contract import STAGES
 from vcloud_pipeline.profile import RUNTIME_JOB_ID, ClusterProfile
 
 MANIFEST_NAME = ".vcloud_manifest.json"
-"""Written into the synced code directory (and left alone by ``rsync --delete``, see code_tree.py)."""
+"""Written into the synced code directory (and left alone by ``rsync --delete``, see code/tree.py)."""
 
 CODE_HASH = re.compile(r"^[0-9a-f]{64}$")
 """A content hash (sha256 hex, :func:`vcloud_pipeline.code.tree.code_hash`): also a code directory's name."""

@@ -188,7 +188,7 @@ class BillingSpec(Document):
 
     Where the site holds the allocation in Slurm (a ``GrpTRESMins`` limit on the account), the
     budget check reads it from there; ``slurm_tres`` and ``slurm_minutes_per_unit`` say how Slurm's
-    TRES-minutes map to the units here (see :mod:`vcloud_pipeline.budget.billing.allocation`, the one place
+    TRES-minutes map to the units here (see :mod:`vcloud_pipeline.budget.billing`, the one place
     that converts).
     """
 

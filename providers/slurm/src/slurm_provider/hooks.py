@@ -18,7 +18,7 @@ Failures: a :class:`TransportError` when the login node cannot be reached;
 :class:`SlurmCommandFailed` (a retryable ``TransportError``: the status call failed, the job did
 not) when a read-only Slurm command gives no usable answer, and when ``sbatch`` met no controller
 (:class:`SubmitLockBusy` when another submit held an exclusive directory's lock): nothing says the
-request was wrong, so trying later is the answer; ``parsers.SbatchRefused`` with Slurm's own
+request was wrong, so trying later is the answer; ``slurm_provider.cli.sbatch.SbatchRefused`` with Slurm's own
 message when sbatch refuses a job.
 """
 

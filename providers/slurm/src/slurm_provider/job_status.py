@@ -290,7 +290,7 @@ class JobStatus:
 
     @classmethod
     def from_scontrol(cls, record: Mapping[str, str]) -> JobStatus:
-        """From one ``parsers.parse_scontrol_show_job`` record (``Restarts=``, ``StdOut=`` expanded)."""
+        """From one ``slurm_provider.cli.scontrol.parse_scontrol_show_job`` record (``Restarts=``, ``StdOut=`` expanded)."""
         parsed = parse_state_text(record.get("JobState"))
         exit_code, signal = parse_exit_code(record.get("ExitCode"))
         array_job = record.get("ArrayJobId")

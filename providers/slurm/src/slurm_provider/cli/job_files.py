@@ -40,7 +40,7 @@ def build_read_log(path: str, offset: int, max_bytes: int = 65536) -> str:
     then exactly those N bytes, base64-encoded, so the parser gets the bytes unchanged and
     advances the offset by bytes, never by decoded characters. If the file is shorter than
     ``offset`` (log truncated, e.g. after a requeue), reading restarts at 0 with ``truncated=1``.
-    A missing file prints ``__SLURM_PROVIDER_LOG__ missing``. Parse with ``parsers.parse_log_chunk``.
+    A missing file prints ``__SLURM_PROVIDER_LOG__ missing``. Parse with ``slurm_provider.cli.job_files.parse_log_chunk``.
     """
     validate_remote_path(path, "log_path")
     if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
@@ -75,7 +75,7 @@ def build_file_sizes(paths: Sequence[str]) -> str:
 
 def build_read_progress(path: str) -> str:
     """``cat`` a small progress file; prints ``__SLURM_PROVIDER_NOT_FOUND__`` if it does not exist
-    (``parsers.parse_progress`` returns None then)."""
+    (``slurm_provider.cli.job_files.parse_progress`` returns None then)."""
     validate_remote_path(path, "progress_path")
     quoted = shlex.quote(path)
     return f"if [ -f {quoted} ]; then cat -- {quoted}; else printf '%s\\n' {NOT_FOUND_MARKER}; fi"
@@ -176,7 +176,7 @@ def _incomplete_utf8_tail(data: bytes) -> int:
 
 
 def parse_log_chunk(output: str | bytes, requested_offset: int) -> LogChunk:
-    """Read the output of ``commands.build_read_log``."""
+    """Read the output of ``slurm_provider.cli.job_files.build_read_log``."""
     text = output.decode("ascii", errors="replace") if isinstance(output, bytes) else output
     lines = text.splitlines()
     if not lines:
@@ -206,7 +206,7 @@ def parse_log_chunk(output: str | bytes, requested_offset: int) -> LogChunk:
 
 
 def parse_progress(output: str | None) -> str | None:
-    """The progress file's text, or None when ``commands.build_read_progress`` found no file."""
+    """The progress file's text, or None when ``slurm_provider.cli.job_files.build_read_progress`` found no file."""
     if output is None or output.strip() == NOT_FOUND_MARKER:
         return None
     return output

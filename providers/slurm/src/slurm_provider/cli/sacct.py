@@ -76,7 +76,7 @@ def build_sacct(
 
     ``allocations_only`` (``-X``) drops step rows (``.batch``, ``.extern``, ``.0``).
     ``duplicates`` (``-D``) returns one row per run of a requeued job; the newest decides
-    (``parsers.latest_job_rows``). With ``--jobs`` sacct searches from the epoch, so ``since``
+    (``slurm_provider.cli.sacct.latest_job_rows``). With ``--jobs`` sacct searches from the epoch, so ``since``
     is optional here (unlike :func:`build_sacct_by_name`).
     """
     ids = validate_job_ids(job_ids)
@@ -114,7 +114,7 @@ def build_sacct_by_name(
 
 @dataclass(frozen=True)
 class SacctRow:
-    """One row of ``commands.build_sacct``: a job, an array element, or a step of one."""
+    """One row of ``slurm_provider.cli.sacct.build_sacct``: a job, an array element, or a step of one."""
 
     job_id: str
     job_id_raw: str

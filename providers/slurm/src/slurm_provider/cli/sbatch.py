@@ -197,7 +197,7 @@ def build_sbatch_submit(options: SubmitOptions | None = None, /, **given: Any) -
     """``sbatch --parsable ...`` that reads the job script from stdin.
 
     Options given here override ``#SBATCH`` lines in the script. Output is ``<id>`` or
-    ``<id>;<cluster>`` (read it with ``parsers.parse_sbatch_parsable``). ``export`` adds
+    ``<id>;<cluster>`` (read it with ``slurm_provider.cli.sbatch.parse_sbatch_parsable``). ``export`` adds
     variables on top of the submitting environment (``--export=ALL,START_STAGE=2``).
     """
     argv = _sbatch_argv(SubmitOptions.of(options, **given))
@@ -377,7 +377,7 @@ def _relative(value: str, field: str) -> str:
 
 def build_sbatch_test_only(options: SubmitOptions | None = None, /, **given: Any) -> str:
     """``sbatch --test-only ...`` (script on stdin): validates the request and estimates a start
-    time without submitting. The answer is on **stderr** (``parsers.parse_sbatch_test_only``)."""
+    time without submitting. The answer is on **stderr** (``slurm_provider.cli.sbatch.parse_sbatch_test_only``)."""
     argv = _sbatch_argv(SubmitOptions.of(options, **given))
     argv.insert(1, "--test-only")
     return join_argv(argv)
