@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 from slurm_provider.protocols import SlurmVerbs
 from slurm_provider.cli.sbatch import parse_job_comment

@@ -20,12 +20,10 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from slurm_provider.protocols import SlurmVerbs
 from slurm_provider.transport import SSHCommand, TransportError
 
-from vcloud_pipeline.checkout import PROJECT_ROOT
 from vcloud_pipeline.plan.jobspec import JobSpec
 from vcloud_pipeline.plan.labels import JobLabel
 from vcloud_pipeline.code.retention import list_code_dirs, newest_complete
