@@ -166,18 +166,19 @@ def build_remove_dirs(renames: Sequence[tuple[Path, Path]], leftovers: Sequence[
 
 
 def build_replace_record(directory: Path, name: str, text: str, prefix: str) -> str:
-    """Write ``<directory>/<name>`` holding ``text`` (whole, then renamed into place) and remove the
+    """Write ``<directory>/<name>`` (group-writable, as every file and directory these commands create)
+    holding ``text`` (whole, then renamed into place) and remove the
     other records of ``directory`` whose names start with ``prefix``."""
     record = f"{directory}/{name}"
     temporary = shlex.quote(f"{directory}/.{name}.tmp")
-    return (f"set -e; mkdir -p {_q(directory)}; printf '%s\\n' {shlex.quote(text)} > {temporary}; "
+    return (f"{SHARED_UMASK}; set -e; mkdir -p {_q(directory)}; printf '%s\\n' {shlex.quote(text)} > {temporary}; "
             f"for old in {_q(directory)}/{_glob_prefix(prefix)}*; do [ \"$old\" = {_q(record)} ] || rm -f -- \"$old\"; done; "
             f"mv -f -- {temporary} {_q(record)}")
 
 
 def build_touch_record(directory: Path, name: str) -> str:
     """Refresh (or create) ``<directory>/<name>``."""
-    return f"mkdir -p {_q(directory)} && touch -- {_q(f'{directory}/{name}')}"
+    return f"{SHARED_UMASK}; mkdir -p {_q(directory)} && touch -- {_q(f'{directory}/{name}')}"
 
 
 def build_remove_records(directory: Path, prefix: str) -> str:
