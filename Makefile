@@ -17,6 +17,7 @@ CLUSTER_DIR ?= /var/lib/vcloud-localcluster
 PYTEST_ARGS ?=
 # Slurm tests mostly wait on the cluster, so more workers than cores pays off.
 # --dist loadgroup: a module that shares one Airflow deployment (xdist_group) runs on one worker.
+# --durations: the slowest tests are named at the end of every run.
 TEST_WORKERS ?= 4
 # make demo PROFILE=lumi|levante|cosmos: that site's own job scripts on the local cluster.
 PROFILE ?= local
@@ -74,7 +75,7 @@ typecheck: venv
 
 test: venv typecheck cluster-up image
 	@bash include/test_deps.sh
-	$(VENV_PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(VENV_PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 # Unit tests only (no cluster): quick feedback while editing pure logic.
 test-fast: venv

@@ -49,6 +49,10 @@ out.mkdir(parents=True, exist_ok=True)
 while not stop:
     time.sleep(0.05)
 (out / f"stopped.{rank}").write_text(stop[0])
+# As vcloud.train does: the step's processes get the stop signal from Slurm and from the inner script;
+# one arriving during the interpreter's teardown (Python restores default handlers there) would kill it.
+for signum in (signal.SIGUSR2, signal.SIGTERM):
+    signal.signal(signum, signal.SIG_IGN)
 sys.exit(85)
 '''
 

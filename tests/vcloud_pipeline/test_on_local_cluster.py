@@ -169,9 +169,9 @@ def test_pre_timeout_signal_checkpoints_and_requeues(local_cluster: LocalCluster
         # the second start's inner script logs its image line a moment after the outer "restart 1"
         err = poll_until(lambda: (text := local_cluster.ssh(f"cat {err_path}").stdout).count(
             image_line(local_cluster)) >= 2 and text, timeout=120, what="the resumed start inside the image")
-        assert "received SIGUSR2" in err
-        assert "job step finished with exit code 85" in err
-        assert "requeued: the next start resumes from the checkpoint" in err
+        assert "received SIGUSR2" in err, err
+        assert "job step finished with exit code 85" in err, err
+        assert "requeued: the next start resumes from the checkpoint" in err, err
         assert local_cluster.ssh(f"cat {stopped}").stdout == "USR2"
         assert err.count(image_line(local_cluster)) >= 2  # both starts ran in the image
     finally:

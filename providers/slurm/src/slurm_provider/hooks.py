@@ -47,6 +47,7 @@ from slurm_provider.cli.sacct import (
     build_sacct_by_name,
     build_sacct_own_jobs,
     parse_sacct,
+    rows_by_job,
     runs_of,
 )
 from slurm_provider.cli.sbatch import (
@@ -335,8 +336,10 @@ def find_jobs_plan(name: str | None, comment_contains: str | None, since: str,
     ]
     if not every_run:
         return matching
+    by_job = rows_by_job(sacct_rows)
     earlier = [JobStatus.from_sacct(row, restarts=index)
-               for status in matching for index, row in enumerate(runs_of(sacct_rows, status.job_id)[:-1])]
+               for status in matching if status.job_id in by_job
+               for index, row in enumerate(by_job[status.job_id].runs[:-1])]
     return matching + earlier
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_provider.cli.job_files import expand_filename_pattern
-from slurm_provider.cli.sacct import SacctRow, latest_job_rows, runs_of, steps_of
+from slurm_provider.cli.sacct import SacctRow, rows_by_job
 from slurm_provider.cli.squeue import SqueueRow
 from slurm_provider.cli.values import (
     expand_hostlist,
@@ -377,12 +377,8 @@ def _choose(squeue: JobStatus | None, sacct: JobStatus | None) -> JobStatus | No
 
 def statuses_from_sacct(rows: Iterable[SacctRow]) -> dict[str, JobStatus]:
     """A status per job / array element in sacct output: newest run, restarts = earlier runs."""
-    rows = list(rows)
-    result = {}
-    for job_id, row in latest_job_rows(rows).items():
-        runs = runs_of(rows, job_id)
-        result[job_id] = JobStatus.from_sacct(row, restarts=len(runs) - 1, steps=steps_of(rows, job_id))
-    return result
+    return {job_id: JobStatus.from_sacct(job.latest, restarts=len(job.runs) - 1, steps=job.steps)
+            for job_id, job in rows_by_job(rows).items()}
 
 
 def resolve_statuses(

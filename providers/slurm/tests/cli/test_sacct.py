@@ -12,6 +12,7 @@ from slurm_provider.cli.sacct import (
     build_sacct_by_name,
     latest_job_rows,
     parse_sacct,
+    rows_by_job,
     runs_of,
     steps_of,
 )
@@ -94,3 +95,18 @@ def test_pending_array_range_row() -> None:
     rows = parse_sacct(raw("sacct_pending.txt"))
     ranges = [r for r in rows if r.id_parts.is_array_range]
     assert len(ranges) == 1 and ranges[0].reason == "JobArrayTaskLimit" and ranges[0].node_list is None
+
+
+@pytest.mark.parametrize("name", ["sacct_requeue.txt", "sacct_array_steps.txt", "sacct_finished.txt",
+                                  "sacct_pending.txt", "sacct_by_name.txt"])
+def test_rows_by_job_groups_what_runs_of_and_steps_of_find(name: str) -> None:
+    rows = parse_sacct(raw(name))
+    grouped = rows_by_job(rows)
+    assert grouped and sorted(grouped) == sorted(latest_job_rows(rows))
+    for job_id, job in grouped.items():
+        assert job.runs == runs_of(rows, job_id)
+        assert job.steps == steps_of(rows, job_id)
+        assert job.latest == latest_job_rows(rows)[job_id]
+    # In any order sacct may print them, the newest run is the latest.
+    reordered = rows_by_job(list(reversed(rows)))
+    assert {k: v.latest.row_index for k, v in reordered.items()} == {k: v.latest.row_index for k, v in grouped.items()}

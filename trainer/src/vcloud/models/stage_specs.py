@@ -23,8 +23,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import ConcatDataset, Dataset, Subset
 
-from vcloud.checkpoint import atomic_write_bytes, atomic_write_text, file_digest
+from vcloud.checkpoint import file_digest
 from vcloud.data.dataset import SeriesDataset
+from vcloud.durable import atomic_write_bytes, atomic_write_text
 from vcloud.models.cfdt import CFDT, CFDTConfig
 from vcloud.models.draft_and_refiner import DraftAndRefiner, run_draft
 from vcloud.models.latent_refiner import LatentDiffusionRefiner, RefinerConfig

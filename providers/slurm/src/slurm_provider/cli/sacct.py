@@ -6,6 +6,7 @@ Fields are ``SACCT_FIELDS``; ``Comment`` needs ``AccountingStoreFlags=job_commen
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -139,8 +140,9 @@ class SacctRow:
     row_index: int
     """Position in sacct's output (sacct prints the runs of a requeued job oldest first)."""
 
-    @property
+    @functools.cached_property
     def id_parts(self) -> JobIdParts:
+        """Parsed once per row: a year of a project's accounting is thousands of rows, each asked often."""
         return parse_job_id(self.job_id)
 
     @property
@@ -223,3 +225,31 @@ def runs_of(rows: Iterable[SacctRow], job_id: str) -> list[SacctRow]:
 def steps_of(rows: Iterable[SacctRow], job_id: str) -> list[SacctRow]:
     """The step rows (``.batch``, ``.extern``, ``.0`` ...) of one job or array element."""
     return [r for r in rows if r.is_step and r.job == job_id]
+
+
+@dataclass(frozen=True)
+class JobRows:
+    """One job's (or array element's) rows of an sacct answer: its runs oldest first, its steps."""
+
+    runs: list[SacctRow]
+    steps: list[SacctRow]
+
+    @property
+    def latest(self) -> SacctRow:
+        return self.runs[-1]
+
+
+def rows_by_job(rows: Iterable[SacctRow]) -> dict[str, JobRows]:
+    """:func:`runs_of` and :func:`steps_of` of every job in one pass, keyed by JobID (``123``,
+    ``123_4``); jobs with step rows only (their allocation row outside the time window) are left
+    out. One pass, because a ledger reads a year of a project's jobs: asking each job's rows of the
+    whole answer grows with the square of the jobs."""
+    runs: dict[str, list[SacctRow]] = {}
+    steps: dict[str, list[SacctRow]] = {}
+    for row in rows:
+        if row.is_step:
+            steps.setdefault(row.job, []).append(row)
+        else:
+            runs.setdefault(row.job_id, []).append(row)
+    return {job_id: JobRows(sorted(job_runs, key=_run_order), steps.get(job_id, []))
+            for job_id, job_runs in runs.items()}
