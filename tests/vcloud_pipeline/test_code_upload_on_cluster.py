@@ -277,7 +277,7 @@ def test_two_members_of_a_project_sync_the_same_run_one_after_the_other(
         jobs = render_run_jobs(profile, StagePlan.build(request, profile).job_specs(), paths, manifest.hash)
         with SlurmHook(conn_id) as hook:
             # a staging directory of mode 0700, as the sync_code task's TemporaryDirectory
-            sync_run(profile, paths, tree, jobs, manifest, hook.runner, Path(tempfile.mkdtemp(dir=tmp_path)))
+            sync_run(paths, tree, jobs, manifest, hook, Path(tempfile.mkdtemp(dir=tmp_path)))
     listing = local_cluster.ssh(f"stat -c '%U %A %n' {shlex.quote(str(paths.jobs_dir))} "
                                 f"{shlex.quote(str(paths.jobs_dir))}/*").stdout.splitlines()
     owner, mode, _ = listing[0].split(maxsplit=2)
