@@ -53,13 +53,13 @@ def per_job(rows: list[SacctRow]) -> dict[str, JobStatus]:
 
 
 def timed(function, rows: list[SacctRow]) -> tuple[float, dict[str, JobStatus]]:
-    fresh = parse_sacct_rows_again(rows)
+    fresh = uncached_copies(rows)
     start = time.perf_counter()
     result = function(fresh)
     return time.perf_counter() - start, result
 
 
-def parse_sacct_rows_again(rows: list[SacctRow]) -> list[SacctRow]:
+def uncached_copies(rows: list[SacctRow]) -> list[SacctRow]:
     """New row objects, so neither side profits from ids the other already parsed."""
     return [SacctRow(**{k: v for k, v in vars(row).items() if k != "id_parts"}) for row in rows]
 

@@ -205,16 +205,9 @@ def latest_job_rows(rows: Iterable[SacctRow]) -> dict[str, SacctRow]:
 
     ``sacct -D`` prints one row per run of a requeued job. Slurm stamps a new Submit time on
     every requeue, so the row with the latest Submit wins; equal Submit times (same second)
-    go to the later row, because sacct prints runs oldest first.
+    go to the later row, because sacct prints runs oldest first (:func:`rows_by_job`'s order).
     """
-    latest: dict[str, SacctRow] = {}
-    for row in rows:
-        if row.is_step:
-            continue
-        current = latest.get(row.job_id)
-        if current is None or _run_order(row) >= _run_order(current):
-            latest[row.job_id] = row
-    return latest
+    return {job_id: job.latest for job_id, job in rows_by_job(rows).items()}
 
 
 def runs_of(rows: Iterable[SacctRow], job_id: str) -> list[SacctRow]:
