@@ -148,6 +148,28 @@ def test_connection_check_refuses_unpinned_host_keys(tmp_path: Path) -> None:
     assert all(not c["extra"].get("no_host_key_check") for c in example.values())
 
 
+def test_connection_check_refuses_what_the_transports_refuse(tmp_path: Path) -> None:
+    """The start-up check and the transports at run time ask the same functions (host_keys)."""
+    pinned = {"conn_type": "slurm", "host": "h", "extra": {"host_key": "ssh-ed25519 AAAA"}}
+    for extra, said in (({"allow_host_key_change": "true"}, "allow_host_key_change is true"),
+                        ({"known_hosts": "none"}, "known_hosts is none"),
+                        ({"no_host_key_check": True}, "no_host_key_check is true")):
+        [problem] = problems_of("c", {**pinned, "extra": {**pinned["extra"], **extra}})
+        assert problem.startswith(f"c: {said}"), problem
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text("[lumi.example]:22 ssh-ed25519 AAAA\n")
+    config = tmp_path / "ssh_config"
+    openssh = {"conn_type": "ssh", "extra": {"transport": "openssh", "ssh_alias": "lumi",
+                                             "ssh_config_file": str(config)}}
+    config.write_text(f"Host lumi\n    UserKnownHostsFile {known_hosts}\n    StrictHostKeyChecking yes\n")
+    assert problems_of("lumi", openssh) == []
+    config.write_text(f"Host lumi\n    UserKnownHostsFile {known_hosts}\n    StrictHostKeyChecking no\n")
+    [problem] = problems_of("lumi", openssh)
+    assert "StrictHostKeyChecking no" in problem and f"({config}, Host lumi)" in problem
+    config.write_text("Host lumi\n    UserKnownHostsFile /dev/null\n")
+    assert "UserKnownHostsFile /dev/null" in problems_of("lumi", openssh)[0]
+
+
 def test_the_local_clusters_connections_pass_the_check(local_cluster) -> None:
     """What `cluster.sh up` writes (here, or in the dev-cluster container) is accepted by airflow-init."""
     path = local_cluster.state_dir / "airflow_conn.json"

@@ -44,6 +44,7 @@ from slurm_provider.transport.base import (
     known_hosts_text,
     stdin_bytes,
 )
+from slurm_provider.transport.host_keys import refuse_unchecked, ssh_config_problems
 
 log = logging.getLogger(__name__)
 
@@ -297,6 +298,13 @@ class _OpenSSHState:
             Path(self._known_hosts).write_text(known_hosts_text(self.target.host_key))
         return self._known_hosts
 
+    def accept_config(self, ssh_g_output: str) -> None:
+        """Keep the alias's resolved settings (``ssh -G``), refusing a config that turns host-key
+        checking off before any command runs."""
+        config = parse_ssh_g(ssh_g_output)
+        refuse_unchecked(self.target.where, ssh_config_problems(config))
+        self.config = config
+
     @property
     def shares_master(self) -> bool:
         return self.config is not None and uses_control_master(self.config)
@@ -389,7 +397,7 @@ class OpenSSHRunner:
             if proc.returncode != 0:
                 raise TransportConfigError(f"`{shlex.join(self.target.config_argv())}` failed: "
                                            f"{_last_line(decode_output(proc.stderr))}")
-            self._state.config = parse_ssh_g(decode_output(proc.stdout))
+            self._state.accept_config(decode_output(proc.stdout))
         return self._state.config
 
     def _prepare(self) -> bool | None:
@@ -479,7 +487,7 @@ class AsyncOpenSSHRunner:
                 if returncode != 0:
                     raise TransportConfigError(f"`{shlex.join(self.target.config_argv())}` failed: "
                                                f"{_last_line(decode_output(err))}")
-                self._state.config = parse_ssh_g(decode_output(out))
+                self._state.accept_config(decode_output(out))
             if self._state.must_check_master():
                 self._state.master_up = await self.master_running()
             return self._state.master_up
