@@ -5,7 +5,9 @@ The compose file sets Airflow's local filesystem secrets backend as the *workers
 API server, scheduler or DAG processor. Here a real ``airflow dags test`` runs a Slurm job through a
 connection that exists only in such a connections.json: the submit (task code) and the watch
 (trigger code) both reach the local cluster, while the server side of the same Airflow
-(``airflow connections get``) does not know the connection.
+(``airflow connections get``) does not know the connection. ``dags test`` runs the trigger inline;
+a triggerer's trigger runner looks connections up the same way (it sets ``SUPERVISOR_COMMS``, so
+the Task SDK searches the workers' backend first), as does a Celery worker's task runner.
 """
 
 from __future__ import annotations
