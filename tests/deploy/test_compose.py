@@ -200,7 +200,11 @@ def _tracked_files(context: Path) -> list[str]:
 def context_problems(sources: list[str], patterns: list[str], files: list[str]) -> list[str]:
     """What a build would miss: a source that no file of the context matches, or a file of a source
     that the ignore patterns leave out of the context (Docker's own matcher decides)."""
-    from docker.utils.build import PatternMatcher
+    try:
+        from docker.utils.build import PatternMatcher
+    except ImportError:
+        pytest.fail("the docker package (Docker's .dockerignore matcher) is missing: "
+                    "pip install -r requirements-lock.txt (make venv does)", pytrace=False)
 
     matcher = PatternMatcher(patterns)
     problems = []
