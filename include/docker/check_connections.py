@@ -27,7 +27,6 @@ from slurm_provider.transport.base import TransportError
 from slurm_provider.transport.host_keys import extra_problems, ssh_config_problems
 from slurm_provider.transport.openssh import OpenSSHTarget, parse_ssh_g
 
-
 LOGIN_TYPES = ("ssh", "slurm")
 """Connection types that log in over SSH (the Slurm provider's own type reads the same extras)."""
 

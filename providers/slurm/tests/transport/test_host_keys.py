@@ -10,7 +10,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from slurm_provider.transport import TransportConfigError
 from slurm_provider.transport.host_keys import extra_problems, refuse_unchecked, ssh_config_problems
 from slurm_provider.transport.openssh import parse_ssh_g
