@@ -32,7 +32,8 @@ CREDENTIAL_MOUNTS = ("/opt/airflow/secrets", "/opt/airflow/ssh-control", "/var/l
 ENV_EXAMPLE = DOCKER / "env.example"
 
 sys.path.insert(0, str(DOCKER))
-from check_connections import problems_of  # noqa: E402
+from check_connections import problems_of, resolve_alias  # noqa: E402
+from slurm_provider.transport.host_keys import extra_problems, ssh_config_problems  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -381,6 +382,10 @@ def test_connection_check_refuses_what_the_transports_refuse(tmp_path: Path) -> 
     assert "StrictHostKeyChecking no" in problem and f"({config}, Host lumi)" in problem
     config.write_text("Host lumi\n    UserKnownHostsFile /dev/null\n")
     assert "UserKnownHostsFile /dev/null" in problems_of("lumi", openssh)[0]
+    # The examples a team starts from pass: their extras, and the containers' ssh_config for LUMI.
+    examples = json.loads((DOCKER / "examples" / "connections.json").read_text())
+    assert all(extra_problems(conn["extra"]) == [] for conn in examples.values())
+    assert ssh_config_problems(resolve_alias("lumi2", str(DOCKER / "examples" / "ssh_config"))) == []
 
 
 def test_the_local_clusters_connections_pass_the_check(local_cluster) -> None:
