@@ -68,17 +68,17 @@ def test_key_login_argv_uses_only_the_connections_key_and_pinned_host_key() -> N
     assert login.where == "digifarm@lumi.csc.fi:22 (connection 'lumi_key')"
 
 
-def test_key_login_argv_without_a_pin_checks_strictly_and_mirrors_an_explicit_opt_out() -> None:
+def test_key_login_argv_without_a_pin_checks_strictly() -> None:
     jumping = KeyLogin(conn_id="c", host="h", port=2222, user="u", key_file="/k", connect_timeout=5,
                        proxy_command="ssh -W %h:%p jump")
     unpinned = key_login_argv(jumping, identity_file="/k", known_hosts=None, log_file="/l")
     assert unpinned[unpinned.index("StrictHostKeyChecking=yes") - 1] == "-o"
     assert not any(a.startswith("UserKnownHostsFile") for a in unpinned)
     assert "ConnectTimeout=5" in unpinned and "ProxyCommand=ssh -W %h:%p jump" in unpinned
-    unchecked = key_login_argv(KeyLogin(conn_id="c", host="h", port=22, user="u", no_host_key_check=True),
-                               identity_file=None, known_hosts=None, log_file="/l")
-    assert "StrictHostKeyChecking=no" in unchecked and "UserKnownHostsFile=/dev/null" in unchecked
-    assert "-i" not in unchecked and "IdentitiesOnly=yes" not in unchecked  # ssh's own keys, as paramiko's
+    keyless = key_login_argv(KeyLogin(conn_id="c", host="h", port=22, user="u"),
+                             identity_file=None, known_hosts=None, log_file="/l")
+    assert "StrictHostKeyChecking=yes" in keyless and not any("/dev/null" in a for a in keyless[3:])
+    assert "-i" not in keyless and "IdentitiesOnly=yes" not in keyless  # ssh's own keys, as paramiko's
 
 
 def test_openssh_client_argv_rides_the_aliases_own_master() -> None:
@@ -170,6 +170,28 @@ def test_rsync_logs_in_with_nothing_but_the_connection(local_cluster: LocalClust
     assert list(private_tmp.iterdir()) == [], "the private key or known_hosts outlived the sync"
     assert local_cluster.ssh(f"cat {shlex.quote(remote)}").stdout == "arrived\n"
     assert hook.remote_user() == local_cluster.user
+
+
+@pytest.mark.parametrize("transport", ["paramiko", "openssh-config"])
+def test_rsync_refuses_a_connection_that_turns_host_key_checking_off(
+        local_cluster: LocalCluster, cluster_connection: str, transport: str, tmp_path: Path,
+        control_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if transport == "paramiko":
+        conn = local_cluster.key_only_connection()
+        conn["extra"] = {**conn["extra"], "no_host_key_check": True}
+        conn["extra"].pop("host_key", None)
+    else:
+        config = local_cluster.ssh_config_copy(tmp_path, control_dir / "%C", StrictHostKeyChecking="no")
+        conn = {"conn_type": "ssh", "extra": {"transport": "openssh", "ssh_alias": "vcloud-local",
+                                              "ssh_config_file": str(config)}}
+    conn_id = _set_connection(monkeypatch, f"unchecked_rsync_{transport.replace('-', '_')}", conn)
+    target = f"{local_cluster.test_dir()}/must-not-arrive-unchecked"
+    payload = tmp_path / "payload"
+    payload.write_text("x")
+
+    with pytest.raises(TransportConfigError, match="without checking the login node's host key"):
+        rsync_file(SlurmHook(conn_id), payload, target)
+    assert local_cluster.ssh(f"test -e {shlex.quote(target)}", check=False).returncode == 1
 
 
 @pytest.mark.parametrize("transport", ["paramiko", "openssh", "openssh-config"])

@@ -215,6 +215,50 @@ def test_wrong_pinned_host_key_is_refused(local_cluster, cluster_connection: str
     assert marker.exists()
 
 
+UNCHECKED = {
+    "no_host_key_check": ({"no_host_key_check": True}, {}),
+    "ignore_hostkey_verification": ({"ignore_hostkey_verification": "true"}, {}),
+    "allow_host_key_change": ({"allow_host_key_change": "true"}, {}),
+    "known_hosts_none": ({"known_hosts": "none"}, {}),
+    "config_strict_no": (None, {"StrictHostKeyChecking": "no"}),
+    "config_accept_new": (None, {"StrictHostKeyChecking": "accept-new"}),
+    "config_known_hosts_dev_null": (None, {"UserKnownHostsFile": "/dev/null"}),
+}
+"""Ways to turn host-key checking off: extras of the key-based connection, or ssh_config settings of
+the openssh one (whose connection also pins the key: the master a person opens reads the config alone)."""
+
+
+@pytest.mark.parametrize("setting", sorted(UNCHECKED))
+def test_a_connection_that_turns_host_key_checking_off_runs_nothing(
+        local_cluster, cluster_connection: str, run, setting: str, tmp_path: Path, control_dir: Path,
+        marker: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    extras, config_options = UNCHECKED[setting]
+    if extras is not None:
+        conn = local_cluster.connection(PARAMIKO_CONN)
+        conn["extra"] = {**conn["extra"], **extras}
+    else:
+        config = local_cluster.ssh_config_copy(tmp_path, control_dir / "%C", **config_options)
+        pin = local_cluster.known_hosts.read_text().split(maxsplit=1)[1].strip()
+        conn = {"conn_type": "ssh", "extra": {"transport": "openssh", "ssh_alias": "vcloud-local",
+                                              "ssh_config_file": str(config), "host_key": pin}}
+    conn_id = _set_connection(monkeypatch, f"unchecked_{setting}", conn)
+
+    with pytest.raises(TransportConfigError) as caught:
+        run(conn_id, f"touch {shlex.quote(str(marker))}")
+    message = str(caught.value)
+    assert "would log in without checking the login node's host key" in message
+    if extras is not None:
+        assert message.startswith(f"connection '{conn_id}'") and "host_key extra" in message
+    else:
+        assert "StrictHostKeyChecking yes and UserKnownHostsFile" in message
+    assert not caught.value.retryable
+    assert not marker.exists(), "a command ran on a connection that does not check the host key"
+    assert not list(control_dir.iterdir()), "a master connection was opened"
+    # The same login with its key pinned (and the cluster's own ssh_config, which checks it) runs.
+    run(PARAMIKO_CONN if extras is not None else OPENSSH_CONN, f"touch {shlex.quote(str(marker))}")
+    assert marker.exists()
+
+
 def test_connection_refused_is_retryable(local_cluster, cluster_connection: str, run, tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     conn = {**local_cluster.connection(PARAMIKO_CONN), "port": free_port()}
