@@ -118,6 +118,7 @@ def test_the_output_says_what_was_installed_and_what_the_container_provides() ->
     outcome = parse_provision_output(0, output)
     assert outcome.ok and outcome.state == "installed" and outcome.installed == ("tifffile==2026.3.3",)
     assert outcome.version_differences() == ["torch==2.13.0 (the container has 2.5.1+rocm6.2)"]
+    assert parse_provision_output(0, "have torch==2.13.0 2.13.0+cpu\n").version_differences() == []
     present = parse_provision_output(0, "VCLOUD-PROVISION present /p/abc\nrequirements abc\n"
                                         "missing tifffile==2026.3.3\n")
     assert present.state == "present" and present.installed == ("tifffile==2026.3.3",)

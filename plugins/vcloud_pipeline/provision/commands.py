@@ -37,7 +37,7 @@ EXIT_INSTALL_FAILED = 72
 """``pip`` could not install the missing pins (no network, no wheel, no such version)."""
 
 PIP_OPTIONS = ("--no-deps", "--only-binary=:all:", "--no-cache-dir", "--disable-pip-version-check",
-               "--no-input", "--no-warn-script-location", "--retries", "1", "--timeout", "20")
+               "--no-input", "--no-warn-script-location", "--progress-bar", "off", "--retries", "1", "--timeout", "20")
 
 CHECK_SOURCE = """\
 import sys
@@ -111,7 +111,7 @@ def _work_lines(profile: ClusterProfile, pylibs: PylibsPaths, requirements: Requ
         f'{{ echo "requirements {requirements.hash}"; printf \'%s\\n\' "$report"; '
         f'echo "installed $(hostname) $(date -u +%Y-%m-%dT%H:%M:%SZ)"; }} > {record} || exit {EXIT_NO_DIRECTORY}',
         f"mv -T {building} {target} || exit {EXIT_NO_DIRECTORY}",
-        f'echo "{MARK} installed {pylibs.dir}"; cat {marker}',
+        f'echo "{MARK} installed {pylibs.dir}"',
     ]
 
 
@@ -178,8 +178,9 @@ class ProvisionOutcome:
         return self.state in ("present", "installed")
 
     def version_differences(self) -> list[str]:
+        """Pins the container has at another version (a local label such as ``+cpu`` aside)."""
         return [f"{pin} (the container has {found})" for pin, found in self.provided.items()
-                if pin.partition("==")[2] != found]
+                if pin.partition("==")[2] != found.partition("+")[0]]
 
 
 def parse_provision_output(exit_status: int, output: str) -> ProvisionOutcome:
@@ -191,7 +192,7 @@ def parse_provision_output(exit_status: int, output: str) -> ProvisionOutcome:
         words = line.split()
         if len(words) == 3 and words[0] == "have" and "==" in words[1]:
             provided[words[1]] = words[2]
-        elif len(words) == 2 and words[0] == "missing" and "==" in words[1]:
+        elif len(words) == 2 and words[0] == "missing" and "==" in words[1] and words[1] not in missing:
             missing.append(words[1])
         elif words[:1] == [MARK] and len(words) > 1 and words[1] in ("present", "installed", "check-failed",
                                                                      "install-failed"):

@@ -77,8 +77,10 @@ def provision_environment(profile: ClusterProfile, hook: SlurmVerbs, requirement
         log.info("requirement set %s already in %s (%s); nothing installed", requirements.hash, pylibs.dir,
                  ", ".join(outcome.installed) or "the container has every package")
     else:
+        log.info("the container provides %s", ", ".join(f"{pin.partition('==')[0]} {found}"
+                                                     for pin, found in outcome.provided.items()) or "none of them")
         for line in outcome.output.splitlines():
-            if line.strip():
+            if line.strip() and not line.startswith(("have ", "missing ")):
                 log.info("| %s", line)
         log.info("requirement set %s installed on %s into %s: %s; %d provided by the container",
                  requirements.hash, where, pylibs.dir, ", ".join(outcome.installed) or "nothing missing",

@@ -25,9 +25,9 @@ if [ "$status" -ne 0 ]; then echo "VCLOUD-PROVISION check-failed exit $status"; 
 mapfile -t missing < <(printf '%s\n' "$report" | sed -n 's/^missing //p')
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "VCLOUD-PROVISION installing ${missing[*]}"
-  env -u PYTHONPATH PYTHONNOUSERSITE=1 singularity exec -B /projappl/project_465002500/pylibs "${binds[@]}" /appl/local/csc/soft/ai/images/pytorch_2.5.1_lumi_rocm6.2.4_flash-attn-3.0.0.post1.sif python3 -m pip install --no-deps --only-binary=:all: --no-cache-dir --disable-pip-version-check --no-input --no-warn-script-location --retries 1 --timeout 20 --target /projappl/project_465002500/pylibs/.5e50102458557d54.building "${missing[@]}" 2>&1
+  env -u PYTHONPATH PYTHONNOUSERSITE=1 singularity exec -B /projappl/project_465002500/pylibs "${binds[@]}" /appl/local/csc/soft/ai/images/pytorch_2.5.1_lumi_rocm6.2.4_flash-attn-3.0.0.post1.sif python3 -m pip install --no-deps --only-binary=:all: --no-cache-dir --disable-pip-version-check --no-input --no-warn-script-location --progress-bar off --retries 1 --timeout 20 --target /projappl/project_465002500/pylibs/.5e50102458557d54.building "${missing[@]}" 2>&1
   status=$?; if [ "$status" -ne 0 ]; then echo "VCLOUD-PROVISION install-failed exit $status"; rm -rf /projappl/project_465002500/pylibs/.5e50102458557d54.building; exit 72; fi
 fi
 { echo "requirements 5e50102458557d54"; printf '%s\n' "$report"; echo "installed $(hostname) $(date -u +%Y-%m-%dT%H:%M:%SZ)"; } > /projappl/project_465002500/pylibs/.5e50102458557d54.building/.vcloud_requirements || exit 70
 mv -T /projappl/project_465002500/pylibs/.5e50102458557d54.building /projappl/project_465002500/pylibs/5e50102458557d54 || exit 70
-echo "VCLOUD-PROVISION installed /projappl/project_465002500/pylibs/5e50102458557d54"; cat /projappl/project_465002500/pylibs/5e50102458557d54/.vcloud_requirements
+echo "VCLOUD-PROVISION installed /projappl/project_465002500/pylibs/5e50102458557d54"
