@@ -176,9 +176,35 @@ def test_the_dag_stops_at_provisioning_on_a_node_without_network_and_submits_no_
     later = ["prepare_data", "preflight_imports", "stage0", "stage1", "stage2", "stage3", "export"]
     assert {task: states[task] for task in later} == dict.fromkeys(later, "upstream_failed"), states
     assert states["<run>"] == "failed"
-    assert "pip could not install what the container lacks; no job was submitted" in out, out[-4000:]
-    assert "Hint: pip cannot reach the package index" in out and "Hint (lumi): On LUMI install from a login node" in out
+    assert "pip could not install what the container lacks; no job of the run was submitted" in out, out[-4000:]
+    with capfd.disabled():  # the task's failure as a person reads it (pytest -s)
+        start = out.index("ProvisionError: provisioning requirement set")
+        print(out[start:out.index("Hint (lumi)", start) + 200])
+    assert "Hint: pip cannot reach the package index" in out and "Hint: The package index has no wheel" not in out
+    assert "Hint (lumi): On LUMI install from a login node" in out
     # The provisioning job ran and failed; not one job of the run reached Slurm.
     names = local_cluster.root("sacct", "-a", "-X", "-n", "-P", "-S", "now-1hours", "--format=JobName,State").stdout
     assert re.search(r"^vcloud-provision-[0-9a-f]{16}\|FAILED", names, re.M), names
     assert f"vcloud-{run_name}-" not in names, names
+
+
+def test_two_installers_of_one_set_at_once_install_it_once(
+        local_cluster: LocalCluster, lumi_site: dict[str, str]) -> None:
+    """Two DAG runs that provision the same new set at the same moment: the lock lets one install it;
+    the other finds it complete once the lock is free and installs nothing."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    profile = lumi_profile(lumi_site)
+    requirements = with_pin(runtime_requirements(), OLD_TIFFFILE, "tifffile==2026.2.20")
+
+    def provision() -> str:
+        with SlurmHook(profile.connection.conn_id) as hook:
+            return provision_environment(profile, hook, requirements).state
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        states = sorted(pool.map(lambda _: provision(), range(2)))
+    assert states == ["installed", "present"], states
+    pylibs = pylibs_set(profile, requirements.hash)
+    assert pylibs is not None
+    marker = local_cluster.ssh(f"cat {shlex.quote(str(pylibs.marker))}").stdout
+    assert marker.count("requirements ") == 1 and "missing tifffile==2026.2.20" in marker

@@ -115,9 +115,10 @@ LOG_RULES: tuple[HintRule, ...] = (
         key="tifffile_missing",
         title="tifffile is not installed in the container",
         hint=(
-            "Install it once to the project's pylibs: 'singularity exec $SIF pip install "
-            "--target=/projappl/<project>/pylibs tifffile', and put /projappl/<project>/pylibs on PYTHONPATH "
-            "in the inner script."
+            "The provision_env task installs what the container lacks of trainer/requirements-runtime.txt into "
+            "the project's pylibs (/projappl/<project>/pylibs/<requirements hash>) and every job puts that "
+            "directory on PYTHONPATH: check that the profile has a provision section and the task's log. By hand: "
+            "'singularity exec $SIF pip install --no-deps --target=/projappl/<project>/pylibs/<hash> tifffile'."
         ),
         source="LUMI guide, Installing Extra Python Packages and Common Errors 6",
         pattern=re.compile(r"No module named '?tifffile'?"),
@@ -281,6 +282,8 @@ def provision_hints(output: str) -> list[Hint]:
         line = next((line for line in reversed(lines) if rule.pattern.search(line)), None)
         if line is not None:
             hints.append(Hint(rule.key, rule.title, rule.hint, rule.source, line.strip()[:300]))
+    if any(hint.key == "pip_no_network" for hint in hints):  # pip then also finds no version: not the cause
+        hints = [hint for hint in hints if hint.key != "pip_no_such_version"]
     return hints
 
 

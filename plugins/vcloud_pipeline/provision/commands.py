@@ -131,10 +131,11 @@ def _job_lines(profile: ClusterProfile, pylibs: PylibsPaths, requirements: Requi
         options.append("--gpus=1")
     body = "\n".join(["#!/bin/bash", *_work_lines(profile, pylibs, requirements)])
     return [
-        f"sbatch --wait --parsable {' '.join(shlex.quote(o) for o in options)} <<'VCLOUD_PROVISION_JOB'",
+        f"job=$(sbatch --wait --parsable {' '.join(shlex.quote(o) for o in options)} <<'VCLOUD_PROVISION_JOB'",
         body,
         "VCLOUD_PROVISION_JOB",
-        f'status=$?; echo "{MARK} job ended exit $status"; cat {shlex.quote(log)} 2>/dev/null',
+        ")",
+        f'status=$?; echo "{MARK} job ${{job%%;*}} ended exit $status"; cat {shlex.quote(log)} 2>/dev/null',
         f'[ -f {shlex.quote(str(pylibs.marker))} ] || exit {EXIT_INSTALL_FAILED}',
     ]
 

@@ -63,7 +63,7 @@ def provision_environment(profile: ClusterProfile, hook: SlurmVerbs, requirement
         log.info("profile %s provisions nothing: its environment has the %d runtime requirements", profile.name,
                  len(requirements))
         return Provisioned(profile.name, requirements.hash, None, "none")
-    where = "a job" if profile.provision.where == "job" else "the login node"
+    where = "in a short job" if profile.provision.where == "job" else "on the login node"
     script = build_provision_script(profile, pylibs, requirements)
     result = hook.run_script(script, verb="provision", timeout=LOGIN_TIMEOUT)
     outcome = parse_provision_output(result.exit_status, (result.stdout or "") + (result.stderr or ""))
@@ -82,7 +82,7 @@ def provision_environment(profile: ClusterProfile, hook: SlurmVerbs, requirement
         for line in outcome.output.splitlines():
             if line.strip() and not line.startswith(("have ", "missing ")):
                 log.info("| %s", line)
-        log.info("requirement set %s installed on %s into %s: %s; %d provided by the container",
+        log.info("requirement set %s installed %s into %s: %s; %d provided by the container",
                  requirements.hash, where, pylibs.dir, ", ".join(outcome.installed) or "nothing missing",
                  len(outcome.provided))
     return Provisioned(profile.name, requirements.hash, str(pylibs.dir), outcome.state, outcome.installed,
@@ -95,8 +95,8 @@ def failure_message(profile: ClusterProfile, requirements: RequirementSet, outco
     tail = "\n".join(outcome.output.strip().splitlines()[-OUTPUT_TAIL:]) or "no output"
     what = {"check-failed": "the container's Python did not run",
             "install-failed": "pip could not install what the container lacks"}.get(outcome.state, "the step failed")
-    lines = [f"provisioning requirement set {requirements.hash} of profile {profile.name} on {where} failed "
-             f"(exit {outcome.exit_status}): {what}; no job was submitted.", tail]
+    lines = [f"provisioning requirement set {requirements.hash} of profile {profile.name} {where} failed "
+             f"(exit {outcome.exit_status}): {what}; no job of the run was submitted.", tail]
     hints = format_hints(provision_hints(outcome.output))
     if hints:
         lines.append(hints)

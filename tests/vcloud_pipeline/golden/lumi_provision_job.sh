@@ -7,7 +7,7 @@ echo "$here $$" > "$lock"/owner
 ( while sleep 5 && [ -d "/proc/$$" ]; do touch -c "$lock"/owner 2>/dev/null || exit 0; done ) </dev/null >/dev/null 2>&1 & keeper=$!
 trap 'kill $keeper 2>/dev/null; rm -f "$lock"/owner; rmdir "$lock" 2>/dev/null' EXIT
 if [ -f /projappl/project_465002500/pylibs/5e50102458557d54/.vcloud_requirements ]; then echo "VCLOUD-PROVISION present /projappl/project_465002500/pylibs/5e50102458557d54"; cat /projappl/project_465002500/pylibs/5e50102458557d54/.vcloud_requirements; exit 0; fi
-sbatch --wait --parsable --job-name=vcloud-provision-5e50102458557d54 --account=project_465002500 --time=0-00:15:00 --nodes=1 --ntasks=1 --output=/projappl/project_465002500/pylibs/.5e50102458557d54.provision.log --open-mode=truncate --partition=dev-g --gpus=1 <<'VCLOUD_PROVISION_JOB'
+job=$(sbatch --wait --parsable --job-name=vcloud-provision-5e50102458557d54 --account=project_465002500 --time=0-00:15:00 --nodes=1 --ntasks=1 --output=/projappl/project_465002500/pylibs/.5e50102458557d54.provision.log --open-mode=truncate --partition=dev-g --gpus=1 <<'VCLOUD_PROVISION_JOB'
 #!/bin/bash
 binds=()
 if [ -e /etc/ssl/certs ]; then binds+=(-B /etc/ssl/certs); fi
@@ -35,5 +35,6 @@ fi
 mv -T /projappl/project_465002500/pylibs/.5e50102458557d54.building /projappl/project_465002500/pylibs/5e50102458557d54 || exit 70
 echo "VCLOUD-PROVISION installed /projappl/project_465002500/pylibs/5e50102458557d54"
 VCLOUD_PROVISION_JOB
-status=$?; echo "VCLOUD-PROVISION job ended exit $status"; cat /projappl/project_465002500/pylibs/.5e50102458557d54.provision.log 2>/dev/null
+)
+status=$?; echo "VCLOUD-PROVISION job ${job%%;*} ended exit $status"; cat /projappl/project_465002500/pylibs/.5e50102458557d54.provision.log 2>/dev/null
 [ -f /projappl/project_465002500/pylibs/5e50102458557d54/.vcloud_requirements ] || exit 72
