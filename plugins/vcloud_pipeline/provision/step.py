@@ -75,7 +75,8 @@ def provision_environment(profile: ClusterProfile, hook: SlurmVerbs, requirement
         log.info("provided by the container at another version than pinned: %s", difference)
     if outcome.state == "present":
         log.info("requirement set %s already in %s (%s); nothing installed", requirements.hash, pylibs.dir,
-                 ", ".join(outcome.installed) or "the container has every package")
+                 f"installed there earlier: {', '.join(outcome.installed)}" if outcome.installed
+                 else "the container has every package")
     else:
         log.info("the container provides %s", ", ".join(f"{pin.partition('==')[0]} {found}"
                                                      for pin, found in outcome.provided.items()) or "none of them")
