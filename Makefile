@@ -68,6 +68,7 @@ cluster-status:
 # or the build script change (the script compares its build hash).
 image:
 	@bash include/local_cluster/build_image.sh
+	@bash include/local_cluster/site_images.sh
 
 # mypy over the Slurm provider and the plugins, as configured in pyproject.toml.
 typecheck: venv

@@ -1,4 +1,4 @@
-"""vcloud training on a Slurm cluster: sync -> checks -> (data) -> preflight job -> stages 0-3 -> export.
+"""vcloud training on a Slurm cluster: sync -> checks -> provision -> (data) -> preflight job -> stages 0-3 -> export.
 
 Wiring only; what each task does lives in ``plugins/vcloud_pipeline`` (``dag.tasks``,
 ``dag.job_operator``; the run's frozen plan in ``plan.run_plan``). Trigger from the UI form, on the retraining schedule,
@@ -81,6 +81,18 @@ with DAG(
         with final_unless_unreachable(), SlurmHook(run_plan.conn_id) as hook:
             return checks(run_plan, hook, SyncedCode.model_validate(synced))
 
+    @task(task_id="provision_env", trigger_rule=TriggerRule.NONE_FAILED, **CLUSTER_STEP_RETRIES)
+    def provision_env(planned: dict, synced: dict) -> dict:
+        """Install what the container lacks of the runtime requirements into paths.pylibs/<hash>, once."""
+        from slurm_provider.hooks import SlurmHook
+        from vcloud_pipeline.plan.run_plan import RunPlan, SyncedCode
+        from vcloud_pipeline.dag.tasks import final_unless_unreachable
+        from vcloud_pipeline.dag.tasks import provision as install
+
+        run_plan = RunPlan.from_xcom(planned)
+        with final_unless_unreachable(), SlurmHook(run_plan.conn_id) as hook:
+            return install(run_plan, hook, SyncedCode.model_validate(synced))
+
     @task(task_id="summary", trigger_rule=TriggerRule.ALL_DONE, **CLUSTER_STEP_RETRIES)
     def summary(planned: dict) -> dict:
         """Per job: ids, states, GPU-hours, metrics; per stage: COMPLETE; the project's ledger. The run
@@ -102,11 +114,12 @@ with DAG(
     planned = plan()
     synced = sync_code(planned)
     checks = preflight_checks(planned, synced)
+    provisioned = provision_env(planned, synced)
     data, imports, *stages, export = [
         PipelineJobOperator(task_id=label.task_id, job=label, outlets=outlets_of(label),
                             trigger_rule=TriggerRule.NONE_FAILED)
         for label in JobLabel
     ]
     summarized = summary(planned)
-    chain(synced, checks, data, imports, *stages, export, summarized)
-    [synced, checks, data, imports, *stages, export, summarized] >> verdict()
+    chain(synced, checks, provisioned, data, imports, *stages, export, summarized)
+    [synced, checks, provisioned, data, imports, *stages, export, summarized] >> verdict()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-ORDER = ["plan", "sync_code", "preflight_checks", "prepare_data", "preflight_imports",
+ORDER = ["plan", "sync_code", "preflight_checks", "provision_env", "prepare_data", "preflight_imports",
          "stage0", "stage1", "stage2", "stage3", "export", "summary"]
 
 

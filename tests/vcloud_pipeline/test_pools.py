@@ -89,7 +89,7 @@ def test_the_policy_moves_a_runs_job_tasks_to_its_connections_pool(scheduler_dag
         assert ti.pool == "slurm_lumi", task_id
         route_to_cluster_pool(ti, runs["scheduled"])  # the DAG's default profile: local, moved by the override
         assert ti.pool == "slurm_vcloud_local_cluster_openssh", task_id
-    for task_id in ("plan", "sync_code", "preflight_checks", "summary", "verdict"):
+    for task_id in ("plan", "sync_code", "preflight_checks", "provision_env", "summary", "verdict"):
         ti = _instance(scheduler_dag, task_id)
         route_to_cluster_pool(ti, runs["lumi"])
         assert ti.pool == "default_pool", task_id

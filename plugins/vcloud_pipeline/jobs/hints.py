@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from slurm_provider.hints import HintRule, register_hints
+from slurm_provider.hints import Hint, HintRule, register_hints
 
 _FIVE_OPTIMIZATIONS = (
     "bf16 autocast, gradient checkpointing of the per-date encoder, reduced-resolution (64x64) change "
@@ -115,9 +115,10 @@ LOG_RULES: tuple[HintRule, ...] = (
         key="tifffile_missing",
         title="tifffile is not installed in the container",
         hint=(
-            "Install it once to the project's pylibs: 'singularity exec $SIF pip install "
-            "--target=/projappl/<project>/pylibs tifffile', and put /projappl/<project>/pylibs on PYTHONPATH "
-            "in the inner script."
+            "The provision_env task installs what the container lacks of trainer/requirements-runtime.txt into "
+            "the project's pylibs (/projappl/<project>/pylibs/<requirements hash>) and every job puts that "
+            "directory on PYTHONPATH: check that the profile has a provision section and the task's log. By hand: "
+            "'singularity exec $SIF pip install --no-deps --target=/projappl/<project>/pylibs/<hash> tifffile'."
         ),
         source="LUMI guide, Installing Extra Python Packages and Common Errors 6",
         pattern=re.compile(r"No module named '?tifffile'?"),
@@ -214,6 +215,77 @@ LOG_RULES: tuple[HintRule, ...] = (
     ),
 )
 """Log signatures of the pipeline's jobs (trainer, containers, sites' GPU stacks)."""
+
+PROVISION_RULES: tuple[HintRule, ...] = (
+    HintRule(
+        key="pip_no_network",
+        title="pip cannot reach the package index from where the job environment is installed",
+        hint=(
+            "Install where the network is: on LUMI the login nodes reach PyPI and the compute nodes do not "
+            "(provision.where: login); behind a proxy that re-signs TLS, bind its CA bundle and pip.conf for "
+            "pip (provision.binds). Or install by hand where pip works: 'singularity exec $SIF pip install "
+            "--no-deps --target=<pylibs>/<hash> name==version' and let the step find it."
+        ),
+        source="pip (network errors); LUMI guide, Installing Extra Python Packages",
+        pattern=re.compile(
+            r"Failed to establish a new connection|Network is unreachable|Temporary failure in name resolution"
+            r"|Name or service not known|No route to host|ConnectTimeout|Could not fetch URL"
+            r"|certificate verify failed|ProxyError"
+        ),
+    ),
+
+    HintRule(
+        key="pip_no_such_version",
+        title="The package index has no wheel of a pinned version for the container's Python",
+        hint=(
+            "Check the pin in trainer/requirements-runtime.txt ('pip index versions <name>' in the container): "
+            "the version may not exist, or it has no wheel for the container's Python and platform. A package "
+            "that must be compiled is not built by the step (no compiler in the container): pin a version "
+            "with a wheel, or build it once in the container and install it into the set's directory."
+        ),
+        source="pip (No matching distribution found, --only-binary)",
+        pattern=re.compile(r"No matching distribution found|Could not find a version that satisfies"),
+    ),
+
+    HintRule(
+        key="pip_needs_compiler",
+        title="A package needs a compiler to install",
+        hint=(
+            "Only wheels are installed into the job environment: pin a version that has a wheel for the "
+            "container's Python, or build the wheel elsewhere and install it into the set's directory by hand."
+        ),
+        source="pip (building a wheel from source)",
+        pattern=re.compile(r"Failed building wheel|error: command '[^']*(?:gcc|cc|g\+\+)' failed|"
+                           r"Microsoft Visual C\+\+|unable to execute '(?:gcc|cc)'"),
+    ),
+
+    HintRule(
+        key="container_not_run",
+        title="The container did not run where the job environment is installed",
+        hint=(
+            "The step runs the container's own Python and pip: check container.image and that the runtime "
+            "(provision.runtime, else container.runtime) is on the PATH there ('command -v singularity')."
+        ),
+        source="vcloud provisioning step",
+        pattern=re.compile(r"command not found|could not open image|No such file or directory"),
+    ),
+)
+"""Signatures of a failed provisioning step (pip's and the container runtime's output)."""
+
+
+def provision_hints(output: str) -> list[Hint]:
+    """The provisioning rules that match ``output`` (newest matching line each), in table order."""
+    hints = []
+    lines = output.splitlines()
+    for rule in PROVISION_RULES:
+        assert rule.pattern is not None
+        line = next((line for line in reversed(lines) if rule.pattern.search(line)), None)
+        if line is not None:
+            hints.append(Hint(rule.key, rule.title, rule.hint, rule.source, line.strip()[:300]))
+    if any(hint.key == "pip_no_network" for hint in hints):  # pip then also finds no version: not the cause
+        hints = [hint for hint in hints if hint.key != "pip_no_such_version"]
+    return hints
+
 
 ADVICE: dict[str, str] = {
     "host_out_of_memory": (

@@ -46,8 +46,9 @@ from vcloud.contract import (
 
 from vcloud_pipeline.checkout import INCLUDE_DIR
 from vcloud_pipeline.plan.jobspec import JobKind, JobSpec, Resources, resolve_resources
-from vcloud_pipeline.plan.layout import CodePaths, RunPaths, is_code_hash
+from vcloud_pipeline.plan.layout import CodePaths, RunPaths, is_code_hash, pylibs_set
 from vcloud_pipeline.profile import RUNTIME_JOB_ID, ClusterProfile, ContainerSpec
+from vcloud_pipeline.provision.requirements import runtime_requirements
 
 TEMPLATES_DIR = INCLUDE_DIR / "sbatch"
 
@@ -314,9 +315,22 @@ def job_name(paths: RunPaths, spec: JobSpec) -> str:
     return f"vcloud-{paths.run}-{spec.label}"
 
 
+def _pylibs_entry(profile: ClusterProfile, requirements_hash: str | None) -> list[str]:
+    """``PYTHONPATH``'s entry for the packages outside the container: a provisioning profile's directory
+    of the requirement set the job is rendered for (the checkout's when not given), so a later set never
+    changes what a queued job imports; ``paths.pylibs`` itself where the profile keeps it by hand."""
+    if not profile.paths.pylibs:
+        return []
+    if profile.provision is None:
+        return [profile.paths.pylibs]
+    pylibs = pylibs_set(profile, requirements_hash or runtime_requirements().hash)
+    return [str(pylibs.dir)] if pylibs is not None else []
+
+
 def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_hash: str, *,
-               templates_dir: Path | None = None) -> RenderedJob:
-    """Render the outer and inner scripts of one job. Pure: reads only the template files."""
+               requirements_hash: str | None = None, templates_dir: Path | None = None) -> RenderedJob:
+    """Render the outer and inner scripts of one job. Pure: reads only the template files (and, without
+    ``requirements_hash``, the checkout's runtime requirements)."""
     profile.require_complete()
     if not is_code_hash(code_hash):
         raise RenderError(f"code hash {code_hash!r} is not a sha256 hex digest; compute it with "
@@ -336,7 +350,7 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
     c = profile.container
     launch = f"{_launch_prefix(profile, res)} {_container_command(c, code)}" if c is not None else \
         f'{_launch_prefix(profile, res)} bash "$INNER_SCRIPT"'
-    pythonpath = [str(code.pythonpath_dir)] + ([profile.paths.pylibs] if profile.paths.pylibs else [])
+    pythonpath = [str(code.pythonpath_dir)] + _pylibs_entry(profile, requirements_hash)
     data_job = None
     if spec.kind is JobKind.DATA:
         raw, prepared = str(paths.raw_data_dir), str(paths.data_dir)

@@ -27,6 +27,13 @@ things are, so the layout can change here without hunting through the DAG and th
     <paths.viewer>/<run>/                 exported viewer images; curves/stage{N}.png, the training
                                           curves the run summary points at
     <paths.jobs>/<run>/                   rendered job scripts
+    <paths.pylibs>/<requirements hash>/   what the site's container lacks of one set of runtime
+                                          requirements (pip --target); a job's PYTHONPATH names the
+                                          set it was rendered for (provision/)
+    <paths.pylibs>/<hash>/.vcloud_requirements
+                                          the set and what was installed; the directory is renamed
+                                          into place with it, so it is complete when it exists
+    <paths.pylibs>/.vcloud-provision.lock one installer at a time (the submit lock's kind)
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from vcloud import contract
 from vcloud.contract import STAGES
 
 from vcloud_pipeline.profile import RUNTIME_JOB_ID, ClusterProfile
+from vcloud_pipeline.provision.requirements import is_requirements_hash
 
 MANIFEST_NAME = ".vcloud_manifest.json"
 """Written into the synced code directory (and left alone by ``rsync --delete``, see code/tree.py)."""
@@ -187,6 +195,49 @@ class RunPaths:
     def directories_to_create(self) -> tuple[PurePosixPath, ...]:
         """``mkdir -p`` these before submitting: sbatch does not create the log directory."""
         return (self.code_root, self.outputs_dir, self.logs_dir, self.viewer_dir, self.jobs_dir)
+
+
+PYLIBS_MARKER = ".vcloud_requirements"
+"""Inside a requirement set's directory in ``paths.pylibs``: the set's pins and what was installed."""
+
+PROVISION_LOCK = ".vcloud-provision.lock"
+
+
+@dataclass(frozen=True)
+class PylibsPaths:
+    """One requirement set's install directory in ``paths.pylibs``."""
+
+    root: PurePosixPath
+    hash: str
+
+    @property
+    def dir(self) -> PurePosixPath:
+        """What a job rendered for this set puts on ``PYTHONPATH``."""
+        return self.root / self.hash
+
+    @property
+    def marker(self) -> PurePosixPath:
+        return self.dir / PYLIBS_MARKER
+
+    @property
+    def building(self) -> PurePosixPath:
+        """Where the set is installed before it is renamed to :attr:`dir`."""
+        return self.root / f".{self.hash}.building"
+
+    @property
+    def lock(self) -> PurePosixPath:
+        return self.root / PROVISION_LOCK
+
+
+def pylibs_set(profile: ClusterProfile, requirements_hash: str) -> PylibsPaths | None:
+    """The directory of requirement set ``requirements_hash`` in the profile's ``paths.pylibs``;
+    None when the profile has no ``pylibs`` (its environment has every package)."""
+    if not is_requirements_hash(requirements_hash):
+        raise ValueError(f"requirements hash {requirements_hash!r} is not 16 hex digits; compute it with "
+                         "vcloud_pipeline.provision.requirements.RequirementSet.hash")
+    if not profile.paths.pylibs:
+        return None
+    return PylibsPaths(root=PurePosixPath(profile.paths.pylibs), hash=requirements_hash)
 
 
 def run_paths(profile: ClusterProfile, run: str, synthetic_preset: str | None = None) -> RunPaths:

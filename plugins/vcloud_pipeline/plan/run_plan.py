@@ -116,10 +116,12 @@ class RunPlan(Document):
     def specs(self) -> dict[JobLabel, JobSpec]:
         return {label: job.spec for label, job in self.jobs.items()}
 
-    def render(self, code_hash: str) -> dict[JobLabel, RenderedJob]:
-        """Both scripts of every job for code ``code_hash``. Pure (reads only the templates)."""
+    def render(self, code_hash: str, requirements_hash: str | None = None) -> dict[JobLabel, RenderedJob]:
+        """Both scripts of every job for code ``code_hash`` and the runtime requirement set
+        ``requirements_hash`` (the checkout's when None). Pure (reads only the templates)."""
         paths = self.paths
-        return {label: render_job(self.profile, job.spec, paths, code_hash) for label, job in self.jobs.items()}
+        return {label: render_job(self.profile, job.spec, paths, code_hash, requirements_hash=requirements_hash)
+                for label, job in self.jobs.items()}
 
 
 class SyncedCode(Document):
@@ -135,6 +137,9 @@ class SyncedCode(Document):
     code_seconds: float = 0.0
     code_sent: bool = False
     code_dirs_removed: list[str] | None = None
+    requirements: list[str] = []
+    """The runtime requirements (pins) the jobs were rendered for: the set the provisioning step installs."""
+    requirements_hash: str = ""
 
     @classmethod
     def recording(cls, code_hash: str, scripts: Mapping[JobLabel, str], **facts: Any) -> SyncedCode:

@@ -59,6 +59,8 @@ ContainerRuntime = Literal["singularity", "apptainer", "charliecloud", "none"]
 CONTAINER_RUNTIMES: tuple[str, ...] = get_args(ContainerRuntime)
 """``none`` runs the inner script directly in ``software.python``'s environment (a bare run)."""
 SINGULARITY_RUNTIMES = ("singularity", "apptainer")
+ProvisionWhere = Literal["login", "job"]
+PROVISION_PLACES: tuple[str, ...] = get_args(ProvisionWhere)
 
 MOVED_TO_CONNECTION = {
     "host": "its Host",
@@ -271,6 +273,31 @@ class StagingSpec(Document):
     stage_outputs: Flag = True
 
 
+class ProvisionSpec(Document):
+    """Installing what the container lacks of the trainer's runtime requirements into
+    ``paths.pylibs/<requirements hash>`` (:mod:`vcloud_pipeline.provision`), with the container's own
+    ``pip``, before the run's first job.
+
+    Where ``pip`` reaches the package index decides ``where``: ``login`` runs one command on the login
+    node (LUMI's login nodes reach PyPI, its compute nodes do not); ``job`` runs the same in a short job
+    on ``partition`` (sites whose compute nodes have the network and whose login nodes may not run
+    containers).
+    """
+
+    where: ProvisionWhere = "login"
+    runtime: Text | None = None
+    """The container runtime's command where the step runs; None: ``container.runtime`` as on the
+    compute nodes (a path where the login node does not have it on its PATH)."""
+    binds: Strings = ()
+    """Host paths bound into the container for ``pip`` only (a site's CA bundle, its pip configuration)."""
+    partition: Text | None = None
+    """``where: job``: the partition of the job; None: the profile's debug partition."""
+    time: SlurmDuration = 900
+    """``where: job``: the job's time limit."""
+    hint: Annotated[Text | None, AfterValidator(_one_line)] = None
+    """What to do on this site when a package cannot be installed (one paragraph), shown in the failure."""
+
+
 class JobDefaults(Document):
     """Settings shared by every job script of the profile."""
 
@@ -308,6 +335,9 @@ class ClusterProfile(Document):
     container: ContainerSpec | None = None
     software: SoftwareSpec
     staging: StagingSpec | None = None
+    provision: ProvisionSpec | None = None
+    """Install what the container lacks of the runtime requirements before the first job; None: the
+    environment has everything (the profile has no ``paths.pylibs``, or it is kept by hand)."""
     jobs: JobDefaults
     synthetic_data: Flag = False
     """The cluster has no real dataset: the pipeline generates and prepares a synthetic one (of
@@ -321,6 +351,15 @@ class ClusterProfile(Document):
     def _name_partitions(self) -> ClusterProfile:
         for key, spec in self.partitions.items():
             spec._name = key
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _provision_needs_pylibs(self) -> ClusterProfile:
+        if self.provision is not None and not self.paths.pylibs:
+            refuse("provision installs into paths.pylibs: set paths.pylibs (e.g. /projappl/{account}/pylibs) "
+                   "or remove provision", whole=True)
+        if self.provision is not None and self.provision.partition is not None:
+            self.partition(self.provision.partition)
         return self
 
     @property

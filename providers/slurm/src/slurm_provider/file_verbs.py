@@ -108,6 +108,10 @@ def remove_records_plan(directory: Path, prefix: str) -> Plan[None]:
     _checked(f"removing {directory}/{prefix}*", (yield FileCommand(files.build_remove_records(directory, prefix), "rm")))
 
 
+def run_script_plan(script: str, verb: str, timeout: float) -> Plan[CommandResult]:
+    return (yield RemoteCommand("bash -s", verb, stdin=script, timeout=timeout))
+
+
 class FileVerbs:
     """The file verbs of the blocking :class:`~slurm_provider.hooks.SlurmHook`."""
 
@@ -117,6 +121,11 @@ class FileVerbs:
     def make_dirs(self, directories: Sequence[Path], what: str = "creating directories") -> None:
         """``mkdir -p`` of every directory (group-writable); ``what`` names them in an error."""
         self._drive(make_dirs_plan(directories, what))
+
+    def run_script(self, script: str, *, verb: str, timeout: float = FILE_TIMEOUT) -> CommandResult:
+        """Run a ``bash`` script built by a workflow's own pure function (its text on stdin) as one
+        command, counted as ``verb``; the result is the caller's to read (no exit status is an error here)."""
+        return self._drive(run_script_plan(script, verb, timeout))
 
     def write_file(self, path: Path, text: str) -> None:
         """Write ``text`` to ``path`` atomically (a temp file of this writer's own, then a rename)."""

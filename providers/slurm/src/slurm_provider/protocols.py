@@ -16,7 +16,7 @@ from slurm_provider.cli.sbatch import TestOnlyResult
 from slurm_provider.cli.squeue import SqueueRow
 from slurm_provider.cli.sshare import TresMinutes
 from slurm_provider.job_status import JobStatus
-from slurm_provider.transport import RemoteCommandRunner, SSHCommand
+from slurm_provider.transport import CommandResult, RemoteCommandRunner, SSHCommand
 
 
 class SlurmVerbs(Protocol):
@@ -45,6 +45,8 @@ class SlurmVerbs(Protocol):
     def make_dirs(self, directories: Sequence[Path], what: str = ...) -> None: ...
 
     def write_file(self, path: Path, text: str) -> None: ...
+
+    def run_script(self, script: str, *, verb: str, timeout: float = ...) -> CommandResult: ...
 
     def readable(self, path: Path, *, directory: bool = False) -> bool: ...
 

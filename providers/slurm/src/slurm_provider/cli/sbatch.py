@@ -263,15 +263,17 @@ def script_account(script: str) -> str | None:
     return None
 
 
-def _lock_acquire(lock: str) -> list[str]:
-    """Shell lines that take the submit lock, a directory (``mkdir`` is atomic on every POSIX file
+def lock_acquire_lines(lock: str, *, program: str = "sbatch", what: str = "submit") -> list[str]:
+    """Shell lines that take a lock such as the submit lock, a directory (``mkdir`` is atomic on every POSIX file
     system, Lustre included), for a live holder only.
 
     The holder writes ``<host> <pid>`` into the lock and a keeper touches it every few seconds while
     it is held. A waiter on the same host takes the lock over when that pid is gone; a waiter on
     another login node when the owner file went unrefreshed for ``SUBMIT_LOCK_STALE_MINUTES``. A
     takeover renames the lock away and checks that it took the very lock it judged dead, putting it
-    back otherwise. A submit that waits ``SUBMIT_LOCK_WAIT_TENTHS`` in vain exits ``EXIT_LOCK_BUSY``.
+    back otherwise. A submit that waits ``SUBMIT_LOCK_WAIT_TENTHS`` in vain exits ``EXIT_LOCK_BUSY``, saying
+    "``<program>: error: another <what> holds <lock>``". The lock is released when the shell exits.
+    Other one-writer steps on the login node (installing a job environment) take the same kind of lock.
     """
     owner = f'"$lock"/{SUBMIT_LOCK_OWNER}'
     return [
@@ -288,7 +290,7 @@ def _lock_acquire(lock: str) -> list[str]:
         'else mv -T "$lock.stale.$$" "$lock" 2>/dev/null; fi; fi; continue; fi; '
         'waited=$((waited + 1)); '
         f'if [ "$waited" -gt {SUBMIT_LOCK_WAIT_TENTHS} ]; then '
-        'echo "sbatch: error: another submit holds $lock (${holder:-owner unknown}); try again" >&2; '
+        f'echo "{program}: error: another {what} holds $lock (${{holder:-owner unknown}}); try again" >&2; '
         f'exit {EXIT_LOCK_BUSY}; fi; '
         "sleep 0.1; done",
         f'echo "$here $$" > {owner}',
@@ -303,7 +305,7 @@ def build_exclusive_sbatch_submit(*, exclusive_dir: str, done_markers: Sequence[
                                   live_account: str | None = None, **submit: Any) -> str:
     """Submit unless a live job already writes ``exclusive_dir``, or it is done; one command.
 
-    Under a lock directory inside ``exclusive_dir`` held by a live holder (see :func:`_lock_acquire`),
+    Under a lock directory inside ``exclusive_dir`` held by a live holder (see :func:`lock_acquire_lines`),
     one ``squeue`` lists every user's live jobs of the project's account (``live_account``, else
     ``submit['account']``; every account's when neither names one) whose comment names the
     directory's digest: if there is one, it prints ``LIVE_MARKER``, the login user and those rows,
@@ -338,7 +340,7 @@ def build_exclusive_sbatch_submit(*, exclusive_dir: str, done_markers: Sequence[
     lines = [
         "umask 002",
         f"mkdir -p {shlex.quote(directory)} || exit {EXIT_NO_DIRECTORY}",
-        *_lock_acquire(f"{directory}/{SUBMIT_LOCK_NAME}"),
+        *lock_acquire_lines(f"{directory}/{SUBMIT_LOCK_NAME}"),
         f"live=$({build_squeue_live_jobs(account)}) || exit {EXIT_QUERY_FAILED}",
         f"match=$(printf '%s\\n' \"$live\" | grep -F {needles})",
         f'if [ -n "$match" ]; then echo "{LIVE_MARKER} $(id -un)"; printf \'%s\\n\' "$match"; exit 0; fi',
