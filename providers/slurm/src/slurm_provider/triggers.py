@@ -175,6 +175,7 @@ class SlurmJobTrigger(BaseTrigger):
         last_state = SlurmState(note.state) if note.state in SlurmState.__members__ else None
         warned_reason: str | None = None
         waiting_for: str | None = None
+        slowed = False  # Slurm asked for fewer calls; told once in the task log
         unreachable_since = note.unreachable_since  # an earlier trigger of this try met the same outage
         announced = False  # the outage was told in the task log by this trigger
         unknown_polls = 0
@@ -194,6 +195,11 @@ class SlurmJobTrigger(BaseTrigger):
                         self.log.warning("Cannot see job %s right now, still waiting: %s", self.job_id,
                                          update.waiting)
                         waiting_for = update.waiting
+                    continue
+                if update.throttled is not None:  # Slurm is busy or limits us: ask less often, never give up
+                    if not slowed:
+                        self.log.warning("%s; job %s is still watched", update.throttled, self.job_id)
+                        slowed = True
                     continue
                 if update.unreachable is not None:  # the job runs on; wait for the login node
                     outage = Outage(unreachable_since or update.unreachable.since, update.unreachable.cause,
@@ -219,9 +225,9 @@ class SlurmJobTrigger(BaseTrigger):
                                      self.job_id)
                     unreachable_since, announced = None, False
                     await self._remember(task, last_state)
-                if waiting_for is not None:
+                if waiting_for is not None or slowed:
                     self.log.info("Watching job %s again on %s", self.job_id, self.conn_id)
-                    waiting_for = None
+                    waiting_for, slowed = None, False
                 self.log_offset, self.err_log_offset = update.log_offset, update.err_offset
                 for line in update.new_log_text.splitlines():
                     self.log.info("[job %s] %s", self.job_id, line)
