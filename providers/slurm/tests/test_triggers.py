@@ -583,3 +583,32 @@ async def _run_to_event_async(trigger: SlurmJobTrigger) -> dict[str, Any]:
     async for event in trigger.run():
         return event.payload
     raise AssertionError("trigger ended without an event")
+
+
+class _QueueStory(ScriptedSource):
+    """A job that waits for priority, then for nodes (with Slurm's estimate), then completes."""
+
+    STEPS = [("PENDING", "Priority", None), ("PENDING", "Priority", None),
+             ("PENDING", "Resources", "2026-11-27T14:05:00"), ("COMPLETED", None, None)]
+
+    async def statuses(self, job_ids: Any) -> dict[str, JobStatus]:
+        state, reason, start = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        return {job_id: JobStatus(job_id=job_id, state=SlurmState[state], reason=reason, expected_start=start,
+                                  exit_code=0 if state == "COMPLETED" else None, source="squeue")
+                for job_id in job_ids}
+
+
+def test_a_pending_job_says_why_it_waits_and_when_it_may_start_each_time_the_reason_changes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_provider import triggers
+
+    story = list(_QueueStory.STEPS)
+    monkeypatch.setattr(triggers, "_hook_factory", lambda conn_id: lambda: _QueueStory(story))
+    with structlog.testing.capture_logs() as logs:
+        payload = _run_to_event(SlurmJobTrigger(conn_id="queue", job_id="77", **SCRIPTED), timeout=30)
+    assert payload["kind"] == FINISHED
+    assert _events(logs, "Job 77 ") == [
+        "Job 77 PENDING: waiting for higher-priority jobs (Priority)",
+        "Job 77 PENDING: waiting for free nodes (Resources); expected to start 2026-11-27 14:05",
+        "Job 77 COMPLETED exit code 0",
+    ]
