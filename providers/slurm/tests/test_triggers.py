@@ -612,3 +612,33 @@ def test_a_pending_job_says_why_it_waits_and_when_it_may_start_each_time_the_rea
         "Job 77 PENDING: waiting for free nodes (Resources); expected to start 2026-11-27 14:05",
         "Job 77 COMPLETED exit code 0",
     ]
+
+
+def test_a_job_waiting_for_its_begin_time_and_then_held_says_so_with_slurms_estimated_start(
+        local_cluster: LocalCluster, cluster_connection: str) -> None:
+    job_id, _, _ = _submit(local_cluster, cluster_connection, "true", "--begin=now+1hour")
+
+    async def watch(logs: list[dict[str, Any]]) -> dict[str, Any]:
+        waiting = asyncio.ensure_future(_run_to_event_async(
+            SlurmJobTrigger(conn_id=cluster_connection, job_id=job_id, **FAST)))
+        for reason in ("(BeginTime)", "(JobHeldUser)"):
+            while not _events(logs, f"Job {job_id} PENDING: ") or reason not in _events(logs, f"Job {job_id} ")[-1]:
+                assert not waiting.done(), waiting.result()
+                await asyncio.sleep(0.2)
+            if reason == "(BeginTime)":
+                await asyncio.to_thread(local_cluster.ssh, f"scontrol hold {job_id}")
+        await asyncio.to_thread(local_cluster.ssh, f"scancel {job_id}")
+        return await asyncio.wait_for(waiting, 60)
+
+    start = local_cluster.root("squeue", "-h", "-j", job_id, "-o", "%S").stdout.strip()
+    try:
+        with structlog.testing.capture_logs() as logs:
+            payload = asyncio.run(asyncio.wait_for(watch(logs), 180))
+    finally:
+        local_cluster.ssh(f"scancel {job_id}", check=False)
+    assert payload["kind"] == FINISHED and payload["status"]["state"] == "CANCELLED"
+    said = _events(logs, f"Job {job_id} PENDING")
+    assert said[0] == (f"Job {job_id} PENDING: waiting for its start time (--begin) (BeginTime); "
+                       f"expected to start {start.replace('T', ' ')[:16]}")
+    assert said[1].startswith(f"Job {job_id} PENDING: held by its owner until 'scontrol release' (JobHeldUser)")
+    assert len(said) == 2, "one line per reason, not one per poll"
