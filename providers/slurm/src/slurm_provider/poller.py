@@ -15,8 +15,8 @@ subscriber resets it. Only transport errors are retried (with jittered exponenti
 at the subscribers' longest allowed poll interval, and a fresh connection); anything else is handed
 to every subscriber.
 
-A login node that does not answer (refused, reset, timed out; ``slurmctld`` not answering the login
-node's ``squeue``) is retried without a limit for as long as anyone watches: every failed try hands
+A login node that does not answer (refused, reset, timed out), or a status command that gives no
+usable answer, is retried without a limit for as long as anyone watches: every failed try hands
 each subscriber the :class:`~slurm_provider.outage.Outage` so far (since when, why, next try in),
 and each watch decides by its own deadline when it has waited long enough. A failure retrying cannot
 heal (host key, authentication, configuration) ends every watch at once.
