@@ -63,7 +63,7 @@ def test_shell_forms_around_a_client(line: str, verbs: tuple[str, ...]) -> None:
 @pytest.mark.parametrize(("stderr", "limited"), [
     ("squeue: error: slurm_load_jobs error: Rate limit exceeded, please retry momentarily", True),
     ("slurm_load_jobs error: Socket timed out on send/recv operation", True),
-    ("sacct: error: Unable to contact slurm controller (connect failure)", True),
+    ("sacct: error: Unable to contact slurm controller (connect failure)", False),
     ("slurm_load_jobs error: Invalid job id specified", False),
     ("", False),
     (None, False),

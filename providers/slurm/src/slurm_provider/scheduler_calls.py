@@ -32,10 +32,11 @@ of one connection (e.g. 15 where a site allows four a minute). Unset or 0: no ce
 RATE_LIMIT_ANSWERS: tuple[str, ...] = (
     "rate limit exceeded",
     "socket timed out on send/recv operation",
-    "unable to contact slurm controller",
 )
 """What a Slurm client prints when the controller refuses or cannot serve it *now* (its rate limiter,
-or a controller too busy to answer in time): a reason to ask less often, never a failed job."""
+or a controller too busy to answer in time): a reason to ask less often, never a failed job. A
+controller that cannot be contacted at all is down, not busy: that stays an outage, which the
+watch's deadline bounds."""
 
 _SEPARATORS = {"&&", "||", "|", ";", "&", "(", ")", "{", "}", "!", "then", "do", "else", "if", "while",
                "until", "exec", "command", "env", "timeout", "nice", "xargs"}
