@@ -89,7 +89,7 @@ def refresh(records: Iterable[JobRecord], conn_of: Callable[[str], str | None],
             out.append(record)
             continue
         state = getattr(status.state, "value", str(status.state))
-        out.append(replace(record, state=state, pending=pending_words(state, status.reason),
+        out.append(replace(record, state=state, pending=pending_words(state, status.reason, status.expected_start),
                            restarts=status.restarts or record.restarts, elapsed_s=status.elapsed_s,
                            node_list=status.node_list or record.node_list, gpus=status.gpus or record.gpus))
     return out, problems

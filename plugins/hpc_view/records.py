@@ -26,6 +26,7 @@ from typing import Any
 from slurm_provider.cli.values import format_duration
 from slurm_provider.links import JOB_ID_XCOM_KEY, task_log_url
 from slurm_provider.outage import clock
+from slurm_provider.pending_words import waiting_line
 from slurm_provider.state_vocabulary import SlurmState, classify_pending_reason, parse_state
 from slurm_provider.watch_state import WATCH_XCOM_KEY
 
@@ -63,11 +64,14 @@ class Submission:
 
 @dataclass(frozen=True)
 class PendingWords:
-    """A pending job's reason in plain words (``classify_pending_reason``)."""
+    """A pending job's reason in plain words (``classify_pending_reason``, ``waiting_line``)."""
 
     code: str
     kind: str
     explanation: str
+    words: str = ""
+    """Why it waits and when Slurm expects it to start, in one phrase (the task log says the same)."""
+    expected_start: str | None = None
 
 
 @dataclass(frozen=True)
@@ -145,13 +149,27 @@ def is_job_summary(value: Any) -> bool:
 
 
 
-def pending_words(state: str | SlurmState | None, reason: str | None) -> PendingWords | None:
-    """The reason of a job waiting in the queue, explained; None once it runs or ended."""
+def pending_words(state: str | SlurmState | None, reason: str | None,
+                  expected_start: str | None = None) -> PendingWords | None:
+    """The reason of a job waiting in the queue, explained, with Slurm's estimated start; None once
+    it runs or ended."""
     parsed = parse_state(state)
     if parsed not in (SlurmState.PENDING, SlurmState.REQUEUED, SlurmState.REQUEUE_HOLD):
         return None
     classified = classify_pending_reason(reason)
-    return PendingWords(code=classified.code, kind=classified.kind.value, explanation=classified.explanation)
+    return PendingWords(code=classified.code, kind=classified.kind.value, explanation=classified.explanation,
+                        words=waiting_line(reason, expected_start), expected_start=expected_start)
+
+
+def _watched_pending(note: XComRow | None, job_id: str) -> PendingWords | None:
+    """Why the job of a waiting task pends, as its watch last saw it (the trigger's note: no call to
+    the cluster); None when the note is about another job or the job does not pend."""
+    value = note.value if note is not None else None
+    if note is None or note.task_state not in WAITING_TASK_STATES or not isinstance(value, Mapping):
+        return None
+    if str(value.get("job_id")) != job_id or value.get("state") != SlurmState.PENDING.value:
+        return None
+    return pending_words(SlurmState.PENDING, value.get("reason"), value.get("expected_start"))
 
 
 def _submissions(value: Any) -> tuple[Submission, ...]:
@@ -212,7 +230,8 @@ def records_from_xcoms(rows: Iterable[XComRow]) -> list[JobRecord]:
                 dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index,
                 task_state=anchor.task_state, profile=profile, run_name=str(conf.get("run_name") or ""),
                 stage=task_id, job_id=job_id, job_ids=(job_id,), finished_at=anchor.end_date,
-                unreachable_since=since, last_seen=last_seen))
+                unreachable_since=since, last_seen=last_seen,
+                pending=_watched_pending(xcoms.get(WATCH_XCOM_KEY), job_id)))
             continue
         job_ids = tuple(str(j) for j in summary.get("job_ids") or [summary["job_id"]])
         records.append(JobRecord(

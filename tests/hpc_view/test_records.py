@@ -93,6 +93,29 @@ def test_refresh_explains_pending_jobs_and_asks_each_cluster_at_most_once_per_in
     assert len(calls) == 2
 
 
+def test_a_waiting_tasks_row_says_why_its_job_pends_and_when_it_may_start_from_the_watch_note() -> None:
+    note = {"job_id": "8", "log_path": None, "log_offset": 0, "state": "PENDING", "reason": "Priority",
+            "expected_start": "2026-11-27T14:05:00"}
+    rows = [*_rows(), XComRow("vcloud_training", "r1", "stage2", -1, "slurm_watch", note, "deferred")]
+    waiting = {r.task_id: r for r in records_from_xcoms(rows)}["stage2"]
+    assert waiting.pending is not None and waiting.pending.code == "Priority"
+    assert waiting.pending.words == "waiting for higher-priority jobs (Priority); expected to start 2026-11-27 14:05"
+    assert waiting.to_json()["pending"]["expected_start"] == "2026-11-27T14:05:00"
+    running = {**note, "state": "RUNNING", "reason": None}
+    rows = [*_rows(), XComRow("vcloud_training", "r1", "stage2", -1, "slurm_watch", running, "deferred")]
+    assert {r.task_id: r for r in records_from_xcoms(rows)}["stage2"].pending is None
+
+
+def test_refresh_shows_the_estimated_start_of_the_same_squeue() -> None:
+    def source(conn_id: str, job_ids: list[str]):
+        return {"8": JobStatus(job_id="8", state=SlurmState.PENDING, reason="Resources",
+                               expected_start="2026-11-27T15:00:00", source="squeue")}
+
+    records, _ = refresh(records_from_xcoms(_rows()), lambda profile: "lumi", LiveStates(source=source))
+    waiting = {r.task_id: r for r in records}["stage2"]
+    assert waiting.pending.words == "waiting for free nodes (Resources); expected to start 2026-11-27 15:00"
+
+
 def test_charts_escape_labels_and_show_the_numbers() -> None:
     budget = profile_budget("lumi", records_from_xcoms(_rows()), allocation=100_000)
     svg = burndown_svg(budget)

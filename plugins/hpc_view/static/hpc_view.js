@@ -53,7 +53,8 @@ function jobsTable(jobs) {
     const category = job.category || (job.state ? "unknown" : "waiting");
     const stateCell = el("td", {}, el("span", { class: "state " + category }, job.state || "not recorded"),
       el("div", { class: "desc" }, job.state_description));
-    if (job.pending) stateCell.append(el("div", { class: "pending" }, "Pending (" + job.pending.code + "): " + job.pending.explanation));
+    if (job.pending) stateCell.append(el("div", { class: "pending", title: job.pending.explanation },
+      "Pending: " + (job.pending.words || job.pending.code + ": " + job.pending.explanation)));
     const row = el("tr", { id: "job-" + job.job_id, "data-job-id": job.job_id, "data-task-id": job.task_id, "data-run-id": job.run_id,
       "data-gpu-hours": String(job.gpu_hours), "data-state": job.state || "" },
       el("td", {}, el("div", {}, job.run_id), job.run_name ? el("div", { class: "muted" }, "run " + job.run_name) : null),

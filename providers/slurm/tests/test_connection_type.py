@@ -69,7 +69,7 @@ def test_the_provider_info_follows_airflows_schema_and_names_what_exists() -> No
 def test_the_form_asks_for_what_the_transports_read() -> None:
     fields = get_provider_info()["connection-types"][0]["conn-fields"]
     assert set(fields) == {"transport", "host_key", "key_file", "private_key", "private_key_passphrase",
-                           "ssh_alias", "ssh_config_file", "require_control_master"}
+                           "ssh_alias", "ssh_config_file", "require_control_master", "min_call_interval"}
     assert tuple(fields["transport"]["schema"]["enum"]) == TRANSPORTS
     assert fields["transport"]["schema"]["default"] == "paramiko"
     secret = {name for name, field in fields.items() if field["schema"].get("format") == "password"}

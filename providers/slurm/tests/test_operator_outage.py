@@ -298,3 +298,86 @@ async def _first_event(trigger: SlurmLoginTrigger) -> dict[str, Any]:
     async for event in trigger.run():
         return event.payload
     raise AssertionError("the login wait ended without an event")
+
+
+# --- a controller that limits our calls: Debian's Slurm 22.05 has no rate limiter, so a squeue
+# stand-in on the login node (first on the PATH of a private login sshd) refuses for a while --------
+
+RATE_LIMITED_SQUEUE = """#!/bin/sh
+# squeue as a rate-limited slurmctld answers it while ../refusals counts down; then the real one.
+here=$(dirname "$0")/..
+n=$(cat "$here/refusals" 2>/dev/null || echo 0)
+if [ "$n" -gt 0 ]; then
+    echo $((n - 1)) > "$here/refusals"
+    echo "squeue: error: slurm_load_jobs error: Rate limit exceeded, please retry momentarily" >&2
+    exit 1
+fi
+exec /usr/bin/squeue "$@"
+"""
+
+
+def test_slurms_rate_limit_slows_the_watch_down_and_the_task_still_succeeds_with_one_job(
+        local_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import structlog.testing
+
+    from private_login import PrivateLogin
+    from slurm_provider.scheduler_calls import calls_of, forget_calls
+    from task_context import StateStore, task_context
+
+    work = local_cluster.test_dir()
+    local_cluster.ssh(f"mkdir -p {work}/bin && cat > {work}/bin/squeue && chmod +x {work}/bin/squeue",
+                      input=RATE_LIMITED_SQUEUE)
+    ceiling = 0.5
+    login = PrivateLogin(local_cluster, tmp_path, "vcloud_rate_limited", path_first=f"{work}/bin",
+                         extra={"min_call_interval": ceiling})
+    for key, value in login.connection_env().items():
+        monkeypatch.setenv(key, value)
+    login.start()
+    run_id = f"manual__ratelimit_{uuid.uuid4().hex[:8]}"
+    store = StateStore()
+    refusals = 6
+
+    def operator() -> SlurmSubmitOperator:
+        return SlurmSubmitOperator(task_id="train", conn_id=login.conn_id, log_dir=work,
+                                   script="#!/bin/bash\necho started; sleep 4; echo done\n", time_limit="5",
+                                   poll_interval=1, max_poll_interval=4, first_poll_delay=0)
+
+    def context() -> dict[str, Any]:
+        return task_context(run_id, store, dag_id="ratelimit", task_id="train")
+
+    job_id = None
+    try:
+        with pytest.raises(TaskDeferred) as submitted:
+            operator().execute(context())
+        trigger = submitted.value.trigger
+        job_id = trigger.job_id
+        local_cluster.ssh(f"echo {refusals} > {work}/refusals")  # from now on slurmctld refuses a while
+        forget_calls(login.conn_id)
+
+        async def watch() -> dict[str, Any]:
+            async for event in trigger.run():
+                return event.payload
+            raise AssertionError("the watch ended without an event")
+
+        with structlog.testing.capture_logs() as logs:
+            event = asyncio.run(asyncio.wait_for(watch(), 300))
+        calls = calls_of(login.conn_id)
+        watched = list(calls.times)
+        assert calls.rate_limited == refusals and calls.by_verb["squeue"] > refusals, calls.snapshot()
+        summary = operator().execute_complete(context(), event)
+    finally:
+        login.stop()
+        if job_id is not None:
+            local_cluster.ssh(f"scancel {job_id}", check=False)
+
+    assert (event["kind"], event["status"]["state"]) == (FINISHED, "COMPLETED")
+    assert summary["state"] == "COMPLETED" and summary["job_id"] == job_id
+    assert local_cluster.ssh(f"cat {work}/refusals").stdout.strip() == "0", "every refusal was met"
+    told = [str(e["event"]) for e in logs if "asks for fewer calls" in str(e.get("event", ""))]
+    assert len(told) == 1 and "Rate limit exceeded" in told[0] and told[0].endswith(f"job {job_id} is still watched")
+    assert any(e.get("event") == f"Watching job {job_id} again on {login.conn_id}" for e in logs)
+    assert all(later - earlier >= ceiling - 0.002 for earlier, later in zip(watched, watched[1:])), \
+        "the connection's min_call_interval is kept"
+    name = event["status"]["name"]
+    jobs = local_cluster.root("sacct", "-X", "-n", "-P", "-o", "JobID", "-S", "now-1hour", f"--name={name}").stdout
+    assert jobs.split() == [job_id], "one job: the refusals made nothing submit again"

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import pytest
 
 from slurm_provider.cli.sshare import TresMinutes
-from slurm_provider.hooks import SlurmCommandFailed
+from slurm_provider.hooks import SlurmCommandFailed, SlurmRateLimited
 from slurm_provider.poller import MAX_RETRY_DELAY, JobPoller, PollUpdate, retry_delay
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.job_status import JobStatus
@@ -107,6 +107,39 @@ def test_a_second_outage_is_counted_from_its_own_start() -> None:
     outages = [u.unreachable for u in seen["1"] if u.unreachable is not None]
     assert len(outages) == 3
     assert outages[0].since == outages[1].since < outages[2].since
+
+
+def test_slurms_rate_limit_slows_the_poller_down_on_the_same_connection_and_every_watch_goes_on() -> None:
+    limited = SlurmRateLimited("squeue exited 1: slurm_load_jobs error: Rate limit exceeded, please retry momentarily")
+    refusals = 9
+    seen = watch([SlurmState.RUNNING, *[limited] * refusals, SlurmState.RUNNING, SlurmState.COMPLETED])
+    for updates in seen.values():
+        assert all(u.error is None and u.unreachable is None and u.waiting is None for u in updates)
+        throttled = [u.throttled for u in updates if u.throttled is not None]
+        assert len(throttled) == refusals and all("asks for fewer calls" in t for t in throttled)
+        assert all("Rate limit exceeded" in t for t in throttled)
+        assert [u.status.state for u in updates if u.status is not None] == \
+            [SlurmState.RUNNING, SlurmState.RUNNING, SlurmState.COMPLETED]
+    assert ScriptedSource.opened == 1, "the connection is fine: it is kept"
+
+
+def test_after_refusals_the_wait_doubles_up_to_the_longest_interval_and_eases_back() -> None:
+    poller = JobPoller("c", lambda: ScriptedSource([SlurmState.RUNNING]), growth=1.5, jitter=0.0)
+
+    async def waits() -> tuple[list[float], list[float]]:
+        async with poller.subscribe("1", poll_interval=15, max_poll_interval=300):
+            poller._interval = 15.0
+            slower = []
+            for _ in range(6):
+                poller._throttle = poller._slower()
+                slower.append(poller._throttle)
+            eased = [poller._next_interval(changed=False) for _ in range(8)]
+            return slower, eased
+
+    slower, eased = asyncio.run(waits())
+    assert slower == [30.0, 60.0, 120.0, 240.0, 300.0, 300.0]
+    # the slow-down shrinks by the growth factor per answered poll while the schedule grows back
+    assert eased == pytest.approx([300.0, 200.0, 133.33, 88.89, 113.91, 170.86, 256.29, 300.0], abs=0.01)
 
 
 def test_a_failure_no_retry_can_heal_ends_every_watch_at_once() -> None:

@@ -583,3 +583,62 @@ async def _run_to_event_async(trigger: SlurmJobTrigger) -> dict[str, Any]:
     async for event in trigger.run():
         return event.payload
     raise AssertionError("trigger ended without an event")
+
+
+class _QueueStory(ScriptedSource):
+    """A job that waits for priority, then for nodes (with Slurm's estimate), then completes."""
+
+    STEPS = [("PENDING", "Priority", None), ("PENDING", "Priority", None),
+             ("PENDING", "Resources", "2026-11-27T14:05:00"), ("COMPLETED", None, None)]
+
+    async def statuses(self, job_ids: Any) -> dict[str, JobStatus]:
+        state, reason, start = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        return {job_id: JobStatus(job_id=job_id, state=SlurmState[state], reason=reason, expected_start=start,
+                                  exit_code=0 if state == "COMPLETED" else None, source="squeue")
+                for job_id in job_ids}
+
+
+def test_a_pending_job_says_why_it_waits_and_when_it_may_start_each_time_the_reason_changes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_provider import triggers
+
+    story = list(_QueueStory.STEPS)
+    monkeypatch.setattr(triggers, "_hook_factory", lambda conn_id: lambda: _QueueStory(story))
+    with structlog.testing.capture_logs() as logs:
+        payload = _run_to_event(SlurmJobTrigger(conn_id="queue", job_id="77", **SCRIPTED), timeout=30)
+    assert payload["kind"] == FINISHED
+    assert _events(logs, "Job 77 ") == [
+        "Job 77 PENDING: waiting for higher-priority jobs (Priority)",
+        "Job 77 PENDING: waiting for free nodes (Resources); expected to start 2026-11-27 14:05",
+        "Job 77 COMPLETED exit code 0",
+    ]
+
+
+def test_a_job_waiting_for_its_begin_time_and_then_held_says_so_with_slurms_estimated_start(
+        local_cluster: LocalCluster, cluster_connection: str) -> None:
+    job_id, _, _ = _submit(local_cluster, cluster_connection, "true", "--begin=now+1hour")
+
+    async def watch(logs: list[dict[str, Any]]) -> dict[str, Any]:
+        waiting = asyncio.ensure_future(_run_to_event_async(
+            SlurmJobTrigger(conn_id=cluster_connection, job_id=job_id, **FAST)))
+        for reason in ("(BeginTime)", "(JobHeldUser)"):
+            while not _events(logs, f"Job {job_id} PENDING: ") or reason not in _events(logs, f"Job {job_id} ")[-1]:
+                assert not waiting.done(), waiting.result()
+                await asyncio.sleep(0.2)
+            if reason == "(BeginTime)":
+                await asyncio.to_thread(local_cluster.ssh, f"scontrol hold {job_id}")
+        await asyncio.to_thread(local_cluster.ssh, f"scancel {job_id}")
+        return await asyncio.wait_for(waiting, 60)
+
+    start = local_cluster.root("squeue", "-h", "-j", job_id, "-o", "%S").stdout.strip()
+    try:
+        with structlog.testing.capture_logs() as logs:
+            payload = asyncio.run(asyncio.wait_for(watch(logs), 180))
+    finally:
+        local_cluster.ssh(f"scancel {job_id}", check=False)
+    assert payload["kind"] == FINISHED and payload["status"]["state"] == "CANCELLED"
+    said = _events(logs, f"Job {job_id} PENDING")
+    assert said[0] == (f"Job {job_id} PENDING: waiting for its start time (--begin) (BeginTime); "
+                       f"expected to start {start.replace('T', ' ')[:16]}")
+    assert said[1].startswith(f"Job {job_id} PENDING: held by its owner until 'scontrol release' (JobHeldUser)")
+    assert len(said) == 2, "one line per reason, not one per poll"

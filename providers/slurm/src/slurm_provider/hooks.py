@@ -24,8 +24,10 @@ message when sbatch refuses a job.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -95,7 +97,9 @@ from slurm_provider.connection_form import CONN_TYPE, CONNECTION_FIELDS, HOOK_NA
 from slurm_provider.file_verbs import FileVerbs, RemoteCommandError
 from slurm_provider.job_status import JobStatus, resolve_statuses
 from slurm_provider.plans import Plan, RemoteCommand
+from slurm_provider.scheduler_calls import calls_of, is_rate_limited, min_call_interval, slurm_verbs
 from slurm_provider.transport import (
+    AsyncConnectionRunner,
     AsyncRemoteCommandRunner,
     CommandResult,
     RemoteCommandRunner,
@@ -138,6 +142,11 @@ class SlurmCommandFailed(TransportError):
         self.result = result
 
 
+class SlurmRateLimited(SlurmCommandFailed):
+    """Slurm answered that it will not serve us now (its rate limiter, or a controller too busy or away
+    to answer): ask again later and less often; nothing is known about the jobs, none failed."""
+
+
 class SubmitLockBusy(SlurmCommandFailed):
     """Another submit held the exclusive directory's lock for all of the wait: nothing was submitted.
 
@@ -176,7 +185,8 @@ def _validate_script(script: str) -> str:
 
 def _failed(verb: str, result: CommandResult) -> SlurmCommandFailed:
     detail = result.stderr.strip() or result.stdout.strip() or "no output"
-    return SlurmCommandFailed(f"{verb} exited {result.exit_status}: {detail[-1000:]}", result)
+    kind = SlurmRateLimited if is_rate_limited(result.stderr) else SlurmCommandFailed
+    return kind(f"{verb} exited {result.exit_status}: {detail[-1000:]}", result)
 
 
 def _check_submit(result: CommandResult) -> None:
@@ -438,7 +448,11 @@ def account_tres_plan(account: str, tres: str) -> Plan[TresMinutes | None]:
 
 
 class _CommandCounter:
-    """Commands issued per verb, so callers (and the poll-cost benchmark) can see what a poll costs."""
+    """Commands issued per verb, so callers (and the poll-cost benchmark) can see what a poll costs;
+    the Slurm client calls among them also go to the connection's tally
+    (:func:`slurm_provider.scheduler_calls.calls_of`)."""
+
+    ssh_conn_id: str
 
     def __init__(self) -> None:
         self.command_counts: Counter[str] = Counter()
@@ -449,6 +463,16 @@ class _CommandCounter:
 
     def _count(self, command: RemoteCommand) -> None:
         self.command_counts[command.verb] += 1
+
+    def _tally(self, verbs: tuple[str, ...], result: CommandResult, started: float) -> None:
+        """Count the scheduler calls a command made once it ran (a refused call counts too), at the
+        ``time.monotonic()`` it was started."""
+        if not verbs:
+            return
+        calls = calls_of(self.ssh_conn_id)
+        calls.record(verbs, now=started)
+        if not result.ok and is_rate_limited(result.stderr):
+            calls.rate_limited += 1
 
 
 class SlurmHook(BaseHook, _CommandCounter, FileVerbs):
@@ -521,7 +545,10 @@ class SlurmHook(BaseHook, _CommandCounter, FileVerbs):
             while True:
                 self._count(command)
                 timeout = max(command.timeout or 0.0, self.command_timeout)
-                command = plan.send(self.runner.run(command.line, stdin=command.stdin, timeout=timeout))
+                started = time.monotonic()
+                result = self.runner.run(command.line, stdin=command.stdin, timeout=timeout)
+                self._tally(slurm_verbs(command.line), result, started)
+                command = plan.send(result)
         except StopIteration as done:
             return done.value
 
@@ -651,6 +678,10 @@ class SlurmAsyncHook(BaseHook, _CommandCounter):
 
     Creating it does no I/O; the connection is looked up and opened by the first command.
     ``commands_issued``, ``command_counts`` and ``connections_opened`` say what polling cost.
+
+    :param min_call_interval: least seconds between two scheduler calls of this connection in this
+        process (every hook of the connection shares the pace); None: the connection's
+        ``min_call_interval`` extra, or no ceiling.
     """
 
     conn_name_attr = "ssh_conn_id"
@@ -664,12 +695,27 @@ class SlurmAsyncHook(BaseHook, _CommandCounter):
         *,
         command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
         runner: AsyncRemoteCommandRunner | None = None,
+        min_call_interval: float | None = None,
     ) -> None:
         BaseHook.__init__(self)
         _CommandCounter.__init__(self)
         self.ssh_conn_id = ssh_conn_id
         self.command_timeout = command_timeout
         self.runner = runner if runner is not None else async_runner_for_connection(ssh_conn_id)
+        self._min_call_interval = min_call_interval
+
+    async def min_call_interval(self) -> float:
+        """The site's ceiling for this connection: seconds between scheduler calls (0: none)."""
+        if self._min_call_interval is None:
+            extra = await self.runner.extra() if isinstance(self.runner, AsyncConnectionRunner) else {}
+            self._min_call_interval = min_call_interval(extra)
+        return self._min_call_interval
+
+    async def _wait_turn(self) -> None:
+        """Keep the connection's scheduler calls ``min_call_interval`` apart, whoever makes them."""
+        delay = calls_of(self.ssh_conn_id).reserve(await self.min_call_interval())
+        if delay > 0:
+            await asyncio.sleep(delay)
 
     @property
     def connections_opened(self) -> int:
@@ -681,7 +727,12 @@ class SlurmAsyncHook(BaseHook, _CommandCounter):
             while True:
                 self._count(command)
                 timeout = max(command.timeout or 0.0, self.command_timeout)
+                verbs = slurm_verbs(command.line)
+                if verbs:
+                    await self._wait_turn()
+                started = time.monotonic()
                 result = await self.runner.run(command.line, stdin=command.stdin, timeout=timeout)
+                self._tally(verbs, result, started)
                 command = plan.send(result)
         except StopIteration as done:
             return done.value

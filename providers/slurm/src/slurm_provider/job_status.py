@@ -85,6 +85,9 @@ class JobStatus:
     end: str | None = None
     submit: str | None = None
     """Times as ISO text in the cluster's local time (as Slurm prints them)."""
+    expected_start: str | None = None
+    """While the job pends: when Slurm expects it to start (squeue's ``StartTime``: the backfill
+    scheduler's estimate, or the ``--begin`` time); None when Slurm has no estimate."""
     name: str | None = None
     comment: str | None = None
     std_out: str | None = None
@@ -235,6 +238,7 @@ class JobStatus:
             start=row.start if parsed.state.has_started else None,
             end=row.end if parsed.state.is_terminal else None,
             submit=row.submit,
+            expected_start=row.start if parsed.state is SlurmState.PENDING else None,
             name=row.name,
             comment=row.comment,
             std_out=expand(row.std_out),

@@ -15,11 +15,18 @@ subscriber resets it. Only transport errors are retried (with jittered exponenti
 at the subscribers' longest allowed poll interval, and a fresh connection); anything else is handed
 to every subscriber.
 
-A login node that does not answer (refused, reset, timed out; ``slurmctld`` not answering the login
-node's ``squeue``) is retried without a limit for as long as anyone watches: every failed try hands
+A login node that does not answer (refused, reset, timed out), or a status command that gives no
+usable answer, is retried without a limit for as long as anyone watches: every failed try hands
 each subscriber the :class:`~slurm_provider.outage.Outage` so far (since when, why, next try in),
 and each watch decides by its own deadline when it has waited long enough. A failure retrying cannot
 heal (host key, authentication, configuration) ends every watch at once.
+
+Slurm's own "not now" answers (its rate limiter, a controller too busy or away to answer:
+:class:`~slurm_provider.hooks.SlurmRateLimited`) slow the poller down instead: the same connection
+asks again after a doubled wait (up to the subscribers' longest allowed poll interval), every
+subscriber hears that its job is still watched, and once Slurm answers the poller eases back to its
+schedule. A site's ceiling on calls (the connection's ``min_call_interval`` extra) is kept by the hook
+the poller polls through, for every job of the connection at once.
 
 A login that waits for a person (an OTP ControlMaster that lapsed overnight) is not a failure of the
 watched jobs: they keep running on the cluster. The poller then keeps trying with back-off, without
@@ -85,6 +92,8 @@ class PollUpdate:
     to wait on."""
     allocation: AccountReading | None = None
     """The job's account allocation, read this cycle because the job pends on it (else None)."""
+    throttled: str | None = None
+    """No status this cycle: Slurm asked us to call less often (its answer); the watch goes on."""
 
 
 @dataclass
@@ -118,6 +127,7 @@ class JobPoller:
         self._jitter = jitter
         self._coalesce = coalesce
         self._interval: float | None = None
+        self._throttle = 0.0  # the least wait between polls Slurm's "not now" answers asked for
         self.cycles = 0
 
     # --- subscribing -----------------------------------------------------------------------------
@@ -156,12 +166,19 @@ class JobPoller:
     # --- the loop ----------------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        from slurm_provider.hooks import SlurmRateLimited
+
         failures = 0  # tries in a row the cluster did not answer
         waits = 0  # cycles in a row whose login waited for a person
+        slowed = 0  # polls in a row Slurm asked us to make less often
         since: float | None = None  # when the cluster stopped answering
         while self._subs:
             try:
                 changed = await self._cycle()
+                if slowed:
+                    log.warning("Cluster %s: Slurm answers again after %d refused poll(s); polling at most every "
+                                "%.0fs for a while", self.conn_id, slowed, self._throttle)
+                slowed = 0
                 if since is not None:
                     log.warning("Cluster %s: %s; watching %d job(s)", self.conn_id,
                                 reachable_again_line(self.conn_id, since), len(self._subs))
@@ -169,6 +186,15 @@ class JobPoller:
                     log.info("Cluster %s reachable again; watching %d job(s)", self.conn_id, len(self._subs))
                 failures = waits = 0
                 since = None
+            except SlurmRateLimited as exc:
+                slowed += 1
+                self._throttle = self._slower()
+                log.warning("Cluster %s: Slurm asks for fewer calls (%s); still watching %d job(s), next poll in "
+                            "%.0fs", self.conn_id, exc, len(self._subs), self._throttle)
+                self._broadcast_throttled(f"Slurm on {self.conn_id} asks for fewer calls ({exc}); next poll in "
+                                          f"{self._throttle:.0f}s")
+                await asyncio.sleep(self._throttle)  # a new subscriber does not cut this wait short
+                continue
             except ControlMasterNotRunning as exc:
                 waits += 1
                 await self._drop_source()
@@ -269,7 +295,17 @@ class JobPoller:
             self._interval = floor
         else:
             self._interval = min(cap, self._interval * self._growth)
-        return self._interval * random.uniform(1 - self._jitter, 1 + self._jitter)
+        interval = max(self._interval, self._throttle)
+        self._throttle = self._throttle / self._growth if self._throttle / self._growth > floor else 0.0
+        return interval * random.uniform(1 - self._jitter, 1 + self._jitter)
+
+    def _slower(self) -> float:
+        """The next wait after Slurm asked for fewer calls: twice the last one (at least twice the
+        current interval), never longer than the longest wait between polls a subscriber allows."""
+        subs = list(self._subs.values())
+        cap = min([MAX_RETRY_DELAY, *(s.max_poll_interval for s in subs)])
+        now = self._interval or min((s.poll_interval for s in subs), default=1.0)
+        return min(cap, max(2 * self._throttle, 2 * now))
 
     def _retry_delay(self, attempt: int) -> float:
         """Back-off never longer than the longest wait between polls a subscriber allows."""
@@ -294,6 +330,11 @@ class JobPoller:
     def _broadcast_unreachable(self, outage: Outage) -> None:
         for sub in self._subs.values():
             sub.queue.put_nowait(PollUpdate(status=None, log_offset=sub.log_offset, unreachable=outage,
+                                            err_offset=sub.err_offset))
+
+    def _broadcast_throttled(self, answer: str) -> None:
+        for sub in self._subs.values():
+            sub.queue.put_nowait(PollUpdate(status=None, log_offset=sub.log_offset, throttled=answer,
                                             err_offset=sub.err_offset))
 
     def _broadcast_waiting(self, what_to_do: str) -> None:

@@ -40,6 +40,7 @@ from slurm_provider.outage import (
 )
 from slurm_provider.allocation import AccountReading, deadline_message, judge
 from slurm_provider.cli.values import format_duration
+from slurm_provider.pending_words import waiting_line
 from slurm_provider.poller import shared_poller
 from slurm_provider.state_vocabulary import ReasonKind, SlurmState, StateCategory, classify_pending_reason
 from slurm_provider.job_status import JobStatus
@@ -128,6 +129,7 @@ class SlurmJobTrigger(BaseTrigger):
         self.watch_deadline = timeout_seconds(watch_deadline)
         self._allocation_since: float | None = None
         self._allocation_said: tuple[Any, ...] | None = None
+        self._waiting: tuple[str | None, str | None] = (None, None)  # (reason, expected start) while pending
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -174,7 +176,9 @@ class SlurmJobTrigger(BaseTrigger):
         self._allocation_since = note.allocation_since
         last_state = SlurmState(note.state) if note.state in SlurmState.__members__ else None
         warned_reason: str | None = None
+        last_reason: str | None = None  # the pending reason last told in the task log
         waiting_for: str | None = None
+        slowed = False  # Slurm asked for fewer calls; told once in the task log
         unreachable_since = note.unreachable_since  # an earlier trigger of this try met the same outage
         announced = False  # the outage was told in the task log by this trigger
         unknown_polls = 0
@@ -194,6 +198,11 @@ class SlurmJobTrigger(BaseTrigger):
                         self.log.warning("Cannot see job %s right now, still waiting: %s", self.job_id,
                                          update.waiting)
                         waiting_for = update.waiting
+                    continue
+                if update.throttled is not None:  # Slurm is busy or limits us: ask less often, never give up
+                    if not slowed:
+                        self.log.warning("%s; job %s is still watched", update.throttled, self.job_id)
+                        slowed = True
                     continue
                 if update.unreachable is not None:  # the job runs on; wait for the login node
                     outage = Outage(unreachable_since or update.unreachable.since, update.unreachable.cause,
@@ -219,9 +228,9 @@ class SlurmJobTrigger(BaseTrigger):
                                      self.job_id)
                     unreachable_since, announced = None, False
                     await self._remember(task, last_state)
-                if waiting_for is not None:
+                if waiting_for is not None or slowed:
                     self.log.info("Watching job %s again on %s", self.job_id, self.conn_id)
-                    waiting_for = None
+                    waiting_for, slowed = None, False
                 self.log_offset, self.err_log_offset = update.log_offset, update.err_offset
                 for line in update.new_log_text.splitlines():
                     self.log.info("[job %s] %s", self.job_id, line)
@@ -239,9 +248,12 @@ class SlurmJobTrigger(BaseTrigger):
                         return
                     continue
                 unknown_polls = 0
-                if status.state is not last_state:
+                self._waiting = ((status.reason, status.expected_start) if status.state is SlurmState.PENDING
+                                 else (None, None))
+                if status.state is not last_state or (status.state is SlurmState.PENDING
+                                                      and status.reason != last_reason):
                     self.log.info("Job %s %s", self.job_id, _describe(status))
-                    last_state, shown = status.state, True
+                    last_state, last_reason, shown = status.state, status.reason, True
                 if shown:
                     await self._remember(task, last_state)
                 if status.state.is_terminal:
@@ -320,7 +332,8 @@ class SlurmJobTrigger(BaseTrigger):
         if task is None:
             return
         note = WatchNote(self.log_offset, state.value if state is not None else None, self.err_log_offset,
-                         unreachable_since=unreachable_since, allocation_since=self._allocation_since)
+                         unreachable_since=unreachable_since, allocation_since=self._allocation_since,
+                         reason=self._waiting[0], expected_start=self._waiting[1])
         try:
             await asyncio.wait_for(remember_watch(task, self.job_id, self.log_path, note), timeout=30)
         except Exception as exc:
@@ -378,7 +391,10 @@ class SlurmJobTrigger(BaseTrigger):
 
 
 def _describe(status: JobStatus) -> str:
-    """One line for people: state, reason or node list, exit code."""
+    """One line for people: state, why it waits and when it may start (pending), or node list and
+    exit code."""
+    if status.state is SlurmState.PENDING:
+        return f"{status.state.value}: {waiting_line(status.reason, status.expected_start)}"
     parts = [status.state.value]
     if status.state.category is StateCategory.WAITING and status.reason and status.reason != "None":
         parts.append(f"({status.reason})")

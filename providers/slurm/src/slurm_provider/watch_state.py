@@ -23,7 +23,7 @@ from typing import Any
 
 WATCH_XCOM_KEY = "slurm_watch"
 """XCom of the task try holding ``{"job_id", "log_path", "log_offset", "state", "err_offset",
-"unreachable_since", "allocation_since"}`` of the watch in progress."""
+"unreachable_since", "allocation_since", "reason", "expected_start"}`` of the watch in progress."""
 
 ENDED_BY_A_PERSON = frozenset({"failed", "success", "skipped", "upstream_failed", "removed"})
 """Task instance states in which a stopped trigger means "stop the job": the task was ended for good."""
@@ -69,6 +69,10 @@ class WatchNote:
     allocation_since: float | None = None
     """When (epoch seconds) the watch first saw the job pend on its account's allocation: the start of
     the wait that ``watch_deadline`` bounds. None while it does not wait for it."""
+    reason: str | None = None
+    """While the job pends: Slurm's reason, as the last poll saw it (a UI shows it in words)."""
+    expected_start: str | None = None
+    """While the job pends: when Slurm expects it to start, as the last poll saw it."""
 
 
 async def recall_watch(key: TaskKey, job_id: str, log_path: str | None) -> WatchNote:
@@ -91,7 +95,8 @@ async def remember_watch(key: TaskKey, job_id: str, log_path: str | None, note: 
     await XCom.aset(WATCH_XCOM_KEY, {"job_id": job_id, "log_path": log_path, "log_offset": note.log_offset,
                                      "state": note.state, "err_offset": note.err_offset,
                                      "unreachable_since": note.unreachable_since,
-                                     "allocation_since": note.allocation_since},
+                                     "allocation_since": note.allocation_since, "reason": note.reason,
+                                     "expected_start": note.expected_start},
                     dag_id=key.dag_id, task_id=key.task_id, run_id=key.run_id, map_index=key.map_index)
 
 

@@ -74,6 +74,7 @@ class AsyncConnectionRunner:
         self.conn_id = conn_id
         self._runner: AsyncRemoteCommandRunner | None = None
         self._lock: asyncio.Lock | None = None
+        self._extra: dict[str, Any] | None = None
 
     @property
     def transport(self) -> AsyncRemoteCommandRunner | None:
@@ -98,9 +99,16 @@ class AsyncConnectionRunner:
                 self._runner = await self._create()
         return self._runner
 
+    async def extra(self) -> dict[str, Any]:
+        """The connection's extras (read once, without blocking)."""
+        if self._extra is None:
+            self._extra = dict((await get_async_connection(self.conn_id)).extra_dejson)
+        return self._extra
+
     async def _create(self) -> AsyncRemoteCommandRunner:
         conn = await get_async_connection(self.conn_id)
         extra = conn.extra_dejson
+        self._extra = dict(extra)
         if checked_transport(self.conn_id, extra) == OPENSSH:
             return AsyncOpenSSHRunner(OpenSSHTarget.from_extra(extra, host=conn.host))
         where = describe_login(self.conn_id, conn.login, conn.host, conn.port or 22)
