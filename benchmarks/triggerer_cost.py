@@ -20,7 +20,7 @@ intervals in a row made no more than the steady number of polls):
   * TCP connections from the process tree to the three login ports;
   * CPU of the three login sshds and every session below them (what the login node pays).
 
-    .venv/bin/python benchmarks/triggerer_cost.py --jobs 1000      # about 15 minutes
+    .venv/bin/python benchmarks/triggerer_cost.py --jobs 1000      # about 8 minutes
 Needs root and the local cluster (make cluster-up).
 """
 
@@ -165,6 +165,10 @@ class Bench:
         self.job_ids = [line.split(";")[0] for line in out]
         assert len(self.job_ids) == self.jobs, f"submitted {len(self.job_ids)} of {self.jobs} jobs"
 
+    def login_pids(self) -> list[int]:
+        """The three sshds and every session process below them."""
+        return [p for login in self.logins if login.pid for p in tree(login.pid)]
+
     def cancel_jobs(self) -> None:
         for start in range(0, len(self.job_ids), 200):
             self.cluster.ssh("scancel " + " ".join(self.job_ids[start:start + 200]), check=False, timeout=120)
@@ -293,10 +297,9 @@ class Bench:
         poll_until(lambda: self.claimed() >= self.jobs or None, timeout=600, what=f"{name}: triggers claimed")
         self.wait_for_steady_polls(name, poll_counter, counter_per_poll)
         warm_up = time.monotonic() - started
-        login_pids = lambda: [p for login in self.logins if login.pid for p in tree(login.pid)]  # noqa: E731
         ports = {login.port for login in self.logins}
-        cpu0, login0, polls0, t0 = cpu_seconds(tree(pid)), cpu_seconds(login_pids()), calls(self.bin, poll_counter), \
-            time.monotonic()
+        cpu0, login0 = cpu_seconds(tree(pid)), cpu_seconds(self.login_pids())
+        polls0, t0 = calls(self.bin, poll_counter), time.monotonic()
         rss, biggest, conns = [], [], []
         while time.monotonic() < t0 + self.polls * self.interval:
             assert self.triggerer.poll() is None, f"triggerer exited; see {self.work}/triggerer-{name}.log"
@@ -306,7 +309,7 @@ class Bench:
             biggest.append(largest)
             conns.append(tcp_connections(pids, ports))
             time.sleep(min(5.0, self.interval / 3))
-        cpu, login_cpu = cpu_seconds(tree(pid)) - cpu0, cpu_seconds(login_pids()) - login0
+        cpu, login_cpu = cpu_seconds(tree(pid)) - cpu0, cpu_seconds(self.login_pids()) - login0
         seconds = time.monotonic() - t0
         polls = (calls(self.bin, poll_counter) - polls0) / counter_per_poll
         processes = len(tree(pid))
