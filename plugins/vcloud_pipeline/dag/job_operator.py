@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from slurm_provider.protocols import SlurmVerbs
-from slurm_provider.hooks import RemoteCommandError
+from slurm_provider.hooks import RemoteCommandError, SlurmCommandFailed
 from slurm_provider import timing
 from slurm_provider.operators import SlurmSubmitOperator
 from slurm_provider.resubmission import DEFAULT_BUDGETS
@@ -326,7 +326,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
         the HPC view (whose API server does not read the cluster); None when the file cannot be read."""
         try:
             text = hook.read_file(path)
-        except RemoteCommandError as exc:
+        except (RemoteCommandError, SlurmCommandFailed) as exc:  # it ran and failed; an outage is waited out
             self.log.warning("Could not read %s for the HPC view's training curve: %s", path, exc)
             return None
         return training_curve(text or "").thinned(CURVE_POINTS).to_json()
