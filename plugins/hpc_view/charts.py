@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from html import escape
 
-from vcloud.contract import TrainingCurve
+from vcloud.contract import TrainingCurve, thin_points
 
 from hpc_view.records import ProfileBudget
 
@@ -159,13 +159,8 @@ def curve_svg(title: str, points: list[tuple[int, float]] | tuple[tuple[int, flo
     return "".join(parts)
 
 
-def thin(points: tuple[tuple[int, float], ...], limit: int) -> tuple[tuple[int, float], ...]:
-    """At most ``limit`` points, evenly spaced in the sequence, the first and the last kept: a
-    weeks-long stage logs tens of thousands of steps, more than a 300-pixel chart can show."""
-    if len(points) <= limit or limit < 2:
-        return points
-    stride = (len(points) - 1) / (limit - 1)
-    return tuple(points[round(i * stride)] for i in range(limit))
+thin = thin_points
+"""At most ``limit`` points of a series, first and last kept (the trainer's contract defines it)."""
 
 
 def training_curve_charts(curve: TrainingCurve, *, x_label: str = "step") -> dict[str, str]:

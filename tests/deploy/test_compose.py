@@ -319,21 +319,6 @@ def test_docker_compose_accepts_the_filled_example_env_and_resolves_the_secrets_
     assert opened["services"]["airflow-apiserver"]["ports"] == ["0.0.0.0:8080:8080/tcp"]
 
 
-def test_the_live_hpc_view_is_an_explicit_opt_in_that_widens_only_the_api_server() -> None:
-    env = _example_env()
-    files = ["-f", "docker-compose.yaml", "-f", "include/docker/hpc-view-live.yaml"]
-    merged = _compose(*files, "config", env=env)
-    assert merged.returncode == 0, merged.stderr
-    services = yaml.safe_load(merged.stdout)["services"]
-    api = services["airflow-apiserver"]
-    assert api["environment"]["AIRFLOW__SECRETS__BACKEND"] == "airflow.secrets.local_filesystem.LocalFilesystemBackend"
-    targets = {v.split(":")[1]: v.split(":")[2] for v in api["volumes"]}
-    assert {t: targets[t] for t in CREDENTIAL_MOUNTS} == dict.fromkeys(CREDENTIAL_MOUNTS, "ro")
-    for name in ("airflow-scheduler", "airflow-dag-processor"):
-        held = {v.split(":")[1] for v in services[name]["volumes"]} & set(CREDENTIAL_MOUNTS)
-        assert not held and "AIRFLOW__SECRETS__BACKEND" not in services[name]["environment"], name
-
-
 @pytest.mark.parametrize("name", sorted(_required_variables()))
 def test_docker_compose_refuses_to_start_without_a_secret_and_names_it(name: str) -> None:
     env = {k: v for k, v in _example_env().items() if k != name}

@@ -202,13 +202,15 @@ def test_signed_in_user_sees_the_jobs_and_budget_the_ledger_holds(standalone: st
     assert per_stage == {(run_id, recorded[task]["job"]): f"{run_ledger[f'{run_id} ' + recorded[task]['job']]:.4f}"
                          for task in SLURM_TASKS}
 
-    # Each stage's training curve, drawn from its metrics.jsonl on the cluster: loss and validation PSNR.
+    # Each stage's training curve, loss and validation PSNR: its metrics.jsonl on the cluster as the
+    # stage's task read it on the worker when the job completed (the API server reads no file).
     paths = run_paths(load_profile("local", overrides={"paths.base": finished_run["project_dir"]}),
                       finished_run["run_name"])
     expected = []
     for stage in (0, 1, 2, 3):
         curve = training_curve(local_cluster.ssh(f"cat {shlex.quote(str(paths.metrics_path(stage)))}").stdout)
         assert curve.loss and curve.val_psnr, f"stage {stage} wrote no curve"
+        assert recorded[f"stage{stage}"]["curve"] == curve.to_json(), f"stage {stage}'s recorded curve"
         expected.append({"stage": stage, "run_name": finished_run["run_name"], "svgs": 2,
                          "points": [len(curve.loss), len(curve.val_psnr)]})
     assert local["curves"] == expected

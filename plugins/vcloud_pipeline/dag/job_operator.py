@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from slurm_provider.protocols import SlurmVerbs
-from slurm_provider.hooks import RemoteCommandError
+from slurm_provider.hooks import RemoteCommandError, SlurmCommandFailed
 from slurm_provider import timing
 from slurm_provider.operators import SlurmSubmitOperator
 from slurm_provider.resubmission import DEFAULT_BUDGETS
@@ -35,6 +35,7 @@ from vcloud.contract import (
     completed_epochs,
     final_metrics,
     recorded_code_hash,
+    training_curve,
 )
 
 from vcloud_pipeline.jobs import exits as job_exits
@@ -70,6 +71,10 @@ POLL_ENV = {
 ``airflow dags test`` on the local cluster can poll every few seconds)."""
 
 _PLACEHOLDER_SCRIPT = "#!/bin/bash\n# bound from the sync_code XCom at run time\n"
+
+CURVE_POINTS = 600
+"""Points per series of the training curve a stage's record carries (the HPC view draws it; the XCom
+stays a few tens of kB however long the stage trained)."""
 
 GPUS_NOT_VISIBLE = "gpus_not_visible"
 """The hint (``slurm_provider.hints``) whose advice is the profile's ``accelerator.missing_gpu_hint``."""
@@ -291,16 +296,18 @@ class PipelineJobOperator(SlurmSubmitOperator):
         paths = plan.paths
         hook = self._hook()
         states = {job_id: status.state.value for job_id, status in hook.statuses(summary["job_ids"]).items()}
-        record = None
+        record = curve = None
         if self.job.stage is not None:
             record = completion_record(hook.read_file(str(paths.complete_path(self.job.stage))))
+            curve = self._curve(hook, str(paths.metrics_path(self.job.stage)))
         best_epoch, best_metrics = best_checkpoint_metrics(record)
         summary.update({"job": str(self.job), "run": plan.run_name, "profile": plan.profile.name,
                         "code_hash": synced.code_hash, "trained_code_hash": recorded_code_hash(record),
                         "states": states,
                         "allocation": self._allocation_after(plan, hook),
                         "metrics": best_metrics, "best_epoch": best_epoch,
-                        "final_metrics": final_metrics(record), "epochs": completed_epochs(record)})
+                        "final_metrics": final_metrics(record), "epochs": completed_epochs(record),
+                        "curve": curve})
         asset = asset_for(self.job)
         if asset is not None and "outlet_events" in context:
             where = (str(paths.best_checkpoint(self.job.stage)) if self.job.stage is not None
@@ -313,3 +320,13 @@ class PipelineJobOperator(SlurmSubmitOperator):
         self.log.info("%s done: jobs %s, %s GPU-hours, best.pt from epoch %s: metrics %s", self.job, states,
                       summary["gpu_hours"], best_epoch, summary["metrics"])
         return summary
+
+    def _curve(self, hook: SlurmVerbs, path: str) -> dict[str, Any] | None:
+        """The stage's training curve from its ``metrics.jsonl``, thinned to ``CURVE_POINTS`` a series, for
+        the HPC view (whose API server does not read the cluster); None when the file cannot be read."""
+        try:
+            text = hook.read_file(path)
+        except (RemoteCommandError, SlurmCommandFailed) as exc:  # it ran and failed; an outage is waited out
+            self.log.warning("Could not read %s for the HPC view's training curve: %s", path, exc)
+            return None
+        return training_curve(text or "").thinned(CURVE_POINTS).to_json()

@@ -529,6 +529,38 @@ def test_the_outage_is_noted_for_the_try_and_a_restarted_trigger_counts_from_its
         "login node of c reachable again after 12 min; watching job 7 again"]
 
 
+def test_the_note_says_when_the_cluster_last_answered_and_is_renewed_while_nothing_changes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The HPC view shows a waiting job as of its watch's last poll: the note carries the poll's time,
+    written on every change and at least every NOTE_REFRESH_S while the job just runs on."""
+    from slurm_provider import triggers
+
+    _scripted_cluster(monkeypatch, [*[SlurmState.RUNNING] * 6, SlurmState.COMPLETED])
+    trigger = SlurmJobTrigger(conn_id="c", job_id="7", **SCRIPTED)
+    written = _with_task(trigger, monkeypatch, WatchNote())
+    before = time.time()
+    assert _run_to_event(trigger, timeout=30)["kind"] == FINISHED
+    assert [n.state for n in written] == ["RUNNING", "COMPLETED"]  # quiet polls within a minute: no write
+    assert all(n.polled_at is not None and before <= n.polled_at <= time.time() for n in written)
+
+    monkeypatch.setattr(triggers, "NOTE_REFRESH_S", 0.0)
+    _scripted_cluster(monkeypatch, [*[SlurmState.RUNNING] * 6, SlurmState.COMPLETED])
+    trigger = SlurmJobTrigger(conn_id="c", job_id="7", **SCRIPTED)
+    written = _with_task(trigger, monkeypatch, WatchNote())
+    assert _run_to_event(trigger, timeout=30)["kind"] == FINISHED
+    assert [n.state for n in written].count("RUNNING") >= 6  # every poll renews the note
+    polls = [n.polled_at for n in written]
+    assert polls == sorted(polls) and polls[0] < polls[-1]
+
+    # An outage keeps the last answered poll's time: the view says how old the last state seen is.
+    _scripted_cluster(monkeypatch, [SlurmState.RUNNING, DOWN, DOWN, SlurmState.COMPLETED])
+    trigger = SlurmJobTrigger(conn_id="c", job_id="7", **SCRIPTED)
+    written = _with_task(trigger, monkeypatch, WatchNote())
+    assert _run_to_event(trigger, timeout=30)["kind"] == FINISHED
+    [down] = [n for n in written if n.unreachable_since is not None]
+    assert down.polled_at is not None and down.polled_at <= down.unreachable_since
+
+
 @pytest.mark.slow
 def test_a_job_that_ends_while_its_login_node_is_down_is_read_from_sacct_when_it_answers(
         local_cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -45,6 +45,7 @@ from slurm_provider.poller import shared_poller
 from slurm_provider.state_vocabulary import ReasonKind, SlurmState, StateCategory, classify_pending_reason
 from slurm_provider.job_status import JobStatus
 from slurm_provider.watch_state import (
+    NOTE_REFRESH_S,
     TaskKey,
     WatchNote,
     ended_by_a_person,
@@ -80,8 +81,9 @@ class SlurmJobTrigger(BaseTrigger):
         firing within seconds of deferral can race the scheduler).
     :param log_path: the job's output file on the cluster; new lines are copied to the task log.
     :param log_offset: bytes of ``log_path`` already shown. In a triggerer the trigger also notes its
-        progress (offsets, last state announced) as an XCom of the task try, so a restarted triggerer
-        goes on where the last one stopped instead of showing lines again.
+        progress (offsets, last state announced, the time of the last answered poll) as an XCom of the
+        task try, so a restarted triggerer goes on where the last one stopped instead of showing lines
+        again, and the HPC view shows the job as of that poll.
     :param err_log_path: the job's error output file (``sbatch --error``), streamed like ``log_path``
         with its lines marked ``stderr``.
     :param err_log_offset: bytes of ``err_log_path`` already shown.
@@ -130,6 +132,8 @@ class SlurmJobTrigger(BaseTrigger):
         self._allocation_since: float | None = None
         self._allocation_said: tuple[Any, ...] | None = None
         self._waiting: tuple[str | None, str | None] = (None, None)  # (reason, expected start) while pending
+        self._polled_at: float | None = None  # the last poll the cluster answered (epoch seconds)
+        self._noted_at = 0.0  # when the watch note was last written (epoch seconds)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -174,6 +178,7 @@ class SlurmJobTrigger(BaseTrigger):
         self.log_offset = max(self.log_offset, note.log_offset)
         self.err_log_offset = max(self.err_log_offset, note.err_offset)
         self._allocation_since = note.allocation_since
+        self._polled_at = note.polled_at
         last_state = SlurmState(note.state) if note.state in SlurmState.__members__ else None
         warned_reason: str | None = None
         last_reason: str | None = None  # the pending reason last told in the task log
@@ -248,13 +253,14 @@ class SlurmJobTrigger(BaseTrigger):
                         return
                     continue
                 unknown_polls = 0
+                self._polled_at = time.time()
                 self._waiting = ((status.reason, status.expected_start) if status.state is SlurmState.PENDING
                                  else (None, None))
                 if status.state is not last_state or (status.state is SlurmState.PENDING
                                                       and status.reason != last_reason):
                     self.log.info("Job %s %s", self.job_id, _describe(status))
                     last_state, last_reason, shown = status.state, status.reason, True
-                if shown:
+                if shown or self._polled_at - self._noted_at >= NOTE_REFRESH_S:
                     await self._remember(task, last_state)
                 if status.state.is_terminal:
                     yield self._event(FINISHED, status, _describe(status))
@@ -333,9 +339,10 @@ class SlurmJobTrigger(BaseTrigger):
             return
         note = WatchNote(self.log_offset, state.value if state is not None else None, self.err_log_offset,
                          unreachable_since=unreachable_since, allocation_since=self._allocation_since,
-                         reason=self._waiting[0], expected_start=self._waiting[1])
+                         reason=self._waiting[0], expected_start=self._waiting[1], polled_at=self._polled_at)
         try:
             await asyncio.wait_for(remember_watch(task, self.job_id, self.log_path, note), timeout=30)
+            self._noted_at = time.time()
         except Exception as exc:
             self.log.warning("Could not note how far the watch of job %s got (%s); a restarted triggerer may "
                              "show some lines again", self.job_id, exc)
