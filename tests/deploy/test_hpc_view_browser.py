@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Iterator
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,14 @@ def browser() -> Iterator[Browser]:
         yield chrome
     finally:
         chrome.close()
+
+
+def page_figure(value: float) -> str:
+    """A GPU-hour figure as hpc_view.js's fmt() prints the JSON's value: Intl.NumberFormat rounds
+    the number's shortest decimal form half away from zero (12.85 -> "12.9"), where Python's
+    format rounds the binary value (12.85 -> "12.8")."""
+    digits = 4 if abs(value) < 10 else 1
+    return f"{Decimal(repr(value)).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP):,}"
 
 
 def _sacct_jobs(cluster: LocalCluster, job_ids: list[str]) -> dict[str, tuple[str, float]]:
@@ -192,8 +201,7 @@ def test_signed_in_user_sees_the_jobs_and_budget_the_ledger_holds(standalone: st
     assert "Slurm GrpTRESRaw billing=" in local["source_text"]
     assert local["allocation"] == f"{ALLOCATION:,.1f}"
     assert local["used"] == f"{used:.4f}"
-    shown_used = f"{slurm['used']:,.4f}" if slurm["used"] < 10 else f"{slurm['used']:,.1f}"
-    assert local["account_used"] == shown_used
+    assert local["account_used"] == page_figure(round(slurm["used"], 4))
     assert local["left"] == f"{ALLOCATION - slurm['used']:,.4f}"
     left = ALLOCATION - slurm["used"]
     shown_left = f"{left:,.4f}" if used < 10 else f"{left:,.1f}"
