@@ -38,9 +38,11 @@ from airflow.sdk import BaseHook
 from slurm_provider.cli.job_files import (
     LogChunk,
     build_file_sizes,
+    build_poll_files,
     build_read_log,
     build_read_progress,
     parse_log_chunk,
+    parse_poll_files,
     parse_progress,
 )
 from slurm_provider.cli.sacct import (
@@ -397,6 +399,21 @@ def file_sizes_plan(paths: Iterable[str]) -> Plan[dict[str, int]]:
             raise SlurmCommandFailed(f"file size check printed {line!r}", result)
         sizes[wanted[int(index)]] = int(size)
     return sizes
+
+
+def poll_files_plan(size_paths: Iterable[str],
+                    record_paths: Iterable[str]) -> Plan[tuple[dict[str, int], dict[str, str]]]:
+    """Log sizes and exit records (:mod:`slurm_provider.end_records`) in one command, no Slurm call."""
+    sizes, records = list(dict.fromkeys(size_paths)), list(dict.fromkeys(record_paths))
+    if not sizes and not records:
+        return {}, {}
+    result = yield RemoteCommand(build_poll_files(sizes, records), "poll_files")
+    if result.exit_status != 0:
+        raise _failed("reading the jobs' files", result)
+    try:
+        return parse_poll_files(result.stdout, sizes, records)
+    except SlurmOutputError as exc:
+        raise SlurmCommandFailed(str(exc), result) from exc
 
 
 def scontrol_show_plan(job_id: str | int) -> Plan[list[dict[str, str]]]:
@@ -770,6 +787,10 @@ class SlurmAsyncHook(BaseHook, _CommandCounter):
 
     async def file_sizes(self, paths: Iterable[str]) -> dict[str, int]:
         return await self._drive(file_sizes_plan(paths))
+
+    async def poll_files(self, size_paths: Iterable[str],
+                         record_paths: Iterable[str]) -> tuple[dict[str, int], dict[str, str]]:
+        return await self._drive(poll_files_plan(size_paths, record_paths))
 
     async def scontrol_show(self, job_id: str | int) -> list[dict[str, str]]:
         return await self._drive(scontrol_show_plan(job_id))
