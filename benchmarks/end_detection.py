@@ -6,11 +6,12 @@ records and without (the poll alone), side by side in one run.
 each side through its own connection's shared poller (a triggerer each), on the shipped schedule
 (first poll after 10 s, 15 s growing by 1.5x per quiet poll to 300 s; records read every 5 s). The
 side without records is today's behaviour: the same trigger with ``read_end_record=False``. Each
-side's jobs are submitted interleaved with the other's, so both meet the same queue.
+side's jobs are submitted interleaved with the other's, so both meet the same queue, and each job is
+watched from its submission on.
 
 The delay of a job is the wall-clock time of its event minus the ``End`` that ``sacct`` holds for it
 (whole seconds: a delay may read up to a second long). Also printed: what noticed each end, and the
-scheduler calls each side's connection made.
+scheduler calls each side's connection made to watch (its submissions left out).
 
     .venv/bin/python benchmarks/end_detection.py        # about 10 minutes
 Needs the local cluster (make cluster-up) and its connection env.
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -51,16 +54,19 @@ def ssh(command: str) -> str:
     return subprocess.run([*SSH, command], capture_output=True, text=True, check=True, timeout=120).stdout
 
 
-def submit(conn_id: str, directory: str, seconds: int, side: str) -> tuple[str, str]:
+async def submit(conn_id: str, directory: str, seconds: int, side: str) -> tuple[str, str]:
     from slurm_provider.end_records import end_record_shell
-    from slurm_provider.hooks import SlurmHook
+    from slurm_provider.hooks import SlurmAsyncHook
 
     name = f"enddet-{side}-{seconds}s"
     output = f"{directory}/{name}.%j.out"
     script = f"#!/bin/bash\n{end_record_shell(output)}\necho 'working for {seconds}s'\nsleep {seconds}\n"
-    with SlurmHook(conn_id) as hook:
-        job_id = str(hook.submit(script, job_name=name, output=output, time_limit="10",
-                                 extra_options=["--mem=100M", "--cpus-per-task=1"]).job_id)
+    hook = SlurmAsyncHook(conn_id)
+    try:
+        job_id = str((await hook.submit(script, job_name=name, output=output, time_limit="10",
+                                        extra_options=["--mem=100M", "--cpus-per-task=1"])).job_id)
+    finally:
+        await hook.close()
     return job_id, output.replace("%j", job_id)
 
 
@@ -88,7 +94,7 @@ def sacct_ends(job_ids: list[str]) -> dict[str, int]:
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile."""
     ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))]
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
 def figures(side: list[dict[str, Any]], ends: dict[str, int], conn_id: str) -> dict[str, Any]:
@@ -100,7 +106,8 @@ def figures(side: list[dict[str, Any]], ends: dict[str, int], conn_id: str) -> d
             "max_s": max(delays), "mean_s": round(sum(delays) / len(delays), 1),
             "noticed_by": dict(Counter(w["noticed_by"] for w in side)),
             "states": dict(Counter(w["state"] for w in side)),
-            "scheduler_calls": calls.total, "scheduler_calls_by_verb": dict(calls.by_verb)}
+            "watch_scheduler_calls": calls.total - calls.by_verb.get("sbatch", 0),
+            "watch_scheduler_calls_by_verb": {verb: n for verb, n in calls.by_verb.items() if verb != "sbatch"}}
 
 
 def main() -> None:
@@ -114,21 +121,20 @@ def main() -> None:
     directory = f"/srv/vcloud/scratch/vcloud/bench/end-detection-{uuid.uuid4().hex[:8]}"
     ssh(f"mkdir -p {shlex.quote(directory)}")
     lengths = [int(length) for length in args.lengths.split(",") for _ in range(args.per_length)]
-    jobs: dict[str, list[tuple[str, str]]] = {"with_records": [], "poll_only": []}
-    for length in lengths:  # interleaved: both sides meet the same queue
-        jobs["with_records"].append(submit(args.conn_id, directory, length, "rec"))
-        jobs["poll_only"].append(submit(baseline_id, directory, length, "poll"))
+    sides = {"with_records": (args.conn_id, True), "poll_only": (baseline_id, False)}
+    submitted: dict[str, list[str]] = {side: [] for side in sides}
 
     from slurm_provider.scheduler_calls import forget_calls
 
-    forget_calls(args.conn_id)  # count the watching only, not the submissions
-    forget_calls(baseline_id)
-
     async def run() -> dict[str, list[dict[str, Any]]]:
-        sides = {"with_records": (args.conn_id, True), "poll_only": (baseline_id, False)}
-        watched = {side: [watch(conn, j, p, records) for j, p in jobs[side]] for side, (conn, records) in sides.items()}
-        results = await asyncio.gather(*(asyncio.gather(*w) for w in watched.values()))
-        return dict(zip(watched, results))
+        """Submit the jobs interleaved (both sides meet the same queue), each watched from its submission."""
+        watches: dict[str, list[asyncio.Task[dict[str, Any]]]] = {side: [] for side in sides}
+        for length in lengths:
+            for side, (conn, records) in sides.items():
+                job_id, log_path = await submit(conn, directory, length, side)
+                submitted[side].append(job_id)
+                watches[side].append(asyncio.ensure_future(watch(conn, job_id, log_path, records)))
+        return {side: list(await asyncio.gather(*tasks)) for side, tasks in watches.items()}
 
     import logging
 
@@ -137,9 +143,11 @@ def main() -> None:
     logging.getLogger("asyncssh").setLevel(logging.WARNING)
     logging.getLogger("paramiko").setLevel(logging.WARNING)
     logging.getLogger("slurm_provider").setLevel(logging.WARNING)
-    with structlog.testing.capture_logs():
+    forget_calls(args.conn_id)
+    forget_calls(baseline_id)
+    with structlog.testing.capture_logs(), contextlib.redirect_stdout(sys.stderr):  # the task logs
         events = asyncio.run(run())
-    ends = sacct_ends([j for side in jobs.values() for j, _ in side])
+    ends = sacct_ends([j for ids in submitted.values() for j in ids])
     ssh(f"rm -rf {shlex.quote(directory)}")
     print(json.dumps({
         "what": "delay from the job's End in sacct to its trigger's event, seconds",
