@@ -206,3 +206,30 @@ def test_reading_the_records_is_no_scheduler_call() -> None:
 
     line = build_poll_files(["/logs/squeue.1.out"], ["/logs/sacct.1.out.end", "/logs/x.2.out.end"])
     assert slurm_verbs(line) == ()
+
+
+def test_thousands_of_records_are_read_in_as_few_commands_as_a_shell_line_allows() -> None:
+    import asyncio as aio
+
+    from slurm_provider.hooks import SlurmAsyncHook
+    from slurm_provider.transport import CommandResult
+
+    class Shell:
+        """Runs each command with the local sh, as the login node would."""
+
+        lines: list[str] = []
+
+        async def run(self, command: str, *, stdin: object = None, timeout: float) -> CommandResult:
+            Shell.lines.append(command)
+            done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=False)
+            return CommandResult(command, done.returncode, done.stdout, done.stderr)
+
+        async def close(self) -> None:
+            pass
+
+    paths = [f"/nonexistent/run-{n:05d}/a-rather-long-job-name-of-a-stage.{n}.out.end" for n in range(3000)]
+    paths[1234] = "/etc/hostname"
+    hook = SlurmAsyncHook("chunks", runner=Shell(), min_call_interval=0)
+    sizes, records = aio.run(hook.poll_files([], paths))
+    assert sizes == {} and list(records) == ["/etc/hostname"]
+    assert 1 < len(Shell.lines) < 10 and max(map(len, Shell.lines)) < 128 * 1024
