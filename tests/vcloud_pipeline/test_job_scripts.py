@@ -93,7 +93,8 @@ def render(tmp_path: Path, spec: JobSpec, runtime: str = "none", trainer: str = 
 
 def job_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update({"SLURM_JOB_ID": "4242", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "node1", **extra})
+    env.update({"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "submitted-as", "SLURM_NODEID": "0",
+                "SLURM_JOB_NODELIST": "node1", **extra})
     return env
 
 
@@ -321,9 +322,10 @@ def test_inner_reports_a_trainer_killed_by_the_signal_as_such(tmp_path: Path) ->
 
 
 def left_record(tmp_path: Path, spec: JobSpec) -> EndRecord | None:
-    """The exit record the outer script of ``spec`` (job 4242) left next to its output, if any."""
-    job, paths = render(tmp_path, spec)
-    record = Path(end_record_path(str(Path(paths.logs_dir) / job_log_name(job.job_name, "4242", "out"))))
+    """The exit record the outer script of ``spec`` (job 4242, named on sbatch's command line as the
+    operator names it) left next to its output, if any."""
+    _, paths = render(tmp_path, spec)
+    record = Path(end_record_path(str(Path(paths.logs_dir) / job_log_name("submitted-as", "4242", "out"))))
     return parse_end_record(record.read_text()) if record.exists() else None
 
 

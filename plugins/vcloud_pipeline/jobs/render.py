@@ -370,8 +370,9 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
         IMAGE_HASH_FILE=IMAGE_HASH_FILE,
         MAX_EARLY_STOPS=MAX_EARLY_STOPS,
     )
-    # The exit record goes next to this job's output, where its watch reads it.
-    end_record = end_record_shell(str(paths.logs_dir / job_log_name(name, "%j", "out")))
+    # The exit record goes next to the job's output (named as submitted: the operator names the job and
+    # its output on sbatch's command line), where its watch reads it.
+    end_record = end_record_shell(str(paths.logs_dir / LOG_OUTPUT_PATTERN))
     outer = render_template(templates, "outer.sbatch", **values, directives=options, inner_path=inner_path,
                             step_resumes=spec.kind is JobKind.TRAIN, launch=launch, end_record=end_record)
     inner = render_template(

@@ -45,16 +45,16 @@ def test_only_the_watched_jobs_newest_run_that_did_not_requeue_ends_it() -> None
     assert not EndRecord("12", 1, 0, 0, True).ends("12", 1), "a run that requeued its job"
 
 
-def test_only_the_job_id_is_expanded_in_the_records_path() -> None:
-    with pytest.raises(ValueError, match="only %j is expanded"):
-        end_record_shell("/logs/%x.%j.out")
+def test_only_the_job_id_and_name_are_expanded_in_the_records_path() -> None:
+    with pytest.raises(ValueError, match="only %j and %x are expanded"):
+        end_record_shell("/logs/%A_%a.out")
 
 
 def _run_script(tmp_path: Path, body: str, *, restart: str = "0", kill: int | None = None) -> Path:
     """Run a bash script with the record lines as a job (id 4711) would; returns the record's path."""
     script = tmp_path / "job.sh"
-    script.write_text(f"#!/bin/bash\nset -uo pipefail\n{end_record_shell(str(tmp_path / 'job.%j.out'))}\n{body}\n")
-    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "4711", "SLURM_RESTART_COUNT": restart}
+    script.write_text(f"#!/bin/bash\nset -uo pipefail\n{end_record_shell(str(tmp_path / '%x.%j.out'))}\n{body}\n")
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "4711", "SLURM_JOB_NAME": "job", "SLURM_RESTART_COUNT": restart}
     if kill is None:
         subprocess.run(["bash", str(script)], env=env, check=False, timeout=30)
     else:

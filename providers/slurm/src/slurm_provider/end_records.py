@@ -15,11 +15,13 @@ confirmation stays the judge: a record is a reason to ask, never the answer.
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 
 END_RECORD_SUFFIX = ".end"
-JOB_ID_PATTERN = "%j"
+_SHELL_PATTERNS = {"%j": '"${SLURM_JOB_ID:-0}"', "%x": '"${SLURM_JOB_NAME:-job}"'}
+"""Slurm's filename patterns an exit record's path may hold, as the batch script expands them."""
 
 
 def end_record_path(output_path: str) -> str:
@@ -58,18 +60,20 @@ def parse_end_record(text: str) -> EndRecord | None:
 def end_record_shell(output_pattern: str) -> str:
     """Lines for a bash batch script (after its own traps) that leave the exit record when it exits.
 
-    ``output_pattern`` is the script's ``--output`` with ``%j`` for the job id (other patterns are not
-    expanded by the script and are refused). The record is written by an ``EXIT`` trap, so it is left
-    on every way out of the script, a signal the script traps included; a ``SIGKILL`` (``scancel -s
-    KILL``, a node that fails) leaves none, and the poller's ``squeue`` notices that end. A script
-    that requeues its own job sets ``requeued=1`` before it exits. Written to a temp file and renamed:
-    a reader never sees half a record. A script killed by a signal it does not trap records the
-    status of its last command (bash's EXIT trap is not told the signal): Slurm's confirmation says
-    how the job ended, the record only that it did."""
-    if "%" in output_pattern.replace(JOB_ID_PATTERN, ""):
-        raise ValueError(f"output pattern {output_pattern!r}: only %j is expanded in an exit record's path")
-    parts = [shlex.quote(part) for part in end_record_path(output_pattern).split(JOB_ID_PATTERN)]
-    path = '"${SLURM_JOB_ID:-0}"'.join(parts)
+    ``output_pattern`` is the script's ``--output`` with ``%j`` for the job id and ``%x`` for the job
+    name, which the script expands from ``SLURM_JOB_ID`` and ``SLURM_JOB_NAME``: a submit that names
+    the job and its output on the command line (as ``SlurmSubmitOperator`` does, ``%x.%j.out`` in its
+    log directory) gets its record where its watch looks. Other patterns are refused. The record is
+    written by an ``EXIT`` trap, so it is left on every way out of the script, a signal the script
+    traps included; a ``SIGKILL`` (a node that fails) leaves none, and the poller's ``squeue`` notices
+    that end. A script that requeues its own job sets ``requeued=1`` before it does. Written to a
+    temp file and renamed: a reader never sees half a record. A script killed by a signal it does not
+    trap records the status of its last command (bash's EXIT trap is not told the signal): Slurm's
+    confirmation says how the job ended, the record only that it did."""
+    if "%" in re.sub(r"%[jx]", "", output_pattern):
+        raise ValueError(f"output pattern {output_pattern!r}: only %j and %x are expanded in an exit record's path")
+    path = "".join(_SHELL_PATTERNS.get(part) or shlex.quote(part)
+                   for part in re.split(r"(%[jx])", end_record_path(output_pattern)) if part)
     return "\n".join([
         "# Exit record next to the job's output (slurm_provider.end_records): the watch notices the end",
         "# from it without asking Slurm. requeued=1 when this run requeues the job: not the end.",
