@@ -29,6 +29,7 @@ from pathlib import Path, PurePosixPath
 import jinja2
 
 from slurm_provider.cli.job_files import expand_filename_pattern, job_log_name
+from slurm_provider.end_records import end_record_shell
 from slurm_provider.validation import format_time_limit
 from vcloud.contract import (
     CODE_HASH_ENV,
@@ -369,8 +370,11 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
         IMAGE_HASH_FILE=IMAGE_HASH_FILE,
         MAX_EARLY_STOPS=MAX_EARLY_STOPS,
     )
+    # The exit record goes next to the job's output (named as submitted: the operator names the job and
+    # its output on sbatch's command line), where its watch reads it.
+    end_record = end_record_shell(str(paths.logs_dir / LOG_OUTPUT_PATTERN))
     outer = render_template(templates, "outer.sbatch", **values, directives=options, inner_path=inner_path,
-                            step_resumes=spec.kind is JobKind.TRAIN, launch=launch)
+                            step_resumes=spec.kind is JobKind.TRAIN, launch=launch, end_record=end_record)
     inner = render_template(
         templates, "inner.sh", **values,
         where=f"inside the container ({c.runtime})" if c is not None else "in the job environment",

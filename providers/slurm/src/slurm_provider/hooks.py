@@ -38,9 +38,11 @@ from airflow.sdk import BaseHook
 from slurm_provider.cli.job_files import (
     LogChunk,
     build_file_sizes,
+    build_poll_files,
     build_read_log,
     build_read_progress,
     parse_log_chunk,
+    parse_poll_files,
     parse_progress,
 )
 from slurm_provider.cli.sacct import (
@@ -397,6 +399,46 @@ def file_sizes_plan(paths: Iterable[str]) -> Plan[dict[str, int]]:
             raise SlurmCommandFailed(f"file size check printed {line!r}", result)
         sizes[wanted[int(index)]] = int(size)
     return sizes
+
+
+def poll_files_plan(size_paths: Iterable[str],
+                    record_paths: Iterable[str]) -> Plan[tuple[dict[str, int], dict[str, str]]]:
+    """Log sizes and exit records (:mod:`slurm_provider.end_records`) in one command, no Slurm call
+    (one more per ``POLL_FILES_CHUNK`` characters of paths: a shell takes a command line of 128 KiB)."""
+    sizes, records = list(dict.fromkeys(size_paths)), list(dict.fromkeys(record_paths))
+    found_sizes: dict[str, int] = {}
+    found_records: dict[str, str] = {}
+    for size_part, record_part in _chunks(sizes, records, POLL_FILES_CHUNK):
+        result = yield RemoteCommand(build_poll_files(size_part, record_part), "poll_files")
+        if result.exit_status != 0:
+            raise _failed("reading the jobs' files", result)
+        try:
+            part_sizes, part_records = parse_poll_files(result.stdout, size_part, record_part)
+        except SlurmOutputError as exc:
+            raise SlurmCommandFailed(str(exc), result) from exc
+        found_sizes.update(part_sizes)
+        found_records.update(part_records)
+    return found_sizes, found_records
+
+
+POLL_FILES_CHUNK = 60_000
+"""Characters of paths in one file-reading command."""
+
+
+def _chunks(sizes: list[str], records: list[str], budget: int) -> list[tuple[list[str], list[str]]]:
+    """``(size paths, record paths)`` parts whose paths add up to at most ``budget`` characters each."""
+    parts: list[tuple[list[str], list[str]]] = []
+    current: tuple[list[str], list[str]] = ([], [])
+    used = 0
+    for kind, path in [*((0, p) for p in sizes), *((1, p) for p in records)]:
+        if used + len(path) > budget and (current[0] or current[1]):
+            parts.append(current)
+            current, used = ([], []), 0
+        current[kind].append(path)
+        used += len(path) + 3
+    if current[0] or current[1]:
+        parts.append(current)
+    return parts
 
 
 def scontrol_show_plan(job_id: str | int) -> Plan[list[dict[str, str]]]:
@@ -770,6 +812,10 @@ class SlurmAsyncHook(BaseHook, _CommandCounter):
 
     async def file_sizes(self, paths: Iterable[str]) -> dict[str, int]:
         return await self._drive(file_sizes_plan(paths))
+
+    async def poll_files(self, size_paths: Iterable[str],
+                         record_paths: Iterable[str]) -> tuple[dict[str, int], dict[str, str]]:
+        return await self._drive(poll_files_plan(size_paths, record_paths))
 
     async def scontrol_show(self, job_id: str | int) -> list[dict[str, str]]:
         return await self._drive(scontrol_show_plan(job_id))

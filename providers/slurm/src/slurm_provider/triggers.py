@@ -13,6 +13,10 @@ not answer at all (maintenance), the trigger says so once ("login node of myclus
 ``watch_deadline``; when the node answers again it says after how long and goes on (a job that
 ended meanwhile is read from ``sacct``); past the deadline it fires an ``error`` event, a lost watch.
 
+A job whose script leaves an exit record next to its output (:mod:`slurm_provider.end_records`) is
+seen to end within seconds: the poller reads the record between its polls and asks Slurm once to
+confirm. The event says what noticed the end (``noticed_by``: ``end_record`` or ``poll``).
+
 A job pending on its account's allocation (``AssocGrpBillingMinutes``) is judged on the account's
 figures, which the poller reads for it (:mod:`slurm_provider.allocation`): when the usage alone
 leaves too little the job never starts and the watch ends at once; when teammates' running jobs hold
@@ -40,6 +44,7 @@ from slurm_provider.outage import (
 )
 from slurm_provider.allocation import AccountReading, deadline_message, judge
 from slurm_provider.cli.values import format_duration
+from slurm_provider.end_records import end_record_path
 from slurm_provider.pending_words import waiting_line
 from slurm_provider.poller import shared_poller
 from slurm_provider.state_vocabulary import ReasonKind, SlurmState, StateCategory, classify_pending_reason
@@ -102,6 +107,8 @@ class SlurmJobTrigger(BaseTrigger):
         up: a login node that does not answer (counted from the first failed try, kept across
         triggerer restarts in the watch note; then an ``error`` event: the job runs on and a task
         retry adopts it), or running jobs of the account that hold the allocation the job pends on.
+    :param read_end_record: read the job's exit record (``<log_path>.end``) between polls, so its end
+        is noticed within seconds; False: only the polls notice it.
     """
 
     def __init__(self, *, conn_id: str, job_id: str, poll_interval: float = POLL_INTERVAL,
@@ -110,7 +117,8 @@ class SlurmJobTrigger(BaseTrigger):
                  expected_job_name: str | None = None, unknown_grace_polls: int = 6,
                  carry: dict[str, Any] | None = None, err_log_path: str | None = None,
                  err_log_offset: int = 0, adopted_from: str | None = None,
-                 watch_deadline: float = DEFAULT_WATCH_DEADLINE.total_seconds()) -> None:
+                 watch_deadline: float = DEFAULT_WATCH_DEADLINE.total_seconds(),
+                 read_end_record: bool = True) -> None:
         super().__init__()
         if pending_policy not in PENDING_POLICIES:
             raise ValueError(f"pending_policy {pending_policy!r} not allowed (known: {', '.join(PENDING_POLICIES)})")
@@ -129,6 +137,7 @@ class SlurmJobTrigger(BaseTrigger):
         self.carry = dict(carry or {})
         self.adopted_from = adopted_from
         self.watch_deadline = timeout_seconds(watch_deadline)
+        self.read_end_record = bool(read_end_record)
         self._allocation_since: float | None = None
         self._allocation_said: tuple[Any, ...] | None = None
         self._waiting: tuple[str | None, str | None] = (None, None)  # (reason, expected start) while pending
@@ -154,10 +163,12 @@ class SlurmJobTrigger(BaseTrigger):
                 "carry": self.carry,
                 "adopted_from": self.adopted_from,
                 "watch_deadline": self.watch_deadline,
+                "read_end_record": self.read_end_record,
             },
         )
 
-    def _event(self, kind: str, status: JobStatus | None, message: str) -> TriggerEvent:
+    def _event(self, kind: str, status: JobStatus | None, message: str,
+               noticed_by: str | None = None) -> TriggerEvent:
         return TriggerEvent({
             "kind": kind,
             "conn_id": self.conn_id,
@@ -169,6 +180,7 @@ class SlurmJobTrigger(BaseTrigger):
             "err_log_offset": self.err_log_offset,
             "message": message,
             "carry": self.carry,
+            "noticed_by": noticed_by,
         })
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -191,7 +203,8 @@ class SlurmJobTrigger(BaseTrigger):
                                     max_poll_interval=self.max_poll_interval, log_path=self.log_path,
                                     log_offset=self.log_offset, err_path=self.err_log_path,
                                     err_offset=self.err_log_offset,
-                                    first_poll_delay=self.first_poll_delay) as updates:
+                                    first_poll_delay=self.first_poll_delay,
+                                    end_record_path=self._end_record_path()) as updates:
             while True:
                 update = await updates.get()
                 if update.error is not None:
@@ -263,7 +276,8 @@ class SlurmJobTrigger(BaseTrigger):
                 if shown or self._polled_at - self._noted_at >= NOTE_REFRESH_S:
                     await self._remember(task, last_state)
                 if status.state.is_terminal:
-                    yield self._event(FINISHED, status, _describe(status))
+                    noticed_by = "end_record" if update.end_record is not None else "poll"
+                    yield self._event(FINISHED, status, _describe(status), noticed_by)
                     return
                 if status.state.has_started and self._allocation_since is not None:
                     self._allocation_since, self._allocation_said = None, None
@@ -283,6 +297,9 @@ class SlurmJobTrigger(BaseTrigger):
                         if warned_reason != status.reason:
                             self.log.warning("%s (still waiting: pending_policy=warn)", text)
                             warned_reason = status.reason
+
+    def _end_record_path(self) -> str | None:
+        return end_record_path(self.log_path) if self.read_end_record and self.log_path else None
 
     async def _waited_for_allocation(self, task: TaskKey | None, last_state: SlurmState | None,
                                      status: JobStatus, reading: AccountReading | None) -> TriggerEvent | None:

@@ -73,6 +73,40 @@ def build_file_sizes(paths: Sequence[str]) -> str:
             "i=$((i + 1)); done")
 
 
+def build_poll_files(size_paths: Sequence[str], record_paths: Sequence[str]) -> str:
+    """One command for what a poll reads of its jobs' files: the size of each log (``size <index>
+    <bytes>``) and the first line of each exit record (``end <index> <line>``); missing files print
+    nothing. Parse with :func:`parse_poll_files`."""
+    def quoted(paths: Sequence[str], field: str) -> str:
+        return " ".join(shlex.quote(validate_remote_path(p, field)) for p in paths)
+
+    parts = []
+    if size_paths:
+        parts.append(f'i=0; for f in {quoted(size_paths, "size_paths")}; do if [ -f "$f" ]; then '
+                     'printf "size %s %s\\n" "$i" "$(wc -c < "$f")"; fi; i=$((i + 1)); done')
+    if record_paths:
+        parts.append(f'i=0; for f in {quoted(record_paths, "record_paths")}; do if [ -f "$f" ]; then '
+                     'printf "end %s %s\\n" "$i" "$(head -n 1 -- "$f" | head -c 200)"; fi; i=$((i + 1)); done')
+    return "; ".join(parts) or "true"
+
+
+def parse_poll_files(stdout: str, size_paths: Sequence[str],
+                     record_paths: Sequence[str]) -> tuple[dict[str, int], dict[str, str]]:
+    """``({log path: bytes}, {record path: its first line})`` from :func:`build_poll_files`'s output."""
+    sizes: dict[str, int] = {}
+    records: dict[str, str] = {}
+    for line in stdout.splitlines():
+        kind, _, rest = line.strip().partition(" ")
+        index, _, value = rest.partition(" ")
+        if kind == "size" and index.isdigit() and int(index) < len(size_paths) and value.strip().isdigit():
+            sizes[size_paths[int(index)]] = int(value)
+        elif kind == "end" and index.isdigit() and int(index) < len(record_paths):
+            records[record_paths[int(index)]] = value
+        else:
+            raise SlurmOutputError(f"file read printed {line!r}")
+    return sizes, records
+
+
 def build_read_progress(path: str) -> str:
     """``cat`` a small progress file; prints ``__SLURM_PROVIDER_NOT_FOUND__`` if it does not exist
     (``slurm_provider.cli.job_files.parse_progress`` returns None then)."""
