@@ -93,6 +93,14 @@ def test_turns_are_taken_one_after_the_other_whatever_the_number_of_callers() ->
     assert SchedulerCalls("d").reserve(0.0, now=5.0) == 0.0
 
 
+def test_a_call_starts_a_full_gap_after_the_last_real_start_even_when_its_turn_came() -> None:
+    calls = SchedulerCalls("e")
+    assert calls.claim(15.0, now=100.0) == 0.0
+    assert calls.claim(15.0, now=110.0) == 5.0, "the previous call started late: wait out its gap"
+    assert calls.claim(15.0, now=115.0) == 0.0
+    assert calls.claim(15.0, now=129.0) == 1.0
+
+
 def test_calls_per_minute_count_the_window() -> None:
     calls = SchedulerCalls("c")
     for t in (0.0, 10.0, 70.0, 100.0, 130.0):

@@ -755,9 +755,17 @@ class SlurmAsyncHook(BaseHook, _CommandCounter):
 
     async def _wait_turn(self) -> None:
         """Keep the connection's scheduler calls ``min_call_interval`` apart, whoever makes them."""
-        delay = calls_of(self.ssh_conn_id).reserve(await self.min_call_interval())
-        if delay > 0:
-            await asyncio.sleep(delay)
+        gap = await self.min_call_interval()
+        if gap <= 0:
+            return
+        calls = calls_of(self.ssh_conn_id)
+        delay = calls.reserve(gap)
+        while True:
+            if delay > 0:
+                await asyncio.sleep(delay)
+            delay = calls.claim(gap)
+            if delay <= 0:
+                return
 
     @property
     def connections_opened(self) -> int:

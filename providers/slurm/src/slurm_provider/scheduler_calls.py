@@ -116,6 +116,7 @@ class SchedulerCalls:
     rate_limited: int = 0
     """Answers that asked us to slow down (:func:`is_rate_limited`)."""
     _next_free: float = 0.0
+    _last_start: float | None = None
 
     @property
     def total(self) -> int:
@@ -130,6 +131,20 @@ class SchedulerCalls:
         start = max(now, self._next_free) if gap > 0 else now
         self._next_free = start + gap
         return start - now
+
+    def claim(self, gap: float, now: float | None = None) -> float:
+        """Seconds still to wait so that this call starts ``gap`` after the last one that really started
+        (0: go now, and this call is now the last one started).
+
+        :meth:`reserve` queues callers, but a caller woken late would leave the next one less than
+        ``gap`` after it: the ceiling holds for the calls' real starts only if each start is checked
+        against the previous start. Check and claim happen with no await between them.
+        """
+        now = time.monotonic() if now is None else now
+        if self._last_start is not None and now < self._last_start + gap:
+            return self._last_start + gap - now
+        self._last_start = now
+        return 0.0
 
     def record(self, verbs: tuple[str, ...], now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
