@@ -111,7 +111,8 @@ def run_figures(triggered: float, jobs_by_task: Mapping[str, Sequence[Job]],
     if not submitted:
         return {"first_job": None, "gaps": []}
     first_submit, first_task = min(submitted)
-    before = {task: {"queued_after_previous": _span(start.get(task), prev_end), "ran": _span(end.get(task), start.get(task))}
+    before = {task: {"queued_after_previous": _span(start.get(task), prev_end),
+                     "ran": _span(end.get(task), start.get(task))}
               for task, prev_end in _previous_ends(BEFORE_FIRST_JOB, end, triggered)}
     first = {"task": first_task, "seconds": round(first_submit - triggered, 1),
              "to_plan_start": _span(start.get("plan"), triggered), "tasks": before,
@@ -168,7 +169,8 @@ def watch_timeline(task_log: Sequence[tuple[float, str]],
     """When a job task deferred, its trigger started, polled first and fired, and the task resumed
     and ended, from the try's task log and its trigger's log (``log_events``)."""
     deferred = next((t for t, e in task_log if e.startswith("Pausing task as DEFERRED")), None)
-    resumed = next((t for t, e in task_log if e == "::group::Pre Execute" and deferred and t > deferred), None)
+    resumed = next((t for t, e in task_log if e == "::group::Pre Execute" and deferred and t > deferred),
+                   None)
     started = next((t for t, e in trigger_log if e.startswith("trigger ") and e.endswith(" starting")), None)
     first_poll = next((t for t, e in trigger_log if started and t > started), None)
     fired = next((t for t, e in trigger_log if e == "Trigger fired event"), None)
@@ -196,7 +198,8 @@ def aggregate(runs: Sequence[Mapping[str, Any]], first_target: float, gap_target
     parts = {part: summary([g[part] for g in gaps if g[part] is not None])
              for part in ("noticed", "scheduled", "submitting")}
     first_p95, gap_p95 = percentile(firsts, 95), percentile([g["seconds"] for g in gaps], 95)
-    watch = {part: summary([g["watch"][part] for g in gaps if g.get("watch") and g["watch"][part] is not None])
+    watch = {part: summary([g["watch"][part] for g in gaps
+                            if g.get("watch") and g["watch"][part] is not None])
              for part in ("deferral_to_first_poll", "end_to_event", "event_to_resume", "resume_to_task_end")}
     return {
         "first_job": {**summary(firsts), "target_p95": first_target,
@@ -264,7 +267,8 @@ def timelines(home: Path, run_id: str) -> dict[str, dict[str, float | None]]:
             continue
         trigger_logs = sorted(folder.glob(f"{tries[-1].name}.trigger.*.log"))
         task_log = log_events(tries[-1].read_text(errors="replace").splitlines())
-        trigger_log = log_events(trigger_logs[-1].read_text(errors="replace").splitlines()) if trigger_logs else []
+        trigger_log = (log_events(trigger_logs[-1].read_text(errors="replace").splitlines())
+                       if trigger_logs else [])
         out[task] = watch_timeline(task_log, trigger_log)
     return out
 
@@ -272,7 +276,8 @@ def timelines(home: Path, run_id: str) -> dict[str, dict[str, float | None]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="training runs, one after the other")
-    parser.add_argument("--max-epochs", type=int, default=None, help="the runs' max_epochs (default: the config's)")
+    parser.add_argument("--max-epochs", type=int, default=None,
+                        help="the runs' max_epochs (default: the config's)")
     parser.add_argument("--poll-interval", type=float, default=None)
     parser.add_argument("--max-poll-interval", type=float, default=None)
     parser.add_argument("--first-poll-delay", type=float, default=None)
@@ -309,12 +314,14 @@ def main() -> None:
                 (home / f"{run_id}.tis.json").write_text(json.dumps(tis, indent=1))
                 figures = run_figures(triggered, run_jobs(cluster, run_id), tis, timelines(home, run_id))
                 runs.append({"run_id": run_id, "state": state, **figures})
-                print(f"{run_id}: {state}, first job after {figures['first_job'] and figures['first_job']['seconds']} s, "
+                first = figures["first_job"] and figures["first_job"]["seconds"]
+                print(f"{run_id}: {state}, first job after {first} s, "
                       f"gaps {[g['seconds'] for g in figures['gaps']]}", file=sys.stderr)
     finally:
         if args.keep is None:
             shutil.rmtree(home, ignore_errors=True)
-    result = {"benchmark": "stage_overhead", "config": "tiny", "profile": "local", "executor": "LocalExecutor",
+    result = {"benchmark": "stage_overhead", "config": "tiny", "profile": "local",
+              "executor": "LocalExecutor",
               "poll_schedule": {k: env.get(k, "shipped") for k in poll}, "cores": os.cpu_count(),
               "load_average_1m": round(os.getloadavg()[0], 2),
               "runs": [{k: r[k] for k in ("run_id", "state", "first_job")} for r in runs],

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from benchmarks.stage_overhead import aggregate, log_events, parse_sacct, percentile, run_figures, watch_timeline
+from benchmarks.stage_overhead import (aggregate, log_events, parse_sacct, percentile, run_figures,
+                                       watch_timeline)
 
 SACCT = """\
 101|vcloud_training.prepare_data.aaaa|2026-11-27T04:50:01|2026-11-27T04:50:02|2026-11-27T04:50:20|COMPLETED
@@ -35,7 +36,8 @@ def test_a_run_splits_its_gaps_by_the_task_instances_times() -> None:
     tis = {
         "plan": {"start_date": _utc("2026-11-27T04:49:45"), "end_date": _utc("2026-11-27T04:49:48")},
         "prepare_data": {"start_date": _utc("2026-11-27T04:49:58"), "end_date": _utc("2026-11-27T04:50:25")},
-        "preflight_imports": {"start_date": _utc("2026-11-27T04:50:28"), "end_date": _utc("2026-11-27T04:50:50")},
+        "preflight_imports": {"start_date": _utc("2026-11-27T04:50:28"),
+                              "end_date": _utc("2026-11-27T04:50:50")},
         "stage0": {"start_date": _utc("2026-11-27T04:50:52"), "end_date": None},
     }
     figures = run_figures(_local("2026-11-27T04:49:40"), by_task, tis)
@@ -44,7 +46,8 @@ def test_a_run_splits_its_gaps_by_the_task_instances_times() -> None:
     assert first["task"] == "prepare_data" and first["seconds"] == 21.0
     assert first["to_plan_start"] == 5.0 and first["submitting"] == 3.0
     assert first["tasks"]["plan"] == {"queued_after_previous": 5.0, "ran": 3.0}
-    assert [g["gap"] for g in figures["gaps"]] == ["prepare_data->preflight_imports", "preflight_imports->stage0"]
+    assert [g["gap"] for g in figures["gaps"]] == ["prepare_data->preflight_imports",
+                                                   "preflight_imports->stage0"]
     gap = figures["gaps"][0]
     assert (gap["seconds"], gap["noticed"], gap["scheduled"], gap["submitting"]) == (11.0, 5.0, 3.0, 3.0)
     assert figures["gaps"][1]["seconds"] == 15.0 and figures["gaps"][1]["noticed"] == 10.0
