@@ -21,7 +21,7 @@ The trigger's poll schedule is the provider's shipped one (first poll 10 s after
 15 s growing by 1.5x per quiet poll to 300 s) unless ``--poll-interval`` / ``--max-poll-interval``
 / ``--first-poll-delay`` say otherwise.
 
-    .venv/bin/python benchmarks/stage_overhead.py --runs 3      # about 15 minutes on 2 cores
+    .venv/bin/python benchmarks/stage_overhead.py --runs 3      # about 18 minutes on 2 cores
 Needs the local cluster (make cluster-up) and root (like the cluster tests); ``--keep DIR`` keeps
 the Airflow home (component logs, each run's task instances) in DIR.
 """
