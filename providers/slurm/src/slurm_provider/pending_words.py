@@ -1,6 +1,6 @@
 """Why a job waits, in a few words, and when Slurm expects it to start. Pure.
 
-A task log line and a row of the HPC view have room for a phrase, not for the sentence
+A task log line and a row of a jobs view have room for a phrase, not for the sentence
 :func:`~slurm_provider.state_vocabulary.classify_pending_reason` explains a reason with (that one goes
 into failure messages). Both come from the same batched ``squeue`` the poller makes: the reason
 (``%r``) and, for a pending job, Slurm's estimated start (``%S``, the backfill scheduler's estimate,

@@ -88,7 +88,7 @@ class SlurmJobTrigger(BaseTrigger):
     :param log_offset: bytes of ``log_path`` already shown. In a triggerer the trigger also notes its
         progress (offsets, last state announced, the time of the last answered poll) as an XCom of the
         task try, so a restarted triggerer goes on where the last one stopped instead of showing lines
-        again, and the HPC view shows the job as of that poll.
+        again, and a UI can show the job as of that poll.
     :param err_log_path: the job's error output file (``sbatch --error``), streamed like ``log_path``
         with its lines marked ``stderr``.
     :param err_log_offset: bytes of ``err_log_path`` already shown.

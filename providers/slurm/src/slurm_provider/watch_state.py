@@ -3,8 +3,8 @@
 * **How far the watch got**: the bytes of the job's log already copied into the task log, the
   last job state announced there, when the cluster last answered a poll (noted at least once a
   minute while it answers) and, while the login node does not answer, since when (the wait's
-  deadline counts from it), kept as an XCom of the task try. The HPC view shows the note as the
-  job's state "as of" the poll: the API server never asks the cluster itself. A triggerer that restarts
+  deadline counts from it), kept as an XCom of the task try. A UI plugin reading XComs shows the
+  note as the job's state "as of" the poll, without asking the cluster itself. A triggerer that restarts
   rebuilds every trigger from the arguments it had when the task deferred (offset 0); without this
   note the new trigger would copy the whole log into the task log again and announce the state
   again. XComs live as long as the try: a retry starts a new task log, shown from the start.
