@@ -12,6 +12,7 @@ notes), each with how old it is, so a hanging login node cannot hold a request t
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -69,7 +70,8 @@ def jobs(session: SessionDep, dag_ids: ReadableDagIds, dag_id: Annotated[str | N
     """Per profile: the jobs the operators recorded (a waiting job as its watch last saw it, and
     when), the GPU-hour budget and its charts, and the training curves the stages recorded."""
     records = _records(session, dag_ids, dag_id, run_id)
-    return build_view(records, curves=stage_curves(records))
+    now = time.time()
+    return build_view(records, curves=stage_curves(records, now=now), now=now)
 
 
 def _escape(text: str) -> str:

@@ -1,12 +1,14 @@
-"""The training curves of the stages the view shows, as the workers read them. No cluster command.
+"""The training curves of the stages the view shows, as the workers and triggerers read them. No cluster command.
 
 Each training stage appends to its ``metrics.jsonl`` a line per log step (about one a minute) and
-per validation (:mod:`vcloud.contract`). When a stage's job completes, its operator (on a worker,
-which holds the cluster connection) reads the file once and records the curve, thinned to
-``vcloud_pipeline.dag.job_operator.CURVE_POINTS`` points per series, in its return value; the view
-draws that record. The API server holds no cluster credentials and never reads the file itself:
-while a stage trains the view says where its file is and that the curve is drawn once the stage's
-job completes (the task log carries the trainer's lines meanwhile).
+per validation (:mod:`vcloud.contract`). While the stage trains, the trigger watching its job
+follows the file (``slurm_provider.followed_files``): at most every ``follow_interval`` seconds (60)
+it reads what the trainer appended and keeps the curve so far, thinned to
+``vcloud_pipeline.dag.curves.CURVE_POINTS`` points a series, in the task try's ``slurm_followed``
+XCom; the view draws it with how old the last read is ("as of 40 s ago"). When the stage's job
+completes, its operator (on a worker) reads the whole file once and records the curve in its return
+value; the view draws that record. The API server holds no cluster credentials and never reads the
+file itself.
 
 Where a stage's file is comes from the job record (cluster profile, run name, stage label) and the
 profile's layout (``vcloud_pipeline.plan.layout.run_paths``), as the training DAG computed it.
@@ -16,8 +18,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
+import time
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from typing import Any
+
+from slurm_provider.outage import span
 
 from vcloud.contract import TrainingCurve
 
@@ -78,6 +84,13 @@ class CurveTarget:
     recorded: JobRecord | None = None
     """The newest final record of this run and stage that carries a curve (the file is append-only:
     a stage trained again shows the earlier steps too)."""
+    followed: Mapping[str, Any] | None = None
+    """While the stage trains: its file as the watch of its job follows it (``FollowedFile.to_json``)."""
+
+
+def _followed(record: JobRecord, path: str | None) -> Mapping[str, Any] | None:
+    """The live record's followed file at ``path`` (None: not followed, or not live)."""
+    return record.followed.get(path) if path and is_live(record) else None
 
 
 def curve_targets(records: Iterable[JobRecord], locate: Locate = profile_metrics_path, *,
@@ -103,6 +116,8 @@ def curve_targets(records: Iterable[JobRecord], locate: Locate = profile_metrics
                 target = replace(target, live=True)
             if target.recorded is None and recorded is not None:
                 target = replace(target, recorded=recorded)
+            if target.followed is None and (followed := _followed(record, target.path)) is not None:
+                target = replace(target, followed=followed)
             chosen[key] = target
             continue
         if len(chosen) >= limit:
@@ -117,18 +132,33 @@ def curve_targets(records: Iterable[JobRecord], locate: Locate = profile_metrics
         except ValueError as exc:
             chosen[key] = CurveTarget(record, run_name, stage, is_live(record), recorded=recorded, problem=str(exc))
             continue
-        chosen[key] = CurveTarget(record, run_name, stage, is_live(record), conn_id, path, recorded=recorded)
+        chosen[key] = CurveTarget(record, run_name, stage, is_live(record), conn_id, path, recorded=recorded,
+                                  followed=_followed(record, path))
     return sorted(chosen.values(), key=lambda t: (t.record.profile, t.run_name, t.stage))
 
 
-def _problem(target: CurveTarget, curve: TrainingCurve) -> str | None:
+def _read_at(target: CurveTarget) -> float | None:
+    """When the watch last read the training stage's file (epoch seconds), None if it has not."""
+    read_at = (target.followed or {}).get("read_at")
+    return float(read_at) if isinstance(read_at, (int, float)) and not isinstance(read_at, bool) else None
+
+
+def _problem(target: CurveTarget, curve: TrainingCurve, now: float) -> str | None:
     """Why the chart shows less than the stage has written, or nothing; None when it is all there."""
     if target.problem:
         return target.problem
     where = f"{target.path} on cluster connection {target.conn_id}"
     if target.live:
-        return (f"the stage is training: its curve is drawn from {where} when its job completes (the API "
-                "server does not read the cluster); the task log shows the trainer's lines meanwhile")
+        followed = target.followed or {}
+        if followed.get("problem"):
+            return (f"the stage is training; its watch stopped following {where} ({followed['problem']}): the "
+                    "curve is drawn when its job completes")
+        read_at = _read_at(target)
+        if read_at is None:
+            return (f"the stage is training: its job's watch draws the curve from {where} once the trainer has "
+                    "written to it (read at most once a minute; the API server does not read the cluster)")
+        return (f"the stage is training: its curve as of {span(max(now - read_at, 0.0))} ago, as its job's watch "
+                f"last read {where}; complete when the job completes")
     if target.recorded is None:
         return f"no curve recorded by the stage's task (it ended without a completed job): see {where}"
     if curve.empty:
@@ -137,13 +167,20 @@ def _problem(target: CurveTarget, curve: TrainingCurve) -> str | None:
 
 
 def stage_curves(records: Iterable[JobRecord], locate: Locate = profile_metrics_path, *,
-                 limit: int = MAX_CURVES, max_points: int = MAX_POINTS) -> list[dict[str, Any]]:
+                 limit: int = MAX_CURVES, max_points: int = MAX_POINTS,
+                 now: float | None = None) -> list[dict[str, Any]]:
     """The payload's curves: per stage where its file is, the points its task recorded (thinned to
-    ``max_points``) and its two charts, or why there is nothing to show."""
+    ``max_points``), or while it trains the points its job's watch read so far with how old they are
+    (``live_at``, ``as_of_s``; ``now`` defaults to the clock), and its two charts, or why there is
+    nothing to show."""
+    now = time.time() if now is None else now
     out = []
     for target in curve_targets(records, locate, limit=limit):
         record = target.record
+        read_at = _read_at(target) if target.live else None
         recorded: Mapping[str, Any] | None = target.recorded.curve if target.recorded is not None else None
+        if read_at is not None and isinstance((target.followed or {}).get("state"), Mapping):
+            recorded = target.followed["state"]  # type: ignore[index]
         curve = TrainingCurve.from_json(recorded)
         curve = TrainingCurve(loss=thin(curve.loss, max_points), val_psnr=thin(curve.val_psnr, max_points))
         out.append({
@@ -151,7 +188,9 @@ def stage_curves(records: Iterable[JobRecord], locate: Locate = profile_metrics_
             "label": record.stage, "dag_id": record.dag_id, "run_id": record.run_id,
             "task_id": record.task_id, "job_id": record.job_id, "state": record.state,
             "task_state": record.task_state, "live": target.live,
-            "path": target.path, "conn_id": target.conn_id, "problem": _problem(target, curve),
+            "path": target.path, "conn_id": target.conn_id, "problem": _problem(target, curve, now),
+            "live_at": datetime.fromtimestamp(read_at, timezone.utc).isoformat() if read_at is not None else None,
+            "as_of_s": round(max(now - read_at, 0.0), 1) if read_at is not None else None,
             "recorded_at": (target.recorded.finished_at.isoformat()
                             if target.recorded is not None and target.recorded.finished_at else None),
             "points": curve.to_json(), "charts": training_curve_charts(curve),

@@ -14,7 +14,9 @@ A task that is still waiting (deferred) has its job id here and the trigger's no
 (``slurm_watch``): the job's state, pending reason and expected start as the watch's last poll saw
 them, and when that poll was; while the watch cannot reach the login node, since when. The view shows
 them with their age ("RUNNING as of 12 s ago", "cluster unreachable since 04:51 UTC"): the API
-server never runs a command on the cluster, whatever the number of people looking.
+server never runs a command on the cluster, whatever the number of people looking. The files the
+watch follows as they grow (``slurm_followed``: a training stage's ``metrics.jsonl``, folded into its
+curve) come with the record too, each with when it was last read.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from slurm_provider.cli.values import format_duration
+from slurm_provider.followed_files import FOLLOW_XCOM_KEY
 from slurm_provider.links import JOB_ID_XCOM_KEY, task_log_url
 from slurm_provider.outage import clock, span
 from slurm_provider.pending_words import waiting_line
@@ -114,6 +117,9 @@ class JobRecord:
     """The job's last state the waiting watch saw (the trigger's note)."""
     polled_at: datetime | None = None
     """When the waiting watch last had an answer from the cluster (the trigger's note)."""
+    followed: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """While the task waits: the files its watch follows, by path (``FollowedFile.to_json``: the fold's
+    state, ``read_at``, ``problem``)."""
 
     @property
     def slurm_state(self) -> SlurmState | None:
@@ -162,6 +168,7 @@ class JobRecord:
         data["finished_at"] = self.finished_at.isoformat() if self.finished_at else None
         data["unreachable_since"] = self.unreachable_since.isoformat() if self.unreachable_since else None
         data["polled_at"] = self.polled_at.isoformat() if self.polled_at else None
+        data["followed"] = sorted(self.followed)  # the paths; the states go to the curves
         data["as_of_s"] = self.age_s(now)
         data["state_description"] = self.describe(now)
         data["category"] = self.slurm_state.category.value if self.slurm_state else None
@@ -235,6 +242,17 @@ def _watch_seen(note: XComRow | None, job_id: str) -> WatchSeen:
                      _moment(value.get("unreachable_since")))
 
 
+def _followed(note: XComRow | None, job_id: str) -> dict[str, Mapping[str, Any]]:
+    """The files the watch of a waiting task follows (its ``slurm_followed`` XCom), by path; nothing when
+    the XCom is about another job."""
+    value = note.value if note is not None else None
+    if note is None or note.task_state not in WAITING_TASK_STATES or not isinstance(value, Mapping):
+        return {}
+    if str(value.get("job_id")) != job_id or not isinstance(value.get("files"), list):
+        return {}
+    return {f["path"]: f for f in value["files"] if isinstance(f, Mapping) and isinstance(f.get("path"), str)}
+
+
 def _int(value: Any) -> int | None:
     try:
         return None if value is None else int(value)
@@ -273,6 +291,7 @@ def records_from_xcoms(rows: Iterable[XComRow]) -> list[JobRecord]:
                 task_state=anchor.task_state, profile=profile, run_name=str(conf.get("run_name") or ""),
                 stage=task_id, job_id=job_id, job_ids=(job_id,), finished_at=anchor.end_date,
                 unreachable_since=seen.unreachable_since, last_seen=seen.state, polled_at=seen.polled_at,
+                followed=_followed(xcoms.get(FOLLOW_XCOM_KEY), job_id),
                 pending=_watched_pending(xcoms.get(WATCH_XCOM_KEY), job_id)))
             continue
         job_ids = tuple(str(j) for j in summary.get("job_ids") or [summary["job_id"]])

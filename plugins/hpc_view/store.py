@@ -1,7 +1,7 @@
 """Read the Slurm operators' XComs from Airflow's metadata database (inside the API server).
 
-One query: the ``return_value``, ``slurm_job_id`` and ``slurm_watch`` (the trigger's note of the watch)
-XComs of every task instance that pushed a ``slurm_job_id``, with the task instance's state and dates and the DAG run's ``conf``, limited
+One query: the ``return_value``, ``slurm_job_id``, ``slurm_watch`` (the trigger's note of the watch) and
+``slurm_followed`` (the files the watch follows, such as a training curve) XComs of every task instance that pushed a ``slurm_job_id``, with the task instance's state and dates and the DAG run's ``conf``, limited
 to the DAGs the signed-in user may read.
 """
 
@@ -15,6 +15,7 @@ from sqlalchemy import and_, exists, select
 from sqlalchemy.orm import Session, aliased
 
 from hpc_view.records import RETURN_VALUE_KEY, XComRow
+from slurm_provider.followed_files import FOLLOW_XCOM_KEY
 from slurm_provider.links import JOB_ID_XCOM_KEY
 from slurm_provider.watch_state import WATCH_XCOM_KEY
 
@@ -44,7 +45,7 @@ def load_xcom_rows(session: Session, dag_ids: Collection[str] | None, *, dag_id:
         .join(TI, and_(TI.dag_id == XComModel.dag_id, TI.run_id == XComModel.run_id,
                        TI.task_id == XComModel.task_id, TI.map_index == XComModel.map_index))
         .join(DagRun, DagRun.id == XComModel.dag_run_id)
-        .where(XComModel.key.in_((RETURN_VALUE_KEY, JOB_ID_XCOM_KEY, WATCH_XCOM_KEY)))
+        .where(XComModel.key.in_((RETURN_VALUE_KEY, JOB_ID_XCOM_KEY, WATCH_XCOM_KEY, FOLLOW_XCOM_KEY)))
         .where(exists().where(job_xcom.dag_run_id == XComModel.dag_run_id,
                               job_xcom.task_id == XComModel.task_id,
                               job_xcom.map_index == XComModel.map_index,

@@ -103,9 +103,35 @@ def test_curves_are_the_ones_the_stages_recorded_and_a_training_stage_says_where
     done, training = stage_curves(records, _locate)
     assert done["points"] == curve and done["problem"] is None and not done["live"]
     assert training["live"] and training["points"] == {"loss": [], "val_psnr": []}
-    assert training["problem"].startswith("the stage is training: its curve is drawn from "
-                                          "/out/tiny/stage1/metrics.jsonl on cluster connection conn_local when")
+    assert training["problem"].startswith("the stage is training: its job's watch draws the curve from "
+                                          "/out/tiny/stage1/metrics.jsonl on cluster connection conn_local once")
     assert "the API server does not read the cluster" in training["problem"]
+    assert training["live_at"] is None and training["as_of_s"] is None
+
+
+def test_a_training_stage_shows_the_curve_its_watch_followed_with_how_old_it_is() -> None:
+    state = {"loss": [[1, 0.5], [2, 0.25]], "val_psnr": [], "every": {"loss": 1}, "seen": {"loss": 2}}
+    followed = {"/out/tiny/stage1/metrics.jsonl": {"path": "/out/tiny/stage1/metrics.jsonl", "state": state,
+                                                   "read_at": 1000.0, "problem": None}}
+    records = [replace(_record("stage0"), curve={"loss": [[1, 0.9]], "val_psnr": []}),
+               replace(_record("stage1", final=False, job_id="2"), followed=followed)]
+    done, training = stage_curves(records, _locate, now=1040.0)
+    assert done["points"]["loss"] == [[1, 0.9]] and done["live_at"] is None  # a completed stage: its record
+    assert training["live"] and training["points"] == {"loss": [[1, 0.5], [2, 0.25]], "val_psnr": []}
+    assert training["as_of_s"] == 40.0 and training["live_at"].startswith("1970-01-01T00:16:40")
+    assert training["problem"].startswith("the stage is training: its curve as of 40 s ago, as its job's watch "
+                                          "last read /out/tiny/stage1/metrics.jsonl")
+
+
+def test_a_followed_file_of_another_path_or_of_a_finished_task_is_not_drawn() -> None:
+    state = {"loss": [[1, 0.5]], "val_psnr": []}
+    other = {"/elsewhere/metrics.jsonl": {"path": "/elsewhere/metrics.jsonl", "state": state, "read_at": 1.0}}
+    [curve] = stage_curves([replace(_record("stage1", final=False, job_id="2"), followed=other)], _locate, now=2.0)
+    assert curve["points"]["loss"] == [] and curve["live_at"] is None
+    stopped = {"/out/tiny/stage1/metrics.jsonl": {"path": "/out/tiny/stage1/metrics.jsonl", "state": state,
+                                                  "read_at": 1.0, "problem": "the fold failed"}}
+    [curve] = stage_curves([replace(_record("stage1", final=False, job_id="2"), followed=stopped)], _locate, now=2.0)
+    assert "stopped following" in curve["problem"] and "the fold failed" in curve["problem"]
 
 
 def test_a_stage_trained_again_shows_its_last_recorded_curve_while_it_trains() -> None:

@@ -8,7 +8,8 @@ import json
 from slurm_provider.hooks import SlurmCommandFailed
 from slurm_provider.transport import CommandResult
 from vcloud.contract import metrics_train_record, metrics_val_record, training_curve
-from vcloud_pipeline.dag.job_operator import CURVE_POINTS, PipelineJobOperator
+from vcloud_pipeline.dag.curves import CURVE_POINTS
+from vcloud_pipeline.dag.job_operator import PipelineJobOperator
 
 PATH = "/project/outputs/run one/stage0/metrics.jsonl"
 

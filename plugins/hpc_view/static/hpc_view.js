@@ -100,7 +100,8 @@ function curvesBlock(curves) {
     const head = el("div", { class: "curve-head" }, el("b", {}, "run " + (c.run_name || "?") + " - stage " + c.stage),
       " ", el("code", { class: "job-id" }, c.job_id), state ? el("span", { class: "muted" }, " " + state.toLowerCase()) : null,
       c.live ? el("span", { class: "live" }, " live") : null,
-      c.recorded_at ? el("span", { class: "muted" }, " - recorded " + new Date(c.recorded_at).toLocaleString()) : null);
+      c.recorded_at ? el("span", { class: "muted" }, " - recorded " + new Date(c.recorded_at).toLocaleString()) : null,
+      c.live_at ? el("span", { class: "muted" }, " - as of " + Math.round(c.as_of_s) + " s ago") : null);
     const box = el("div", { class: "curve", id: "curve-" + (c.run_name || c.run_id) + "-stage" + c.stage,
       "data-stage": String(c.stage), "data-run-name": c.run_name, "data-points": String(c.points.loss.length + c.points.val_psnr.length) },
       head, el("div", { class: "curve-charts" }, svg(c.charts.loss), svg(c.charts.val_psnr)));

@@ -23,6 +23,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from slurm_provider.protocols import SlurmVerbs
 from slurm_provider.hooks import RemoteCommandError, SlurmCommandFailed
 from slurm_provider import timing
+from slurm_provider.followed_files import FOLLOW_INTERVAL
 from slurm_provider.operators import SlurmSubmitOperator
 from slurm_provider.resubmission import DEFAULT_BUDGETS
 from slurm_provider.job_status import JobStatus
@@ -35,11 +36,11 @@ from vcloud.contract import (
     completed_epochs,
     final_metrics,
     recorded_code_hash,
-    training_curve,
 )
 
 from vcloud_pipeline.jobs import exits as job_exits
 from vcloud_pipeline.dag.assets import asset_for
+from vcloud_pipeline.dag.curves import METRICS_FOLD, recorded_curve
 from vcloud_pipeline.budget.billing import Allocation, BudgetExceeded, billed_hours, check_budget
 from vcloud_pipeline.code.retention import touch_run
 from vcloud_pipeline.plan.layout import run_key
@@ -66,15 +67,12 @@ POLL_ENV = {
     "poll_interval": ("VCLOUD_POLL_INTERVAL", timing.POLL_INTERVAL),
     "max_poll_interval": ("VCLOUD_MAX_POLL_INTERVAL", timing.MAX_POLL_INTERVAL),
     "first_poll_delay": ("VCLOUD_FIRST_POLL_DELAY", timing.FIRST_POLL_DELAY),
+    "follow_interval": ("VCLOUD_FOLLOW_INTERVAL", FOLLOW_INTERVAL),
 }
 """Status polling of the trigger, overridable per deployment (keep the first poll >= 10 s there;
 ``airflow dags test`` on the local cluster can poll every few seconds)."""
 
 _PLACEHOLDER_SCRIPT = "#!/bin/bash\n# bound from the sync_code XCom at run time\n"
-
-CURVE_POINTS = 600
-"""Points per series of the training curve a stage's record carries (the HPC view draws it; the XCom
-stays a few tens of kB however long the stage trained)."""
 
 GPUS_NOT_VISIBLE = "gpus_not_visible"
 """The hint (``slurm_provider.hints``) whose advice is the profile's ``accelerator.missing_gpu_hint``."""
@@ -143,6 +141,8 @@ class PipelineJobOperator(SlurmSubmitOperator):
         self.log_dir = str(paths.logs_dir)
         if self.job.stage is not None:
             self.progress_path = str(paths.progress_path(self.job.stage))
+            # The watch follows the stage's metrics.jsonl: the HPC view draws its curve while it trains.
+            self.follow = [{"path": str(paths.metrics_path(self.job.stage)), "fold": METRICS_FOLD}]
         self.exclusive_dir = self._writes(plan)
         self.done_markers = self._done_when(plan)
         budget = plan.request.max_resubmits
@@ -329,4 +329,4 @@ class PipelineJobOperator(SlurmSubmitOperator):
         except (RemoteCommandError, SlurmCommandFailed) as exc:  # it ran and failed; an outage is waited out
             self.log.warning("Could not read %s for the HPC view's training curve: %s", path, exc)
             return None
-        return training_curve(text or "").thinned(CURVE_POINTS).to_json()
+        return recorded_curve(text or "")

@@ -10,6 +10,7 @@ watch with the error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterable
 
 import pytest
@@ -233,3 +234,84 @@ def test_jobs_pending_on_an_allocation_share_one_sshare_per_account_and_cycle() 
     assert broken.figures is None and "sshare gave no answer: sshare exited 1: Socket timed out" == broken.problem
     assert all(u.error is None for ups in seen.values() for u in ups)  # a failed sshare ends no watch
     assert all(u.allocation is None for ups in seen.values() for u in ups if u.status.is_terminal)
+
+
+class GrowingFile:
+    """Job 7 runs; its file ``/o/m.jsonl`` grows by a line at every size check. Every call is noted."""
+
+    path = "/o/m.jsonl"
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.calls: list[str] = []
+
+    def _grow(self, paths: list[str]) -> dict[str, int]:
+        if self.path in paths:
+            self.text += f'{{"step": {len(self.text.splitlines()) + 1}}}\n'
+            return {self.path: len(self.text)}
+        return {}
+
+    async def statuses(self, job_ids: Iterable[str]) -> dict[str, JobStatus]:
+        self.calls.append("statuses")
+        return {j: JobStatus(job_id=j, state=SlurmState.RUNNING) for j in job_ids}
+
+    async def poll_files(self, size_paths: list[str], record_paths: list[str]) -> tuple[dict[str, int], dict[str, str]]:
+        self.calls.append("poll_files")
+        return self._grow(size_paths), {}
+
+    async def file_sizes(self, paths: list[str]) -> dict[str, int]:
+        self.calls.append("file_sizes")
+        return self._grow(paths)
+
+    async def read_log(self, path: str, offset: int) -> tuple[str, int]:
+        self.calls.append("read_log")
+        return self.text[offset:], len(self.text)
+
+    async def close(self) -> None:
+        pass
+
+
+def _followed(source: GrowingFile, seconds: float, **subscribe: float | str) -> list[PollUpdate]:
+    poller = JobPoller("c", lambda: source, record_interval=0.02, jitter=0.0)
+
+    async def run() -> list[PollUpdate]:
+        seen: list[PollUpdate] = []
+        async with poller.subscribe("7", follows={GrowingFile.path: 0}, **subscribe) as updates:
+            with contextlib.suppress(asyncio.TimeoutError):
+                async with asyncio.timeout(seconds):
+                    while True:
+                        seen.append(await updates.get())
+        return seen
+
+    return asyncio.run(run())
+
+
+def test_a_followed_file_is_read_between_polls_in_the_record_reads_at_its_own_cadence() -> None:
+    source = GrowingFile()
+    seen = _followed(source, 1.0, poll_interval=60.0, max_poll_interval=300.0, end_record_path="/o/7.out.end",
+                     follow_interval=0.2)
+    assert source.calls.count("statuses") == 1  # one poll: every later read rides on a record read
+    reads = [u for u in seen if u.followed]
+    assert 3 <= len(reads) <= 6, len(reads)  # at most every 0.2 s, though the records are read every 0.02 s
+    assert all(u.only_followed and u.status is None for u in reads[1:])
+    text = "".join(t for u in reads for _, t, _ in u.followed)
+    assert text == source.text[:len(text)] and reads[-1].followed[-1][2] == len(text)  # only what was new
+
+
+def test_without_record_reads_the_polls_read_a_followed_file() -> None:
+    source = GrowingFile()
+    seen = _followed(source, 0.3, poll_interval=0.01, max_poll_interval=0.02, follow_interval=0.0)
+    assert "poll_files" not in source.calls
+    assert all(u.status is not None and not u.only_followed for u in seen)
+    assert sum(1 for u in seen if u.followed) == len(seen) > 3
+
+
+def test_a_followed_file_of_a_job_that_has_not_started_is_not_read() -> None:
+    class Pending(GrowingFile):
+        async def statuses(self, job_ids: Iterable[str]) -> dict[str, JobStatus]:
+            return {j: JobStatus(job_id=j, state=SlurmState.PENDING) for j in job_ids}
+
+    source = Pending()
+    seen = _followed(source, 0.3, poll_interval=0.01, max_poll_interval=0.02, end_record_path="/o/7.out.end",
+                     follow_interval=0.0)
+    assert seen and not any(u.followed for u in seen) and source.text == ""

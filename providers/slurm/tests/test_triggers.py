@@ -23,7 +23,7 @@ from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.transport import TransportUnavailable
 from slurm_provider.triggers import ERROR, FINISHED, NEVER_STARTS, SlurmJobTrigger
 from slurm_provider.watch_state import WatchNote
-from providers.slurm.tests.test_poller import ScriptedSource
+from providers.slurm.tests.test_poller import GrowingFile, ScriptedSource
 
 FAST = {"poll_interval": 1.0, "max_poll_interval": 3.0, "first_poll_delay": 0.0}
 SCRIPTED = {"poll_interval": 0.05, "max_poll_interval": 0.1, "first_poll_delay": 0.0}
@@ -674,3 +674,103 @@ def test_a_job_waiting_for_its_begin_time_and_then_held_says_so_with_slurms_esti
                        f"expected to start {start.replace('T', ' ')[:16]}")
     assert said[1].startswith(f"Job {job_id} PENDING: held by its owner until 'scontrol release' (JobHeldUser)")
     assert len(said) == 2, "one line per reason, not one per poll"
+
+
+# --- files the watch follows as they grow (a stage's metrics.jsonl): a scripted cluster --------------------
+
+
+def count_lines(state: Any, lines: list[str]) -> dict[str, Any]:
+    """A fold: how many lines were read, and the last one."""
+    return {"lines": (state or {}).get("lines", 0) + len(lines), "last": lines[-1]}
+
+
+FOLLOW = [{"path": GrowingFile.path, "fold": f"{__name__}.count_lines"}]
+
+
+class EndingGrowingFile(GrowingFile):
+    """``GrowingFile`` whose job completes at its ``polls``-th status query."""
+
+    def __init__(self, polls: int) -> None:
+        super().__init__()
+        self.polls = polls
+        self.offsets_read: list[int] = []
+
+    async def statuses(self, job_ids: Any) -> dict[str, JobStatus]:
+        self.polls -= 1
+        state = SlurmState.COMPLETED if self.polls <= 0 else SlurmState.RUNNING
+        return {j: JobStatus(job_id=j, state=state) for j in job_ids}
+
+    async def read_log(self, path: str, offset: int) -> tuple[str, int]:
+        self.offsets_read.append(offset)
+        return await super().read_log(path, offset)
+
+
+def _following(monkeypatch: pytest.MonkeyPatch, source: GrowingFile,
+               recalled: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The trigger's cluster is ``source``; its task's ``slurm_followed`` XCom holds ``recalled``;
+    returns what it writes there."""
+    from slurm_provider import triggers
+
+    written: list[list[dict[str, Any]]] = []
+
+    async def recall(task: Any, job_id: str) -> list[dict[str, Any]]:
+        return recalled
+
+    async def remember(task: Any, job_id: str, files: list[dict[str, Any]]) -> None:
+        written.append(json.loads(json.dumps(files)))  # what an XCom keeps: JSON
+
+    monkeypatch.setattr(triggers, "_hook_factory", lambda conn_id: lambda: source)
+    monkeypatch.setattr(triggers, "recall_followed", recall)
+    monkeypatch.setattr(triggers, "remember_followed", remember)
+    return written
+
+
+def test_a_followed_file_is_folded_as_it_grows_and_kept_for_the_try(monkeypatch: pytest.MonkeyPatch) -> None:
+    source = EndingGrowingFile(polls=6)
+    written = _following(monkeypatch, source, [])
+    trigger = SlurmJobTrigger(conn_id="c", job_id="7", follow=FOLLOW, follow_interval=0.0, read_end_record=False,
+                              **SCRIPTED)
+    _with_task(trigger, monkeypatch, WatchNote())
+    payload = _run_to_event(trigger, timeout=30)
+    assert payload["kind"] == FINISHED
+    states = [files[0]["state"] for files in written]
+    assert [s["lines"] for s in states] == list(range(1, len(states) + 1)) and len(states) >= 4
+    assert states[-1]["last"] == source.text.splitlines()[len(states) - 1]
+    last = written[-1][0]
+    assert last["offset"] == len("".join(source.text.splitlines(keepends=True)[:len(states)]))
+    assert last["read_at"] is not None and last["problem"] is None and last["rest"] == ""
+    # the event carries how far each file was read (airflow dags test keeps no XCom of the watch)
+    assert payload["follow"] == [{"path": GrowingFile.path, "fold": FOLLOW[0]["fold"], "offset": last["offset"]}]
+
+
+def test_a_restarted_trigger_reads_a_followed_file_on_from_where_the_try_got(monkeypatch: pytest.MonkeyPatch) -> None:
+    source = EndingGrowingFile(polls=3)
+    source.text = '{"step": 1}\n{"step": 2}\n'
+    kept = {"path": GrowingFile.path, "fold": FOLLOW[0]["fold"], "offset": len(source.text),
+            "state": {"lines": 2, "last": '{"step": 2}'}, "rest": "", "read_at": 1.0}
+    written = _following(monkeypatch, source, [kept])
+    trigger = SlurmJobTrigger(conn_id="c", job_id="7", follow=FOLLOW, follow_interval=0.0, read_end_record=False,
+                              **SCRIPTED)
+    _with_task(trigger, monkeypatch, WatchNote())
+    assert _run_to_event(trigger, timeout=30)["kind"] == FINISHED
+    assert min(source.offsets_read) == kept["offset"]  # nothing read twice
+    assert written[0][0]["state"]["lines"] == 3
+
+
+def test_a_fold_that_cannot_be_imported_stops_following_and_the_watch_goes_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    written = _following(monkeypatch, EndingGrowingFile(polls=3), [])
+    trigger = SlurmJobTrigger(conn_id="c", job_id="7", follow=[{"path": GrowingFile.path, "fold": "nowhere.fold"}],
+                              follow_interval=0.0, read_end_record=False, **SCRIPTED)
+    _with_task(trigger, monkeypatch, WatchNote())
+    with structlog.testing.capture_logs() as logs:
+        assert _run_to_event(trigger, timeout=30)["kind"] == FINISHED
+    assert "must be importable where the triggerer runs" in written[0][0]["problem"]
+    assert len(_events(logs, f"No longer following {GrowingFile.path}")) == 1
+
+
+def test_serialize_round_trips_the_followed_files() -> None:
+    trigger = SlurmJobTrigger(conn_id="c", job_id="12", follow=FOLLOW, follow_interval=30, **FAST)
+    classpath, kwargs = trigger.serialize()
+    assert kwargs["follow"] == [{**FOLLOW[0], "offset": 0}] and kwargs["follow_interval"] == 30.0
+    assert SlurmJobTrigger(**kwargs).serialize() == (classpath, kwargs)

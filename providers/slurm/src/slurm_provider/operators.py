@@ -50,6 +50,7 @@ from slurm_provider.cli.sbatch import (
     parse_job_comment,
 )
 from slurm_provider.exit_codes import explain_exit
+from slurm_provider.followed_files import FOLLOW_INTERVAL, followed_files, load_fold
 from slurm_provider.hints import find_submit_hints, format_hints, hint_for
 from slurm_provider.job_status import JobStatus
 from slurm_provider.links import JOB_ID_XCOM_KEY, SlurmJobLogLink
@@ -194,6 +195,9 @@ class SlurmSubmitOperator(BaseOperator):
     :param keep_job_on_give_up: when the task fails while its job is still in Slurm's queue (pending
         for a reason that never resolves, held after ``SPECIAL_EXIT``, requeued after an end the
         policy does not resubmit), leave the job there for a person instead of cancelling it.
+    :param follow: more files of the job its watch reads as they grow, each ``{"path", "fold"}``
+        (:mod:`slurm_provider.followed_files`): a UI shows what the fold made of them while the job runs.
+    :param follow_interval: least seconds between two size checks of the followed files (60).
     :param watch_deadline: how long (a timedelta or seconds; 24 hours by default) the task waits for
         something outside its job before it gives up on this try: a login node that does not answer
         (a retry adopts the job), or a job pending on its account's allocation
@@ -237,7 +241,9 @@ class SlurmSubmitOperator(BaseOperator):
                  max_retry_delay: timedelta | float | None = DEFAULT_MAX_RETRY_DELAY,
                  keep_job_on_give_up: bool = False, done_markers: Sequence[str] = (),
                  replace_outputs: bool = False, supersede_dirs: Sequence[str] = (),
-                 watch_deadline: timedelta | float = DEFAULT_WATCH_DEADLINE, **kwargs: Any) -> None:
+                 watch_deadline: timedelta | float = DEFAULT_WATCH_DEADLINE,
+                 follow: Sequence[Mapping[str, str]] = (), follow_interval: float = FOLLOW_INTERVAL,
+                 **kwargs: Any) -> None:
         # Named parameters (not kwargs.setdefault): Airflow fills a parameter of this signature from
         # the DAG's default_args when the task does not set it, so default_args win over these defaults.
         super().__init__(retries=retries, retry_delay=retry_delay, max_retry_delay=max_retry_delay,
@@ -268,6 +274,8 @@ class SlurmSubmitOperator(BaseOperator):
         self.replace_outputs = replace_outputs
         self.supersede_dirs = tuple(supersede_dirs)
         self.watch_deadline = watch_deadline
+        self.follow = [dict(spec) for spec in follow]
+        self.follow_interval = follow_interval
         self._outage: tuple[float, int] | None = None
         """(since, probes) of the outage this try already waited through, carried by the login wait's event."""
         self._failures_while_reachable = 0
@@ -579,6 +587,7 @@ class SlurmSubmitOperator(BaseOperator):
                 expected_job_name=current.name or self._job_name(context), carry={"history": history.to_json()},
                 adopted_from=(current.submitted_by or "another task") if current.adopted else None,
                 watch_deadline=self._deadline_seconds(),
+                follow=self.follow or None, follow_interval=self.follow_interval,
             ),
             method_name="execute_complete",
         )
@@ -726,6 +735,12 @@ class SlurmSubmitOperator(BaseOperator):
         if not isinstance(self.script, str) or not self.script.startswith("#!"):
             raise ValidationError("script", "must be a complete batch script starting with '#!'")
         validate_remote_path(self.log_dir, "log_dir", absolute=True)
+        try:
+            for file in followed_files(self.follow):
+                validate_remote_path(file.path, "follow", absolute=True)
+                load_fold(file.fold)
+        except ValueError as exc:
+            raise ValidationError("follow", str(exc), self.follow) from None
         if not isinstance(self.project_tag, str) or not self.project_tag.strip():
             raise ValidationError("project_tag", "must be a non-empty name such as 'airflow' or your project's")
         if self.partition is not None:

@@ -55,6 +55,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from slurm_provider.allocation import AccountReading
 from slurm_provider.end_records import EndRecord, parse_end_record
+from slurm_provider.followed_files import FOLLOW_INTERVAL
 from slurm_provider.cli.sshare import TresMinutes
 from slurm_provider.job_status import JobStatus
 from slurm_provider.outage import Outage, reachable_again_line
@@ -115,6 +116,10 @@ class PollUpdate:
     """No status this cycle: Slurm asked us to call less often (its answer); the watch goes on."""
     end_record: EndRecord | None = None
     """The exit record that made the poller ask Slurm this cycle (None: the regular poll)."""
+    followed: tuple[tuple[str, str, int], ...] = ()
+    """``(path, new text, offset after it)`` of each followed file that grew, read this cycle."""
+    only_followed: bool = False
+    """No status this cycle: only followed files were read (between two polls)."""
 
 
 @dataclass
@@ -135,9 +140,20 @@ class _Subscription:
     """A record Slurm did not confirm yet; asked about again at ``confirm_after`` (monotonic)."""
     confirm_after: float = 0.0
     confirm_wait: float = 0.0
+    follows: dict[str, int] = field(default_factory=dict)
+    """Followed files of the job (:mod:`slurm_provider.followed_files`) by path: the bytes read so far."""
+    follow_interval: float = FOLLOW_INTERVAL
+    followed_at: float = float("-inf")
+    """When (monotonic) the followed files' sizes were last checked."""
 
     def log_files(self) -> list[str]:
         return [p for p in (self.log_path, self.err_path) if p]
+
+    def follow_due(self, now: float, state: str | None) -> bool:
+        """Whether the followed files' sizes are to be checked now: the job has started and the last
+        check is ``follow_interval`` old."""
+        started = state in SlurmState.__members__ and SlurmState(state).has_started
+        return bool(self.follows) and started and now - self.followed_at >= self.follow_interval
 
 
 class JobPoller:
@@ -169,14 +185,19 @@ class JobPoller:
                         log_path: str | None = None, log_offset: int = 0,
                         err_path: str | None = None, err_offset: int = 0,
                         first_poll_delay: float = 0.0,
-                        end_record_path: str | None = None) -> AsyncIterator[asyncio.Queue[PollUpdate]]:
+                        end_record_path: str | None = None, follows: dict[str, int] | None = None,
+                        follow_interval: float = FOLLOW_INTERVAL) -> AsyncIterator[asyncio.Queue[PollUpdate]]:
         """Watch ``job_id`` until the context exits; updates arrive on the yielded queue each cycle.
 
         ``log_path``/``err_path``: the job's output and error output files, streamed from the given
         byte offsets once the job has started. ``end_record_path``: the job's exit record, read
-        every ``record_interval`` seconds (None: the end is noticed by the poll only)."""
+        every ``record_interval`` seconds (None: the end is noticed by the poll only). ``follows``:
+        more files of the job to read as they grow (path: bytes read so far), their sizes checked in
+        the command of a poll or of a read of the exit records, at most every ``follow_interval``
+        seconds."""
         sub = _Subscription(str(job_id), poll_interval, max(poll_interval, max_poll_interval), log_path,
-                            log_offset, err_path, err_offset, end_record_path=end_record_path)
+                            log_offset, err_path, err_offset, end_record_path=end_record_path,
+                            follows=dict(follows or {}), follow_interval=follow_interval)
         if first_poll_delay > 0:
             await asyncio.sleep(first_poll_delay)
         self._subs[id(sub)] = sub
@@ -278,15 +299,23 @@ class JobPoller:
                 return
 
     async def _records_cycle(self) -> None:
-        """Read every watched job's exit record (one command); confirm the ends they tell with one
-        status query for those jobs, and hand the confirmed ones to their watchers at once."""
+        """Read every watched job's exit record (one command, which also checks the sizes of the
+        followed files that are due); confirm the ends the records tell with one status query for
+        those jobs, and hand the confirmed ones to their watchers at once."""
         subs = [s for s in self._subs.values() if s.end_record_path]
         source = await self.source()
         if not subs or not isinstance(source, FileSource):
             return
-        _, records = await source.poll_files([], sorted({s.end_record_path for s in subs if s.end_record_path}))
-        self.record_reads += 1
         now = time.monotonic()
+        following = [s for s in self._subs.values() if s.follow_due(now, s.last_state)]
+        sizes, records = await source.poll_files(sorted({p for s in following for p in s.follows}),
+                                                 sorted({s.end_record_path for s in subs if s.end_record_path}))
+        self.record_reads += 1
+        for sub in following:
+            followed = await self._read_followed(source, sub, sizes, now)
+            if followed:
+                sub.queue.put_nowait(PollUpdate(status=None, log_offset=sub.log_offset, err_offset=sub.err_offset,
+                                                followed=followed, only_followed=True))
         ended: dict[int, EndRecord] = {}
         for sub in subs:
             record = _record_of(sub, records)
@@ -330,7 +359,9 @@ class JobPoller:
         # One size check for every log that may have grown; read only the ones that did. The exit
         # records go along in the same command.
         streaming = [s for s in subs if s.log_files() and (st := statuses.get(s.job_id)) and st.state.has_started]
-        paths = sorted({p for s in streaming for p in s.log_files()})
+        now = time.monotonic()
+        following = [] if only else [s for s in subs if s.follow_due(now, _state_of(statuses.get(s.job_id)))]
+        paths = sorted({p for s in streaming for p in s.log_files()} | {p for s in following for p in s.follows})
         record_paths = [] if only else sorted({s.end_record_path for s in subs if s.end_record_path})
         read: dict[str, str] = {}
         if record_paths and isinstance(source, FileSource):
@@ -360,12 +391,26 @@ class JobPoller:
                 if sub.err_path and sizes.get(sub.err_path, 0) > sub.err_offset:
                     err_text, sub.err_offset = await _read_grown(source, sub.err_path, sub.err_offset,
                                                                  sizes[sub.err_path])
+            followed = await self._read_followed(source, sub, sizes, now) if sub in following else ()
             reading = readings.get(key) if (key := allocation_key(status)) is not None else None
             sub.queue.put_nowait(PollUpdate(status=status, new_log_text=text, log_offset=sub.log_offset,
                                             new_err_text=err_text, err_offset=sub.err_offset,
                                             allocation=reading,
-                                            end_record=records.get(id(sub)) if records else None))
+                                            end_record=records.get(id(sub)) if records else None,
+                                            followed=followed))
         return changed, confirmed
+
+    @staticmethod
+    async def _read_followed(source: StatusSource, sub: _Subscription, sizes: dict[str, int],
+                             now: float) -> tuple[tuple[str, str, int], ...]:
+        """What the followed files of ``sub`` grew by, given their ``sizes`` just read."""
+        sub.followed_at = now
+        grown = []
+        for path, offset in sub.follows.items():
+            if sizes.get(path, 0) > offset:
+                text, sub.follows[path] = await _read_grown(source, path, offset, sizes[path])
+                grown.append((path, text, sub.follows[path]))
+        return tuple(grown)
 
     async def _read_allocations(self, source: StatusSource,
                                 statuses: Any) -> dict[tuple[str, str], AccountReading]:
@@ -476,6 +521,10 @@ async def _read_grown(source: StatusSource, path: str, offset: int, size: int) -
         if not moved_on or offset >= size:  # caught up, or the file was rewritten and read from 0
             break
     return "".join(parts), offset
+
+
+def _state_of(status: JobStatus | None) -> str | None:
+    return status.state.value if status is not None else None
 
 
 def _record_of(sub: _Subscription, records: dict[str, str]) -> EndRecord | None:

@@ -17,6 +17,11 @@ A job whose script leaves an exit record next to its output (:mod:`slurm_provide
 seen to end within seconds: the poller reads the record between its polls and asks Slurm once to
 confirm. The event says what noticed the end (``noticed_by``: ``end_record`` or ``poll``).
 
+A watch may follow more files of its job (``follow``: a metrics log, say; see
+:mod:`slurm_provider.followed_files`): the poller reads what they grew by at most every
+``follow_interval`` seconds, in a command it runs anyway, and the trigger folds their new lines into
+a small state it keeps as an XCom of the task try, for a UI to show while the job runs.
+
 A job pending on its account's allocation (``AssocGrpBillingMinutes``) is judged on the account's
 figures, which the poller reads for it (:mod:`slurm_provider.allocation`): when the usage alone
 leaves too little the job never starts and the watch ends at once; when teammates' running jobs hold
@@ -29,6 +34,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -45,6 +51,7 @@ from slurm_provider.outage import (
 from slurm_provider.allocation import AccountReading, deadline_message, judge
 from slurm_provider.cli.values import format_duration
 from slurm_provider.end_records import end_record_path
+from slurm_provider.followed_files import FOLLOW_INTERVAL, FollowedFile, advance, followed_files, load_fold
 from slurm_provider.pending_words import waiting_line
 from slurm_provider.poller import shared_poller
 from slurm_provider.state_vocabulary import ReasonKind, SlurmState, StateCategory, classify_pending_reason
@@ -54,7 +61,9 @@ from slurm_provider.watch_state import (
     TaskKey,
     WatchNote,
     ended_by_a_person,
+    recall_followed,
     recall_watch,
+    remember_followed,
     remember_watch,
     task_state,
 )
@@ -109,6 +118,11 @@ class SlurmJobTrigger(BaseTrigger):
         retry adopts it), or running jobs of the account that hold the allocation the job pends on.
     :param read_end_record: read the job's exit record (``<log_path>.end``) between polls, so its end
         is noticed within seconds; False: only the polls notice it.
+    :param follow: files of the job to follow as they grow, each ``{"path", "fold"}`` (the import path
+        of a pure function folding new lines into a small JSON-safe state, see
+        :mod:`slurm_provider.followed_files`); the offsets and states are kept in the XCom
+        ``slurm_followed`` of the task try, and the event carries the offsets.
+    :param follow_interval: least seconds between two size checks of the followed files.
     """
 
     def __init__(self, *, conn_id: str, job_id: str, poll_interval: float = POLL_INTERVAL,
@@ -118,7 +132,8 @@ class SlurmJobTrigger(BaseTrigger):
                  carry: dict[str, Any] | None = None, err_log_path: str | None = None,
                  err_log_offset: int = 0, adopted_from: str | None = None,
                  watch_deadline: float = DEFAULT_WATCH_DEADLINE.total_seconds(),
-                 read_end_record: bool = True) -> None:
+                 read_end_record: bool = True, follow: list[dict[str, Any]] | None = None,
+                 follow_interval: float = FOLLOW_INTERVAL) -> None:
         super().__init__()
         if pending_policy not in PENDING_POLICIES:
             raise ValueError(f"pending_policy {pending_policy!r} not allowed (known: {', '.join(PENDING_POLICIES)})")
@@ -138,6 +153,9 @@ class SlurmJobTrigger(BaseTrigger):
         self.adopted_from = adopted_from
         self.watch_deadline = timeout_seconds(watch_deadline)
         self.read_end_record = bool(read_end_record)
+        self.follow = [{"path": f.path, "fold": f.fold, "offset": f.offset} for f in followed_files(follow)]
+        self.follow_interval = float(follow_interval)
+        self._followed: dict[str, FollowedFile] = {}
         self._allocation_since: float | None = None
         self._allocation_said: tuple[Any, ...] | None = None
         self._waiting: tuple[str | None, str | None] = (None, None)  # (reason, expected start) while pending
@@ -164,6 +182,8 @@ class SlurmJobTrigger(BaseTrigger):
                 "adopted_from": self.adopted_from,
                 "watch_deadline": self.watch_deadline,
                 "read_end_record": self.read_end_record,
+                "follow": self.follow,
+                "follow_interval": self.follow_interval,
             },
         )
 
@@ -181,6 +201,8 @@ class SlurmJobTrigger(BaseTrigger):
             "message": message,
             "carry": self.carry,
             "noticed_by": noticed_by,
+            "follow": [{"path": f.path, "fold": f.fold, "offset": f.offset} for f in self._followed.values()]
+                      or self.follow,
         })
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -199,18 +221,25 @@ class SlurmJobTrigger(BaseTrigger):
         unreachable_since = note.unreachable_since  # an earlier trigger of this try met the same outage
         announced = False  # the outage was told in the task log by this trigger
         unknown_polls = 0
+        await self._recall_followed(task)
         async with poller.subscribe(self.job_id, poll_interval=self.poll_interval,
                                     max_poll_interval=self.max_poll_interval, log_path=self.log_path,
                                     log_offset=self.log_offset, err_path=self.err_log_path,
                                     err_offset=self.err_log_offset,
                                     first_poll_delay=self.first_poll_delay,
-                                    end_record_path=self._end_record_path()) as updates:
+                                    end_record_path=self._end_record_path(),
+                                    follows={f.path: f.offset for f in self._followed.values() if not f.problem},
+                                    follow_interval=self.follow_interval) as updates:
             while True:
                 update = await updates.get()
                 if update.error is not None:
                     yield self._event(ERROR, None, f"cannot watch job {self.job_id} on {self.conn_id}: "
                                                    f"{update.error}")
                     return
+                if update.followed:
+                    await self._fold_followed(task, update.followed)
+                if update.only_followed:
+                    continue
                 if update.waiting is not None:  # the job keeps running; only our view of it paused
                     if update.waiting != waiting_for:
                         self.log.warning("Cannot see job %s right now, still waiting: %s", self.job_id,
@@ -297,6 +326,47 @@ class SlurmJobTrigger(BaseTrigger):
                         if warned_reason != status.reason:
                             self.log.warning("%s (still waiting: pending_policy=warn)", text)
                             warned_reason = status.reason
+
+    async def _recall_followed(self, task: TaskKey | None) -> None:
+        """The followed files as this task try's earlier triggers left them (a restart reads on from there)."""
+        self._followed = {f.path: f for f in followed_files(self.follow)}
+        if task is None or not self._followed:
+            return
+        try:
+            kept = await asyncio.wait_for(recall_followed(task, self.job_id), timeout=30)
+        except Exception as exc:  # the files are read again from their offsets in the arguments
+            self.log.warning("Could not read how far job %s's followed files were read (%s)", self.job_id, exc)
+            return
+        for data in kept:
+            try:
+                file = FollowedFile.from_json(data)
+            except ValueError:
+                continue
+            if file.path in self._followed:
+                self._followed[file.path] = replace(file, fold=self._followed[file.path].fold)
+
+    async def _fold_followed(self, task: TaskKey | None, grown: tuple[tuple[str, str, int], ...]) -> None:
+        """Fold what the followed files grew by into their states and keep them in the try's XCom."""
+        now = time.time()
+        for path, text, offset in grown:
+            file = self._followed.get(path)
+            if file is None:
+                continue
+            try:
+                fold = load_fold(file.fold)
+            except ValueError as exc:
+                self._followed[path] = replace(file, offset=offset, problem=str(exc))
+            else:
+                self._followed[path] = advance(file, text, offset, now, fold)
+            if self._followed[path].problem and not file.problem:
+                self.log.warning("No longer following %s: %s", path, self._followed[path].problem)
+        if task is None:
+            return
+        files = [f.to_json() for f in self._followed.values()]
+        try:
+            await asyncio.wait_for(remember_followed(task, self.job_id, files), timeout=30)
+        except Exception as exc:  # a UI shows an older state; the next read tries again
+            self.log.warning("Could not keep what job %s's followed files hold (%s)", self.job_id, exc)
 
     def _end_record_path(self) -> str | None:
         return end_record_path(self.log_path) if self.read_end_record and self.log_path else None

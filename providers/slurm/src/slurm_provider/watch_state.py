@@ -120,3 +120,25 @@ async def task_state(key: TaskKey) -> str | None:
     name = key.task_id if key.map_index < 0 else f"{key.task_id}_{key.map_index}"
     state = of_run.get(name)
     return None if state is None else str(getattr(state, "value", state))
+
+
+async def recall_followed(key: TaskKey, job_id: str) -> list[dict[str, Any]]:
+    """The followed files (``FollowedFile.to_json``) an earlier trigger of this try kept for ``job_id``."""
+    from airflow.sdk.execution_time.xcom import XCom
+
+    from slurm_provider.followed_files import FOLLOW_XCOM_KEY
+
+    kept = await XCom.aget_one(key=FOLLOW_XCOM_KEY, dag_id=key.dag_id, task_id=key.task_id, run_id=key.run_id,
+                               map_index=key.map_index)
+    if isinstance(kept, dict) and kept.get("job_id") == job_id and isinstance(kept.get("files"), list):
+        return [f for f in kept["files"] if isinstance(f, dict)]
+    return []
+
+
+async def remember_followed(key: TaskKey, job_id: str, files: list[dict[str, Any]]) -> None:
+    from airflow.sdk.execution_time.xcom import XCom
+
+    from slurm_provider.followed_files import FOLLOW_XCOM_KEY
+
+    await XCom.aset(FOLLOW_XCOM_KEY, {"job_id": job_id, "files": files}, dag_id=key.dag_id, task_id=key.task_id,
+                    run_id=key.run_id, map_index=key.map_index)
