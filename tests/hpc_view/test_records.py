@@ -130,3 +130,21 @@ def test_a_waiting_tasks_row_says_how_old_its_watchs_last_poll_is() -> None:
     fresh = {r.task_id: r for r in records_from_xcoms(rows)}["stage2"].to_json(now=polled.timestamp())
     assert fresh["last_seen"] is None and fresh["as_of_s"] is None
     assert fresh["state_description"] == "Submitted; the task waits for the job (its watch has not noted a poll yet)."
+
+
+def test_a_waiting_tasks_record_carries_the_files_its_watch_follows_and_its_row_names_them() -> None:
+    state = {"loss": [[1, 0.5]], "val_psnr": []}
+    files = [{"path": "/out/full/stage2/metrics.jsonl", "fold": "f.fold", "offset": 90, "state": state,
+              "rest": "", "read_at": T.timestamp(), "problem": None}]
+    followed = {"job_id": "8", "files": files}
+    rows = [*_rows(), XComRow("vcloud_training", "r1", "stage2", -1, "slurm_followed", followed, "deferred")]
+    waiting = {r.task_id: r for r in records_from_xcoms(rows)}["stage2"]
+    assert waiting.followed == {"/out/full/stage2/metrics.jsonl": files[0]}
+    assert waiting.to_json()["followed"] == ["/out/full/stage2/metrics.jsonl"]  # the states go to the curves
+
+    for stale in ({**followed, "job_id": "7"},  # of the try's earlier job
+                  {"job_id": "8", "files": "not a list"}):
+        rows[-1] = XComRow("vcloud_training", "r1", "stage2", -1, "slurm_followed", stale, "deferred")
+        assert {r.task_id: r for r in records_from_xcoms(rows)}["stage2"].followed == {}
+    rows[-1] = XComRow("vcloud_training", "r1", "stage2", -1, "slurm_followed", followed, "success")
+    assert {r.task_id: r for r in records_from_xcoms(rows)}["stage2"].followed == {}  # no longer waiting

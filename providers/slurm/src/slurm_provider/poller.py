@@ -36,6 +36,11 @@ confirmed with one status query for those jobs only. Slurm's answer decides: a j
 call ended yet (still completing, requeued) is asked about again after a doubling wait, and a job
 killed before its script could write a record is noticed by the poll as before.
 
+More files a watch follows as they grow (:mod:`slurm_provider.followed_files`) have their sizes
+checked in the same commands (the read of the exit records, else the poll), at most every
+``follow_interval`` seconds per job once it has started, and only the bytes they grew by are read;
+a read between two polls reaches the watch as an update without a status.
+
 A login that waits for a person (an OTP ControlMaster that lapsed overnight) is not a failure of the
 watched jobs: they keep running on the cluster. The poller then keeps trying with back-off, without
 a retry limit, and tells every subscriber what a person has to do; the watches pick up as soon as
