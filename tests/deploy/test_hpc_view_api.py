@@ -213,8 +213,9 @@ def test_the_stages_training_curves_are_the_ones_their_tasks_recorded(client) ->
     assert "validation PSNR: 21 at step 12" in done["charts"]["val_psnr"]
     training = curves[1]
     assert training["points"] == {"loss": [], "val_psnr": []}
-    assert training["problem"].startswith(f"the stage is training: its curve is drawn from {paths.metrics_path(1)} "
-                                          "on cluster connection vcloud_local_cluster when its job completes")
+    assert training["problem"].startswith(f"the stage is training: its job's watch draws the curve from "
+                                          f"{paths.metrics_path(1)} on cluster connection vcloud_local_cluster once")
+    assert training["live_at"] is None  # its watch has not read the file yet
 
 
 def test_the_page_draws_each_stages_curves_in_the_profile_section(client) -> None:
