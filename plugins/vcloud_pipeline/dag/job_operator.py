@@ -66,9 +66,13 @@ POLL_ENV = {
     "poll_interval": ("VCLOUD_POLL_INTERVAL", timing.POLL_INTERVAL),
     "max_poll_interval": ("VCLOUD_MAX_POLL_INTERVAL", timing.MAX_POLL_INTERVAL),
     "first_poll_delay": ("VCLOUD_FIRST_POLL_DELAY", timing.FIRST_POLL_DELAY),
+    "short_job_wait": ("VCLOUD_SHORT_JOB_WAIT", 20.0),
 }
 """Status polling of the trigger, overridable per deployment (keep the first poll >= 10 s there;
-``airflow dags test`` on the local cluster can poll every few seconds)."""
+``airflow dags test`` on the local cluster can poll every few seconds). A job task first watches its
+job itself for ``short_job_wait`` seconds (from the job's exit record): a job that ends that soon
+(the import check, a data check that finds the data prepared, a stage that fails while starting)
+completes its task without waiting for the trigger's first poll, at 20 s of a worker slot per job."""
 
 _PLACEHOLDER_SCRIPT = "#!/bin/bash\n# bound from the sync_code XCom at run time\n"
 
