@@ -69,10 +69,15 @@ POLL_ENV = {
     "short_job_wait": ("VCLOUD_SHORT_JOB_WAIT", 20.0),
 }
 """Status polling of the trigger, overridable per deployment (keep the first poll >= 10 s there;
-``airflow dags test`` on the local cluster can poll every few seconds). A job task first watches its
-job itself for ``short_job_wait`` seconds (from the job's exit record): a job that ends that soon
-(the import check, a data check that finds the data prepared, a stage that fails while starting)
-completes its task without waiting for the trigger's first poll, at 20 s of a worker slot per job."""
+``airflow dags test`` on the local cluster can poll every few seconds). The task of a short job
+(``SHORT_JOBS``) first watches its job itself for ``short_job_wait`` seconds."""
+
+SHORT_JOBS = frozenset({JobLabel.DATA, JobLabel.PREFLIGHT})
+"""Jobs that end within seconds (the import check; the data check when the data are prepared): their
+task watches the job itself for ``short_job_wait`` seconds from its exit record before it defers, so
+their end is seen at once instead of at the trigger's first poll (10 s after the deferral at the
+earliest). A stage or the export runs minutes to days: watched for 20 s, one that ended soon after
+would still wait out that first poll, so their tasks defer at once."""
 
 _PLACEHOLDER_SCRIPT = "#!/bin/bash\n# bound from the sync_code XCom at run time\n"
 
@@ -157,6 +162,8 @@ class PipelineJobOperator(SlurmSubmitOperator):
             self.hint_overrides = {GPUS_NOT_VISIBLE: plan.profile.accelerator.missing_gpu_hint}
         for attr, (env, default) in POLL_ENV.items():
             setattr(self, attr, float(os.environ.get(env, default)))
+        if self.job not in SHORT_JOBS:
+            self.short_job_wait = 0.0
         return plan, synced
 
     def _writes(self, plan: RunPlan) -> str | None:
