@@ -2,7 +2,8 @@
 
 The Slurm provider's lifecycle tests run this DAG with `dag.test()` against the local cluster;
 polling is fast here because `dag.test()` runs the trigger inline (no scheduler race).
-`SLURM_LIFECYCLE_KEEP_JOB=1` sets `keep_job_on_give_up` (read when a test loads the DAG).
+`SLURM_LIFECYCLE_KEEP_JOB=1` sets `keep_job_on_give_up`, `SLURM_LIFECYCLE_SHORT_JOB_WAIT` the seconds
+the task watches its job itself before deferring (both read when a test loads the DAG).
 """
 
 from __future__ import annotations
@@ -38,4 +39,5 @@ with DAG(
         first_poll_delay=0.0,
         resubmit_budgets={"TIMEOUT": 2, "NODE_FAIL": 2, "PREEMPTED": 2, "BOOT_FAIL": 1},
         keep_job_on_give_up=os.environ.get("SLURM_LIFECYCLE_KEEP_JOB") == "1",
+        short_job_wait=float(os.environ.get("SLURM_LIFECYCLE_SHORT_JOB_WAIT", "0")),
     )

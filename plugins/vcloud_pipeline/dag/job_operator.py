@@ -68,9 +68,18 @@ POLL_ENV = {
     "max_poll_interval": ("VCLOUD_MAX_POLL_INTERVAL", timing.MAX_POLL_INTERVAL),
     "first_poll_delay": ("VCLOUD_FIRST_POLL_DELAY", timing.FIRST_POLL_DELAY),
     "follow_interval": ("VCLOUD_FOLLOW_INTERVAL", FOLLOW_INTERVAL),
+    "short_job_wait": ("VCLOUD_SHORT_JOB_WAIT", 20.0),
 }
 """Status polling of the trigger, overridable per deployment (keep the first poll >= 10 s there;
-``airflow dags test`` on the local cluster can poll every few seconds)."""
+``airflow dags test`` on the local cluster can poll every few seconds). The task of a short job
+(``SHORT_JOBS``) first watches its job itself for ``short_job_wait`` seconds."""
+
+SHORT_JOBS = frozenset({JobLabel.DATA, JobLabel.PREFLIGHT})
+"""Jobs that end within seconds (the import check; the data check when the data are prepared): their
+task watches the job itself for ``short_job_wait`` seconds from its exit record before it defers, so
+their end is seen at once instead of at the trigger's first poll (10 s after the deferral at the
+earliest). A stage or the export runs minutes to days: watched for 20 s, one that ended soon after
+would still wait out that first poll, so their tasks defer at once."""
 
 _PLACEHOLDER_SCRIPT = "#!/bin/bash\n# bound from the sync_code XCom at run time\n"
 
@@ -153,6 +162,8 @@ class PipelineJobOperator(SlurmSubmitOperator):
             self.hint_overrides = {GPUS_NOT_VISIBLE: plan.profile.accelerator.missing_gpu_hint}
         for attr, (env, default) in POLL_ENV.items():
             setattr(self, attr, float(os.environ.get(env, default)))
+        if self.job not in SHORT_JOBS:
+            self.short_job_wait = 0.0
         return plan, synced
 
     def _writes(self, plan: RunPlan) -> str | None:

@@ -381,3 +381,27 @@ def test_slurms_rate_limit_slows_the_watch_down_and_the_task_still_succeeds_with
     name = event["status"]["name"]
     jobs = local_cluster.root("sacct", "-X", "-n", "-P", "-o", "JobID", "-S", "now-1hour", f"--name={name}").stdout
     assert jobs.split() == [job_id], "one job: the refusals made nothing submit again"
+
+
+class UnreadableAfterSubmit(DownCluster):
+    """sbatch answers, then the login node goes away while the task reads the job's exit record."""
+
+    def submit(self, script: str, **fields: Any) -> Any:
+        result = super().submit(script, **fields)
+        self.down = DOWN
+        return result
+
+    def read_file(self, path: str) -> str | None:
+        self._reach()
+        return super().read_file(path)
+
+
+def test_a_short_job_watch_that_meets_the_outage_hands_the_job_to_its_trigger(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("slurm_provider.operators.time.sleep", lambda seconds: None)
+    cluster = UnreadableAfterSubmit(down=None)
+    monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    with pytest.raises(TaskDeferred) as watching:
+        _operator(short_job_wait=30).execute(_context(1))
+    assert isinstance(watching.value.trigger, SlurmJobTrigger), "the job's own trigger, not the login wait"
+    assert [watching.value.trigger.job_id] == cluster.submitted

@@ -40,7 +40,15 @@ if TYPE_CHECKING:
 
     from slurm_provider.hooks import SlurmHook
 
-from slurm_provider.timing import POLL_INTERVAL, MAX_POLL_INTERVAL, FIRST_POLL_DELAY
+from slurm_provider.timing import (
+    FIRST_POLL_DELAY,
+    MAX_POLL_INTERVAL,
+    POLL_INTERVAL,
+    SHORT_JOB_READ_INTERVAL,
+    SHORT_JOB_WAIT,
+)
+from slurm_provider.end_records import end_record_path, parse_end_record
+from slurm_provider.file_verbs import RemoteCommandError
 from slurm_provider.cli.job_files import job_log_name
 from slurm_provider.cli.sbatch import (
     DEFAULT_PROJECT_TAG,
@@ -198,6 +206,13 @@ class SlurmSubmitOperator(BaseOperator):
     :param follow: more files of the job its watch reads as they grow, each ``{"path", "fold"}``
         (:mod:`slurm_provider.followed_files`): a UI shows what the fold made of them while the job runs.
     :param follow_interval: least seconds between two size checks of the followed files (60).
+    :param short_job_wait: seconds the task watches a job it just submitted itself, reading the job's
+        exit record (:mod:`slurm_provider.end_records`) every second, before it defers (0, the default:
+        it defers at once). A job that ends within them (a preflight, a data check) completes the task
+        there, its output in the task log, without waiting for the trigger's first poll (at least
+        ``first_poll_delay`` after the deferral); the task holds its worker slot meanwhile, and one
+        Slurm call confirms the end. A job that runs on, requeues itself or cannot be read is watched by
+        the trigger as usual.
     :param watch_deadline: how long (a timedelta or seconds; 24 hours by default) the task waits for
         something outside its job before it gives up on this try: a login node that does not answer
         (a retry adopts the job), or a job pending on its account's allocation
@@ -241,6 +256,7 @@ class SlurmSubmitOperator(BaseOperator):
                  max_retry_delay: timedelta | float | None = DEFAULT_MAX_RETRY_DELAY,
                  keep_job_on_give_up: bool = False, done_markers: Sequence[str] = (),
                  replace_outputs: bool = False, supersede_dirs: Sequence[str] = (),
+                 short_job_wait: float = SHORT_JOB_WAIT,
                  watch_deadline: timedelta | float = DEFAULT_WATCH_DEADLINE,
                  follow: Sequence[Mapping[str, str]] = (), follow_interval: float = FOLLOW_INTERVAL,
                  **kwargs: Any) -> None:
@@ -273,6 +289,7 @@ class SlurmSubmitOperator(BaseOperator):
         self.done_markers = tuple(done_markers)
         self.replace_outputs = replace_outputs
         self.supersede_dirs = tuple(supersede_dirs)
+        self.short_job_wait = short_job_wait
         self.watch_deadline = watch_deadline
         self.follow = [dict(spec) for spec in follow]
         self.follow_interval = follow_interval
@@ -412,6 +429,11 @@ class SlurmSubmitOperator(BaseOperator):
         if kind == NEVER_STARTS:
             left = self._give_up(context, hook, job_id, event["message"], history)
             raise AirflowFailException(f"{event['message']}.\n{left}".rstrip())
+        return self._conclude(context, hook, history, status)
+
+    def _conclude(self, context: Context, hook: SlurmHook, history: SubmissionHistory, status: JobStatus) -> Any:
+        """Success, a resubmission or a final failure for a job that ended in ``status``."""
+        job_id = status.job_id
         if not status.state.keeps_place_in_queue:  # SPECIAL_EXIT has no final accounting row yet
             status = self._accounted(hook, status)
         if status.state.is_success:
@@ -467,7 +489,7 @@ class SlurmSubmitOperator(BaseOperator):
                                clear_number=self._clear_number(context)))
         self._store_history(context, history)
         self.log.info("Submitted job %s (%s, submission %d, cause %s)", job_id, name, number, cause)
-        return self._defer(context, history)
+        return self._watch_then_defer(context, hook, history)
 
     def _adopt_live_writer(self, context: Context, history: SubmissionHistory, live: Sequence[JobStatus],
                            number: int, login_user: str | None = None) -> Any:
@@ -573,6 +595,53 @@ class SlurmSubmitOperator(BaseOperator):
                 self.log.warning("Looking up %s failed (%s); retrying", name, exc)
                 time.sleep(min(30, 2 ** attempt))
         return None
+
+    def _watch_then_defer(self, context: Context, hook: SlurmHook, history: SubmissionHistory) -> Any:
+        """Watch the job just submitted for ``short_job_wait`` seconds from its exit record; conclude
+        here when it ended, defer otherwise."""
+        current = history.current
+        assert current is not None
+        ended = self._ended_soon(context, hook, current.job_id) if self.short_job_wait > 0 else None
+        if ended is None:
+            return self._defer(context, history)
+        context["ti"].xcom_push(key=JOB_ID_XCOM_KEY, value=current.job_id)
+        self.log.info("Job %s ended within %.0f s of its submit: %s", current.job_id, self.short_job_wait,
+                      ended.state.value)
+        self._show_output(context, hook, current.job_id)
+        return self._conclude(context, hook, history, ended)
+
+    def _ended_soon(self, context: Context, hook: SlurmHook, job_id: str) -> JobStatus | None:
+        """The job's status once its exit record says it ended and Slurm agrees, within
+        ``short_job_wait`` seconds; None when it runs on, requeued itself, or could not be read (the
+        trigger then watches it, outages included)."""
+        record_path = end_record_path(self._log_path(context, job_id))
+        deadline = time.monotonic() + self.short_job_wait
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                time.sleep(min(SHORT_JOB_READ_INTERVAL, left))
+                record = parse_end_record(hook.read_file(record_path) or "")
+                if record is None:
+                    continue
+                if record.job_id != str(job_id) or record.requeued:
+                    return None  # another run follows: the trigger follows it
+                status = hook.statuses([job_id]).get(job_id)
+                if status is not None and status.state.is_terminal:
+                    return status
+        except (TransportError, RemoteCommandError) as exc:  # SlurmCommandFailed is a TransportError
+            self.log.info("Watching job %s from the worker stopped (%s); the trigger watches it", job_id, exc)
+        return None
+
+    def _show_output(self, context: Context, hook: SlurmHook, job_id: str) -> None:
+        """The output of a job that ended before any trigger streamed it, into the task log as the
+        trigger writes it."""
+        for stream, prefix in (("out", f"[job {job_id}]"), ("err", f"[job {job_id} stderr]")):
+            try:
+                text, _ = hook.read_log(self._log_path(context, job_id, stream=stream))
+            except (TransportError, RemoteCommandError) as exc:
+                self.log.warning("Could not read the %s output of job %s: %s", stream, job_id, exc)
+                continue
+            for line in text.splitlines():
+                self.log.info("%s %s", prefix, line)
 
     def _defer(self, context: Context, history: SubmissionHistory) -> None:
         current = history.current

@@ -9,3 +9,10 @@ MAX_POLL_INTERVAL = 300.0
 """The longest interval between two polls."""
 FIRST_POLL_DELAY = 10.0
 """Seconds before the first poll of a job just submitted (Slurm needs a moment to list it)."""
+SHORT_JOB_WAIT = 0.0
+"""Seconds a task watches the job it just submitted itself, from the job's exit record, before it
+defers (0: it defers at once). A job that ends within them completes the task without the trigger,
+whose first poll comes ``FIRST_POLL_DELAY`` after the deferral at the earliest; the task holds its
+worker slot meanwhile."""
+SHORT_JOB_READ_INTERVAL = 1.0
+"""Seconds between two reads of the exit record while a task watches its job itself."""
