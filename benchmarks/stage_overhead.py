@@ -220,12 +220,13 @@ def aggregate(runs: Sequence[Mapping[str, Any]], first_target: float, gap_target
 
 
 def run_jobs(cluster: Any, run_id: str) -> dict[str, list[Job]]:
-    """The run's jobs by task, from accounting once it holds every job submitted until now."""
+    """The run's jobs by task, from accounting once it holds every job submitted until now; every run of
+    a requeued job (``-D``), since a requeue resets the job's ``Submit`` to the requeue's time."""
     from slurm_provider.operators import job_name_for
 
     cluster.accounting_caught_up()
     names = {job_name_for(DAG_ID, task, run_id): task for task in JOB_TASKS}
-    out = cluster.root("sacct", "-X", "-n", "-P", "-a", "-S", "now-1days", f"--name={','.join(names)}",
+    out = cluster.root("sacct", "-X", "-D", "-n", "-P", "-a", "-S", "now-1days", f"--name={','.join(names)}",
                        "--format=JobIDRaw,JobName,Submit,Start,End,State").stdout
     by_task: dict[str, list[Job]] = {task: [] for task in JOB_TASKS}
     for job in parse_sacct(out):
