@@ -193,6 +193,15 @@ class LocalCluster:
         self.ssh(f"mkdir -p {shlex.quote(path)}")
         return path
 
+    def cancel_jobs_under(self, directory: str) -> None:
+        """Cancel every queued or running job whose output goes under ``directory`` (a test's project
+        directory): a test that ends early must not leave a job holding a node for the rest of the suite."""
+        out = self.root("squeue", "-h", "-O", "JobID:20,STDOUT:400", check=False).stdout
+        for line in out.splitlines():
+            fields = line.split(None, 1)
+            if len(fields) == 2 and fields[1].startswith(f"{directory}/"):
+                self.root("scancel", fields[0], check=False)
+
     def sacct_runs(self, job_id: int) -> list[dict[str, str]]:
         """One dict per run of the job (`sacct -D`), oldest first."""
         fields = "JobIDRaw,JobName,State,ExitCode,Comment"

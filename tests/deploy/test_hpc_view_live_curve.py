@@ -38,14 +38,6 @@ def _points(curve: dict[str, Any]) -> int:
     return len(curve["points"]["loss"]) + len(curve["points"]["val_psnr"])
 
 
-def _cancel_leftovers(cluster: LocalCluster, project_dir: str) -> None:
-    """The stage's job, still training when the test ends, must not hold a node for the rest of the suite."""
-    out = cluster.root("squeue", "-h", "-O", "JobID:20,STDOUT:400", check=False).stdout
-    for line in out.splitlines():
-        fields = line.split(None, 1)
-        if len(fields) == 2 and fields[1].startswith(f"{project_dir}/"):
-            cluster.root("scancel", fields[0], check=False)
-
 
 def test_a_training_stage_shows_its_curve_with_its_age_while_its_job_runs(
         local_cluster: LocalCluster, cluster_connection: str, tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -61,9 +53,7 @@ def test_a_training_stage_shows_its_curve_with_its_age_while_its_job_runs(
     try:
         with deployment_with_dag(env, home, DAG_ID) as (components, api):
             api_server = components.procs["api-server"].pid
-            status, body = api.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns",
-                                    {"dag_run_id": run_id, "logical_date": None, "conf": conf})
-            assert status == 200, body
+            api.trigger(DAG_ID, run_id, conf)
             contacts: list[str] = []
 
             def drawn_while_running(more_than: int = 0) -> tuple[dict[str, Any], str] | None:
@@ -103,4 +93,4 @@ def test_a_training_stage_shows_its_curve_with_its_age_while_its_job_runs(
             print(f"stage curve drawn while job {later['job_id']} ran: {_points(first)} then {_points(later)} "
                   f"point(s), {later['problem']}")
     finally:
-        _cancel_leftovers(local_cluster, project_dir)
+        local_cluster.cancel_jobs_under(project_dir)

@@ -142,18 +142,13 @@ def test_a_frozen_login_node_leaves_the_api_server_answering_and_the_view_says_s
     try:
         with deployment_with_dag(env, home, DAG_ID) as (components, api):
             api_server = components.procs["api-server"].pid
-            status, body = api.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns",
-                                    {"dag_run_id": run_id, "logical_date": None, "conf": conf})
-            assert status == 200, body
+            api.trigger(DAG_ID, run_id, conf)
             # A task on a worker, not deferred, that runs through the freeze.
             poll_until(lambda: api.call("GET", f"/api/v2/dags/{SLEEPER_DAG}")[0] == 200, timeout=300, interval=2,
                        what=f"the DAG processor to parse {SLEEPER_DAG}")
             status, body = api.call("PATCH", f"/api/v2/dags/{SLEEPER_DAG}", {"is_paused": False})
             assert status == 200, body
-            status, body = api.call("POST", f"/api/v2/dags/{SLEEPER_DAG}/dagRuns", {
-                "dag_run_id": run_id, "logical_date": None,
-                "conf": {"release": str(sleeper_release), "started": str(sleeper_started)}})
-            assert status == 200, body
+            api.trigger(SLEEPER_DAG, run_id, {"release": str(sleeper_release), "started": str(sleeper_started)})
 
             def seen_running() -> dict[str, Any] | None:
                 row = _row(api, run_id)

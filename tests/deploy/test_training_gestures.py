@@ -46,16 +46,8 @@ def deployment(local_cluster: LocalCluster, cluster_connection: str,
         with deployment_with_dag(env, home, DAG_ID) as (components, api):
             yield {"components": components, "api": api, "project_dir": project_dir}
     finally:
-        _cancel_leftovers(local_cluster, project_dir)
+        local_cluster.cancel_jobs_under(project_dir)
 
-
-def _cancel_leftovers(cluster: LocalCluster, project_dir: str) -> None:
-    """A failed test must not leave a job of its project running for the rest of the suite."""
-    out = cluster.root("squeue", "-h", "-O", "JobID:20,STDOUT:400", check=False).stdout
-    for line in out.splitlines():
-        fields = line.split(None, 1)
-        if len(fields) == 2 and fields[1].startswith(f"{project_dir}/"):
-            cluster.root("scancel", fields[0], check=False)
 
 
 # --- the UI's actions, through the REST API it calls ----------------------------------------------------
