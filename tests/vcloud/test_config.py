@@ -158,7 +158,7 @@ def test_overrides_leave_the_parsed_file_unchanged() -> None:
 @pytest.mark.parametrize(("override", "message"), [
     ("train.log_every_step=5", "train: unknown key(s) log_every_step (valid: seed, lr_schedule"),
     ("trian.seed=1", "top level: unknown key(s) trian (valid: name, data, train, model, memory)"),
-    ("train.stage0.epoch=3", "train.stage0: unknown key(s) epoch (valid: epochs, batch_size, lr)"),
+    ("train.stage0.epoch=3", "train.stage0: unknown key(s) epoch (valid: epochs, batch_size, lr, patience)"),
     ("train.seed=one", "train.seed='one' is invalid (allowed: an integer)"),
 ])
 def test_unknown_or_bad_overrides_are_refused_by_the_config_validation(tmp_path: Path, override: str,

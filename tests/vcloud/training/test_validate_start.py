@@ -118,6 +118,7 @@ def test_stage3_toward_another_domain_keeps_training_that_costs_at_most_max_val_
     for stage, epochs in ((0, 1), (1, 1), (2, 1)):
         _train(stage, cfg, tiny_prepared, tmp_path, epochs)
     raw = cfg.to_dict()
+    raw["train"]["stage3"]["patience"] = 0  # all three epochs, whatever they gain (early stopping: test_early_stop)
     if other_domain:
         raw["model"]["stage3"].update(unlabeled_data=str(tiny_prepared), unlabeled_split="val", max_val_loss=0.1)
     scripted = iter([30.0, 29.95, 30.02, 29.85])

@@ -81,11 +81,19 @@ class StageTrainConfig:
     """Samples per step on each rank (global batch = batch_size x world size)."""
     lr: float = 2.0e-4
     """Peak learning rate of AdamW."""
+    patience: int = 0
+    """Validations in a row without a gain in ``train.best_metric`` after which the stage stops
+    before its epoch count, hands on its ``best.pt`` and writes ``COMPLETE`` with the reason (its job
+    then ends, releasing its GPUs); 0 = always train every epoch. A gain is what replaces
+    ``best.pt`` (stages 1-3: beating the start by ``start_min_gain`` first). With a curriculum only
+    validations after the current phase's first epoch count (:mod:`vcloud.training.early_stop`)."""
 
     def validate(self, section: str) -> None:
         _check(self.epochs >= 1, section, "epochs", self.epochs, "an integer >= 1")
         _check(self.batch_size >= 1, section, "batch_size", self.batch_size, "an integer >= 1")
         _check(0.0 < self.lr < 1.0, section, "lr", self.lr, "a float in (0, 1)")
+        _check(self.patience >= 0, section, "patience", self.patience,
+               "an integer >= 0 (validations without a gain before the stage stops; 0 = never early)")
 
 
 @dataclass(frozen=True)
