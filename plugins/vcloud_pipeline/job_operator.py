@@ -30,7 +30,11 @@ from vcloud.contract import (
     best_checkpoint_metrics,
     completed_epochs,
     final_metrics,
+    gain_metric,
     recorded_code_hash,
+    stop_detail,
+    stop_reason,
+    validation_gain,
 )
 
 from vcloud_pipeline import job_exits
@@ -269,7 +273,8 @@ class PipelineJobOperator(SlurmSubmitOperator):
 
     def _report(self, context: Any, summary: dict[str, Any]) -> dict[str, Any]:
         """Add every job's state, the code, the metrics of the stage's ``best.pt`` (and of its last
-        epoch) and the asset event to the summary.
+        epoch), what its training gained on validation over its start and why it stopped, and the
+        asset event to the summary.
 
         ``code_hash`` is the code the jobs ran; ``trained_code_hash`` the code that finished the
         stage, as the trainer recorded it in ``COMPLETE`` (and in every checkpoint).
@@ -286,7 +291,10 @@ class PipelineJobOperator(SlurmSubmitOperator):
                         "states": states,
                         "allocation": self._allocation_after(ctx, hook),
                         "metrics": best_metrics, "best_epoch": best_epoch,
-                        "final_metrics": final_metrics(record), "epochs": completed_epochs(record)})
+                        "final_metrics": final_metrics(record), "epochs": completed_epochs(record),
+                        "validation_gain": validation_gain(record),
+                        "gain_metric": gain_metric(record),
+                        "stop_reason": stop_reason(record), "stop_detail": stop_detail(record)})
         asset = asset_for(self.job)
         if asset is not None and "outlet_events" in context:
             where = (str(ctx.paths.best_checkpoint(int(self.job[5:]))) if self.job.startswith("stage")

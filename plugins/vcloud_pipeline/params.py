@@ -87,6 +87,10 @@ class TrainingRequest:
     """A stage resumed from a ``latest.pt`` written by other code whose optimizer layout differs:
     ``keep_weights`` resumes the weights with a fresh optimizer state, ``refuse`` stops the job
     (exit 88). Weights that no longer fit are refused either way."""
+    force_stages: tuple[int, ...] = ()
+    """Selected stages to train even where the plan finds that the run's inputs give them nothing
+    to do (:func:`vcloud_pipeline.stage_decisions.stages_without_work`: stage 3 without an
+    unlabeled domain); a subset of :attr:`stages`."""
 
     @property
     def config_path(self) -> str:
@@ -95,14 +99,17 @@ class TrainingRequest:
     def selected(self, stage: int) -> bool:
         return stage in self.stages
 
+    def forced(self, stage: int) -> bool:
+        return stage in self.force_stages
+
     def to_dict(self) -> dict[str, Any]:
         return {name: (list(v) if isinstance(v := getattr(self, name), tuple) else v) for name in (
             "profile", "config", "stages", "mode", "max_resubmits", "dry_run", "run_name", "export",
-            "time_limit", "max_epochs", "partition", "nodes", "gpus_per_node", "on_code_change")}
+            "time_limit", "max_epochs", "partition", "nodes", "gpus_per_node", "on_code_change", "force_stages")}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "TrainingRequest":
-        return cls(**{**data, "stages": tuple(data["stages"])})
+        return cls(**{**data, "stages": tuple(data["stages"]), "force_stages": tuple(data.get("force_stages", ()))})
 
 
 def _integer(low: int, high: int) -> Any:
@@ -132,6 +139,16 @@ def _flag(value: Any) -> bool:
 def _stages(value: Any) -> tuple[int, ...]:
     if value is None or value == []:
         return STAGES
+    return _stage_list(value)
+
+
+def _force_stages(value: Any) -> tuple[int, ...]:
+    if value is None or value == []:
+        return ()
+    return _stage_list(value)
+
+
+def _stage_list(value: Any) -> tuple[int, ...]:
     if isinstance(value, (int, str)) and not isinstance(value, bool):
         value = [value]
     if not isinstance(value, (list, tuple)):
@@ -199,6 +216,7 @@ class RunConf(Document):
     nodes: _integer(1, MAX_NODES) = 1
     gpus_per_node: _integer(1, 64) = 1
     on_code_change: OnCodeChange = ON_CODE_CHANGE_DEFAULT
+    force_stages: Annotated[tuple[int, ...], BeforeValidator(_force_stages)] = ()
 
 
 FIELDS: tuple[str, ...] = tuple(RunConf.model_fields)
@@ -235,6 +253,10 @@ def parse_request(conf: Mapping[str, Any], *, run_type: str | None = None, logic
         if not stages:
             raise RequestError(f"start_stage {run.start_stage} leaves none of the stages {list(run.stages)} "
                                "to run")
+    unselected = sorted(set(run.force_stages) - set(stages))
+    if unselected:
+        raise RequestError(f"force_stages {list(run.force_stages)} names stage(s) {unselected} that the run does not "
+                           f"train (stages {list(stages)}): add them to stages, or drop them from force_stages")
     run_name = run.run_name or default_run_name(run.config, run_type, logical_date)
     try:
         validate_run_name(run_name)
@@ -244,7 +266,7 @@ def parse_request(conf: Mapping[str, Any], *, run_type: str | None = None, logic
                            max_resubmits=run.max_resubmits, dry_run=run.dry_run, run_name=run_name,
                            export=run.export, time_limit=run.time_limit, max_epochs=run.max_epochs,
                            partition=run.partition, nodes=run.nodes, gpus_per_node=run.gpus_per_node,
-                           on_code_change=run.on_code_change)
+                           on_code_change=run.on_code_change, force_stages=run.force_stages)
 
 
 def dag_params(default_profile: str = DEFAULT_PROFILE,
@@ -270,7 +292,9 @@ def dag_params(default_profile: str = DEFAULT_PROFILE,
         "stages": Param(list(STAGES), type="array", items={"type": "integer", "minimum": 0, "maximum": 3},
                         title="Stages",
                         description="Stages to run (0 autoencoder, 1 draft, 2 refiner, 3 self-training). "
-                                    "Complete stages are skipped unless mode is restart."),
+                                    "Complete stages are skipped unless mode is restart, and so are stages the "
+                                    "run's inputs give nothing to do (stage 3 without "
+                                    "model.stage3.unlabeled_data) unless listed in force_stages."),
         "mode": Param("resume", type="string", enum=list(MODES), title="Resume or restart",
                       description="resume: skip complete stages and continue from latest.pt. restart: move "
                                   "the selected stages' outputs aside and train them from scratch."),
@@ -307,6 +331,12 @@ def dag_params(default_profile: str = DEFAULT_PROFILE,
                                section=ADVANCED,
                                description="GPUs (GCDs on LUMI) per node of each training job; whole-node "
                                            "partitions need all of a node's."),
+        "force_stages": Param([], type="array", items={"type": "integer", "minimum": 0, "maximum": 3},
+                              title="Train anyway", section=ADVANCED,
+                              description="Selected stages to train even where the plan finds nothing for them "
+                                          "to do with the run's inputs, e.g. [3]: stage 3 without an unlabeled "
+                                          "domain (model.stage3.unlabeled_data empty) pseudo-labels part of the "
+                                          "labeled training split, and keeps stage 2's model unless it beats it."),
         "on_code_change": Param(ON_CODE_CHANGE_DEFAULT, type="string", enum=list(ON_CODE_CHANGE_CHOICES),
                                 title="Resuming after a code change", section=ADVANCED,
                                 description="A stage resumed from a latest.pt that other code wrote, whose "

@@ -2,7 +2,9 @@
 
 What ``make demo`` shows at the end, and what a person checks after a run: checkpoints, viewer
 images and metrics as they are on the cluster, each stage's metrics from its ``COMPLETE`` record
-(those of ``best.pt``, the weights handed on, and of the last epoch), where each stage's
+(those of ``best.pt``, the weights handed on, and of the last epoch) with why it stopped and what
+its GPU-hours bought on validation (with ``--dag-run-id``: that DAG run's GPU-hours per stage), the
+stages a run does not submit and why, where each stage's
 training-curve PNG is (the export's ``curves/stage{N}.png``), what the project's jobs
 have cost, and the allocation with the source of each figure (Slurm's limit on the account, or the
 profile's ``billing.allocation``).
@@ -19,7 +21,8 @@ from vcloud_pipeline.params import RequestError, parse_request
 from vcloud_pipeline.budget import Allocation
 from vcloud_pipeline.preflight import read_allocation, read_ledger
 from vcloud_pipeline.remote import listing
-from vcloud_pipeline.tasks import RunContext, curve_pngs, stage_records
+from vcloud_pipeline.stage_decisions import stages_without_work
+from vcloud_pipeline.tasks import RunContext, curve_pngs, run_config, stage_records, stage_yields, yield_line
 
 
 def _size(n: int) -> str:
@@ -74,6 +77,22 @@ def curves_section(pngs: dict[str, str]) -> list[str]:
     return lines
 
 
+def yields_section(records: dict, ledger, dag_run_id: str | None) -> list[str]:
+    """Per stage: GPU-hours (of DAG run ``dag_run_id``, from the ledger), validation gain over its
+    start, gain per GPU-hour, why it stopped."""
+    hours = {}
+    if dag_run_id:
+        hours = {label: h for (run, label), h in ledger.summary.by_stage.items()
+                 if run == dag_run_id and label.startswith("stage")}
+    title = f"GPU-hours of DAG run {dag_run_id}" if dag_run_id else "GPU-hours: pass --dag-run-id"
+    lines = [f"what each stage bought on validation ({title}):"]
+    yields = stage_yields(records, hours)
+    lines += [f"  {yield_line(label, entry)}" for label, entry in yields.items()]
+    if not yields:
+        lines.append("  no stage complete yet")
+    return lines
+
+
 def render_report(ctx: RunContext, hook, dag_run_id: str | None = None) -> str:
     paths = ctx.paths
     lines = [f"run {ctx.request.run_name} on profile {ctx.profile.name}", "", f"outputs: {paths.outputs_dir}"]
@@ -84,15 +103,18 @@ def render_report(ctx: RunContext, hook, dag_run_id: str | None = None) -> str:
     if metrics:
         lines += ["", "viewer metrics.json:", *("  " + line for line in metrics.strip().splitlines()[:40])]
     lines += ["", "stages (from COMPLETE):"]
-    for label, record in stage_records(ctx, hook).items():
+    records = stage_records(ctx, hook)
+    for label, record in records.items():
         if record is None:
-            lines.append(f"  {label}: not complete")
+            reason = ctx.plan.without_work.get(int(label[5:]))
+            lines.append(f"  {label}: not complete" + (f" ({reason})" if reason else ""))
             continue
         best_epoch, best = best_checkpoint_metrics(record)
         lines.append(f"  {label}: {completed_epochs(record)} epochs; best.pt from epoch {best_epoch}: {_metrics(best)}; "
                      f"last epoch: {_metrics(final_metrics(record))}")
-    lines += ["", *curves_section(curve_pngs(ctx, hook))]
     ledger = read_ledger(hook, ctx.profile)
+    lines += ["", *yields_section(records, ledger, dag_run_id)]
+    lines += ["", *curves_section(curve_pngs(ctx, hook))]
     lines += ["", *ledger_section(ledger, dag_run_id, ctx.profile.billing.unit)]
     lines += ["", *allocation_section(read_allocation(hook, ctx.profile, ledger))]
     return "\n".join(lines)
@@ -106,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dag-run-id", default=None, help="Airflow run id whose jobs the ledger lists one by one")
     args = parser.parse_args(argv)
     try:
-        ctx = RunContext.build(parse_request({"profile": args.profile, "config": args.config, "run_name": args.run}))
+        request = parse_request({"profile": args.profile, "config": args.config, "run_name": args.run})
+        ctx = RunContext.build(request, stages_without_work(request, run_config(request)))
     except RequestError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

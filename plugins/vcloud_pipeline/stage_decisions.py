@@ -4,17 +4,20 @@ The seed's manual workflow (``sbatch --export=ALL,START_STAGE=2 ...``) skips sta
 done; here that is :func:`decide`: a pure function of what was asked (:class:`StagePlan`) and what
 is on the cluster (:class:`StageFiles`), so it is tested without a cluster and the DAG only
 gathers the facts. A stage is complete when its ``COMPLETE`` marker and ``best.pt`` both exist;
-a stage after 0 needs its predecessor's ``best.pt`` in the same run.
+a stage after 0 needs its predecessor's ``best.pt`` in the same run. A stage that the run's inputs
+give nothing to do (:func:`stages_without_work`) is decided at ``plan`` and never submitted.
 """
 
 from __future__ import annotations
 
 import json
+import types
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from vcloud.config import VCloudConfig
 from vcloud.contract import DATA_INDEX, STAGES
 
 from vcloud_pipeline.jobspec import JobSpec
@@ -62,25 +65,48 @@ class StageFiles:
         return self.complete is not None and bool(self.best)
 
 
+def stages_without_work(request: TrainingRequest, config: VCloudConfig) -> dict[int, str]:
+    """The selected stages that the run's inputs give nothing to do, each with why: submitted, they
+    would spend their GPU-hours and hand on the model they started from. A stage in the request's
+    ``force_stages`` is trained anyway.
+
+    Stage 3 adapts to an unlabeled domain (``model.stage3.unlabeled_data``); without one it
+    pseudo-labels part of the labeled training split, where its student cannot learn what the
+    labels do not already teach, and keeps stage 2's model."""
+    out: dict[int, str] = {}
+    if request.selected(3) and not request.forced(3) and not config.model.section(3).get("unlabeled_data"):
+        out[3] = (f"stage 3 not submitted: model.stage3.unlabeled_data is empty in {request.config_path}, so it has "
+                  "no unlabeled domain to adapt to and would hand on stage 2's model after spending its GPU-hours "
+                  "(name the new domain's prepared series there, or train it anyway with force_stages [3])")
+    return out
+
+
 @dataclass(frozen=True)
 class StagePlan:
     """Which jobs a run submits, from a validated request and the cluster profile."""
 
     request: TrainingRequest
     synthetic_data: bool
+    without_work: Mapping[int, str] = field(default_factory=dict)
+    """Selected stages decided at ``plan`` not to be submitted (:func:`stages_without_work`), with why."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "without_work", types.MappingProxyType(dict(self.without_work)))
 
     @classmethod
-    def build(cls, request: TrainingRequest, profile: ClusterProfile) -> "StagePlan":
+    def build(cls, request: TrainingRequest, profile: ClusterProfile,
+              without_work: Mapping[int, str] | None = None) -> "StagePlan":
         if profile.synthetic_data and request.config not in SYNTHETIC_PRESETS:
             raise StageDecisionError(
                 f"config {request.config} needs the real dataset, but profile {profile.name} has only "
                 f"synthetic data (configs with a synthetic preset: {', '.join(SYNTHETIC_PRESETS)})"
             )
-        return cls(request=request, synthetic_data=profile.synthetic_data)
+        return cls(request=request, synthetic_data=profile.synthetic_data, without_work=without_work or {})
 
     @property
     def stages(self) -> tuple[int, ...]:
-        return self.request.stages
+        """The selected stages the run may submit (those without work left out)."""
+        return tuple(s for s in self.request.stages if s not in self.without_work)
 
     @property
     def data_preset(self) -> str | None:
@@ -111,6 +137,8 @@ def decide(plan: StagePlan, stage: int, files: StageFiles, paths: RunPaths) -> D
     r = plan.request
     if not r.selected(stage):
         return Decision(Action.SKIP, f"stage {stage} not selected (stages {list(r.stages)})")
+    if stage in plan.without_work:
+        return Decision(Action.SKIP, plan.without_work[stage])
     if r.dry_run:
         return Decision(Action.SKIP, f"dry run: stage {stage} rendered and checked, not submitted")
     restart = r.mode == "restart"

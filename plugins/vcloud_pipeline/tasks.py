@@ -23,7 +23,17 @@ from slurm_provider.operators import (
     DEFAULT_RETRY_EXPONENTIAL_BACKOFF,
 )
 from slurm_provider.transport.base import TransportError
-from vcloud.contract import STAGES
+from vcloud.config import ConfigError, VCloudConfig, load_config
+from vcloud.contract import (
+    STAGES,
+    completed_epochs,
+    gain_metric,
+    gain_per_gpu_hour,
+    gain_unit,
+    stop_detail,
+    stop_reason,
+    validation_gain,
+)
 
 from vcloud_pipeline.code_retention import RetentionPlan, mark_run, release_run, remove_unused_code_dirs
 from vcloud_pipeline.jobspec import JobSpec
@@ -48,6 +58,7 @@ from vcloud_pipeline.stage_decisions import (
     StagePlan,
     completion_record,
     decide_data,
+    stages_without_work,
 )
 from vcloud_pipeline.code_upload import PROJECT_ROOT, local_manifest, render_run_jobs, sync_run
 
@@ -88,7 +99,8 @@ class RunContext:
     plan: StagePlan
 
     @classmethod
-    def build(cls, request: TrainingRequest) -> "RunContext":
+    def build(cls, request: TrainingRequest, without_work: Mapping[int, str] | None = None) -> "RunContext":
+        """``without_work``: the stages the plan decided not to submit (:func:`plan_run`)."""
         try:
             overrides = overrides_from_environ(request.profile) or None
             profile = load_profile(request.profile, overrides=overrides)
@@ -98,13 +110,16 @@ class RunContext:
             profile.require_complete()
         except ProfileError as exc:
             raise RequestError(str(exc)) from None
-        plan = StagePlan.build(request, profile)
+        plan = StagePlan.build(request, profile, without_work)
         paths = run_paths(profile, request.run_name, synthetic_preset=plan.data_preset)
         return cls(request=request, profile=profile, paths=paths, plan=plan)
 
     @classmethod
     def from_xcom(cls, planned: Mapping[str, Any]) -> "RunContext":
-        return cls.build(TrainingRequest.from_dict(planned["request"]))
+        """The plan as ``plan`` decided it (the stages it found without work included, never decided
+        again from a config file that may have changed since)."""
+        without_work = {int(stage): reason for stage, reason in (planned.get("without_work") or {}).items()}
+        return cls.build(TrainingRequest.from_dict(planned["request"]), without_work)
 
     def specs(self) -> dict[str, JobSpec]:
         return self.plan.job_specs()
@@ -130,20 +145,34 @@ def run_type_name(run_type: Any) -> str | None:
     return str(getattr(run_type, "value", run_type))
 
 
-def plan_run(params: Mapping[str, Any], *, run_type: Any = None, logical_date: Any = None) -> dict[str, Any]:
-    """Validate the run's params and profile; everything later builds on this. Fails before any I/O
-    on the cluster."""
+def run_config(request: TrainingRequest, project_root: Path = PROJECT_ROOT) -> VCloudConfig:
+    """The trainer configuration the run's jobs will load (the file ``sync_code`` sends)."""
+    try:
+        return load_config(project_root / request.config_path)
+    except ConfigError as exc:
+        raise RequestError(str(exc)) from None
+
+
+def plan_run(params: Mapping[str, Any], *, run_type: Any = None, logical_date: Any = None,
+             project_root: Path = PROJECT_ROOT) -> dict[str, Any]:
+    """Validate the run's params, profile and trainer config, and decide which selected stages the
+    run's inputs give nothing to do; everything later builds on this. Fails before any I/O on the
+    cluster."""
     conf = {k: v for k, v in params.items() if v is not None}
     request = parse_request(conf, run_type=run_type_name(run_type), logical_date=logical_date)
+    without_work = stages_without_work(request, run_config(request, project_root))
     try:
-        ctx = RunContext.build(request)
+        ctx = RunContext.build(request, without_work)
     except StageDecisionError as exc:
         raise RequestError(str(exc)) from None
     ctx.render("0" * 64)  # every job must render (resources within the partitions' limits)
     log.info("run %s on profile %s: config %s, stages %s, mode %s%s", request.run_name, request.profile,
-             request.config, list(request.stages), request.mode, " (dry run)" if request.dry_run else "")
+             request.config, list(ctx.plan.stages), request.mode, " (dry run)" if request.dry_run else "")
+    for reason in without_work.values():
+        log.info("%s", reason)
     return {
         "request": request.to_dict(),
+        "without_work": {str(stage): reason for stage, reason in without_work.items()},
         "conn_id": ctx.profile.connection.conn_id,
         "outputs_dir": str(ctx.paths.outputs_dir),
         "viewer_dir": str(ctx.paths.viewer_dir),
@@ -280,9 +309,52 @@ def curve_pngs(ctx: RunContext, hook: Any) -> dict[str, str]:
     return {label: path for label, path in wanted.items() if present.get(path)}
 
 
+def stage_yields(records: Mapping[str, Mapping[str, Any] | None],
+                 gpu_hours: Mapping[str, float | None]) -> dict[str, dict[str, Any]]:
+    """Per stage: the GPU-hours it cost (``gpu_hours``, by stage label), the validation gain its
+    ``best.pt`` has over the model it started from (its ``COMPLETE`` record, ``records``), the gain
+    per GPU-hour, and why it stopped. Stages with neither hours nor a record are left out."""
+    out: dict[str, dict[str, Any]] = {}
+    for stage in STAGES:
+        label = f"stage{stage}"
+        record, hours = records.get(label), gpu_hours.get(label)
+        if record is None and hours is None:
+            continue
+        gain = validation_gain(record)
+        per_hour = gain_per_gpu_hour(gain, hours)
+        out[label] = {
+            "gpu_hours": None if hours is None else round(hours, 4),
+            "metric": gain_metric(record),
+            "gain": None if gain is None else round(gain, 4),
+            "gain_per_gpu_hour": None if per_hour is None else round(per_hour, 4),
+            "epochs": completed_epochs(record),
+            "stop_reason": stop_reason(record),
+            "stop_detail": stop_detail(record),
+        }
+    return out
+
+
+def yield_line(label: str, entry: Mapping[str, Any]) -> str:
+    """One stage's yield for a person: ``stage1: 0.0123 GPU-hours, validation psnr +0.52 dB over its
+    start, 42.28 dB per GPU-hour; trained its 3 epochs``."""
+    hours = entry.get("gpu_hours")
+    parts = [f"{label}: " + ("GPU-hours not recorded in this run" if hours is None else f"{hours:.4f} GPU-hours")]
+    unit = gain_unit(entry.get("metric"))
+    if entry.get("gain") is None:
+        parts.append("no start scored, no gain measured" if entry.get("stop_reason") else "not complete")
+    else:
+        parts.append(f"validation {entry['metric']} {entry['gain']:+.3f} {unit} over its start")
+        if entry.get("gain_per_gpu_hour") is not None:
+            parts.append(f"{entry['gain_per_gpu_hour']:.3f} {unit} per GPU-hour")
+    line = ", ".join(parts)
+    if entry.get("stop_detail"):
+        line += f"; {entry['stop_detail']}"
+    return line
+
+
 def summarize(ctx: RunContext, hook: Any, job_summaries: Mapping[str, Any]) -> dict[str, Any]:
-    """The run at a glance: per job what ran, per stage the final metrics and its training-curve PNG,
-    the files, the ledger."""
+    """The run at a glance: per job what ran, per stage the final metrics, what its GPU-hours bought
+    on validation and its training-curve PNG, the stages not submitted and why, the files, the ledger."""
     ledger = read_ledger(hook, ctx.profile)
     allocation = read_allocation(hook, ctx.profile, ledger)
     log.info("allocation (%s): %s", allocation.source, allocation.describe())
@@ -292,11 +364,20 @@ def summarize(ctx: RunContext, hook: Any, job_summaries: Mapping[str, Any]) -> d
     curves = curve_pngs(ctx, hook)
     log.info("training curves: %s", "; ".join(f"{label} {path}" for label, path in curves.items())
              or "none plotted (the export job plots them)")
+    hours = {label: job.get("gpu_hours") for label, job in job_summaries.items() if label.startswith("stage")}
+    yields = stage_yields({label: records.get(label) for label in hours}, hours)
+    for label, entry in yields.items():
+        log.info("%s", yield_line(label, entry))
+    not_submitted = {f"stage{stage}": reason for stage, reason in ctx.plan.without_work.items()}
+    for reason in not_submitted.values():
+        log.info("%s", reason)
     return {
         "run": ctx.request.run_name,
         "profile": ctx.profile.name,
         "jobs": dict(job_summaries),
         "stages": records,
+        "stage_yields": yields,
+        "not_submitted": not_submitted,
         "files": len(files),
         "curves": curves,
         "ledger": ledger_report(ledger),

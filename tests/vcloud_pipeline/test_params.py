@@ -147,3 +147,25 @@ def test_the_config_choices_are_the_configs_shipped() -> None:
 
     assert get_args(ConfigName) == tuple(CONFIGS)
     assert FIELDS == tuple(RunConf.model_fields) and "start_stage" in FIELDS
+
+
+def test_force_stages_is_a_subset_of_the_stages_the_run_trains() -> None:
+    assert parse_request({"profile": "local"}).force_stages == ()
+    request = parse_request({"profile": "local", "force_stages": ["3"]})
+    assert request.force_stages == (3,) and request.forced(3) and not request.forced(2)
+    assert TrainingRequest.from_dict(request.to_dict()) == request
+    with pytest.raises(RequestError, match=r"force_stages \[3\] names stage\(s\) \[3\] that the run does not train "
+                                           r"\(stages \[0, 1\]\)"):
+        parse_request({"profile": "local", "stages": [0, 1], "force_stages": [3]})
+    with pytest.raises(RequestError, match=r"force_stages"):
+        parse_request({"profile": "local", "force_stages": [4]})
+
+
+def test_the_plan_carries_the_stages_without_work_to_every_later_task() -> None:
+    from vcloud_pipeline.tasks import RunContext, plan_run
+
+    planned = plan_run({"profile": "local", "config": "tiny", "run_name": "carried"})
+    assert list(planned["without_work"]) == ["3"]
+    assert RunContext.from_xcom(planned).plan.without_work == {3: planned["without_work"]["3"]}
+    forced = plan_run({"profile": "local", "config": "tiny", "run_name": "carried", "force_stages": [3]})
+    assert forced["without_work"] == {} and RunContext.from_xcom(forced).plan.stages == (0, 1, 2, 3)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from vcloud.config import config_from_dict, load_config
 from vcloud.contract import best_checkpoint_metrics
 from vcloud_pipeline.layout import run_paths
 from vcloud_pipeline.params import parse_request
@@ -16,6 +17,7 @@ from vcloud_pipeline.stage_decisions import (
     decide,
     decide_data,
     decide_export,
+    stages_without_work,
 )
 
 LOCAL = load_profile("local")
@@ -102,3 +104,30 @@ def test_best_checkpoint_metrics_are_those_of_best_pt_not_of_the_last_epoch() ->
     older = {"epochs": 3, "final_metrics": {"psnr": 45.5}, "best_metric": {"name": "psnr", "value": 48.1, "epoch": 2}}
     assert best_checkpoint_metrics(older) == (3, {"psnr": 45.5})
     assert best_checkpoint_metrics(None) == (None, None)
+
+
+def _tiny(unlabeled_data: str = ""):
+    from vcloud_pipeline.code_upload import PROJECT_ROOT
+
+    raw = load_config(PROJECT_ROOT / "trainer/configs/model_tiny.yaml").to_dict()
+    raw["model"]["stage3"]["unlabeled_data"] = unlabeled_data
+    return config_from_dict(raw)
+
+
+def test_stage3_without_an_unlabeled_domain_is_not_submitted_unless_forced() -> None:
+    request = parse_request({"profile": "local", "run_name": "r"})
+    without = stages_without_work(request, _tiny())
+    assert list(without) == [3]
+    assert "model.stage3.unlabeled_data is empty in trainer/configs/model_tiny.yaml" in without[3]
+    assert "force_stages [3]" in without[3]
+    p = StagePlan.build(request, LOCAL, without)
+    skip = decide(p, 3, FRESH, PATHS)
+    assert not skip.submit and skip.reason == without[3]
+    assert decide(p, 2, FRESH, PATHS).submit
+    assert p.stages == (0, 1, 2) and "stage3" not in p.training_labels(), "no test-only, no worst case"
+    assert "stage3" in p.job_specs(), "still rendered (a later run may force it)"
+
+    assert stages_without_work(request, _tiny("../hazier")) == {}
+    forced = parse_request({"profile": "local", "run_name": "r", "force_stages": [3]})
+    assert stages_without_work(forced, _tiny()) == {}
+    assert stages_without_work(parse_request({"profile": "local", "stages": [0, 1]}), _tiny()) == {}
