@@ -88,9 +88,9 @@ class TrainingRequest:
     ``keep_weights`` resumes the weights with a fresh optimizer state, ``refuse`` stops the job
     (exit 88). Weights that no longer fit are refused either way."""
     force_stages: tuple[int, ...] = ()
-    """Selected stages to train even where the plan finds that the run's inputs give them nothing
-    to do (:func:`vcloud_pipeline.stage_decisions.stages_without_work`: stage 3 without an
-    unlabeled domain); a subset of :attr:`stages`."""
+    """Stages to train even where the plan finds that the run's inputs give them nothing to do
+    (:func:`vcloud_pipeline.stage_decisions.stages_without_work`: stage 3 without an unlabeled
+    domain), when the run selects them (:attr:`stages`); one it does not select stays unselected."""
 
     @property
     def config_path(self) -> str:
@@ -100,7 +100,7 @@ class TrainingRequest:
         return stage in self.stages
 
     def forced(self, stage: int) -> bool:
-        return stage in self.force_stages
+        return stage in self.force_stages and self.selected(stage)
 
     def to_dict(self) -> dict[str, Any]:
         return {name: (list(v) if isinstance(v := getattr(self, name), tuple) else v) for name in (
@@ -253,10 +253,6 @@ def parse_request(conf: Mapping[str, Any], *, run_type: str | None = None, logic
         if not stages:
             raise RequestError(f"start_stage {run.start_stage} leaves none of the stages {list(run.stages)} "
                                "to run")
-    unselected = sorted(set(run.force_stages) - set(stages))
-    if unselected:
-        raise RequestError(f"force_stages {list(run.force_stages)} names stage(s) {unselected} that the run does not "
-                           f"train (stages {list(stages)}): add them to stages, or drop them from force_stages")
     run_name = run.run_name or default_run_name(run.config, run_type, logical_date)
     try:
         validate_run_name(run_name)
