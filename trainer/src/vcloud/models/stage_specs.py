@@ -27,6 +27,7 @@ from vcloud.data.dataset import SeriesDataset
 from vcloud.models.cfdt import CFDT, CFDTConfig
 from vcloud.models.draft_and_refiner import DraftAndRefiner, run_draft
 from vcloud.models.latent_refiner import LatentDiffusionRefiner, RefinerConfig
+from vcloud.models.level import LevelCorrection
 from vcloud.models.scene_adapter import SceneAdapter, reference_statistics
 from vcloud.models.selftrain import (
     PseudoLabeledSeries,
@@ -81,7 +82,8 @@ STAGE1 = StageSpec(
 def _build_refiner(cfg: RefinerConfig, ctx: BuildContext) -> nn.Module:
     autoencoder = ctx.load_predecessor(0)
     draft_model = ctx.load_predecessor(1)
-    return DraftAndRefiner(draft_model, LatentDiffusionRefiner(cfg, autoencoder), train_draft=False)
+    return DraftAndRefiner(draft_model, LatentDiffusionRefiner(cfg, autoencoder), train_draft=False,
+                           level=LevelCorrection() if cfg.level_correction else None)
 
 
 def _refined_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -114,7 +116,8 @@ def _build_selftrain(cfg: SelfTrainConfig, ctx: BuildContext) -> nn.Module:
         if ctx.data_root is not None:  # training: the labeled reference; loading: the checkpoint's
             adapter.fit_reference(reference_statistics(SeriesDataset(ctx.data_root, "train")))
     return DraftAndRefiner(stage2.draft_model, stage2.refiner, train_draft=cfg.train_draft, adapter=adapter,
-                           draft_loss_weight=cfg.draft_loss_weight, refiner_loss_weight=cfg.refiner_loss_weight)
+                           level=stage2.level, draft_loss_weight=cfg.draft_loss_weight,
+                           refiner_loss_weight=cfg.refiner_loss_weight)
 
 
 def _is_main_process() -> bool:
