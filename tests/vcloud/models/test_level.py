@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from vcloud.models.level import FEATURE_SCALE, FEATURES, LevelCorrection, level_statistics
+from vcloud.models.level import FEATURE_SCALE, FEATURES, LR_SCALE, LevelCorrection, level_statistics
+from vcloud.optim import build_optimizer
 
 BANDS, DATES, SIDE = 13, 3, 16
 
@@ -29,10 +30,10 @@ def test_statistics_show_the_target_level_against_the_other_dates() -> None:
     s = scene(0.05)
     stats = level_statistics(s["inputs"], s["masks"], s["target_index"], s["draft"])
     assert stats.shape == (1, FEATURES)
-    per_band = stats[0, :6 * BANDS].view(6, BANDS) / FEATURE_SCALE
-    torch.testing.assert_close(per_band[2], torch.full((BANDS,), 0.05))  # draft - others where clear
-    torch.testing.assert_close(per_band[3], torch.zeros(BANDS), atol=1e-6, rtol=0)  # under the cloud
-    torch.testing.assert_close(per_band[5], torch.zeros(BANDS), atol=1e-6, rtol=0)  # observation - draft, clear
+    per_band = stats[0, :4 * BANDS].view(4, BANDS) / FEATURE_SCALE
+    torch.testing.assert_close(per_band[0], torch.full((BANDS,), 0.05))  # draft - others where clear
+    torch.testing.assert_close(per_band[1], torch.zeros(BANDS), atol=1e-6, rtol=0)  # under the cloud
+    torch.testing.assert_close(per_band[2], torch.zeros(BANDS), atol=1e-6, rtol=0)  # observation - draft, clear
     torch.testing.assert_close(stats[0, -3:], torch.tensor([0.5, 0.5, 0.5]))
 
 
@@ -40,13 +41,16 @@ def test_the_untrained_correction_returns_the_draft_bit_for_bit() -> None:
     s = scene(0.05)
     level = LevelCorrection()
     assert torch.equal(level(s["inputs"], s["masks"], s["target_index"], s["draft"]), s["draft"])
+    groups = build_optimizer(level, 1e-4, 0.01).param_groups
+    assert [(g["lr_scale"], g["lr"]) for g in groups] == [(1.0, 1e-4), (LR_SCALE, 1e-4 * LR_SCALE)]
+    assert len(groups[1]["params"]) == 2 and groups[0]["params"] == []
 
 
 def test_a_learned_correction_moves_the_level_under_the_clouds_only() -> None:
-    """Trained on scenes whose target dates are brighter or darker by a random amount, it learns to
-    read that amount from the clear pixels and applies it under the clouds."""
+    """Trained on scenes whose target dates are brighter or darker by up to 0.04, it learns to read
+    that amount from the clear pixels and applies it under the clouds."""
     level = LevelCorrection()
-    optimizer = torch.optim.Adam(level.parameters(), lr=1e-3)
+    optimizer = build_optimizer(level, 1e-4, 0.0)  # the small config's stage-2 rate, times LR_SCALE
     shifts = torch.linspace(-0.04, 0.04, 9)
     scenes = [scene(float(shift)) for shift in shifts]
     for _ in range(300):
@@ -61,5 +65,5 @@ def test_a_learned_correction_moves_the_level_under_the_clouds_only() -> None:
         corrected = level(s["inputs"], s["masks"], s["target_index"], s["draft"])
     before = (s["draft"] - s["target"]).abs().mean()
     after = (corrected - s["target"]).abs().mean()
-    assert after < 0.05 * before, (float(before), float(after))
+    assert after < 0.2 * before, (float(before), float(after))
     assert torch.equal(corrected[:, :, 8:], s["draft"][:, :, 8:]), "clear pixels are left as the draft has them"

@@ -9,11 +9,15 @@ were it known, would lift the draft by 1.9 dB. The refiner sees neither the othe
 scene-level statistic, so it cannot know that offset.
 
 The target date's clear pixels show how its level differs from the other dates' where both are
-seen. :func:`level_statistics` measures, per band, the draft and the mean of the other dates'
-clear observations on the target's clear pixels and under its clouds (and the observation itself
-where it is clear); the correction is a linear map of those statistics to one offset per band,
-added to the draft under the target date's cloud mask. Its weights start at zero, so an untrained
-correction returns the draft bit for bit, and the validated start of stage 2 is stage 1's answer.
+seen. :func:`level_statistics` measures, per band, the draft minus the mean of the other dates'
+clear observations on the target's clear pixels and under its clouds, the observation minus the
+draft where it is clear, and the draft under the clouds minus the draft where clear; the
+correction is a linear map of those differences to one offset per band, added to the draft under
+the target date's cloud mask. Its weights start at zero, so an untrained correction returns the
+draft bit for bit, and the validated start of stage 2 is stage 1's answer. They train at
+:data:`LR_SCALE` times the stage's learning rate (:mod:`vcloud.optim`): offsets of a few
+hundredths from features of a few tenths need weights of about 0.1, which the refiner's rate would
+take a thousand steps to reach.
 """
 
 from __future__ import annotations
@@ -22,11 +26,14 @@ import torch
 from torch import nn
 
 from vcloud.data.bands import N_S2
+from vcloud.optim import scale_learning_rate
 
-FEATURES = 6 * N_S2 + 3
-"""Per band: the draft on the target's clear pixels and under its clouds, the draft minus the other
-dates' clear mean on both, the observation where clear and minus the draft there; then the cloud
-fraction and the shares of clear and cloudy target pixels that another date sees clear."""
+FEATURES = 4 * N_S2 + 3
+"""Per band: the draft minus the other dates' clear mean on the target's clear pixels and under its
+clouds, the observation minus the draft where clear, the draft under the clouds minus where clear;
+then the cloud fraction and the shares of clear and cloudy target pixels another date sees clear."""
+LR_SCALE = 10.0
+"""The correction's learning rate as a multiple of the stage's (module docstring)."""
 FEATURE_SCALE = 10.0
 """Reflectance differences of a few hundredths become features of a few tenths."""
 MIN_PIXELS = 16
@@ -64,9 +71,8 @@ def level_statistics(inputs: torch.Tensor, masks: torch.Tensor, target_index: to
     has_other = (support > 0).float()
     draft = draft.float()
     stats = [
-        _mean(draft, clear), _mean(draft, cloud),
         _mean(draft - other_mean, clear * has_other), _mean(draft - other_mean, cloud * has_other),
-        _mean(observation, clear), _mean(observation - draft, clear),
+        _mean(observation - draft, clear), _mean(draft, cloud) - _mean(draft, clear),
     ]
     shares = torch.stack([cloud.mean(dim=(1, 2, 3)), (clear * has_other).mean(dim=(1, 2, 3)),
                           (cloud * has_other).mean(dim=(1, 2, 3))], dim=1)
@@ -82,6 +88,8 @@ class LevelCorrection(nn.Module):
         self.linear = nn.Linear(FEATURES, N_S2)
         nn.init.zeros_(self.linear.weight)
         nn.init.zeros_(self.linear.bias)
+        for parameter in self.linear.parameters():
+            scale_learning_rate(parameter, LR_SCALE)
 
     def offsets(self, inputs: torch.Tensor, masks: torch.Tensor, target_index: torch.Tensor,
                 draft: torch.Tensor) -> torch.Tensor:
