@@ -31,23 +31,24 @@ def _quote(paths: Iterable[PurePosixPath | str]) -> str:
     return " ".join(shlex.quote(str(p)) for p in paths)
 
 
+SHARED_UMASK = "umask 002"
+"""A project's members share its directories: what the pipeline creates there is group-writable
+(and, inside a setgid project directory, keeps the project's group)."""
+
+
 def run_checked(runner: CommandRunner, line: str, *, what: str, stdin: str | None = None,
                 timeout: float = DEFAULT_TIMEOUT) -> str:
-    """Run ``line``; return its stdout, or raise naming ``what`` failed and why."""
-    result = runner.run(line, stdin=stdin, timeout=timeout)
+    """Run ``line`` with the project's shared umask (:data:`SHARED_UMASK`); return its stdout, or
+    raise naming ``what`` failed and why."""
+    result = runner.run(f"{SHARED_UMASK}; {line}", stdin=stdin, timeout=timeout)
     if result.exit_status != 0:
         detail = (result.stderr or result.stdout or "no output").strip()[-2000:]
         raise RemoteCommandError(f"{what} failed on the login node (exit {result.exit_status}): {detail}")
     return result.stdout
 
 
-SHARED_UMASK = "umask 002"
-"""A project's members share its directories: what the pipeline creates there is group-writable
-(and, inside a setgid project directory, keeps the project's group)."""
-
-
 def make_dirs(runner: CommandRunner, directories: Sequence[PurePosixPath | str]) -> None:
-    run_checked(runner, f"{SHARED_UMASK}; mkdir -p -- {_quote(directories)}", what="creating the run's directories")
+    run_checked(runner, f"mkdir -p -- {_quote(directories)}", what="creating the run's directories")
 
 
 def write_file(runner: CommandRunner, path: PurePosixPath | str, text: str) -> None:
@@ -60,7 +61,7 @@ def write_file(runner: CommandRunner, path: PurePosixPath | str, text: str) -> N
     """
     target = shlex.quote(str(path))
     tmp = shlex.quote(f"{path}.tmp.{uuid.uuid4().hex}")
-    run_checked(runner, f"{SHARED_UMASK}; cat > {tmp} && mv -f -- {tmp} {target} && touch -c -- {target}", stdin=text,
+    run_checked(runner, f"cat > {tmp} && mv -f -- {tmp} {target} && touch -c -- {target}", stdin=text,
                 what=f"writing {path}")
 
 

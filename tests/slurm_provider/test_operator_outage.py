@@ -24,6 +24,7 @@ from slurm_provider.hooks import SlurmCommandFailed, SubmitLockBusy
 from slurm_provider.job_status import JobStatus
 from slurm_provider.login_wait import REACHABLE, SlurmLoginTrigger
 from slurm_provider.operators import SlurmSubmitOperator
+from slurm_provider.outage import STEP_FAILURES_WHILE_REACHABLE
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.transport import HostKeyRejected, TransportTimeout, TransportUnavailable
 from slurm_provider.triggers import ERROR, FINISHED, SlurmJobTrigger
@@ -169,6 +170,41 @@ def test_a_wait_that_meets_the_outage_again_keeps_its_start_and_its_pace(monkeyp
     again = _deferred_on_login_wait(lambda: _operator().execute_after_outage(
         _context(2, "101"), {"kind": REACHABLE, "since": since, "tries": 7, "message": "reachable again"}))
     assert (again.since, again.tries) == (since, 7)
+
+
+def test_a_step_that_keeps_failing_while_the_login_node_answers_fails_the_try_instead_of_waiting_a_day(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A command that runs and fails (a file the login user may not read, output that cannot be parsed)
+    is not an outage: after the login node answered scontrol ping, the step gets
+    STEP_FAILURES_WHILE_REACHABLE tries, then the task fails with the error, long before watch_deadline."""
+    cause = SlurmCommandFailed("file size check printed '0 '")
+    monkeypatch.setattr(hooks, "SlurmHook", DownCluster(down=cause))
+    context = _context(1)
+    wait = _deferred_on_login_wait(lambda: _operator().execute(context))
+    assert wait.carry == {"failures_while_reachable": 0}
+    assert "a command on the login node of c failed (file size check printed '0 ')" in capsys.readouterr().out
+    counts = []
+    for _ in range(STEP_FAILURES_WHILE_REACHABLE - 1):
+        wait = _deferred_on_login_wait(lambda: _operator().execute_after_outage(
+            context, {**_reachable(wait), "carry": wait.carry}))
+        counts.append(wait.carry["failures_while_reachable"])
+    assert counts == list(range(1, STEP_FAILURES_WHILE_REACHABLE))
+    with pytest.raises(AirflowException) as failed:
+        _operator().execute_after_outage(context, {**_reachable(wait), "carry": wait.carry})
+    assert not isinstance(failed.value, AirflowFailException)
+    assert (f"answers scontrol ping, but this step failed {STEP_FAILURES_WHILE_REACHABLE} times in a row right "
+            "after it did; last error: file size check printed '0 '") in str(failed.value)
+
+
+def test_a_connection_that_breaks_again_after_the_node_answered_is_still_an_outage(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hooks, "SlurmHook", DownCluster())
+    context = _context(1)
+    wait = _deferred_on_login_wait(lambda: _operator().execute(context))
+    for _ in range(STEP_FAILURES_WHILE_REACHABLE + 2):
+        wait = _deferred_on_login_wait(lambda: _operator().execute_after_outage(
+            context, {**_reachable(wait), "carry": wait.carry}))
+    assert wait.carry == {"failures_while_reachable": 0}
 
 
 def test_a_host_key_or_login_problem_is_not_waited_for_but_retried(monkeypatch: pytest.MonkeyPatch) -> None:

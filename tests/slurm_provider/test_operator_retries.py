@@ -17,6 +17,7 @@ from airflow.exceptions import TaskDeferred
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from hook_stand_in import HookStandIn
 from slurm_provider import hooks
 from slurm_provider.hooks import CancelResult
 from slurm_provider.operators import HISTORY_KEY, SlurmSubmitOperator, job_name_for
@@ -31,7 +32,7 @@ RUN_ID = "manual__retries"
 NAME = job_name_for("retries", "train", RUN_ID)
 
 
-class Cluster:
+class Cluster(HookStandIn):
     """Stands in for ``SlurmHook``: answers from a table of job statuses and records what was asked."""
 
     def __init__(self, *statuses: JobStatus, submit_error: Exception | None = None) -> None:
@@ -39,15 +40,6 @@ class Cluster:
         self.submit_error = submit_error
         self.submitted: list[str] = []
         self.cancelled: list[str] = []
-
-    def __call__(self, conn_id: str) -> Cluster:
-        return self
-
-    def __enter__(self) -> Cluster:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
 
     def statuses(self, job_ids: Any) -> dict[str, JobStatus]:
         return {j: self.jobs.get(j, JobStatus(j, SlurmState.UNKNOWN)) for j in map(str, job_ids)}

@@ -9,9 +9,11 @@ import pytest
 from slurm_provider.outage import (
     Outage,
     clock,
+    command_failed_line,
     gave_up_line,
     reachable_again_line,
     span,
+    still_failing_line,
     timeout_seconds,
     unreachable_line,
 )
@@ -51,6 +53,15 @@ def test_the_lines_of_an_outage() -> None:
         "login node of lumi unreachable since 14:02 UTC, longer than watch_deadline (2 h); last error: "
         "cannot reach vcloud@lumi:22 (connection 'lumi'): ConnectionRefusedError; job 123 last seen RUNNING, "
         "it may still run")
+
+
+def test_the_lines_of_a_step_whose_command_ran_and_failed() -> None:
+    assert command_failed_line("lumi", "squeue exited 1", 7200, now=NOW) == (
+        "a command on the login node of lumi failed (squeue exited 1); asking scontrol ping and trying again "
+        "with a growing interval, up to 3 times while the login node answers and at most 2 h, until 18:30 UTC")
+    assert still_failing_line("lumi", 3, "squeue exited 1") == (
+        "the login node of lumi answers scontrol ping, but this step failed 3 times in a row right after it "
+        "did; last error: squeue exited 1")
 
 
 def test_a_timeout_is_a_timedelta_or_positive_seconds() -> None:

@@ -104,10 +104,10 @@ def test_kill_during_write_leaves_old_checkpoint_intact(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import os, signal, torch
         import vcloud.checkpoint as ck
-        real_fsync = os.fsync
+        import vcloud.durable as durable
         def die(fd):
             os.kill(os.getpid(), signal.SIGKILL)
-        ck.os.fsync = die  # killed after the bytes are written, before the rename
+        durable.os.fsync = die  # killed after the bytes are written, before the rename
         ck.save_checkpoint({str(latest)!r}, {{"stage": 0, "model": {{"w": torch.zeros(1000)}}, "global_step": 2}})
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)

@@ -12,6 +12,7 @@ import pytest
 from airflow.exceptions import TaskDeferred
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
+from hook_stand_in import HookStandIn
 from slurm_provider import hooks
 from slurm_provider.transport import CommandResult
 from slurm_provider.hooks import ExclusiveSubmitResult
@@ -28,22 +29,13 @@ DOWN = TransportUnavailable("cannot reach vcloud@127.0.0.1:2222 (connection 'vcl
                             "ConnectionRefusedError")
 
 
-class Cluster:
+class Cluster(HookStandIn):
     """Answers a stage task's reads; every command fails while ``down`` is set. Records submissions."""
 
     def __init__(self) -> None:
         self.down = True
         self.asked: list[str] = []
         self.submitted: list[str] = []
-
-    def __call__(self, conn_id: str) -> Cluster:
-        return self
-
-    def __enter__(self) -> Cluster:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
 
     def _reach(self, verb: str) -> None:
         self.asked.append(verb)

@@ -235,6 +235,6 @@ def test_a_resubmission_is_checked_against_the_budget_again(monkeypatch: pytest.
     op.check_before_resubmit(context, plenty)  # plenty left: resubmit
     # ... and the run's code marker is refreshed first: the code stays while the run lives.
     marker = f"{ctx.paths.run_markers_dir}/{run_key('vcloud_training', 'manual__r')}-{'c' * 64}"
-    assert plenty.commands == [f"mkdir -p {ctx.paths.run_markers_dir} && touch -- {marker}"]
+    assert plenty.commands == [f"umask 002; mkdir -p {ctx.paths.run_markers_dir} && touch -- {marker}"]
     with pytest.raises(AirflowFailException, match=r"stage 1 needs up to 72.0 GPU-hours .* of 100000 left"):
         op.check_before_resubmit(context, Cluster(used_hours=99_990))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -151,6 +152,20 @@ def test_cli_prepares_and_reports(tiny_raw: Path, tmp_path: Path, capsys: pytest
     assert "train:" in out and "T=3" in out
     assert prepare_main(["--raw", str(tmp_path / "missing"), "--out", str(tmp_path / "q")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_every_prepared_file_follows_the_umask_so_the_project_group_reads_it(tiny_raw: Path, tmp_path: Path) -> None:
+    """Members of a project share the prepared dataset: under umask 002 the index and every stack are
+    group-readable and -writable (a 0600 index made another member's training see no dataset)."""
+    previous = os.umask(0o002)
+    try:
+        prepare_dataset(tiny_raw, tmp_path / "p")
+    finally:
+        os.umask(previous)
+    files = [f for f in (tmp_path / "p").rglob("*") if f.is_file()]
+    assert any(f.name == "index.json" for f in files) and len(files) > 1
+    modes = {f.relative_to(tmp_path).as_posix(): oct(f.stat().st_mode & 0o777) for f in files}
+    assert set(modes.values()) == {oct(0o664)}, modes
 
 
 def test_stack_layout_planes_are_contiguous() -> None:

@@ -46,7 +46,7 @@ sys.exit(main(sys.argv[2:]))
 
 KILL_IN_CHECKPOINT_WRITE = """
 import os, signal, sys
-import vcloud.checkpoint as checkpoint
+import vcloud.durable as durable
 k = int(sys.argv[1])
 calls = [0]
 real_replace = os.replace
@@ -56,7 +56,7 @@ def replace(src, dst):
         if calls[0] == k:
             os.kill(os.getpid(), signal.SIGKILL)
     return real_replace(src, dst)
-checkpoint.os.replace = replace
+durable.os.replace = replace
 from vcloud.train import main
 sys.exit(main(sys.argv[2:]))
 """

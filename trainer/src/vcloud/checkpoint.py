@@ -16,14 +16,12 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from vcloud.durable import fsync_dir
+from vcloud.durable import atomic_write_bytes, atomic_write_text, previous_generation  # noqa: F401 (atomic_write_text: re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -44,46 +42,6 @@ def file_digest(path: Path, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             digest.update(block)
     return digest.hexdigest()
-
-
-def previous_generation(path: Path) -> Path:
-    """``latest.pt`` -> ``latest.prev.pt``."""
-    return path.with_name(f"{path.stem}.prev{path.suffix}")
-
-
-def _current_umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_bytes(path: Path, data: bytes, *, keep_previous: bool = False) -> None:
-    """Replace ``path`` with ``data`` so that readers see either the old or the new file, whole.
-
-    With ``keep_previous`` the replaced file survives as :func:`previous_generation` of ``path``.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    tmp = Path(tmp_name)
-    try:
-        os.fchmod(fd, 0o666 & ~_current_umask())  # mkstemp's 0600 would hide it from the project group
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if keep_previous and path.exists():
-            os.replace(path, previous_generation(path))
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Atomic replacement for small text files (``progress.json``, ``COMPLETE``)."""
-    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def remove_stale_temporaries(directory: Path) -> list[Path]:

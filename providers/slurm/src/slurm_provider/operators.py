@@ -50,8 +50,11 @@ from slurm_provider.links import JOB_ID_XCOM_KEY, SlurmJobLogLink
 from slurm_provider.login_wait import REACHABLE, SlurmLoginTrigger
 from slurm_provider.outage import (
     DEFAULT_WATCH_DEADLINE,
+    STEP_FAILURES_WHILE_REACHABLE,
     Outage,
+    command_failed_line,
     gave_up_line,
+    still_failing_line,
     timeout_seconds,
     unreachable_line,
 )
@@ -261,6 +264,8 @@ class SlurmSubmitOperator(BaseOperator):
         self.watch_deadline = watch_deadline
         self._outage: tuple[float, int] | None = None
         """(since, probes) of the outage this try already waited through, carried by the login wait's event."""
+        self._failures_while_reachable = 0
+        """Steps of this try that failed right after the login node answered again (carried likewise)."""
 
     # --- execute: adopt or submit, then defer ------------------------------------------------------
 
@@ -291,21 +296,31 @@ class SlurmSubmitOperator(BaseOperator):
             self._wait_for_login_node(context, exc)
 
     def _wait_for_login_node(self, context: Any, exc: TransportError) -> None:
+        from slurm_provider.hooks import SlurmCommandFailed
+
         since, tries = self._outage if self._outage is not None else (time.time(), 0)
         outage = Outage(since, str(exc))
         deadline = self._deadline_seconds()
         if outage.is_past(deadline):
             raise AirflowException(f"{gave_up_line(self.conn_id, outage, deadline)}. A retry "
                                    "of this task adopts any job it submitted") from exc
+        failures = self._failures_while_reachable
+        if self._outage is not None and isinstance(exc, SlurmCommandFailed):
+            failures += 1  # the login node answered a moment ago, and a command of this step ran and failed
+            if failures >= STEP_FAILURES_WHILE_REACHABLE:
+                raise AirflowException(f"{still_failing_line(self.conn_id, failures, str(exc))}. A retry of "
+                                       "this task adopts any job it submitted") from exc
         if self._outage is None:
-            self.log.warning("%s", unreachable_line(self.conn_id, outage, deadline))
+            self.log.warning("%s", command_failed_line(self.conn_id, str(exc), deadline)
+                             if isinstance(exc, SlurmCommandFailed) else unreachable_line(self.conn_id, outage, deadline))
         else:
             self.log.warning("Login node of %s answers scontrol ping, but this step still failed (%s): waiting "
                              "on", self.conn_id, exc)
         self.defer(trigger=SlurmLoginTrigger(conn_id=self.conn_id, since=since, cause=str(exc),
                                              watch_deadline=deadline,
                                              poll_interval=self.poll_interval,
-                                             max_poll_interval=self.max_poll_interval, tries=tries),
+                                             max_poll_interval=self.max_poll_interval, tries=tries,
+                                             carry={"failures_while_reachable": failures}),
                    method_name="execute_after_outage")
 
     def execute_after_outage(self, context: Any, event: dict[str, Any]) -> Any:
@@ -315,6 +330,7 @@ class SlurmSubmitOperator(BaseOperator):
             raise AirflowException(f"{(event or {}).get('message')}. A retry of this task adopts any job it "
                                    "submitted")
         self._outage = (float(event["since"]), int(event.get("tries") or 0))
+        self._failures_while_reachable = int((event.get("carry") or {}).get("failures_while_reachable") or 0)
         return self.execute(context)
 
     def _adopt_or_submit(self, context: Any, hook: Any) -> Any:

@@ -31,6 +31,13 @@ def timeout_seconds(value: timedelta | float | int, name: str = "watch_deadline"
     return float(seconds)
 
 
+STEP_FAILURES_WHILE_REACHABLE = 3
+"""How often a step may fail with a command that ran (``squeue`` busy, output that cannot be read)
+right after the login node answered ``scontrol ping`` again, before the task stops waiting and
+fails with the error: a failure that outlives the node's answers is not an outage, and waiting out
+``watch_deadline`` would hide it for a day."""
+
+
 @dataclass(frozen=True)
 class Outage:
     """The cluster has not answered since ``since``: what one failed try of the poller tells a watch."""
@@ -87,6 +94,20 @@ def unreachable_line(conn_id: str, outage: Outage, timeout: float, *, job_id: st
     parts.append(f"waiting up to {span(timeout)}, until {clock(outage.deadline(timeout), now)}, "
                  "trying again with a growing interval")
     return "; ".join(parts)
+
+
+def command_failed_line(conn_id: str, cause: str, timeout: float, now: float | None = None) -> str:
+    """What a wait says once when a command of the step ran and failed (not a connection that broke)."""
+    until = clock((time.time() if now is None else now) + timeout, now)
+    return (f"a command on the login node of {conn_id} failed ({cause}); asking scontrol ping and trying "
+            f"again with a growing interval, up to {STEP_FAILURES_WHILE_REACHABLE} times while the login "
+            f"node answers and at most {span(timeout)}, until {until}")
+
+
+def still_failing_line(conn_id: str, failures: int, cause: str) -> str:
+    """Why a wait ended although the login node answers: the step itself keeps failing."""
+    return (f"the login node of {conn_id} answers scontrol ping, but this step failed {failures} times in a "
+            f"row right after it did; last error: {cause}")
 
 
 def reachable_again_line(conn_id: str, since: float, now: float | None = None) -> str:

@@ -8,13 +8,12 @@ started (the lazy-cache-on-rank-0 deadlock of the field notes cannot happen).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from vcloud.contract import DATA_INDEX
 from vcloud.data.bands import N_S1, N_S2, QUANT
+from vcloud.durable import atomic_write_text
 
 INDEX_NAME = DATA_INDEX
 FORMAT = "vcloud-prepared"
@@ -156,16 +155,8 @@ def load_index(prepared_root: Path) -> PreparedIndex:
 
 
 def write_index(prepared_root: Path, index: PreparedIndex) -> Path:
-    """Write the index atomically (temp file, fsync, rename): its presence marks a finished prepare."""
+    """Write the index atomically (temp file, fsync, rename) with the umask's mode, so the project's
+    other members can read it: its presence marks a finished prepare."""
     path = Path(prepared_root) / INDEX_NAME
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".index.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(index.to_json())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, index.to_json())
     return path
