@@ -315,16 +315,21 @@ class LocalCluster:
         return sorted(set(self.ssh(f"sinfo -h -N{where} -o '%N'").stdout.split()))
 
 
+def cluster_up(timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """``cluster.sh up``, one at a time across test workers (each worker's session starts with one,
+    and some tests run it again while others use the cluster)."""
+    with Path("/tmp/vcloud-localcluster.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return subprocess.run(["bash", str(CLUSTER_SCRIPT), "up"], capture_output=True, text=True,
+                              timeout=timeout)
+
+
 def bring_up() -> LocalCluster:
     """Start the cluster if needed (idempotent, serialised across test workers)."""
     state_dir = Path(os.environ.get("VCLOUD_CLUSTER_DIR", "/var/lib/vcloud-localcluster"))
     if os.geteuid() != 0:
         raise ClusterUnavailable("the local cluster needs root: run `make test` as root on Debian 12")
-    lock_path = Path("/tmp/vcloud-localcluster.lock")
-    with lock_path.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        proc = subprocess.run(["bash", str(CLUSTER_SCRIPT), "up"], capture_output=True, text=True,
-                              timeout=900)
+    proc = cluster_up()
     if proc.returncode != 0:
         raise ClusterUnavailable(f"`cluster.sh up` failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return LocalCluster(

@@ -99,6 +99,16 @@ render() {  # render TEMPLATE DEST MODE OWNER: fill @VARS@ in a template
   mv -f "$tmp" "$dest"
 }
 
+replace_file() {  # replace_file DEST: stdin becomes DEST (mode 644) in one rename
+  # Tests and tasks read the client files (ssh config, known_hosts, connections) while another
+  # `up` runs: a file truncated and then written would be seen empty for a moment.
+  local dest=$1 tmp
+  tmp=$(mktemp "$dest.XXXXXX")
+  cat >"$tmp"
+  chmod 644 "$tmp"
+  mv -f "$tmp" "$dest"
+}
+
 install_packages() {
   local missing=() pkg
   for pkg in "${APT_PACKAGES[@]}"; do
@@ -411,8 +421,8 @@ write_client_config() {
   local host_key_line host_key_b64
   host_key_line=$(cut -d' ' -f1,2 "$STATE/ssh/host_ed25519_key.pub")
   host_key_b64=$(cut -d' ' -f2 "$STATE/ssh/host_ed25519_key.pub")
-  printf '[%s]:%s %s\n' "$SSH_HOST" "$SSH_PORT" "$host_key_line" >"$STATE/ssh/known_hosts"
-  cat >"$STATE/ssh/config" <<EOF
+  printf '[%s]:%s %s\n' "$SSH_HOST" "$SSH_PORT" "$host_key_line" | replace_file "$STATE/ssh/known_hosts"
+  replace_file "$STATE/ssh/config" <<EOF
 # OpenSSH client config for the local cluster's login node (alias: vcloud-local).
 Host vcloud-local
     HostName $SSH_HOST
@@ -428,7 +438,7 @@ Host vcloud-local
     ControlPersist 10m
 EOF
   /usr/bin/python3 - "$STATE" "$CONN_ID" "$CLUSTER_USER" "$SSH_PORT" "$host_key_b64" "$SSH_HOST" "$TEAMMATE" <<'PY'
-import json, shlex, sys
+import json, os, shlex, sys
 state, conn_id, user, port, host_key, host, teammate = sys.argv[1:]
 base = {"conn_type": "ssh", "host": host, "port": int(port), "login": user}
 # Paramiko/asyncssh transport (providers-ssh): key file and the pinned host key.
@@ -447,11 +457,17 @@ openssh_conn = dict(base, extra={
 teammate_conn = dict(paramiko_conn, login=teammate, extra=dict(paramiko_conn["extra"],
                                                               key_file=f"{state}/ssh/id_ed25519_{teammate}"))
 conns = {conn_id: paramiko_conn, f"{conn_id}_openssh": openssh_conn, f"{conn_id}_{teammate}": teammate_conn}
-with open(f"{state}/airflow_conn.json", "w") as f:
-    json.dump(conns, f, indent=2)
-with open(f"{state}/airflow_conn.env", "w") as f:
-    for cid, conn in conns.items():
-        f.write(f"AIRFLOW_CONN_{cid.upper()}={shlex.quote(json.dumps(conn))}\n")
+
+def replace(path, text):  # whole or not at all, for a reader while another `up` runs
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+replace(f"{state}/airflow_conn.json", json.dumps(conns, indent=2))
+replace(f"{state}/airflow_conn.env", "".join(f"AIRFLOW_CONN_{cid.upper()}={shlex.quote(json.dumps(conn))}\n"
+                                             for cid, conn in conns.items()))
 PY
 }
 

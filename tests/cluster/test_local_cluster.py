@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import uuid
 from pathlib import Path
 
 import pytest
 
-from localcluster import CLUSTER_SCRIPT, LocalCluster, poll_until
+from localcluster import LocalCluster, cluster_up, poll_until
 
 
 def test_partitions_are_shaped_like_the_sites(local_cluster: LocalCluster) -> None:
@@ -182,6 +183,26 @@ def test_cluster_up_is_idempotent(local_cluster: LocalCluster) -> None:
     nodes = {f"slurmd-{node}" for node in local_cluster.nodes()}
     assert len(nodes) >= 3
     assert set(before) == {"munged", "mariadb", "slurmdbd", "slurmctld", "sshd"} | nodes
-    proc = subprocess.run(["bash", str(CLUSTER_SCRIPT), "up"], capture_output=True, text=True, timeout=300)
+    proc = cluster_up(timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert local_cluster.daemon_pids() == before
+
+
+def test_logins_and_connections_read_while_another_bring_up_runs_are_whole(local_cluster: LocalCluster) -> None:
+    """Every test worker's session starts with `cluster.sh up` while other workers' tests log in: the
+    client files it writes (ssh config, known_hosts, the Airflow connections) are replaced in one
+    rename, so no reader ever sees one empty ("Could not resolve hostname vcloud-local")."""
+    ups: list[subprocess.CompletedProcess[str]] = []
+    bring_ups = threading.Thread(target=lambda: ups.extend(cluster_up(timeout=300) for _ in range(3)))
+    bring_ups.start()
+    failures, logins = [], 0
+    connections = local_cluster.state_dir / "airflow_conn.json"
+    while bring_ups.is_alive() or logins == 0:
+        proc = local_cluster.ssh("true", check=False)
+        logins += 1
+        if proc.returncode != 0:
+            failures.append(proc.stderr.strip())
+        json.loads(connections.read_text())  # whole JSON at every instant
+    bring_ups.join()
+    assert [up.returncode for up in ups] == [0, 0, 0], [up.stderr[-2000:] for up in ups]
+    assert failures == [], f"{len(failures)} of {logins} logins failed: {failures[:3]}"

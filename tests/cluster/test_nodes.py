@@ -4,11 +4,10 @@ typed like the sites' nodes, reached from the login node through real Slurm."""
 from __future__ import annotations
 
 import re
-import subprocess
 
 import pytest
 
-from localcluster import CLUSTER_SCRIPT, LocalCluster
+from localcluster import LocalCluster, cluster_up
 
 pytestmark = pytest.mark.cluster
 
@@ -87,7 +86,7 @@ def test_only_compute_nodes_have_the_singularity_stand_in(local_cluster: LocalCl
 def test_containers_on_the_nodes_resolve_the_nodes_after_another_bring_up(local_cluster: LocalCluster) -> None:
     """The nodes' /etc/hosts is bound from a file that `cluster.sh up` must update in place: a replaced
     file would leave the running nodes a deleted one that no container can bind."""
-    proc = subprocess.run(["bash", str(CLUSTER_SCRIPT), "up"], capture_output=True, text=True, timeout=300)
+    proc = cluster_up(timeout=300)
     assert proc.returncode == 0, proc.stderr
     image = local_cluster.state_dir / "images" / "sites" / "lumi.sif"
     out = local_cluster.ssh(f"srun -p dev-g -t 2 singularity exec {image} getent hosts nid005002", check=False)
