@@ -243,10 +243,12 @@ def build_manifest(tree: CodeTree, created_at: dt.datetime) -> CodeManifest:
 # --------------------------------------------------------------------------- rsync argv
 
 
-PROJECT_SHARED = ("--omit-dir-times", "--chmod=ug+rwX,Dg+s")
-"""A project's members share its directories: what rsync creates is group-writable and its
-directories setgid (files keep the project's group), and it never sets the times of directories,
-which fails on a directory another member created (rsync exit 23)."""
+PROJECT_SHARED = ("--no-perms", "--chmod=ug+rwX", "--omit-dir-times", "--rsync-path=umask 002 && rsync")
+"""A project's members share its directories: what rsync creates is group-writable (the remote
+rsync runs under umask 002; new directories inherit the setgid bit, so files keep the project's
+group), and it never sets the permissions or times of what exists, which fails on a directory
+another member created (rsync exit 23, "failed to set permissions on ...: Operation not
+permitted"): a run's job scripts directory is the same for every member who triggers the run."""
 
 
 def rsync_argv(source_dir: Path, destination: str, remote_dir: PurePosixPath | str,

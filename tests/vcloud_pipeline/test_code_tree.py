@@ -179,7 +179,8 @@ def test_lumi_code_sync_argv() -> None:
     assert argv[:4] == ["rsync", "-az", "-s", "--delete"]
     assert argv[4:6] == ["-e", "ssh -E /tmp/ssh.log -x -a -o BatchMode=yes -o LogLevel=ERROR "
                                "-o ConnectTimeout=10 -o ClearAllForwardings=yes"]
-    assert argv[6:8] == ["--omit-dir-times", "--chmod=ug+rwX,Dg+s"], "the project's members share what it writes"
+    assert argv[6:10] == ["--no-perms", "--chmod=ug+rwX", "--omit-dir-times", "--rsync-path=umask 002 && rsync"], \
+        "the project's members share what it writes"
     assert "--exclude=/data" in argv and "--exclude=/.git" in argv and "--exclude=/.venv" in argv
     assert "--exclude=__pycache__/" in argv and "--exclude=core" in argv and "--exclude=*.pt" in argv
     assert argv.index("--include=/trainer") < argv.index("--exclude=/*")

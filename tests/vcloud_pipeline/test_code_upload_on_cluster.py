@@ -258,3 +258,31 @@ def test_the_sync_refuses_a_wrong_pinned_host_key_in_the_words_of_the_hook(
     assert "does not match the pinned key" in str(by_rsync.value)
     assert by_rsync.value.__notes__ == [f"while syncing {source} to {paths.code(manifest.hash).dir} with rsync"]
     assert remote_files(local_cluster, str(paths.code_root)) == set(), "nothing may arrive"
+
+
+def test_two_members_of_a_project_sync_the_same_run_one_after_the_other(
+        local_cluster: LocalCluster, tmp_path: Path) -> None:
+    """The run's directories (its job scripts directory above all) belong to the member who synced
+    first; the other member's sync writes into them without setting anything on what it does not
+    own (rsync exit 23, "failed to set permissions", before), and what either creates stays
+    group-writable."""
+    repo = Path(__file__).resolve().parents[2]
+    base = local_cluster.test_dir()
+    local_cluster.ssh(f"chmod 2775 {shlex.quote(base)}")  # the project group's directory
+    request = parse_request({"profile": "local", "run_name": "shared"})
+    tree = CodeTree(repo)
+    manifest = local_manifest(tree)
+    for n, conn_id in enumerate([local_cluster.teammate_conn_id, local_cluster.conn_id]):
+        profile = load_profile("local", overrides={"paths.base": base, "connection.conn_id": conn_id})
+        paths = run_paths(profile, request.run_name)
+        jobs = render_run_jobs(profile, StagePlan.build(request, profile).job_specs(), paths, manifest.hash)
+        with SlurmHook(conn_id) as hook:
+            # a staging directory of mode 0700, as the sync_code task's TemporaryDirectory
+            sync_run(profile, paths, tree, jobs, manifest, hook.runner, Path(tempfile.mkdtemp(dir=tmp_path)))
+    listing = local_cluster.ssh(f"stat -c '%U %A %n' {shlex.quote(str(paths.jobs_dir))} "
+                                f"{shlex.quote(str(paths.jobs_dir))}/*").stdout.splitlines()
+    owner, mode, _ = listing[0].split(maxsplit=2)
+    assert (owner, mode) == (local_cluster.teammate, "drwxrwsr-x"), listing[0]
+    scripts = [line.split(maxsplit=2) for line in listing[1:]]
+    assert len(scripts) == 2 * len(jobs), listing
+    assert all(mode[4:6] == "rw" for _, mode, _ in scripts), listing  # either member may replace them
