@@ -17,15 +17,16 @@ CLUSTER_DIR ?= /var/lib/vcloud-localcluster
 PYTEST_ARGS ?=
 # Slurm tests mostly wait on the cluster, so more workers than cores pays off.
 # --dist loadgroup: a module that shares one Airflow deployment (xdist_group) runs on one worker.
+# --durations: the slowest tests are named at the end of every run.
 TEST_WORKERS ?= 4
 # make demo PROFILE=lumi|levante|cosmos: that site's own job scripts on the local cluster.
 PROFILE ?= local
 
-.PHONY: help venv system-packages cluster-up cluster-down cluster-status image test test-fast demo lock clean
+.PHONY: help venv system-packages cluster-up cluster-down cluster-status image typecheck test test-fast demo lock clean
 
 help:
 	@echo "make demo          run the training DAG end to end on the local Slurm cluster (tiny config)"
-	@echo "make test          bring up the local cluster if needed and run every test"
+	@echo "make test          type-check, bring up the local cluster if needed and run every test"
 	@echo "make cluster-up    start the local Slurm cluster and its SSH login node (idempotent)"
 	@echo "make cluster-down  stop the daemons cluster-up started"
 	@echo "make image         build the local cluster's trainer image (Charliecloud) if missing or stale"
@@ -67,10 +68,15 @@ cluster-status:
 # or the build script change (the script compares its build hash).
 image:
 	@bash include/local_cluster/build_image.sh
+	@bash include/local_cluster/site_images.sh
 
-test: venv cluster-up image
+# mypy over the Slurm provider and the plugins, as configured in pyproject.toml.
+typecheck: venv
+	$(VENV_PY) -m mypy
+
+test: venv typecheck cluster-up image
 	@bash include/test_deps.sh
-	$(VENV_PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(VENV_PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 # Unit tests only (no cluster): quick feedback while editing pure logic.
 test-fast: venv

@@ -1,6 +1,6 @@
 """Code sync cost on the local cluster: full sync, no-change re-sync, one changed file.
 
-Runs the training DAG's own code-sync step (``vcloud_pipeline.code_upload.sync_code_tree``: one manifest
+Runs the training DAG's own code-sync step (``vcloud_pipeline.code.upload.sync_code_tree``: one manifest
 check over the SSH login, then rsync with anchored excludes and ``--delete`` only when needed) on a
 private copy of the project's ``trainer/`` tree into a fresh directory on the cluster, three times:
 empty destination, nothing changed, one file changed. The changed tree is a new content hash and
@@ -31,11 +31,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "providers" / "slurm" / "src"), str(REPO / "plugins"), str(REPO / "trainer" / "src")]
 CONN_ENV = Path(os.environ.get("VCLOUD_CLUSTER_DIR", "/var/lib/vcloud-localcluster")) / "airflow_conn.env"
 
-from slurm_provider.transport import runner_for_connection  # noqa: E402
-from vcloud_pipeline.layout import run_paths  # noqa: E402
-from vcloud_pipeline.profiles import load_profile  # noqa: E402
-from vcloud_pipeline.code_tree import CodeTree, code_sync_argv, tree_files  # noqa: E402
-from vcloud_pipeline.code_upload import cluster_ssh, local_manifest, run_rsync, sync_code_tree  # noqa: E402
+from slurm_provider.hooks import SlurmHook  # noqa: E402
+from vcloud_pipeline.plan.layout import run_paths  # noqa: E402
+from vcloud_pipeline.profile import load_profile  # noqa: E402
+from vcloud_pipeline.code.tree import CodeTree, code_sync_argv, tree_files  # noqa: E402
+from vcloud_pipeline.code.upload import local_manifest, run_rsync, sync_code_tree  # noqa: E402
 
 
 def load_connection_env() -> None:
@@ -52,7 +52,7 @@ def timed(fn) -> tuple[float, object]:
 
 def bytes_sent(tree: CodeTree, profile, dest: PurePosixPath, basis: str | None) -> int:
     """rsync's own count (``--stats``) of the bytes it sent to sync ``tree`` into the empty ``dest``."""
-    with cluster_ssh(profile) as ssh:
+    with SlurmHook(profile.connection.conn_id).ssh_command() as ssh:
         argv = code_sync_argv(tree, ssh.destination, dest, ssh.argv, basis=basis)
         out = run_rsync([*argv[:-2], "--stats", *argv[-2:]], what="rsync --stats", ssh=ssh)
     line = next(line for line in out.splitlines() if line.startswith("Total bytes sent:"))
@@ -65,8 +65,8 @@ def main() -> int:
         base = f"/srv/vcloud/scratch/vcloud/benchmarks/rsync-{Path(tmp).name}"
         profile = load_profile("local", overrides={"paths.base": base})
         paths = run_paths(profile, "bench")
-        runner = runner_for_connection(profile.connection.conn_id)
-        runner.run(f"mkdir -p {shlex.quote(str(paths.code_root))}", timeout=60)
+        hook = SlurmHook(profile.connection.conn_id)
+        hook.make_dirs([paths.code_root])
         # a private copy of the tree, so the one-file change never touches the checkout
         subprocess.run(["rsync", "-a", "--exclude=__pycache__/", f"{REPO}/trainer", tmp], check=True)
         tree = CodeTree(Path(tmp))
@@ -74,19 +74,19 @@ def main() -> int:
         size = sum((Path(tmp) / f).stat().st_size for f in files)
 
         hash_s, manifest = timed(lambda: local_manifest(tree))
-        full_s, sent_full = timed(lambda: sync_code_tree(profile, paths, tree, manifest, runner))
-        nochange_s, sent_nochange = timed(lambda: sync_code_tree(profile, paths, tree, manifest, runner))
-        with cluster_ssh(profile) as ssh:
+        full_s, sent_full = timed(lambda: sync_code_tree(paths, tree, manifest, hook))
+        nochange_s, sent_nochange = timed(lambda: sync_code_tree(paths, tree, manifest, hook))
+        with SlurmHook(profile.connection.conn_id).ssh_command() as ssh:
             argv = code_sync_argv(tree, ssh.destination, paths.code(manifest.hash).dir, ssh.argv)
             plain_nochange_s, _ = timed(lambda: run_rsync(argv, what="plain rsync re-sync", ssh=ssh))
         target = Path(tmp) / "trainer" / "src" / "vcloud" / "metrics.py"
         target.write_text(target.read_text() + "\n# benchmark edit\n")
         changed = local_manifest(tree)
-        onefile_s, sent_onefile = timed(lambda: sync_code_tree(profile, paths, tree, changed, runner))
+        onefile_s, sent_onefile = timed(lambda: sync_code_tree(paths, tree, changed, hook))
         # what travels for the changed tree into a fresh directory, with and without the basis
         with_basis = bytes_sent(tree, profile, paths.code_root / "bench-copy-dest", basis=manifest.hash)
         without_basis = bytes_sent(tree, profile, paths.code_root / "bench-no-basis", basis=None)
-        runner.run(f"rm -rf -- {shlex.quote(base)}", timeout=120)
+        hook.runner.run(f"rm -rf -- {shlex.quote(base)}", timeout=120)
 
     assert (sent_full, sent_nochange, sent_onefile) == (True, False, True)
     print(f"code tree: {len(files)} files, {size / 1024:.0f} KiB (trainer/, anchored excludes)")

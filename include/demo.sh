@@ -87,7 +87,7 @@ if [ -n "$dag_run_id" ]; then
         | awk '{print "  " $0}' || true
 fi
 echo
-"$PY" -m vcloud_pipeline.report --profile "$PROFILE" --config tiny --run "$RUN_NAME" ${dag_run_id:+--dag-run-id "$dag_run_id"}
+"$PY" -m vcloud_pipeline.dag.report --profile "$PROFILE" --config tiny --run "$RUN_NAME" ${dag_run_id:+--dag-run-id "$dag_run_id"}
 if [ "$rc" -ne 0 ] || grep -q "DagRun Finished: .*state=failed" "$log"; then
     echo "demo: the DAG run failed; see ${log}" >&2
     exit 1

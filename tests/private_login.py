@@ -61,7 +61,11 @@ def _answers(port: int) -> bool:
 class PrivateLogin:
     """A second sshd for the cluster user; ``conn_id`` is its Airflow connection (paramiko transport)."""
 
-    def __init__(self, cluster: LocalCluster, directory: Path, conn_id: str = "vcloud_private_login") -> None:
+    def __init__(self, cluster: LocalCluster, directory: Path, conn_id: str = "vcloud_private_login", *,
+                 path_first: str | None = None, extra: dict | None = None) -> None:
+        """``path_first``: a directory on the login node put first on the sessions' PATH (``SetEnv``), so
+        a test's stand-in for a Slurm client answers instead of the real one. ``extra``: more connection
+        extras."""
         self.cluster = cluster
         self.directory = directory
         self.conn_id = conn_id
@@ -74,13 +78,17 @@ class PrivateLogin:
                            "@SSH_LISTEN@": "127.0.0.1", "@CLUSTER_USER@": cluster.user}.items():
             text = text.replace(key, value)
         lines = [f"PidFile {self.pid_file}" if line.startswith("PidFile ") else line for line in text.splitlines()]
+        if path_first is not None:
+            lines.append(f"SetEnv PATH={path_first}:/usr/local/bin:/usr/bin:/bin")
+        self.extra = dict(extra or {})
         self.config.write_text("\n".join(lines) + "\n")
         self.config.chmod(0o600)
         subprocess.run(["/usr/sbin/sshd", "-t", "-f", str(self.config)], check=True, capture_output=True, timeout=30)
 
     def connection(self) -> dict:
         """The cluster's key-based connection, logging in through this sshd (same pinned host key)."""
-        return {**self.cluster.connection(), "port": self.port}
+        conn = self.cluster.connection()
+        return {**conn, "port": self.port, "extra": {**conn.get("extra", {}), **self.extra}}
 
     def connection_env(self) -> dict[str, str]:
         return {f"AIRFLOW_CONN_{self.conn_id.upper()}": json.dumps(self.connection())}

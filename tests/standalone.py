@@ -92,9 +92,9 @@ runs at once on the one local cluster."""
 
 def migrate(env: dict[str, str], pool_slots: int = POOL_SLOTS) -> None:
     """Migrate the deployment's database and create the pool of each profile's cluster connection,
-    as docker-compose.yaml's airflow-init does (``python -m vcloud_pipeline.pools --create``)."""
+    as docker-compose.yaml's airflow-init does (``python -m vcloud_pipeline.dag.pools --create``)."""
     airflow("db", "migrate", env=env)
-    run_cli([sys.executable, "-m", "vcloud_pipeline.pools", "--create", "--slots", str(pool_slots)], env, 300)
+    run_cli([sys.executable, "-m", "vcloud_pipeline.dag.pools", "--create", "--slots", str(pool_slots)], env, 300)
 
 
 RECORDS_SCRIPT = """\

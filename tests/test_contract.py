@@ -26,15 +26,15 @@ from vcloud.data.index import INDEX_NAME
 from vcloud.training import distributed, markers, mirror, provenance
 from vcloud.training.best import improves
 from vcloud.training.paths import StagePaths
-from vcloud_pipeline import job_exits, render
-from vcloud_pipeline.budget import billed_hours, worst_case
-from vcloud_pipeline.job_operator import PipelineJobOperator
-from vcloud_pipeline.jobspec import JobSpec
-from vcloud_pipeline.layout import run_paths
-from vcloud_pipeline.preflight import PROJECT_TAG, ledger_from_statuses, usage_of
-from vcloud_pipeline.profiles import load_profile
-from vcloud_pipeline.render import render_job
-from vcloud_pipeline.stage_decisions import StagePlan, completion_record
+from vcloud_pipeline.jobs import exits as job_exits, render
+from vcloud_pipeline.budget.billing import billed_hours, worst_case
+from vcloud_pipeline.dag.job_operator import PipelineJobOperator
+from vcloud_pipeline.plan.jobspec import JobSpec
+from vcloud_pipeline.plan.layout import run_paths
+from vcloud_pipeline.budget.preflight import PROJECT_TAG, ledger_from_statuses, usage_of
+from vcloud_pipeline.profile import load_profile
+from vcloud_pipeline.jobs.render import render_job
+from vcloud_pipeline.plan.stages import StagePlan, completion_record
 
 from task_context import StateStore, task_context
 
@@ -105,7 +105,7 @@ def test_the_dataset_index_the_trainer_writes_is_the_one_the_dag_looks_for() -> 
 
 
 def test_the_dag_trains_exactly_the_trainers_stages() -> None:
-    from vcloud_pipeline.params import parse_request
+    from vcloud_pipeline.plan.request import parse_request
 
     plan = StagePlan.build(parse_request({"profile": "local", "config": "tiny"}), load_profile("local"))
     assert plan.stages == contract.STAGES

@@ -3,7 +3,7 @@
 Airflow imports ``airflow_local_settings`` from ``$AIRFLOW_HOME/config`` or ``PYTHONPATH`` in every
 component (docker-compose.yaml mounts this file at ``/opt/airflow/config/``). The one policy here
 moves each job task of a training run to the pool of its run's cluster connection
-(:mod:`vcloud_pipeline.pools`, from the plugins folder, imported only when the scheduler calls it).
+(:mod:`vcloud_pipeline.dag.pools`, from the plugins folder, imported only when the scheduler calls it).
 Every name this module defines becomes a setting of ``airflow.settings``: keep ``__all__`` to the
 policies.
 """
@@ -16,7 +16,7 @@ __all__ = ["task_instance_mutation_hook"]
 def task_instance_mutation_hook(task_instance, dag_run=None):  # noqa: ANN001, ANN201 (Airflow's hook spec)
     """Job tasks of a training run take a slot of their cluster connection's pool."""
     try:
-        from vcloud_pipeline.pools import route_to_cluster_pool
+        from vcloud_pipeline.dag.pools import route_to_cluster_pool
     except ImportError:  # a component without the plugins: nothing to route
         return
     route_to_cluster_pool(task_instance, dag_run)

@@ -185,11 +185,16 @@ prepare_site_roots() {
              "/srv/vcloud/levante"; do
     install -d -m 755 -o "$CLUSTER_USER" -g "$CLUSTER_USER" "$dir"
   done
-  # The sites' images are the local trainer image (make image); LUMI's breaks with --rocm, as the
-  # CSC image does (the stand-in reads the .rocm-breaks file next to the image).
+  # The sites' images are the local trainer image (make image); LUMI's lacks tifffile as the CSC
+  # image does (images/sites/lumi-image, made by site_images.sh; the trainer image until it exists)
+  # and breaks with --rocm, as the CSC image does (the stand-in reads the .rocm-breaks file next to it).
   install -d -m 755 "$images"
-  ln -sfn ../vcloud-trainer "$images/lumi.sif"
-  ln -sfn ../vcloud-trainer "$images/cosmos.sif"
+  if [[ -f $STATE/images/vcloud-trainer.sha256 ]]; then
+    bash "$HERE/site_images.sh"
+  else  # until `make image` has built it (and site_images.sh the sites' images from it)
+    ln -sfn ../vcloud-trainer "$images/lumi.sif"
+    ln -sfn ../vcloud-trainer "$images/cosmos.sif"
+  fi
   printf '%s\n' "FATAL: the LUMI CSC image breaks with --rocm: it binds the host's libdrm.so, built against GLIBC 2.33, into a container with GLIBC 2.31 (/lib64/libc.so.6: version \`GLIBC_2.33' not found); use SINGULARITY_CONTAINLIBS and -B /opt/cray instead" \
     >"$images/lumi.sif.rocm-breaks"
 }

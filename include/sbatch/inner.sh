@@ -1,6 +1,6 @@
 #!/bin/bash
 # vcloud {{ title }}: inner script, runs {{ where }} on every node of the job.
-# Rendered by vcloud_pipeline.render from profile '{{ profile.name }}' and include/sbatch/inner.sh;
+# Rendered by vcloud_pipeline.jobs.render from profile '{{ profile.name }}' and include/sbatch/inner.sh;
 # change those, not this file.
 set -euo pipefail
 
@@ -15,7 +15,7 @@ echo "vcloud inner script: in Charliecloud image ${image_hash} on $(hostname)" >
 {% endif %}
 export PYTHONPATH={{ pythonpath | join(":") | shq }}"${PYTHONPATH:+:${PYTHONPATH}}"
 export {{ CODE_HASH_ENV }}={{ code.hash | shq }}
-{% for name, value in profile.software.env %}
+{% for name, value in profile.software.env.items() %}
 export {{ name }}={{ value | shq }}
 {% endfor %}
 {% if profile.software.miopen_cache_dir %}

@@ -2,7 +2,7 @@ import importlib
 import os
 import sys
 
-# Filled in by vcloud_pipeline.render: the names and the exit code the trainer shares.
+# Filled in by vcloud_pipeline.jobs.render: the names and the exit code the trainer shares.
 GPUS_REQUIRED_ENV = "{{ GPUS_REQUIRED_ENV }}"
 GPU_HINT_ENV = "{{ GPU_HINT_ENV }}"
 EXIT_GPUS_MISSING = int("{{ EXIT_GPUS_MISSING }}")

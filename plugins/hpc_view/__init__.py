@@ -1,11 +1,10 @@
 """The HPC view: the Slurm jobs our operators launched and the GPU-hours they cost, in the Airflow UI.
 
-- :mod:`hpc_view.records`  the operators' XCom records as ``JobRecord`` and the per-profile budget (pure)
+- :mod:`hpc_view.records`  the operators' XCom records and watch notes as ``JobRecord``, the per-profile budget (pure)
 - :mod:`hpc_view.charts`   burn-down, per-stage/per-run bars and training curves as inline SVG (pure)
 - :mod:`hpc_view.view`     the page's JSON per cluster profile, allocations from the profiles
 - :mod:`hpc_view.store`    the one query on Airflow's metadata database
-- :mod:`hpc_view.live`     the refresh button's rate-limited status call to the cluster
-- :mod:`hpc_view.curves`   the stages' ``metrics.jsonl``, read through the Slurm hook at most once an interval
-- :mod:`hpc_view.app`      the FastAPI app (Airflow authentication on every data route)
+- :mod:`hpc_view.curves`   the stages' training curves, as their operators recorded them (no cluster command)
+- :mod:`hpc_view.app`      the FastAPI app (Airflow authentication on every data route; no cluster command)
 - :mod:`hpc_view.plugin`   the ``AirflowPlugin`` (registered in ``plugins/airflow_plugins.py``)
 """

@@ -4,6 +4,10 @@ Every route with data requires Airflow's authentication, exactly like the rest o
 JWT from the ``Authorization: Bearer`` header or the UI's session cookie (Airflow's own
 ``get_user`` dependency), and only the DAGs the user may read are shown. The page itself
 redirects to Airflow's login when nobody is signed in; its script and style are static files.
+
+No route runs a command on the cluster: the API server holds no cluster credentials. The page shows
+what the workers and triggerers recorded in Airflow's database (the tasks' XComs and the watches'
+notes), each with how old it is, so a hanging login node cannot hold a request thread.
 """
 
 from __future__ import annotations
@@ -19,11 +23,10 @@ from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, get_user
 
-from hpc_view.curves import CurveReads, stage_curves
-from hpc_view.live import LiveStates, refresh
+from hpc_view.curves import stage_curves
 from hpc_view.records import records_from_xcoms
 from hpc_view.store import load_xcom_rows
-from hpc_view.view import build_view, profile_info
+from hpc_view.view import build_view
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 URL_PREFIX = "/hpc-view"
@@ -31,8 +34,6 @@ URL_PREFIX = "/hpc-view"
 app = FastAPI(title="vcloud HPC view", description="Slurm jobs and GPU-hour budgets recorded by the Slurm operators",
               docs_url=None, redoc_url=None, openapi_url=None)
 app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
-app.state.live = LiveStates()
-app.state.curves = CurveReads()
 
 
 def readable_dag_ids(user: GetUserDep) -> set[str]:
@@ -65,22 +66,10 @@ async def page(request: Request) -> Response:
 @app.get("/api/jobs")
 def jobs(session: SessionDep, dag_ids: ReadableDagIds, dag_id: Annotated[str | None, Query()] = None,
          run_id: Annotated[str | None, Query()] = None) -> dict[str, Any]:
-    """Per profile: the jobs the operators recorded, the GPU-hour budget and its charts, and the
-    training curves of the newest stages (their files read at most once an interval)."""
+    """Per profile: the jobs the operators recorded (a waiting job as its watch last saw it, and
+    when), the GPU-hour budget and its charts, and the training curves the stages recorded."""
     records = _records(session, dag_ids, dag_id, run_id)
-    return build_view(records, curves=stage_curves(records, app.state.curves))
-
-
-@app.post("/api/refresh")
-def refresh_jobs(session: SessionDep, dag_ids: ReadableDagIds, dag_id: Annotated[str | None, Query()] = None,
-                 run_id: Annotated[str | None, Query()] = None) -> dict[str, Any]:
-    """Like ``api/jobs``, with the cluster's current state (and pending reason) of waiting jobs."""
-    records = _records(session, dag_ids, dag_id, run_id)
-    records, problems = refresh(records, lambda name: profile_info(name).conn_id, app.state.live)
-    view = build_view(records, curves=stage_curves(records, app.state.curves))
-    view["problems"] = problems
-    view["refreshed"] = True
-    return view
+    return build_view(records, curves=stage_curves(records))
 
 
 def _escape(text: str) -> str:

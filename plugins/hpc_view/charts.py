@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from html import escape
 
-from vcloud.contract import TrainingCurve
+from vcloud.contract import TrainingCurve, thin_points
 
 from hpc_view.records import ProfileBudget
 
@@ -34,7 +34,7 @@ def burndown_svg(budget: ProfileBudget) -> str:
     plot_w, plot_h = WIDTH - left_pad - right_pad, height - top - bottom
     has_alloc = budget.allocation is not None
     values = [p.left if has_alloc else p.used for p in budget.burn]
-    ceiling = budget.allocation if has_alloc else max(values or [0.0])
+    ceiling = budget.allocation if has_alloc else max([v for v in values if v is not None] or [0.0])
     ceiling = ceiling if ceiling and ceiling > 0 else 1.0
     where = " (Slurm limit)" if budget.source == "slurm" else ""
     title = (f"{budget.unit} left of {figure(budget.allocation)}{where}: "
@@ -159,13 +159,8 @@ def curve_svg(title: str, points: list[tuple[int, float]] | tuple[tuple[int, flo
     return "".join(parts)
 
 
-def thin(points: tuple[tuple[int, float], ...], limit: int) -> tuple[tuple[int, float], ...]:
-    """At most ``limit`` points, evenly spaced in the sequence, the first and the last kept: a
-    weeks-long stage logs tens of thousands of steps, more than a 300-pixel chart can show."""
-    if len(points) <= limit or limit < 2:
-        return points
-    stride = (len(points) - 1) / (limit - 1)
-    return tuple(points[round(i * stride)] for i in range(limit))
+thin = thin_points
+"""At most ``limit`` points of a series, first and last kept (the trainer's contract defines it)."""
 
 
 def training_curve_charts(curve: TrainingCurve, *, x_label: str = "step") -> dict[str, str]:

@@ -4,30 +4,33 @@
 (or adopted), and, when the job completed, a return value with every job id of the task
 (resubmissions included), the final state, elapsed time, restarts and the GPU-hours it cost
 (from ``sacct``). The view reads these records from Airflow's metadata database; it never asks
-Slurm on a page view, because on LUMI every ``squeue`` is a command on a shared login node (the
-stages' training curves are files, read at most once an interval: :mod:`hpc_view.curves`).
+Slurm on a page view: on LUMI every ``squeue`` is a command on a shared login node, and the API
+server holds no cluster credentials (a training stage's record carries its curve: :mod:`hpc_view.curves`).
 The training DAG's jobs also record the allocation when they ended (``allocation``: Slurm's
 ``GrpTRESMins`` limit on the account with its usage, or the profile's ``billing.allocation``, each
 figure with its source); the newest such record is the budget the page shows. A training stage's
 record also says what its best weights gained on validation over the model the stage started from
 (``validation_gain``) and why the stage stopped: with its GPU-hours, what each stage bought.
 
-A task that is still waiting (deferred) or failed has only its job id here: its Slurm state is
-shown as not known until the refresh asks the cluster (:mod:`hpc_view.live`). While its watch cannot
-reach the login node, the trigger's note of the task try (``slurm_watch``) says since when, and the
-job's last state seen; the view shows both.
+A task that is still waiting (deferred) has its job id here and the trigger's note of the task try
+(``slurm_watch``): the job's state, pending reason and expected start as the watch's last poll saw
+them, and when that poll was; while the watch cannot reach the login node, since when. The view shows
+them with their age ("RUNNING as of 12 s ago", "cluster unreachable since 04:51 UTC"): the API
+server never runs a command on the cluster, whatever the number of people looking.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+import time
 from datetime import datetime, timezone
 from typing import Any
 
 from slurm_provider.cli.values import format_duration
 from slurm_provider.links import JOB_ID_XCOM_KEY, task_log_url
-from slurm_provider.outage import clock
+from slurm_provider.outage import clock, span
+from slurm_provider.pending_words import waiting_line
 from slurm_provider.state_vocabulary import SlurmState, classify_pending_reason, parse_state
 from slurm_provider.watch_state import WATCH_XCOM_KEY
 from vcloud.contract import gain_per_gpu_hour
@@ -66,11 +69,14 @@ class Submission:
 
 @dataclass(frozen=True)
 class PendingWords:
-    """A pending job's reason in plain words (``classify_pending_reason``)."""
+    """A pending job's reason in plain words (``classify_pending_reason``, ``waiting_line``)."""
 
     code: str
     kind: str
     explanation: str
+    words: str = ""
+    """Why it waits and when Slurm expects it to start, in one phrase (the task log says the same)."""
+    expected_start: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,12 +107,16 @@ class JobRecord:
     metrics: Mapping[str, Any] | None = None
     allocation: Mapping[str, Any] | None = None
     """The allocation when the job ended, as the training DAG's operator read it (``Allocation.to_json``)."""
+    curve: Mapping[str, Any] | None = None
+    """The stage's training curve as its operator read it when the job completed (``TrainingCurve.to_json``)."""
     final: bool = False
     """True when this is the operator's final record (its return value): only those are billed here."""
     unreachable_since: datetime | None = None
     """While the task waits: since when its watch cannot reach the login node (the trigger's note)."""
     last_seen: str | None = None
     """The job's last state the waiting watch saw (the trigger's note)."""
+    polled_at: datetime | None = None
+    """When the waiting watch last had an answer from the cluster (the trigger's note)."""
     validation_gain: float | None = None
     """A training stage's: its ``best.pt``'s validation score minus its start's (``gain_metric``'s units)."""
     gain_metric: str | None = None
@@ -119,27 +129,49 @@ class JobRecord:
 
     @property
     def state_description(self) -> str:
-        if self.slurm_state is None:
-            if self.task_state in WAITING_TASK_STATES and self.unreachable_since is not None:
-                seen = f" (last seen {self.last_seen})" if self.last_seen else ""
-                return (f"Login node unreachable since {clock(self.unreachable_since.timestamp())}: the task "
-                        f"waits for it; the job runs on{seen}.")
-            if self.task_state in WAITING_TASK_STATES:
-                return "Submitted; the task waits for the job. Refresh asks the cluster for its state."
+        return self.describe()
+
+    def describe(self, now: float | None = None) -> str:
+        """The state in words; a waiting task's as its watch last saw it, with how old that is."""
+        if self.slurm_state is not None:
+            return self.slurm_state.description
+        if self.task_state not in WAITING_TASK_STATES:
             return "No final record: the task ended without the job completing (see the task log)."
-        return self.slurm_state.description
+        now = time.time() if now is None else now
+        seen = "not seen by the watch yet"
+        if self.last_seen:
+            seen = f"last seen {self.last_seen}"
+            if self.polled_at is not None:
+                seen += f" {span(now - self.polled_at.timestamp())} ago"
+        if self.unreachable_since is not None:
+            return (f"Cluster unreachable since {clock(self.unreachable_since.timestamp(), now)}: the task "
+                    f"waits for its login node; the job runs on ({seen}).")
+        if self.polled_at is not None and self.last_seen:
+            return f"{self.last_seen} as of {span(now - self.polled_at.timestamp())} ago (the watch's last poll)."
+        if self.last_seen:
+            return f"{self.last_seen}, as its watch last noted it."
+        return "Submitted; the task waits for the job (its watch has not noted a poll yet)."
+
+    def age_s(self, now: float | None = None) -> float | None:
+        """Seconds since the watch's last answered poll (None: no note of one)."""
+        if self.polled_at is None:
+            return None
+        return round(max((time.time() if now is None else now) - self.polled_at.timestamp(), 0.0), 1)
 
     @property
     def resubmissions(self) -> int:
         return max(len(self.job_ids) - 1, 0)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, now: float | None = None) -> dict[str, Any]:
+        """The page's row; ``now`` (epoch seconds) dates the watch's note (default: the clock)."""
         data = asdict(self)
         data["job_ids"] = list(self.job_ids)
         data["submissions"] = [asdict(s) for s in self.submissions]
         data["finished_at"] = self.finished_at.isoformat() if self.finished_at else None
         data["unreachable_since"] = self.unreachable_since.isoformat() if self.unreachable_since else None
-        data["state_description"] = self.state_description
+        data["polled_at"] = self.polled_at.isoformat() if self.polled_at else None
+        data["as_of_s"] = self.age_s(now)
+        data["state_description"] = self.describe(now)
         data["category"] = self.slurm_state.category.value if self.slurm_state else None
         data["elapsed"] = format_duration(self.elapsed_s)
         data["resubmissions"] = self.resubmissions
@@ -154,17 +186,31 @@ def is_job_summary(value: Any) -> bool:
 
 
 
-def pending_words(state: str | SlurmState | None, reason: str | None) -> PendingWords | None:
-    """The reason of a job waiting in the queue, explained; None once it runs or ended."""
+def pending_words(state: str | SlurmState | None, reason: str | None,
+                  expected_start: str | None = None) -> PendingWords | None:
+    """The reason of a job waiting in the queue, explained, with Slurm's estimated start; None once
+    it runs or ended."""
     parsed = parse_state(state)
     if parsed not in (SlurmState.PENDING, SlurmState.REQUEUED, SlurmState.REQUEUE_HOLD):
         return None
     classified = classify_pending_reason(reason)
-    return PendingWords(code=classified.code, kind=classified.kind.value, explanation=classified.explanation)
+    return PendingWords(code=classified.code, kind=classified.kind.value, explanation=classified.explanation,
+                        words=waiting_line(reason, expected_start), expected_start=expected_start)
+
+
+def _watched_pending(note: XComRow | None, job_id: str) -> PendingWords | None:
+    """Why the job of a waiting task pends, as its watch last saw it (the trigger's note: no call to
+    the cluster); None when the note is about another job or the job does not pend."""
+    value = note.value if note is not None else None
+    if note is None or note.task_state not in WAITING_TASK_STATES or not isinstance(value, Mapping):
+        return None
+    if str(value.get("job_id")) != job_id or value.get("state") != SlurmState.PENDING.value:
+        return None
+    return pending_words(SlurmState.PENDING, value.get("reason"), value.get("expected_start"))
 
 
 def _submissions(value: Any) -> tuple[Submission, ...]:
-    out = []
+    out: list[Submission] = []
     for item in value or ():
         if isinstance(item, Mapping) and "job_id" in item:
             out.append(Submission(str(item["job_id"]), int(item.get("number") or len(out) + 1),
@@ -172,16 +218,30 @@ def _submissions(value: Any) -> tuple[Submission, ...]:
     return tuple(out)
 
 
-def _outage(note: XComRow | None, job_id: str) -> tuple[datetime | None, str | None]:
-    """(since when the login node has not answered, the job's last state seen) from the watch note of a
-    waiting task, when the note is about ``job_id`` and an outage is on."""
+@dataclass(frozen=True)
+class WatchSeen:
+    """What the watch note of a waiting task says about its job."""
+
+    state: str | None = None
+    polled_at: datetime | None = None
+    unreachable_since: datetime | None = None
+
+
+def _moment(value: Any) -> datetime | None:
+    return datetime.fromtimestamp(value, timezone.utc) if isinstance(value, (int, float)) else None
+
+
+def _watch_seen(note: XComRow | None, job_id: str) -> WatchSeen:
+    """The job's last state seen, when the cluster last answered and since when it has not (an outage),
+    from the watch note of a waiting task; nothing when the note is about another job."""
     value = note.value if note is not None else None
     if note is None or note.task_state not in WAITING_TASK_STATES or not isinstance(value, Mapping):
-        return None, None
-    since = value.get("unreachable_since")
-    if str(value.get("job_id")) != job_id or not isinstance(since, (int, float)):
-        return None, None
-    return datetime.fromtimestamp(since, timezone.utc), value.get("state")
+        return WatchSeen()
+    if str(value.get("job_id")) != job_id:
+        return WatchSeen()
+    state = value.get("state")
+    return WatchSeen(str(state) if state else None, _moment(value.get("polled_at")),
+                     _moment(value.get("unreachable_since")))
 
 
 def _int(value: Any) -> int | None:
@@ -218,13 +278,15 @@ def records_from_xcoms(rows: Iterable[XComRow]) -> list[JobRecord]:
         profile = str((summary or {}).get("profile") or conf.get("profile") or UNASSIGNED)
         dag_id, run_id, task_id, map_index = key
         if summary is None:
+            assert job_row is not None
             job_id = str(job_row.value)
-            since, last_seen = _outage(xcoms.get(WATCH_XCOM_KEY), job_id)
+            seen = _watch_seen(xcoms.get(WATCH_XCOM_KEY), job_id)
             records.append(JobRecord(
                 dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index,
                 task_state=anchor.task_state, profile=profile, run_name=str(conf.get("run_name") or ""),
                 stage=task_id, job_id=job_id, job_ids=(job_id,), finished_at=anchor.end_date,
-                unreachable_since=since, last_seen=last_seen))
+                unreachable_since=seen.unreachable_since, last_seen=seen.state, polled_at=seen.polled_at,
+                pending=_watched_pending(xcoms.get(WATCH_XCOM_KEY), job_id)))
             continue
         job_ids = tuple(str(j) for j in summary.get("job_ids") or [summary["job_id"]])
         records.append(JobRecord(
@@ -240,6 +302,7 @@ def records_from_xcoms(rows: Iterable[XComRow]) -> list[JobRecord]:
             gpu_hours=float(summary.get("gpu_hours") or 0.0),
             finished_at=anchor.end_date, metrics=summary.get("metrics"),
             allocation=summary["allocation"] if isinstance(summary.get("allocation"), Mapping) else None,
+            curve=summary["curve"] if isinstance(summary.get("curve"), Mapping) else None,
             final=True, validation_gain=_float(summary.get("validation_gain")),
             gain_metric=summary.get("gain_metric"), stop_reason=summary.get("stop_reason")))
     records.sort(key=lambda r: (r.finished_at is None, r.finished_at or datetime.min, r.dag_id, r.run_id,
@@ -369,8 +432,9 @@ def profile_budget(profile: str, records: Iterable[JobRecord], *, allocation: fl
         elif left is not None:
             left -= record.gpu_hours
         burn.append(BurnPoint(record.finished_at, f"{record.stage} ({record.job_id})", total, left))
-    common = dict(profile=profile, unit=unit, allocation=allocation, total=total, by_run=by_run,
-                  by_stage=by_stage, by_run_stage=by_run_stage, gains=gains, burn=tuple(burn), jobs=len(done))
+    common: dict[str, Any] = dict(profile=profile, unit=unit, allocation=allocation, total=total, by_run=by_run,
+                                  by_stage=by_stage, by_run_stage=by_run_stage, gains=gains, burn=tuple(burn),
+                                  jobs=len(done))
     if newest is None:
         return ProfileBudget(**common, allocation_from=allocation_from)
     record, snap = newest

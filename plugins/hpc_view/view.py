@@ -4,12 +4,16 @@ Each profile's billing unit comes from its YAML under ``include/profiles/`` (wit
 ``VCLOUD_PROFILE_OVERRIDES``). The allocation is the one the DAG's budget check used: Slurm's
 ``GrpTRESMins`` limit on the account where the jobs' records carry it, else the profile's
 ``billing.allocation``; the payload says which (``budget.source``, ``budget.allocation_from``).
+Every figure is a record of Airflow's database; ``as_of`` says when the view was put together, and
+each waiting job's row says how old its watch's last poll is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from hpc_view.charts import budget_charts
@@ -34,7 +38,7 @@ def profile_info(name: str) -> ProfileInfo:
     """Load profile ``name``; a missing or broken profile is reported, not raised."""
     if name == UNASSIGNED:
         return ProfileInfo(name, None, "GPU-hours", None, "jobs of DAG runs that name no cluster profile")
-    from vcloud_pipeline.profiles import ProfileError, load_profile, overrides_from_environ
+    from vcloud_pipeline.profile import ProfileError, load_profile, overrides_from_environ
 
     try:
         profile = load_profile(name, overrides_from_environ(name))
@@ -52,9 +56,11 @@ def allocation_words(meta: ProfileInfo) -> str:
 
 
 def build_view(records: Iterable[JobRecord], *, info: Callable[[str], ProfileInfo] = profile_info,
-               curves: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+               curves: Sequence[Mapping[str, Any]] = (), now: float | None = None) -> dict[str, Any]:
     """The page's JSON: one entry per profile that has records, named profiles first, each with
-    its stages' training curves (:func:`hpc_view.curves.stage_curves`)."""
+    its stages' training curves (:func:`hpc_view.curves.stage_curves`); ``now`` (epoch seconds, default
+    the clock) dates the watches' notes."""
+    now = time.time() if now is None else now
     records = list(records)
     names = sorted({r.profile for r in records}, key=lambda n: (n == UNASSIGNED, n))
     profiles = []
@@ -70,7 +76,8 @@ def build_view(records: Iterable[JobRecord], *, info: Callable[[str], ProfileInf
             "problem": meta.problem,
             "budget": budget.to_json(),
             "charts": budget_charts(budget),
-            "jobs": [r.to_json() for r in mine],
+            "jobs": [r.to_json(now) for r in mine],
             "curves": [dict(c) for c in curves if c["profile"] == name],
         })
-    return {"profiles": profiles, "jobs": len(records), "curve_interval_s": CURVE_INTERVAL_S}
+    return {"profiles": profiles, "jobs": len(records), "curve_interval_s": CURVE_INTERVAL_S,
+            "as_of": datetime.fromtimestamp(now, timezone.utc).isoformat()}

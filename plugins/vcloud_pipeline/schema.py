@@ -126,9 +126,19 @@ Environment = Annotated[dict[str, str], BeforeValidator(_environment)]
 """Environment variables: valid names, string or number values (kept as text)."""
 
 
+def at_least(minimum: int) -> BeforeValidator:
+    """Validates an integer of at least ``minimum`` (not a bool, a float or a numeric string):
+    ``Annotated[int, at_least(30)]``."""
+    return BeforeValidator(lambda value: _integer(value, minimum))
+
+
+Count = Annotated[int, at_least(1)]
+"""A positive integer (not a bool, a float or a numeric string)."""
+
+
 def count(minimum: int = 1) -> Any:
-    """An integer of at least ``minimum`` (not a bool, a float or a numeric string)."""
-    return Annotated[int, BeforeValidator(lambda value: _integer(value, minimum))]
+    """``Annotated[int, at_least(minimum)]`` as a value, for models built at run time."""
+    return Annotated[int, at_least(minimum)]
 
 
 # --------------------------------------------------------------------------- errors as sentences

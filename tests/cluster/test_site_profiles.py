@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 from slurm_provider.validation import parse_time_limit
-from vcloud_pipeline.jobspec import JobSpec
-from vcloud_pipeline.layout import run_paths
-from vcloud_pipeline.profiles import ClusterProfile, load_profile, overrides_from_environ
-from vcloud_pipeline.render import render_job
-from vcloud_pipeline.site_facts import LOCAL_SITE_FACTS, SITE_FACTS_ENV, SiteFactsError, load_site_facts
+from vcloud_pipeline.plan.jobspec import JobSpec
+from vcloud_pipeline.plan.layout import run_paths
+from vcloud_pipeline.profile import ClusterProfile, load_profile, overrides_from_environ
+from vcloud_pipeline.jobs.render import render_job
+from vcloud_pipeline.profile.site_facts import LOCAL_SITE_FACTS, SITE_FACTS_ENV, SiteFactsError, load_site_facts
 
 from localcluster import LocalCluster
 

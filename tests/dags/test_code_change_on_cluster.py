@@ -68,7 +68,7 @@ def code_version(root: Path, path: str, change: str | tuple[str, str]) -> Path:
 
 def synced_from(monkeypatch: pytest.MonkeyPatch, tree: Path) -> None:
     """The next DAG run's ``sync_code`` task (run in this process by dag.test()) syncs ``tree``."""
-    from vcloud_pipeline import tasks
+    from vcloud_pipeline.dag import tasks
 
     monkeypatch.setitem(tasks.sync_code.__kwdefaults__, "project_root", tree)
 

@@ -55,7 +55,7 @@ def changed_tree(root: Path, change: str) -> Path:
 @pytest.fixture
 def run_a_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The tree run A's DAG syncs (its ``sync_code`` task runs in this process under dag.test())."""
-    from vcloud_pipeline import tasks
+    from vcloud_pipeline.dag import tasks
 
     tree = changed_tree(tmp_path / "run-a", "run A's change")
     monkeypatch.setitem(tasks.sync_code.__kwdefaults__, "project_root", tree)
@@ -93,8 +93,8 @@ class RunB(BackgroundStep):
 
     def step(self) -> None:
         from slurm_provider.hooks import SlurmHook
-        from vcloud_pipeline.params import parse_request
-        from vcloud_pipeline.tasks import RunContext, sync_code
+        from vcloud_pipeline.plan.request import parse_request
+        from vcloud_pipeline.dag.tasks import build_plan, sync_code
 
         cluster, progress = self.cluster, f"{self.project_dir}/outputs/{RUN_A}/stage0/progress.json"
 
@@ -116,10 +116,10 @@ class RunB(BackgroundStep):
         self.seen["job"] = job
         self.seen["dirs_before_b"] = code_dirs(cluster, self.project_dir)
 
-        ctx = RunContext.build(parse_request({"profile": "local", "config": "tiny", "run_name": RUN_B,
+        ctx = build_plan(parse_request({"profile": "local", "config": "tiny", "run_name": RUN_B,
                                               "stages": [0], "export": False}))
         with SlurmHook(ctx.profile.connection.conn_id) as hook:
-            self.seen["b"] = sync_code(ctx, hook.runner, project_root=self.tree)
+            self.seen["b"] = sync_code(ctx, hook, project_root=self.tree)
         self.seen["dirs_after_b"] = code_dirs(cluster, self.project_dir)
 
         cluster.root("scontrol", "resume", str(job))
@@ -142,8 +142,8 @@ def test_a_requeued_job_runs_its_own_code_after_another_run_synced_new_code(
 
     hash_a, synced_b = values["sync_code"]["code_hash"], run_b.seen["b"]
     hash_b = synced_b["code_hash"]
-    from vcloud_pipeline.code_tree import CodeTree
-    from vcloud_pipeline.code_upload import local_manifest
+    from vcloud_pipeline.code.tree import CodeTree
+    from vcloud_pipeline.code.upload import local_manifest
 
     assert hash_a == local_manifest(CodeTree(run_a_tree)).hash != local_manifest(CodeTree(REPO)).hash
     assert hash_a != hash_b and synced_b["code_sent"]
@@ -173,22 +173,22 @@ def test_a_requeued_job_runs_its_own_code_after_another_run_synced_new_code(
     # After A's job ended, B syncs again (nothing sent): its cleanup removes A's code once no
     # queued job references it any more.
     from slurm_provider.hooks import SlurmHook
-    from vcloud_pipeline.params import parse_request
-    from vcloud_pipeline.tasks import RunContext, sync_code
+    from vcloud_pipeline.plan.request import parse_request
+    from vcloud_pipeline.dag.tasks import build_plan, sync_code
 
-    ctx = RunContext.build(parse_request({"profile": "local", "config": "tiny", "run_name": RUN_B,
+    ctx = build_plan(parse_request({"profile": "local", "config": "tiny", "run_name": RUN_B,
                                           "stages": [0], "export": False}))
     held = local_cluster.sbatch("#!/bin/bash\ntrue\n", "--hold", "--output=/dev/null",
                                 f'--comment={{"code":"{hash_a}"}}')  # e.g. a job of run A someone queued by hand
     try:
         with SlurmHook(ctx.profile.connection.conn_id) as hook:
-            again = sync_code(ctx, hook.runner, project_root=run_b.tree)
+            again = sync_code(ctx, hook, project_root=run_b.tree)
         assert not again["code_sent"] and again["code_dirs_removed"] == []
         assert code_dirs(local_cluster, project_dir) == {hash_a, hash_b}
     finally:
         local_cluster.ssh(f"scancel {held}")
     local_cluster.wait_for_state(held, {"CANCELLED"}, timeout=60)
     with SlurmHook(ctx.profile.connection.conn_id) as hook:
-        last = sync_code(ctx, hook.runner, project_root=run_b.tree)
+        last = sync_code(ctx, hook, project_root=run_b.tree)
     assert last["code_dirs_removed"] == [hash_a]
     assert code_dirs(local_cluster, project_dir) == {hash_b}

@@ -4,7 +4,7 @@ One deployment (``airflow api-server``, ``scheduler`` with the LocalExecutor, ``
 ``triggerer``) with the sites' facts mapped to the local cluster (``VCLOUD_SITE_FACTS``), so the
 local profile and Cosmos' own profile (node-local staging, ``singularity exec --rocm``) both run
 there through one connection, and so share one pool, ``slurm_vcloud_local_cluster``, created with
-2 slots and ``include_deferred`` as ``python -m vcloud_pipeline.pools --create`` does. Two runs with
+2 slots and ``include_deferred`` as ``python -m vcloud_pipeline.dag.pools --create`` does. Two runs with
 different run names, one per profile, are triggered through the REST API: both train at once (each
 has a job task deferred on its job at the same moment), both succeed, and sacct holds exactly one
 job per stage of each. While both hold their slot (their jobs frozen with ``scontrol suspend`` or
@@ -43,7 +43,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(3000)]
 @pytest.fixture(scope="module")
 def deployment(local_cluster: LocalCluster, cluster_connection: str,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    from vcloud_pipeline.site_facts import LOCAL_SITE_FACTS
+    from vcloud_pipeline.profile.site_facts import LOCAL_SITE_FACTS
 
     home = tmp_path_factory.mktemp("concurrent-runs-home")
     local_dir = local_cluster.test_dir()
@@ -190,7 +190,7 @@ def _scheduler_beats(api: RestClient, beats: int) -> None:
 
 def test_two_runs_on_two_profiles_train_at_once_and_the_pool_bounds_their_jobs(
         deployment: dict[str, Any], local_cluster: LocalCluster) -> None:
-    from vcloud_pipeline.layout import run_key
+    from vcloud_pipeline.plan.layout import run_key
 
     api, bases = deployment["api"], deployment["bases"]
     pool = _pool(api)

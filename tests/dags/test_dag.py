@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-ORDER = ["plan", "sync_code", "preflight_checks", "prepare_data", "preflight_imports",
+ORDER = ["plan", "sync_code", "preflight_checks", "provision_env", "prepare_data", "preflight_imports",
          "stage0", "stage1", "stage2", "stage3", "export", "summary"]
 
 
@@ -61,7 +61,7 @@ def test_retraining_schedule_without_catchup_and_runs_at_the_same_time(dag) -> N
 
 
 def test_params_form_has_a_described_field_for_every_request_field(dag) -> None:
-    from vcloud_pipeline.params import FIELDS
+    from vcloud_pipeline.plan.request import FIELDS
 
     params = dag.params
     assert set(FIELDS) == set(params.keys())
@@ -91,8 +91,8 @@ def test_injection_in_the_form_is_refused_before_the_run_starts(dag) -> None:
 def test_an_unknown_profile_is_refused_by_the_form_and_by_the_plan(dag) -> None:
     from airflow.sdk.definitions.param import ParamValidationError
 
-    from vcloud_pipeline.params import RequestError
-    from vcloud_pipeline.tasks import plan_run
+    from vcloud_pipeline.plan.request import RequestError
+    from vcloud_pipeline.dag.tasks import plan_run
 
     # The form offers the installed profiles only: no run starts, so nothing can be submitted.
     with pytest.raises(ParamValidationError, match=r"'nosuch' is not one of \['cosmos', 'levante', 'local', 'lumi'\]"):
@@ -103,8 +103,8 @@ def test_an_unknown_profile_is_refused_by_the_form_and_by_the_plan(dag) -> None:
 
 
 def test_the_form_offers_the_installed_profiles_and_groups_the_advanced_params(dag) -> None:
-    from vcloud_pipeline.params import ADVANCED, RequestError, dag_params
-    from vcloud_pipeline.profiles import available_profiles
+    from vcloud_pipeline.plan.request import ADVANCED, RequestError, dag_params
+    from vcloud_pipeline.profile import available_profiles
 
     params = dag.params
     assert params.get_param("profile").schema["enum"] == list(available_profiles()) == [
@@ -165,13 +165,15 @@ def test_job_tasks_show_the_script_they_submit_never_rendered_by_jinja(dag) -> N
     the sync's script, which Jinja must leave alone (bash has ``${#x}``; a comment may hold ``{{``)."""
     import copy
 
-    from vcloud_pipeline.tasks import plan_run
+    from vcloud_pipeline.plan.labels import JobLabel
+    from vcloud_pipeline.plan.run_plan import SyncedCode
+    from vcloud_pipeline.dag.tasks import plan_run
 
     task = copy.deepcopy(dag.get_task("preflight_imports"))  # binding changes it; the DAG's stays unbound
     assert "script" in task.template_fields and task.template_fields_renderers["script"] == "bash"
     planned = plan_run({"profile": "local", "config": "tiny", "run_name": "shown"})
     script = '#!/bin/bash\n# {{ ds }} {% raw %} {# not a comment #}\necho "${#BASH_ARGV[@]}"\n'
-    synced = {"scripts": {"preflight": script}, "code_hash": "c" * 64}
+    synced = SyncedCode.recording("c" * 64, {JobLabel.PREFLIGHT: script}).model_dump(mode="json")
     task.render_template_fields({"ti": _RunXComs({"plan": planned, "sync_code": synced})},
                                 jinja_env=dag.get_template_env())
     assert task.script == script

@@ -28,7 +28,7 @@ STAGES = ["stage0", "stage1", "stage2", "stage3"]
 
 def image_line(cluster: LocalCluster) -> str:
     """What the inner script logs inside the image `make image` built (its hash is next to it)."""
-    from vcloud_pipeline.profiles import load_profile
+    from vcloud_pipeline.profile import load_profile
 
     container = load_profile("local").container
     assert container is not None and container.runtime == "charliecloud"

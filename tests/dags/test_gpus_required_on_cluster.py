@@ -24,8 +24,8 @@ import pytest
 
 from localcluster import LocalCluster, poll_until
 from slurm_provider.operators import job_name_for
-from vcloud_pipeline.job_exits import EXIT_GPUS_MISSING
-from vcloud_pipeline.profiles import load_profile
+from vcloud_pipeline.jobs.exits import EXIT_GPUS_MISSING
+from vcloud_pipeline.profile import load_profile
 
 pytestmark = [pytest.mark.usefixtures("cluster_connection", "airflow_home"), pytest.mark.timeout(1500)]
 REPO = Path(__file__).resolve().parents[2]

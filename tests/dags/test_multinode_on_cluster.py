@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.usefixtures("cluster_connection", "airflow_home"), pyt
 
 def site_project(local_cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch, profile: str, root: str) -> str:
     """A fresh project directory under the site's own file system root, and the site facts on."""
-    from vcloud_pipeline.site_facts import LOCAL_SITE_FACTS, SITE_FACTS_ENV
+    from vcloud_pipeline.profile.site_facts import LOCAL_SITE_FACTS, SITE_FACTS_ENV
 
     # ``root`` may say {user}, as the profile's own paths do (it is the login's until the run knows it).
     template = f"{root}/tests/{uuid.uuid4().hex[:12]}"
@@ -78,8 +78,8 @@ def test_a_two_node_stage_equals_one_node_with_the_same_global_batch(
     batch 2 each) against one node's 4 ranks with batch 4, run with the same image, code and data:
     the same global batch of the same samples, so the same weights."""
     import torch
-    from vcloud_pipeline.layout import run_paths
-    from vcloud_pipeline.profiles import load_profile, overrides_from_environ
+    from vcloud_pipeline.plan.layout import run_paths
+    from vcloud_pipeline.profile import load_profile, overrides_from_environ
 
     base = site_project(local_cluster, monkeypatch, "cosmos", "/cosmos/vast/scratch/{user}")
     profile = load_profile("cosmos", overrides_from_environ("cosmos"), login=local_cluster.user)
@@ -137,8 +137,8 @@ def test_a_node_failing_mid_epoch_on_cosmos_costs_at_most_the_epoch_in_progress(
     second node goes DOWN. The shared directory already holds that checkpoint (copied back at every
     checkpoint, not only at exit); the job ends NODE_FAIL, is requeued, stages the shared outputs
     back, resumes and completes; every epoch appears once."""
-    from vcloud_pipeline.layout import run_paths
-    from vcloud_pipeline.profiles import load_profile, overrides_from_environ
+    from vcloud_pipeline.plan.layout import run_paths
+    from vcloud_pipeline.profile import load_profile, overrides_from_environ
 
     base = site_project(local_cluster, monkeypatch, "cosmos", "/cosmos/vast/scratch/{user}")
     run, epochs = "node-fail", 30

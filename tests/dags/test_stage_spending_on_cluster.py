@@ -7,7 +7,7 @@ One run of the tiny config, three epochs per stage, with the DAG's defaults othe
 - stage 2 stops after its first epoch: its code tree trains it at a learning rate far too high
   (0.9), so it never beats the draft it starts from, and the tiny config's ``patience: 1`` ends it.
   Its ``COMPLETE`` says why, its job ends ``COMPLETED`` after 1 of 3 epochs, it hands on its start;
-- the summary, and ``python -m vcloud_pipeline.report`` for the DAG run, put each stage's validation
+- the summary, and ``python -m vcloud_pipeline.dag.report`` for the DAG run, put each stage's validation
   gain against its GPU-hours.
 
 Jobs run for real, as the cluster user, in the local profile's image.
@@ -46,8 +46,9 @@ def test_a_stage_that_stops_learning_stops_and_stage3_without_a_domain_is_not_su
         local_cluster: LocalCluster, project_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from slurm_provider.hooks import SlurmHook
     from vcloud.contract import STOP_EPOCHS, STOP_PATIENCE
-    from vcloud_pipeline import tasks
-    from vcloud_pipeline.report import render_report
+    from vcloud_pipeline.dag import tasks
+    from vcloud_pipeline.dag.report import render_report
+    from vcloud_pipeline.plan.run_plan import RunPlan
 
     tree = tree_with_stage2_lr(tmp_path / "tree", 0.9)
     monkeypatch.setitem(tasks.sync_code.__kwdefaults__, "project_root", tree)
@@ -91,9 +92,9 @@ def test_a_stage_that_stops_learning_stops_and_stage3_without_a_domain_is_not_su
     assert yields["stage1"]["gain_per_gpu_hour"] == pytest.approx(
         yields["stage1"]["gain"] / yields["stage1"]["gpu_hours"], rel=1e-3)
 
-    ctx = tasks.RunContext.from_xcom(values["plan"])
-    with SlurmHook(ctx.profile.connection.conn_id) as hook:
-        report = render_report(ctx, hook, dag_run_id=run_id)
+    plan = RunPlan.from_xcom(values["plan"])
+    with SlurmHook(plan.conn_id) as hook:
+        report = render_report(plan, hook, dag_run_id=run_id)
     section = report.split(f"what each stage bought on validation (GPU-hours of DAG run {run_id}):\n")[1]
     stage2_line = next(line for line in section.splitlines() if line.startswith("  stage2: "))
     assert "validation psnr +0.000 dB over its start, 0.000 dB per GPU-hour; stopped early after 1 of 3" \

@@ -16,7 +16,8 @@ T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 
 def summary(job_ids: list[str], *, state: str = "COMPLETED", gpu_hours: float, elapsed_s: int,
             restarts: int = 0, gpus: int = 1, job: str | None = None, run: str | None = None,
-            profile: str | None = None, causes: list[str] | None = None) -> dict[str, Any]:
+            profile: str | None = None, causes: list[str] | None = None,
+            curve: dict[str, Any] | None = None) -> dict[str, Any]:
     """A ``SlurmSubmitOperator`` return value (``PipelineJobOperator`` adds job, run, profile)."""
     causes = causes or ["initial"] + ["TIMEOUT"] * (len(job_ids) - 1)
     value: dict[str, Any] = {
@@ -28,13 +29,15 @@ def summary(job_ids: list[str], *, state: str = "COMPLETED", gpu_hours: float, e
     }
     if job is not None:
         value.update({"job": job, "run": run, "profile": profile, "code_hash": "abc", "states": {},
-                      "metrics": None, "epochs": None})
+                      "metrics": None, "epochs": None, "curve": curve})
     return value
 
 
 def seed_run(session: Any, *, dag_id: str, run_id: str, conf: dict[str, Any] | None,
-             tasks: dict[str, tuple[str, str | None, Any]], start: datetime = T0) -> None:
-    """One DAG run; ``tasks`` maps task id to (task state, slurm_job_id or None, return value or None)."""
+             tasks: dict[str, tuple[str, str | None, Any]], start: datetime = T0,
+             watch: dict[str, dict[str, Any]] | None = None) -> None:
+    """One DAG run; ``tasks`` maps task id to (task state, slurm_job_id or None, return value or None),
+    ``watch`` task id to the trigger's note of its watch (``slurm_watch``)."""
     from airflow.models.dag import DagModel
     from airflow.models.dagbundle import DagBundleModel
     from airflow.models.dagrun import DagRun
@@ -57,7 +60,7 @@ def seed_run(session: Any, *, dag_id: str, run_id: str, conf: dict[str, Any] | N
         session.execute(insert(TI.__table__).values(
             dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=-1, pool="default_pool", state=state,
             start_date=start, end_date=end if state not in ("deferred", "running") else None, try_number=1))
-        for key, xcom in (("slurm_job_id", job_id), ("return_value", value)):
+        for key, xcom in (("slurm_job_id", job_id), ("return_value", value), ("slurm_watch", (watch or {}).get(task_id))):
             if xcom is None:
                 continue
             session.execute(insert(XComModel.__table__).values(

@@ -22,7 +22,7 @@ import shlex
 import signal
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,28 @@ def _wait_ti(deployment: dict[str, Any], run_id: str, done: Any, what: str,
         raise AssertionError(f"{exc}; task: {_ti(api, run_id)}\n{_task_log_text(api, run_id)[-4000:]}\n"
                              f"{components.log_tail('scheduler')}\n"
                              f"{components.log_tail('triggerer')}") from None
+
+
+def _wait_log_line(deployment: dict[str, Any], run_id: str, wanted: Callable[[str], bool], what: str,
+                   timeout: float = 120) -> None:
+    """Wait for a line of the task's log; on timeout, say what the log, the scheduler and the
+    triggerer showed instead."""
+    api, components = deployment["api"], deployment["components"]
+    try:
+        poll_until(lambda: any(wanted(line) for line in _task_log(api, run_id)), timeout=timeout, interval=2,
+                   what=what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; task: {_ti(api, run_id)}\n{_task_log_text(api, run_id)[-4000:]}\n"
+                             f"{components.log_tail('scheduler')}\n"
+                             f"{components.log_tail('triggerer', 6000)}") from None
+
+
+def _wait_trigger_started(deployment: dict[str, Any], run_id: str) -> None:
+    """Wait until a triggerer runs the deferred task's trigger. A task marked failed in the instant
+    between its deferral and a triggerer picking its trigger up ends without any trigger code
+    running (Airflow drops the unassigned trigger), so a gesture meant for the trigger waits for it."""
+    _wait_log_line(deployment, run_id, lambda line: line.startswith("trigger ") and line.endswith(" starting"),
+                   "a triggerer to start the task's trigger")
 
 
 def _noted_log_offset(api: RestClient, run_id: str) -> int:
@@ -210,6 +232,7 @@ def test_marking_a_deferred_task_failed_cancels_its_job(deployment: dict[str, An
     script, _ = _waiting_script(local_cluster, "never")
     run_id = _start_run(api, script=script, log_dir=local_cluster.test_dir())
     _wait_ti(deployment, run_id, lambda t: t["state"] == "deferred", "the task to defer")
+    _wait_trigger_started(deployment, run_id)
     [job] = _jobs(local_cluster, run_id)
     job_id = job["job_id"]
     local_cluster.wait_for_state(int(job_id), {"RUNNING"}, timeout=120)
@@ -224,8 +247,8 @@ def test_marking_a_deferred_task_failed_cancels_its_job(deployment: dict[str, An
     took = time.monotonic() - marked
     print(f"job {job_id} CANCELLED {took:.1f} s after the task was marked failed")
     assert state == "CANCELLED"
-    poll_until(lambda: any(f"cancelled job {job_id}" in line for line in _task_log(api, run_id)), timeout=60,
-               what="the triggerer's cancel line in the task log")
+    _wait_log_line(deployment, run_id, lambda line: f"cancelled job {job_id}" in line,
+                   "the triggerer's cancel line in the task log", timeout=60)
     assert _jobs(local_cluster, run_id) == [{"job_id": job_id, "state": "CANCELLED"}]
     ti = _ti(api, run_id)
     assert ti["state"] == "failed" and ti["try_number"] == 1, ti
@@ -246,6 +269,7 @@ def test_marking_a_task_failed_that_only_watches_another_runs_job_leaves_the_job
     # A second run for the same directory watches the first run's job instead of submitting another.
     watcher = _start_run(api, script=script, log_dir=log_dir, exclusive_dir=writes)
     _wait_ti(deployment, watcher, lambda t: t["state"] == "deferred", "the second run's task to defer")
+    _wait_trigger_started(deployment, watcher)
     assert any(f"Job {job_id} (DAG {DAG_ID}, run {owner}, task {TASK_ID}" in line
                and "watching it instead of submitting a second job" in line for line in _task_log(api, watcher))
 
@@ -255,8 +279,8 @@ def test_marking_a_task_failed_that_only_watches_another_runs_job_leaves_the_job
     assert status == 200, body
     left = (f"Watch of job {job_id} stopped. The job was submitted by user {local_cluster.user}, DAG {DAG_ID}, "
             f"run {owner}, task {TASK_ID}, not by this task, which only watched it: it is left running")
-    poll_until(lambda: any(line.startswith(left) for line in _task_log(api, watcher)), timeout=120, interval=2,
-               what="the watching trigger to stop and say it leaves the job")
+    _wait_log_line(deployment, watcher, lambda line: line.startswith(left),
+                   "the watching trigger to stop and say it leaves the job")
     assert local_cluster.current_state(int(job_id)) == "RUNNING"
     assert _ti(api, owner)["state"] == "deferred", "the run that submitted it still watches it"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,14 +17,15 @@ import pytest
 from airflow.api_fastapi.core_api.security import GetUserDep
 
 from deploy.seed import seed_run, summary
-from localcluster import LocalCluster
 
 pytestmark = pytest.mark.usefixtures("airflow_home")
 TRAINING, LIFECYCLE = "hpcview_seed_training", "hpcview_seed_lifecycle"
 SEEDED = {TRAINING, LIFECYCLE}
 CURVES = "hpcview_seed_curves"
-"""A training run whose stages' metrics.jsonl the curve test writes on the cluster (shown only there)."""
+"""A training run whose finished stage recorded its curve and whose next stage trains (shown only there)."""
 CURVE_RUN = f"curves-{uuid.uuid4().hex[:8]}"
+POLLED_AGO_S = 40.0
+"""How long before the module's start the seeded watch of ``stage2`` last had an answer from the cluster."""
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +39,14 @@ def client(airflow_home: Path) -> Iterator:
     from hpc_view.app import app as hpc_app
     from hpc_view.app import readable_dag_ids
 
+    from vcloud.contract import training_curve
+
+    polled_at = time.time() - POLLED_AGO_S
     with create_session() as session:
-        seed_run(session, dag_id=TRAINING, run_id="manual__api_1", conf={"profile": "local"}, tasks={
+        seed_run(session, dag_id=TRAINING, run_id="manual__api_1", conf={"profile": "local"}, watch={
+            "stage2": {"job_id": "104", "log_path": None, "log_offset": 0, "state": "PENDING", "reason": "Priority",
+                       "expected_start": None, "polled_at": polled_at, "unreachable_since": None},
+        }, tasks={
             "plan": ("success", None, {"request": {}}),
             "stage0": ("success", "101", summary(["101"], gpu_hours=0.5, elapsed_s=1800, job="stage0",
                                                  run="tiny", profile="local")),
@@ -52,7 +59,8 @@ def client(airflow_home: Path) -> Iterator:
         })
         seed_run(session, dag_id=CURVES, run_id="manual__api_3", conf={"profile": "local"}, tasks={
             "stage0": ("success", "301", summary(["301"], gpu_hours=0.01, elapsed_s=60, job="stage0",
-                                                 run=CURVE_RUN, profile="local")),
+                                                 run=CURVE_RUN, profile="local",
+                                                 curve=training_curve(_metrics_lines(1, 12)).to_json())),
             "stage1": ("deferred", "302", None),  # training now; its run name comes from stage0's record
         })
     purge_cached_app()
@@ -82,7 +90,6 @@ def _token(role: str = "viewer") -> str:
 
 def test_requests_without_a_valid_token_are_refused(client) -> None:
     assert client.get("/hpc-view/api/jobs").status_code == 401
-    assert client.post("/hpc-view/api/refresh").status_code == 401
     forged = client.get("/hpc-view/api/jobs", headers={"Authorization": "Bearer not-a-jwt"})
     assert forged.status_code in (401, 403)
     page = client.get("/hpc-view/", follow_redirects=False)
@@ -147,19 +154,15 @@ def test_only_dags_the_user_may_read_are_shown(client) -> None:
     assert [job["dag_id"] for p in view["profiles"] for job in p["jobs"]] == [LIFECYCLE]
 
 
-def test_refresh_reports_a_cluster_it_cannot_reach_and_keeps_the_records(client, monkeypatch) -> None:
-    from hpc_view.app import app as hpc_app
-    from hpc_view.live import LiveStates
-
-    def unreachable(conn_id: str, job_ids: list[str]):
-        raise ConnectionError(f"no route to {conn_id}")
-
-    monkeypatch.setattr(hpc_app.state, "live", LiveStates(source=unreachable))
-    view = client.post("/hpc-view/api/refresh", headers={"Authorization": f"Bearer {_token()}"}).json()
-    assert view["refreshed"] is True
-    assert view["problems"] == ["cannot ask cluster connection vcloud_local_cluster: no route to vcloud_local_cluster"]
-    local = view["profiles"][0]
-    assert {job["task_id"]: job["state"] for job in local["jobs"]}["stage2"] is None
+def test_a_waiting_job_is_shown_as_its_watch_last_saw_it_with_its_age(client) -> None:
+    headers = {"Authorization": f"Bearer {_token()}"}
+    view = client.get("/hpc-view/api/jobs", headers=headers).json()
+    waiting = {job["task_id"]: job for job in view["profiles"][0]["jobs"]}["stage2"]
+    assert waiting["state"] is None and waiting["last_seen"] == "PENDING"
+    assert waiting["as_of_s"] >= POLLED_AGO_S and waiting["pending"]["code"] == "Priority"
+    assert re.fullmatch(r"PENDING as of \d+ (s|min) ago \(the watch's last poll\)\.", waiting["state_description"])
+    # No route asks the cluster: the former "refresh from cluster" is gone.
+    assert client.post("/hpc-view/api/refresh", headers=headers).status_code in (404, 405)
 
 
 def _metrics_lines(first_step: int, last_step: int, *, val_every: int = 4) -> str:
@@ -180,51 +183,21 @@ def _polyline_points(svg: str) -> int:
     return len(points.split())
 
 
-def test_the_stages_training_curves_come_from_their_files_on_the_cluster_once_an_interval(
-        client, local_cluster: LocalCluster, cluster_connection: str, monkeypatch) -> None:
+def test_the_stages_training_curves_are_the_ones_their_tasks_recorded(client) -> None:
     from hpc_view.app import app as hpc_app
     from hpc_view.app import readable_dag_ids
-    from hpc_view.curves import CURVE_INTERVAL_S, CurveReads
-    from slurm_provider.hooks import SlurmHook
+    from hpc_view.curves import CURVE_INTERVAL_S
     from vcloud.contract import training_curve
-    from vcloud_pipeline.layout import run_paths
-    from vcloud_pipeline.profiles import load_profile
+    from vcloud_pipeline.plan.layout import run_paths
+    from vcloud_pipeline.profile import load_profile
 
-    base = local_cluster.test_dir()
-    monkeypatch.setenv("VCLOUD_PROFILE_OVERRIDES", json.dumps({"local": {"paths.base": base}}))
-    paths = run_paths(load_profile("local", overrides={"paths.base": base}), CURVE_RUN)
-    finished, training = str(paths.metrics_path(0)), str(paths.metrics_path(1))
-    texts = {finished: _metrics_lines(1, 12),
-             training: _metrics_lines(1, 5) + '{"kind": "train", "global_step": 6, "ep'}  # a line being written
-    for path, text in texts.items():  # written by the cluster user, as the trainer would
-        local_cluster.ssh(f"mkdir -p {shlex.quote(str(Path(path).parent))} && cat > {shlex.quote(path)}",
-                          input=text)
-
-    reads: list[str] = []
-    real_read_file = SlurmHook.read_file
-
-    def counted_read_file(self, path: str) -> str | None:
-        reads.append(path)
-        return real_read_file(self, path)
-
-    now = [1000.0]
-    monkeypatch.setattr(SlurmHook, "read_file", counted_read_file)
-    monkeypatch.setattr(hpc_app.state, "curves", CurveReads(clock=lambda: now[0]))
+    paths = run_paths(load_profile("local"), CURVE_RUN)
     seeded = hpc_app.dependency_overrides[readable_dag_ids]
     hpc_app.dependency_overrides[readable_dag_ids] = lambda: {CURVES}
-    headers = {"Authorization": f"Bearer {_token()}"}
     try:
-        view = client.get("/hpc-view/api/jobs", headers=headers).json()
-        assert sorted(reads) == sorted(texts)  # one read of each stage's file
-        now[0] += CURVE_INTERVAL_S - 1
-        again = client.get("/hpc-view/api/jobs", headers=headers).json()
-        assert len(reads) == 2, "a second view within the interval reads nothing"
-        local_cluster.ssh(f"cat > {shlex.quote(training)}", input=_metrics_lines(1, 8))  # the stage went on
-        now[0] += 2
-        later = client.get("/hpc-view/api/jobs", headers=headers).json()
+        view = client.get("/hpc-view/api/jobs", headers={"Authorization": f"Bearer {_token()}"}).json()
     finally:
         hpc_app.dependency_overrides[readable_dag_ids] = seeded
-        local_cluster.ssh(f"rm -rf {shlex.quote(base)}")
 
     [profile] = view["profiles"]
     assert view["curve_interval_s"] == CURVE_INTERVAL_S
@@ -232,23 +205,16 @@ def test_the_stages_training_curves_come_from_their_files_on_the_cluster_once_an
     assert set(curves) == {0, 1}
     assert curves[0]["run_name"] == curves[1]["run_name"] == CURVE_RUN
     assert (curves[0]["live"], curves[1]["live"]) == (False, True)
-    assert (curves[0]["path"], curves[1]["path"]) == (finished, training)
-    for stage, path in ((0, finished), (1, training)):
-        curve = curves[stage]
-        assert curve["problem"] is None and curve["read_age_s"] == 0.0
-        assert curve["points"] == training_curve(texts[path]).to_json()  # the torn line is left out
-        assert _polyline_points(curve["charts"]["loss"]) == len(curve["points"]["loss"])
-        assert _polyline_points(curve["charts"]["val_psnr"]) == len(curve["points"]["val_psnr"])
-    assert len(curves[0]["points"]["loss"]) == 12 and len(curves[0]["points"]["val_psnr"]) == 3
-    assert len(curves[1]["points"]["loss"]) == 5 and curves[1]["points"]["val_psnr"] == [[4, 19.0]]
-    assert "validation PSNR: 21 at step 12" in curves[0]["charts"]["val_psnr"]
-
-    assert again["profiles"][0]["curves"] == [dict(c, read_age_s=CURVE_INTERVAL_S - 1) for c in profile["curves"]]
-    # past the interval only the live stage's file is read again; the finished one keeps its points
-    assert reads[2:] == [training]
-    after = {c["stage"]: c for c in later["profiles"][0]["curves"]}
-    assert len(after[1]["points"]["loss"]) == 8 and after[1]["points"]["val_psnr"] == [[4, 19.0], [8, 20.0]]
-    assert after[0]["points"] == curves[0]["points"]
+    assert (curves[0]["path"], curves[1]["path"]) == (str(paths.metrics_path(0)), str(paths.metrics_path(1)))
+    done = curves[0]
+    assert done["problem"] is None and done["points"] == training_curve(_metrics_lines(1, 12)).to_json()
+    assert len(done["points"]["loss"]) == 12 and len(done["points"]["val_psnr"]) == 3
+    assert _polyline_points(done["charts"]["loss"]) == 12 and _polyline_points(done["charts"]["val_psnr"]) == 3
+    assert "validation PSNR: 21 at step 12" in done["charts"]["val_psnr"]
+    training = curves[1]
+    assert training["points"] == {"loss": [], "val_psnr": []}
+    assert training["problem"].startswith(f"the stage is training: its curve is drawn from {paths.metrics_path(1)} "
+                                          "on cluster connection vcloud_local_cluster when its job completes")
 
 
 def test_the_page_draws_each_stages_curves_in_the_profile_section(client) -> None:

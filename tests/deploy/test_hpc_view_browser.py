@@ -15,14 +15,15 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Iterator
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import pytest
 
 from deploy.cdp import CHROMIUM, Browser
 from vcloud.contract import training_curve
-from vcloud_pipeline.layout import run_paths
-from vcloud_pipeline.profiles import load_profile
+from vcloud_pipeline.plan.layout import run_paths
+from vcloud_pipeline.profile import load_profile
 from localcluster import LocalCluster, poll_until
 from ports import free_port
 from standalone import PASSWORD, USER, RestClient, airflow, airflow_env, dag_run_records, log_tail, migrate
@@ -84,6 +85,14 @@ def browser() -> Iterator[Browser]:
         yield chrome
     finally:
         chrome.close()
+
+
+def page_figure(value: float) -> str:
+    """A GPU-hour figure as hpc_view.js's fmt() prints the JSON's value: Intl.NumberFormat rounds
+    the number's shortest decimal form half away from zero (12.85 -> "12.9"), where Python's
+    format rounds the binary value (12.85 -> "12.8")."""
+    digits = 4 if abs(value) < 10 else 1
+    return f"{Decimal(repr(value)).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP):,}"
 
 
 def _sacct_jobs(cluster: LocalCluster, job_ids: list[str]) -> dict[str, tuple[str, float]]:
@@ -192,8 +201,7 @@ def test_signed_in_user_sees_the_jobs_and_budget_the_ledger_holds(standalone: st
     assert "Slurm GrpTRESRaw billing=" in local["source_text"]
     assert local["allocation"] == f"{ALLOCATION:,.1f}"
     assert local["used"] == f"{used:.4f}"
-    shown_used = f"{slurm['used']:,.4f}" if slurm["used"] < 10 else f"{slurm['used']:,.1f}"
-    assert local["account_used"] == shown_used
+    assert local["account_used"] == page_figure(round(slurm["used"], 4))
     assert local["left"] == f"{ALLOCATION - slurm['used']:,.4f}"
     left = ALLOCATION - slurm["used"]
     shown_left = f"{left:,.4f}" if used < 10 else f"{left:,.1f}"
@@ -202,13 +210,15 @@ def test_signed_in_user_sees_the_jobs_and_budget_the_ledger_holds(standalone: st
     assert per_stage == {(run_id, recorded[task]["job"]): f"{run_ledger[f'{run_id} ' + recorded[task]['job']]:.4f}"
                          for task in SLURM_TASKS}
 
-    # Each stage's training curve, drawn from its metrics.jsonl on the cluster: loss and validation PSNR.
+    # Each stage's training curve, loss and validation PSNR: its metrics.jsonl on the cluster as the
+    # stage's task read it on the worker when the job completed (the API server reads no file).
     paths = run_paths(load_profile("local", overrides={"paths.base": finished_run["project_dir"]}),
                       finished_run["run_name"])
     expected = []
     for stage in (0, 1, 2, 3):
         curve = training_curve(local_cluster.ssh(f"cat {shlex.quote(str(paths.metrics_path(stage)))}").stdout)
         assert curve.loss and curve.val_psnr, f"stage {stage} wrote no curve"
+        assert recorded[f"stage{stage}"]["curve"] == curve.to_json(), f"stage {stage}'s recorded curve"
         expected.append({"stage": stage, "run_name": finished_run["run_name"], "svgs": 2,
                          "points": [len(curve.loss), len(curve.val_psnr)]})
     assert local["curves"] == expected

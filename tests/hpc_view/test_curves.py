@@ -1,5 +1,5 @@
 """Pure parts of the HPC view's training curves: the SVG chart, which stages are shown and where their
-files are, and the per-file rate limit of the reads (the API test reads real files on the cluster)."""
+files are, and the curves the stages recorded (the browser test compares them with the files)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from hpc_view.charts import CURVE_HEIGHT, CURVE_PAD, CURVE_WIDTH, curve_svg, thin, training_curve_charts
-from hpc_view.curves import CurveReads, curve_targets, stage_curves
+from hpc_view.curves import curve_targets, stage_curves
 from hpc_view.records import JobRecord
 from vcloud.contract import TrainingCurve
 
@@ -97,48 +97,36 @@ def test_targets_are_the_newest_stages_once_each() -> None:
     assert [(t.run_name, t.stage, t.live) for t in targets] == [("new", 0, True), ("old", 2, False), ("old", 3, False)]
 
 
-def test_each_file_is_read_at_most_once_an_interval_whatever_the_number_of_views() -> None:
-    now = [0.0]
-    reads: list[tuple[str, list[str]]] = []
-    files = {"/out/tiny/stage0/metrics.jsonl": '{"kind": "train", "global_step": 1, "loss": 0.5}\n',
-             "/out/tiny/stage1/metrics.jsonl": None}
-
-    def source(conn_id: str, paths: list[str]) -> dict[str, str | None]:
-        reads.append((conn_id, paths))
-        return {p: files[p] for p in paths}
-
-    cache = CurveReads(source=source, interval_s=30, finished_interval_s=600, clock=lambda: now[0])
-    records = [_record("stage0"), _record("stage1", final=False)]
-    first = stage_curves(records, cache, _locate)
-    assert reads == [("conn_local", sorted(files))]  # one call for both files of the connection
-    assert first[0]["points"] == {"loss": [[1, 0.5]], "val_psnr": []} and first[0]["problem"] is None
-    assert first[1]["problem"] == "no metrics.jsonl yet: the stage has not started training" and first[1]["live"]
-    now[0] = 29.0
-    stage_curves(records, cache, _locate)
-    assert len(reads) == 1
-    now[0] = 31.0  # the live stage's file is due again, the finished one is not
-    files["/out/tiny/stage1/metrics.jsonl"] = '{"kind": "val", "global_step": 0, "psnr": 20.5}\n{"kind": "tr'
-    second = stage_curves(records, cache, _locate)
-    assert reads[1] == ("conn_local", ["/out/tiny/stage1/metrics.jsonl"])
-    assert second[1]["points"] == {"loss": [], "val_psnr": [[0, 20.5]]} and second[1]["read_age_s"] == 0.0
-    assert second[0]["read_age_s"] == 31.0
+def test_curves_are_the_ones_the_stages_recorded_and_a_training_stage_says_where_its_file_is() -> None:
+    curve = {"loss": [[1, 0.5], [2, 0.25]], "val_psnr": [[0, 20.5]]}
+    records = [replace(_record("stage0"), curve=curve), _record("stage1", final=False, job_id="2")]
+    done, training = stage_curves(records, _locate)
+    assert done["points"] == curve and done["problem"] is None and not done["live"]
+    assert training["live"] and training["points"] == {"loss": [], "val_psnr": []}
+    assert training["problem"].startswith("the stage is training: its curve is drawn from "
+                                          "/out/tiny/stage1/metrics.jsonl on cluster connection conn_local when")
+    assert "the API server does not read the cluster" in training["problem"]
 
 
-def test_a_cluster_that_cannot_be_read_keeps_the_last_points_and_says_why() -> None:
-    now = [0.0]
-    answers: list[object] = [{"/out/tiny/stage0/metrics.jsonl": '{"kind": "train", "global_step": 3, "loss": 1}\n'},
-                             ConnectionError("no route")]
+def test_a_stage_trained_again_shows_its_last_recorded_curve_while_it_trains() -> None:
+    old = replace(_record("stage0", dag_run="r1"), curve={"loss": [[1, 0.5]], "val_psnr": []})
+    again = _record("stage0", dag_run="r2", final=False, job_id="9")
+    [curve] = stage_curves([old, again], _locate)
+    assert curve["live"] and curve["job_id"] == "9" and curve["points"]["loss"] == [[1, 0.5]]
 
-    def source(conn_id: str, paths: list[str]):
-        answer = answers.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
 
-    cache = CurveReads(source=source, clock=lambda: now[0])
-    live = [replace(_record("stage0"), final=False, task_state="running")]
-    stage_curves(live, cache, _locate)
-    now[0] = 100.0
-    [curve] = stage_curves(live, cache, _locate)
-    assert curve["points"]["loss"] == [[3, 1.0]]
-    assert curve["problem"] == "cannot read the training curves over cluster connection conn_local: no route"
+def test_a_stage_that_recorded_no_curve_says_so() -> None:
+    [curve] = stage_curves([_record("stage0")], _locate)  # a record from before stages carried curves
+    assert curve["problem"] == ("no curve recorded by the stage's task (it ended without a completed job): see "
+                                "/out/tiny/stage0/metrics.jsonl on cluster connection conn_local")
+    [empty] = stage_curves([replace(_record("stage0"), curve={"loss": [], "val_psnr": []})], _locate)
+    assert "recorded no training curve" in empty["problem"]
+
+
+def test_a_recorded_curve_is_thinned_and_malformed_points_are_left_out() -> None:
+    curve = TrainingCurve.from_json({"loss": [[s, 1.0 / (s + 1)] for s in range(5000)] + [["x", 1], [1, True]],
+                                     "val_psnr": None})
+    assert len(curve.loss) == 5000 and curve.val_psnr == ()
+    thinned = curve.thinned(600)
+    assert len(thinned.loss) == 600 and thinned.loss[0] == curve.loss[0] and thinned.loss[-1] == curve.loss[-1]
+    assert TrainingCurve.from_json(thinned.to_json()) == thinned

@@ -1,14 +1,11 @@
-"""Pure parts of the HPC view: records from XComs, the refresh's pending reasons and rate limit, charts."""
+"""Pure parts of the HPC view: records from XComs, the watch notes' states and their age, charts."""
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
 from hpc_view.charts import bars_svg, burndown_svg
-from hpc_view.live import LiveStates, refresh
 from hpc_view.records import XComRow, profile_budget, records_from_xcoms
-from slurm_provider.state_vocabulary import SlurmState
-from slurm_provider.job_status import JobStatus
 
 T = datetime(2026, 11, 21, 12, tzinfo=timezone.utc)
 
@@ -72,25 +69,17 @@ def test_the_budget_is_slurms_limit_and_account_usage_where_the_jobs_recorded_th
     assert "GPU-hours left of 90,000.0 (Slurm limit): 39,900.0" in burndown_svg(budget)
 
 
-def test_refresh_explains_pending_jobs_and_asks_each_cluster_at_most_once_per_interval() -> None:
-    calls: list[tuple[str, list[str]]] = []
-    now = [0.0]
-
-    def source(conn_id: str, job_ids: list[str]):
-        calls.append((conn_id, job_ids))
-        return {"8": JobStatus(job_id="8", state=SlurmState.PENDING, reason="AssocGrpBillingMinutes",
-                               source="squeue")}
-
-    live = LiveStates(source=source, clock=lambda: now[0])
-    records, problems = refresh(records_from_xcoms(_rows()), lambda profile: "lumi", live)
-    waiting = {r.task_id: r for r in records}["stage2"]
-    assert problems == [] and waiting.state == "PENDING"
-    assert waiting.pending.kind == "allocation" and "GPU-hour allocation" in waiting.pending.explanation
-    refresh(records_from_xcoms(_rows()), lambda profile: "lumi", live)
-    assert calls == [("lumi", ["8"])]  # the second press within the interval is answered from memory
-    now[0] += 60
-    refresh(records_from_xcoms(_rows()), lambda profile: "lumi", live)
-    assert len(calls) == 2
+def test_a_waiting_tasks_row_says_why_its_job_pends_and_when_it_may_start_from_the_watch_note() -> None:
+    note = {"job_id": "8", "log_path": None, "log_offset": 0, "state": "PENDING", "reason": "Priority",
+            "expected_start": "2026-11-27T14:05:00"}
+    rows = [*_rows(), XComRow("vcloud_training", "r1", "stage2", -1, "slurm_watch", note, "deferred")]
+    waiting = {r.task_id: r for r in records_from_xcoms(rows)}["stage2"]
+    assert waiting.pending is not None and waiting.pending.code == "Priority"
+    assert waiting.pending.words == "waiting for higher-priority jobs (Priority); expected to start 2026-11-27 14:05"
+    assert waiting.to_json()["pending"]["expected_start"] == "2026-11-27T14:05:00"
+    running = {**note, "state": "RUNNING", "reason": None}
+    rows = [*_rows(), XComRow("vcloud_training", "r1", "stage2", -1, "slurm_watch", running, "deferred")]
+    assert {r.task_id: r for r in records_from_xcoms(rows)}["stage2"].pending is None
 
 
 def test_charts_escape_labels_and_show_the_numbers() -> None:
@@ -113,10 +102,35 @@ def test_a_task_whose_login_node_is_down_says_since_when_and_what_its_job_was_do
     records = {r.task_id: r for r in records_from_xcoms(rows)}
     down = records["stage2"].to_json()
     assert down["unreachable_since"] == since.isoformat()
-    assert down["state_description"].startswith("Login node unreachable since ")
-    assert "09:02 UTC: the task waits for it; the job runs on (last seen RUNNING)." in down["state_description"]
+    assert down["state_description"].startswith("Cluster unreachable since ")
+    assert ("09:02 UTC: the task waits for its login node; the job runs on (last seen RUNNING)."
+            in down["state_description"])
     assert records["stage3"].unreachable_since is None  # the node answers: the usual words
-    assert records["stage3"].state_description.startswith("Submitted; the task waits for the job.")
+    assert records["stage3"].state_description == "RUNNING, as its watch last noted it."
+
+
+def test_a_waiting_tasks_row_says_how_old_its_watchs_last_poll_is() -> None:
+    polled = datetime(2026, 11, 27, 4, 50, tzinfo=timezone.utc)
+    note = {"job_id": "8", "log_path": None, "log_offset": 0, "state": "RUNNING", "polled_at": polled.timestamp()}
+    rows = [*_rows(), XComRow("vcloud_training", "r1", "stage2", -1, "slurm_watch", note, "deferred")]
+    waiting = {r.task_id: r for r in records_from_xcoms(rows)}["stage2"]
+    row = waiting.to_json(now=polled.timestamp() + 12)
+    assert (row["last_seen"], row["as_of_s"], row["polled_at"]) == ("RUNNING", 12.0, polled.isoformat())
+    assert row["state"] is None  # the final state is the operator's record, not the watch's
+    assert row["state_description"] == "RUNNING as of 12 s ago (the watch's last poll)."
+
+    outage = {**note, "unreachable_since": polled.timestamp() + 60}
+    rows = [*_rows(), XComRow("vcloud_training", "r1", "stage2", -1, "slurm_watch", outage, "deferred")]
+    down = {r.task_id: r for r in records_from_xcoms(rows)}["stage2"].to_json(now=polled.timestamp() + 300)
+    assert down["state_description"] == ("Cluster unreachable since 04:51 UTC: the task waits for its login node; "
+                                         "the job runs on (last seen RUNNING 5 min ago).")
+
+    other_job = {**note, "job_id": "7"}  # a note of the try's earlier job says nothing about this one
+    rows = [*_rows(), XComRow("vcloud_training", "r1", "stage2", -1, "slurm_watch", other_job, "deferred")]
+    fresh = {r.task_id: r for r in records_from_xcoms(rows)}["stage2"].to_json(now=polled.timestamp())
+    assert fresh["last_seen"] is None and fresh["as_of_s"] is None
+    assert fresh["state_description"] == "Submitted; the task waits for the job (its watch has not noted a poll yet)."
+
 
 
 def test_each_run_and_stage_shows_what_its_gpu_hours_bought_on_validation() -> None:

@@ -16,13 +16,13 @@ import torch
 from vcloud.checkpoint import (
     CHECKPOINT_FORMAT,
     CheckpointError,
-    atomic_write_text,
     load_checkpoint,
     load_latest,
     previous_generation,
     remove_stale_temporaries,
     save_checkpoint,
 )
+from vcloud.durable import atomic_write_text
 from vcloud.training.rng import capture_rng_state, restore_rng_state
 
 

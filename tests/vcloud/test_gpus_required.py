@@ -119,7 +119,7 @@ def test_module_entry_point_exits_87_at_once_with_the_hint(tmp_path: Path, tiny_
 def test_the_refusal_with_lumis_advice_reads_as_one_known_signature(tmp_path: Path, tiny_prepared: Path) -> None:
     """What the operator's failure message is built from: the trainer's real output on a LUMI node."""
     from slurm_provider.hints import find_hints
-    from vcloud_pipeline.profiles import load_profile
+    from vcloud_pipeline.profile import load_profile
 
     advice = load_profile("lumi").accelerator.missing_gpu_hint
     assert advice

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vcloud_pipeline.profiles import ClusterProfile, load_profile
+from vcloud_pipeline.profile import ClusterProfile, load_profile
 
 USER_SETTINGS = {
     "levante": {"account": "bb1234"},

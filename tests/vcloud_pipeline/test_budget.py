@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from vcloud_pipeline.budget import (
+from slurm_provider.cli.values import gpus_from_tres
+from vcloud_pipeline.budget.billing import (
     Allocation,
     BudgetExceeded,
     Usage,
     billed_hours,
     check_budget,
-    gpus_from_tres,
     slurm_minutes_from_units,
     summarize_ledger,
     units_from_slurm_minutes,
     worst_case,
 )
-from vcloud_pipeline.jobspec import JobSpec
-from vcloud_pipeline.profiles import load_profile
+from vcloud_pipeline.plan.jobspec import JobSpec
+from vcloud_pipeline.profile import load_profile
 from tests.vcloud_pipeline.conftest import complete_profile
 
 

@@ -8,6 +8,7 @@ import os
 import shlex
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,7 @@ from slurm_provider.cli.sbatch import JobComment
 from slurm_provider.cli.squeue import SQUEUE_FIELDS
 from slurm_provider.cli.squeue import parse_squeue
 from slurm_provider.transport.base import CommandResult
-from vcloud_pipeline.code_retention import (
+from vcloud_pipeline.code.retention import (
     INCOMPLETE_GRACE_S,
     RUN_MARKER_EXPIRY_S,
     CodeDir,
@@ -34,10 +35,10 @@ from vcloud_pipeline.code_retention import (
     remove_unused_code_dirs,
     touch_run,
 )
-from vcloud_pipeline.layout import MANIFEST_NAME, RunPaths, run_key, run_paths
-from vcloud_pipeline.params import parse_request
-from vcloud_pipeline.profiles import ClusterProfile, load_profile
-from vcloud_pipeline.tasks import RunContext, clean_code_dirs
+from vcloud_pipeline.plan.layout import MANIFEST_NAME, RunPaths, run_key, run_paths
+from vcloud_pipeline.plan.request import parse_request
+from vcloud_pipeline.profile import ClusterProfile, load_profile
+from vcloud_pipeline.dag.tasks import build_plan, clean_code_dirs
 
 NOW = 1_800_000_000.0
 A, B, C, D, E, F = (c * 64 for c in "abcdef")
@@ -212,10 +213,10 @@ def test_the_listing_reads_the_run_markers(tmp_path: Path) -> None:
 
 
 def test_a_run_marks_refreshes_and_releases_its_code(tmp_path: Path) -> None:
-    from tests.vcloud_pipeline.test_remote import LocalShell as Shell
+    from tests.vcloud_pipeline.shell import local_hook
 
     paths = run_paths(load_profile("local", overrides={"paths.base": str(tmp_path / "base dir")}), "r")
-    shell = Shell()
+    shell = local_hook()
     mine, other = run_key("d", "manual__mine"), run_key("d", "manual__other")
     mark_run(shell, paths, other, B, "DAG d, run manual__other")
     mark_run(shell, paths, mine, A, "DAG d, run manual__mine, run name 'r'")
@@ -298,6 +299,12 @@ def cleanup_setup(tmp_path: Path, squeue_body: str) -> tuple[LocalShell, Cluster
     return LocalShell(bin_dir), profile, paths
 
 
+def hook_of(shell: LocalShell) -> Any:
+    from tests.vcloud_pipeline.shell import local_hook
+
+    return local_hook(shell)
+
+
 def remaining(paths: RunPaths) -> set[str]:
     return {p.name for p in Path(paths.code_root).iterdir()}
 
@@ -305,7 +312,7 @@ def remaining(paths: RunPaths) -> set[str]:
 def test_the_cleanup_lists_reads_the_queue_and_removes_in_three_commands(tmp_path: Path) -> None:
     running_a = squeue_line(7, "RUNNING", JobComment(dag="d", task="stage0", run="r", attempt=1, code=A).to_json())
     shell, profile, paths = cleanup_setup(tmp_path, f"echo {shlex.quote(running_a)}")
-    plan = remove_unused_code_dirs(profile, paths, shell, current=C)
+    plan = remove_unused_code_dirs(profile, paths, hook_of(shell), current=C)
     assert (plan.remove, plan.in_use, plan.newest) == ((B,), (A,), (C,))
     assert remaining(paths) == {A, C}
     assert len(shell.commands) == 3 and "squeue" in shell.commands[1] and "--account=vcloud_local" in shell.commands[1]
@@ -313,8 +320,8 @@ def test_the_cleanup_lists_reads_the_queue_and_removes_in_three_commands(tmp_pat
 
 def test_the_cleanup_keeps_what_an_unfinished_run_recorded(tmp_path: Path) -> None:
     shell, profile, paths = cleanup_setup(tmp_path, "true")  # nothing in the queue
-    mark_run(shell, paths, run_key("vcloud_training", "manual__long"), A, "a run between two stages")
-    plan = remove_unused_code_dirs(profile, paths, shell, current=C)
+    mark_run(hook_of(shell), paths, run_key("vcloud_training", "manual__long"), A, "a run between two stages")
+    plan = remove_unused_code_dirs(profile, paths, hook_of(shell), current=C)
     assert (plan.remove, plan.in_runs, plan.newest) == ((B,), (A,), (C,))
     assert remaining(paths) == {A, C, ".runs"}
 
@@ -324,8 +331,8 @@ def test_nothing_is_removed_when_the_queue_cannot_be_read(tmp_path: Path, monkey
     shell, _, paths = cleanup_setup(tmp_path, "echo 'slurm_load_jobs error: Socket timed out' >&2; exit 1")
     monkeypatch.setenv("VCLOUD_PROFILE_OVERRIDES", json.dumps(
         {"local": {"paths.base": str(tmp_path / "base dir"), "paths.code_keep": 1}}))
-    ctx = RunContext.build(parse_request({"profile": "local"}))
+    ctx = build_plan(parse_request({"profile": "local"}))
     with caplog.at_level(logging.WARNING):
-        assert clean_code_dirs(ctx, shell, C) is None  # the sync itself goes on
+        assert clean_code_dirs(ctx, hook_of(shell), C) is None  # the sync itself goes on
     assert "code directories in" in caplog.text and "Socket timed out" in caplog.text
     assert remaining(paths) == {A, B, C}

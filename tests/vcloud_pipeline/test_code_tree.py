@@ -12,10 +12,10 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from slurm_provider.transport import OpenSSHTarget
-from vcloud_pipeline.layout import MANIFEST_NAME, run_paths
-from vcloud_pipeline.profiles import load_profile
-from vcloud_pipeline.render import TEMPLATES_DIR
-from vcloud_pipeline.code_tree import (
+from vcloud_pipeline.plan.layout import MANIFEST_NAME, run_paths
+from vcloud_pipeline.profile import load_profile
+from vcloud_pipeline.jobs.render import TEMPLATES_DIR
+from vcloud_pipeline.code.tree import (
     DEFAULT_EXCLUDES,
     CodeManifest,
     CodeTree,
@@ -44,7 +44,7 @@ FILES = {
     "data/README": "top-level data",
     ".git/HEAD": "ref: refs/heads/main",
     ".venv/bin/python": "interpreter",
-    "plugins/vcloud_pipeline/render.py": "not needed on the cluster",
+    "plugins/vcloud_pipeline/jobs/render.py": "not needed on the cluster",
     MANIFEST_NAME: '{"hash": "old"}',
 }
 
@@ -74,7 +74,7 @@ def test_hashed_files_are_exactly_what_rsync_transfers(tmp_path: Path, top_level
                      ".git/HEAD", MANIFEST_NAME, "trainer/.venv/lib/site.py"):
         assert left_out not in ours
     assert not any("__pycache__" in p or "egg-info" in p for p in ours)
-    assert ("plugins/vcloud_pipeline/render.py" in ours) is (top_level is None)
+    assert ("plugins/vcloud_pipeline/jobs/render.py" in ours) is (top_level is None)
 
 
 def test_unanchored_data_exclude_is_refused_with_the_seeds_explanation(tmp_path: Path) -> None:

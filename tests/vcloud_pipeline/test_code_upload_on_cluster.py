@@ -20,12 +20,12 @@ import pytest
 from localcluster import LocalCluster, poll_until
 from slurm_provider.hooks import SlurmHook
 from slurm_provider.transport import HostKeyRejected
-from vcloud_pipeline.code_retention import remove_unused_code_dirs
-from vcloud_pipeline.layout import RunPaths, run_paths
-from vcloud_pipeline.params import parse_request
-from vcloud_pipeline.profiles import load_profile
-from vcloud_pipeline.render import EXIT_CODE_MISMATCH
-from vcloud_pipeline.code_tree import (
+from vcloud_pipeline.code.retention import remove_unused_code_dirs
+from vcloud_pipeline.plan.layout import RunPaths, run_paths
+from vcloud_pipeline.plan.request import parse_request
+from vcloud_pipeline.profile import load_profile
+from vcloud_pipeline.jobs.render import EXIT_CODE_MISMATCH
+from vcloud_pipeline.code.tree import (
     DEFAULT_EXCLUDES,
     CodeTree,
     ExcludeError,
@@ -34,9 +34,8 @@ from vcloud_pipeline.code_tree import (
     refuse_unanchored_excludes,
     rsync_argv,
 )
-from vcloud_pipeline.stage_decisions import StagePlan
-from vcloud_pipeline.code_upload import (
-    cluster_ssh,
+from vcloud_pipeline.plan.stages import StagePlan
+from vcloud_pipeline.code.upload import (
     local_manifest,
     render_run_jobs,
     run_rsync,
@@ -78,7 +77,7 @@ def test_anchored_exclude_keeps_the_data_package_and_the_unanchored_one_loses_it
 
     tree = CodeTree(source, top_level=None)  # everything, so only the excludes decide
     refuse_unanchored_excludes(tree)
-    with cluster_ssh(profile) as login:
+    with SlurmHook(profile.connection.conn_id).ssh_command() as login:
         ssh, dest = login.argv, login.destination
         run_rsync(code_sync_argv(tree, dest, f"{base}/anchored", ssh), what="anchored sync", ssh=login)
     anchored = remote_files(local_cluster, f"{base}/anchored")
@@ -92,7 +91,7 @@ def test_anchored_exclude_keeps_the_data_package_and_the_unanchored_one_loses_it
         refuse_unanchored_excludes(CodeTree(source, top_level=None, excludes=unanchored))
     # what plain rsync does with it, had nothing refused it
     filters = [f"--exclude={e}" for e in unanchored]
-    with cluster_ssh(profile) as login:
+    with SlurmHook(profile.connection.conn_id).ssh_command() as login:
         run_rsync(rsync_argv(source, login.destination, f"{base}/unanchored", login.argv, filters=filters),
                   what="unanchored sync", ssh=login)
     lost = remote_files(local_cluster, f"{base}/unanchored")
@@ -112,13 +111,13 @@ def test_a_job_refuses_to_start_when_the_code_on_the_cluster_changed(
     jobs = render_run_jobs(profile, StagePlan.build(request, profile).job_specs(), paths, manifest.hash)
     code = paths.code(manifest.hash)
     with SlurmHook(profile.connection.conn_id) as hook:
-        sync_run(profile, paths, tree, jobs, manifest, hook.runner, tmp_path / "jobs")
+        sync_run(paths, tree, jobs, manifest, hook, tmp_path / "jobs")
         synced = local_cluster.ssh(f"cat {shlex.quote(str(code.manifest))}").stdout
         assert f'"hash": "{manifest.hash}"' in synced
 
         # the code tree arrives byte for byte: pulling it back hashes the same
         back = tmp_path / "back"
-        with cluster_ssh(profile) as login:
+        with SlurmHook(profile.connection.conn_id).ssh_command() as login:
             pull = ["rsync", "-a", "-s", "-e", login.shell, f"{login.destination}:{code.dir}/",
                     f"{back}/"]
             run_rsync(pull, what="pull back", ssh=login)
@@ -150,19 +149,19 @@ def test_unchanged_code_is_not_sent_again_but_any_change_on_either_side_is(
     code = shlex.quote(str(paths.code(first.hash).dir))
     with SlurmHook(profile.connection.conn_id) as hook:
         local_cluster.ssh(f"mkdir -p {shlex.quote(str(paths.code_root))}")
-        assert sync_code_tree(profile, paths, tree, first, hook.runner) is True
-        assert sync_code_tree(profile, paths, tree, local_manifest(tree), hook.runner) is False
+        assert sync_code_tree(paths, tree, first, hook) is True
+        assert sync_code_tree(paths, tree, local_manifest(tree), hook) is False
 
         # an edit on the cluster (newer than the manifest) is undone by the next sync
         dataset = f"{code}/trainer/src/vcloud/data/dataset.py"
         local_cluster.ssh(f"echo 'edited on the login node' >> {dataset}")
-        assert sync_code_tree(profile, paths, tree, local_manifest(tree), hook.runner) is True
+        assert sync_code_tree(paths, tree, local_manifest(tree), hook) is True
         assert local_cluster.ssh(f"cat {dataset}").stdout == "class SeriesDataset: ...\n"
-        assert sync_code_tree(profile, paths, tree, local_manifest(tree), hook.runner) is False
+        assert sync_code_tree(paths, tree, local_manifest(tree), hook) is False
 
         # a file deleted on the cluster comes back
         local_cluster.ssh(f"rm {code}/trainer/src/vcloud/data/__init__.py")
-        assert sync_code_tree(profile, paths, tree, local_manifest(tree), hook.runner) is True
+        assert sync_code_tree(paths, tree, local_manifest(tree), hook) is True
         assert "trainer/src/vcloud/data/__init__.py" in remote_files(local_cluster, str(paths.code(first.hash).dir))
         before = remote_files(local_cluster, str(paths.code(first.hash).dir))
 
@@ -174,7 +173,7 @@ def test_unchanged_code_is_not_sent_again_but_any_change_on_either_side_is(
         (source / "trainer" / "configs" / "model_tiny.yaml").write_text("name: tiny\nepochs: 2\n")
         changed = local_manifest(tree)
         assert changed.hash != first.hash
-        assert sync_code_tree(profile, paths, tree, changed, hook.runner) is True
+        assert sync_code_tree(paths, tree, changed, hook) is True
         new = paths.code(changed.hash)
         assert f'"hash": "{changed.hash}"' in local_cluster.ssh(f"cat {shlex.quote(str(new.manifest))}").stdout
         assert remote_files(local_cluster, str(new.dir)) == before
@@ -198,7 +197,7 @@ def test_a_cleanup_keeps_the_newest_and_what_live_jobs_use_and_removes_the_rest(
         for version in (1, 2, 3):
             config.write_text(f"name: tiny\nversion: {version}\n")
             manifest = local_manifest(tree)
-            assert sync_code_tree(profile, paths, tree, manifest, hook.runner) is True
+            assert sync_code_tree(paths, tree, manifest, hook) is True
             hashes.append(manifest.hash)
         oldest, middle, newest = hashes
 
@@ -206,17 +205,17 @@ def test_a_cleanup_keeps_the_newest_and_what_live_jobs_use_and_removes_the_rest(
         held = local_cluster.sbatch("#!/bin/bash\ntrue\n", "--hold", "--output=/dev/null",
                                     f'--comment={{"code":"{oldest}"}}')
         try:
-            plan = remove_unused_code_dirs(profile, paths, hook.runner, current=newest)
+            plan = remove_unused_code_dirs(profile, paths, hook, current=newest)
             assert (plan.remove, plan.in_use, plan.newest) == ((middle,), (oldest,), (newest,))
             assert remote_code_dirs(local_cluster, paths) == {oldest, newest}
         finally:
             local_cluster.ssh(f"scancel {held}")
         local_cluster.wait_for_state(held, {"CANCELLED"}, timeout=60)
 
-        plan = remove_unused_code_dirs(profile, paths, hook.runner, current=newest)
+        plan = remove_unused_code_dirs(profile, paths, hook, current=newest)
         assert (plan.remove, plan.in_use) == ((oldest,), ())
         assert remote_code_dirs(local_cluster, paths) == {newest}
-        assert remove_unused_code_dirs(profile, paths, hook.runner, current=newest).remove == ()
+        assert remove_unused_code_dirs(profile, paths, hook, current=newest).remove == ()
 
 
 def remote_code_dirs(cluster: LocalCluster, paths: RunPaths) -> set[str]:
@@ -253,7 +252,7 @@ def test_the_sync_refuses_a_wrong_pinned_host_key_in_the_words_of_the_hook(
     with SlurmHook("vcloud_local_cluster") as trusted:  # only rsync meets the impostor's pin
         trusted.runner.run(f"mkdir -p {shlex.quote(str(paths.code_root))}", timeout=30)
         with pytest.raises(HostKeyRejected) as by_rsync:
-            sync_code_tree(profile, paths, tree, manifest, trusted.runner)
+            sync_code_tree(paths, tree, manifest, SlurmHook("impostor", runner=trusted.runner))
     assert str(by_rsync.value) == str(by_hook.value)
     assert "does not match the pinned key" in str(by_rsync.value)
     assert by_rsync.value.__notes__ == [f"while syncing {source} to {paths.code(manifest.hash).dir} with rsync"]
@@ -278,7 +277,7 @@ def test_two_members_of_a_project_sync_the_same_run_one_after_the_other(
         jobs = render_run_jobs(profile, StagePlan.build(request, profile).job_specs(), paths, manifest.hash)
         with SlurmHook(conn_id) as hook:
             # a staging directory of mode 0700, as the sync_code task's TemporaryDirectory
-            sync_run(profile, paths, tree, jobs, manifest, hook.runner, Path(tempfile.mkdtemp(dir=tmp_path)))
+            sync_run(paths, tree, jobs, manifest, hook, Path(tempfile.mkdtemp(dir=tmp_path)))
     listing = local_cluster.ssh(f"stat -c '%U %A %n' {shlex.quote(str(paths.jobs_dir))} "
                                 f"{shlex.quote(str(paths.jobs_dir))}/*").stdout.splitlines()
     owner, mode, _ = listing[0].split(maxsplit=2)

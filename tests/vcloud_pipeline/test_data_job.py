@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from vcloud_pipeline.jobspec import JobKind, JobSpec, JobSpecError
-from vcloud_pipeline.layout import run_paths
-from vcloud_pipeline.profiles import load_profile
-from vcloud_pipeline.render import render_job
+from vcloud_pipeline.plan.jobspec import JobKind, JobSpec, JobSpecError
+from vcloud_pipeline.plan.layout import run_paths
+from vcloud_pipeline.profile import load_profile
+from vcloud_pipeline.jobs.render import render_job
 
 
 def test_data_job_generates_and_prepares_into_the_profile_data_dir_on_the_debug_partition() -> None:

@@ -22,13 +22,13 @@ from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.job_status import JobStatus
 from vcloud import exitcodes as trainer_exitcodes
 from vcloud.training import distributed
-from vcloud_pipeline import job_exits as exitcodes
-from vcloud_pipeline.hints import LOG_RULES
-from vcloud_pipeline.job_operator import GPUS_NOT_VISIBLE, PipelineJobOperator
-from vcloud_pipeline.jobspec import JobSpec
-from vcloud_pipeline.layout import run_paths
-from vcloud_pipeline.profiles import load_profile
-from vcloud_pipeline.render import GPU_HINT_ENV, GPUS_REQUIRED_ENV, RenderedJob, render_job
+from vcloud_pipeline.jobs import exits as exitcodes
+from vcloud_pipeline.jobs.hints import LOG_RULES
+from vcloud_pipeline.dag.job_operator import GPUS_NOT_VISIBLE, PipelineJobOperator
+from vcloud_pipeline.plan.jobspec import JobSpec
+from vcloud_pipeline.plan.layout import run_paths
+from vcloud_pipeline.profile import load_profile
+from vcloud_pipeline.jobs.render import GPU_HINT_ENV, GPUS_REQUIRED_ENV, RenderedJob, render_job
 from tests.vcloud_pipeline.conftest import complete_profile
 
 REPO = Path(__file__).resolve().parents[2]

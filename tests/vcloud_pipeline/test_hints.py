@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from slurm_provider.hints import find_hints, find_submit_hints, format_hints, hint_for, log_rules
-from vcloud_pipeline.hints import ADVICE, LOG_RULES
+from vcloud_pipeline.jobs.hints import ADVICE, LOG_RULES
 
-GOLDEN = Path(__file__).resolve().parents[1] / "slurm_provider" / "golden"
+GOLDEN = Path(__file__).resolve().parents[2] / "providers" / "slurm" / "tests" / "golden"
 
 LOG_EXCERPTS: dict[str, str] = {
     "no_hip_gpus": """\

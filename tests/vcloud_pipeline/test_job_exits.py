@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from slurm_provider.exit_codes import explain_exit
 from vcloud import exitcodes
-from vcloud_pipeline import job_exits, render
+from vcloud_pipeline.jobs import exits as job_exits, render
 
 
 def test_the_trainer_and_the_job_scripts_use_the_same_numbers() -> None:

@@ -20,9 +20,10 @@ from slurm_provider.job_status import JobStatus
 from slurm_provider.login_wait import REACHABLE, SlurmLoginTrigger
 from slurm_provider.transport import TransportUnavailable
 from slurm_provider.triggers import SlurmJobTrigger
-from vcloud_pipeline.job_operator import PipelineJobOperator
-from vcloud_pipeline.preflight import PreflightError
-from vcloud_pipeline.tasks import PLAN_TASK, SYNC_TASK, RunContext, final_unless_unreachable, plan_run
+from vcloud_pipeline.dag.job_operator import PipelineJobOperator
+from vcloud_pipeline.budget.preflight import PreflightError
+from vcloud_pipeline.plan.run_plan import RunPlan, SyncedCode
+from vcloud_pipeline.dag.tasks import PLAN_TASK, SYNC_TASK, final_unless_unreachable, plan_run
 
 CODE_HASH = "c0de" * 16
 DOWN = TransportUnavailable("cannot reach vcloud@127.0.0.1:2222 (connection 'vcloud_local_cluster'): "
@@ -63,6 +64,10 @@ class Cluster(HookStandIn):
         self._reach("code marker" if "/.runs" in command else command)
         return CommandResult(command, 0, "", "")
 
+    def touch_record(self, directory: Any, name: str) -> None:
+        """The DAG run's code marker is refreshed before a submit."""
+        self._reach("code marker")
+
     def submit_exclusive(self, script: str, exclusive_dir: str, **fields: Any) -> ExclusiveSubmitResult:
         self._reach("sbatch")
         self.submitted.append("901")
@@ -90,8 +95,8 @@ class TaskTry:
 @pytest.fixture
 def context() -> dict[str, Any]:
     planned = plan_run({"profile": "local", "config": "tiny", "stages": [0], "run_name": "outage"})
-    scripts = {label: job.outer for label, job in RunContext.from_xcom(planned).render(CODE_HASH).items()}
-    synced = {"scripts": scripts, "code_hash": CODE_HASH}
+    scripts = {label: job.outer for label, job in RunPlan.from_xcom(planned).render(CODE_HASH).items()}
+    synced = SyncedCode.recording(CODE_HASH, scripts).model_dump(mode="json")
     return {"ti": TaskTry({PLAN_TASK: planned, SYNC_TASK: synced}), "task_state_store": StateStore()}
 
 

@@ -18,11 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from slurm_provider.cli.job_files import job_log_name
+from slurm_provider.end_records import EndRecord, end_record_path, parse_end_record
 from slurm_provider.hints import find_hints
-from vcloud_pipeline.jobspec import JobSpec
-from vcloud_pipeline.layout import RunPaths, run_paths
-from vcloud_pipeline.profiles import load_profile
-from vcloud_pipeline.render import (
+from vcloud_pipeline.plan.jobspec import JobSpec
+from vcloud_pipeline.plan.layout import RunPaths, run_paths
+from vcloud_pipeline.profile import load_profile
+from vcloud_pipeline.jobs.render import (
     EXIT_CODE_MISMATCH,
     EXIT_REQUEUE,
     MAX_EARLY_STOPS,
@@ -30,7 +32,7 @@ from vcloud_pipeline.render import (
     render_job,
     shell_word,
 )
-from vcloud_pipeline.code_tree import CodeManifest
+from vcloud_pipeline.code.tree import CodeManifest
 
 CODE_HASH = "c" * 64
 TRAINER_PACKAGE = Path(__file__).resolve().parents[2] / "trainer" / "src" / "vcloud"
@@ -49,6 +51,10 @@ out.mkdir(parents=True, exist_ok=True)
 while not stop:
     time.sleep(0.05)
 (out / f"stopped.{rank}").write_text(stop[0])
+# As vcloud.train does: the step's processes get the stop signal from Slurm and from the inner script;
+# one arriving during the interpreter's teardown (Python restores default handlers there) would kill it.
+for signum in (signal.SIGUSR2, signal.SIGTERM):
+    signal.signal(signum, signal.SIG_IGN)
 sys.exit(85)
 '''
 
@@ -87,7 +93,8 @@ def render(tmp_path: Path, spec: JobSpec, runtime: str = "none", trainer: str = 
 
 def job_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update({"SLURM_JOB_ID": "4242", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "node1", **extra})
+    env.update({"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "submitted-as", "SLURM_NODEID": "0",
+                "SLURM_JOB_NODELIST": "node1", **extra})
     return env
 
 
@@ -312,3 +319,35 @@ def test_inner_reports_a_trainer_killed_by_the_signal_as_such(tmp_path: Path) ->
         process.communicate(timeout=60)
         codes.append(process.returncode)
     assert codes == [128 + signal.SIGUSR2] * 30
+
+
+def left_record(tmp_path: Path, spec: JobSpec) -> EndRecord | None:
+    """The exit record the outer script of ``spec`` (job 4242, named on sbatch's command line as the
+    operator names it) left next to its output, if any."""
+    _, paths = render(tmp_path, spec)
+    record = Path(end_record_path(str(Path(paths.logs_dir) / job_log_name("submitted-as", "4242", "out"))))
+    return parse_end_record(record.read_text()) if record.exists() else None
+
+
+def test_a_refusing_outer_script_leaves_its_exit_record(tmp_path: Path) -> None:
+    job, _ = render(tmp_path, JobSpec.train(0))
+    env = job_env(SLURM_RESTART_COUNT="2")
+    subprocess.run(["bash", str(job.outer_path)], env=env, capture_output=True, text=True, timeout=60)
+    record = left_record(tmp_path, JobSpec.train(0))
+    assert record is not None and (record.job_id, record.restart, record.exit_code) == ("4242", 2, EXIT_CODE_MISMATCH)
+    assert record.ends("4242", 2)
+
+
+def test_a_training_job_that_requeues_itself_leaves_a_record_that_is_not_the_end(tmp_path: Path) -> None:
+    code, err = usr2_to_outer(tmp_path, JobSpec.train(1), *HANDLES_IT)
+    assert code == EXIT_REQUEUE, err
+    record = left_record(tmp_path, JobSpec.train(1))
+    assert record is not None and record.exit_code == EXIT_REQUEUE and record.requeued
+    assert not record.ends("4242", 0)
+
+
+def test_a_step_that_died_of_the_stop_signal_leaves_the_end_of_its_job(tmp_path: Path) -> None:
+    code, err = usr2_to_outer(tmp_path, JobSpec.export(), *STILL_STARTING)
+    assert code == 128 + signal.SIGUSR2, err
+    record = left_record(tmp_path, JobSpec.export())
+    assert record is not None and record.exit_code == code and record.ends("4242", 0)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vcloud_pipeline.jobspec import JobKind, JobSpec, JobSpecError, resolve_resources
-from vcloud_pipeline.profiles import load_profile
+from vcloud_pipeline.plan.jobspec import JobKind, JobSpec, JobSpecError, resolve_resources
+from vcloud_pipeline.profile import load_profile
 from tests.vcloud_pipeline.conftest import complete_profile
 
 

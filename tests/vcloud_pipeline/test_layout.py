@@ -6,8 +6,8 @@ from pathlib import PurePosixPath
 
 import pytest
 
-from vcloud_pipeline.layout import MANIFEST_NAME, RunNameError, is_code_hash, run_paths
-from vcloud_pipeline.profiles import load_profile
+from vcloud_pipeline.plan.layout import MANIFEST_NAME, RunNameError, is_code_hash, run_paths
+from vcloud_pipeline.profile import load_profile
 
 
 def test_lumi_run_paths() -> None:
@@ -54,10 +54,10 @@ def test_each_synthetic_preset_has_its_own_dataset() -> None:
 
 
 def test_the_run_context_reads_the_data_of_its_config() -> None:
-    from vcloud_pipeline.params import parse_request
-    from vcloud_pipeline.tasks import RunContext
+    from vcloud_pipeline.plan.request import parse_request
+    from vcloud_pipeline.dag.tasks import build_plan
 
-    ctx = RunContext.build(parse_request({"profile": "local", "config": "small"}))
+    ctx = build_plan(parse_request({"profile": "local", "config": "small"}))
     assert ctx.paths.data_dir.parts[-2:] == ("synthetic-small", "prepared")
     assert "synthetic-small/prepared" in ctx.render("0" * 64)["stage1"].inner
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from localcluster import LocalCluster, poll_until
-from vcloud_pipeline.jobspec import JobSpec
-from vcloud_pipeline.layout import RunPaths, run_paths
-from vcloud_pipeline.profiles import ClusterProfile, load_profile
-from vcloud_pipeline.render import EXIT_CODE_MISMATCH, RenderedJob, render_job
-from vcloud_pipeline.code_tree import (
+from vcloud_pipeline.plan.jobspec import JobSpec
+from vcloud_pipeline.plan.layout import RunPaths, run_paths
+from vcloud_pipeline.profile import ClusterProfile, load_profile
+from vcloud_pipeline.jobs.render import EXIT_CODE_MISMATCH, RenderedJob, render_job
+from vcloud_pipeline.code.tree import (
     CodeManifest,
     CodeTree,
     build_manifest,
@@ -32,7 +32,9 @@ from vcloud_pipeline.code_tree import (
     refuse_unanchored_excludes,
     scripts_sync_argv,
 )
-from vcloud_pipeline.code_upload import cluster_ssh
+from slurm_provider.cli.job_files import job_log_name
+from slurm_provider.end_records import EndRecord, end_record_path, parse_end_record
+from slurm_provider.hooks import SlurmHook
 from tests.vcloud_pipeline.test_job_scripts import SLOW_START, STAND_IN_TRAINER
 
 pytestmark = pytest.mark.usefixtures("cluster_connection")  # rsync logs in with the profile's connection
@@ -58,7 +60,7 @@ def setup_run(cluster: LocalCluster, tree: CodeTree, tmp_path: Path) -> tuple[Cl
     refuse_unanchored_excludes(tree)
     manifest = build_manifest(tree, dt.datetime.now(dt.timezone.utc))
     code = paths.code(manifest.hash)
-    with cluster_ssh(profile) as ssh:
+    with SlurmHook(profile.connection.conn_id).ssh_command() as ssh:
         subprocess.run(code_sync_argv(tree, ssh.destination, code.dir, ssh.argv),
                        check=True, capture_output=True, timeout=300)
     cluster.ssh(f"cat > {shlex.quote(str(code.manifest))}", input=manifest.to_json())
@@ -70,7 +72,7 @@ def submit(cluster: LocalCluster, profile: ClusterProfile, job: RenderedJob, tmp
     local_jobs.mkdir(exist_ok=True)
     (local_jobs / job.outer_path.name).write_text(job.outer)
     (local_jobs / job.inner_path.name).write_text(job.inner)
-    with cluster_ssh(profile) as ssh:
+    with SlurmHook(profile.connection.conn_id).ssh_command() as ssh:
         subprocess.run(scripts_sync_argv(local_jobs, ssh.destination, job.outer_path.parent, ssh.argv),
                        check=True, capture_output=True, timeout=120)
     return int(cluster.ssh(shlex.join(job.submit_argv)).stdout.strip().split(";")[0])
@@ -82,7 +84,7 @@ def test_preflight_job_imports_everything_in_the_job_environment(local_cluster: 
 
     # what arrived on the cluster hashes exactly like the local tree
     back = tmp_path / "back"
-    with cluster_ssh(profile) as ssh:
+    with SlurmHook(profile.connection.conn_id).ssh_command() as ssh:
         pull = ["rsync", "-a", "-s", "--exclude=/.vcloud_manifest.json", "-e", ssh.shell,
                 f"{ssh.destination}:{paths.code(manifest.hash).dir}/", f"{back}/"]
         subprocess.run(pull, check=True, capture_output=True, timeout=300)
@@ -136,6 +138,34 @@ def test_job_refuses_to_start_without_the_code_of_its_hash(local_cluster: LocalC
     err = local_cluster.ssh(f"cat {shlex.quote(str(job.stderr_path(str(job_id))))}").stdout
     assert f"code manifest {paths.code(stale).manifest} is missing" in err
     assert manifest.hash not in err
+    record = left_record(local_cluster, job, job_id)
+    assert record is not None and record.exit_code == EXIT_CODE_MISMATCH and record.ends(str(job_id), 0)
+
+
+def test_a_job_named_on_the_command_line_leaves_its_record_where_its_watch_looks(local_cluster: LocalCluster,
+                                                                              tmp_path: Path) -> None:
+    """The operator names the job and its output on sbatch's command line (the name adoption finds
+    it by), not the script's directives: the record follows the name the job was given."""
+    src = tmp_path / "src"
+    (src / "trainer/src/vcloud").mkdir(parents=True)
+    (src / "trainer/src/vcloud/__init__.py").write_text("")
+    profile, paths, _ = setup_run(local_cluster, CodeTree(src), tmp_path)
+    job = render_job(profile, JobSpec.preflight(), paths, "0" * 64)  # refuses to start: a quick end
+    submit(local_cluster, profile, job, tmp_path)  # places the scripts
+    name = "vcloud_training.preflight.0123456789"
+    output = str(paths.logs_dir / job_log_name(name, "%j", "out"))
+    argv = ["sbatch", "--parsable", f"--job-name={name}", f"--output={output}", str(job.outer_path)]
+    job_id = int(local_cluster.ssh(shlex.join(argv)).stdout.strip().split(";")[0])
+    local_cluster.wait_for_state(job_id, FINAL, timeout=600)
+    watched = end_record_path(output.replace("%j", str(job_id)))  # what the trigger reads
+    record = parse_end_record(local_cluster.ssh(f"cat {shlex.quote(watched)}", check=False).stdout)
+    assert record is not None and record.exit_code == EXIT_CODE_MISMATCH and record.ends(str(job_id), 0)
+
+
+def left_record(cluster: LocalCluster, job: RenderedJob, job_id: int) -> EndRecord | None:
+    """The exit record the job's outer script left next to its output (what its watch reads)."""
+    path = end_record_path(str(job.stdout_path(str(job_id))))
+    return parse_end_record(cluster.ssh(f"cat {shlex.quote(path)}", check=False).stdout)
 
 
 def start_stand_in_trainer(cluster: LocalCluster, tmp_path: Path,
@@ -169,10 +199,13 @@ def test_pre_timeout_signal_checkpoints_and_requeues(local_cluster: LocalCluster
         # the second start's inner script logs its image line a moment after the outer "restart 1"
         err = poll_until(lambda: (text := local_cluster.ssh(f"cat {err_path}").stdout).count(
             image_line(local_cluster)) >= 2 and text, timeout=120, what="the resumed start inside the image")
-        assert "received SIGUSR2" in err
-        assert "job step finished with exit code 85" in err
-        assert "requeued: the next start resumes from the checkpoint" in err
+        assert "received SIGUSR2" in err, err
+        assert "job step finished with exit code 85" in err, err
+        assert "requeued: the next start resumes from the checkpoint" in err, err
         assert local_cluster.ssh(f"cat {stopped}").stdout == "USR2"
+        first = left_record(local_cluster, job, job_id)  # the second start still runs
+        assert first is not None and (first.restart, first.exit_code, first.requeued) == (0, 85, True)
+        assert not first.ends(str(job_id), 1), "the requeued start's record is not the job's end"
         assert err.count(image_line(local_cluster)) >= 2  # both starts ran in the image
     finally:
         local_cluster.ssh(f"scancel {job_id}", check=False)

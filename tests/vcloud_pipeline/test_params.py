@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from vcloud_pipeline.params import RequestError, TrainingRequest, default_run_name, parse_request
+from vcloud_pipeline.plan.request import RequestError, TrainingRequest, default_run_name, parse_request
 
 PROFILES = ("cosmos", "levante", "local", "lumi")
 
@@ -79,7 +79,7 @@ def test_the_task_sdks_run_type_enum_names_scheduled_and_backfill_runs() -> None
     # str() of the task SDK's enum is "DagRunType.SCHEDULED": the plan must use its value.
     from airflow.sdk.api.datamodels._generated import DagRunType
 
-    from vcloud_pipeline.tasks import plan_run, run_type_name
+    from vcloud_pipeline.dag.tasks import plan_run, run_type_name
 
     assert run_type_name(DagRunType.SCHEDULED) == "scheduled"
     assert run_type_name(DagRunType.BACKFILL) == "backfill"
@@ -92,15 +92,15 @@ def test_the_task_sdks_run_type_enum_names_scheduled_and_backfill_runs() -> None
 def test_request_round_trips_through_xcom() -> None:
     request = parse(stages=[1, 2], mode="restart", run_name="r1", time_limit="00:10:00", max_epochs=2,
                     partition="standard-g", nodes=2, gpus_per_node=8, on_code_change="refuse")
-    assert TrainingRequest.from_dict(request.to_dict()) == request
+    assert TrainingRequest.model_validate(request.model_dump(mode="json")) == request
     assert request.on_code_change == "refuse"
     assert (request.partition, request.nodes, request.gpus_per_node) == ("standard-g", 2, 8)
 
 
 def test_training_jobs_take_the_requested_partition_nodes_and_gpus() -> None:
-    from vcloud_pipeline.jobspec import resolve_resources
-    from vcloud_pipeline.profiles import load_profile
-    from vcloud_pipeline.stage_decisions import StagePlan
+    from vcloud_pipeline.plan.jobspec import resolve_resources
+    from vcloud_pipeline.profile import load_profile
+    from vcloud_pipeline.plan.stages import StagePlan
 
     request = parse_request({"profile": "lumi", "partition": "standard-g", "nodes": 2, "gpus_per_node": 8})
     plan = StagePlan(request=request, synthetic_data=False)
@@ -121,7 +121,7 @@ def test_user_in_a_profiles_paths_is_the_login_of_its_connection(transport: str,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
-    from vcloud_pipeline.tasks import RunContext
+    from vcloud_pipeline.dag.tasks import build_plan
 
     if transport == "key":
         pin = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA+FyJGmYfy8zo5LMRX2V3JhRuUVxh6TdNGOkT63oaCH"
@@ -133,7 +133,7 @@ def test_user_in_a_profiles_paths_is_the_login_of_its_connection(transport: str,
             "transport": "openssh", "ssh_alias": "cosmos", "ssh_config_file": str(config)}}
     monkeypatch.setenv("AIRFLOW_CONN_COSMOS", json.dumps(conn))
     monkeypatch.setenv("VCLOUD_PROFILE_OVERRIDES", json.dumps({"cosmos": {"account": "csd999"}}))
-    ctx = RunContext.build(parse_request({"profile": "cosmos", "config": "full"}))
+    ctx = build_plan(parse_request({"profile": "cosmos", "config": "full"}))
     assert ctx.profile.paths.base == "/cosmos/vast/scratch/alice/vcloud"
     assert str(ctx.paths.outputs_dir).startswith("/cosmos/vast/scratch/alice/vcloud/outputs/")
     assert ctx.profile.staging is not None
@@ -143,17 +143,17 @@ def test_user_in_a_profiles_paths_is_the_login_of_its_connection(transport: str,
 def test_the_config_choices_are_the_configs_shipped() -> None:
     from typing import get_args
 
-    from vcloud_pipeline.params import CONFIGS, FIELDS, ConfigName, RunConf
+    from vcloud_pipeline.plan.request import CONFIGS, FIELDS, ConfigName, TrainingRequest
 
     assert get_args(ConfigName) == tuple(CONFIGS)
-    assert FIELDS == tuple(RunConf.model_fields) and "start_stage" in FIELDS
+    assert FIELDS == tuple(TrainingRequest.model_fields) and "start_stage" in FIELDS
 
 
 def test_force_stages_only_forces_stages_the_run_selects() -> None:
     assert parse_request({"profile": "local"}).force_stages == ()
     request = parse_request({"profile": "local", "force_stages": ["3"]})
     assert request.force_stages == (3,) and request.forced(3) and not request.forced(2)
-    assert TrainingRequest.from_dict(request.to_dict()) == request
+    assert TrainingRequest.model_validate(request.model_dump(mode="json")) == request
     unselected = parse_request({"profile": "local", "stages": [0, 1], "force_stages": [3]})
     assert unselected.stages == (0, 1) and not unselected.forced(3), "forcing does not select"
     with pytest.raises(RequestError, match=r"force_stages"):
@@ -161,10 +161,11 @@ def test_force_stages_only_forces_stages_the_run_selects() -> None:
 
 
 def test_the_plan_carries_the_stages_without_work_to_every_later_task() -> None:
-    from vcloud_pipeline.tasks import RunContext, plan_run
+    from vcloud_pipeline.dag.tasks import plan_run
+    from vcloud_pipeline.plan.run_plan import RunPlan
 
     planned = plan_run({"profile": "local", "config": "tiny", "run_name": "carried"})
     assert list(planned["without_work"]) == ["3"]
-    assert RunContext.from_xcom(planned).plan.without_work == {3: planned["without_work"]["3"]}
+    assert RunPlan.from_xcom(planned).stage_plan.without_work == {3: planned["without_work"]["3"]}
     forced = plan_run({"profile": "local", "config": "tiny", "run_name": "carried", "force_stages": [3]})
-    assert forced["without_work"] == {} and RunContext.from_xcom(forced).plan.stages == (0, 1, 2, 3)
+    assert forced["without_work"] == {} and RunPlan.from_xcom(forced).stage_plan.stages == (0, 1, 2, 3)

@@ -17,14 +17,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from vcloud_pipeline.pools import (
+from vcloud_pipeline.dag.pools import (
     cluster_pools,
     pool_name,
     pool_set_argv,
     profile_of_run,
     route_to_cluster_pool,
 )
-from vcloud_pipeline.site_facts import LOCAL_SITE_FACTS
+from vcloud_pipeline.profile.site_facts import LOCAL_SITE_FACTS
 
 REPO = Path(__file__).resolve().parents[2]
 JOB_TASKS = ["prepare_data", "preflight_imports", "stage0", "stage1", "stage2", "stage3", "export"]
@@ -89,7 +89,7 @@ def test_the_policy_moves_a_runs_job_tasks_to_its_connections_pool(scheduler_dag
         assert ti.pool == "slurm_lumi", task_id
         route_to_cluster_pool(ti, runs["scheduled"])  # the DAG's default profile: local, moved by the override
         assert ti.pool == "slurm_vcloud_local_cluster_openssh", task_id
-    for task_id in ("plan", "sync_code", "preflight_checks", "summary", "verdict"):
+    for task_id in ("plan", "sync_code", "preflight_checks", "provision_env", "summary", "verdict"):
         ti = _instance(scheduler_dag, task_id)
         route_to_cluster_pool(ti, runs["lumi"])
         assert ti.pool == "default_pool", task_id

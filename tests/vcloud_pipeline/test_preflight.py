@@ -15,16 +15,16 @@ from slurm_provider.cli.sshare import TresMinutes
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.job_status import JobStatus
 from slurm_provider.transport.base import CommandResult
-from vcloud_pipeline.jobspec import JobSpec
-from vcloud_pipeline.preflight import (
+from vcloud_pipeline.plan.jobspec import JobSpec
+from vcloud_pipeline.budget.preflight import (
     PROJECT_TAG,
     PreflightError,
     check_jobs_budget,
     ledger_from_statuses,
     read_allocation,
 )
-from vcloud_pipeline.budget import Allocation, BudgetExceeded
-from vcloud_pipeline.profiles import load_profile
+from vcloud_pipeline.budget.billing import Allocation, BudgetExceeded
+from vcloud_pipeline.profile import load_profile
 
 LUMI = load_profile("lumi")
 
@@ -131,24 +131,24 @@ def test_the_allocation_is_slurms_where_the_site_sets_a_limit_else_the_profiles(
 
 
 def test_a_missing_container_image_fails_preflight_naming_it(tmp_path) -> None:
-    from tests.vcloud_pipeline.test_remote import LocalShell
+    from tests.vcloud_pipeline.shell import local_hook
 
-    from vcloud_pipeline.preflight import check_image
+    from vcloud_pipeline.budget.preflight import check_image
 
     with pytest.raises(PreflightError, match=r"container image /appl/local/csc/soft/ai/images/pytorch_2.5.1.*\.sif "
                                              r"of profile lumi is missing"):
-        check_image(LocalShell(), LUMI)
+        check_image(local_hook(), LUMI)
     image = tmp_path / "pytorch.sif"
     image.write_bytes(b"SIF")
     present = load_profile("lumi", overrides={"container.image": str(image)})
-    assert check_image(LocalShell(), present) == str(image)
-    assert check_image(LocalShell(), load_profile("local", overrides={"container.runtime": "none"})) is None
+    assert check_image(local_hook(), present) == str(image)
+    assert check_image(local_hook(), load_profile("local", overrides={"container.runtime": "none"})) is None
 
 
 def test_a_charliecloud_image_must_be_a_directory_and_ch_run_installed(tmp_path, monkeypatch) -> None:
-    from tests.vcloud_pipeline.test_remote import LocalShell
+    from tests.vcloud_pipeline.shell import local_hook
 
-    from vcloud_pipeline.preflight import check_image
+    from vcloud_pipeline.budget.preflight import check_image
 
     image = tmp_path / "vcloud-trainer"
     profile = load_profile("local", overrides={"container.image": str(image)})
@@ -157,18 +157,18 @@ def test_a_charliecloud_image_must_be_a_directory_and_ch_run_installed(tmp_path,
     (bin_dir / "bash").symlink_to(shutil.which("bash") or "/bin/bash")
     monkeypatch.setenv("PATH", str(bin_dir))  # a login node's PATH without ch-run
     with pytest.raises(PreflightError, match=r"ch-run \(Charliecloud\) is not installed .* charliecloud-runtime"):
-        check_image(LocalShell(), profile)
+        check_image(local_hook(), profile)
     (bin_dir / "ch-run").write_text("#!/bin/sh\n")
     (bin_dir / "ch-run").chmod(0o755)
     with pytest.raises(PreflightError, match=r"Charliecloud image directory .*/vcloud-trainer of profile local is "
                                              r"missing .*`make image`"):
-        check_image(LocalShell(), profile)
+        check_image(local_hook(), profile)
     image.write_text("not a directory image")
     with pytest.raises(PreflightError, match="is missing or unreadable"):
-        check_image(LocalShell(), profile)
+        check_image(local_hook(), profile)
     image.unlink()
     image.mkdir()
-    assert check_image(LocalShell(), profile) == str(image)
+    assert check_image(local_hook(), profile) == str(image)
 
 
 def _find_project_jobs(sacct_text: str, *, every_run: bool) -> list[JobStatus]:
@@ -188,7 +188,7 @@ def _find_project_jobs(sacct_text: str, *, every_run: bool) -> list[JobStatus]:
 
 def test_every_run_of_a_requeued_job_is_billed() -> None:
     # The local cluster's capture of a job requeued twice (runs of 15 s, 1 s and 0 s), given one GPU.
-    golden = Path(__file__).resolve().parents[1] / "slurm_provider" / "golden" / "sacct_requeue.txt"
+    golden = Path(__file__).resolve().parents[2] / "providers" / "slurm" / "tests" / "golden" / "sacct_requeue.txt"
     text = golden.read_text().replace("billing=1,cpu=1,", "billing=1,cpu=1,gres/gpu=1,")
     latest_only = _find_project_jobs(text, every_run=False)
     runs = _find_project_jobs(text, every_run=True)
@@ -203,14 +203,14 @@ def test_every_run_of_a_requeued_job_is_billed() -> None:
 def test_a_resubmission_is_checked_against_the_budget_again(monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow.sdk.exceptions import AirflowFailException
 
-    from vcloud_pipeline.job_operator import PipelineJobOperator
-    from vcloud_pipeline.layout import run_key
-    from vcloud_pipeline.params import parse_request
-    from vcloud_pipeline.tasks import RunContext
+    from vcloud_pipeline.dag.job_operator import PipelineJobOperator
+    from vcloud_pipeline.plan.layout import run_key
+    from vcloud_pipeline.plan.request import parse_request
+    from vcloud_pipeline.dag.tasks import build_plan
 
-    ctx = RunContext.build(parse_request({"profile": "lumi", "config": "full", "time_limit": "3-00:00:00"}))
+    ctx = build_plan(parse_request({"profile": "lumi", "config": "full", "time_limit": "3-00:00:00"}))
     op = PipelineJobOperator(task_id="stage1", job="stage1")
-    monkeypatch.setattr(op, "_bind", lambda context: (ctx, {}))
+    monkeypatch.setattr(op, "_bind", lambda context: (ctx, None))
 
     class Cluster:
         def __init__(self, used_hours: float) -> None:
@@ -221,6 +221,11 @@ def test_a_resubmission_is_checked_against_the_budget_again(monkeypatch: pytest.
         def run(self, line: str, *, stdin: str | None = None, timeout: float = 0) -> CommandResult:
             self.commands.append(line)
             return CommandResult(command=line, exit_status=0, stdout="", stderr="")
+
+        def touch_record(self, directory: str, name: str) -> None:
+            from slurm_provider.cli.files import build_touch_record
+
+            self.run(build_touch_record(directory, name))
 
         def find_jobs(self, **kwargs: object) -> list[JobStatus]:
             assert kwargs.get("every_run") is True

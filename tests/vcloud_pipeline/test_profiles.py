@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slurm_provider.validation import format_time_limit, parse_time_limit
-from vcloud_pipeline.profiles import (
+from vcloud_pipeline.profile import (
     DEFAULT_PROFILE,
     ConnectionSpec,
     OVERRIDES_ENV,

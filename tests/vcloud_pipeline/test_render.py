@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from vcloud_pipeline.jobspec import JobSpec
-from vcloud_pipeline.layout import run_paths
-from vcloud_pipeline.profiles import ProfileError, load_profile
-from vcloud_pipeline.render import (
+from vcloud_pipeline.plan.jobspec import JobSpec
+from vcloud_pipeline.plan.layout import run_paths
+from vcloud_pipeline.profile import ProfileError, load_profile
+from vcloud_pipeline.jobs.render import (
     CODE_HASH_ENV,
     EXIT_CODE_MISMATCH,
     OUTPUTS_MIRROR_ENV,
@@ -30,6 +30,8 @@ from tests.vcloud_pipeline.conftest import complete_profile
 
 GOLDEN = Path(__file__).parent / "golden"
 CODE_HASH = hashlib.sha256(b"vcloud golden code tree").hexdigest()
+REQUIREMENTS_HASH = hashlib.sha256(b"vcloud golden requirements").hexdigest()[:16]
+"""The runtime requirement set the golden jobs are rendered for (LUMI's PYTHONPATH names its directory)."""
 UPDATE = os.environ.get("VCLOUD_UPDATE_GOLDEN") == "1"
 
 CASES = {
@@ -58,7 +60,7 @@ BARE = {"container.runtime": "none"}
 def render_case(case: str) -> RenderedJob:
     profile_name, spec = CASES[case]
     profile = complete_profile(profile_name, BARE if "_bare_" in case else None)
-    return render_job(profile, spec, run_paths(profile, "full"), CODE_HASH)
+    return render_job(profile, spec, run_paths(profile, "full"), CODE_HASH, requirements_hash=REQUIREMENTS_HASH)
 
 
 def shellcheck(*scripts: str, tmp_path: Path) -> None:
@@ -144,8 +146,8 @@ def test_lumi_render_has_the_guides_settings_and_none_of_the_traps() -> None:
     assert "export MIOPEN_FIND_MODE=1\n" in job.inner
     assert "MIOPEN_DISABLE_CACHE" not in text
     pythonpath = next(line for line in job.inner.splitlines() if line.startswith("export PYTHONPATH="))
-    assert f"/scratch/project_465002500/vcloud/code/{CODE_HASH}/trainer/src:/projappl/project_465002500/pylibs" \
-        in pythonpath
+    assert f"/scratch/project_465002500/vcloud/code/{CODE_HASH}/trainer/src:/projappl/project_465002500/pylibs/" \
+        f"{REQUIREMENTS_HASH}\"" in pythonpath
     assert "singularity exec" in job.outer and "pytorch_2.5.1_lumi_rocm6.2.4" in job.outer
     assert "#SBATCH --account=project_465002500" in job.outer and "#SBATCH --partition=small-g" in job.outer
     assert "python3 -m vcloud.train --stage 1 --config" in job.inner
@@ -338,11 +340,12 @@ def test_templates_refuse_unknown_names_and_quote_through_their_filters(tmp_path
 @pytest.mark.parametrize("on_code_change", ["keep_weights", "refuse"])
 def test_the_runs_on_code_change_reaches_every_training_job_and_only_them(on_code_change: str) -> None:
     """From the DAG run's params through the plan's XCom to the trainer's command line."""
-    from vcloud_pipeline.params import parse_request
-    from vcloud_pipeline.tasks import RunContext, plan_run
+    from vcloud_pipeline.plan.request import parse_request
+    from vcloud_pipeline.plan.run_plan import RunPlan
+    from vcloud_pipeline.dag.tasks import plan_run
 
     planned = plan_run({"profile": "local", "config": "tiny", "on_code_change": on_code_change})
-    jobs = RunContext.from_xcom(planned).render(CODE_HASH)
+    jobs = RunPlan.from_xcom(planned).render(CODE_HASH)
     flag = f" --set train.on_code_change={on_code_change} &\n"
     assert [label for label, job in jobs.items() if flag in job.inner] == ["stage0", "stage1", "stage2", "stage3"]
     assert not any("on_code_change" in job.inner for label, job in jobs.items() if not label.startswith("stage"))

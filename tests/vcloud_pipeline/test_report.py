@@ -1,5 +1,5 @@
 """The run summary on the local cluster: the ``summary`` task's XCom and ``python -m
-vcloud_pipeline.report`` point at each stage's training-curve PNG where the export wrote it."""
+vcloud_pipeline.dag.report`` point at each stage's training-curve PNG where the export wrote it."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 
 from localcluster import LocalCluster
 from vcloud.contract import curve_png_name
-from vcloud_pipeline.params import parse_request
-from vcloud_pipeline.report import render_report
-from vcloud_pipeline.tasks import RunContext, curve_pngs, summarize
+from vcloud_pipeline.plan.request import parse_request
+from vcloud_pipeline.dag.report import render_report
+from vcloud_pipeline.dag.tasks import build_plan, curve_pngs, summarize
 
 def test_the_summary_points_at_the_curve_pngs_the_export_wrote(local_cluster: LocalCluster, cluster_connection: str,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
@@ -20,7 +20,7 @@ def test_the_summary_points_at_the_curve_pngs_the_export_wrote(local_cluster: Lo
 
     base = local_cluster.test_dir()
     monkeypatch.setenv("VCLOUD_PROFILE_OVERRIDES", json.dumps({"local": {"paths.base": base}}))
-    ctx = RunContext.build(parse_request({"profile": "local", "config": "tiny", "run_name": "summary-run"}))
+    ctx = build_plan(parse_request({"profile": "local", "config": "tiny", "run_name": "summary-run"}))
     plotted = {0: ctx.paths.curve_png(0), 2: ctx.paths.curve_png(2)}
     assert str(plotted[2]) == f"{base}/viewer_data/summary-run/{curve_png_name(2)}"
     local_cluster.ssh(f"mkdir -p {shlex.quote(str(plotted[0].parent))}")
@@ -47,7 +47,7 @@ def test_a_run_without_an_export_says_where_the_curves_will_be(local_cluster: Lo
 
     base = local_cluster.test_dir()
     monkeypatch.setenv("VCLOUD_PROFILE_OVERRIDES", json.dumps({"local": {"paths.base": base}}))
-    ctx = RunContext.build(parse_request({"profile": "local", "config": "tiny", "run_name": "nothing"}))
+    ctx = build_plan(parse_request({"profile": "local", "config": "tiny", "run_name": "nothing"}))
     try:
         with SlurmHook(ctx.profile.connection.conn_id) as hook:
             assert curve_pngs(ctx, hook) == {}
@@ -59,7 +59,7 @@ def test_a_run_without_an_export_says_where_the_curves_will_be(local_cluster: Lo
 
 
 def test_stage_yields_put_each_stages_gain_against_its_gpu_hours() -> None:
-    from vcloud_pipeline.tasks import stage_yields, yield_line
+    from vcloud_pipeline.dag.tasks import stage_yields, yield_line
 
     records = {
         "stage0": {"epochs": 8, "best_metric": {"name": "psnr", "value": 30.0, "epoch": 8}},

@@ -8,9 +8,9 @@ from typing import Literal
 import pydantic
 import pytest
 
-from vcloud_pipeline.profiles import ProfileError, load_profile
+from vcloud_pipeline.profile import ProfileError, load_profile
 from vcloud_pipeline.schema import Document, Duration, Environment, Flag, Strings, Text, count, problems
-from vcloud_pipeline.site_facts import SiteFactsError, load_site_facts
+from vcloud_pipeline.profile.site_facts import SiteFactsError, load_site_facts
 
 
 class _Inner(Document):

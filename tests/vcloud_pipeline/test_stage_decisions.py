@@ -6,10 +6,10 @@ import pytest
 
 from vcloud.config import config_from_dict, load_config
 from vcloud.contract import best_checkpoint_metrics
-from vcloud_pipeline.layout import run_paths
-from vcloud_pipeline.params import parse_request
-from vcloud_pipeline.profiles import load_profile
-from vcloud_pipeline.stage_decisions import (
+from vcloud_pipeline.plan.layout import run_paths
+from vcloud_pipeline.plan.request import parse_request
+from vcloud_pipeline.profile import load_profile
+from vcloud_pipeline.plan.stages import (
     StageDecisionError,
     StageFiles,
     StagePlan,
@@ -107,7 +107,7 @@ def test_best_checkpoint_metrics_are_those_of_best_pt_not_of_the_last_epoch() ->
 
 
 def _tiny(unlabeled_data: str = ""):
-    from vcloud_pipeline.code_upload import PROJECT_ROOT
+    from vcloud_pipeline.checkout import PROJECT_ROOT
 
     raw = load_config(PROJECT_ROOT / "trainer/configs/model_tiny.yaml").to_dict()
     raw["model"]["stage3"]["unlabeled_data"] = unlabeled_data

@@ -21,9 +21,9 @@ from localcluster import LocalCluster, poll_until
 from tests.vcloud.test_launch import RETIRED, stage_that_refuses_to_resume
 from tests.vcloud_pipeline.test_on_local_cluster import FINAL, REPO, setup_run, submit
 from vcloud.contract import EXIT_RESUME_REFUSED
-from vcloud_pipeline.code_tree import CodeTree
-from vcloud_pipeline.jobspec import JobSpec
-from vcloud_pipeline.render import render_job
+from vcloud_pipeline.code.tree import CodeTree
+from vcloud_pipeline.plan.jobspec import JobSpec
+from vcloud_pipeline.jobs.render import render_job
 
 pytestmark = pytest.mark.usefixtures("cluster_connection")  # rsync logs in with the profile's connection
 TINY = "trainer/configs/model_tiny.yaml"

@@ -1,4 +1,5 @@
-// The HPC view: renders api/jobs (or api/refresh) into one section per cluster profile.
+// The HPC view: renders api/jobs into one section per cluster profile (what the workers and
+// triggerers recorded: the server never asks the cluster during a request).
 // Plain DOM code, no library: the page is served by the plugin and works without internet.
 "use strict";
 
@@ -50,10 +51,12 @@ function jobsTable(jobs) {
       ids.append(el("code", { class: "job-id" }, s.job_id));
       if (s.cause && s.cause !== "initial") ids.append(el("span", { class: "muted" }, " (" + s.cause.toLowerCase() + ")"));
     });
-    const category = job.category || (job.state ? "unknown" : "waiting");
-    const stateCell = el("td", {}, el("span", { class: "state " + category }, job.state || "not recorded"),
+    const category = job.category || (job.state ? "unknown" : job.unreachable_since ? "unreachable" : "waiting");
+    const shown = job.state || (job.last_seen ? job.last_seen + " (watch)" : "not recorded");
+    const stateCell = el("td", {}, el("span", { class: "state " + category }, shown),
       el("div", { class: "desc" }, job.state_description));
-    if (job.pending) stateCell.append(el("div", { class: "pending" }, "Pending (" + job.pending.code + "): " + job.pending.explanation));
+    if (job.pending) stateCell.append(el("div", { class: "pending", title: job.pending.explanation },
+      "Pending: " + (job.pending.words || job.pending.code + ": " + job.pending.explanation)));
     const row = el("tr", { id: "job-" + job.job_id, "data-job-id": job.job_id, "data-task-id": job.task_id, "data-run-id": job.run_id,
       "data-gpu-hours": String(job.gpu_hours), "data-state": job.state || "" },
       el("td", {}, el("div", {}, job.run_id), job.run_name ? el("div", { class: "muted" }, "run " + job.run_name) : null),
@@ -110,7 +113,7 @@ function curvesBlock(curves) {
     const head = el("div", { class: "curve-head" }, el("b", {}, "run " + (c.run_name || "?") + " - stage " + c.stage),
       " ", el("code", { class: "job-id" }, c.job_id), state ? el("span", { class: "muted" }, " " + state.toLowerCase()) : null,
       c.live ? el("span", { class: "live" }, " live") : null,
-      c.read_age_s !== null ? el("span", { class: "muted" }, " - read " + Math.round(c.read_age_s) + " s ago") : null);
+      c.recorded_at ? el("span", { class: "muted" }, " - recorded " + new Date(c.recorded_at).toLocaleString()) : null);
     const box = el("div", { class: "curve", id: "curve-" + (c.run_name || c.run_id) + "-stage" + c.stage,
       "data-stage": String(c.stage), "data-run-name": c.run_name, "data-points": String(c.points.loss.length + c.points.val_psnr.length) },
       head, el("div", { class: "curve-charts" }, svg(c.charts.loss), svg(c.charts.val_psnr)));
@@ -157,8 +160,7 @@ function profileSection(profile) {
   return section;
 }
 
-// While a stage trains, its curve is fetched again every curve_interval_s (the server reads each
-// file at most that often, whatever the number of open pages).
+// While a stage trains, the view is loaded again every curve_interval_s (from the database only).
 let nextLoad = null;
 
 function render(view) {
@@ -168,7 +170,7 @@ function render(view) {
   const problems = document.getElementById("problems");
   problems.replaceChildren(...(view.problems || []).map((p) => el("li", {}, p)));
   document.getElementById("status").textContent =
-    (view.refreshed ? "refreshed from the cluster " : "loaded ") + new Date().toLocaleTimeString() + " - " + view.jobs + " job record(s)";
+    "loaded " + new Date(view.as_of || Date.now()).toLocaleTimeString() + " - " + view.jobs + " job record(s)";
   document.body.setAttribute("data-loaded", "true");
   clearTimeout(nextLoad);
   const live = view.profiles.some((p) => (p.curves || []).some((c) => c.live));
@@ -192,5 +194,5 @@ async function load(path, method) {
 
 const scope = [focus.dag_id, focus.run_id, focus.task_id].filter(Boolean).join(" / ");
 document.getElementById("scope").textContent = scope ? "showing " + scope : "";
-document.getElementById("refresh").addEventListener("click", () => load("api/refresh", "POST"));
+document.getElementById("refresh").addEventListener("click", () => load("api/jobs"));
 load("api/jobs");

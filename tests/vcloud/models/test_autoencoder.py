@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vcloud.models.autoencoder import Autoencoder, AutoencoderConfig
-from vcloud.models.config_fields import ModelConfigError
+from vcloud.config_fields import ModelConfigError
 
 TINY = {"base_channels": 16, "channel_mult": [1, 2], "num_res_blocks": 1, "latent_channels": 4,
         "norm_groups": 8}

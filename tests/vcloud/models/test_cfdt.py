@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from vcloud.config import load_config
 from vcloud.models.cfdt import CFDT, CFDTConfig, ChangeGate, order_target_first, ordered_pairs
-from vcloud.models.config_fields import ModelConfigError
+from vcloud.config_fields import ModelConfigError
 from vcloud.models.memory import MemoryOptions
 
 TINY_YAML = Path(__file__).resolve().parents[3] / "trainer" / "configs" / "model_tiny.yaml"

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from vcloud.models.autoencoder import Autoencoder, AutoencoderConfig
-from vcloud.models.config_fields import ModelConfigError
+from vcloud.config_fields import ModelConfigError
 from vcloud.models.diffusion import ddim_sample, ddim_timesteps, make_alphas_cumprod, q_sample
 from vcloud.models.latent_refiner import LatentDiffusionRefiner, RefinerConfig
 

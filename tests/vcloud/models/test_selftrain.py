@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from vcloud.models.config_fields import ModelConfigError
+from vcloud.config_fields import ModelConfigError
 from vcloud.models.selftrain import (
     PseudoLabeledSeries,
     PseudoLabels,

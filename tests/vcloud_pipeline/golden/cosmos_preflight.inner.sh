@@ -1,6 +1,6 @@
 #!/bin/bash
 # vcloud preflight import check of run full: inner script, runs inside the container (singularity) on every node of the job.
-# Rendered by vcloud_pipeline.render from profile 'cosmos' and include/sbatch/inner.sh;
+# Rendered by vcloud_pipeline.jobs.render from profile 'cosmos' and include/sbatch/inner.sh;
 # change those, not this file.
 set -euo pipefail
 
@@ -38,7 +38,7 @@ python3 -c 'import importlib
 import os
 import sys
 
-# Filled in by vcloud_pipeline.render: the names and the exit code the trainer shares.
+# Filled in by vcloud_pipeline.jobs.render: the names and the exit code the trainer shares.
 GPUS_REQUIRED_ENV = "VCLOUD_GPUS_REQUIRED"
 GPU_HINT_ENV = "VCLOUD_GPU_HINT"
 EXIT_GPUS_MISSING = int("87")

@@ -1,6 +1,6 @@
 #!/bin/bash
 # vcloud stage 2 training job of run full: inner script, runs inside the container (singularity) on every node of the job.
-# Rendered by vcloud_pipeline.render from profile 'cosmos' and include/sbatch/inner.sh;
+# Rendered by vcloud_pipeline.jobs.render from profile 'cosmos' and include/sbatch/inner.sh;
 # change those, not this file.
 set -euo pipefail
 

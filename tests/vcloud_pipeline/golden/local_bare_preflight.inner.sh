@@ -1,6 +1,6 @@
 #!/bin/bash
 # vcloud preflight import check of run full: inner script, runs in the job environment on every node of the job.
-# Rendered by vcloud_pipeline.render from profile 'local' and include/sbatch/inner.sh;
+# Rendered by vcloud_pipeline.jobs.render from profile 'local' and include/sbatch/inner.sh;
 # change those, not this file.
 set -euo pipefail
 
@@ -26,7 +26,7 @@ trap 'on_signal TERM' TERM
 import os
 import sys
 
-# Filled in by vcloud_pipeline.render: the names and the exit code the trainer shares.
+# Filled in by vcloud_pipeline.jobs.render: the names and the exit code the trainer shares.
 GPUS_REQUIRED_ENV = "VCLOUD_GPUS_REQUIRED"
 GPU_HINT_ENV = "VCLOUD_GPU_HINT"
 EXIT_GPUS_MISSING = int("87")

@@ -1,6 +1,6 @@
 #!/bin/bash
 # vcloud viewer export job of run full: inner script, runs inside the container (charliecloud) on every node of the job.
-# Rendered by vcloud_pipeline.render from profile 'local' and include/sbatch/inner.sh;
+# Rendered by vcloud_pipeline.jobs.render from profile 'local' and include/sbatch/inner.sh;
 # change those, not this file.
 set -euo pipefail
 

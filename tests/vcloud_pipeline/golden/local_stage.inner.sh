@@ -1,6 +1,6 @@
 #!/bin/bash
 # vcloud stage 0 training job of run full: inner script, runs inside the container (charliecloud) on every node of the job.
-# Rendered by vcloud_pipeline.render from profile 'local' and include/sbatch/inner.sh;
+# Rendered by vcloud_pipeline.jobs.render from profile 'local' and include/sbatch/inner.sh;
 # change those, not this file.
 set -euo pipefail
 

@@ -1,10 +1,10 @@
 #!/bin/bash
 # vcloud stage 1 training job of run full: inner script, runs inside the container (singularity) on every node of the job.
-# Rendered by vcloud_pipeline.render from profile 'lumi' and include/sbatch/inner.sh;
+# Rendered by vcloud_pipeline.jobs.render from profile 'lumi' and include/sbatch/inner.sh;
 # change those, not this file.
 set -euo pipefail
 
-export PYTHONPATH=/scratch/project_465002500/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908/trainer/src:/projappl/project_465002500/pylibs"${PYTHONPATH:+:${PYTHONPATH}}"
+export PYTHONPATH=/scratch/project_465002500/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908/trainer/src:/projappl/project_465002500/pylibs/d3ab073ef1d77c33"${PYTHONPATH:+:${PYTHONPATH}}"
 export VCLOUD_CODE_HASH=3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 export PYTORCH_HIP_ALLOC_CONF=expandable_segments:True
 export WANDB_MODE=disabled

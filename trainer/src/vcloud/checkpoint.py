@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from vcloud.durable import atomic_write_bytes, atomic_write_text, previous_generation  # noqa: F401 (atomic_write_text: re-exported)
+from vcloud.durable import atomic_write_bytes, previous_generation
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import types
-import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,22 +20,10 @@ from typing import Any
 
 import yaml
 
+from vcloud.config_fields import ConfigError, build_config, require
 from vcloud.contract import METRIC_NAMES, ON_CODE_CHANGE_CHOICES, ON_CODE_CHANGE_DEFAULT, STAGES
 
 LR_SCHEDULES = ("cosine", "constant")
-
-
-class ConfigError(ValueError):
-    """The configuration file is missing, malformed, has an unknown key or an out-of-range value."""
-
-
-def _fail(section: str, name: str, value: Any, allowed: str) -> None:
-    raise ConfigError(f"{section}.{name}={value!r} is invalid (allowed: {allowed})")
-
-
-def _check(ok: bool, section: str, name: str, value: Any, allowed: str) -> None:
-    if not ok:
-        _fail(section, name, value, allowed)
 
 
 @dataclass(frozen=True)
@@ -50,8 +37,8 @@ class CurriculumConfig:
 
     def __post_init__(self) -> None:
         s = "data.curriculum"
-        _check(self.mixed_from_epoch >= 0, s, "mixed_from_epoch", self.mixed_from_epoch, "an integer >= 0")
-        _check(self.all_from_epoch >= self.mixed_from_epoch, s, "all_from_epoch", self.all_from_epoch,
+        require(self.mixed_from_epoch >= 0, s, "mixed_from_epoch", self.mixed_from_epoch, "an integer >= 0")
+        require(self.all_from_epoch >= self.mixed_from_epoch, s, "all_from_epoch", self.all_from_epoch,
                f"an integer >= mixed_from_epoch={self.mixed_from_epoch}")
 
 
@@ -67,8 +54,8 @@ class DataConfig:
     """Epoch boundaries of the cloud-type curriculum (stages that use it)."""
 
     def __post_init__(self) -> None:
-        _check(self.num_workers >= 0, "data", "num_workers", self.num_workers, "an integer >= 0")
-        _check(self.prefetch_factor >= 1, "data", "prefetch_factor", self.prefetch_factor, "an integer >= 1")
+        require(self.num_workers >= 0, "data", "num_workers", self.num_workers, "an integer >= 0")
+        require(self.prefetch_factor >= 1, "data", "prefetch_factor", self.prefetch_factor, "an integer >= 1")
 
 
 @dataclass(frozen=True)
@@ -89,11 +76,11 @@ class StageTrainConfig:
     validations after the current phase's first epoch count (:mod:`vcloud.training.early_stop`)."""
 
     def validate(self, section: str) -> None:
-        _check(self.epochs >= 1, section, "epochs", self.epochs, "an integer >= 1")
-        _check(self.batch_size >= 1, section, "batch_size", self.batch_size, "an integer >= 1")
-        _check(0.0 < self.lr < 1.0, section, "lr", self.lr, "a float in (0, 1)")
-        _check(self.patience >= 0, section, "patience", self.patience,
-               "an integer >= 0 (validations without a gain before the stage stops; 0 = never early)")
+        require(self.epochs >= 1, section, "epochs", self.epochs, "an integer >= 1")
+        require(self.batch_size >= 1, section, "batch_size", self.batch_size, "an integer >= 1")
+        require(0.0 < self.lr < 1.0, section, "lr", self.lr, "a float in (0, 1)")
+        require(self.patience >= 0, section, "patience", self.patience,
+                "an integer >= 0 (validations without a gain before the stage stops; 0 = never early)")
 
 
 @dataclass(frozen=True)
@@ -151,23 +138,23 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         s = "train"
-        _check(self.lr_schedule in LR_SCHEDULES, s, "lr_schedule", self.lr_schedule, ", ".join(LR_SCHEDULES))
-        _check(self.warmup_steps >= 0, s, "warmup_steps", self.warmup_steps, "an integer >= 0")
-        _check(0.0 <= self.min_lr_ratio <= 1.0, s, "min_lr_ratio", self.min_lr_ratio, "a float in [0, 1]")
-        _check(self.weight_decay >= 0.0, s, "weight_decay", self.weight_decay, "a float >= 0")
-        _check(self.grad_clip_norm >= 0.0, s, "grad_clip_norm", self.grad_clip_norm, "a float >= 0")
-        _check(self.checkpoint_every_epochs >= 1, s, "checkpoint_every_epochs",
+        require(self.lr_schedule in LR_SCHEDULES, s, "lr_schedule", self.lr_schedule, ", ".join(LR_SCHEDULES))
+        require(self.warmup_steps >= 0, s, "warmup_steps", self.warmup_steps, "an integer >= 0")
+        require(0.0 <= self.min_lr_ratio <= 1.0, s, "min_lr_ratio", self.min_lr_ratio, "a float in [0, 1]")
+        require(self.weight_decay >= 0.0, s, "weight_decay", self.weight_decay, "a float >= 0")
+        require(self.grad_clip_norm >= 0.0, s, "grad_clip_norm", self.grad_clip_norm, "a float >= 0")
+        require(self.checkpoint_every_epochs >= 1, s, "checkpoint_every_epochs",
                self.checkpoint_every_epochs, "an integer >= 1")
-        _check(self.checkpoint_every_steps >= 0, s, "checkpoint_every_steps",
+        require(self.checkpoint_every_steps >= 0, s, "checkpoint_every_steps",
                self.checkpoint_every_steps, "an integer >= 0 (0 = only at epoch ends)")
-        _check(self.eval_every_epochs >= 1, s, "eval_every_epochs", self.eval_every_epochs, "an integer >= 1")
-        _check(self.log_every_steps >= 0, s, "log_every_steps", self.log_every_steps,
+        require(self.eval_every_epochs >= 1, s, "eval_every_epochs", self.eval_every_epochs, "an integer >= 1")
+        require(self.log_every_steps >= 0, s, "log_every_steps", self.log_every_steps,
                "an integer >= 0 (0 = every log_every_seconds)")
-        _check(self.log_every_seconds > 0.0, s, "log_every_seconds", self.log_every_seconds, "a number > 0")
-        _check(self.best_metric in METRIC_NAMES, s, "best_metric", self.best_metric, ", ".join(METRIC_NAMES))
-        _check(self.start_min_gain >= 0.0, s, "start_min_gain", self.start_min_gain,
+        require(self.log_every_seconds > 0.0, s, "log_every_seconds", self.log_every_seconds, "a number > 0")
+        require(self.best_metric in METRIC_NAMES, s, "best_metric", self.best_metric, ", ".join(METRIC_NAMES))
+        require(self.start_min_gain >= 0.0, s, "start_min_gain", self.start_min_gain,
                f"a number >= 0, in the units of best_metric ({self.best_metric})")
-        _check(self.on_code_change in ON_CODE_CHANGE_CHOICES, s, "on_code_change", self.on_code_change,
+        require(self.on_code_change in ON_CODE_CHANGE_CHOICES, s, "on_code_change", self.on_code_change,
                ", ".join(ON_CODE_CHANGE_CHOICES))
         for stage in STAGES:
             self.for_stage(stage).validate(f"train.stage{stage}")
@@ -193,9 +180,9 @@ class MemoryConfig:
     """Date pairs per change-gate convolution chunk; 0 processes all pairs at once."""
 
     def __post_init__(self) -> None:
-        _check(self.gate_downsample >= 0, "memory", "gate_downsample", self.gate_downsample,
+        require(self.gate_downsample >= 0, "memory", "gate_downsample", self.gate_downsample,
                "an integer >= 0 (0 = full resolution)")
-        _check(self.pair_chunk_size >= 0, "memory", "pair_chunk_size", self.pair_chunk_size,
+        require(self.pair_chunk_size >= 0, "memory", "pair_chunk_size", self.pair_chunk_size,
                "an integer >= 0 (0 = no chunking)")
 
 
@@ -220,7 +207,7 @@ class ModelSections:
         for stage in STAGES:
             name = f"stage{stage}"
             value = getattr(self, name)
-            _check(isinstance(value, Mapping), "model", name, value, "a mapping of model settings")
+            require(isinstance(value, Mapping), "model", name, value, "a mapping of model settings")
             object.__setattr__(self, name, types.MappingProxyType(copy.deepcopy(dict(value))))
 
     def section(self, stage: int) -> dict[str, Any]:
@@ -258,57 +245,9 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _coerce(section: str, name: str, value: Any, annotation: Any) -> Any:
-    """Check a scalar against its annotation; accept ints for floats and numeric strings
-    (PyYAML reads ``2e-4`` without a dot as a string)."""
-    if annotation is bool:
-        _check(isinstance(value, bool), section, name, value, "true or false")
-        return value
-    if annotation is int:
-        _check(isinstance(value, int) and not isinstance(value, bool), section, name, value, "an integer")
-        return value
-    if annotation is float:
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                _fail(section, name, value, "a number")
-        _check(isinstance(value, (int, float)) and not isinstance(value, bool), section, name, value,
-               "a number")
-        return float(value)
-    if annotation is str:
-        _check(isinstance(value, str), section, name, value, "a string")
-        return value
-    return value
-
-
-def _build(cls: type, raw: Any, section: str) -> Any:
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{section or 'config'}: expected a mapping, got {type(raw).__name__} {raw!r}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        where = section or "top level"
-        raise ConfigError(
-            f"{where}: unknown key(s) {', '.join(map(str, unknown))} (valid: {', '.join(fields)})"
-        )
-    kwargs: dict[str, Any] = {}
-    for name, value in raw.items():
-        annotation = hints[name]
-        path = f"{section}.{name}" if section else name
-        if dataclasses.is_dataclass(annotation):
-            kwargs[name] = _build(annotation, value, path)
-        else:
-            kwargs[name] = _coerce(section or "config", name, value, annotation)
-    return cls(**kwargs)
-
-
 def config_from_dict(raw: Mapping[str, Any]) -> VCloudConfig:
     """Validate and freeze a parsed YAML document."""
-    return _build(VCloudConfig, raw, "")
+    return build_config(VCloudConfig, raw, "")
 
 
 def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:

@@ -221,6 +221,30 @@ class TrainingCurve:
     def to_json(self) -> dict[str, list[list[float]]]:
         return {"loss": [[s, v] for s, v in self.loss], "val_psnr": [[s, v] for s, v in self.val_psnr]}
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> TrainingCurve:
+        """The curve of :meth:`to_json` (as stored in a task's XCom); malformed points are left out."""
+        def series(key: str) -> tuple[tuple[int, float], ...]:
+            points = (data or {}).get(key) or ()
+            return tuple((int(p[0]), float(p[1])) for p in points
+                         if isinstance(p, (list, tuple)) and len(p) == 2
+                         and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in p))
+
+        return cls(loss=series("loss"), val_psnr=series("val_psnr"))
+
+    def thinned(self, limit: int) -> TrainingCurve:
+        """At most ``limit`` points per series (:func:`thin_points`)."""
+        return TrainingCurve(loss=thin_points(self.loss, limit), val_psnr=thin_points(self.val_psnr, limit))
+
+
+def thin_points(points: tuple[tuple[int, float], ...], limit: int) -> tuple[tuple[int, float], ...]:
+    """At most ``limit`` points, evenly spaced in the sequence, the first and the last kept: a
+    weeks-long stage logs tens of thousands of steps, more than a chart (or an XCom) should hold."""
+    if len(points) <= limit or limit < 2:
+        return points
+    stride = (len(points) - 1) / (limit - 1)
+    return tuple(points[round(i * stride)] for i in range(limit))
+
 
 def _series(records: list[dict[str, Any]], kind: str, key: str) -> tuple[tuple[int, float], ...]:
     by_step: dict[int, float] = {}

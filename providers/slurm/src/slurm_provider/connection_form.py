@@ -62,6 +62,14 @@ CONNECTION_FIELDS: dict[str, dict[str, Any]] = {
         "description": "Never log in without the alias's ControlMaster; say how to open it instead.",
         "schema": {"type": ["boolean", "null"], "default": False},
     },
+    "min_call_interval": {
+        "label": "Least seconds between Slurm calls",
+        "description": "The site's limit on scheduler calls (squeue, sacct, scontrol, sshare, sbatch): the "
+                       "job watches of this connection keep at least this many seconds between two calls, "
+                       "whatever the number of jobs watched (15 where a site allows four a minute). Empty: "
+                       "no limit beyond the poll schedule.",
+        "schema": {"type": ["number", "null"]},
+    },
 }
 """Extra fields of the form, in the ``conn-fields`` shape of Airflow's provider info."""
 

@@ -32,7 +32,7 @@ def _signal_sentence(number: int) -> str:
         name = signals.Signals(number).name
     except ValueError:
         name = f"signal {number}"
-    cause = _SIGNAL_CAUSES.get(number)
+    cause = _SIGNAL_CAUSES.get(number)  # type: ignore[call-overload]
     return f"killed by {name}" + (f" ({cause})" if cause else "")
 
 

@@ -4,7 +4,11 @@ The hooks run the command lines of :mod:`slurm_provider.cli` through a transport
 (:mod:`slurm_provider.transport`) and return what :mod:`slurm_provider.cli` and
 :mod:`slurm_provider.job_status` make of the output. They never decide whether a job succeeded.
 
-Each verb is written once, as a *plan*: a generator that validates its arguments, yields the
+The file operations a workflow needs on the login node (make directories, write a file atomically,
+list a tree, keep records) are verbs of the hook too (:mod:`slurm_provider.file_verbs`), so the
+layers above never compose shell.
+
+Each verb is written once, as a *plan* (:mod:`slurm_provider.plans`): a generator that validates its arguments, yields the
 :class:`RemoteCommand` it needs, receives the :class:`CommandResult`, maybe yields one more, and
 returns the value. The sync hook drives plans with a blocking runner, the async hook with an
 asyncio runner, so both hooks issue exactly the same commands. Every argument is validated in
@@ -14,28 +18,31 @@ Failures: a :class:`TransportError` when the login node cannot be reached;
 :class:`SlurmCommandFailed` (a retryable ``TransportError``: the status call failed, the job did
 not) when a read-only Slurm command gives no usable answer, and when ``sbatch`` met no controller
 (:class:`SubmitLockBusy` when another submit held an exclusive directory's lock): nothing says the
-request was wrong, so trying later is the answer; ``parsers.SbatchRefused`` with Slurm's own
+request was wrong, so trying later is the answer; ``slurm_provider.cli.sbatch.SbatchRefused`` with Slurm's own
 message when sbatch refuses a job.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import dataclasses
 import logging
+import time
 from collections import Counter
-from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.sdk import BaseHook
 
 from slurm_provider.cli.job_files import (
     LogChunk,
     build_file_sizes,
+    build_poll_files,
     build_read_log,
     build_read_progress,
     parse_log_chunk,
+    parse_poll_files,
     parse_progress,
 )
 from slurm_provider.cli.sacct import (
@@ -44,6 +51,7 @@ from slurm_provider.cli.sacct import (
     build_sacct_by_name,
     build_sacct_own_jobs,
     parse_sacct,
+    rows_by_job,
     runs_of,
 )
 from slurm_provider.cli.sbatch import (
@@ -55,6 +63,7 @@ from slurm_provider.cli.sbatch import (
     MOVED_MARKER,
     SbatchRefused,
     JobComment,
+    SubmitOptions,
     SubmitResult,
     TestOnlyResult,
     build_exclusive_sbatch_submit,
@@ -78,6 +87,7 @@ from slurm_provider.cli.sinfo import build_sinfo_unavailable_nodes, parse_sinfo_
 from slurm_provider.cli.squeue import (
     SqueueRow,
     build_squeue,
+    build_squeue_account_jobs,
     build_squeue_by_name,
     build_squeue_live_jobs,
     build_squeue_own_jobs,
@@ -86,8 +96,12 @@ from slurm_provider.cli.squeue import (
 from slurm_provider.cli.sshare import TresMinutes, account_tres_minutes, build_sshare_account, parse_sshare
 from slurm_provider.cli.values import SlurmOutputError, is_invalid_job_id_error
 from slurm_provider.connection_form import CONN_TYPE, CONNECTION_FIELDS, HOOK_NAME, ui_field_behaviour
+from slurm_provider.file_verbs import FileVerbs, RemoteCommandError
 from slurm_provider.job_status import JobStatus, resolve_statuses
+from slurm_provider.plans import Plan, RemoteCommand
+from slurm_provider.scheduler_calls import calls_of, is_rate_limited, min_call_interval, slurm_verbs
 from slurm_provider.transport import (
+    AsyncConnectionRunner,
     AsyncRemoteCommandRunner,
     CommandResult,
     RemoteCommandRunner,
@@ -116,17 +130,6 @@ DEFAULT_FIND_SINCE = "now-7days"
 LOG_CHUNK_BYTES = 65536
 
 
-@dataclass(frozen=True)
-class RemoteCommand:
-    """One command line a plan needs run, what it is (for counting), and its stdin."""
-
-    line: str
-    verb: str
-    """The Slurm program or file operation: ``squeue``, ``sacct``, ``sbatch``, ``read_log`` ..."""
-    stdin: str | None = None
-    timeout: float | None = None
-
-
 class SlurmCommandFailed(TransportError):
     """A read-only Slurm command ran but gave no usable answer (slurmctld busy, unreadable output).
 
@@ -141,34 +144,16 @@ class SlurmCommandFailed(TransportError):
         self.result = result
 
 
+class SlurmRateLimited(SlurmCommandFailed):
+    """Slurm answered that it will not serve us now (its rate limiter, or a controller too busy or away
+    to answer): ask again later and less often; nothing is known about the jobs, none failed."""
+
+
 class SubmitLockBusy(SlurmCommandFailed):
     """Another submit held the exclusive directory's lock for all of the wait: nothing was submitted.
 
     Retryable: the other submit ends, or its lock goes stale and is taken over, within minutes.
     """
-
-
-@dataclass(frozen=True)
-class SubmitOptions:
-    """Everything sbatch is told besides the script; see ``commands.build_sbatch_submit``."""
-
-    job_name: str
-    output: str
-    error: str | None = None
-    comment: JobComment | str | None = None
-    chdir: str | None = None
-    export: Mapping[str, str] | None = None
-    export_all: bool = True
-    dependency: str | None = None
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    reservation: str | None = None
-    time_limit: str | None = None
-    extra_options: Sequence[str] | None = None
-
-    def as_kwargs(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 @dataclass(frozen=True)
@@ -188,24 +173,8 @@ class CancelResult:
 
 # --- plans: one per verb, pure apart from the commands they yield ---------------------------------
 
-Plan = Generator[RemoteCommand, CommandResult, T]
-
-
 def _options(options: SubmitOptions | None, fields: Mapping[str, Any]) -> SubmitOptions:
-    if options is None:
-        try:
-            return SubmitOptions(**fields)
-        except TypeError as exc:
-            raise ValidationError("options", f"{exc}; valid fields: {', '.join(_SUBMIT_FIELDS)}") from None
-    unknown = sorted(set(fields) - set(_SUBMIT_FIELDS))
-    if unknown:
-        raise ValidationError(
-            "options", f"unknown submit options {unknown} (valid: {', '.join(_SUBMIT_FIELDS)})"
-        )
-    return dataclasses.replace(options, **fields)
-
-
-_SUBMIT_FIELDS = tuple(f.name for f in dataclasses.fields(SubmitOptions))
+    return SubmitOptions.of(options, **fields)
 
 
 def _validate_script(script: str) -> str:
@@ -218,7 +187,8 @@ def _validate_script(script: str) -> str:
 
 def _failed(verb: str, result: CommandResult) -> SlurmCommandFailed:
     detail = result.stderr.strip() or result.stdout.strip() or "no output"
-    return SlurmCommandFailed(f"{verb} exited {result.exit_status}: {detail[-1000:]}", result)
+    kind = SlurmRateLimited if is_rate_limited(result.stderr) else SlurmCommandFailed
+    return kind(f"{verb} exited {result.exit_status}: {detail[-1000:]}", result)
 
 
 def _check_submit(result: CommandResult) -> None:
@@ -234,7 +204,7 @@ def _check_submit(result: CommandResult) -> None:
 
 
 def submit_plan(script: str, options: SubmitOptions) -> Plan[SubmitResult]:
-    command = build_sbatch_submit(**options.as_kwargs())
+    command = build_sbatch_submit(options)
     _validate_script(script)
     result = yield RemoteCommand(command, "sbatch", stdin=script, timeout=SUBMIT_TIMEOUT)
     _check_submit(result)
@@ -284,6 +254,11 @@ def exclusive_submit_plan(script: str, options: SubmitOptions, exclusive_dir: st
     return ExclusiveSubmitResult(parse_sbatch_parsable(result.stdout, result.stderr).job_id, moved=moved)
 
 
+def account_jobs_plan(account: str) -> Plan[list[SqueueRow]]:
+    """Every job Slurm lists for the account (all its users) and for the login user, every state."""
+    return _squeue_rows((yield RemoteCommand(build_squeue_account_jobs(account), "squeue")))
+
+
 def live_writers_plan(exclusive_dir: str, account: str | None = None) -> Plan[list[JobStatus]]:
     """Live jobs of the project (every user's, ``account``'s when given) whose comment names
     ``exclusive_dir`` (see ``exclusive_submit_plan``)."""
@@ -295,7 +270,7 @@ def live_writers_plan(exclusive_dir: str, account: str | None = None) -> Plan[li
 
 
 def test_only_plan(script: str, options: SubmitOptions) -> Plan[TestOnlyResult]:
-    command = build_sbatch_test_only(**options.as_kwargs())
+    command = build_sbatch_test_only(options)
     _validate_script(script)
     result = yield RemoteCommand(command, "sbatch", stdin=script, timeout=SUBMIT_TIMEOUT)
     return parse_sbatch_test_only(result.stderr)
@@ -373,13 +348,15 @@ def find_jobs_plan(name: str | None, comment_contains: str | None, since: str,
     ]
     if not every_run:
         return matching
+    by_job = rows_by_job(sacct_rows)
     earlier = [JobStatus.from_sacct(row, restarts=index)
-               for status in matching for index, row in enumerate(runs_of(sacct_rows, status.job_id)[:-1])]
+               for status in matching if status.job_id in by_job
+               for index, row in enumerate(by_job[status.job_id].runs[:-1])]
     return matching + earlier
 
 
-def _job_order(job_id: str) -> tuple[int, int]:
-    base, _, task = job_id.partition("_")
+def _job_order(job_id: str | int) -> tuple[int, int]:
+    base, _, task = str(job_id).partition("_")
     return int(base), int(task) if task.isdigit() else -1
 
 
@@ -422,6 +399,46 @@ def file_sizes_plan(paths: Iterable[str]) -> Plan[dict[str, int]]:
             raise SlurmCommandFailed(f"file size check printed {line!r}", result)
         sizes[wanted[int(index)]] = int(size)
     return sizes
+
+
+def poll_files_plan(size_paths: Iterable[str],
+                    record_paths: Iterable[str]) -> Plan[tuple[dict[str, int], dict[str, str]]]:
+    """Log sizes and exit records (:mod:`slurm_provider.end_records`) in one command, no Slurm call
+    (one more per ``POLL_FILES_CHUNK`` characters of paths: a shell takes a command line of 128 KiB)."""
+    sizes, records = list(dict.fromkeys(size_paths)), list(dict.fromkeys(record_paths))
+    found_sizes: dict[str, int] = {}
+    found_records: dict[str, str] = {}
+    for size_part, record_part in _chunks(sizes, records, POLL_FILES_CHUNK):
+        result = yield RemoteCommand(build_poll_files(size_part, record_part), "poll_files")
+        if result.exit_status != 0:
+            raise _failed("reading the jobs' files", result)
+        try:
+            part_sizes, part_records = parse_poll_files(result.stdout, size_part, record_part)
+        except SlurmOutputError as exc:
+            raise SlurmCommandFailed(str(exc), result) from exc
+        found_sizes.update(part_sizes)
+        found_records.update(part_records)
+    return found_sizes, found_records
+
+
+POLL_FILES_CHUNK = 60_000
+"""Characters of paths in one file-reading command."""
+
+
+def _chunks(sizes: list[str], records: list[str], budget: int) -> list[tuple[list[str], list[str]]]:
+    """``(size paths, record paths)`` parts whose paths add up to at most ``budget`` characters each."""
+    parts: list[tuple[list[str], list[str]]] = []
+    current: tuple[list[str], list[str]] = ([], [])
+    used = 0
+    for kind, path in [*((0, p) for p in sizes), *((1, p) for p in records)]:
+        if used + len(path) > budget and (current[0] or current[1]):
+            parts.append(current)
+            current, used = ([], []), 0
+        current[kind].append(path)
+        used += len(path) + 3
+    if current[0] or current[1]:
+        parts.append(current)
+    return parts
 
 
 def scontrol_show_plan(job_id: str | int) -> Plan[list[dict[str, str]]]:
@@ -473,7 +490,11 @@ def account_tres_plan(account: str, tres: str) -> Plan[TresMinutes | None]:
 
 
 class _CommandCounter:
-    """Commands issued per verb, so callers (and the poll-cost benchmark) can see what a poll costs."""
+    """Commands issued per verb, so callers (and the poll-cost benchmark) can see what a poll costs;
+    the Slurm client calls among them also go to the connection's tally
+    (:func:`slurm_provider.scheduler_calls.calls_of`)."""
+
+    ssh_conn_id: str
 
     def __init__(self) -> None:
         self.command_counts: Counter[str] = Counter()
@@ -485,8 +506,18 @@ class _CommandCounter:
     def _count(self, command: RemoteCommand) -> None:
         self.command_counts[command.verb] += 1
 
+    def _tally(self, verbs: tuple[str, ...], result: CommandResult, started: float) -> None:
+        """Count the scheduler calls a command made once it ran (a refused call counts too), at the
+        ``time.monotonic()`` it was started."""
+        if not verbs:
+            return
+        calls = calls_of(self.ssh_conn_id)
+        calls.record(verbs, now=started)
+        if not result.ok and is_rate_limited(result.stderr):
+            calls.rate_limited += 1
 
-class SlurmHook(BaseHook, _CommandCounter):
+
+class SlurmHook(BaseHook, _CommandCounter, FileVerbs):
     """Slurm over SSH for operators and sensors (blocking). One connection, opened on first use.
 
     :param ssh_conn_id: Airflow connection of type ``slurm`` (or a plain ``ssh`` one); its extra
@@ -556,7 +587,10 @@ class SlurmHook(BaseHook, _CommandCounter):
             while True:
                 self._count(command)
                 timeout = max(command.timeout or 0.0, self.command_timeout)
-                command = plan.send(self.runner.run(command.line, stdin=command.stdin, timeout=timeout))
+                started = time.monotonic()
+                result = self.runner.run(command.line, stdin=command.stdin, timeout=timeout)
+                self._tally(slurm_verbs(command.line), result, started)
+                command = plan.send(result)
         except StopIteration as done:
             return done.value
 
@@ -581,6 +615,11 @@ class SlurmHook(BaseHook, _CommandCounter):
         if result.job_id is not None:
             log.info("Submitted job %s (%s) on %s", result.job_id, resolved.job_name, self.ssh_conn_id)
         return result
+
+    def account_jobs(self, account: str) -> list[SqueueRow]:
+        """Every job Slurm lists for ``account`` and for the login user, in any state (a job in both
+        is listed twice): what still uses a code directory, for example."""
+        return self._drive(account_jobs_plan(account))
 
     def live_writers(self, exclusive_dir: str, account: str | None = None) -> list[JobStatus]:
         """Live jobs of the project that write ``exclusive_dir`` (submitted with ``submit_exclusive``),
@@ -681,6 +720,10 @@ class SlurmAsyncHook(BaseHook, _CommandCounter):
 
     Creating it does no I/O; the connection is looked up and opened by the first command.
     ``commands_issued``, ``command_counts`` and ``connections_opened`` say what polling cost.
+
+    :param min_call_interval: least seconds between two scheduler calls of this connection in this
+        process (every hook of the connection shares the pace); None: the connection's
+        ``min_call_interval`` extra, or no ceiling.
     """
 
     conn_name_attr = "ssh_conn_id"
@@ -694,12 +737,35 @@ class SlurmAsyncHook(BaseHook, _CommandCounter):
         *,
         command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
         runner: AsyncRemoteCommandRunner | None = None,
+        min_call_interval: float | None = None,
     ) -> None:
         BaseHook.__init__(self)
         _CommandCounter.__init__(self)
         self.ssh_conn_id = ssh_conn_id
         self.command_timeout = command_timeout
         self.runner = runner if runner is not None else async_runner_for_connection(ssh_conn_id)
+        self._min_call_interval = min_call_interval
+
+    async def min_call_interval(self) -> float:
+        """The site's ceiling for this connection: seconds between scheduler calls (0: none)."""
+        if self._min_call_interval is None:
+            extra = await self.runner.extra() if isinstance(self.runner, AsyncConnectionRunner) else {}
+            self._min_call_interval = min_call_interval(extra)
+        return self._min_call_interval
+
+    async def _wait_turn(self) -> None:
+        """Keep the connection's scheduler calls ``min_call_interval`` apart, whoever makes them."""
+        gap = await self.min_call_interval()
+        if gap <= 0:
+            return
+        calls = calls_of(self.ssh_conn_id)
+        delay = calls.reserve(gap)
+        while True:
+            if delay > 0:
+                await asyncio.sleep(delay)
+            delay = calls.claim(gap)
+            if delay <= 0:
+                return
 
     @property
     def connections_opened(self) -> int:
@@ -711,7 +777,12 @@ class SlurmAsyncHook(BaseHook, _CommandCounter):
             while True:
                 self._count(command)
                 timeout = max(command.timeout or 0.0, self.command_timeout)
+                verbs = slurm_verbs(command.line)
+                if verbs:
+                    await self._wait_turn()
+                started = time.monotonic()
                 result = await self.runner.run(command.line, stdin=command.stdin, timeout=timeout)
+                self._tally(verbs, result, started)
                 command = plan.send(result)
         except StopIteration as done:
             return done.value
@@ -750,6 +821,10 @@ class SlurmAsyncHook(BaseHook, _CommandCounter):
     async def file_sizes(self, paths: Iterable[str]) -> dict[str, int]:
         return await self._drive(file_sizes_plan(paths))
 
+    async def poll_files(self, size_paths: Iterable[str],
+                         record_paths: Iterable[str]) -> tuple[dict[str, int], dict[str, str]]:
+        return await self._drive(poll_files_plan(size_paths, record_paths))
+
     async def scontrol_show(self, job_id: str | int) -> list[dict[str, str]]:
         return await self._drive(scontrol_show_plan(job_id))
 
@@ -764,3 +839,11 @@ class SlurmAsyncHook(BaseHook, _CommandCounter):
 
     async def close(self) -> None:
         await self.runner.close()
+
+
+if TYPE_CHECKING:
+    from slurm_provider.protocols import SlurmVerbs
+
+    def _verbs(hook: SlurmHook) -> SlurmVerbs:
+        """The blocking hook offers every verb of :class:`~slurm_provider.protocols.SlurmVerbs` (mypy checks)."""
+        return hook

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_provider.cli.job_files import expand_filename_pattern
-from slurm_provider.cli.sacct import SacctRow, latest_job_rows, runs_of, steps_of
+from slurm_provider.cli.sacct import SacctRow, rows_by_job
 from slurm_provider.cli.squeue import SqueueRow
 from slurm_provider.cli.values import (
     expand_hostlist,
@@ -85,6 +85,9 @@ class JobStatus:
     end: str | None = None
     submit: str | None = None
     """Times as ISO text in the cluster's local time (as Slurm prints them)."""
+    expected_start: str | None = None
+    """While the job pends: when Slurm expects it to start (squeue's ``StartTime``: the backfill
+    scheduler's estimate, or the ``--begin`` time); None when Slurm has no estimate."""
     name: str | None = None
     comment: str | None = None
     std_out: str | None = None
@@ -235,6 +238,7 @@ class JobStatus:
             start=row.start if parsed.state.has_started else None,
             end=row.end if parsed.state.is_terminal else None,
             submit=row.submit,
+            expected_start=row.start if parsed.state is SlurmState.PENDING else None,
             name=row.name,
             comment=row.comment,
             std_out=expand(row.std_out),
@@ -290,7 +294,7 @@ class JobStatus:
 
     @classmethod
     def from_scontrol(cls, record: Mapping[str, str]) -> JobStatus:
-        """From one ``parsers.parse_scontrol_show_job`` record (``Restarts=``, ``StdOut=`` expanded)."""
+        """From one ``slurm_provider.cli.scontrol.parse_scontrol_show_job`` record (``Restarts=``, ``StdOut=`` expanded)."""
         parsed = parse_state_text(record.get("JobState"))
         exit_code, signal = parse_exit_code(record.get("ExitCode"))
         array_job = record.get("ArrayJobId")
@@ -377,12 +381,8 @@ def _choose(squeue: JobStatus | None, sacct: JobStatus | None) -> JobStatus | No
 
 def statuses_from_sacct(rows: Iterable[SacctRow]) -> dict[str, JobStatus]:
     """A status per job / array element in sacct output: newest run, restarts = earlier runs."""
-    rows = list(rows)
-    result = {}
-    for job_id, row in latest_job_rows(rows).items():
-        runs = runs_of(rows, job_id)
-        result[job_id] = JobStatus.from_sacct(row, restarts=len(runs) - 1, steps=steps_of(rows, job_id))
-    return result
+    return {job_id: JobStatus.from_sacct(job.latest, restarts=len(job.runs) - 1, steps=job.steps)
+            for job_id, job in rows_by_job(rows).items()}
 
 
 def resolve_statuses(
@@ -404,9 +404,9 @@ def resolve_statuses(
         raw_to_display.setdefault(row.job_id_raw, row.job_id)
     sacct_rows = list(sacct_rows)
     by_sacct = statuses_from_sacct(sacct_rows)
-    for row in sacct_rows:
-        if not row.is_step:
-            raw_to_display.setdefault(row.job_id_raw, row.job_id)
+    for sacct_row in sacct_rows:
+        if not sacct_row.is_step:
+            raw_to_display.setdefault(sacct_row.job_id_raw, sacct_row.job_id)
 
     result: dict[str, JobStatus] = {}
     for requested in (str(j) for j in job_ids):

@@ -19,6 +19,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from slurm_provider.timing import POLL_INTERVAL, MAX_POLL_INTERVAL
 from slurm_provider.outage import (
     DEFAULT_WATCH_DEADLINE,
     Outage,
@@ -55,7 +56,7 @@ class SlurmLoginTrigger(BaseTrigger):
 
     def __init__(self, *, conn_id: str, since: float, cause: str = "",
                  watch_deadline: float = DEFAULT_WATCH_DEADLINE.total_seconds(),
-                 poll_interval: float = 15.0, max_poll_interval: float = 300.0, tries: int = 0,
+                 poll_interval: float = POLL_INTERVAL, max_poll_interval: float = MAX_POLL_INTERVAL, tries: int = 0,
                  carry: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.conn_id = conn_id

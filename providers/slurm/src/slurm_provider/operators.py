@@ -30,11 +30,17 @@ import uuid
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from slurm_provider.hooks import SlurmHook
+
+from slurm_provider.timing import POLL_INTERVAL, MAX_POLL_INTERVAL, FIRST_POLL_DELAY
 from slurm_provider.cli.job_files import job_log_name
 from slurm_provider.cli.sbatch import (
     DEFAULT_PROJECT_TAG,
@@ -222,8 +228,8 @@ class SlurmSubmitOperator(BaseOperator):
                  sbatch_options: Sequence[str] = (), export: Mapping[str, str] | None = None,
                  stage: str | None = None, progress_path: str | None = None, code_version: str | None = None,
                  resubmit_budgets: Mapping[str, int] | None = None, pending_policy: str = "fail",
-                 poll_interval: float = 15.0, max_poll_interval: float = 300.0,
-                 first_poll_delay: float = 10.0, gpu_billing_factor: float = 1.0,
+                 poll_interval: float = POLL_INTERVAL, max_poll_interval: float = MAX_POLL_INTERVAL,
+                 first_poll_delay: float = FIRST_POLL_DELAY, gpu_billing_factor: float = 1.0,
                  exit_code_meanings: Mapping[int, str] | None = None, exclusive_dir: str | None = None,
                  hint_overrides: Mapping[str, str] | None = None, project_tag: str = DEFAULT_PROJECT_TAG,
                  retries: int | None = DEFAULT_RETRIES, retry_delay: timedelta | float = DEFAULT_RETRY_DELAY,
@@ -269,7 +275,7 @@ class SlurmSubmitOperator(BaseOperator):
 
     # --- execute: adopt or submit, then defer ------------------------------------------------------
 
-    def execute(self, context: Any) -> Any:
+    def execute(self, context: Context) -> Any:
         try:
             self._validate()
         except ValidationError as exc:
@@ -280,7 +286,7 @@ class SlurmSubmitOperator(BaseOperator):
     # --- a login node that does not answer --------------------------------------------------------
 
     @contextlib.contextmanager
-    def waiting_out_outages(self, context: Any) -> Iterator[None]:
+    def waiting_out_outages(self, context: Context) -> Iterator[None]:
         """Run steps that talk to the cluster; when the login node does not answer, defer on
         :class:`SlurmLoginTrigger` and start over in :meth:`execute_after_outage` once it does.
 
@@ -295,7 +301,7 @@ class SlurmSubmitOperator(BaseOperator):
                                        "fixed, a retry of this task adopts any job it submitted") from exc
             self._wait_for_login_node(context, exc)
 
-    def _wait_for_login_node(self, context: Any, exc: TransportError) -> None:
+    def _wait_for_login_node(self, context: Context, exc: TransportError) -> None:
         from slurm_provider.hooks import SlurmCommandFailed
 
         since, tries = self._outage if self._outage is not None else (time.time(), 0)
@@ -323,7 +329,7 @@ class SlurmSubmitOperator(BaseOperator):
                                              carry={"failures_while_reachable": failures}),
                    method_name="execute_after_outage")
 
-    def execute_after_outage(self, context: Any, event: dict[str, Any]) -> Any:
+    def execute_after_outage(self, context: Context, event: dict[str, Any]) -> Any:
         """The login node answers again: do this try's work from the start (``execute``), adopting
         whatever it submitted before the outage. Past the deadline: a retryable failure."""
         if (event or {}).get("kind") != REACHABLE:
@@ -333,7 +339,7 @@ class SlurmSubmitOperator(BaseOperator):
         self._failures_while_reachable = int((event.get("carry") or {}).get("failures_while_reachable") or 0)
         return self.execute(context)
 
-    def _adopt_or_submit(self, context: Any, hook: Any) -> Any:
+    def _adopt_or_submit(self, context: Context, hook: SlurmHook) -> Any:
         stored = self._stored_history(context)
         history = stored.since_clear(self._clear_number(context))
         if len(history.submissions) < len(stored.submissions):
@@ -371,7 +377,7 @@ class SlurmSubmitOperator(BaseOperator):
             return self._defer(context, history)
         return self._submit(context, hook, history, cause="initial")
 
-    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         missing = [key for key in EVENT_KEYS if key not in (event or {})]
         if missing:
             raise AirflowFailException(f"trigger event lacks {missing}: {event!r}")
@@ -382,7 +388,8 @@ class SlurmSubmitOperator(BaseOperator):
         with self.waiting_out_outages(context), self._hook() as hook:
             return self._interpret(context, hook, history, event)
 
-    def _interpret(self, context: Any, hook: Any, history: SubmissionHistory, event: dict[str, Any]) -> Any:
+    def _interpret(self, context: Context, hook: SlurmHook, history: SubmissionHistory,
+                   event: dict[str, Any]) -> Any:
         """Map the trigger's event to success, a resubmission, a retry (lost watch) or a final failure."""
         kind, job_id = event["kind"], event["job_id"]
         if kind == ERROR:
@@ -409,12 +416,12 @@ class SlurmSubmitOperator(BaseOperator):
 
     # --- submitting ------------------------------------------------------------------------------
 
-    def _submit(self, context: Any, hook: Any, history: SubmissionHistory, *, cause: str,
+    def _submit(self, context: Context, hook: SlurmHook, history: SubmissionHistory, *, cause: str,
                 progress: str | None = None) -> Any:
         number = len(history.submissions) + 1
         name = self._job_name(context)
         comment = self._comment(context, number)
-        options = dict(job_name=name, comment=comment, output=self._output_pattern(context),
+        options: dict[str, Any] = dict(job_name=name, comment=comment, output=self._output_pattern(context),
                        error=self._error_pattern(context), partition=self.partition, account=self.account,
                        time_limit=self.time_limit, extra_options=self.sbatch_options,
                        export=dict(self.export or {}) or None)
@@ -454,7 +461,7 @@ class SlurmSubmitOperator(BaseOperator):
         self.log.info("Submitted job %s (%s, submission %d, cause %s)", job_id, name, number, cause)
         return self._defer(context, history)
 
-    def _adopt_live_writer(self, context: Any, history: SubmissionHistory, live: Sequence[JobStatus],
+    def _adopt_live_writer(self, context: Context, history: SubmissionHistory, live: Sequence[JobStatus],
                            number: int, login_user: str | None = None) -> Any:
         """Watch the live job of the login user that already writes ``exclusive_dir`` instead of
         submitting a second one. Fail, naming the job, when it belongs to another user (never
@@ -506,7 +513,7 @@ class SlurmSubmitOperator(BaseOperator):
                 return directory
         return self.exclusive_dir or "the directory"
 
-    def on_already_done(self, context: Any) -> Any:
+    def on_already_done(self, context: Context) -> Any:
         """The directory's ``done_markers`` exist (found under the submit lock): nothing is submitted.
 
         Skips the task; a subclass may return a result instead."""
@@ -515,7 +522,7 @@ class SlurmSubmitOperator(BaseOperator):
                       markers)
         raise AirflowSkipException(f"{self.exclusive_dir} is already done ({markers} exist): nothing submitted")
 
-    def _after_interruption(self, context: Any, hook: Any, history: SubmissionHistory,
+    def _after_interruption(self, context: Context, hook: SlurmHook, history: SubmissionHistory,
                             status: JobStatus) -> Any:
         progress = hook.read_file(self.progress_path) if self.progress_path else None
         decision = decide_resubmission(status.state, history, self.resubmit_budgets,
@@ -536,10 +543,11 @@ class SlurmSubmitOperator(BaseOperator):
             raise _with_note(exc, left) from exc
         return self._submit(context, hook, history, cause=decision.cause, progress=progress)
 
-    def check_before_resubmit(self, context: Any, hook: Any) -> None:
+    def check_before_resubmit(self, context: Context, hook: SlurmHook) -> None:
         """Raise to stop a resubmission the policy allows (e.g. the allocation cannot pay for it)."""
 
-    def _find_own_job(self, context: Any, hook: Any, *, number: int, attempts: int = 1) -> JobStatus | None:
+    def _find_own_job(self, context: Context, hook: SlurmHook, *, number: int,
+                      attempts: int = 1) -> JobStatus | None:
         """The newest job on the cluster with this task's name and comment (submission ``number``)."""
         name = self._job_name(context)
         expected = self._comment(context, number)
@@ -558,7 +566,7 @@ class SlurmSubmitOperator(BaseOperator):
                 time.sleep(min(30, 2 ** attempt))
         return None
 
-    def _defer(self, context: Any, history: SubmissionHistory) -> None:
+    def _defer(self, context: Context, history: SubmissionHistory) -> None:
         current = history.current
         assert current is not None
         context["ti"].xcom_push(key=JOB_ID_XCOM_KEY, value=current.job_id)
@@ -582,7 +590,8 @@ class SlurmSubmitOperator(BaseOperator):
         that knows the site's billing rule (whole nodes on some partitions) says so here."""
         return run.gpu_hours(self.gpu_billing_factor)
 
-    def _finish(self, context: Any, hook: Any, history: SubmissionHistory, status: JobStatus) -> dict[str, Any]:
+    def _finish(self, context: Context, hook: SlurmHook, history: SubmissionHistory,
+                status: JobStatus) -> dict[str, Any]:
         gpu_hours = 0.0
         for job_id in history.job_ids:
             for run in hook.runs(job_id):
@@ -604,7 +613,7 @@ class SlurmSubmitOperator(BaseOperator):
                       summary["gpu_hours"], len(history.submissions))
         return summary
 
-    def _accounted(self, hook: Any, status: JobStatus, wait_s: float = 15.0) -> JobStatus:
+    def _accounted(self, hook: SlurmHook, status: JobStatus, wait_s: float = 15.0) -> JobStatus:
         """The job's final row from accounting (exit code, elapsed, node list are complete there).
 
         The trigger may have seen the end in ``squeue``; slurmdbd receives the record a moment later.
@@ -618,7 +627,7 @@ class SlurmSubmitOperator(BaseOperator):
                 return status
             time.sleep(1.0)
 
-    def _failure_message(self, hook: Any, status: JobStatus, context: Any) -> str:
+    def _failure_message(self, hook: SlurmHook, status: JobStatus, context: Context) -> str:
         log_path = self._log_path(context, status.job_id)
         err_path = self._log_path(context, status.job_id, stream="err")
         tail, err_tail = self._log_tail(hook, log_path), self._log_tail(hook, err_path)
@@ -642,7 +651,7 @@ class SlurmSubmitOperator(BaseOperator):
             parts.append("Last lines of the job's output:\n" + log_excerpt(tail))
         return "\n".join(parts)
 
-    def _log_tail(self, hook: Any, path: str) -> str:
+    def _log_tail(self, hook: SlurmHook, path: str) -> str:
         try:
             size = hook.file_sizes([path]).get(path, 0)
             text, _ = hook.read_log(path, max(0, size - LOG_TAIL_BYTES))
@@ -650,7 +659,7 @@ class SlurmSubmitOperator(BaseOperator):
         except TransportError as exc:
             return f"(could not read the log: {exc})"
 
-    def _give_up(self, context: Any, hook: Any, job_id: str, why: str,
+    def _give_up(self, context: Context, hook: SlurmHook, job_id: str, why: str,
                  history: SubmissionHistory | None = None) -> str:
         """The task fails: leave none of its jobs in Slurm's queue unless ``keep_job_on_give_up``.
 
@@ -683,12 +692,11 @@ class SlurmSubmitOperator(BaseOperator):
             return (f"Job {job_id} was kept in the queue ({where}) because keep_job_on_give_up=True: "
                     f"release it with `scontrol release {job_id}` or cancel it with `scancel {job_id}`.")
         try:
-            result = hook.cancel(job_id)
+            cancelled = hook.cancel(job_id)
         except TransportError as exc:
-            result = None
             problem = str(exc)
         else:
-            problem = "" if result.accepted else (result.message or f"scancel exited {result.exit_status}")
+            problem = "" if cancelled.accepted else (cancelled.message or f"scancel exited {cancelled.exit_status}")
         if problem:
             self.log.error("Giving up on job %s (%s): %s; cancelling it failed: %s", job_id, where, why,
                            problem)
@@ -752,19 +760,19 @@ class SlurmSubmitOperator(BaseOperator):
         return SlurmHook(self.conn_id)
 
     @staticmethod
-    def _try_number(context: Any) -> int:
+    def _try_number(context: Context) -> int:
         return int(getattr(context["ti"], "try_number", 1) or 1)
 
     @staticmethod
-    def _clear_number(context: Any) -> int:
+    def _clear_number(context: Context) -> int:
         """How often the DAG run was cleared: Airflow counts up on every clear of its tasks."""
         return int(getattr(context.get("dag_run"), "clear_number", 0) or 0)
 
-    def _job_name(self, context: Any) -> str:
+    def _job_name(self, context: Context) -> str:
         ti = context["ti"]
         return job_name_for(ti.dag_id, ti.task_id, ti.run_id, getattr(ti, "map_index", -1) or -1)
 
-    def _comment(self, context: Any, number: int) -> JobComment:
+    def _comment(self, context: Context, number: int) -> JobComment:
         ti = context["ti"]
         return JobComment(dag=ti.dag_id, task=ti.task_id, run=ti.run_id, attempt=number, stage=self.stage,
                           project=self.project_tag,
@@ -772,7 +780,7 @@ class SlurmSubmitOperator(BaseOperator):
                           xdir=exclusive_dir_marker(self.exclusive_dir) if self.exclusive_dir else None,
                           by=self._submitter_token(context))
 
-    def _submitter_token(self, context: Any) -> str | None:
+    def _submitter_token(self, context: Context) -> str | None:
         """This task's own token (``JobComment.by``), made on first use and kept in its task state
         store, which every try and clear of the task in this deployment shares; None without a store."""
         store = context.get("task_state_store")
@@ -780,7 +788,7 @@ class SlurmSubmitOperator(BaseOperator):
             return None
         token = store.get(SUBMITTER_KEY)
         if not token:
-            from airflow.sdk import NEVER_EXPIRE
+            from airflow.sdk import NEVER_EXPIRE  # type: ignore[attr-defined]
 
             token = uuid.uuid4().hex[:12]
             store.set(SUBMITTER_KEY, token, retention=NEVER_EXPIRE)
@@ -790,39 +798,39 @@ class SlurmSubmitOperator(BaseOperator):
         """Short digest of the connection and log directory the jobs write to."""
         return hashlib.sha1(f"{self.conn_id}\0{self.log_dir.rstrip('/')}".encode()).hexdigest()[:10]
 
-    def _output_pattern(self, context: Any) -> str:
+    def _output_pattern(self, context: Context) -> str:
         return f"{self.log_dir.rstrip('/')}/{job_log_name(self._job_name(context), '%j', 'out')}"
 
-    def _error_pattern(self, context: Any) -> str:
+    def _error_pattern(self, context: Context) -> str:
         return f"{self.log_dir.rstrip('/')}/{job_log_name(self._job_name(context), '%j', 'err')}"
 
-    def _log_path(self, context: Any, job_id: str, stream: str = "out") -> str:
+    def _log_path(self, context: Context, job_id: str, stream: str = "out") -> str:
         """The file job ``job_id`` writes its output (``out``) or error output (``err``) to."""
         return f"{self.log_dir.rstrip('/')}/{job_log_name(self._name_of_job(context, job_id), job_id, stream)}"
 
-    def _adopted_submission(self, context: Any, job_id: str,
+    def _adopted_submission(self, context: Context, job_id: str,
                             history: SubmissionHistory | None = None) -> Submission | None:
         """The record of ``job_id`` when this task adopted it instead of submitting it."""
         known = [*(history.submissions if history is not None else ()), *self._stored_history(context).submissions]
         return next((s for s in known if s.job_id == job_id and s.adopted), None)
 
-    def _name_of_job(self, context: Any, job_id: str) -> str:
+    def _name_of_job(self, context: Context, job_id: str) -> str:
         """This task's job name, or the name of a job it adopted from another submitter."""
         adopted = next((s.name for s in self._stored_history(context).submissions
                         if s.job_id == job_id and s.name), None)
         return adopted or self._job_name(context)
 
-    def history_since_clear(self, context: Any) -> SubmissionHistory:
+    def history_since_clear(self, context: Context) -> SubmissionHistory:
         """This task's submissions (task state store) since the DAG run was last cleared."""
         return self._stored_history(context).since_clear(self._clear_number(context))
 
-    def _stored_history(self, context: Any) -> SubmissionHistory:
+    def _stored_history(self, context: Context) -> SubmissionHistory:
         store = context.get("task_state_store")
         return SubmissionHistory() if store is None else SubmissionHistory.from_json(store.get(HISTORY_KEY))
 
-    def _store_history(self, context: Any, history: SubmissionHistory) -> None:
+    def _store_history(self, context: Context, history: SubmissionHistory) -> None:
         store = context.get("task_state_store")
         if store is not None:
-            from airflow.sdk import NEVER_EXPIRE
+            from airflow.sdk import NEVER_EXPIRE  # type: ignore[attr-defined]
 
-            store.set(HISTORY_KEY, history.to_json(), retention=NEVER_EXPIRE)
+            store.set(HISTORY_KEY, history.to_json(), retention=NEVER_EXPIRE)  # type: ignore[arg-type]

@@ -15,11 +15,26 @@ subscriber resets it. Only transport errors are retried (with jittered exponenti
 at the subscribers' longest allowed poll interval, and a fresh connection); anything else is handed
 to every subscriber.
 
-A login node that does not answer (refused, reset, timed out; ``slurmctld`` not answering the login
-node's ``squeue``) is retried without a limit for as long as anyone watches: every failed try hands
+A login node that does not answer (refused, reset, timed out), or a status command that gives no
+usable answer, is retried without a limit for as long as anyone watches: every failed try hands
 each subscriber the :class:`~slurm_provider.outage.Outage` so far (since when, why, next try in),
 and each watch decides by its own deadline when it has waited long enough. A failure retrying cannot
 heal (host key, authentication, configuration) ends every watch at once.
+
+Slurm's own "not now" answers (its rate limiter, a controller too busy or away to answer:
+:class:`~slurm_provider.hooks.SlurmRateLimited`) slow the poller down instead: the same connection
+asks again after a doubled wait (up to the subscribers' longest allowed poll interval), every
+subscriber hears that its job is still watched, and once Slurm answers the poller eases back to its
+schedule. A site's ceiling on calls (the connection's ``min_call_interval`` extra) is kept by the hook
+the poller polls through, for every job of the connection at once.
+
+A job's end is noticed between two polls from its exit record (:mod:`slurm_provider.end_records`),
+a file its batch script leaves next to its output: every ``record_interval`` seconds (5) one command
+reads the records of every watched job over the same connection (no Slurm call; the poll itself reads
+them in the command that checks the logs' sizes), and a record that says the watched run ended is
+confirmed with one status query for those jobs only. Slurm's answer decides: a job Slurm does not
+call ended yet (still completing, requeued) is asked about again after a doubling wait, and a job
+killed before its script could write a record is noticed by the poll as before.
 
 A login that waits for a person (an OTP ControlMaster that lapsed overnight) is not a failure of the
 watched jobs: they keep running on the cluster. The poller then keeps trying with back-off, without
@@ -36,9 +51,10 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from slurm_provider.allocation import AccountReading
+from slurm_provider.end_records import EndRecord, parse_end_record
 from slurm_provider.cli.sshare import TresMinutes
 from slurm_provider.job_status import JobStatus
 from slurm_provider.outage import Outage, reachable_again_line
@@ -48,6 +64,8 @@ from slurm_provider.transport import ControlMasterNotRunning, TransportError
 log = logging.getLogger(__name__)
 
 MAX_RETRY_DELAY = 300.0
+RECORD_INTERVAL = 5.0
+"""Seconds between two reads of the watched jobs' exit records (one file read, no Slurm call)."""
 MAX_LOG_READS_PER_CYCLE = 16
 """Reads of one log per cycle (each up to 64 KiB): a megabyte of output catches up in one cycle."""
 
@@ -64,6 +82,14 @@ class StatusSource(Protocol):
     async def account_tres(self, account: str, tres: str = "billing") -> TresMinutes | None: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class FileSource(Protocol):
+    """A source that reads log sizes and exit records in one command (``SlurmAsyncHook`` does)."""
+
+    async def poll_files(self, size_paths: list[str],
+                         record_paths: list[str]) -> tuple[dict[str, int], dict[str, str]]: ...
 
 
 @dataclass(frozen=True)
@@ -85,6 +111,10 @@ class PollUpdate:
     to wait on."""
     allocation: AccountReading | None = None
     """The job's account allocation, read this cycle because the job pends on it (else None)."""
+    throttled: str | None = None
+    """No status this cycle: Slurm asked us to call less often (its answer); the watch goes on."""
+    end_record: EndRecord | None = None
+    """The exit record that made the poller ask Slurm this cycle (None: the regular poll)."""
 
 
 @dataclass
@@ -98,6 +128,13 @@ class _Subscription:
     err_offset: int = 0
     queue: asyncio.Queue[PollUpdate] = field(default_factory=asyncio.Queue)
     last_state: str | None = None
+    end_record_path: str | None = None
+    restarts: int = 0
+    """The restart count Slurm last reported: an older run's exit record is not the end."""
+    unconfirmed: EndRecord | None = None
+    """A record Slurm did not confirm yet; asked about again at ``confirm_after`` (monotonic)."""
+    confirm_after: float = 0.0
+    confirm_wait: float = 0.0
 
     def log_files(self) -> list[str]:
         return [p for p in (self.log_path, self.err_path) if p]
@@ -107,7 +144,7 @@ class JobPoller:
     """Polls every watched job of one connection in one batched call per cycle."""
 
     def __init__(self, conn_id: str, source_factory: Callable[[], StatusSource], *, growth: float = 1.5,
-                 jitter: float = 0.1, coalesce: float = 1.0) -> None:
+                 jitter: float = 0.1, coalesce: float = 1.0, record_interval: float = RECORD_INTERVAL) -> None:
         self.conn_id = conn_id
         self._source_factory = source_factory
         self._source: StatusSource | None = None
@@ -118,7 +155,12 @@ class JobPoller:
         self._jitter = jitter
         self._coalesce = coalesce
         self._interval: float | None = None
+        self._throttle = 0.0  # the least wait between polls Slurm's "not now" answers asked for
         self.cycles = 0
+        self.record_interval = record_interval
+        self.record_reads = 0  # commands that read exit records between polls
+        self.confirmations = 0  # status queries asked because of an exit record
+        self.unconfirmed = 0  # ... that Slurm did not confirm (yet)
 
     # --- subscribing -----------------------------------------------------------------------------
 
@@ -126,13 +168,15 @@ class JobPoller:
     async def subscribe(self, job_id: str, *, poll_interval: float, max_poll_interval: float,
                         log_path: str | None = None, log_offset: int = 0,
                         err_path: str | None = None, err_offset: int = 0,
-                        first_poll_delay: float = 0.0) -> AsyncIterator[asyncio.Queue[PollUpdate]]:
+                        first_poll_delay: float = 0.0,
+                        end_record_path: str | None = None) -> AsyncIterator[asyncio.Queue[PollUpdate]]:
         """Watch ``job_id`` until the context exits; updates arrive on the yielded queue each cycle.
 
         ``log_path``/``err_path``: the job's output and error output files, streamed from the given
-        byte offsets once the job has started."""
+        byte offsets once the job has started. ``end_record_path``: the job's exit record, read
+        every ``record_interval`` seconds (None: the end is noticed by the poll only)."""
         sub = _Subscription(str(job_id), poll_interval, max(poll_interval, max_poll_interval), log_path,
-                            log_offset, err_path, err_offset)
+                            log_offset, err_path, err_offset, end_record_path=end_record_path)
         if first_poll_delay > 0:
             await asyncio.sleep(first_poll_delay)
         self._subs[id(sub)] = sub
@@ -156,12 +200,19 @@ class JobPoller:
     # --- the loop ----------------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        from slurm_provider.hooks import SlurmRateLimited
+
         failures = 0  # tries in a row the cluster did not answer
         waits = 0  # cycles in a row whose login waited for a person
+        slowed = 0  # polls in a row Slurm asked us to make less often
         since: float | None = None  # when the cluster stopped answering
         while self._subs:
             try:
                 changed = await self._cycle()
+                if slowed:
+                    log.warning("Cluster %s: Slurm answers again after %d refused poll(s); polling at most every "
+                                "%.0fs for a while", self.conn_id, slowed, self._throttle)
+                slowed = 0
                 if since is not None:
                     log.warning("Cluster %s: %s; watching %d job(s)", self.conn_id,
                                 reachable_again_line(self.conn_id, since), len(self._subs))
@@ -169,6 +220,15 @@ class JobPoller:
                     log.info("Cluster %s reachable again; watching %d job(s)", self.conn_id, len(self._subs))
                 failures = waits = 0
                 since = None
+            except SlurmRateLimited as exc:
+                slowed += 1
+                self._throttle = self._slower()
+                log.warning("Cluster %s: Slurm asks for fewer calls (%s); still watching %d job(s), next poll in "
+                            "%.0fs", self.conn_id, exc, len(self._subs), self._throttle)
+                self._broadcast_throttled(f"Slurm on {self.conn_id} asks for fewer calls ({exc}); next poll in "
+                                          f"{self._throttle:.0f}s")
+                await asyncio.sleep(self._throttle)  # a new subscriber does not cut this wait short
+                continue
             except ControlMasterNotRunning as exc:
                 waits += 1
                 await self._drop_source()
@@ -198,29 +258,100 @@ class JobPoller:
                 log.exception("Polling cluster %s failed", self.conn_id)
                 self._broadcast_error(exc)
                 return
-            await self._sleep(self._next_interval(changed))
+            await self._wait_reading_records(self._next_interval(changed))
+
+    async def _wait_reading_records(self, seconds: float) -> None:
+        """Wait ``seconds`` for the next poll, reading the exit records every ``record_interval``
+        meanwhile; a new subscriber ends the wait early (as :meth:`_sleep` does). A failed read only
+        stops the reads until the poll, which deals with the connection."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            reading = self.record_interval > 0 and any(s.end_record_path for s in self._subs.values())
+            await self._sleep(min(left, self.record_interval) if reading else left)
+            if self._wake.is_set() or not reading or deadline - time.monotonic() <= 0:
+                return
+            try:
+                await self._records_cycle()
+            except Exception as exc:  # the poll retries the connection and tells the watchers
+                log.info("Cluster %s: reading the exit records failed (%s); the next poll goes on", self.conn_id, exc)
+                await self._sleep(max(0.0, deadline - time.monotonic()))
+                return
+
+    async def _records_cycle(self) -> None:
+        """Read every watched job's exit record (one command); confirm the ends they tell with one
+        status query for those jobs, and hand the confirmed ones to their watchers at once."""
+        subs = [s for s in self._subs.values() if s.end_record_path]
+        source = await self.source()
+        if not subs or not isinstance(source, FileSource):
+            return
+        _, records = await source.poll_files([], sorted({s.end_record_path for s in subs if s.end_record_path}))
+        self.record_reads += 1
+        now = time.monotonic()
+        ended: dict[int, EndRecord] = {}
+        for sub in subs:
+            record = _record_of(sub, records)
+            if record is None or (record == sub.unconfirmed and now < sub.confirm_after):
+                continue
+            ended[id(sub)] = record
+        if not ended:
+            return
+        self.confirmations += 1
+        _, confirmed = await self._poll([s for s in subs if id(s) in ended], ended)
+        for sub in subs:
+            if id(sub) in ended and id(sub) not in confirmed:
+                self.unconfirmed += 1
+                self._not_confirmed(sub, ended[id(sub)])
+
+    def _not_confirmed(self, sub: _Subscription, record: EndRecord) -> None:
+        """Slurm does not call the job ended yet (completing, requeued): ask again after a doubling wait."""
+        if record != sub.unconfirmed:
+            sub.confirm_wait = 0.0
+        sub.confirm_wait = min(sub.max_poll_interval, max(self.record_interval, 2 * sub.confirm_wait))
+        sub.unconfirmed, sub.confirm_after = record, time.monotonic() + sub.confirm_wait
 
     async def _cycle(self) -> bool:
         """One batched status query (plus reads of grown logs); returns True if any state changed."""
-        subs = list(self._subs.values())
+        changed, _ = await self._poll(list(self._subs.values()), None)
+        return changed
+
+    async def _poll(self, subs: list[_Subscription],
+                    records: dict[int, EndRecord] | None) -> tuple[bool, set[int]]:
+        """Ask Slurm about ``subs``' jobs and hand each its update: the regular poll (``records`` None),
+        or the confirmation of the ends that ``records`` (by subscription) tell. Returns whether any
+        state changed, and the subscriptions whose job Slurm says ended."""
+        only = records is not None
         if not subs:
-            return False
+            return False, set()
         source = await self.source()
         job_ids = sorted({s.job_id for s in subs})
         statuses = await source.statuses(job_ids)
-        self.cycles += 1
-        # One size check for every log that may have grown; read only the ones that did.
+        if not only:
+            self.cycles += 1
+        # One size check for every log that may have grown; read only the ones that did. The exit
+        # records go along in the same command.
         streaming = [s for s in subs if s.log_files() and (st := statuses.get(s.job_id)) and st.state.has_started]
         paths = sorted({p for s in streaming for p in s.log_files()})
-        sizes = await source.file_sizes(paths) if paths else {}
+        record_paths = [] if only else sorted({s.end_record_path for s in subs if s.end_record_path})
+        read: dict[str, str] = {}
+        if record_paths and isinstance(source, FileSource):
+            sizes, read = await source.poll_files(paths, record_paths)
+        else:
+            sizes = await source.file_sizes(paths) if paths else {}
         readings = await self._read_allocations(source, statuses.values())
         changed = False
+        confirmed: set[int] = set()
         for sub in subs:
             status = statuses.get(sub.job_id)
             state = status.state.value if status is not None else None
             if state != sub.last_state:
                 changed = True
                 sub.last_state = state
+            if status is not None:
+                sub.restarts = max(sub.restarts, status.restarts)
+            if status is not None and status.state.is_terminal:
+                confirmed.add(id(sub))
+            elif (record := _record_of(sub, read)) is not None:  # this poll's answer: not ended yet
+                self._not_confirmed(sub, record)
             text = err_text = ""
             if sub in streaming:
                 if sub.log_path and sizes.get(sub.log_path, 0) > sub.log_offset:
@@ -232,8 +363,9 @@ class JobPoller:
             reading = readings.get(key) if (key := allocation_key(status)) is not None else None
             sub.queue.put_nowait(PollUpdate(status=status, new_log_text=text, log_offset=sub.log_offset,
                                             new_err_text=err_text, err_offset=sub.err_offset,
-                                            allocation=reading))
-        return changed
+                                            allocation=reading,
+                                            end_record=records.get(id(sub)) if records else None))
+        return changed, confirmed
 
     async def _read_allocations(self, source: StatusSource,
                                 statuses: Any) -> dict[tuple[str, str], AccountReading]:
@@ -269,7 +401,17 @@ class JobPoller:
             self._interval = floor
         else:
             self._interval = min(cap, self._interval * self._growth)
-        return self._interval * random.uniform(1 - self._jitter, 1 + self._jitter)
+        interval = max(self._interval, self._throttle)
+        self._throttle = self._throttle / self._growth if self._throttle / self._growth > floor else 0.0
+        return interval * random.uniform(1 - self._jitter, 1 + self._jitter)
+
+    def _slower(self) -> float:
+        """The next wait after Slurm asked for fewer calls: twice the last one (at least twice the
+        current interval), never longer than the longest wait between polls a subscriber allows."""
+        subs = list(self._subs.values())
+        cap = min([MAX_RETRY_DELAY, *(s.max_poll_interval for s in subs)])
+        now = self._interval or min((s.poll_interval for s in subs), default=1.0)
+        return min(cap, max(2 * self._throttle, 2 * now))
 
     def _retry_delay(self, attempt: int) -> float:
         """Back-off never longer than the longest wait between polls a subscriber allows."""
@@ -294,6 +436,11 @@ class JobPoller:
     def _broadcast_unreachable(self, outage: Outage) -> None:
         for sub in self._subs.values():
             sub.queue.put_nowait(PollUpdate(status=None, log_offset=sub.log_offset, unreachable=outage,
+                                            err_offset=sub.err_offset))
+
+    def _broadcast_throttled(self, answer: str) -> None:
+        for sub in self._subs.values():
+            sub.queue.put_nowait(PollUpdate(status=None, log_offset=sub.log_offset, throttled=answer,
                                             err_offset=sub.err_offset))
 
     def _broadcast_waiting(self, what_to_do: str) -> None:
@@ -329,6 +476,13 @@ async def _read_grown(source: StatusSource, path: str, offset: int, size: int) -
         if not moved_on or offset >= size:  # caught up, or the file was rewritten and read from 0
             break
     return "".join(parts), offset
+
+
+def _record_of(sub: _Subscription, records: dict[str, str]) -> EndRecord | None:
+    """The exit record read for ``sub`` when it says the watched run ended, else None."""
+    text = records.get(sub.end_record_path) if sub.end_record_path else None
+    record = parse_end_record(text) if text else None
+    return record if record is not None and record.ends(sub.job_id, sub.restarts) else None
 
 
 def allocation_key(status: JobStatus | None) -> tuple[str, str] | None:

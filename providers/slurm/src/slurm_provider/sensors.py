@@ -8,6 +8,7 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException
 
+from slurm_provider.timing import MAX_POLL_INTERVAL, FIRST_POLL_DELAY
 from slurm_provider.state_vocabulary import StateCategory
 from slurm_provider.job_status import JobStatus
 from slurm_provider.triggers import FINISHED, SlurmJobTrigger
@@ -24,7 +25,7 @@ class SlurmJobSensor(BaseSensorOperator):
     template_fields: Sequence[str] = ("job_id",)
 
     def __init__(self, *, conn_id: str, job_id: str, deferrable: bool = True, poll_interval: float = 30.0,
-                 max_poll_interval: float = 300.0, first_poll_delay: float = 10.0, **kwargs: Any) -> None:
+                 max_poll_interval: float = MAX_POLL_INTERVAL, first_poll_delay: float = FIRST_POLL_DELAY, **kwargs: Any) -> None:
         kwargs.setdefault("poke_interval", poll_interval)
         super().__init__(**kwargs)
         self.conn_id = conn_id

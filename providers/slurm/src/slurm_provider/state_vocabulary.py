@@ -540,7 +540,8 @@ def split_reason(reason: str | None) -> tuple[str, str]:
         return "None", ""
     if text.lower().startswith("launch failed requeued held"):
         return "launch failed requeued held", text[len("launch failed requeued held") :].strip(" ,")
-    code = re.match(r"[^,\s]+", text).group(0)
+    match = re.match(r"[^,\s]+", text)
+    code = match.group(0) if match else text
     return code, text[len(code) :].strip(" ,")
 
 
@@ -552,7 +553,7 @@ def classify_pending_reason(
     """Classify a pending job's reason and explain it in plain words.
 
     ``down_nodes`` is the set of node names that ``sinfo`` reports down/drained/failing
-    (see ``commands.build_sinfo_unavailable_nodes``). ``ReqNodeNotAvail`` is only "never"
+    (see ``slurm_provider.cli.sinfo.build_sinfo_unavailable_nodes``). ``ReqNodeNotAvail`` is only "never"
     when it names unavailable nodes and every one of them is in that set; Slurm lists
     nodes that are merely reserved for maintenance the same way, and those come back.
     Unknown codes are treated as ordinary waiting, with Slurm's code in the explanation.

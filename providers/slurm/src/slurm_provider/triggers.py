@@ -13,6 +13,10 @@ not answer at all (maintenance), the trigger says so once ("login node of myclus
 ``watch_deadline``; when the node answers again it says after how long and goes on (a job that
 ended meanwhile is read from ``sacct``); past the deadline it fires an ``error`` event, a lost watch.
 
+A job whose script leaves an exit record next to its output (:mod:`slurm_provider.end_records`) is
+seen to end within seconds: the poller reads the record between its polls and asks Slurm once to
+confirm. The event says what noticed the end (``noticed_by``: ``end_record`` or ``poll``).
+
 A job pending on its account's allocation (``AssocGrpBillingMinutes``) is judged on the account's
 figures, which the poller reads for it (:mod:`slurm_provider.allocation`): when the usage alone
 leaves too little the job never starts and the watch ends at once; when teammates' running jobs hold
@@ -29,6 +33,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from slurm_provider.timing import POLL_INTERVAL, MAX_POLL_INTERVAL, FIRST_POLL_DELAY
 from slurm_provider.outage import (
     DEFAULT_WATCH_DEADLINE,
     Outage,
@@ -39,10 +44,13 @@ from slurm_provider.outage import (
 )
 from slurm_provider.allocation import AccountReading, deadline_message, judge
 from slurm_provider.cli.values import format_duration
+from slurm_provider.end_records import end_record_path
+from slurm_provider.pending_words import waiting_line
 from slurm_provider.poller import shared_poller
 from slurm_provider.state_vocabulary import ReasonKind, SlurmState, StateCategory, classify_pending_reason
 from slurm_provider.job_status import JobStatus
 from slurm_provider.watch_state import (
+    NOTE_REFRESH_S,
     TaskKey,
     WatchNote,
     ended_by_a_person,
@@ -78,8 +86,9 @@ class SlurmJobTrigger(BaseTrigger):
         firing within seconds of deferral can race the scheduler).
     :param log_path: the job's output file on the cluster; new lines are copied to the task log.
     :param log_offset: bytes of ``log_path`` already shown. In a triggerer the trigger also notes its
-        progress (offsets, last state announced) as an XCom of the task try, so a restarted triggerer
-        goes on where the last one stopped instead of showing lines again.
+        progress (offsets, last state announced, the time of the last answered poll) as an XCom of the
+        task try, so a restarted triggerer goes on where the last one stopped instead of showing lines
+        again, and a UI can show the job as of that poll.
     :param err_log_path: the job's error output file (``sbatch --error``), streamed like ``log_path``
         with its lines marked ``stderr``.
     :param err_log_offset: bytes of ``err_log_path`` already shown.
@@ -98,15 +107,18 @@ class SlurmJobTrigger(BaseTrigger):
         up: a login node that does not answer (counted from the first failed try, kept across
         triggerer restarts in the watch note; then an ``error`` event: the job runs on and a task
         retry adopts it), or running jobs of the account that hold the allocation the job pends on.
+    :param read_end_record: read the job's exit record (``<log_path>.end``) between polls, so its end
+        is noticed within seconds; False: only the polls notice it.
     """
 
-    def __init__(self, *, conn_id: str, job_id: str, poll_interval: float = 15.0,
-                 max_poll_interval: float = 300.0, first_poll_delay: float = 10.0,
+    def __init__(self, *, conn_id: str, job_id: str, poll_interval: float = POLL_INTERVAL,
+                 max_poll_interval: float = MAX_POLL_INTERVAL, first_poll_delay: float = FIRST_POLL_DELAY,
                  log_path: str | None = None, log_offset: int = 0, pending_policy: str = "fail",
                  expected_job_name: str | None = None, unknown_grace_polls: int = 6,
                  carry: dict[str, Any] | None = None, err_log_path: str | None = None,
                  err_log_offset: int = 0, adopted_from: str | None = None,
-                 watch_deadline: float = DEFAULT_WATCH_DEADLINE.total_seconds()) -> None:
+                 watch_deadline: float = DEFAULT_WATCH_DEADLINE.total_seconds(),
+                 read_end_record: bool = True) -> None:
         super().__init__()
         if pending_policy not in PENDING_POLICIES:
             raise ValueError(f"pending_policy {pending_policy!r} not allowed (known: {', '.join(PENDING_POLICIES)})")
@@ -125,8 +137,12 @@ class SlurmJobTrigger(BaseTrigger):
         self.carry = dict(carry or {})
         self.adopted_from = adopted_from
         self.watch_deadline = timeout_seconds(watch_deadline)
+        self.read_end_record = bool(read_end_record)
         self._allocation_since: float | None = None
         self._allocation_said: tuple[Any, ...] | None = None
+        self._waiting: tuple[str | None, str | None] = (None, None)  # (reason, expected start) while pending
+        self._polled_at: float | None = None  # the last poll the cluster answered (epoch seconds)
+        self._noted_at = 0.0  # when the watch note was last written (epoch seconds)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -147,10 +163,12 @@ class SlurmJobTrigger(BaseTrigger):
                 "carry": self.carry,
                 "adopted_from": self.adopted_from,
                 "watch_deadline": self.watch_deadline,
+                "read_end_record": self.read_end_record,
             },
         )
 
-    def _event(self, kind: str, status: JobStatus | None, message: str) -> TriggerEvent:
+    def _event(self, kind: str, status: JobStatus | None, message: str,
+               noticed_by: str | None = None) -> TriggerEvent:
         return TriggerEvent({
             "kind": kind,
             "conn_id": self.conn_id,
@@ -162,6 +180,7 @@ class SlurmJobTrigger(BaseTrigger):
             "err_log_offset": self.err_log_offset,
             "message": message,
             "carry": self.carry,
+            "noticed_by": noticed_by,
         })
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -171,9 +190,12 @@ class SlurmJobTrigger(BaseTrigger):
         self.log_offset = max(self.log_offset, note.log_offset)
         self.err_log_offset = max(self.err_log_offset, note.err_offset)
         self._allocation_since = note.allocation_since
+        self._polled_at = note.polled_at
         last_state = SlurmState(note.state) if note.state in SlurmState.__members__ else None
         warned_reason: str | None = None
+        last_reason: str | None = None  # the pending reason last told in the task log
         waiting_for: str | None = None
+        slowed = False  # Slurm asked for fewer calls; told once in the task log
         unreachable_since = note.unreachable_since  # an earlier trigger of this try met the same outage
         announced = False  # the outage was told in the task log by this trigger
         unknown_polls = 0
@@ -181,7 +203,8 @@ class SlurmJobTrigger(BaseTrigger):
                                     max_poll_interval=self.max_poll_interval, log_path=self.log_path,
                                     log_offset=self.log_offset, err_path=self.err_log_path,
                                     err_offset=self.err_log_offset,
-                                    first_poll_delay=self.first_poll_delay) as updates:
+                                    first_poll_delay=self.first_poll_delay,
+                                    end_record_path=self._end_record_path()) as updates:
             while True:
                 update = await updates.get()
                 if update.error is not None:
@@ -193,6 +216,11 @@ class SlurmJobTrigger(BaseTrigger):
                         self.log.warning("Cannot see job %s right now, still waiting: %s", self.job_id,
                                          update.waiting)
                         waiting_for = update.waiting
+                    continue
+                if update.throttled is not None:  # Slurm is busy or limits us: ask less often, never give up
+                    if not slowed:
+                        self.log.warning("%s; job %s is still watched", update.throttled, self.job_id)
+                        slowed = True
                     continue
                 if update.unreachable is not None:  # the job runs on; wait for the login node
                     outage = Outage(unreachable_since or update.unreachable.since, update.unreachable.cause,
@@ -218,9 +246,9 @@ class SlurmJobTrigger(BaseTrigger):
                                      self.job_id)
                     unreachable_since, announced = None, False
                     await self._remember(task, last_state)
-                if waiting_for is not None:
+                if waiting_for is not None or slowed:
                     self.log.info("Watching job %s again on %s", self.job_id, self.conn_id)
-                    waiting_for = None
+                    waiting_for, slowed = None, False
                 self.log_offset, self.err_log_offset = update.log_offset, update.err_offset
                 for line in update.new_log_text.splitlines():
                     self.log.info("[job %s] %s", self.job_id, line)
@@ -238,13 +266,18 @@ class SlurmJobTrigger(BaseTrigger):
                         return
                     continue
                 unknown_polls = 0
-                if status.state is not last_state:
+                self._polled_at = time.time()
+                self._waiting = ((status.reason, status.expected_start) if status.state is SlurmState.PENDING
+                                 else (None, None))
+                if status.state is not last_state or (status.state is SlurmState.PENDING
+                                                      and status.reason != last_reason):
                     self.log.info("Job %s %s", self.job_id, _describe(status))
-                    last_state, shown = status.state, True
-                if shown:
+                    last_state, last_reason, shown = status.state, status.reason, True
+                if shown or self._polled_at - self._noted_at >= NOTE_REFRESH_S:
                     await self._remember(task, last_state)
                 if status.state.is_terminal:
-                    yield self._event(FINISHED, status, _describe(status))
+                    noticed_by = "end_record" if update.end_record is not None else "poll"
+                    yield self._event(FINISHED, status, _describe(status), noticed_by)
                     return
                 if status.state.has_started and self._allocation_since is not None:
                     self._allocation_since, self._allocation_said = None, None
@@ -264,6 +297,9 @@ class SlurmJobTrigger(BaseTrigger):
                         if warned_reason != status.reason:
                             self.log.warning("%s (still waiting: pending_policy=warn)", text)
                             warned_reason = status.reason
+
+    def _end_record_path(self) -> str | None:
+        return end_record_path(self.log_path) if self.read_end_record and self.log_path else None
 
     async def _waited_for_allocation(self, task: TaskKey | None, last_state: SlurmState | None,
                                      status: JobStatus, reading: AccountReading | None) -> TriggerEvent | None:
@@ -319,9 +355,11 @@ class SlurmJobTrigger(BaseTrigger):
         if task is None:
             return
         note = WatchNote(self.log_offset, state.value if state is not None else None, self.err_log_offset,
-                         unreachable_since=unreachable_since, allocation_since=self._allocation_since)
+                         unreachable_since=unreachable_since, allocation_since=self._allocation_since,
+                         reason=self._waiting[0], expected_start=self._waiting[1], polled_at=self._polled_at)
         try:
             await asyncio.wait_for(remember_watch(task, self.job_id, self.log_path, note), timeout=30)
+            self._noted_at = time.time()
         except Exception as exc:
             self.log.warning("Could not note how far the watch of job %s got (%s); a restarted triggerer may "
                              "show some lines again", self.job_id, exc)
@@ -377,7 +415,10 @@ class SlurmJobTrigger(BaseTrigger):
 
 
 def _describe(status: JobStatus) -> str:
-    """One line for people: state, reason or node list, exit code."""
+    """One line for people: state, why it waits and when it may start (pending), or node list and
+    exit code."""
+    if status.state is SlurmState.PENDING:
+        return f"{status.state.value}: {waiting_line(status.reason, status.expected_start)}"
     parts = [status.state.value]
     if status.state.category is StateCategory.WAITING and status.reason and status.reason != "None":
         parts.append(f"({status.reason})")

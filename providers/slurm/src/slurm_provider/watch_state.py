@@ -1,8 +1,10 @@
 """What a trigger keeps and asks about its own task in Airflow, over the triggerer's Execution API link.
 
 * **How far the watch got**: the bytes of the job's log already copied into the task log, the
-  last job state announced there and, while the login node does not answer, since when (the wait's
-  deadline counts from it, and a UI can show it), kept as an XCom of the task try. A triggerer that restarts
+  last job state announced there, when the cluster last answered a poll (noted at least once a
+  minute while it answers) and, while the login node does not answer, since when (the wait's
+  deadline counts from it), kept as an XCom of the task try. A UI plugin reading XComs shows the
+  note as the job's state "as of" the poll, without asking the cluster itself. A triggerer that restarts
   rebuilds every trigger from the arguments it had when the task deferred (offset 0); without this
   note the new trigger would copy the whole log into the task log again and announce the state
   again. XComs live as long as the try: a retry starts a new task log, shown from the start.
@@ -23,7 +25,11 @@ from typing import Any
 
 WATCH_XCOM_KEY = "slurm_watch"
 """XCom of the task try holding ``{"job_id", "log_path", "log_offset", "state", "err_offset",
-"unreachable_since", "allocation_since"}`` of the watch in progress."""
+"unreachable_since", "allocation_since", "reason", "expected_start", "polled_at"}`` of the watch in progress."""
+
+NOTE_REFRESH_S = 60.0
+"""Least seconds between two notes that only move ``polled_at`` on (nothing else changed): a UI says
+how old the last poll is to within this, at one XCom write a minute per watched job."""
 
 ENDED_BY_A_PERSON = frozenset({"failed", "success", "skipped", "upstream_failed", "removed"})
 """Task instance states in which a stopped trigger means "stop the job": the task was ended for good."""
@@ -69,6 +75,12 @@ class WatchNote:
     allocation_since: float | None = None
     """When (epoch seconds) the watch first saw the job pend on its account's allocation: the start of
     the wait that ``watch_deadline`` bounds. None while it does not wait for it."""
+    reason: str | None = None
+    """While the job pends: Slurm's reason, as the last poll saw it (a UI shows it in words)."""
+    expected_start: str | None = None
+    """While the job pends: when Slurm expects it to start, as the last poll saw it."""
+    polled_at: float | None = None
+    """When (epoch seconds) the watch last had an answer from the cluster: what a UI shows is that old."""
 
 
 async def recall_watch(key: TaskKey, job_id: str, log_path: str | None) -> WatchNote:
@@ -78,10 +90,11 @@ async def recall_watch(key: TaskKey, job_id: str, log_path: str | None) -> Watch
     note = await XCom.aget_one(key=WATCH_XCOM_KEY, dag_id=key.dag_id, task_id=key.task_id, run_id=key.run_id,
                                map_index=key.map_index)
     if isinstance(note, dict) and note.get("job_id") == job_id and note.get("log_path") == log_path:
-        since, waiting = note.get("unreachable_since"), note.get("allocation_since")
+        since, waiting, polled = note.get("unreachable_since"), note.get("allocation_since"), note.get("polled_at")
         return WatchNote(int(note.get("log_offset") or 0), note.get("state"), int(note.get("err_offset") or 0),
                          unreachable_since=float(since) if isinstance(since, (int, float)) else None,
-                         allocation_since=float(waiting) if isinstance(waiting, (int, float)) else None)
+                         allocation_since=float(waiting) if isinstance(waiting, (int, float)) else None,
+                         polled_at=float(polled) if isinstance(polled, (int, float)) else None)
     return WatchNote()
 
 
@@ -91,7 +104,8 @@ async def remember_watch(key: TaskKey, job_id: str, log_path: str | None, note: 
     await XCom.aset(WATCH_XCOM_KEY, {"job_id": job_id, "log_path": log_path, "log_offset": note.log_offset,
                                      "state": note.state, "err_offset": note.err_offset,
                                      "unreachable_since": note.unreachable_since,
-                                     "allocation_since": note.allocation_since},
+                                     "allocation_since": note.allocation_since, "reason": note.reason,
+                                     "expected_start": note.expected_start, "polled_at": note.polled_at},
                     dag_id=key.dag_id, task_id=key.task_id, run_id=key.run_id, map_index=key.map_index)
 
 

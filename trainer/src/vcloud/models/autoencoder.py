@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vcloud.models.blocks import Downsample, ResBlock, Upsample, group_norm
-from vcloud.models.config_fields import config_from_dict, require, require_channels, require_positive_int
+from vcloud.config_fields import build_config, require, require_channels, require_positive_int
 
 SECTION = "model.stage0"
 
@@ -51,7 +51,7 @@ class AutoencoderConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "AutoencoderConfig":
-        return config_from_dict(cls, d, section=SECTION)
+        return build_config(cls, d, SECTION, check_scalars=False)
 
     @property
     def downsample_factor(self) -> int:

@@ -43,7 +43,7 @@ from vcloud.models.attention import TransformerBlock
 from vcloud.models.blocks import Downsample, ResBlock, Upsample, group_norm
 from vcloud.models.composite import fill_gaps, harmonize
 from vcloud.models.dtypes import at_least_float32
-from vcloud.models.config_fields import config_from_dict, require, require_channels, require_positive_int
+from vcloud.config_fields import build_config, require, require_channels, require_positive_int
 from vcloud.models.memory import MemoryOptions
 from vcloud.optim import scale_learning_rate
 
@@ -132,7 +132,7 @@ class CFDTConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "CFDTConfig":
-        return config_from_dict(cls, d, section=SECTION)
+        return build_config(cls, d, SECTION, check_scalars=False)
 
     @property
     def in_channels(self) -> int:

@@ -34,7 +34,7 @@ from torch import nn
 from vcloud.models.attention import SelfAttention
 from vcloud.models.autoencoder import Autoencoder
 from vcloud.models.blocks import Downsample, ResBlock, Upsample, group_norm
-from vcloud.models.config_fields import config_from_dict, require, require_channels, require_positive_int
+from vcloud.config_fields import build_config, require, require_channels, require_positive_int
 from vcloud.models.diffusion import (
     PREDICTIONS,
     SCHEDULES,
@@ -106,7 +106,7 @@ class RefinerConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "RefinerConfig":
-        return config_from_dict(cls, d, section=SECTION)
+        return build_config(cls, d, SECTION, check_scalars=False)
 
 
 class _AttentionBlock(nn.Module):

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vcloud.models.config_fields import config_from_dict, require
+from vcloud.config_fields import build_config, require
 
 SECTION = "memory"
 
@@ -64,7 +64,7 @@ class MemoryOptions:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "MemoryOptions":
-        return config_from_dict(cls, d, section=SECTION)
+        return build_config(cls, d, SECTION, check_scalars=False)
 
     @classmethod
     def all_off(cls) -> "MemoryOptions":

@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import Dataset
 
 from vcloud.data.haze_veil import HazeVeil
-from vcloud.models.config_fields import config_from_dict, require, require_positive_int
+from vcloud.config_fields import build_config, require, require_positive_int
 
 SECTION = "model.stage3"
 
@@ -119,7 +119,7 @@ class SelfTrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "SelfTrainConfig":
-        return config_from_dict(cls, d, section=SECTION)
+        return build_config(cls, d, SECTION, check_scalars=False)
 
     def labelling_settings(self) -> dict[str, Any]:
         """The settings the pseudo-labels depend on (the cache key); the student's do not count."""

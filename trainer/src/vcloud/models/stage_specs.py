@@ -1,5 +1,6 @@
-"""Stages 1-3 for the stage registry in :mod:`vcloud.stage_registry` (imported by it on first lookup).
+"""The four training stages, each a :class:`~vcloud.stage_spec.StageSpec` (listed by :mod:`vcloud.stage_registry`):
 
+- stage 0, ``autoencoder``: L1 reconstruction of clean and cloudy scenes;
 - stage 1, ``draft``: CFDT trained with L1 to the cloud-free target, on the cloud-type curriculum;
 - stage 2, ``refiner``: latent diffusion refiner on top of the frozen stage-0 autoencoder and the
   frozen stage-1 draft model, both loaded from their ``best.pt``;
@@ -13,17 +14,18 @@ from __future__ import annotations
 import io
 import json
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import ConcatDataset, Dataset, Subset
 
-from vcloud.checkpoint import atomic_write_bytes, atomic_write_text, file_digest
+from vcloud.checkpoint import file_digest
 from vcloud.data.dataset import SeriesDataset
+from vcloud.durable import atomic_write_bytes, atomic_write_text
 from vcloud.models.cfdt import CFDT, CFDTConfig
 from vcloud.models.draft_and_refiner import DraftAndRefiner, run_draft
 from vcloud.models.latent_refiner import LatentDiffusionRefiner, RefinerConfig
@@ -36,12 +38,65 @@ from vcloud.models.selftrain import (
     is_unlabeled,
     make_pseudo_labels,
 )
-from vcloud.stage_registry import Batch, BuildContext, StageSpec, register_stage
+from vcloud.stage_spec import Batch, BuildContext, StageSpec
 
 log = logging.getLogger(__name__)
 
 PSEUDO_LABELS_FILE = "pseudo_labels.pt"
 PSEUDO_SUMMARY_FILE = "pseudo_labels.json"
+
+
+# ---- stage 0: autoencoder ---------------------------------------------------------------------
+
+def _build_autoencoder(cfg: Any, ctx: BuildContext) -> nn.Module:
+    from vcloud.models.autoencoder import Autoencoder
+
+    return Autoencoder(cfg)
+
+
+def _parse_autoencoder(section: Mapping[str, Any]) -> Any:
+    from vcloud.models.autoencoder import AutoencoderConfig
+
+    return AutoencoderConfig.from_dict(dict(section))
+
+
+def _autoencoder_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """L1 reconstruction of the cloud-free scene and of the target date's cloudy observation.
+
+    The stage-2 refiner encodes both (drafts and targets are clean, its condition is the cloudy
+    observation), so the latent must represent clean and cloudy surfaces; L1 keeps edges sharper
+    than MSE."""
+    target, inputs = batch["target"], batch["inputs"]
+    observed = inputs[torch.arange(inputs.shape[0], device=inputs.device), batch["target_index"]]
+    images = torch.cat([target, observed])
+    return F.l1_loss(model(images), images)
+
+
+def _autoencoder_predict(model: nn.Module, batch: Batch) -> torch.Tensor:
+    return model(batch["target"]).clamp(0.0, 1.0)
+
+
+def least_cloudy_input(batch: Batch) -> torch.Tensor:
+    """[B,13,H,W]: for each series the observation with the smallest cloud fraction."""
+    cloud_fraction = batch["masks"].flatten(2).mean(dim=2)  # [B, T]
+    best = cloud_fraction.argmin(dim=1)
+    return batch["inputs"][torch.arange(best.shape[0], device=best.device), best]
+
+
+def _autoencoder_restore(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """With only stage 0 trained, the best cloud-free guess is the clearest input, reconstructed."""
+    return model(least_cloudy_input(batch)).clamp(0.0, 1.0)
+
+
+STAGE0 = StageSpec(
+    number=0,
+    name="autoencoder",
+    parse_model_config=_parse_autoencoder,
+    build_model=_build_autoencoder,
+    loss=_autoencoder_loss,
+    predict=_autoencoder_predict,
+    restore=_autoencoder_restore,
+)
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -216,15 +271,7 @@ def selftrain_dataset(labeled: Dataset, ctx: BuildContext, cfg: SelfTrainConfig 
     return ConcatDataset([labeled_part, PseudoLabeledSeries(source, labels, cfg.student_veil, repeats)])
 
 
-@dataclass(frozen=True)
-class SelfTrainStageSpec(StageSpec):
-    """Stage spec whose training set differs from the labeled split."""
-
-    train_dataset: Callable[[Dataset, BuildContext], Dataset] | None = None
-    """Given the labeled training split, the dataset to train on (labeled + pseudo-labelled)."""
-
-
-STAGE3 = SelfTrainStageSpec(
+STAGE3 = StageSpec(
     number=3,
     name="selftrain",
     parse_model_config=lambda section: SelfTrainConfig.from_dict(dict(section)),
@@ -237,5 +284,5 @@ STAGE3 = SelfTrainStageSpec(
     start_tolerance=lambda cfg: cfg.max_val_loss if cfg.unlabeled_data else None,
 )
 
-for _spec in (STAGE1, STAGE2, STAGE3):
-    register_stage(_spec)
+STAGE_SPECS: tuple[StageSpec, ...] = (STAGE0, STAGE1, STAGE2, STAGE3)
+"""Every stage, in order."""

@@ -23,7 +23,7 @@ from torch import nn
 
 from vcloud.models.autoencoder import Autoencoder, AutoencoderConfig
 from vcloud.models.cfdt import CFDT, CFDTConfig
-from vcloud.models.config_fields import ModelConfigError
+from vcloud.config_fields import ModelConfigError
 from vcloud.models.draft_and_refiner import DraftAndRefiner
 from vcloud.models.latent_refiner import LatentDiffusionRefiner, RefinerConfig
 from vcloud.models.selftrain import SelfTrainConfig

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vcloud.checkpoint import atomic_write_text
+from vcloud.durable import atomic_write_text
 from vcloud.contract import (
     STATUS_COMPLETE,
     STATUS_RUNNING,

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from vcloud.checkpoint import atomic_write_text
+from vcloud.durable import atomic_write_text
 from vcloud.contract import parse_metrics_lines
 
 log = logging.getLogger(__name__)

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vcloud import contract
-from vcloud.durable import fsync_dir
+from vcloud.durable import fsync_dir, previous_generation
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +60,8 @@ SMALL_FILE_BYTES = 1 << 20
 _COPY_CHUNK = 16 << 20
 _REPLACED_MARK = ".replaced-"  # vcloud.training.loop.move_stage_aside: stage{N}.replaced-<stamp>[-n]
 
-# Copy order (see the module docstring); files not named here go first, deletions in reverse. The
-# first name is vcloud.checkpoint.previous_generation(latest.pt), spelled out: that module needs torch.
-_LAST = (f"{Path(contract.LATEST_CHECKPOINT).stem}.prev{Path(contract.LATEST_CHECKPOINT).suffix}",
+# Copy order (see the module docstring); files not named here go first, deletions in reverse.
+_LAST = (previous_generation(Path(contract.LATEST_CHECKPOINT)).name,
          contract.LATEST_CHECKPOINT, contract.PROGRESS_FILE, contract.COMPLETE_FILE)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vcloud import contract
-from vcloud.checkpoint import previous_generation
+from vcloud.durable import previous_generation
 
 
 @dataclass(frozen=True)

@@ -11,5 +11,6 @@ them; what a state means is decided in :mod:`slurm_provider.state_vocabulary`).
 - :mod:`slurm_provider.cli.sinfo`      unavailable nodes
 - :mod:`slurm_provider.cli.sshare`     an account's TRES-minute limit and usage
 - :mod:`slurm_provider.cli.job_files`  log names, log and progress reads on the login node
+- :mod:`slurm_provider.cli.files`      file operations: directories, atomic writes, listings, records
 - :mod:`slurm_provider.cli.values`     what they share: field separator, time format, small values
 """

@@ -40,7 +40,7 @@ def build_read_log(path: str, offset: int, max_bytes: int = 65536) -> str:
     then exactly those N bytes, base64-encoded, so the parser gets the bytes unchanged and
     advances the offset by bytes, never by decoded characters. If the file is shorter than
     ``offset`` (log truncated, e.g. after a requeue), reading restarts at 0 with ``truncated=1``.
-    A missing file prints ``__SLURM_PROVIDER_LOG__ missing``. Parse with ``parsers.parse_log_chunk``.
+    A missing file prints ``__SLURM_PROVIDER_LOG__ missing``. Parse with ``slurm_provider.cli.job_files.parse_log_chunk``.
     """
     validate_remote_path(path, "log_path")
     if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
@@ -73,9 +73,43 @@ def build_file_sizes(paths: Sequence[str]) -> str:
             "i=$((i + 1)); done")
 
 
+def build_poll_files(size_paths: Sequence[str], record_paths: Sequence[str]) -> str:
+    """One command for what a poll reads of its jobs' files: the size of each log (``size <index>
+    <bytes>``) and the first line of each exit record (``end <index> <line>``); missing files print
+    nothing. Parse with :func:`parse_poll_files`."""
+    def quoted(paths: Sequence[str], field: str) -> str:
+        return " ".join(shlex.quote(validate_remote_path(p, field)) for p in paths)
+
+    parts = []
+    if size_paths:
+        parts.append(f'i=0; for f in {quoted(size_paths, "size_paths")}; do if [ -f "$f" ]; then '
+                     'printf "size %s %s\\n" "$i" "$(wc -c < "$f")"; fi; i=$((i + 1)); done')
+    if record_paths:
+        parts.append(f'i=0; for f in {quoted(record_paths, "record_paths")}; do if [ -f "$f" ]; then '
+                     'printf "end %s %s\\n" "$i" "$(head -n 1 -- "$f" | head -c 200)"; fi; i=$((i + 1)); done')
+    return "; ".join(parts) or "true"
+
+
+def parse_poll_files(stdout: str, size_paths: Sequence[str],
+                     record_paths: Sequence[str]) -> tuple[dict[str, int], dict[str, str]]:
+    """``({log path: bytes}, {record path: its first line})`` from :func:`build_poll_files`'s output."""
+    sizes: dict[str, int] = {}
+    records: dict[str, str] = {}
+    for line in stdout.splitlines():
+        kind, _, rest = line.strip().partition(" ")
+        index, _, value = rest.partition(" ")
+        if kind == "size" and index.isdigit() and int(index) < len(size_paths) and value.strip().isdigit():
+            sizes[size_paths[int(index)]] = int(value)
+        elif kind == "end" and index.isdigit() and int(index) < len(record_paths):
+            records[record_paths[int(index)]] = value
+        else:
+            raise SlurmOutputError(f"file read printed {line!r}")
+    return sizes, records
+
+
 def build_read_progress(path: str) -> str:
     """``cat`` a small progress file; prints ``__SLURM_PROVIDER_NOT_FOUND__`` if it does not exist
-    (``parsers.parse_progress`` returns None then)."""
+    (``slurm_provider.cli.job_files.parse_progress`` returns None then)."""
     validate_remote_path(path, "progress_path")
     quoted = shlex.quote(path)
     return f"if [ -f {quoted} ]; then cat -- {quoted}; else printf '%s\\n' {NOT_FOUND_MARKER}; fi"
@@ -176,7 +210,7 @@ def _incomplete_utf8_tail(data: bytes) -> int:
 
 
 def parse_log_chunk(output: str | bytes, requested_offset: int) -> LogChunk:
-    """Read the output of ``commands.build_read_log``."""
+    """Read the output of ``slurm_provider.cli.job_files.build_read_log``."""
     text = output.decode("ascii", errors="replace") if isinstance(output, bytes) else output
     lines = text.splitlines()
     if not lines:
@@ -206,7 +240,7 @@ def parse_log_chunk(output: str | bytes, requested_offset: int) -> LogChunk:
 
 
 def parse_progress(output: str | None) -> str | None:
-    """The progress file's text, or None when ``commands.build_read_progress`` found no file."""
+    """The progress file's text, or None when ``slurm_provider.cli.job_files.build_read_progress`` found no file."""
     if output is None or output.strip() == NOT_FOUND_MARKER:
         return None
     return output

@@ -6,6 +6,7 @@ Fields are ``SACCT_FIELDS``; ``Comment`` needs ``AccountingStoreFlags=job_commen
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -76,7 +77,7 @@ def build_sacct(
 
     ``allocations_only`` (``-X``) drops step rows (``.batch``, ``.extern``, ``.0``).
     ``duplicates`` (``-D``) returns one row per run of a requeued job; the newest decides
-    (``parsers.latest_job_rows``). With ``--jobs`` sacct searches from the epoch, so ``since``
+    (``slurm_provider.cli.sacct.latest_job_rows``). With ``--jobs`` sacct searches from the epoch, so ``since``
     is optional here (unlike :func:`build_sacct_by_name`).
     """
     ids = validate_job_ids(job_ids)
@@ -114,7 +115,7 @@ def build_sacct_by_name(
 
 @dataclass(frozen=True)
 class SacctRow:
-    """One row of ``commands.build_sacct``: a job, an array element, or a step of one."""
+    """One row of ``slurm_provider.cli.sacct.build_sacct``: a job, an array element, or a step of one."""
 
     job_id: str
     job_id_raw: str
@@ -139,8 +140,9 @@ class SacctRow:
     row_index: int
     """Position in sacct's output (sacct prints the runs of a requeued job oldest first)."""
 
-    @property
+    @functools.cached_property
     def id_parts(self) -> JobIdParts:
+        """Parsed once per row: a year of a project's accounting is thousands of rows, each asked often."""
         return parse_job_id(self.job_id)
 
     @property
@@ -203,16 +205,9 @@ def latest_job_rows(rows: Iterable[SacctRow]) -> dict[str, SacctRow]:
 
     ``sacct -D`` prints one row per run of a requeued job. Slurm stamps a new Submit time on
     every requeue, so the row with the latest Submit wins; equal Submit times (same second)
-    go to the later row, because sacct prints runs oldest first.
+    go to the later row, because sacct prints runs oldest first (:func:`rows_by_job`'s order).
     """
-    latest: dict[str, SacctRow] = {}
-    for row in rows:
-        if row.is_step:
-            continue
-        current = latest.get(row.job_id)
-        if current is None or _run_order(row) >= _run_order(current):
-            latest[row.job_id] = row
-    return latest
+    return {job_id: job.latest for job_id, job in rows_by_job(rows).items()}
 
 
 def runs_of(rows: Iterable[SacctRow], job_id: str) -> list[SacctRow]:
@@ -223,3 +218,31 @@ def runs_of(rows: Iterable[SacctRow], job_id: str) -> list[SacctRow]:
 def steps_of(rows: Iterable[SacctRow], job_id: str) -> list[SacctRow]:
     """The step rows (``.batch``, ``.extern``, ``.0`` ...) of one job or array element."""
     return [r for r in rows if r.is_step and r.job == job_id]
+
+
+@dataclass(frozen=True)
+class JobRows:
+    """One job's (or array element's) rows of an sacct answer: its runs oldest first, its steps."""
+
+    runs: list[SacctRow]
+    steps: list[SacctRow]
+
+    @property
+    def latest(self) -> SacctRow:
+        return self.runs[-1]
+
+
+def rows_by_job(rows: Iterable[SacctRow]) -> dict[str, JobRows]:
+    """:func:`runs_of` and :func:`steps_of` of every job in one pass, keyed by JobID (``123``,
+    ``123_4``); jobs with step rows only (their allocation row outside the time window) are left
+    out. One pass, because a ledger reads a year of a project's jobs: asking each job's rows of the
+    whole answer grows with the square of the jobs."""
+    runs: dict[str, list[SacctRow]] = {}
+    steps: dict[str, list[SacctRow]] = {}
+    for row in rows:
+        if row.is_step:
+            steps.setdefault(row.job, []).append(row)
+        else:
+            runs.setdefault(row.job_id, []).append(row)
+    return {job_id: JobRows(sorted(job_runs, key=_run_order), steps.get(job_id, []))
+            for job_id, job_runs in runs.items()}

@@ -13,7 +13,7 @@ import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from slurm_provider.cli.squeue import build_squeue_live_jobs
@@ -119,23 +119,47 @@ def parse_job_comment(text: str | None) -> JobComment | None:
         return None
 
 
-def _sbatch_argv(
-    *,
-    job_name: str,
-    output: str,
-    error: str | None,
-    comment: JobComment | str | None,
-    chdir: str | None,
-    export: Mapping[str, str] | None,
-    export_all: bool,
-    dependency: str | None,
-    partition: str | None,
-    account: str | None,
-    qos: str | None,
-    reservation: str | None,
-    time_limit: str | None,
-    extra_options: Sequence[str] | None,
-) -> list[str]:
+@dataclass(frozen=True)
+class SubmitOptions:
+    """Everything sbatch is told besides the script: the one definition of the options that
+    :func:`build_sbatch_submit`, :func:`build_sbatch_test_only` and the hooks' ``submit`` take."""
+
+    job_name: str
+    output: str
+    error: str | None = None
+    comment: JobComment | str | None = None
+    chdir: str | None = None
+    export: Mapping[str, str] | None = None
+    export_all: bool = True
+    dependency: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    reservation: str | None = None
+    time_limit: str | None = None
+    extra_options: Sequence[str] | None = None
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def of(cls, options: SubmitOptions | None = None, **given: Any) -> SubmitOptions:
+        """``options`` with ``given`` on top (or ``given`` alone); unknown names are refused."""
+        valid = [f.name for f in fields(cls)]
+        if options is None:
+            try:
+                return cls(**given)
+            except TypeError as exc:
+                raise ValidationError("options", f"{exc}; valid fields: {', '.join(valid)}") from None
+        unknown = sorted(set(given) - set(valid))
+        if unknown:
+            raise ValidationError("options", f"unknown submit options {unknown} (valid: {', '.join(valid)})")
+        return replace(options, **given)
+
+
+def _sbatch_argv(options: SubmitOptions) -> list[str]:
+    (job_name, output, error, comment, chdir, export, export_all, dependency, partition, account, qos,
+     reservation, time_limit, extra_options) = (getattr(options, f.name) for f in fields(options))
     argv = ["sbatch", f"--job-name={validate_job_name(job_name)}"]
     argv.append(f"--output={validate_remote_path(output, 'output')}")
     if error is not None:
@@ -169,30 +193,14 @@ def _sbatch_argv(
     return argv
 
 
-def build_sbatch_submit(
-    *,
-    job_name: str,
-    output: str,
-    error: str | None = None,
-    comment: JobComment | str | None = None,
-    chdir: str | None = None,
-    export: Mapping[str, str] | None = None,
-    export_all: bool = True,
-    dependency: str | None = None,
-    partition: str | None = None,
-    account: str | None = None,
-    qos: str | None = None,
-    reservation: str | None = None,
-    time_limit: str | None = None,
-    extra_options: Sequence[str] | None = None,
-) -> str:
+def build_sbatch_submit(options: SubmitOptions | None = None, /, **given: Any) -> str:
     """``sbatch --parsable ...`` that reads the job script from stdin.
 
     Options given here override ``#SBATCH`` lines in the script. Output is ``<id>`` or
-    ``<id>;<cluster>`` (read it with ``parsers.parse_sbatch_parsable``). ``export`` adds
+    ``<id>;<cluster>`` (read it with ``slurm_provider.cli.sbatch.parse_sbatch_parsable``). ``export`` adds
     variables on top of the submitting environment (``--export=ALL,START_STAGE=2``).
     """
-    argv = _sbatch_argv(**locals())  # exactly this function's keyword arguments
+    argv = _sbatch_argv(SubmitOptions.of(options, **given))
     argv.insert(1, "--parsable")
     return join_argv(argv)
 
@@ -255,15 +263,17 @@ def script_account(script: str) -> str | None:
     return None
 
 
-def _lock_acquire(lock: str) -> list[str]:
-    """Shell lines that take the submit lock, a directory (``mkdir`` is atomic on every POSIX file
+def lock_acquire_lines(lock: str, *, program: str = "sbatch", what: str = "submit") -> list[str]:
+    """Shell lines that take a lock such as the submit lock, a directory (``mkdir`` is atomic on every POSIX file
     system, Lustre included), for a live holder only.
 
     The holder writes ``<host> <pid>`` into the lock and a keeper touches it every few seconds while
     it is held. A waiter on the same host takes the lock over when that pid is gone; a waiter on
     another login node when the owner file went unrefreshed for ``SUBMIT_LOCK_STALE_MINUTES``. A
     takeover renames the lock away and checks that it took the very lock it judged dead, putting it
-    back otherwise. A submit that waits ``SUBMIT_LOCK_WAIT_TENTHS`` in vain exits ``EXIT_LOCK_BUSY``.
+    back otherwise. A submit that waits ``SUBMIT_LOCK_WAIT_TENTHS`` in vain exits ``EXIT_LOCK_BUSY``, saying
+    "``<program>: error: another <what> holds <lock>``". The lock is released when the shell exits.
+    Other one-writer steps on the login node (installing a job environment) take the same kind of lock.
     """
     owner = f'"$lock"/{SUBMIT_LOCK_OWNER}'
     return [
@@ -280,7 +290,7 @@ def _lock_acquire(lock: str) -> list[str]:
         'else mv -T "$lock.stale.$$" "$lock" 2>/dev/null; fi; fi; continue; fi; '
         'waited=$((waited + 1)); '
         f'if [ "$waited" -gt {SUBMIT_LOCK_WAIT_TENTHS} ]; then '
-        'echo "sbatch: error: another submit holds $lock (${holder:-owner unknown}); try again" >&2; '
+        f'echo "{program}: error: another {what} holds $lock (${{holder:-owner unknown}}); try again" >&2; '
         f'exit {EXIT_LOCK_BUSY}; fi; '
         "sleep 0.1; done",
         f'echo "$here $$" > {owner}',
@@ -295,7 +305,7 @@ def build_exclusive_sbatch_submit(*, exclusive_dir: str, done_markers: Sequence[
                                   live_account: str | None = None, **submit: Any) -> str:
     """Submit unless a live job already writes ``exclusive_dir``, or it is done; one command.
 
-    Under a lock directory inside ``exclusive_dir`` held by a live holder (see :func:`_lock_acquire`),
+    Under a lock directory inside ``exclusive_dir`` held by a live holder (see :func:`lock_acquire_lines`),
     one ``squeue`` lists every user's live jobs of the project's account (``live_account``, else
     ``submit['account']``; every account's when neither names one) whose comment names the
     directory's digest: if there is one, it prints ``LIVE_MARKER``, the login user and those rows,
@@ -330,7 +340,7 @@ def build_exclusive_sbatch_submit(*, exclusive_dir: str, done_markers: Sequence[
     lines = [
         "umask 002",
         f"mkdir -p {shlex.quote(directory)} || exit {EXIT_NO_DIRECTORY}",
-        *_lock_acquire(f"{directory}/{SUBMIT_LOCK_NAME}"),
+        *lock_acquire_lines(f"{directory}/{SUBMIT_LOCK_NAME}"),
         f"live=$({build_squeue_live_jobs(account)}) || exit {EXIT_QUERY_FAILED}",
         f"match=$(printf '%s\\n' \"$live\" | grep -F {needles})",
         f'if [ -n "$match" ]; then echo "{LIVE_MARKER} $(id -un)"; printf \'%s\\n\' "$match"; exit 0; fi',
@@ -367,26 +377,10 @@ def _relative(value: str, field: str) -> str:
     return value
 
 
-def build_sbatch_test_only(
-    *,
-    job_name: str,
-    output: str,
-    error: str | None = None,
-    comment: JobComment | str | None = None,
-    chdir: str | None = None,
-    export: Mapping[str, str] | None = None,
-    export_all: bool = True,
-    dependency: str | None = None,
-    partition: str | None = None,
-    account: str | None = None,
-    qos: str | None = None,
-    reservation: str | None = None,
-    time_limit: str | None = None,
-    extra_options: Sequence[str] | None = None,
-) -> str:
+def build_sbatch_test_only(options: SubmitOptions | None = None, /, **given: Any) -> str:
     """``sbatch --test-only ...`` (script on stdin): validates the request and estimates a start
-    time without submitting. The answer is on **stderr** (``parsers.parse_sbatch_test_only``)."""
-    argv = _sbatch_argv(**locals())  # exactly this function's keyword arguments
+    time without submitting. The answer is on **stderr** (``slurm_provider.cli.sbatch.parse_sbatch_test_only``)."""
+    argv = _sbatch_argv(SubmitOptions.of(options, **given))
     argv.insert(1, "--test-only")
     return join_argv(argv)
 

@@ -19,7 +19,7 @@ def build_sinfo_unavailable_nodes(partition: str | None = None) -> str:
 
 
 def parse_sinfo_unavailable(stdout: str | None) -> dict[str, str]:
-    """``node -> state`` from ``commands.build_sinfo_unavailable_nodes`` (``drained``, ``down*`` ...)."""
+    """``node -> state`` from ``slurm_provider.cli.sinfo.build_sinfo_unavailable_nodes`` (``drained``, ``down*`` ...)."""
     nodes: dict[str, str] = {}
     for line in output_lines(stdout):
         node_list, _, rest = line.partition(FIELD_SEPARATOR)

@@ -82,7 +82,7 @@ def build_squeue(job_ids: Iterable[str | int]) -> str:
 
     One line per job and per array element (``-r``), no header, fixed ``-O`` fields (each
     ``Field:|`` means "no width limit, then a |"). With a single unknown id squeue exits 1 with
-    ``Invalid job id specified`` (``parsers.is_invalid_job_id_error``); with several it lists the
+    ``Invalid job id specified`` (``slurm_provider.cli.values.is_invalid_job_id_error``); with several it lists the
     known ones and exits 0.
     """
     ids = validate_job_ids(job_ids)
@@ -124,7 +124,7 @@ def build_squeue_account_jobs(account: str) -> str:
 
 @dataclass(frozen=True)
 class SqueueRow:
-    """One job (or array element) from ``commands.build_squeue``."""
+    """One job (or array element) from ``slurm_provider.cli.squeue.build_squeue``."""
 
     job_id: str
     """``123``, or ``123_4`` for an array element (squeue's own JobID field is the element's raw id)."""

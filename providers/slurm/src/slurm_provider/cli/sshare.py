@@ -36,7 +36,7 @@ def build_sshare_account(account: str) -> str:
 
 @dataclass(frozen=True)
 class AssociationRow:
-    """One association as ``sshare`` prints it (``commands.build_sshare_account``), in TRES-minutes."""
+    """One association as ``sshare`` prints it (``slurm_provider.cli.sshare.build_sshare_account``), in TRES-minutes."""
 
     account: str
     user: str | None
@@ -50,7 +50,7 @@ class AssociationRow:
 
 
 def parse_sshare(stdout: str | None) -> list[AssociationRow]:
-    """Rows of ``commands.build_sshare_account``; sshare indents user rows with a space."""
+    """Rows of ``slurm_provider.cli.sshare.build_sshare_account``; sshare indents user rows with a space."""
     rows = []
     for line in output_lines(stdout):
         fields = split_fields(line, SSHARE_FIELDS, "sshare")

@@ -22,6 +22,7 @@ from slurm_provider.transport.base import (
     TransportConfigError,
     describe_login,
 )
+from slurm_provider.transport.host_keys import extra_problems, refuse_unchecked
 from slurm_provider.transport.openssh import AsyncOpenSSHRunner, OpenSSHRunner, OpenSSHTarget
 from slurm_provider.transport.ssh_provider import AsyncSSHProviderRunner, SSHProviderRunner
 
@@ -41,11 +42,18 @@ def transport_name(extra: Mapping[str, Any]) -> str:
     return name
 
 
+def checked_transport(conn_id: str, extra: Mapping[str, Any]) -> str:
+    """:func:`transport_name`, after refusing extras that turn host-key checking off (nothing may
+    run on a login node whose key is not checked)."""
+    refuse_unchecked(f"connection {conn_id!r}", extra_problems(extra))
+    return transport_name(extra)
+
+
 def runner_for_connection(conn_id: str) -> RemoteCommandRunner:
     """A synchronous runner for the Airflow connection ``conn_id``."""
     conn = SSHHook.get_connection(conn_id)
     extra = conn.extra_dejson
-    if transport_name(extra) == OPENSSH:
+    if checked_transport(conn_id, extra) == OPENSSH:
         return OpenSSHRunner(OpenSSHTarget.from_extra(extra, host=conn.host))
     return SSHProviderRunner(conn_id)
 
@@ -66,6 +74,7 @@ class AsyncConnectionRunner:
         self.conn_id = conn_id
         self._runner: AsyncRemoteCommandRunner | None = None
         self._lock: asyncio.Lock | None = None
+        self._extra: dict[str, Any] | None = None
 
     @property
     def transport(self) -> AsyncRemoteCommandRunner | None:
@@ -90,10 +99,17 @@ class AsyncConnectionRunner:
                 self._runner = await self._create()
         return self._runner
 
+    async def extra(self) -> dict[str, Any]:
+        """The connection's extras (read once, without blocking)."""
+        if self._extra is None:
+            self._extra = dict((await get_async_connection(self.conn_id)).extra_dejson)
+        return self._extra
+
     async def _create(self) -> AsyncRemoteCommandRunner:
         conn = await get_async_connection(self.conn_id)
         extra = conn.extra_dejson
-        if transport_name(extra) == OPENSSH:
+        self._extra = dict(extra)
+        if checked_transport(self.conn_id, extra) == OPENSSH:
             return AsyncOpenSSHRunner(OpenSSHTarget.from_extra(extra, host=conn.host))
         where = describe_login(self.conn_id, conn.login, conn.host, conn.port or 22)
         return AsyncSSHProviderRunner(self.conn_id, where=where, pinned_host_key=extra.get("host_key"))

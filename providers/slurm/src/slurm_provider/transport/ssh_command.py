@@ -36,7 +36,7 @@ from slurm_provider.transport.base import (
     known_hosts_text,
     login_refused,
 )
-from slurm_provider.transport.factory import OPENSSH, transport_name
+from slurm_provider.transport.factory import OPENSSH, checked_transport
 from slurm_provider.transport.openssh import OpenSSHRunner, OpenSSHTarget, classify_ssh_log
 
 DEFAULT_CONNECT_TIMEOUT = 10
@@ -60,7 +60,6 @@ class KeyLogin:
     """The key is the connection's ``private_key`` extra (wins over ``key_file``, as in the hook)."""
     host_key: str | None = None
     """The pinned ``<type> <base64>`` key; None: ssh's known_hosts files decide, strictly."""
-    no_host_key_check: bool = False
     connect_timeout: int = DEFAULT_CONNECT_TIMEOUT
     proxy_command: str | None = None
     password_only: bool = False
@@ -82,8 +81,7 @@ class KeyLogin:
             user=str(hook.username),
             key_file=None if inline else hook.key_file,
             inline_key=inline,
-            host_key=str(host_key).strip() if host_key and not hook.no_host_key_check else None,
-            no_host_key_check=bool(hook.no_host_key_check),
+            host_key=str(host_key).strip() if host_key else None,
             connect_timeout=int(hook.conn_timeout or DEFAULT_CONNECT_TIMEOUT),
             proxy_command=hook.host_proxy_cmd or None,
             password_only=bool(hook.password) and not (inline or hook.key_file),
@@ -96,7 +94,8 @@ def key_login_argv(login: KeyLogin, *, identity_file: str | None, known_hosts: s
 
     ``identity_file``: the connection's key as a file; ``known_hosts``: a file with only the pinned
     key. ``-F /dev/null`` keeps the worker's own ssh config out; without a pin, ssh's default
-    known_hosts files are checked strictly, as paramiko checks the system host keys.
+    known_hosts files are checked strictly, as paramiko checks the system host keys. Connections
+    that turn checking off never get here (:func:`~slurm_provider.transport.factory.checked_transport`).
     """
     argv = [
         "ssh", "-F", "/dev/null", "-E", log_file, "-x", "-a",
@@ -108,12 +107,9 @@ def key_login_argv(login: KeyLogin, *, identity_file: str | None, known_hosts: s
     ]
     if identity_file:
         argv += ["-i", identity_file, "-o", "IdentitiesOnly=yes"]
-    if login.no_host_key_check:
-        argv += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
-    else:
-        argv += ["-o", "StrictHostKeyChecking=yes"]
-        if known_hosts:
-            argv += ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null"]
+    argv += ["-o", "StrictHostKeyChecking=yes"]
+    if known_hosts:
+        argv += ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null"]
     if login.proxy_command:
         argv += ["-o", f"ProxyCommand={login.proxy_command}"]
     return argv
@@ -167,7 +163,7 @@ def private_key_text(content: str, passphrase: str | None = None) -> str:
         try:
             key = serialization.load_ssh_private_key(data, secret)
         except ValueError:
-            key = serialization.load_pem_private_key(data, secret)
+            key = serialization.load_pem_private_key(data, secret)  # type: ignore[assignment]
     except (ValueError, TypeError) as exc:
         raise TransportConfigError(
             f"the connection's private_key cannot be opened with its passphrase ({exc})") from None
@@ -243,7 +239,7 @@ def ssh_command_for_connection(conn_id: str) -> Iterator[SSHCommand]:
     workdir = tempfile.mkdtemp(prefix=WORKDIR_PREFIX)
     try:
         log_file = _private_file(workdir, "ssh.log", "")
-        if transport_name(extra) == OPENSSH:
+        if checked_transport(conn_id, extra) == OPENSSH:
             yield _openssh_command(OpenSSHTarget.from_extra(extra, host=conn.host), workdir, log_file)
         else:
             yield _key_login_command(conn_id, extra, workdir, log_file)
@@ -256,7 +252,7 @@ def remote_user_for_connection(conn_id: str) -> str:
     the ``User`` ssh resolves for the alias. No network."""
     conn = _connection(conn_id)
     extra = conn.extra_dejson
-    if transport_name(extra) == OPENSSH:
+    if checked_transport(conn_id, extra) == OPENSSH:
         runner = OpenSSHRunner(OpenSSHTarget.from_extra(extra, host=conn.host))
         try:
             return runner.resolved_config()["user"]

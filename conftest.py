@@ -1,0 +1,112 @@
+"""Fixtures shared by every test area (tests/ and the Slurm provider's providers/slurm/tests): the local cluster, its Airflow connection, an Airflow home.
+
+Airflow reads its configuration when first imported, so the throwaway AIRFLOW_HOME (SQLite, no
+examples) is set here, at import time, before any test module imports Airflow. Each test process
+(pytest-xdist worker) gets its own home and database.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent
+sys.path.insert(0, str(REPO / "tests"))  # the test helpers (localcluster, lifecycle, ports ...)
+
+_AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="vcloud-airflow-home-"))
+atexit.register(shutil.rmtree, _AIRFLOW_HOME, True)
+os.environ.update({
+    "AIRFLOW_HOME": str(_AIRFLOW_HOME),
+    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+    "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_AIRFLOW_HOME}/airflow.db",
+    "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+    # As docker-compose.yaml: the Rendered Template view holds a job's whole sbatch script.
+    "AIRFLOW__CORE__MAX_TEMPLATED_FIELD_LENGTH": "65536",
+    "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(_AIRFLOW_HOME / "logs"),
+    # The product's DAGs plus small DAGs that exist only to drive operators in tests (dag.test()
+    # needs a DAG to live in a configured bundle).
+    "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps([
+        {"name": "dags-folder", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+         "kwargs": {"path": str(REPO / "dags")}},
+        {"name": "test-dags", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+         "kwargs": {"path": str(REPO / "tests" / "dag_fixtures")}},
+    ]),
+})
+
+from localcluster import ClusterUnavailable, LocalCluster, bring_up  # noqa: E402
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark cluster tests (`-m "not cluster"` skips them) and run whole-cluster fault tests last."""
+    for item in items:
+        if "local_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
+    items.sort(key=lambda item: item.get_closest_marker("exclusive_cluster") is not None)
+
+
+@pytest.fixture(autouse=True)
+def _cluster_access(request: pytest.FixtureRequest):
+    """Cluster tests share the node; a test that downs or preempts the whole node waits until it is alone.
+
+    A file lock across pytest-xdist workers: shared for ordinary cluster tests, exclusive for
+    `exclusive_cluster` ones.
+    """
+    if "local_cluster" not in request.fixturenames:
+        yield
+        return
+    exclusive = request.node.get_closest_marker("exclusive_cluster") is not None
+    with open("/tmp/vcloud-localcluster-access.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+
+
+@pytest.fixture(scope="session")
+def local_cluster() -> LocalCluster:
+    """The running local cluster; brought up once per session. Fails loudly if it cannot come up."""
+    try:
+        return bring_up()
+    except ClusterUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def cluster_connection(local_cluster: LocalCluster) -> str:
+    """The cluster's SSH login as Airflow connections (`AIRFLOW_CONN_...`); returns the paramiko conn id.
+
+    `<conn_id>_openssh` is the same login through the system OpenSSH client and its ssh_config alias.
+    """
+    os.environ.update(local_cluster.connection_env())
+    return local_cluster.conn_id
+
+
+@pytest.fixture(scope="session")
+def airflow_home() -> Path:
+    """A migrated throwaway Airflow home (SQLite, no examples) for dag.test() and `airflow dags test`."""
+    proc = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], capture_output=True,
+                          text=True, env=os.environ.copy(), timeout=600)
+    if proc.returncode != 0:
+        pytest.fail(f"airflow db migrate failed:\n{proc.stderr[-3000:]}", pytrace=False)
+    return _AIRFLOW_HOME
+
+
+@pytest.fixture
+def control_dir():
+    """A short directory for ControlPath sockets (Unix socket paths are limited to ~100 bytes); any
+    master still listening there is stopped afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="cm-", dir="/tmp"))
+    yield path
+    for socket_path in path.iterdir():
+        subprocess.run(["ssh", "-S", str(socket_path), "-O", "exit", "x"], capture_output=True, timeout=10)
+        socket_path.unlink(missing_ok=True)
+    path.rmdir()

@@ -1,0 +1,330 @@
+"""GPU-hour accounting: the worst case of a job before it is submitted, the allocation, the ledger.
+
+LUMI bills accelerator time, and whole nodes on full-node partitions: one wall-hour on
+``standard-g`` costs all 8 GCDs whatever the job uses, and a 3-day job on 8 GCDs costs 576
+GPU-hours (seed 001). The DAG checks a stage's worst case (every GPU busy until the time limit)
+against what the usage leaves of the allocation before submitting, and fails with the numbers when
+it does not fit. What running (and queued) jobs hold is not spent yet: they release what they do
+not use as they end, so a job that fits what the usage leaves is submitted and waits for them
+(Slurm pends it with ``AssocGrpBillingMinutes``; the provider's watch waits at most
+``watch_deadline``), the same rule :mod:`slurm_provider.allocation` applies to a pending job.
+
+Where the allocation comes from (:class:`Allocation`): a site that enforces it holds it in Slurm,
+as ``GrpTRESMins=<tres>=<minutes>`` on the project account, shared with every job of the account,
+not only ours. Slurm starts a job only while limit - usage - what running jobs still hold covers
+the job's TRES x time limit (``AccountingStorageEnforce=safe``); otherwise the job pends with
+``AssocGrpBillingMinutes``. That limit, its usage and the running jobs' share are read with one
+``sshare`` and win over the profile. Where Slurm holds no limit, the profile's
+``billing.allocation`` is the limit and the ledger of this project's own jobs (``sacct``) the usage.
+
+Slurm counts TRES-minutes; the profile counts billing units (GPU-hours). The one conversion is
+:func:`units_from_slurm_minutes`: ``units = minutes / billing.slurm_minutes_per_unit``, where
+``slurm_minutes_per_unit`` = 60 x the TRES weight of one accelerator / ``billing.factor``. On the
+local cluster ``TRESBillingWeights=GRES/gpu=1.0``: one GPU for one hour is 60 billing-minutes, one
+GPU-hour; ``GrpTRESMins=billing=60000`` is 1000 GPU-hours.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from slurm_provider.job_status import gpu_hours
+
+from vcloud_pipeline.plan.jobspec import JobKind, JobSpec, resolve_resources
+from vcloud_pipeline.profile import BillingSpec, ClusterProfile, ProfileError
+
+
+
+class BudgetExceeded(RuntimeError):
+    """A job's worst case does not fit in what is left of the allocation."""
+
+
+def _num(value: float) -> str:
+    """412.5 -> '412.5', 100000.0 -> '100000': figures as people write them."""
+    return f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+@dataclass(frozen=True)
+class WorstCase:
+    """Billed units x time limit x billing factor, for one job."""
+
+    label: str
+    units: int
+    unit_name: str
+    seconds: float
+    factor: float
+    billing_unit: str
+
+    @property
+    def hours(self) -> float:
+        return self.seconds / 3600
+
+    @property
+    def amount(self) -> float:
+        return gpu_hours(self.units, self.seconds, self.factor)
+
+    def describe(self) -> str:
+        """``8 GCDs x 72 h x 1.0``."""
+        return f"{self.units} {self.unit_name}s x {_num(self.hours)} h x {self.factor}"
+
+
+def _label(spec: JobSpec) -> str:
+    return f"stage {spec.stage}" if spec.kind is JobKind.TRAIN else f"{spec.kind.value} job"
+
+
+def worst_case(profile: ClusterProfile, spec: JobSpec) -> WorstCase:
+    """The most a job can cost: all billed accelerators busy until the time limit."""
+    res = resolve_resources(profile, spec)
+    return WorstCase(
+        label=_label(spec),
+        units=res.nodes * res.billed_gpus_per_node,
+        unit_name=profile.accelerator.unit,
+        seconds=res.time_seconds,
+        factor=profile.billing.factor,
+        billing_unit=profile.billing.unit,
+    )
+
+
+# --------------------------------------------------------------------------- the allocation
+
+SLURM = "slurm"
+PROFILE = "profile"
+
+
+def units_from_slurm_minutes(billing: BillingSpec, minutes: float) -> float:
+    """Slurm TRES-minutes of ``billing.slurm_tres`` in billing units: the only conversion (module doc)."""
+    return minutes / billing.slurm_minutes_per_unit
+
+
+def slurm_minutes_from_units(billing: BillingSpec, units: float) -> float:
+    """Billing units in Slurm TRES-minutes of ``billing.slurm_tres`` (what Slurm will ask for a job)."""
+    return units * billing.slurm_minutes_per_unit
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The allocation, what is spent of it and what queued/running jobs still hold, in billing units,
+    each figure with the words that say where it came from."""
+
+    unit: str
+    limit: float | None
+    """``None``: no allocation is tracked (no Slurm limit, no ``billing.allocation``)."""
+    used: float
+    held: float
+    source: str
+    """:data:`SLURM` (the account's ``GrpTRESMins``) or :data:`PROFILE` (``billing.allocation``)."""
+    limit_from: str
+    used_from: str
+    held_from: str
+    note: str = ""
+    """Why Slurm's figures are not used, when they are not."""
+    slurm: dict[str, Any] | None = None
+    """Slurm's own figures in TRES-minutes (``account``, ``tres``, ``limit``, ``used``, ``running``)."""
+
+    @property
+    def left(self) -> float | None:
+        """What a new job may still spend: limit less usage and what queued/running jobs hold."""
+        return None if self.limit is None else self.limit - self.used - self.held
+
+    @property
+    def remaining(self) -> float | None:
+        """Limit less usage (the burn-down's figure)."""
+        return None if self.limit is None else self.limit - self.used
+
+    def headroom(self) -> str:
+        """``412.5 of 100000 left by the usage`` (never below zero): what a job can ever get."""
+        return f"{_num(max(self.remaining or 0.0, 0.0))} of {_num(self.limit or 0.0)} left by the usage"
+
+    def waits_for_holders(self, amount: float) -> bool:
+        """True when ``amount`` fits what the usage leaves but not what running and queued jobs leave
+        now: a job of that worst case waits for them to end (Slurm: ``AssocGrpBillingMinutes``)."""
+        return self.left is not None and self.remaining is not None and self.left < amount <= self.remaining
+
+    def wait_note(self, amount: float) -> str:
+        """`` [waits: ...]`` when a job of ``amount`` will wait for running jobs, else ``""``."""
+        if not self.waits_for_holders(amount):
+            return ""
+        return (f" [running and queued jobs hold {_num(self.held)} now ({self.held_from}), so it waits until they "
+                f"have released enough: {_num(max(self.left or 0.0, 0.0))} is free at the moment]")
+
+    def figures(self) -> str:
+        """``limit 1000 (Slurm association limit ...), used 2.5 (...), held 0.5 (...)``."""
+        if self.limit is None:
+            return f"no allocation tracked ({self.limit_from}); used {_num(self.used)} ({self.used_from})"
+        return (f"limit {_num(self.limit)} ({self.limit_from}), used {_num(self.used)} ({self.used_from}), "
+                f"held {_num(self.held)} ({self.held_from})")
+
+    def describe(self) -> str:
+        """One log line: every figure, its source, what is left, and why Slurm's are not used."""
+        left = "" if self.left is None else f"; left {_num(self.left)}"
+        note = f" [{self.note}]" if self.note else ""
+        return f"{self.unit}: {self.figures()}{left}{note}"
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for key in ("limit", "used", "held"):
+            data[key] = None if data[key] is None else round(data[key], 4)
+        data["left"] = None if self.left is None else round(self.left, 4)
+        data["remaining"] = None if self.remaining is None else round(self.remaining, 4)
+        return data
+
+    @classmethod
+    def from_slurm(cls, profile: ClusterProfile, *, account: str, limit_minutes: int, used_minutes: int,
+                   running_minutes: int, queued: float = 0.0, queued_jobs: int = 0) -> "Allocation":
+        """From the account's ``GrpTRESMins`` limit, its ``GrpTRESRaw`` usage and its running jobs'
+        ``TRESRunMins``; ``queued`` adds the worst case of this project's pending jobs (Slurm does not
+        count pending jobs until they start)."""
+        billing = profile.billing
+        tres = billing.slurm_tres or "billing"
+        queued_words = f" + {queued_jobs} queued job(s) of this project" if queued_jobs else ""
+        return cls(
+            unit=billing.unit,
+            limit=units_from_slurm_minutes(billing, limit_minutes),
+            used=units_from_slurm_minutes(billing, used_minutes),
+            held=units_from_slurm_minutes(billing, running_minutes) + queued,
+            source=SLURM,
+            limit_from=f"Slurm association limit GrpTRESMins {tres}={limit_minutes} on account {account}",
+            used_from=(f"Slurm GrpTRESRaw {tres}={used_minutes} of account {account}, "
+                       "every job of the account"),
+            held_from=(f"Slurm TRESRunMins {tres}={running_minutes} of the account's running "
+                       f"jobs{queued_words}"),
+            slurm={"account": account, "tres": tres, "limit": limit_minutes, "used": used_minutes,
+                   "running": running_minutes, "minutes_per_unit": billing.slurm_minutes_per_unit},
+        )
+
+    @classmethod
+    def from_profile(cls, profile: ClusterProfile, *, used: float, held: float,
+                     note: str = "") -> "Allocation":
+        """From the profile's ``billing.allocation`` and the ledger of this project's own jobs."""
+        limit = profile.billing.allocation
+        return cls(
+            unit=profile.billing.unit, limit=limit, used=used, held=held, source=PROFILE,
+            limit_from=(f"profile {profile.name} billing.allocation" if limit is not None
+                        else f"profile {profile.name} sets no billing.allocation"),
+            used_from="ledger: this project's jobs in sacct",
+            held_from="this project's queued and running jobs", note=note,
+        )
+
+
+def _advice(profile: ClusterProfile, allocation: Allocation, unit_name: str) -> str:
+    if allocation.source == SLURM and allocation.slurm:
+        return (f"Shorten the time limit, use fewer {unit_name}s, or ask the project's PI or the cluster "
+                f"support to raise GrpTRESMins of account {allocation.slurm['account']}")
+    return (f"Shorten the time limit, use fewer {unit_name}s, or raise billing.allocation of profile "
+            f"{profile.name} if the project got more")
+
+
+def check_budget(profile: ClusterProfile, spec: JobSpec, allocation: Allocation) -> WorstCase:
+    """Raise :class:`BudgetExceeded` unless the job's worst case fits in what the usage leaves of the
+    allocation (limit less usage; see the module doc for why what running jobs hold is not counted).
+
+    The message names the job's need, the limit, the usage and what queued/running jobs hold, each
+    with its source. Without a tracked allocation every job passes.
+    """
+    worst = worst_case(profile, spec)
+    remaining = allocation.remaining
+    if remaining is None or worst.amount <= remaining:
+        return worst
+    in_slurm = ""
+    if allocation.source == SLURM and allocation.slurm:
+        minutes = slurm_minutes_from_units(profile.billing, worst.amount)
+        in_slurm = f" = {minutes:g} {allocation.slurm['tres']}-minutes"
+    raise BudgetExceeded(
+        f"{worst.label} needs up to {worst.amount:.1f} {worst.billing_unit} ({worst.describe()}{in_slurm}); "
+        f"{allocation.headroom()}: {allocation.figures()}; no running job's end can free that. "
+        f"{_advice(profile, allocation, worst.unit_name)}"
+    )
+
+
+# --------------------------------------------------------------------------- the ledger
+
+
+class UsageRow(Protocol):
+    """What the ledger needs of a finished (or running) job; ``JobStatus``-like objects fit."""
+
+    @property
+    def run(self) -> str: ...
+
+    @property
+    def label(self) -> str:
+        """``stage1``, ``export``, ``preflight``: the job's :attr:`JobSpec.label`."""
+
+    @property
+    def partition(self) -> str: ...
+
+    @property
+    def nodes(self) -> int: ...
+
+    @property
+    def gpus(self) -> int:
+        """Accelerators allocated to the job in total (``gres/gpu`` of sacct's AllocTRES)."""
+
+    @property
+    def elapsed_seconds(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class Usage:
+    """A plain :class:`UsageRow`."""
+
+    run: str
+    label: str
+    partition: str
+    nodes: int
+    gpus: int
+    elapsed_seconds: float
+    job_id: str = ""
+
+
+def billed_gpus(profile: ClusterProfile, partition: str, nodes: int, gpus: int) -> int:
+    """The accelerators a job is billed for: every one of its nodes on full-node partitions (the
+    site bills them whatever the job uses, as :func:`worst_case` counts them), else those allocated."""
+    try:
+        full_node = profile.partition(partition).full_node
+    except ProfileError:
+        full_node = False
+    return nodes * profile.accelerator.per_node if full_node else gpus
+
+
+def billed_hours(profile: ClusterProfile, row: UsageRow) -> float:
+    """Billing units spent by one job (or one run of a requeued job): :func:`billed_gpus` x elapsed
+    hours x ``billing.factor``, what the ledger, the preflight and the HPC view count."""
+    units = billed_gpus(profile, row.partition, row.nodes, row.gpus)
+    return gpu_hours(units, row.elapsed_seconds, profile.billing.factor)
+
+
+@dataclass(frozen=True)
+class LedgerSummary:
+    """Spent billing units, in total, per run, and per (run, job label)."""
+
+    total: float
+    by_run: dict[str, float] = field(default_factory=dict)
+    by_stage: dict[tuple[str, str], float] = field(default_factory=dict)
+    jobs: int = 0
+    allocation: float | None = None
+
+    @property
+    def left(self) -> float | None:
+        return None if self.allocation is None else self.allocation - self.total
+
+    def lines(self) -> list[str]:
+        """One line per run and stage, for the task log (the allocation is :class:`Allocation`'s)."""
+        out = [f"{run} {label}: {_num(hours)}" for (run, label), hours in sorted(self.by_stage.items())]
+        return out + [f"total: {_num(self.total)} over {self.jobs} job(s)"]
+
+
+def summarize_ledger(profile: ClusterProfile, rows: Iterable[UsageRow]) -> LedgerSummary:
+    by_run: dict[str, float] = defaultdict(float)
+    by_stage: dict[tuple[str, str], float] = defaultdict(float)
+    total, jobs = 0.0, set()
+    for index, row in enumerate(rows):
+        hours = billed_hours(profile, row)
+        by_run[row.run] += hours
+        by_stage[(row.run, row.label)] += hours
+        total += hours
+        jobs.add(getattr(row, "job_id", "") or index)  # the runs of a requeued job are one job
+    return LedgerSummary(total=total, by_run=dict(by_run), by_stage=dict(by_stage), jobs=len(jobs),
+                         allocation=profile.billing.allocation)

@@ -1,0 +1,213 @@
+"""Checks before any long job: Slurm accepts it, the image exists, the budget holds.
+
+Each check is cheap next to what it prevents: a job that sits in the queue for a day and then
+dies at its first line, or a 3-day job the allocation cannot pay for. The import check in the
+job environment is a real (short) job on the debug partition, submitted by the DAG like every
+other job; this module holds the checks that need only the login node.
+
+The ledger is this project's jobs as ``sacct`` knows them (found by the JSON comment every job
+of the pipeline carries), billed by :mod:`vcloud_pipeline.budget.billing`: spent hours of finished and
+running jobs, plus the worst case still ahead of jobs that are queued or running. The allocation
+the budget is checked against is the account's ``GrpTRESMins`` limit where Slurm holds one (read
+with one ``sshare``: limit, usage of every job of the account, what running jobs hold), else the
+profile's ``billing.allocation`` against the ledger (:func:`read_allocation`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from slurm_provider.protocols import SlurmVerbs
+from slurm_provider.cli.sbatch import parse_job_comment
+from slurm_provider.hooks import SlurmCommandFailed
+from slurm_provider.cli.values import expand_hostlist
+from slurm_provider.job_status import JobStatus
+
+from vcloud_pipeline.budget.billing import (
+    Allocation,
+    LedgerSummary,
+    Usage,
+    WorstCase,
+    billed_hours,
+    check_budget,
+    slurm_minutes_from_units,
+    summarize_ledger,
+)
+from vcloud_pipeline.plan.jobspec import JobSpec
+from vcloud_pipeline.plan.labels import JobLabel
+from vcloud_pipeline.profile import ClusterProfile
+
+LEDGER_SINCE = "now-365days"
+"""How far back the ledger reads sacct: allocations on LUMI run for a year."""
+
+PROJECT_TAG = "vcloud"
+"""The ``project`` of every pipeline job's comment (``PipelineJobOperator``): the ledger counts these jobs."""
+
+
+class PreflightError(RuntimeError):
+    """A check failed; the message says which and what to do."""
+
+
+@dataclass(frozen=True)
+class Ledger:
+    summary: LedgerSummary
+    reserved: float
+    """Worst case still ahead of this project's queued and running jobs."""
+    queued: float = 0.0
+    """The part of ``reserved`` held by jobs that have not started (Slurm counts only running ones)."""
+    queued_jobs: int = 0
+
+    @property
+    def used(self) -> float:
+        return self.summary.total
+
+    def lines(self) -> list[str]:
+        held = [f"held by queued/running jobs: {self.reserved:.2f}"] if self.reserved else []
+        return self.summary.lines() + held
+
+
+def _own(status: JobStatus, account: str) -> bool:
+    comment = parse_job_comment(status.comment)
+    if comment is None or comment.project != PROJECT_TAG:
+        return False
+    return status.account in (None, "", account)
+
+
+def _nodes(status: JobStatus) -> int:
+    try:
+        return max(1, len(expand_hostlist(status.node_list))) if status.node_list else 1
+    except Exception:
+        return 1
+
+
+def usage_of(profile: ClusterProfile, status: JobStatus, run: str = "", label: str = "") -> Usage:
+    """One job (or one run of a requeued job) as the ledger bills it."""
+    return Usage(run=run, label=label, partition=status.partition or profile.default_partition,
+                 nodes=_nodes(status), gpus=status.gpus, elapsed_seconds=float(status.elapsed_s or 0),
+                 job_id=status.job_id)
+
+
+def ledger_from_statuses(profile: ClusterProfile, statuses: Iterable[JobStatus]) -> Ledger:
+    """Bill this project's jobs (by comment and account); pure.
+
+    A job id may come more than once: first its current state, then each earlier run of a
+    requeued job (``find_jobs(every_run=True)``). Every run is billed; only the current state
+    can still hold time ahead.
+    """
+    rows: list[Usage] = []
+    reserved = queued = 0.0
+    queued_jobs = 0
+    seen: set[str] = set()
+    for status in statuses:
+        if not _own(status, profile.account):
+            continue
+        comment = parse_job_comment(status.comment)
+        assert comment is not None
+        label = comment.stage or comment.task
+        row = usage_of(profile, status, comment.run, label)
+        rows.append(row)
+        current = status.job_id not in seen
+        seen.add(status.job_id)
+        if current and not status.is_terminal and status.time_limit_s:
+            ahead = max(status.time_limit_s - (status.elapsed_s or 0), 0)
+            hours = billed_hours(profile, replace(row, gpus=row.gpus or 1, elapsed_seconds=ahead))
+            reserved += hours
+            if not status.state.has_started:
+                queued += hours
+                queued_jobs += 1
+    return Ledger(summary=summarize_ledger(profile, rows), reserved=reserved, queued=queued,
+                  queued_jobs=queued_jobs)
+
+
+def read_ledger(hook: SlurmVerbs, profile: ClusterProfile, since: str = LEDGER_SINCE) -> Ledger:
+    """This project's jobs from squeue and sacct, every run of a requeued job billed on its own."""
+    statuses = hook.find_jobs(comment_contains=f'"project":"{PROJECT_TAG}"', since=since, every_run=True)
+    return ledger_from_statuses(profile, statuses)
+
+
+def read_allocation(hook: SlurmVerbs, profile: ClusterProfile, ledger: Ledger) -> Allocation:
+    """The allocation as Slurm holds it (one ``sshare``), or the profile's figure against the ledger.
+
+    Slurm's figures win where the account has a ``GrpTRESMins`` limit on ``billing.slurm_tres``;
+    the profile's ``billing.allocation`` is used where the site sets none, where sshare fails (no
+    accounting) or where the profile says not to read it, and the note says which.
+    """
+    billing = profile.billing
+    if billing.slurm_tres is None:
+        note = f"profile {profile.name} does not read Slurm's limit (billing.slurm_tres: none)"
+    else:
+        try:
+            figures = hook.account_tres(profile.account, billing.slurm_tres)
+        except SlurmCommandFailed as exc:
+            figures, note = None, f"sshare gave no answer ({exc})"
+        else:
+            if figures is None:
+                note = f"sshare lists no association for account {profile.account}"
+            elif figures.limit is None:
+                note = f"account {profile.account} has no GrpTRESMins limit on {billing.slurm_tres} in Slurm"
+            else:
+                return Allocation.from_slurm(profile, account=profile.account, limit_minutes=figures.limit,
+                                             used_minutes=figures.used, running_minutes=figures.running,
+                                             queued=ledger.queued, queued_jobs=ledger.queued_jobs)
+    return Allocation.from_profile(profile, used=ledger.used, held=ledger.reserved, note=note)
+
+
+def check_jobs_budget(profile: ClusterProfile, specs: Mapping[JobLabel, JobSpec],
+                      allocation: Allocation) -> dict[JobLabel, WorstCase]:
+    """Each job's worst case must fit in what the usage leaves; so must all of them together (what
+    running and queued jobs hold is theirs only until they end: the run's jobs wait for it)."""
+    worst = {label: check_budget(profile, spec, allocation) for label, spec in specs.items()}
+    total = sum(w.amount for w in worst.values())
+    remaining = allocation.remaining
+    if remaining is not None and total > remaining:
+        detail = ", ".join(f"{label} {w.amount:.1f} ({w.describe()})" for label, w in worst.items())
+        in_slurm = ""
+        if allocation.slurm:
+            minutes = slurm_minutes_from_units(profile.billing, total)
+            in_slurm = f" = {minutes:g} {allocation.slurm['tres']}-minutes"
+        raise PreflightError(
+            f"the run's jobs need up to {total:.1f} {profile.billing.unit} together{in_slurm} ({detail}); "
+            f"{allocation.headroom()}: {allocation.figures()}; no running job's end can free that. "
+            "Run fewer stages or shorten time_limit; "
+            + ("ask the project's PI or the cluster support for more" if allocation.slurm
+               else f"raise billing.allocation of profile {profile.name} if the project got more")
+        )
+    return worst
+
+
+def test_only(hook: SlurmVerbs, job_name: str, script: str, *, output: str) -> str:
+    """``sbatch --test-only`` of the rendered script: Slurm's own verdict on the request."""
+    try:
+        result = hook.test_only(script, job_name=job_name, output=output)
+    except Exception as exc:  # SbatchRefused, validation: Slurm's text is the useful part
+        directives = " ".join(line.split(None, 1)[1] for line in script.splitlines()
+                              if line.startswith("#SBATCH ") and " " in line)
+        raise PreflightError(f"sbatch --test-only refused {job_name} ({directives}): {exc}") from exc
+    return (f"{job_name}: Slurm would start it at {result.start} on {result.nodes} "
+            f"in partition {result.partition}")
+
+
+def check_image(hook: SlurmVerbs, profile: ClusterProfile) -> str | None:
+    """The container image must be readable on the login node (profiles with a container).
+
+    A Charliecloud image is a directory, and ``ch-run`` must be installed: both missing is what a
+    local cluster without ``make image`` looks like. Whether the image holds what the jobs import is
+    the preflight import job's question, answered inside the container.
+    """
+    if profile.container is None:
+        return None
+    image = profile.container.image
+    if profile.container.runtime == "charliecloud":
+        if not hook.command_exists("ch-run"):
+            raise PreflightError(f"ch-run (Charliecloud) is not installed on the login node of profile "
+                                 f"{profile.name}; install charliecloud-runtime (make image does)")
+        if not hook.readable(image, directory=True):
+            raise PreflightError(f"Charliecloud image directory {image} of profile {profile.name} is missing or "
+                                 "unreadable on the login node; build it with `make image` "
+                                 "(include/local_cluster/build_image.sh) or fix container.image")
+        return image
+    if not hook.readable(image):
+        raise PreflightError(f"container image {image} of profile {profile.name} is missing or unreadable on "
+                             "the login node; fix container.image (images move when CSC updates them)")
+    return image

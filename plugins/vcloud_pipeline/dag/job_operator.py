@@ -1,0 +1,340 @@
+"""``PipelineJobOperator``: one job of a training run, submitted by the Slurm provider's operator.
+
+What the job is (profile, connection, script, log directory, progress file) is only known once
+the run's ``plan`` and ``sync_code`` tasks have run, so the operator binds itself from their XComs
+(the frozen run plan and the synced code, :mod:`vcloud_pipeline.plan.run_plan`) at the start of
+``execute`` and again in ``execute_complete`` (a resumed deferral builds a fresh operator); it
+submits the script only if its digest is the one recorded when it was rendered. Before submitting it decides, from what is on the cluster, whether the job is needed
+at all (:mod:`vcloud_pipeline.plan.stages`) and whether the allocation can pay for its worst case.
+Submission, deferral, adoption and resubmission are the provider's, and so is waiting for a login
+node that does not answer: these steps run inside ``waiting_out_outages``, so an outage during the
+decision's file reads, the budget check or the report defers the task until the node answers and
+the step starts over, instead of failing it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from slurm_provider.protocols import SlurmVerbs
+from slurm_provider.hooks import RemoteCommandError, SlurmCommandFailed
+from slurm_provider import timing
+from slurm_provider.operators import SlurmSubmitOperator
+from slurm_provider.resubmission import DEFAULT_BUDGETS
+from slurm_provider.job_status import JobStatus
+from slurm_provider.transport import TransportError
+from vcloud.contract import (
+    BEST_CHECKPOINT,
+    COMPLETE_FILE,
+    STAGES,
+    best_checkpoint_metrics,
+    completed_epochs,
+    final_metrics,
+    gain_metric,
+    recorded_code_hash,
+    stop_detail,
+    stop_reason,
+    training_curve,
+    validation_gain,
+)
+
+from vcloud_pipeline.jobs import exits as job_exits
+from vcloud_pipeline.dag.assets import asset_for
+from vcloud_pipeline.budget.billing import Allocation, BudgetExceeded, billed_hours, check_budget
+from vcloud_pipeline.code.retention import touch_run
+from vcloud_pipeline.plan.layout import run_key
+from vcloud_pipeline.budget.preflight import PROJECT_TAG, read_allocation, read_ledger, usage_of
+from vcloud_pipeline.profile import ClusterProfile
+from vcloud_pipeline.plan.stages import (
+    Decision,
+    StageDecisionError,
+    StageFiles,
+    completion_record,
+    decide,
+    decide_data,
+    decide_export,
+)
+from vcloud_pipeline.plan.labels import JobLabel
+from vcloud_pipeline.plan.run_plan import RunPlan, ScriptRefused, SyncedCode
+from vcloud_pipeline.dag.tasks import PLAN_TASK, SYNC_TASK
+
+if TYPE_CHECKING:
+    import jinja2
+    from airflow.sdk import Context
+
+POLL_ENV = {
+    "poll_interval": ("VCLOUD_POLL_INTERVAL", timing.POLL_INTERVAL),
+    "max_poll_interval": ("VCLOUD_MAX_POLL_INTERVAL", timing.MAX_POLL_INTERVAL),
+    "first_poll_delay": ("VCLOUD_FIRST_POLL_DELAY", timing.FIRST_POLL_DELAY),
+}
+"""Status polling of the trigger, overridable per deployment (keep the first poll >= 10 s there;
+``airflow dags test`` on the local cluster can poll every few seconds)."""
+
+_PLACEHOLDER_SCRIPT = "#!/bin/bash\n# bound from the sync_code XCom at run time\n"
+
+CURVE_POINTS = 600
+"""Points per series of the training curve a stage's record carries (the HPC view draws it; the XCom
+stays a few tens of kB however long the stage trained)."""
+
+GPUS_NOT_VISIBLE = "gpus_not_visible"
+"""The hint (``slurm_provider.hints``) whose advice is the profile's ``accelerator.missing_gpu_hint``."""
+
+
+class PipelineJobOperator(SlurmSubmitOperator):
+    """Submit the run's job ``job`` (``data``, ``preflight``, ``stage0``..``stage3``, ``export``).
+
+    :param job: the job's label in the run's rendered scripts.
+    :param plan_task: task id whose XCom holds the validated run.
+    :param sync_task: task id whose XCom holds the rendered scripts and the code hash.
+    """
+
+    template_fields: Sequence[str] = ("script", "log_dir", "progress_path", "code_version", "exclusive_dir")
+    """Shown in Airflow's Rendered Template view: the outer script exactly as it is submitted (sent to
+    ``sbatch`` on stdin), where the job logs, and which code it runs. None of them is a Jinja template:
+    :meth:`render_template_fields` binds them from the run's XComs instead."""
+    template_fields_renderers = {"script": "bash"}
+    ui_color = "#e3ecd9"
+
+    def __init__(self, *, job: JobLabel | str, plan_task: str = PLAN_TASK, sync_task: str = SYNC_TASK,
+                 **kwargs: Any) -> None:
+        job = JobLabel(job)
+        kwargs.setdefault("conn_id", "vcloud_unbound")
+        kwargs.setdefault("script", _PLACEHOLDER_SCRIPT)
+        kwargs.setdefault("log_dir", "/unbound")
+        kwargs.setdefault("exit_code_meanings", job_exits.MEANINGS)
+        kwargs.setdefault("project_tag", PROJECT_TAG)
+        super().__init__(stage=job, **kwargs)
+        self.job = job
+        self.plan_task = plan_task
+        self.sync_task = sync_task
+        self.cluster_profile: ClusterProfile | None = None
+        """The run's profile as planned, bound from the plan's XCom at run time."""
+
+    # --- binding ---------------------------------------------------------------------------------
+
+    def render_template_fields(self, context: Context, jinja_env: jinja2.Environment | None = None) -> None:
+        """Bind the job from the run's XComs where Airflow would render Jinja templates.
+
+        Airflow records the template fields right after this call and before ``execute``, so the
+        Rendered Template view shows the very script ``execute`` submits. The script is a bash script
+        rendered by :mod:`vcloud_pipeline.jobs.render`; Airflow's Jinja never sees it (``${#x}`` or a
+        ``{{`` in it stays as it is).
+        """
+        self._bind(context)
+
+    def _bind(self, context: Context) -> tuple[RunPlan, SyncedCode]:
+        """The run's plan and synced code from XCom, validated; the job's script only if its digest is
+        the one recorded when it was rendered."""
+        ti = context["ti"]
+        planned = ti.xcom_pull(task_ids=self.plan_task)
+        synced_xcom = ti.xcom_pull(task_ids=self.sync_task)
+        if not planned or not synced_xcom:
+            raise AirflowFailException(f"{self.job}: no XCom from {self.plan_task}/{self.sync_task}; those tasks "
+                                       "must run first in the same DAG run")
+        try:
+            plan = RunPlan.from_xcom(planned)
+            synced = SyncedCode.model_validate(synced_xcom)
+            self.script = synced.script_for(self.job)
+        except (ValueError, ScriptRefused) as exc:  # pydantic's ValidationError is a ValueError
+            raise AirflowFailException(f"{self.job}: {exc}") from None
+        paths = plan.paths
+        self.conn_id = plan.conn_id
+        self.code_version = synced.code_hash  # in the job comment: the cleanup keeps this code
+        self.log_dir = str(paths.logs_dir)
+        if self.job.stage is not None:
+            self.progress_path = str(paths.progress_path(self.job.stage))
+        self.exclusive_dir = self._writes(plan)
+        self.done_markers = self._done_when(plan)
+        budget = plan.request.max_resubmits
+        self.resubmit_budgets = {cause: budget for cause in DEFAULT_BUDGETS}
+        self.gpu_billing_factor = plan.profile.billing.factor
+        self.cluster_profile = plan.profile
+        if plan.profile.accelerator.missing_gpu_hint:
+            self.hint_overrides = {GPUS_NOT_VISIBLE: plan.profile.accelerator.missing_gpu_hint}
+        for attr, (env, default) in POLL_ENV.items():
+            setattr(self, attr, float(os.environ.get(env, default)))
+        return plan, synced
+
+    def _writes(self, plan: RunPlan) -> str | None:
+        """The directory this job writes, which at most one live job may write at a time."""
+        paths = plan.paths
+        if self.job.stage is not None:
+            return str(paths.stage_dir(self.job.stage))
+        if self.job is JobLabel.DATA:
+            return str(paths.data_dir.parent)
+        if self.job is JobLabel.EXPORT:
+            return str(paths.viewer_dir)
+        return None  # the preflight import check writes nothing but its log
+
+    def _done_when(self, plan: RunPlan) -> tuple[str, ...]:
+        """Files inside :meth:`_writes` whose presence means the job's work is done, looked at under
+        the submit lock: a stage is complete with ``COMPLETE`` and ``best.pt``, the synthetic dataset
+        with its index. A job that finished a moment before this one's submit is not repeated."""
+        if self.job.trains:
+            return (COMPLETE_FILE, BEST_CHECKPOINT)
+        if self.job is JobLabel.DATA:
+            paths = plan.paths
+            return (str(paths.data_index.relative_to(paths.data_dir.parent)),)
+        return ()
+
+    # --- deciding ----------------------------------------------------------------------------------
+
+    def _decide(self, plan: RunPlan, hook: SlurmVerbs) -> Decision | None:
+        """None: always submit (preflight import check)."""
+        paths = plan.paths
+        if self.job is JobLabel.PREFLIGHT:
+            return None
+        if self.job is JobLabel.DATA:
+            sizes = hook.file_sizes([str(paths.data_index)])
+            return decide_data(plan.stage_plan, sizes.get(str(paths.data_index)))
+        if self.job is JobLabel.EXPORT:
+            return decide_export(plan.stage_plan)
+        stage = self.job.stage
+        assert stage is not None
+        wanted = [paths.complete_path(stage), paths.best_checkpoint(stage)]
+        if stage > 0:
+            wanted.append(paths.best_checkpoint(stage - 1))
+        sizes = hook.file_sizes([str(p) for p in wanted])
+        files = StageFiles(complete=sizes.get(str(wanted[0])), best=sizes.get(str(wanted[1])),
+                           predecessor_best=sizes.get(str(wanted[2])) if stage > 0 else None)
+        try:
+            return decide(plan.stage_plan, stage, files, paths)
+        except StageDecisionError as exc:
+            raise AirflowFailException(str(exc)) from None
+
+    def _allocation(self, plan: RunPlan, hook: SlurmVerbs) -> Allocation:
+        return read_allocation(hook, plan.profile, read_ledger(hook, plan.profile))
+
+    def _allocation_after(self, plan: RunPlan, hook: SlurmVerbs) -> dict[str, Any] | None:
+        """The allocation once the job ended, for the record (the HPC view's burn-down); a cluster that
+        cannot be asked now costs the record this figure, never the finished job its success."""
+        try:
+            return self._allocation(plan, hook).to_json()
+        except Exception as exc:  # transport errors, unreadable sacct/sshare output
+            self.log.warning("Could not read the allocation after %s finished: %s", self.job, exc)
+            return None
+
+    def _check_budget(self, plan: RunPlan, hook: SlurmVerbs) -> None:
+        allocation = self._allocation(plan, hook)
+        try:
+            worst = check_budget(plan.profile, plan.jobs[self.job].spec, allocation)
+        except BudgetExceeded as exc:
+            raise AirflowFailException(str(exc)) from None
+        self.log.info("Budget: %s worst case %.2f %s (%s) fits; allocation %s%s", self.job, worst.amount,
+                      worst.billing_unit, worst.describe(), allocation.describe(), allocation.wait_note(worst.amount))
+
+    # --- the operator's two entry points ---------------------------------------------------------------
+
+    def execute(self, context: Context) -> Any:
+        plan, _ = self._bind(context)
+        with self.waiting_out_outages(context):
+            # A try that already submitted (since the run was last cleared) goes straight to its job.
+            submitted_before = bool(self.history_since_clear(context).submissions)
+            if not submitted_before:
+                with self._hook() as hook:
+                    self._before_submitting(plan, hook)
+                    self._keep_run_code(context, plan, hook)
+            summary = super().execute(context)  # defers; returns only when the job had already completed
+            return self._report(context, summary)
+
+    def _before_submitting(self, plan: RunPlan, hook: SlurmVerbs) -> None:
+        """Skip a job that is not needed, ask a restarted stage to start afresh, check the budget."""
+        decision = self._decide(plan, hook)
+        if decision is not None:
+            self.log.info("%s: %s", self.job, decision.reason)
+            if not decision.submit:
+                raise AirflowSkipException(decision.reason)
+            if decision.restart:
+                self._start_afresh(plan)
+        self._check_budget(plan, hook)
+
+    def _start_afresh(self, plan: RunPlan) -> None:
+        """mode restart: the submit moves the stage's outputs aside under the stage's lock, after the
+        budget check, and with them every later stage's (trained on the outputs being replaced), so
+        that none of those counts as complete any more. A live job writing any of them stops it."""
+        stage = self.job.stage
+        assert stage is not None
+        self.replace_outputs = True
+        self.supersede_dirs = tuple(str(plan.paths.stage_dir(later)) for later in STAGES if later > stage)
+
+    def billed_gpu_hours(self, run: JobStatus) -> float:
+        """One run of the job as the ledger and the budget bill it (whole nodes on full-node partitions),
+        so that the HPC view, which charts this figure, and the preflight count the same GPU-hours."""
+        if self.cluster_profile is None:
+            return super().billed_gpu_hours(run)
+        return billed_hours(self.cluster_profile, usage_of(self.cluster_profile, run))
+
+    def check_before_resubmit(self, context: Context, hook: SlurmVerbs) -> None:
+        """A resubmission spends the allocation again: its worst case must still fit."""
+        plan, _ = self._bind(context)
+        self._check_budget(plan, hook)
+        self._keep_run_code(context, plan, hook)
+
+    def _keep_run_code(self, context: Context, plan: RunPlan, hook: SlurmVerbs) -> None:
+        """Refresh the DAG run's code marker before a job is submitted: the run is alive and its code must
+        stay (:mod:`vcloud_pipeline.code.retention`). A failure is a warning: the job carries its code
+        in its comment, which keeps the code while Slurm lists the job."""
+        ti = context["ti"]
+        try:
+            touch_run(hook, plan.paths, run_key(ti.dag_id, ti.run_id), str(self.code_version))
+        except (RemoteCommandError, TransportError, ValueError) as exc:
+            self.log.warning("Could not refresh the code marker of this DAG run: %s", exc)
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
+        self._bind(context)
+        with self.waiting_out_outages(context):
+            return self._report(context, super().execute_complete(context, event))
+
+    def _report(self, context: Context, summary: dict[str, Any]) -> dict[str, Any]:
+        """Add every job's state, the code, the metrics of the stage's ``best.pt`` (and of its last
+        epoch), what its training gained on validation over its start and why it stopped, and the
+        asset event to the summary.
+
+        ``code_hash`` is the code the jobs ran; ``trained_code_hash`` the code that finished the
+        stage, as the trainer recorded it in ``COMPLETE`` (and in every checkpoint).
+        """
+        plan, synced = self._bind(context)
+        paths = plan.paths
+        hook = self._hook()
+        states = {job_id: status.state.value for job_id, status in hook.statuses(summary["job_ids"]).items()}
+        record = curve = None
+        if self.job.stage is not None:
+            record = completion_record(hook.read_file(str(paths.complete_path(self.job.stage))))
+            curve = self._curve(hook, str(paths.metrics_path(self.job.stage)))
+        best_epoch, best_metrics = best_checkpoint_metrics(record)
+        summary.update({"job": str(self.job), "run": plan.run_name, "profile": plan.profile.name,
+                        "code_hash": synced.code_hash, "trained_code_hash": recorded_code_hash(record),
+                        "states": states,
+                        "allocation": self._allocation_after(plan, hook),
+                        "metrics": best_metrics, "best_epoch": best_epoch,
+                        "final_metrics": final_metrics(record), "epochs": completed_epochs(record),
+                        "validation_gain": validation_gain(record),
+                        "gain_metric": gain_metric(record),
+                        "stop_reason": stop_reason(record), "stop_detail": stop_detail(record),
+                        "curve": curve})
+        asset = asset_for(self.job)
+        if asset is not None and "outlet_events" in context:
+            where = (str(paths.best_checkpoint(self.job.stage)) if self.job.stage is not None
+                     else str(paths.viewer_dir))
+            context["outlet_events"][asset].extra.update({
+                "profile": plan.profile.name, "run": plan.run_name, "path": where,
+                "code_hash": synced.code_hash, "job_ids": summary["job_ids"],
+                "metrics": summary["metrics"],
+            })
+        self.log.info("%s done: jobs %s, %s GPU-hours, best.pt from epoch %s: metrics %s", self.job, states,
+                      summary["gpu_hours"], best_epoch, summary["metrics"])
+        return summary
+
+    def _curve(self, hook: SlurmVerbs, path: str) -> dict[str, Any] | None:
+        """The stage's training curve from its ``metrics.jsonl``, thinned to ``CURVE_POINTS`` a series, for
+        the HPC view (whose API server does not read the cluster); None when the file cannot be read."""
+        try:
+            text = hook.read_file(path)
+        except (RemoteCommandError, SlurmCommandFailed) as exc:  # it ran and failed; an outage is waited out
+            self.log.warning("Could not read %s for the HPC view's training curve: %s", path, exc)
+            return None
+        return training_curve(text or "").thinned(CURVE_POINTS).to_json()

@@ -1,0 +1,1 @@
+"""The job scripts: rendering them from a plan, what their exit codes mean, how their failures read."""

@@ -1,0 +1,187 @@
+"""The stage plan of a run and the decision, per job, to submit it or skip it.
+
+The seed's manual workflow (``sbatch --export=ALL,START_STAGE=2 ...``) skips stages that are
+done; here that is :func:`decide`: a pure function of what was asked (:class:`StagePlan`) and what
+is on the cluster (:class:`StageFiles`), so it is tested without a cluster and the DAG only
+gathers the facts. A stage is complete when its ``COMPLETE`` marker and ``best.pt`` both exist;
+a stage after 0 needs its predecessor's ``best.pt`` in the same run. A stage that the run's inputs
+give nothing to do (:func:`stages_without_work`) is decided at ``plan`` and never submitted.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from vcloud.config import VCloudConfig
+from vcloud.contract import DATA_INDEX, STAGES
+
+from vcloud_pipeline.plan.jobspec import JobSpec
+from vcloud_pipeline.plan.labels import JobLabel
+from vcloud_pipeline.plan.layout import RunPaths
+from vcloud_pipeline.plan.request import SYNTHETIC_PRESETS, TrainingRequest
+from vcloud_pipeline.profile import ClusterProfile
+
+EXPORT, DATA, PREFLIGHT = JobLabel.EXPORT, JobLabel.DATA, JobLabel.PREFLIGHT
+
+
+class StageDecisionError(RuntimeError):
+    """A stage cannot run: its input is missing. Says which file and how to produce it."""
+
+
+class Action(str, Enum):
+    SUBMIT = "submit"
+    SKIP = "skip"
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str
+    restart: bool = False
+    """Move the stage's old outputs aside before submitting (mode ``restart``)."""
+
+    @property
+    def submit(self) -> bool:
+        return self.action is Action.SUBMIT
+
+
+@dataclass(frozen=True)
+class StageFiles:
+    """What exists of one stage on the cluster (byte sizes; ``None``: missing)."""
+
+    complete: int | None
+    best: int | None
+    predecessor_best: int | None = None
+    """``best.pt`` of the stage before (stage 0: not needed)."""
+
+    @property
+    def is_complete(self) -> bool:
+        return self.complete is not None and bool(self.best)
+
+
+def stages_without_work(request: TrainingRequest, config: VCloudConfig) -> dict[int, str]:
+    """The selected stages that the run's inputs give nothing to do, each with why: submitted, they
+    would spend their GPU-hours and hand on the model they started from. A stage in the request's
+    ``force_stages`` is trained anyway.
+
+    Stage 3 adapts to an unlabeled domain (``model.stage3.unlabeled_data``); without one it
+    pseudo-labels part of the labeled training split, where its student cannot learn what the
+    labels do not already teach, and keeps stage 2's model."""
+    out: dict[int, str] = {}
+    if request.selected(3) and not request.forced(3) and not config.model.section(3).get("unlabeled_data"):
+        out[3] = (f"stage 3 not submitted: model.stage3.unlabeled_data is empty in {request.config_path}, so it has "
+                  "no unlabeled domain to adapt to and would hand on stage 2's model after spending its GPU-hours "
+                  "(name the new domain's prepared series there, or train it anyway with force_stages [3])")
+    return out
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """Which jobs a run submits, from a validated request and the cluster profile."""
+
+    request: TrainingRequest
+    synthetic_data: bool
+    without_work: Mapping[int, str] = field(default_factory=dict)
+    """Selected stages decided at ``plan`` not to be submitted (:func:`stages_without_work`), with why."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "without_work", types.MappingProxyType(dict(self.without_work)))
+
+    @classmethod
+    def build(cls, request: TrainingRequest, profile: ClusterProfile,
+              without_work: Mapping[int, str] | None = None) -> "StagePlan":
+        if profile.synthetic_data and request.config not in SYNTHETIC_PRESETS:
+            raise StageDecisionError(
+                f"config {request.config} needs the real dataset, but profile {profile.name} has only "
+                f"synthetic data (configs with a synthetic preset: {', '.join(SYNTHETIC_PRESETS)})"
+            )
+        return cls(request=request, synthetic_data=profile.synthetic_data, without_work=without_work or {})
+
+    @property
+    def stages(self) -> tuple[int, ...]:
+        """The selected stages the run may submit (those without work left out)."""
+        return tuple(s for s in self.request.stages if s not in self.without_work)
+
+    @property
+    def data_preset(self) -> str | None:
+        return SYNTHETIC_PRESETS[self.request.config] if self.synthetic_data else None
+
+    def job_specs(self) -> dict[JobLabel, JobSpec]:
+        """Every job this run may submit, by label (``preflight``, ``data``, ``stage0``.. , ``export``)."""
+        r = self.request
+        specs: dict[JobLabel, JobSpec] = {PREFLIGHT: JobSpec.preflight(config=r.config_path)}
+        if self.data_preset is not None:
+            specs[DATA] = JobSpec.data(self.data_preset, config=r.config_path)
+        for stage in STAGES:
+            specs[JobLabel.of_stage(stage)] = JobSpec.train(stage, config=r.config_path, time_limit=r.time_limit,
+                                                   max_epochs=r.max_epochs, partition=r.partition,
+                                                   nodes=r.nodes, gpus_per_node=r.gpus_per_node,
+                                                   on_code_change=r.on_code_change)
+        specs[EXPORT] = JobSpec.export(config=r.config_path)
+        return specs
+
+    def training_labels(self) -> list[JobLabel]:
+        """Labels of the jobs that spend training time, for the preflight checks."""
+        labels = [JobLabel.of_stage(s) for s in self.stages]
+        return labels + ([EXPORT] if self.request.export else [])
+
+
+def decide(plan: StagePlan, stage: int, files: StageFiles, paths: RunPaths) -> Decision:
+    """Submit or skip training stage ``stage``; raise when it would run without its input."""
+    r = plan.request
+    if not r.selected(stage):
+        return Decision(Action.SKIP, f"stage {stage} not selected (stages {list(r.stages)})")
+    if stage in plan.without_work:
+        return Decision(Action.SKIP, plan.without_work[stage])
+    if r.dry_run:
+        return Decision(Action.SKIP, f"dry run: stage {stage} rendered and checked, not submitted")
+    restart = r.mode == "restart"
+    if files.is_complete and not restart:
+        return Decision(Action.SKIP, f"stage {stage} is complete ({paths.complete_path(stage)} and "
+                                     f"{paths.best_checkpoint(stage)} exist); mode restart trains it again")
+    if stage > 0 and not files.predecessor_best:
+        raise StageDecisionError(
+            f"stage {stage} reads stage {stage - 1}'s best.pt, but {paths.best_checkpoint(stage - 1)} does not "
+            f"exist; run stage {stage - 1} first (e.g. stages=[{stage - 1}, {stage}])"
+        )
+    why = "mode restart" if restart else ("resuming from latest.pt" if files.complete is None and files.best
+                                          else "not complete")
+    return Decision(Action.SUBMIT, f"stage {stage}: {why}", restart=restart)
+
+
+def decide_data(plan: StagePlan, index_size: int | None) -> Decision:
+    """The synthetic dataset job: only where the profile has no real data and none is prepared yet."""
+    if plan.data_preset is None:
+        return Decision(Action.SKIP, "the profile's prepared dataset is provided by the cluster")
+    if plan.request.dry_run:
+        return Decision(Action.SKIP, "dry run: no data job")
+    if index_size:
+        return Decision(Action.SKIP, f"the prepared dataset exists ({DATA_INDEX} found)")
+    return Decision(Action.SUBMIT, f"no prepared dataset: generating the {plan.data_preset} synthetic one")
+
+
+def decide_export(plan: StagePlan) -> Decision:
+    r = plan.request
+    if not r.export:
+        return Decision(Action.SKIP, "export not requested")
+    if r.dry_run:
+        return Decision(Action.SKIP, "dry run: no export job")
+    return Decision(Action.SUBMIT, "exporting the viewer data of the best stage")
+
+
+def completion_record(text: str | None) -> dict[str, Any] | None:
+    """The trainer's ``COMPLETE`` file (JSON: epochs, final and best metrics), or None if
+    absent/unreadable."""
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return dict(data) if isinstance(data, Mapping) else None
+

@@ -1,0 +1,120 @@
+"""The hook's file verbs, run by a real local shell, with paths that need quoting."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from slurm_provider.cli.files import (
+    build_make_dirs,
+    build_remove_records,
+    build_replace_record,
+    build_write_file,
+    parse_dir_inventory,
+)
+from slurm_provider.hooks import RemoteCommandError, SlurmHook
+from slurm_provider.transport import CommandResult
+
+
+class LocalShell:
+    """Runs each command with ``bash -c``, as the login node's shell would; records them."""
+
+    def __init__(self) -> None:
+        self.commands: list[str] = []
+
+    def run(self, command: str, *, stdin: str | None = None, timeout: float) -> CommandResult:
+        self.commands.append(command)
+        proc = subprocess.run(["bash", "-c", command], input=stdin, capture_output=True, text=True, timeout=timeout)
+        return CommandResult(command=command, exit_status=proc.returncode, stdout=proc.stdout, stderr=proc.stderr)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "run's dir $HOME; x"
+
+
+@pytest.fixture
+def hook() -> SlurmHook:
+    return SlurmHook("unused", runner=LocalShell())
+
+
+def test_files_are_created_written_and_listed(root: Path, hook: SlurmHook) -> None:
+    hook.make_dirs([root / "stage1", root / "logs"])
+    hook.write_file(root / "stage1" / "COMPLETE", '{"epochs": 3}\n')
+    assert (root / "stage1" / "COMPLETE").read_text() == '{"epochs": 3}\n'
+    assert not list((root / "stage1").glob("*.tmp*"))
+    assert hook.path_exists(root / "stage1" / "COMPLETE") and not hook.path_exists(root / "nope")
+    assert hook.list_files(root) == [("stage1/COMPLETE", 14)]
+    assert hook.list_files(root / "missing") == []
+    assert hook.readable(root / "stage1", directory=True) and not hook.readable(root / "stage1" / "COMPLETE",
+                                                                                 directory=True)
+    assert hook.command_exists("bash") and not hook.command_exists("no-such-program-here")
+    assert hook.command_counts["mkdir"] == 1 and hook.command_counts["write_file"] == 1
+
+
+def test_a_failing_command_raises_with_its_stderr(tmp_path: Path, hook: SlurmHook) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(RemoteCommandError, match=r"creating the run's directories failed .*exit 1.*Not a directory"):
+        hook.make_dirs([blocker / "sub"], what="creating the run's directories")
+
+
+def test_builders_quote_every_path_and_refuse_relative_ones() -> None:
+    assert build_make_dirs(["/a b", "/c"]) == "umask 002; mkdir -p -- '/a b' /c"
+    assert build_write_file("/x y/f", token="t") == (
+        "umask 002; cat > '/x y/f.tmp.t' && mv -f -- '/x y/f.tmp.t' '/x y/f' && touch -c -- '/x y/f'")
+    with pytest.raises(ValueError, match="absolute"):
+        build_make_dirs(["relative"])
+    with pytest.raises(ValueError, match="plain file name prefix"):
+        build_remove_records("/r", "*")
+    assert build_remove_records("/r s", "abc-") == "rm -f -- '/r s'/abc-*"
+    assert "for old in /r/k-*;" in build_replace_record("/r", "k-1", "text", "k-")
+
+
+def test_a_file_is_read_only_while_nothing_in_its_tree_changed(tmp_path: Path, hook: SlurmHook) -> None:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "a.py").write_text("x")
+    manifest = tree / "manifest.json"
+    assert hook.read_if_unchanged(manifest, tree, "h1") is None
+    manifest.write_text('{"hash": "h1"}')
+    assert hook.read_if_unchanged(manifest, tree, "h1") == ('{"hash": "h1"}\n', True)
+    (tree / "b.py").write_text("y")
+    assert hook.read_if_unchanged(manifest, tree, "h1") == ('{"hash": "h1"}\n', False)
+
+
+def test_records_replace_refresh_and_go(tmp_path: Path, hook: SlurmHook) -> None:
+    records = tmp_path / "records dir"
+    hook.replace_record(records, "k1-a", "first", prefix="k1-")
+    hook.replace_record(records, "k2-b", "other", prefix="k2-")
+    hook.replace_record(records, "k1-c", "second", prefix="k1-")
+    assert sorted(p.name for p in records.iterdir()) == ["k1-c", "k2-b"]
+    assert (records / "k1-c").read_text() == "second\n"
+    hook.touch_record(records, "k1-c")
+    hook.remove_records(records, "k1-")
+    assert [p.name for p in records.iterdir()] == ["k2-b"]
+
+
+def test_directories_are_listed_on_the_login_nodes_clock_and_removed_renamed_first(tmp_path: Path,
+                                                                                     hook: SlurmHook) -> None:
+    root = tmp_path / "code dir's"
+    for name in ("one", "two"):
+        (root / name).mkdir(parents=True)
+    (root / "one" / "MANIFEST").write_text("{}")
+    (root / ".records").mkdir()
+    (root / ".records" / "r1").write_text("")
+    inventory = hook.dir_inventory(root, "MANIFEST", root / ".records")
+    assert set(inventory.dirs) == {"one", "two", ".records"} and set(inventory.marked) == {"one"}
+    assert set(inventory.records) == {"r1"} and abs(inventory.now - inventory.dirs["two"]) < 60
+    assert hook.dir_inventory(tmp_path / "none", "MANIFEST", tmp_path / "none" / ".r").dirs == {}
+    with pytest.raises(ValueError, match="clock"):
+        parse_dir_inventory("")
+
+    assert hook.remove_dirs([(root / "two", root / ".two.removing")], record_files=[root / ".records" / "r1"])
+    assert sorted(p.name for p in root.iterdir()) == [".records", "one"] and not (root / ".records" / "r1").exists()
+    assert hook.remove_dirs([]) is False

@@ -1,0 +1,98 @@
+"""SlurmLoginTrigger driven directly: one event, when the login node answers or the wait must end.
+
+The probe is a stand-in here (fast); providers/slurm/tests/test_operator_outage.py runs the trigger
+against a private login sshd of the local cluster that is stopped and started again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+import structlog.testing
+
+from slurm_provider import hooks
+from slurm_provider.hooks import SlurmCommandFailed
+from slurm_provider.login_wait import REACHABLE, SlurmLoginTrigger, probe_delay
+from slurm_provider.transport import AuthenticationFailed, TransportError, TransportUnavailable
+from slurm_provider.triggers import ERROR
+
+FAST = {"poll_interval": 0.01, "max_poll_interval": 0.02}
+
+
+class Probes:
+    """Stands in for ``SlurmAsyncHook``: each ``ping`` answers with the next scripted outcome."""
+
+    def __init__(self, *script: TransportError | None) -> None:
+        self.script = list(script)
+        self.pings = 0
+        self.closed = 0
+
+    def __call__(self, conn_id: str) -> Probes:
+        return self
+
+    async def ping(self) -> dict[str, str]:
+        self.pings += 1
+        step = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        if step is not None:
+            raise step
+        return {"primary": "UP"}
+
+    async def close(self) -> None:
+        self.closed += 1
+
+
+def _event(trigger: SlurmLoginTrigger) -> dict[str, Any]:
+    async def first() -> dict[str, Any]:
+        async for event in trigger.run():
+            return event.payload
+        raise AssertionError("no event")
+
+    return asyncio.run(asyncio.wait_for(first(), 30))
+
+
+def test_serialize_round_trips() -> None:
+    trigger = SlurmLoginTrigger(conn_id="lumi", since=1_777_600_000.5, cause="refused", watch_deadline=3600,
+                                poll_interval=15, max_poll_interval=300, tries=4, carry={"k": 1})
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "slurm_provider.login_wait.SlurmLoginTrigger"
+    assert kwargs == {"conn_id": "lumi", "since": 1_777_600_000.5, "cause": "refused", "watch_deadline": 3600.0,
+                      "poll_interval": 15.0, "max_poll_interval": 300.0, "tries": 4, "carry": {"k": 1}}
+    assert SlurmLoginTrigger(**kwargs).serialize() == (classpath, kwargs)
+
+
+def test_the_node_answering_again_ends_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    down = TransportUnavailable("cannot reach lumi: ConnectionRefusedError")
+    probes = Probes(down, SlurmCommandFailed("no slurmctld answers the login node (primary DOWN)"), down, None)
+    monkeypatch.setattr(hooks, "SlurmAsyncHook", probes)
+    since = time.time() - 600
+    with structlog.testing.capture_logs() as logs:
+        payload = _event(SlurmLoginTrigger(conn_id="lumi", since=since, carry={"k": 1}, **FAST))
+    assert payload == {"kind": REACHABLE, "conn_id": "lumi", "since": since, "tries": 4,
+                       "message": "login node of lumi reachable again after 10 min", "carry": {"k": 1}}
+    assert probes.pings == 4 and probes.closed == 4, "one connection per probe, always closed"
+    assert [e["event"] for e in logs if e["log_level"] in ("warning", "error")] == [payload["message"]]
+
+
+def test_past_the_deadline_the_wait_ends_with_an_error_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hooks, "SlurmAsyncHook", Probes(TransportUnavailable("cannot reach lumi: timed out")))
+    payload = _event(SlurmLoginTrigger(conn_id="lumi", since=time.time(), watch_deadline=0.5, **FAST))
+    assert payload["kind"] == ERROR and payload["tries"] >= 1
+    assert "longer than watch_deadline (0 s); last error: cannot reach lumi: timed out" in payload["message"]
+
+
+def test_a_failure_only_a_person_can_fix_ends_the_wait_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    probes = Probes(AuthenticationFailed("authentication to lumi failed (publickey)"))
+    monkeypatch.setattr(hooks, "SlurmAsyncHook", probes)
+    payload = _event(SlurmLoginTrigger(conn_id="lumi", since=time.time(), **FAST))
+    assert (payload["kind"], probes.pings) == (ERROR, 1)
+    assert payload["message"] == "cannot log in to lumi: authentication to lumi failed (publickey)"
+
+
+def test_probes_slow_down_to_the_cap() -> None:
+    delays = [probe_delay(tries, 15.0, 300.0) for tries in range(12)]
+    assert 12 <= delays[0] <= 15 and 24 <= delays[1] <= 30
+    assert all(240 <= d <= 300 for d in delays[5:])
+    assert 240 <= probe_delay(10_000, 15.0, 300.0) <= 300  # days of probes: the exponent stops growing

@@ -1,0 +1,235 @@
+"""The shared poller's retry policy, on a scripted status source (fast; the real proof, a ControlMaster
+closed and reopened under a running watch, is in test_triggers.py).
+
+A login that waits for a person is waited out without a limit and announced to every watcher; so
+is a login node that does not answer, with the outage (since when, why, next try in) handed to every
+watcher, whose own deadline ends its wait (test_triggers.py); anything that cannot heal ends every
+watch with the error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+import pytest
+
+from slurm_provider.cli.sshare import TresMinutes
+from slurm_provider.hooks import SlurmCommandFailed, SlurmRateLimited
+from slurm_provider.poller import MAX_RETRY_DELAY, JobPoller, PollUpdate, retry_delay
+from slurm_provider.state_vocabulary import SlurmState
+from slurm_provider.job_status import JobStatus
+from slurm_provider.transport import ControlMasterNotRunning, HostKeyRejected, TransportUnavailable
+
+FAST = {"poll_interval": 0.01, "max_poll_interval": 0.02}
+
+
+class ScriptedSource:
+    """Answers each ``statuses`` call with the next scripted exception or state."""
+
+    opened = 0
+
+    def __init__(self, script: list[BaseException | SlurmState]) -> None:
+        self.script = script
+        ScriptedSource.opened += 1
+
+    async def statuses(self, job_ids: Iterable[str]) -> dict[str, JobStatus]:
+        step = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        if isinstance(step, BaseException):
+            raise step
+        return {job_id: JobStatus(job_id=job_id, state=step) for job_id in job_ids}
+
+    async def read_log(self, path: str, offset: int) -> tuple[str, int]:
+        return "", offset
+
+    async def file_sizes(self, paths: list[str]) -> dict[str, int]:
+        return {}
+
+    async def close(self) -> None:
+        pass
+
+
+def watch(script: list[BaseException | SlurmState], jobs: tuple[str, ...] = ("1", "2"),
+          **poller_kwargs: int) -> dict[str, list[PollUpdate]]:
+    """Every update each job's watcher sees until its job ends or an error arrives."""
+    shared = list(script)
+    ScriptedSource.opened = 0
+    poller = JobPoller("c", lambda: ScriptedSource(shared), **poller_kwargs)
+
+    async def one(job_id: str) -> list[PollUpdate]:
+        seen = []
+        async with poller.subscribe(job_id, **FAST) as updates:
+            while True:
+                update = await asyncio.wait_for(updates.get(), 10)
+                seen.append(update)
+                if update.error is not None or (update.status is not None and update.status.is_terminal):
+                    return seen
+
+    async def all_jobs() -> list[list[PollUpdate]]:
+        return await asyncio.gather(*(one(job_id) for job_id in jobs))
+
+    return dict(zip(jobs, asyncio.run(all_jobs())))
+
+
+def test_a_lapsed_master_pauses_every_watch_without_a_limit_and_they_resume() -> None:
+    lapsed = ControlMasterNotRunning("no ControlMaster is running for ssh alias lumi2; Open it again with: "
+                                     "ssh -o ControlMaster=auto -fN lumi2")
+    script = [SlurmState.RUNNING, *[lapsed] * 12, SlurmState.RUNNING, SlurmState.COMPLETED]
+    seen = watch(script)
+    for updates in seen.values():
+        assert all(u.error is None for u in updates)
+        waiting = [u.waiting for u in updates if u.waiting is not None]
+        assert len(waiting) == 12 and set(waiting) == {str(lapsed)}
+        assert updates[0].status.state is SlurmState.RUNNING
+        assert updates[-1].status.state is SlurmState.COMPLETED
+    assert ScriptedSource.opened == 13  # a fresh connection after every failed try
+
+
+def test_an_unreachable_login_node_is_retried_without_a_limit_and_every_watch_resumes() -> None:
+    down = TransportUnavailable("cannot reach lumi2: ConnectionRefusedError: [Errno 111] Connection refused")
+    tries = 40  # five times what the poller once allowed before it gave up
+    seen = watch([SlurmState.RUNNING, *[down] * tries, SlurmState.RUNNING, SlurmState.COMPLETED])
+    for updates in seen.values():
+        assert all(u.error is None and u.waiting is None for u in updates)
+        outages = [u.unreachable for u in updates if u.unreachable is not None]
+        assert len(outages) == tries
+        assert len({o.since for o in outages}) == 1, "one outage, counted from its first failed try"
+        assert {o.cause for o in outages} == {str(down)}
+        assert all(0 < o.retry_in <= FAST["max_poll_interval"] for o in outages), "the back-off is capped"
+        assert updates[0].status.state is SlurmState.RUNNING
+        assert [u.status.state for u in updates[-2:]] == [SlurmState.RUNNING, SlurmState.COMPLETED]
+    assert ScriptedSource.opened == tries + 1  # a fresh connection after every failed try
+
+
+def test_a_second_outage_is_counted_from_its_own_start() -> None:
+    down = TransportUnavailable("cannot reach lumi2: timed out")
+    seen = watch([down, down, SlurmState.RUNNING, down, SlurmState.COMPLETED], jobs=("1",))
+    outages = [u.unreachable for u in seen["1"] if u.unreachable is not None]
+    assert len(outages) == 3
+    assert outages[0].since == outages[1].since < outages[2].since
+
+
+def test_slurms_rate_limit_slows_the_poller_down_on_the_same_connection_and_every_watch_goes_on() -> None:
+    limited = SlurmRateLimited("squeue exited 1: slurm_load_jobs error: Rate limit exceeded, please retry momentarily")
+    refusals = 9
+    seen = watch([SlurmState.RUNNING, *[limited] * refusals, SlurmState.RUNNING, SlurmState.COMPLETED])
+    for updates in seen.values():
+        assert all(u.error is None and u.unreachable is None and u.waiting is None for u in updates)
+        throttled = [u.throttled for u in updates if u.throttled is not None]
+        assert len(throttled) == refusals and all("asks for fewer calls" in t for t in throttled)
+        assert all("Rate limit exceeded" in t for t in throttled)
+        assert [u.status.state for u in updates if u.status is not None] == \
+            [SlurmState.RUNNING, SlurmState.RUNNING, SlurmState.COMPLETED]
+    assert ScriptedSource.opened == 1, "the connection is fine: it is kept"
+
+
+def test_after_refusals_the_wait_doubles_up_to_the_longest_interval_and_eases_back() -> None:
+    poller = JobPoller("c", lambda: ScriptedSource([SlurmState.RUNNING]), growth=1.5, jitter=0.0)
+
+    async def waits() -> tuple[list[float], list[float]]:
+        async with poller.subscribe("1", poll_interval=15, max_poll_interval=300):
+            poller._interval = 15.0
+            slower = []
+            for _ in range(6):
+                poller._throttle = poller._slower()
+                slower.append(poller._throttle)
+            eased = [poller._next_interval(changed=False) for _ in range(8)]
+            return slower, eased
+
+    slower, eased = asyncio.run(waits())
+    assert slower == [30.0, 60.0, 120.0, 240.0, 300.0, 300.0]
+    # the slow-down shrinks by the growth factor per answered poll while the schedule grows back
+    assert eased == pytest.approx([300.0, 200.0, 133.33, 88.89, 113.91, 170.86, 256.29, 300.0], abs=0.01)
+
+
+def test_a_failure_no_retry_can_heal_ends_every_watch_at_once() -> None:
+    impostor = HostKeyRejected("host key of lumi2 does not match the pinned key")
+    seen = watch([SlurmState.RUNNING, impostor])
+    assert all(ups[-1].error is impostor for ups in seen.values())
+
+
+@pytest.mark.parametrize(("attempt", "cap", "most"), [(1, 300.0, 2.0), (5, 300.0, 32.0), (20, 300.0, 300.0),
+                                                     (20, 4.0, 4.0), (5000, MAX_RETRY_DELAY, MAX_RETRY_DELAY)])
+def test_retry_delay_grows_but_never_exceeds_its_cap(attempt: int, cap: float, most: float) -> None:
+    delays = [retry_delay(attempt, cap) for _ in range(200)]
+    assert all(most / 2 <= d <= most for d in delays)
+
+
+class GrownLog(ScriptedSource):
+    """A job whose log grew by ``text`` while nobody looked; each read returns at most four bytes."""
+
+    text = "epoch 1\nepoch 2\nepoch 3\ndone\n"
+
+    async def file_sizes(self, paths: list[str]) -> dict[str, int]:
+        return {path: len(self.text) for path in paths}
+
+    async def read_log(self, path: str, offset: int) -> tuple[str, int]:
+        chunk = self.text[offset:offset + 4]
+        return chunk, offset + len(chunk)
+
+
+def test_a_log_that_grew_while_nobody_looked_is_shown_whole_before_the_end() -> None:
+    poller = JobPoller("c", lambda: GrownLog([SlurmState.COMPLETED]))
+
+    async def first_update() -> PollUpdate:
+        async with poller.subscribe("1", log_path="/logs/1.out", **FAST) as updates:
+            return await asyncio.wait_for(updates.get(), 10)
+
+    update = asyncio.run(first_update())
+    assert update.status.state is SlurmState.COMPLETED
+    assert (update.new_log_text, update.log_offset) == (GrownLog.text, len(GrownLog.text))  # 8 reads, one cycle
+
+
+class AllocationSource(ScriptedSource):
+    """Jobs pending on their account's allocation until ``pending_cycles`` cycles passed, then done;
+    counts the sshare reads (one per account and cycle at most)."""
+
+    def __init__(self, accounts: dict[str, str], pending_cycles: int) -> None:
+        super().__init__([SlurmState.PENDING])
+        self.accounts, self.pending_cycles = accounts, pending_cycles
+        self.cycles = 0
+        self.reads: list[tuple[int, str, str]] = []
+
+    async def statuses(self, job_ids: Iterable[str]) -> dict[str, JobStatus]:
+        self.cycles += 1
+        if self.cycles > self.pending_cycles:
+            return {j: JobStatus(job_id=j, state=SlurmState.COMPLETED, account=self.accounts[j]) for j in job_ids}
+        return {j: JobStatus(job_id=j, state=SlurmState.PENDING, reason="AssocGrpBillingMinutes",
+                             account=self.accounts[j], tres="billing=1", time_limit_s=600) for j in job_ids}
+
+    async def account_tres(self, account: str, tres: str = "billing") -> TresMinutes | None:
+        self.reads.append((self.cycles, account, tres))
+        if account == "broken":
+            raise SlurmCommandFailed("sshare exited 1: Socket timed out")
+        return TresMinutes(account=account, tres=tres, limit=100, used=0, running=95, holders=(("bob", 95),))
+
+
+def test_jobs_pending_on_an_allocation_share_one_sshare_per_account_and_cycle() -> None:
+    source = AllocationSource({"1": "proj", "2": "proj", "3": "other", "4": "broken"}, pending_cycles=3)
+    poller = JobPoller("c", lambda: source)
+
+    async def one(job_id: str) -> list[PollUpdate]:
+        seen = []
+        async with poller.subscribe(job_id, **FAST) as updates:
+            while not seen or not seen[-1].status.is_terminal:
+                seen.append(await asyncio.wait_for(updates.get(), 10))
+        return seen
+
+    async def all_jobs() -> list[list[PollUpdate]]:
+        return await asyncio.gather(*(one(job_id) for job_id in "1234"))
+
+    seen = dict(zip("1234", asyncio.run(all_jobs())))
+    # Each cycle a job pends: one sshare per account, whatever the number of its jobs; none after.
+    per_cycle = {}
+    for cycle, account, _ in source.reads:
+        per_cycle.setdefault(cycle, []).append(account)
+    assert all(sorted(accounts) == ["broken", "other", "proj"] for accounts in per_cycle.values()), per_cycle
+    assert max(per_cycle) <= 3
+    pending_updates = [u for ups in seen.values() for u in ups if u.status.state is SlurmState.PENDING]
+    assert pending_updates and all(u.allocation is not None for u in pending_updates)
+    proj = next(u.allocation for u in seen["1"] if u.allocation is not None)
+    assert proj.figures.holders == (("bob", 95),) and proj.problem is None
+    broken = next(u.allocation for u in seen["4"] if u.allocation is not None)
+    assert broken.figures is None and "sshare gave no answer: sshare exited 1: Socket timed out" == broken.problem
+    assert all(u.error is None for ups in seen.values() for u in ups)  # a failed sshare ends no watch
+    assert all(u.allocation is None for ups in seen.values() for u in ups if u.status.is_terminal)

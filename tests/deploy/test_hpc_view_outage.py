@@ -1,0 +1,187 @@
+"""The HPC view while the login node hangs: the API server answers, and says since when.
+
+A deployment of separate components (``airflow api-server``, scheduler, DAG processor, triggerer)
+runs the ``slurm_lifecycle`` DAG (tests/dag_fixtures: one ``SlurmSubmitOperator``) through a private
+login sshd of the local cluster (the shared one on port 2222 serves everyone else's tests). Once the
+job runs and the view shows it as its watch saw it, the sshd and every session it serves are frozen
+(SIGSTOP): connections stay open but nothing answers, the worst case for a caller that waits. While
+it is frozen the API server's health endpoint and the view's JSON answer, the view's row says
+"Cluster unreachable since ..." (the trigger's note), and the API server's processes neither start
+an ``ssh`` nor hold a connection to the login node (the triggerer does: the check can see one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components import deployment_with_dag
+from localcluster import LocalCluster, poll_until
+from ports import free_port
+from private_login import PrivateLogin, descendants
+from standalone import RestClient, airflow_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+DAG_ID, TASK_ID = "slurm_lifecycle", "job"
+REQUEST_TIMEOUT_S = 60
+"""Generous: an answer is what the test asserts, not how fast it came."""
+
+
+def _get(url: str, token: str | None = None) -> Any:
+    headers = {"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=REQUEST_TIMEOUT_S) as resp:
+        assert resp.status == 200, url
+        return json.load(resp)
+
+
+def _row(api: RestClient, run_id: str) -> dict[str, Any] | None:
+    view = _get(f"{api.base}/hpc-view/api/jobs?dag_id={DAG_ID}&run_id={run_id}", api.token)
+    rows = [job for profile in view["profiles"] for job in profile["jobs"] if job["task_id"] == TASK_ID]
+    return rows[0] if rows else None
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    except OSError:  # ended while we looked
+        pass
+    return inodes
+
+
+def cluster_contacts(pid: int, port: int) -> list[str]:
+    """What ``pid`` and its descendants do towards the login node on ``port``: ``ssh``/``scp``
+    processes, and TCP connections to the port (from /proc: socket inodes against /proc/net/tcp*)."""
+    found: list[str] = []
+    inodes: set[str] = set()
+    for proc in [pid, *descendants(pid)]:
+        try:
+            name = Path(f"/proc/{proc}/comm").read_text().strip()
+        except OSError:
+            continue
+        if name in ("ssh", "scp", "sftp"):
+            found.append(f"process {proc} ({name})")
+        inodes |= _socket_inodes(proc)
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+            if remote_port == port and fields[9] in inodes:
+                found.append(f"TCP connection {fields[1]} -> {fields[2]} (socket {fields[9]})")
+    return found
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_frozen_login_node_leaves_the_api_server_answering_and_the_view_says_since_when(
+        local_cluster: LocalCluster, cluster_connection: str, tmp_path: Path) -> None:
+    login_dir = tmp_path / "login"
+    login_dir.mkdir()
+    login = PrivateLogin(local_cluster, login_dir)
+    home = tmp_path / "home"
+    home.mkdir()
+    work = local_cluster.test_dir()
+    release = f"{work}/release"
+    local_cluster.ssh(f"mkdir -p {shlex.quote(work)}/logs")
+    env = airflow_env(home, free_port(), work, first_poll_delay=10)
+    env.update(login.connection_env())
+    env["SLURM_LIFECYCLE_CONN_ID"] = login.conn_id
+    run_id = f"frozen-{uuid.uuid4().hex[:8]}"
+    conf = {"script": f"#!/bin/bash\necho started\nuntil [ -e {shlex.quote(release)} ]; do sleep 1; done\necho done\n",
+            "log_dir": f"{work}/logs", "time_limit": "15"}
+    frozen: list[int] = []
+    login.start()
+    try:
+        with deployment_with_dag(env, home, DAG_ID) as (components, api):
+            api_server = components.procs["api-server"].pid
+            status, body = api.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns",
+                                    {"dag_run_id": run_id, "logical_date": None, "conf": conf})
+            assert status == 200, body
+
+            def seen_running() -> dict[str, Any] | None:
+                row = _row(api, run_id)
+                return row if row and row["last_seen"] == "RUNNING" else None
+
+            try:
+                running = poll_until(seen_running, timeout=600, interval=3, what="the view to show the job RUNNING "
+                                                                                  "as its watch saw it")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n{components.log_tail('triggerer')}\n"
+                                     f"{components.log_tail('scheduler')}") from None
+            assert running["state"] is None and running["as_of_s"] is not None
+            assert running["state_description"].startswith("RUNNING as of ")
+            job_id = running["job_id"]
+            # The check sees a login connection where there is one: the triggerer's watch holds it.
+            assert cluster_contacts(components.procs["triggerer"].pid, login.port), "the triggerer's connection"
+            assert cluster_contacts(api_server, login.port) == []
+
+            sshd = login.pid
+            assert sshd is not None
+            frozen[:] = [sshd, *descendants(sshd)]
+            _signal_all(frozen, signal.SIGSTOP)
+            frozen_at = time.time()
+            answers = 0
+            contacts: list[str] = []
+
+            def view_says_unreachable() -> dict[str, Any] | None:
+                nonlocal answers
+                health = _get(f"{api.base}/api/v2/monitor/health")
+                assert health["metadatabase"]["status"] == "healthy", health
+                row = _row(api, run_id)
+                answers += 1
+                contacts.extend(cluster_contacts(api_server, login.port))
+                return row if row and row["unreachable_since"] else None
+
+            try:
+                down = poll_until(view_says_unreachable, timeout=600, interval=3,
+                                  what="the view to say the cluster is unreachable")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n{components.log_tail('triggerer')}") from None
+            assert contacts == [], contacts
+            assert down["state_description"].startswith("Cluster unreachable since ")
+            assert "the job runs on (last seen RUNNING " in down["state_description"]
+            since = down["unreachable_since"]
+            assert frozen_at - 5 <= _epoch(since) <= time.time(), (since, frozen_at)
+            health = _get(f"{api.base}/api/v2/monitor/health")
+            assert health["triggerer"]["status"] == "healthy", health  # its loop is not blocked by the hang
+            print(f"login node frozen; the view answered {answers} time(s) and says: {down['state_description']}")
+
+            _signal_all(frozen, signal.SIGCONT)
+            frozen.clear()
+            local_cluster.ssh(f"touch {shlex.quote(release)}")
+            poll_until(lambda: api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{TASK_ID}")["state"]
+                       == "success", timeout=600, interval=3, what="the task to finish once the node answers")
+            done = _row(api, run_id)
+            assert done is not None and (done["state"], done["unreachable_since"]) == ("COMPLETED", None)
+            assert done["job_id"] == job_id
+    finally:
+        _signal_all(frozen, signal.SIGCONT)
+        login.stop()
+        local_cluster.ssh(f"touch {shlex.quote(release)}", check=False)
+
+
+def _epoch(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso).timestamp()
