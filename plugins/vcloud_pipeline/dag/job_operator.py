@@ -197,7 +197,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
         assert stage is not None
         wanted = [paths.complete_path(stage), paths.best_checkpoint(stage)]
         if stage > 0:
-            wanted.append(paths.best_checkpoint(stage - 1))
+            wanted.append(paths.best_checkpoint(plan.stage_plan.predecessor(stage)))
         sizes = hook.file_sizes([str(p) for p in wanted])
         files = StageFiles(complete=sizes.get(str(wanted[0])), best=sizes.get(str(wanted[1])),
                            predecessor_best=sizes.get(str(wanted[2])) if stage > 0 else None)

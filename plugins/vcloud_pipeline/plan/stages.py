@@ -57,7 +57,7 @@ class StageFiles:
     complete: int | None
     best: int | None
     predecessor_best: int | None = None
-    """``best.pt`` of the stage before (stage 0: not needed)."""
+    """``best.pt`` of the stage it starts from (:meth:`StagePlan.predecessor`; stage 0: not needed)."""
 
     @property
     def is_complete(self) -> bool:
@@ -69,13 +69,23 @@ def stages_without_work(request: TrainingRequest, config: VCloudConfig) -> dict[
     would spend their GPU-hours and hand on the model they started from. A stage in the request's
     ``force_stages`` is trained anyway.
 
+    A stage the config turns off by default (``train.stage{N}.run_by_default: false``: stage 2,
+    whose refiner measured no gain over the draft it starts from) is not submitted; stage 3 then
+    starts from stage 1's draft (the trainer builds stage 2's untrained start from stages 0 and 1).
     Stage 3 adapts to an unlabeled domain (``model.stage3.unlabeled_data``); without one it
     pseudo-labels part of the labeled training split, where its student cannot learn what the
-    labels do not already teach, and keeps stage 2's model."""
+    labels do not already teach, and keeps the model it started from."""
     out: dict[int, str] = {}
-    if request.selected(3) and not request.forced(3) and not config.model.section(3).get("unlabeled_data"):
+    for stage in STAGES:
+        if request.selected(stage) and not request.forced(stage) and not config.train.for_stage(stage).run_by_default:
+            out[stage] = (f"stage {stage} not submitted: train.stage{stage}.run_by_default is false in "
+                          f"{request.config_path} (it measured no validation gain over the model it starts "
+                          f"from, see docs/training-dag.md); train it anyway with force_stages [{stage}]")
+    if 3 not in out and request.selected(3) and not request.forced(3) \
+            and not config.model.section(3).get("unlabeled_data"):
         out[3] = (f"stage 3 not submitted: model.stage3.unlabeled_data is empty in {request.config_path}, so it has "
-                  "no unlabeled domain to adapt to and would hand on stage 2's model after spending its GPU-hours "
+                  "no unlabeled domain to adapt to and would hand on the model it starts from after spending its "
+                  "GPU-hours "
                   "(name the new domain's prepared series there, or train it anyway with force_stages [3])")
     return out
 
@@ -106,6 +116,15 @@ class StagePlan:
     def stages(self) -> tuple[int, ...]:
         """The selected stages the run may submit (those without work left out)."""
         return tuple(s for s in self.request.stages if s not in self.without_work)
+
+    def predecessor(self, stage: int) -> int:
+        """The stage whose ``best.pt`` ``stage`` starts from: the one before it, or, where that one is
+        not submitted (:attr:`without_work`), the one before that (stage 3 without stage 2: stage 1,
+        the draft stage 2's untrained start hands on)."""
+        before = stage - 1
+        while before > 1 and before in self.without_work:
+            before -= 1
+        return before
 
     @property
     def data_preset(self) -> str | None:
@@ -145,9 +164,10 @@ def decide(plan: StagePlan, stage: int, files: StageFiles, paths: RunPaths) -> D
         return Decision(Action.SKIP, f"stage {stage} is complete ({paths.complete_path(stage)} and "
                                      f"{paths.best_checkpoint(stage)} exist); mode restart trains it again")
     if stage > 0 and not files.predecessor_best:
+        before = plan.predecessor(stage)
         raise StageDecisionError(
-            f"stage {stage} reads stage {stage - 1}'s best.pt, but {paths.best_checkpoint(stage - 1)} does not "
-            f"exist; run stage {stage - 1} first (e.g. stages=[{stage - 1}, {stage}])"
+            f"stage {stage} reads stage {before}'s best.pt, but {paths.best_checkpoint(before)} does not "
+            f"exist; run stage {before} first (e.g. stages=[{before}, {stage}])"
         )
     why = "mode restart" if restart else ("resuming from latest.pt" if files.complete is None and files.best
                                           else "not complete")
