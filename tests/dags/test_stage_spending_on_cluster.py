@@ -10,6 +10,10 @@ One run of the tiny config, three epochs per stage, with the DAG's defaults othe
 - the summary, and ``python -m vcloud_pipeline.dag.report`` for the DAG run, put each stage's validation
   gain against its GPU-hours.
 
+A second run turns stage 2 off by default (``train.stage2.run_by_default: false``, as the small
+and full configs ship) and forces stage 3: stage 2 is not submitted, and stage 3 starts from stage
+1's draft on the cluster.
+
 Jobs run for real, as the cluster user, in the local profile's image.
 """
 
@@ -31,14 +35,15 @@ RUN = "spending"
 STAGE2_BUDGET = "  stage2: {epochs: 2, batch_size: 2, lr: 1.0e-3, patience: 1}"
 
 
-def tree_with_stage2_lr(root: Path, lr: float) -> Path:
-    """A copy of the project's ``trainer/`` whose tiny config trains stage 2 at ``lr``."""
+def tree_with_stage2(root: Path, settings: str) -> Path:
+    """A copy of the project's ``trainer/`` whose tiny config trains stage 2 with ``settings``
+    (``lr: 0.9``) instead of its learning rate."""
     shutil.copytree(REPO / "trainer", root / "trainer",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
     config = root / "trainer" / "configs" / "model_tiny.yaml"
     text = config.read_text()
     assert text.count(STAGE2_BUDGET) == 1, f"model_tiny.yaml no longer has {STAGE2_BUDGET!r}: update this test"
-    config.write_text(text.replace(STAGE2_BUDGET, STAGE2_BUDGET.replace("lr: 1.0e-3", f"lr: {lr}")))
+    config.write_text(text.replace(STAGE2_BUDGET, STAGE2_BUDGET.replace("lr: 1.0e-3", settings)))
     return root
 
 
@@ -50,7 +55,7 @@ def test_a_stage_that_stops_learning_stops_and_stage3_without_a_domain_is_not_su
     from vcloud_pipeline.dag.report import render_report
     from vcloud_pipeline.plan.run_plan import RunPlan
 
-    tree = tree_with_stage2_lr(tmp_path / "tree", 0.9)
+    tree = tree_with_stage2(tmp_path / "tree", "lr: 0.9")
     monkeypatch.setitem(tasks.sync_code.__kwdefaults__, "project_root", tree)
     monkeypatch.setitem(tasks.plan_run.__kwdefaults__, "project_root", tree)
 
@@ -100,3 +105,34 @@ def test_a_stage_that_stops_learning_stops_and_stage3_without_a_domain_is_not_su
     assert "validation psnr +0.000 dB over its start, 0.000 dB per GPU-hour; stopped early after 1 of 3" \
         in stage2_line, report
     assert f"  stage3: not complete ({reason})" in report
+
+
+def test_stage2_off_by_default_is_not_submitted_and_stage3_starts_from_stage1s_draft(
+        local_cluster: LocalCluster, project_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vcloud_pipeline.dag import tasks
+
+    run = "stage2-off"
+    tree = tree_with_stage2(tmp_path / "tree", "lr: 1.0e-3, run_by_default: false")
+    monkeypatch.setitem(tasks.sync_code.__kwdefaults__, "project_root", tree)
+    monkeypatch.setitem(tasks.plan_run.__kwdefaults__, "project_root", tree)
+
+    run_id, states, values = run_dag(profile="local", config="tiny", run_name=run, max_epochs=1, export=False,
+                                     force_stages=[3])
+    assert states["<run>"] == "success", (states, job_logs_tail(local_cluster, project_dir, run, "stage3"))
+
+    reason = values["plan"]["without_work"]["2"]
+    assert "train.stage2.run_by_default is false in trainer/configs/model_tiny.yaml" in reason
+    assert list(values["plan"]["without_work"]) == ["2"], "stage 3 is forced"
+    assert states["stage2"] == "skipped" and "stage2" not in values
+    assert values["summary"]["not_submitted"] == {"stage2": reason}
+    outputs = f"{project_dir}/outputs/{run}"
+    assert local_cluster.ssh(f"test -e {shlex.quote(outputs)}/stage2/best.pt", check=False).returncode != 0
+
+    stage3 = values["stage3"]
+    assert stage3["state"] == "COMPLETED" and stage3["epochs"] == 1, stage3
+    log = job_logs_tail(local_cluster, project_dir, run, "stage3", chars=20000)
+    assert "starting from stage 2's untrained start, stage 1's draft" in log, log[-3000:]
+    stage1 = json.loads(local_cluster.ssh(f"cat {shlex.quote(outputs)}/stage1/COMPLETE").stdout)
+    complete = json.loads(local_cluster.ssh(f"cat {shlex.quote(outputs)}/stage3/COMPLETE").stdout)
+    assert complete["best_metric"]["start_value"] == pytest.approx(stage1["best_metric"]["value"], abs=1e-4), \
+        "stage 3's start is stage 1's draft"

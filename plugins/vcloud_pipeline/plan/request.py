@@ -162,7 +162,8 @@ class TrainingRequest(Document):
         STAGES, title="Stages",
         description="Stages to run (0 autoencoder, 1 draft, 2 refiner, 3 self-training). Complete stages are "
                     "skipped unless mode is restart, and so are stages the run's inputs give nothing to do "
-                    "(stage 3 without model.stage3.unlabeled_data) unless listed in force_stages.",
+                    "(stage 3 without model.stage3.unlabeled_data; a stage the config turns off with "
+                    "train.stageN.run_by_default: false) unless listed in force_stages.",
         json_schema_extra={"items": {"type": "integer", "minimum": 0, "maximum": 3}})
     mode: Mode = pydantic.Field(
         "resume", title="Resume or restart",
@@ -217,7 +218,8 @@ class TrainingRequest(Document):
                                                                                   "maximum": 3}},
         description="Selected stages to train even where the plan finds nothing for them to do with the run's "
                     "inputs, e.g. [3]: stage 3 without an unlabeled domain (model.stage3.unlabeled_data empty) "
-                    "pseudo-labels part of the labeled training split, and keeps its start unless it beats it.")
+                    "pseudo-labels part of the labeled training split, and keeps its start unless it beats it; "
+                    "[2]: stage 2 where the config turns it off by default (train.stage2.run_by_default).")
     """Stages to train even where the plan finds that the run's inputs give them nothing to do
     (:func:`vcloud_pipeline.plan.stages.stages_without_work`), when the run selects them
     (:attr:`stages`); one it does not select stays unselected."""
