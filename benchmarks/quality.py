@@ -47,9 +47,15 @@ measures what the configured budget gives where the CPU run stops early.
     nice -n 10 .venv/bin/python benchmarks/quality.py [--budget-minutes 20] [--work DIR] [--threads 2] [--seed 0]
         [--device cuda]
         [--from-stage N]   # after a change to stage N: retrain N.. on the earlier stages' weights in --work
+        [--set model.stage2.level_correction=false ...]   # a key of model_small.yaml, as the trainer's --set
+
+Stages 2 and 3 are also scored on the draft they hand their refiner ("its draft, unrefined":
+stage 1's draft with stage 2's level correction and stage 3's scene adapter), so a gain shows where
+it comes from: the corrected draft or the diffusion refinement.
 
 Last line: JSON with best_baseline_psnr, stage1_psnr, stage2_psnr, stage3_psnr (and SSIM/SAM; with
-a shift also best_baseline_shifted_psnr and stageN_shifted_psnr).
+a shift also best_baseline_shifted_psnr and stageN_shifted_psnr), stageN_draft_psnr, and what each
+stage cost (stageN_steps, stageN_epochs, stageN_seconds).
 """
 
 from __future__ import annotations
@@ -93,11 +99,12 @@ SHIFTED_SPLITS = SplitFractions(train=0.5, val=0.1, test=0.4)
 
 
 def benchmark_config(path: Path, seed: int = 0, unlabeled_data: Path | None = None,
-                     epochs: dict[int, int] | None = None) -> VCloudConfig:
-    """The model config with gradient checkpointing off (see the module docstring), ``seed``,
-    stage 3's unlabeled domain (``model.stage3.unlabeled_data``) when there is one, and ``epochs``
-    instead of the configured epochs of those stages."""
-    raw = load_config(path).to_dict()
+                     epochs: dict[int, int] | None = None, overrides: list[str] | None = None) -> VCloudConfig:
+    """The model config with ``overrides`` (``section.key=value``, as the trainer's ``--set``),
+    gradient checkpointing off (see the module docstring), ``seed``, stage 3's unlabeled domain
+    (``model.stage3.unlabeled_data``) when there is one, and ``epochs`` instead of the configured
+    epochs of those stages."""
+    raw = load_config(path, overrides or []).to_dict()
     raw["memory"]["grad_checkpointing"] = False
     raw["train"]["seed"] = seed
     for stage, count in (epochs or {}).items():
@@ -256,12 +263,23 @@ def on_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
+class DraftOnly:
+    """Scores the draft a stage-2/3 model hands its refiner (stage 1's, with stage 2's level
+    correction and stage 3's scene adapter where the model has them), not the refinement."""
+
+    @staticmethod
+    def predict(model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+        return model.draft(batch)
+
+
 def score(stage: int, ctx: BuildContext, test: Dataset, weights: str = "best.pt",
-          predictions: list[torch.Tensor] | None = None) -> dict[str, float]:
-    """Mean per-series metrics of a stage's ``best.pt`` (or ``start.pt``) predictions on ``test``."""
+          predictions: list[torch.Tensor] | None = None, draft_only: bool = False) -> dict[str, float]:
+    """Mean per-series metrics of a stage's ``best.pt`` (or ``start.pt``) predictions on ``test``;
+    ``draft_only``: of the draft it hands its refiner (stages 2-3)."""
     loading = dataclasses.replace(ctx, data_root=None)  # the weights carry stage 3's adapter reference
     model, _ = load_stage_model(stage, ctx.run_dir / f"stage{stage}" / weights, loading)
-    return score_model(get_stage(stage), model, test, predictions=predictions)
+    spec = DraftOnly if draft_only else get_stage(stage)
+    return score_model(spec, model, test, predictions=predictions)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -282,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-stage", type=int, choices=(0, 1, 2, 3), default=0,
                         help="train from this stage on, with the earlier stages' best.pt of a previous run in "
                         "--work (same seed); each stage still gets its share of --budget-minutes")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override a key of model_small.yaml, as the trainer's --set "
+                        "(e.g. model.stage2.level_correction=false); repeatable")
     parser.add_argument("--shift", choices=("hazier", "none"), default="hazier",
                         help="stage 3's unlabeled domain: the hazier preset's series, or none (part of "
                         "the labeled training split)")
@@ -308,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         shifted_full = SeriesDataset(shifted, "test")
         n_shifted = len(shifted_full) if args.test_limit <= 0 else min(args.test_limit, len(shifted_full))
         shifted_test = Subset(shifted_full, range(n_shifted))
-    cfg = benchmark_config(config_path, args.seed, unlabeled_data=shifted, epochs=parse_epochs(args.epochs))
+    cfg = benchmark_config(config_path, args.seed, unlabeled_data=shifted, epochs=parse_epochs(args.epochs),
+                           overrides=args.overrides)
     test_full = SeriesDataset(data, "test")
     n_test = len(test_full) if args.test_limit <= 0 else min(args.test_limit, len(test_full))
     test = Subset(test_full, range(n_test))
@@ -344,14 +366,14 @@ def main(argv: list[str] | None = None) -> int:
 
     kept_predictions: dict[str, torch.Tensor] = {}  # stages 2-3, for the offset decomposition
 
-    def report(stage: int, label: str, weights: str, key: str) -> None:
+    def report(stage: int, label: str, weights: str, key: str, draft_only: bool = False) -> None:
         """Score ``weights`` of ``stage`` on the test split (and the shifted one), print, record."""
         for suffix, split in (("", test), ("_shifted", shifted_test)):
             if split is None:
                 continue
             t0 = time.monotonic()
-            predicted: list[torch.Tensor] | None = [] if stage >= 2 else None
-            s = score(stage, ctx, split, weights, predictions=predicted)
+            predicted: list[torch.Tensor] | None = [] if stage >= 2 and not draft_only else None
+            s = score(stage, ctx, split, weights, predictions=predicted, draft_only=draft_only)
             if predicted:
                 kept_predictions[f"{key}{suffix}"] = torch.cat(predicted)
             name = f"{'shifted ' if suffix else ''}stage {stage} {label}"
@@ -381,8 +403,8 @@ def main(argv: list[str] | None = None) -> int:
                              curve_every=args.curve_every if stage >= 1 else 0)
         unused = max(allotted - info["seconds"], 0.0)
         kept_score = info["val"].get("kept")
-        results.update({f"stage{stage}_steps": info["steps"],
-                        f"stage{stage}_epochs": round(info["epochs"], 2)})
+        results.update({f"stage{stage}_steps": info["steps"], f"stage{stage}_epochs": round(info["epochs"], 2),
+                        f"stage{stage}_seconds": round(info["seconds"], 1)})
         line = (f"stage {stage} trained {info['seconds']:.0f} s: {info['steps']} steps, "
                 f"{info['epochs']:.2f} epochs over {info['train_series']} series, "
                 f"loss {info['first_loss']:.4f} -> {info['last_loss']:.4f}")
@@ -400,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
             report(1, "untrained draft", "start.pt", "stage1_start")
         report(stage, "autoencoder (target reconstructed)" if stage == 0 else get_stage(stage).name,
                "best.pt", f"stage{stage}")
+        if stage >= 2:  # where the gain comes from: the draft it corrects, or the refinement
+            report(stage, "its draft, unrefined", "best.pt", f"stage{stage}_draft", draft_only=True)
         if stage >= 2 and (ctx.run_dir / f"stage{stage}" / "trained.pt").exists() and info["kept"] == "start":
             report(stage, "trained, not kept", "trained.pt", f"stage{stage}_trained")
     trained3 = "stage3_trained" if "stage3_trained" in kept_predictions else "stage3"

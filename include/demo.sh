@@ -5,8 +5,10 @@
 #
 # Runs `airflow dags test vcloud_training` in a project-local Airflow home (.airflow/demo, gitignored):
 # code sync over the cluster's SSH login, the synthetic dataset job (first time only), preflight
-# (sbatch --test-only, budget, import check job), stages 0-3 and the viewer export as real Slurm jobs.
-# Ends with the run's output listing and the GPU-hour ledger, read back from the cluster.
+# (sbatch --test-only, budget, import check job), stages 0-2 and the viewer export as real Slurm jobs
+# (stage 3 is not submitted: the tiny config names no unlabeled domain for it to adapt to).
+# Ends with the run's output listing, what each stage's GPU-hours bought on validation and the
+# GPU-hour ledger, read back from the cluster.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -8,7 +8,9 @@ Slurm on a page view: on LUMI every ``squeue`` is a command on a shared login no
 server holds no cluster credentials (a training stage's record carries its curve: :mod:`hpc_view.curves`).
 The training DAG's jobs also record the allocation when they ended (``allocation``: Slurm's
 ``GrpTRESMins`` limit on the account with its usage, or the profile's ``billing.allocation``, each
-figure with its source); the newest such record is the budget the page shows.
+figure with its source); the newest such record is the budget the page shows. A training stage's
+record also says what its best weights gained on validation over the model the stage started from
+(``validation_gain``) and why the stage stopped: with its GPU-hours, what each stage bought.
 
 A task that is still waiting (deferred) has its job id here and the trigger's note of the task try
 (``slurm_watch``): the job's state, pending reason and expected start as the watch's last poll saw
@@ -34,6 +36,7 @@ from slurm_provider.outage import clock, span
 from slurm_provider.pending_words import waiting_line
 from slurm_provider.state_vocabulary import SlurmState, classify_pending_reason, parse_state
 from slurm_provider.watch_state import WATCH_XCOM_KEY
+from vcloud.contract import gain_per_gpu_hour
 
 RETURN_VALUE_KEY = "return_value"
 SUMMARY_KEYS = ("job_id", "job_ids", "state", "gpu_hours")
@@ -120,6 +123,11 @@ class JobRecord:
     followed: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """While the task waits: the files its watch follows, by path (``FollowedFile.to_json``: the fold's
     state, ``read_at``, ``problem``)."""
+    validation_gain: float | None = None
+    """A training stage's: its ``best.pt``'s validation score minus its start's (``gain_metric``'s units)."""
+    gain_metric: str | None = None
+    stop_reason: str | None = None
+    """Why the stage stopped (``epochs`` or ``patience``), from its ``COMPLETE`` record."""
 
     @property
     def slurm_state(self) -> SlurmState | None:
@@ -175,6 +183,7 @@ class JobRecord:
         data["elapsed"] = format_duration(self.elapsed_s)
         data["resubmissions"] = self.resubmissions
         data["log_url"] = task_log_url("", self.dag_id, self.run_id, self.task_id, self.map_index, self.job_id)
+        data["gain_per_gpu_hour"] = gain_per_gpu_hour(self.validation_gain, self.gpu_hours)
         return data
 
 
@@ -260,6 +269,10 @@ def _int(value: Any) -> int | None:
         return None
 
 
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def records_from_xcoms(rows: Iterable[XComRow]) -> list[JobRecord]:
     """One record per Slurm task instance: its return value when it completed, else its job id.
 
@@ -309,7 +322,8 @@ def records_from_xcoms(rows: Iterable[XComRow]) -> list[JobRecord]:
             finished_at=anchor.end_date, metrics=summary.get("metrics"),
             allocation=summary["allocation"] if isinstance(summary.get("allocation"), Mapping) else None,
             curve=summary["curve"] if isinstance(summary.get("curve"), Mapping) else None,
-            final=True))
+            final=True, validation_gain=_float(summary.get("validation_gain")),
+            gain_metric=summary.get("gain_metric"), stop_reason=summary.get("stop_reason")))
     records.sort(key=lambda r: (r.finished_at is None, r.finished_at or datetime.min, r.dag_id, r.run_id,
                                 r.task_id), reverse=False)
     return records
@@ -345,6 +359,8 @@ class ProfileBudget:
     by_run: dict[str, float] = field(default_factory=dict)
     by_stage: dict[str, float] = field(default_factory=dict)
     by_run_stage: dict[tuple[str, str], float] = field(default_factory=dict)
+    gains: dict[tuple[str, str], JobRecord] = field(default_factory=dict)
+    """Per (run, stage): the newest record that measured a validation gain (what the hours bought)."""
     burn: tuple[BurnPoint, ...] = ()
     jobs: int = 0
     source: str = PROFILE_SOURCE
@@ -360,6 +376,16 @@ class ProfileBudget:
             return None
         return self.allocation - (self.account_used if self.account_used is not None else self.total)
 
+    def _yield(self, run: str, stage: str, hours: float) -> dict[str, Any]:
+        """What ``hours`` of ``stage`` in ``run`` bought on validation (None where nothing was measured)."""
+        record = self.gains.get((run, stage))
+        gain = record.validation_gain if record is not None else None
+        per_hour = gain_per_gpu_hour(gain, hours)
+        return {"validation_gain": None if gain is None else round(gain, 4),
+                "gain_metric": record.gain_metric if record is not None else None,
+                "gain_per_gpu_hour": None if per_hour is None else round(per_hour, 4),
+                "stop_reason": record.stop_reason if record is not None else None}
+
     def to_json(self) -> dict[str, Any]:
         return {
             "profile": self.profile, "unit": self.unit, "allocation": self.allocation,
@@ -370,8 +396,8 @@ class ProfileBudget:
             "jobs": self.jobs,
             "by_run": [{"run_id": run, "gpu_hours": round(h, 4)} for run, h in self.by_run.items()],
             "by_stage": [{"stage": stage, "gpu_hours": round(h, 4)} for stage, h in self.by_stage.items()],
-            "by_run_stage": [{"run_id": run, "stage": stage, "gpu_hours": round(h, 4)}
-                             for (run, stage), h in self.by_run_stage.items()],
+            "by_run_stage": [{"run_id": run, "stage": stage, "gpu_hours": round(h, 4),
+                              **self._yield(run, stage, h)} for (run, stage), h in self.by_run_stage.items()],
             "burn": [{"at": p.at.isoformat() if p.at else None, "label": p.label, "used": round(p.used, 4),
                       "left": None if p.left is None else round(p.left, 4)} for p in self.burn],
         }
@@ -407,6 +433,7 @@ def profile_budget(profile: str, records: Iterable[JobRecord], *, allocation: fl
     by_run: dict[str, float] = {}
     by_stage: dict[str, float] = {}
     by_run_stage: dict[tuple[str, str], float] = {}
+    gains: dict[tuple[str, str], JobRecord] = {}
     burn: list[BurnPoint] = []
     total = 0.0
     left = allocation
@@ -415,6 +442,8 @@ def profile_budget(profile: str, records: Iterable[JobRecord], *, allocation: fl
         by_stage[record.stage] = by_stage.get(record.stage, 0.0) + record.gpu_hours
         key = (record.run_id, record.stage)
         by_run_stage[key] = by_run_stage.get(key, 0.0) + record.gpu_hours
+        if record.validation_gain is not None or record.stop_reason is not None:
+            gains[key] = record
         total += record.gpu_hours
         snap = _slurm_snapshot(record) if newest is not None else None
         if snap is not None:
@@ -423,7 +452,8 @@ def profile_budget(profile: str, records: Iterable[JobRecord], *, allocation: fl
             left -= record.gpu_hours
         burn.append(BurnPoint(record.finished_at, f"{record.stage} ({record.job_id})", total, left))
     common: dict[str, Any] = dict(profile=profile, unit=unit, allocation=allocation, total=total, by_run=by_run,
-                  by_stage=by_stage, by_run_stage=by_run_stage, burn=tuple(burn), jobs=len(done))
+                                  by_stage=by_stage, by_run_stage=by_run_stage, gains=gains, burn=tuple(burn),
+                                  jobs=len(done))
     if newest is None:
         return ProfileBudget(**common, allocation_from=allocation_from)
     record, snap = newest

@@ -73,7 +73,7 @@ def deployment(local_cluster: LocalCluster, cluster_connection: str,
 
 def _trigger(api: RestClient, profile: str, run_name: str, **conf: Any) -> str:
     run_id = f"concurrent-{run_name}-{uuid.uuid4().hex[:6]}"
-    conf = {"profile": profile, "config": "tiny", "run_name": run_name, "max_epochs": 1, **conf}
+    conf = {"profile": profile, "config": "tiny", "run_name": run_name, "max_epochs": 1, "force_stages": [3], **conf}
     status, body = api.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns",
                             {"dag_run_id": run_id, "logical_date": None, "conf": conf})
     assert status == 200, body

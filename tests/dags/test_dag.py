@@ -111,7 +111,7 @@ def test_the_form_offers_the_installed_profiles_and_groups_the_advanced_params(d
         "cosmos", "levante", "local", "lumi"]
     advanced = {name for name in params.keys() if params.get_param(name).schema.get("section") == ADVANCED}
     assert advanced == {"start_stage", "max_resubmits", "time_limit", "max_epochs", "partition", "nodes",
-                        "gpus_per_node", "on_code_change"}
+                        "gpus_per_node", "on_code_change", "force_stages"}
     assert params.get_param("on_code_change").schema["enum"] == ["keep_weights", "refuse"]
     assert params["on_code_change"] == "keep_weights"
     # The UI shows sections in the order of their first field: the everyday fields stay on top.

@@ -76,7 +76,9 @@ def asset_events(run_id: str) -> dict[str, dict]:
 
 
 def test_full_run_then_restart_from_stage_2(local_cluster: LocalCluster, project_dir: str) -> None:
-    run_id, states, values = run_dag(profile="local", config="tiny", run_name="e2e", max_epochs=1, max_resubmits=1)
+    # The tiny config names no unlabeled domain: stage 3 is trained only because the run forces it.
+    run_id, states, values = run_dag(profile="local", config="tiny", run_name="e2e", max_epochs=1, max_resubmits=1,
+                                     force_stages=[3])
     assert all(state == "success" for state in states.values()), states
 
     outputs = f"{project_dir}/outputs/e2e"
@@ -125,7 +127,7 @@ def test_full_run_then_restart_from_stage_2(local_cluster: LocalCluster, project
 
     # Like the seed's START_STAGE=2: stages 0 and 1 are left alone, 2 and 3 trained again.
     run_id2, states2, values2 = run_dag(profile="local", config="tiny", run_name="e2e", max_epochs=1,
-                                        start_stage=2, mode="restart", export=False)
+                                        start_stage=2, mode="restart", export=False, force_stages=[3])
     assert states2["stage0"] == "skipped" and states2["stage1"] == "skipped", states2
     assert states2["prepare_data"] == "skipped"  # the prepared dataset exists
     assert states2["stage2"] == "success" and states2["stage3"] == "success", states2

@@ -148,3 +148,25 @@ def test_a_waiting_tasks_record_carries_the_files_its_watch_follows_and_its_row_
         assert {r.task_id: r for r in records_from_xcoms(rows)}["stage2"].followed == {}
     rows[-1] = XComRow("vcloud_training", "r1", "stage2", -1, "slurm_followed", followed, "success")
     assert {r.task_id: r for r in records_from_xcoms(rows)}["stage2"].followed == {}  # no longer waiting
+
+
+def test_each_run_and_stage_shows_what_its_gpu_hours_bought_on_validation() -> None:
+    def done(task: str, job: str, hours: float, at: datetime, **trained: object) -> list[XComRow]:
+        value = {"job_id": job, "job_ids": [job], "state": "COMPLETED", "gpu_hours": hours, "job": task,
+                 "run": "full", "profile": "lumi", **trained}
+        return [XComRow("vcloud_training", "r1", task, -1, "slurm_job_id", job, "success", end_date=at),
+                XComRow("vcloud_training", "r1", task, -1, "return_value", value, "success", end_date=at)]
+
+    rows = (done("stage0", "1", 4.0, T, stop_reason="epochs")
+            + done("stage1", "2", 20.0, T.replace(hour=13), validation_gain=1.25, gain_metric="psnr",
+                   stop_reason="epochs")
+            + done("stage2", "3", 8.0, T.replace(hour=14), validation_gain=0.0, gain_metric="psnr",
+                   stop_reason="patience"))
+    records = {r.task_id: r for r in records_from_xcoms(rows)}
+    assert records["stage1"].to_json()["gain_per_gpu_hour"] == 0.0625
+    rows_by_stage = {row["stage"]: row for row in
+                     profile_budget("lumi", records.values(), allocation=100.0).to_json()["by_run_stage"]}
+    assert rows_by_stage["stage1"] == {"run_id": "r1", "stage": "stage1", "gpu_hours": 20.0, "validation_gain": 1.25,
+                                       "gain_metric": "psnr", "gain_per_gpu_hour": 0.0625, "stop_reason": "epochs"}
+    assert rows_by_stage["stage2"]["gain_per_gpu_hour"] == 0.0 and rows_by_stage["stage2"]["stop_reason"] == "patience"
+    assert rows_by_stage["stage0"]["validation_gain"] is None, "stage 0 scores no start"

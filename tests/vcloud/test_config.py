@@ -86,6 +86,17 @@ def test_stage_budget_errors_name_the_stage() -> None:
         config_from_dict(raw)
 
 
+def test_only_stages_2_and_3_may_be_off_by_default() -> None:
+    raw = _tiny()
+    raw["train"]["stage2"]["run_by_default"] = False
+    raw["train"]["stage3"]["run_by_default"] = False
+    assert not config_from_dict(raw).train.for_stage(2).run_by_default
+    raw["train"]["stage1"]["run_by_default"] = False
+    with pytest.raises(ConfigError, match=r"train\.stage1\.run_by_default=False is invalid \(allowed: true "
+                                          r"\(every later stage builds on this stage's best\.pt"):
+        config_from_dict(raw)
+
+
 def test_curriculum_boundaries_must_be_ordered() -> None:
     raw = _tiny()
     raw["data"]["curriculum"] = {"mixed_from_epoch": 5, "all_from_epoch": 2}
@@ -158,7 +169,7 @@ def test_overrides_leave_the_parsed_file_unchanged() -> None:
 @pytest.mark.parametrize(("override", "message"), [
     ("train.log_every_step=5", "train: unknown key(s) log_every_step (valid: seed, lr_schedule"),
     ("trian.seed=1", "top level: unknown key(s) trian (valid: name, data, train, model, memory)"),
-    ("train.stage0.epoch=3", "train.stage0: unknown key(s) epoch (valid: epochs, batch_size, lr)"),
+    ("train.stage0.epoch=3", "train.stage0: unknown key(s) epoch (valid: epochs, batch_size, lr, patience, run_by_default)"),
     ("train.seed=one", "train.seed='one' is invalid (allowed: an integer)"),
 ])
 def test_unknown_or_bad_overrides_are_refused_by_the_config_validation(tmp_path: Path, override: str,

@@ -14,7 +14,7 @@ import torch
 from vcloud.config import load_config
 from vcloud.data.dataset import SeriesDataset
 from vcloud.contract import TrainingCurve, curve_png_name, training_curve
-from vcloud.export import latest_trained_stage, main, plot_training_curve, rgb_quicklook, stage_curve
+from vcloud.export import curve_title, latest_trained_stage, main, plot_training_curve, rgb_quicklook, stage_curve
 from vcloud.metrics import psnr
 from vcloud.training.distributed import init_distributed
 from vcloud.training.loop import StageRun, train_stage
@@ -120,3 +120,11 @@ def test_rgb_quicklook_uses_bands_4_3_2_with_a_shared_stretch() -> None:
     target_pixel, cloudy_pixel = mosaic[0, -1], mosaic[0, 0]
     assert tuple(target_pixel) == (255, 128, 64)  # red is the brightest band, stretched to white
     assert abs(int(cloudy_pixel[0]) - 128) <= 1  # half as bright, same stretch
+
+
+def test_the_curve_title_says_when_a_stage_stopped_early() -> None:
+    best = {"name": "psnr", "value": 31.5, "epoch": 0}
+    stopped = {"epoch": 3, "epochs_total": 50, "best_metric": best,
+               "stop": {"reason": "patience", "detail": "...", "epochs_planned": 50}}
+    assert curve_title(2, stopped) == "stage 2: 3/50 epochs, stopped early, best psnr 31.50 (epoch 0)"
+    assert curve_title(2, {**stopped, "stop": None, "epoch": 50}) == "stage 2: 50/50 epochs, best psnr 31.50 (epoch 0)"

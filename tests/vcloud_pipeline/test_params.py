@@ -147,3 +147,25 @@ def test_the_config_choices_are_the_configs_shipped() -> None:
 
     assert get_args(ConfigName) == tuple(CONFIGS)
     assert FIELDS == tuple(TrainingRequest.model_fields) and "start_stage" in FIELDS
+
+
+def test_force_stages_only_forces_stages_the_run_selects() -> None:
+    assert parse_request({"profile": "local"}).force_stages == ()
+    request = parse_request({"profile": "local", "force_stages": ["3"]})
+    assert request.force_stages == (3,) and request.forced(3) and not request.forced(2)
+    assert TrainingRequest.model_validate(request.model_dump(mode="json")) == request
+    unselected = parse_request({"profile": "local", "stages": [0, 1], "force_stages": [3]})
+    assert unselected.stages == (0, 1) and not unselected.forced(3), "forcing does not select"
+    with pytest.raises(RequestError, match=r"force_stages"):
+        parse_request({"profile": "local", "force_stages": [4]})
+
+
+def test_the_plan_carries_the_stages_without_work_to_every_later_task() -> None:
+    from vcloud_pipeline.dag.tasks import plan_run
+    from vcloud_pipeline.plan.run_plan import RunPlan
+
+    planned = plan_run({"profile": "local", "config": "tiny", "run_name": "carried"})
+    assert list(planned["without_work"]) == ["3"]
+    assert RunPlan.from_xcom(planned).stage_plan.without_work == {3: planned["without_work"]["3"]}
+    forced = plan_run({"profile": "local", "config": "tiny", "run_name": "carried", "force_stages": [3]})
+    assert forced["without_work"] == {} and RunPlan.from_xcom(forced).stage_plan.stages == (0, 1, 2, 3)

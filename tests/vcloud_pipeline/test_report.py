@@ -56,3 +56,24 @@ def test_a_run_without_an_export_says_where_the_curves_will_be(local_cluster: Lo
         local_cluster.ssh(f"rm -rf {shlex.quote(base)}")
     assert "training curves (PNG, loss and validation PSNR over the steps of each stage):\n" \
            "  none yet: the export job plots them\n" in report
+
+
+def test_stage_yields_put_each_stages_gain_against_its_gpu_hours() -> None:
+    from vcloud_pipeline.dag.tasks import stage_yields, yield_line
+
+    records = {
+        "stage0": {"epochs": 8, "best_metric": {"name": "psnr", "value": 30.0, "epoch": 8}},
+        "stage1": {"epochs": 3, "best_metric": {"name": "psnr", "value": 31.5, "epoch": 3, "start_value": 30.25},
+                   "stop": {"reason": "epochs", "detail": "trained its 3 epochs", "epochs_planned": 3}},
+        "stage2": {"epochs": 1, "best_metric": {"name": "psnr", "value": 31.5, "epoch": 0, "start_value": 31.5},
+                   "stop": {"reason": "patience", "detail": "stopped early after 1 of 3 epochs", "epochs_planned": 3}},
+    }
+    yields = stage_yields(records, {"stage0": 0.5, "stage1": 0.25, "stage2": 0.125})
+    assert yields["stage1"]["gain"] == 1.25 and yields["stage1"]["gain_per_gpu_hour"] == 5.0
+    assert yields["stage2"]["gain"] == 0.0 and yields["stage2"]["stop_reason"] == "patience"
+    assert yields["stage0"]["gain"] is None and yields["stage0"]["stop_reason"] == "epochs"
+    assert "stage3" not in yields
+    assert yield_line("stage1", yields["stage1"]) == (
+        "stage1: 0.2500 GPU-hours, validation psnr +1.250 dB over its start, 5.000 dB per GPU-hour; "
+        "trained its 3 epochs")
+    assert yield_line("stage0", yields["stage0"]) == "stage0: 0.5000 GPU-hours, no start scored, no gain measured"

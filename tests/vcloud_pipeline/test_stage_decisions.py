@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from vcloud.config import config_from_dict, load_config
 from vcloud.contract import best_checkpoint_metrics
 from vcloud_pipeline.plan.layout import run_paths
 from vcloud_pipeline.plan.request import parse_request
@@ -16,6 +17,7 @@ from vcloud_pipeline.plan.stages import (
     decide,
     decide_data,
     decide_export,
+    stages_without_work,
 )
 
 LOCAL = load_profile("local")
@@ -102,3 +104,54 @@ def test_best_checkpoint_metrics_are_those_of_best_pt_not_of_the_last_epoch() ->
     older = {"epochs": 3, "final_metrics": {"psnr": 45.5}, "best_metric": {"name": "psnr", "value": 48.1, "epoch": 2}}
     assert best_checkpoint_metrics(older) == (3, {"psnr": 45.5})
     assert best_checkpoint_metrics(None) == (None, None)
+
+
+def _tiny(unlabeled_data: str = "", stage2_by_default: bool = True):
+    from vcloud_pipeline.checkout import PROJECT_ROOT
+
+    raw = load_config(PROJECT_ROOT / "trainer/configs/model_tiny.yaml").to_dict()
+    raw["model"]["stage3"]["unlabeled_data"] = unlabeled_data
+    raw["train"]["stage2"]["run_by_default"] = stage2_by_default
+    return config_from_dict(raw)
+
+
+def test_stage3_without_an_unlabeled_domain_is_not_submitted_unless_forced() -> None:
+    request = parse_request({"profile": "local", "run_name": "r"})
+    without = stages_without_work(request, _tiny())
+    assert list(without) == [3]
+    assert "model.stage3.unlabeled_data is empty in trainer/configs/model_tiny.yaml" in without[3]
+    assert "force_stages [3]" in without[3]
+    p = StagePlan.build(request, LOCAL, without)
+    skip = decide(p, 3, FRESH, PATHS)
+    assert not skip.submit and skip.reason == without[3]
+    assert decide(p, 2, FRESH, PATHS).submit
+    assert p.stages == (0, 1, 2) and "stage3" not in p.training_labels(), "no test-only, no worst case"
+    assert "stage3" in p.job_specs(), "still rendered (a later run may force it)"
+
+    assert stages_without_work(request, _tiny("../hazier")) == {}
+    forced = parse_request({"profile": "local", "run_name": "r", "force_stages": [3]})
+    assert stages_without_work(forced, _tiny()) == {}
+    assert stages_without_work(parse_request({"profile": "local", "stages": [0, 1]}), _tiny()) == {}
+
+
+def test_a_stage_off_by_default_is_not_submitted_and_the_next_starts_from_the_one_before() -> None:
+    request = parse_request({"profile": "local", "run_name": "r"})
+    without = stages_without_work(request, _tiny("../hazier", stage2_by_default=False))
+    assert list(without) == [2]
+    assert "train.stage2.run_by_default is false in trainer/configs/model_tiny.yaml" in without[2]
+    assert "force_stages [2]" in without[2]
+    p = StagePlan.build(request, LOCAL, without)
+    skip = decide(p, 2, FRESH, PATHS)
+    assert not skip.submit and skip.reason == without[2]
+    assert p.stages == (0, 1, 3) and "stage2" not in p.training_labels()
+    assert (p.predecessor(3), p.predecessor(2), p.predecessor(1)) == (1, 1, 0)
+    assert decide(p, 3, FRESH, PATHS).submit
+    with pytest.raises(StageDecisionError, match=r"stage 3 reads stage 1's best.pt, but .*/stage1/best.pt does not "
+                                                 r"exist; run stage 1 first \(e.g. stages=\[1, 3\]\)"):
+        decide(p, 3, StageFiles(complete=None, best=None, predecessor_best=None), PATHS)
+
+    both = stages_without_work(request, _tiny(stage2_by_default=False))
+    assert list(both) == [2, 3], "no domain to adapt to either"
+    forced = parse_request({"profile": "local", "run_name": "r", "force_stages": [2]})
+    assert list(stages_without_work(forced, _tiny(stage2_by_default=False))) == [3]
+    assert StagePlan.build(forced, LOCAL, {3: "x"}).predecessor(3) == 2

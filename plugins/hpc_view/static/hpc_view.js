@@ -75,13 +75,26 @@ function jobsTable(jobs) {
   return table;
 }
 
+// A validation gain with its unit: dB for PSNR, the metric's name otherwise.
+function gain(value, metric, suffix) {
+  if (value === null || value === undefined) return "n/a";
+  const unit = metric === "psnr" ? "dB" : (metric || "");
+  return (value >= 0 ? "+" : "") + value.toFixed(3) + " " + unit + (suffix || "");
+}
+
 function runStageTable(budget) {
   const table = el("table", { class: "run-stage" }, el("thead", {}, el("tr", {},
-    el("th", {}, "DAG run"), el("th", {}, "Stage"), el("th", { class: "num" }, budget.unit))));
+    el("th", {}, "DAG run"), el("th", {}, "Stage"), el("th", { class: "num" }, budget.unit),
+    el("th", { class: "num" }, "Validation gain over its start"), el("th", { class: "num" }, "Gain per " + budget.unit.replace(/s$/, "")),
+    el("th", {}, "Stopped"))));
   const body = el("tbody");
   for (const row of budget.by_run_stage) {
     body.append(el("tr", { "data-run-id": row.run_id, "data-stage": row.stage },
-      el("td", {}, row.run_id), el("td", {}, row.stage), el("td", { class: "num" }, fmt(row.gpu_hours))));
+      el("td", {}, row.run_id), el("td", {}, row.stage), el("td", { class: "num" }, fmt(row.gpu_hours)),
+      el("td", { class: "num validation-gain" }, gain(row.validation_gain, row.gain_metric)),
+      el("td", { class: "num gain-per-hour" }, gain(row.gain_per_gpu_hour, row.gain_metric)),
+      el("td", { class: "stop-reason" }, row.stop_reason === "patience" ? "early: no validation gain"
+        : row.stop_reason === "epochs" ? "at its epochs" : "")));
   }
   table.append(body);
   return table;

@@ -35,7 +35,11 @@ from vcloud.contract import (
     best_checkpoint_metrics,
     completed_epochs,
     final_metrics,
+    gain_metric,
     recorded_code_hash,
+    stop_detail,
+    stop_reason,
+    validation_gain,
 )
 
 from vcloud_pipeline.jobs import exits as job_exits
@@ -204,7 +208,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
         assert stage is not None
         wanted = [paths.complete_path(stage), paths.best_checkpoint(stage)]
         if stage > 0:
-            wanted.append(paths.best_checkpoint(stage - 1))
+            wanted.append(paths.best_checkpoint(plan.stage_plan.predecessor(stage)))
         sizes = hook.file_sizes([str(p) for p in wanted])
         files = StageFiles(complete=sizes.get(str(wanted[0])), best=sizes.get(str(wanted[1])),
                            predecessor_best=sizes.get(str(wanted[2])) if stage > 0 else None)
@@ -298,7 +302,8 @@ class PipelineJobOperator(SlurmSubmitOperator):
 
     def _report(self, context: Context, summary: dict[str, Any]) -> dict[str, Any]:
         """Add every job's state, the code, the metrics of the stage's ``best.pt`` (and of its last
-        epoch) and the asset event to the summary.
+        epoch), what its training gained on validation over its start and why it stopped, and the
+        asset event to the summary.
 
         ``code_hash`` is the code the jobs ran; ``trained_code_hash`` the code that finished the
         stage, as the trainer recorded it in ``COMPLETE`` (and in every checkpoint).
@@ -318,6 +323,9 @@ class PipelineJobOperator(SlurmSubmitOperator):
                         "allocation": self._allocation_after(plan, hook),
                         "metrics": best_metrics, "best_epoch": best_epoch,
                         "final_metrics": final_metrics(record), "epochs": completed_epochs(record),
+                        "validation_gain": validation_gain(record),
+                        "gain_metric": gain_metric(record),
+                        "stop_reason": stop_reason(record), "stop_detail": stop_detail(record),
                         "curve": curve})
         asset = asset_for(self.job)
         if asset is not None and "outlet_events" in context:

@@ -2,7 +2,9 @@
 
 What ``make demo`` shows at the end, and what a person checks after a run: checkpoints, viewer
 images and metrics as they are on the cluster, each stage's metrics from its ``COMPLETE`` record
-(those of ``best.pt``, the weights handed on, and of the last epoch), where each stage's
+(those of ``best.pt``, the weights handed on, and of the last epoch) with why it stopped and what
+its GPU-hours bought on validation (with ``--dag-run-id``: that DAG run's GPU-hours per stage), the
+stages a run does not submit and why, where each stage's
 training-curve PNG is (the export's ``curves/stage{N}.png``), what the project's jobs
 have cost, and the allocation with the source of each figure (Slurm's limit on the account, or the
 profile's ``billing.allocation``).
@@ -19,7 +21,7 @@ from vcloud_pipeline.plan.request import RequestError, parse_request
 from vcloud_pipeline.budget.billing import Allocation
 from vcloud_pipeline.budget.preflight import read_allocation, read_ledger
 from vcloud_pipeline.plan.run_plan import RunPlan
-from vcloud_pipeline.dag.tasks import build_plan, curve_pngs, stage_records
+from vcloud_pipeline.dag.tasks import build_plan, curve_pngs, stage_records, stage_yields, yield_line
 
 
 def _size(size: int) -> str:
@@ -75,6 +77,22 @@ def curves_section(pngs: dict[str, str]) -> list[str]:
     return lines
 
 
+def yields_section(records: dict, ledger, dag_run_id: str | None) -> list[str]:
+    """Per stage: GPU-hours (of DAG run ``dag_run_id``, from the ledger), validation gain over its
+    start, gain per GPU-hour, why it stopped."""
+    hours = {}
+    if dag_run_id:
+        hours = {label: h for (run, label), h in ledger.summary.by_stage.items()
+                 if run == dag_run_id and label.startswith("stage")}
+    title = f"GPU-hours of DAG run {dag_run_id}" if dag_run_id else "GPU-hours: pass --dag-run-id"
+    lines = [f"what each stage bought on validation ({title}):"]
+    yields = stage_yields(records, hours)
+    lines += [f"  {yield_line(label, entry)}" for label, entry in yields.items()]
+    if not yields:
+        lines.append("  no stage complete yet")
+    return lines
+
+
 def render_report(plan: RunPlan, hook, dag_run_id: str | None = None) -> str:
     paths = plan.paths
     lines = [f"run {plan.run_name} on profile {plan.profile.name}", "", f"outputs: {paths.outputs_dir}"]
@@ -85,15 +103,18 @@ def render_report(plan: RunPlan, hook, dag_run_id: str | None = None) -> str:
     if metrics:
         lines += ["", "viewer metrics.json:", *("  " + line for line in metrics.strip().splitlines()[:40])]
     lines += ["", "stages (from COMPLETE):"]
-    for label, record in stage_records(plan, hook).items():
+    records = stage_records(plan, hook)
+    for label, record in records.items():
         if record is None:
-            lines.append(f"  {label}: not complete")
+            reason = plan.without_work.get(int(label[5:]))
+            lines.append(f"  {label}: not complete" + (f" ({reason})" if reason else ""))
             continue
         best_epoch, best = best_checkpoint_metrics(record)
         lines.append(f"  {label}: {completed_epochs(record)} epochs; best.pt from epoch {best_epoch}: {_metrics(best)}; "
                      f"last epoch: {_metrics(final_metrics(record))}")
-    lines += ["", *curves_section(curve_pngs(plan, hook))]
     ledger = read_ledger(hook, plan.profile)
+    lines += ["", *yields_section(records, ledger, dag_run_id)]
+    lines += ["", *curves_section(curve_pngs(plan, hook))]
     lines += ["", *ledger_section(ledger, dag_run_id, plan.profile.billing.unit)]
     lines += ["", *allocation_section(read_allocation(hook, plan.profile, ledger))]
     return "\n".join(lines)

@@ -24,7 +24,17 @@ from slurm_provider.operators import (
 )
 from slurm_provider.hooks import RemoteCommandError
 from slurm_provider.transport.base import TransportError
-from vcloud.contract import STAGES
+from vcloud.config import ConfigError, VCloudConfig, load_config
+from vcloud.contract import (
+    STAGES,
+    completed_epochs,
+    gain_metric,
+    gain_per_gpu_hour,
+    gain_unit,
+    stop_detail,
+    stop_reason,
+    validation_gain,
+)
 
 from vcloud_pipeline.code.retention import RetentionPlan, mark_run, release_run, remove_unused_code_dirs
 from vcloud_pipeline.plan.layout import run_key
@@ -42,7 +52,7 @@ from vcloud_pipeline.budget.preflight import (
 from vcloud_pipeline.profile import ClusterProfile, ProfileError, load_profile, overrides_from_environ
 from vcloud_pipeline.jobs.render import LOG_OUTPUT_PATTERN
 from vcloud_pipeline.code.tree import CodeTree
-from vcloud_pipeline.plan.stages import StageDecisionError, completion_record, decide_data
+from vcloud_pipeline.plan.stages import StageDecisionError, completion_record, decide_data, stages_without_work
 from vcloud_pipeline.checkout import PROJECT_ROOT
 from vcloud_pipeline.code.upload import local_manifest, sync_run
 from vcloud_pipeline.provision.requirements import parse_requirements, runtime_requirements
@@ -89,11 +99,22 @@ def load_run_profile(name: str) -> ClusterProfile:
     return profile
 
 
-def build_plan(request: TrainingRequest) -> RunPlan:
-    """The run's frozen plan: the request, its profile as loaded now, and every job it may submit."""
-    profile = load_run_profile(request.profile)
+def run_config(request: TrainingRequest, project_root: Path = PROJECT_ROOT) -> VCloudConfig:
+    """The trainer configuration the run's jobs will load (the file ``sync_code`` sends)."""
     try:
-        return RunPlan.build(request, profile)
+        return load_config(project_root / request.config_path)
+    except ConfigError as exc:
+        raise RequestError(str(exc)) from None
+
+
+def build_plan(request: TrainingRequest, project_root: Path = PROJECT_ROOT) -> RunPlan:
+    """The run's frozen plan: the request, its profile as loaded now, the selected stages the run's
+    inputs give nothing to do (from the trainer config in ``project_root``), and every job it may
+    submit."""
+    profile = load_run_profile(request.profile)
+    without_work = stages_without_work(request, run_config(request, project_root))
+    try:
+        return RunPlan.build(request, profile, without_work)
     except StageDecisionError as exc:
         raise RequestError(str(exc)) from None
 
@@ -115,14 +136,18 @@ def run_type_name(run_type: Any) -> str | None:
     return str(getattr(run_type, "value", run_type))
 
 
-def plan_run(params: Mapping[str, Any], *, run_type: Any = None, logical_date: Any = None) -> dict[str, Any]:
-    """Validate the run's params and profile and plan every job; everything later reads this plan.
-    Fails before any I/O on the cluster."""
+def plan_run(params: Mapping[str, Any], *, run_type: Any = None, logical_date: Any = None,
+             project_root: Path = PROJECT_ROOT) -> dict[str, Any]:
+    """Validate the run's params, profile and trainer config, decide which selected stages the run's
+    inputs give nothing to do, and plan every job; everything later reads this plan. Fails before
+    any I/O on the cluster."""
     conf = {k: v for k, v in params.items() if v is not None}
     request = parse_request(conf, run_type=run_type_name(run_type), logical_date=logical_date)
-    plan = build_plan(request)
+    plan = build_plan(request, project_root)
     log.info("run %s on profile %s: config %s, stages %s, mode %s%s", plan.run_name, request.profile,
-             request.config, list(request.stages), request.mode, " (dry run)" if request.dry_run else "")
+             request.config, list(plan.stage_plan.stages), request.mode, " (dry run)" if request.dry_run else "")
+    for reason in plan.without_work.values():
+        log.info("%s", reason)
     for job in plan.jobs.values():
         log.info("%s: partition %s, %d node(s) x %d, %d s", job.label, job.partition, job.nodes,
                  job.gpus_per_node, job.time_seconds)
@@ -281,9 +306,51 @@ def curve_pngs(plan: RunPlan, hook: SlurmVerbs) -> dict[str, str]:
     return {label: path for label, path in wanted.items() if present.get(path)}
 
 
+def stage_yields(records: Mapping[str, Mapping[str, Any] | None],
+                 gpu_hours: Mapping[str, float | None]) -> dict[str, dict[str, Any]]:
+    """Per stage: the GPU-hours it cost (``gpu_hours``, by stage label), the validation gain its
+    ``best.pt`` has over the model it started from (its ``COMPLETE`` record, ``records``), the gain
+    per GPU-hour, and why it stopped. Stages with neither hours nor a record are left out."""
+    out: dict[str, dict[str, Any]] = {}
+    for label in STAGE_LABELS:
+        record, hours = records.get(label), gpu_hours.get(label)
+        if record is None and hours is None:
+            continue
+        gain = validation_gain(record)
+        per_hour = gain_per_gpu_hour(gain, hours)
+        out[label] = {
+            "gpu_hours": None if hours is None else round(hours, 4),
+            "metric": gain_metric(record),
+            "gain": None if gain is None else round(gain, 4),
+            "gain_per_gpu_hour": None if per_hour is None else round(per_hour, 4),
+            "epochs": completed_epochs(record),
+            "stop_reason": stop_reason(record),
+            "stop_detail": stop_detail(record),
+        }
+    return out
+
+
+def yield_line(label: str, entry: Mapping[str, Any]) -> str:
+    """One stage's yield for a person: ``stage1: 0.0123 GPU-hours, validation psnr +0.52 dB over its
+    start, 42.28 dB per GPU-hour; trained its 3 epochs``."""
+    hours = entry.get("gpu_hours")
+    parts = [f"{label}: " + ("GPU-hours not recorded in this run" if hours is None else f"{hours:.4f} GPU-hours")]
+    unit = gain_unit(entry.get("metric"))
+    if entry.get("gain") is None:
+        parts.append("no start scored, no gain measured" if entry.get("stop_reason") else "not complete")
+    else:
+        parts.append(f"validation {entry['metric']} {entry['gain']:+.3f} {unit} over its start")
+        if entry.get("gain_per_gpu_hour") is not None:
+            parts.append(f"{entry['gain_per_gpu_hour']:.3f} {unit} per GPU-hour")
+    line = ", ".join(parts)
+    if entry.get("stop_detail"):
+        line += f"; {entry['stop_detail']}"
+    return line
+
+
 def summarize(plan: RunPlan, hook: SlurmVerbs, job_summaries: Mapping[str, Any]) -> dict[str, Any]:
-    """The run at a glance: per job what ran, per stage the final metrics and its training-curve PNG,
-    the files, the ledger."""
+    """The run at a glance: per job what ran, per stage the final metrics, what its GPU-hours bought
+    on validation and its training-curve PNG, the stages not submitted and why, the files, the ledger."""
     ledger = read_ledger(hook, plan.profile)
     allocation = read_allocation(hook, plan.profile, ledger)
     log.info("allocation (%s): %s", allocation.source, allocation.describe())
@@ -294,11 +361,20 @@ def summarize(plan: RunPlan, hook: SlurmVerbs, job_summaries: Mapping[str, Any])
     curves = curve_pngs(plan, hook)
     log.info("training curves: %s", "; ".join(f"{label} {path}" for label, path in curves.items())
              or "none plotted (the export job plots them)")
+    hours = {label: job.get("gpu_hours") for label, job in job_summaries.items() if label.startswith("stage")}
+    yields = stage_yields({label: records.get(label) for label in hours}, hours)
+    for label, entry in yields.items():
+        log.info("%s", yield_line(label, entry))
+    not_submitted = {f"stage{stage}": reason for stage, reason in plan.without_work.items()}
+    for reason in not_submitted.values():
+        log.info("%s", reason)
     return {
         "run": plan.run_name,
         "profile": plan.profile.name,
         "jobs": dict(job_summaries),
         "stages": records,
+        "stage_yields": yields,
+        "not_submitted": not_submitted,
         "files": len(files),
         "curves": curves,
         "ledger": ledger_report(ledger),

@@ -79,6 +79,16 @@ def _flag(value: Any) -> bool:
 def _stages(value: Any) -> tuple[int, ...]:
     if value is None or value == []:
         return STAGES
+    return _stage_list(value)
+
+
+def _force_stages(value: Any) -> tuple[int, ...]:
+    if value is None or value == []:
+        return ()
+    return _stage_list(value)
+
+
+def _stage_list(value: Any) -> tuple[int, ...]:
     if isinstance(value, (int, str)) and not isinstance(value, bool):
         value = [value]
     if not isinstance(value, (list, tuple)):
@@ -151,7 +161,9 @@ class TrainingRequest(Document):
     stages: Annotated[tuple[int, ...], BeforeValidator(_stages)] = pydantic.Field(
         STAGES, title="Stages",
         description="Stages to run (0 autoencoder, 1 draft, 2 refiner, 3 self-training). Complete stages are "
-                    "skipped unless mode is restart.",
+                    "skipped unless mode is restart, and so are stages the run's inputs give nothing to do "
+                    "(stage 3 without model.stage3.unlabeled_data; a stage the config turns off with "
+                    "train.stageN.run_by_default: false) unless listed in force_stages.",
         json_schema_extra={"items": {"type": "integer", "minimum": 0, "maximum": 3}})
     mode: Mode = pydantic.Field(
         "resume", title="Resume or restart",
@@ -201,6 +213,16 @@ class TrainingRequest(Document):
                     "keep_weights resumes the weights with a fresh optimizer state, refuse stops the job "
                     "(exit 88). Weights that no longer fit are refused either way: use mode restart, or the "
                     "old code.")
+    force_stages: Annotated[tuple[int, ...], BeforeValidator(_force_stages)] = pydantic.Field(
+        (), title="Train anyway", json_schema_extra={**ADVANCED_FIELD, "items": {"type": "integer", "minimum": 0,
+                                                                                  "maximum": 3}},
+        description="Selected stages to train even where the plan finds nothing for them to do with the run's "
+                    "inputs, e.g. [3]: stage 3 without an unlabeled domain (model.stage3.unlabeled_data empty) "
+                    "pseudo-labels part of the labeled training split, and keeps its start unless it beats it; "
+                    "[2]: stage 2 where the config turns it off by default (train.stage2.run_by_default).")
+    """Stages to train even where the plan finds that the run's inputs give them nothing to do
+    (:func:`vcloud_pipeline.plan.stages.stages_without_work`), when the run selects them
+    (:attr:`stages`); one it does not select stays unselected."""
 
     @property
     def config_path(self) -> str:
@@ -208,6 +230,9 @@ class TrainingRequest(Document):
 
     def selected(self, stage: int) -> bool:
         return stage in self.stages
+
+    def forced(self, stage: int) -> bool:
+        return stage in self.force_stages and self.selected(stage)
 
 
 FIELDS: tuple[str, ...] = tuple(TrainingRequest.model_fields)

@@ -62,6 +62,10 @@ class RunPlan(Document):
     request: TrainingRequest
     profile: ClusterProfile
     jobs: dict[JobLabel, PlannedJob]
+    without_work: dict[int, str] = {}
+    """Selected stages decided at ``plan`` not to be submitted, with why
+    (:func:`vcloud_pipeline.plan.stages.stages_without_work`); never decided again from a config
+    file that may have changed since."""
 
     @pydantic.model_validator(mode="before")
     @classmethod
@@ -71,16 +75,18 @@ class RunPlan(Document):
         return data
 
     @classmethod
-    def build(cls, request: TrainingRequest, profile: ClusterProfile) -> RunPlan:
+    def build(cls, request: TrainingRequest, profile: ClusterProfile,
+              without_work: Mapping[int, str] | None = None) -> RunPlan:
         """Every job the run may submit, checked against the profile's partitions (a request its
-        partition cannot serve fails here, before anything reaches the cluster)."""
-        stage_plan = StagePlan.build(request, profile)
+        partition cannot serve fails here, before anything reaches the cluster); ``without_work``:
+        the selected stages it will not submit, with why."""
+        stage_plan = StagePlan.build(request, profile, without_work)
         jobs = {}
         for label, spec in stage_plan.job_specs().items():
             res = resolve_resources(profile, spec)
             jobs[label] = PlannedJob(label=label, spec=spec, partition=res.partition.name, nodes=res.nodes,
                                      gpus_per_node=res.gpus_per_node, time_seconds=res.time_seconds)
-        return cls(request=request, profile=profile, jobs=jobs)
+        return cls(request=request, profile=profile, jobs=jobs, without_work=dict(without_work or {}))
 
     @classmethod
     def from_xcom(cls, data: Mapping[str, Any]) -> RunPlan:
@@ -103,7 +109,8 @@ class RunPlan(Document):
 
     @property
     def stage_plan(self) -> StagePlan:
-        return StagePlan(request=self.request, synthetic_data=self.profile.synthetic_data)
+        return StagePlan(request=self.request, synthetic_data=self.profile.synthetic_data,
+                         without_work=self.without_work)
 
     @property
     def paths(self) -> RunPaths:

@@ -4,17 +4,20 @@ The seed's manual workflow (``sbatch --export=ALL,START_STAGE=2 ...``) skips sta
 done; here that is :func:`decide`: a pure function of what was asked (:class:`StagePlan`) and what
 is on the cluster (:class:`StageFiles`), so it is tested without a cluster and the DAG only
 gathers the facts. A stage is complete when its ``COMPLETE`` marker and ``best.pt`` both exist;
-a stage after 0 needs its predecessor's ``best.pt`` in the same run.
+a stage after 0 needs its predecessor's ``best.pt`` in the same run. A stage that the run's inputs
+give nothing to do (:func:`stages_without_work`) is decided at ``plan`` and never submitted.
 """
 
 from __future__ import annotations
 
 import json
+import types
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from vcloud.config import VCloudConfig
 from vcloud.contract import DATA_INDEX, STAGES
 
 from vcloud_pipeline.plan.jobspec import JobSpec
@@ -54,11 +57,37 @@ class StageFiles:
     complete: int | None
     best: int | None
     predecessor_best: int | None = None
-    """``best.pt`` of the stage before (stage 0: not needed)."""
+    """``best.pt`` of the stage it starts from (:meth:`StagePlan.predecessor`; stage 0: not needed)."""
 
     @property
     def is_complete(self) -> bool:
         return self.complete is not None and bool(self.best)
+
+
+def stages_without_work(request: TrainingRequest, config: VCloudConfig) -> dict[int, str]:
+    """The selected stages that the run's inputs give nothing to do, each with why: submitted, they
+    would spend their GPU-hours and hand on the model they started from. A stage in the request's
+    ``force_stages`` is trained anyway.
+
+    A stage the config turns off by default (``train.stage{N}.run_by_default: false``: stage 2,
+    whose refiner measured no gain over the draft it starts from) is not submitted; stage 3 then
+    starts from stage 1's draft (the trainer builds stage 2's untrained start from stages 0 and 1).
+    Stage 3 adapts to an unlabeled domain (``model.stage3.unlabeled_data``); without one it
+    pseudo-labels part of the labeled training split, where its student cannot learn what the
+    labels do not already teach, and keeps the model it started from."""
+    out: dict[int, str] = {}
+    for stage in STAGES:
+        if request.selected(stage) and not request.forced(stage) and not config.train.for_stage(stage).run_by_default:
+            out[stage] = (f"stage {stage} not submitted: train.stage{stage}.run_by_default is false in "
+                          f"{request.config_path} (it measured no validation gain over the model it starts "
+                          f"from, see docs/training-dag.md); train it anyway with force_stages [{stage}]")
+    if 3 not in out and request.selected(3) and not request.forced(3) \
+            and not config.model.section(3).get("unlabeled_data"):
+        out[3] = (f"stage 3 not submitted: model.stage3.unlabeled_data is empty in {request.config_path}, so it has "
+                  "no unlabeled domain to adapt to and would hand on the model it starts from after spending its "
+                  "GPU-hours "
+                  "(name the new domain's prepared series there, or train it anyway with force_stages [3])")
+    return out
 
 
 @dataclass(frozen=True)
@@ -67,19 +96,35 @@ class StagePlan:
 
     request: TrainingRequest
     synthetic_data: bool
+    without_work: Mapping[int, str] = field(default_factory=dict)
+    """Selected stages decided at ``plan`` not to be submitted (:func:`stages_without_work`), with why."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "without_work", types.MappingProxyType(dict(self.without_work)))
 
     @classmethod
-    def build(cls, request: TrainingRequest, profile: ClusterProfile) -> "StagePlan":
+    def build(cls, request: TrainingRequest, profile: ClusterProfile,
+              without_work: Mapping[int, str] | None = None) -> "StagePlan":
         if profile.synthetic_data and request.config not in SYNTHETIC_PRESETS:
             raise StageDecisionError(
                 f"config {request.config} needs the real dataset, but profile {profile.name} has only "
                 f"synthetic data (configs with a synthetic preset: {', '.join(SYNTHETIC_PRESETS)})"
             )
-        return cls(request=request, synthetic_data=profile.synthetic_data)
+        return cls(request=request, synthetic_data=profile.synthetic_data, without_work=without_work or {})
 
     @property
     def stages(self) -> tuple[int, ...]:
-        return self.request.stages
+        """The selected stages the run may submit (those without work left out)."""
+        return tuple(s for s in self.request.stages if s not in self.without_work)
+
+    def predecessor(self, stage: int) -> int:
+        """The stage whose ``best.pt`` ``stage`` starts from: the one before it, or, where that one is
+        not submitted (:attr:`without_work`), the one before that (stage 3 without stage 2: stage 1,
+        the draft stage 2's untrained start hands on)."""
+        before = stage - 1
+        while before > 1 and before in self.without_work:
+            before -= 1
+        return before
 
     @property
     def data_preset(self) -> str | None:
@@ -110,6 +155,8 @@ def decide(plan: StagePlan, stage: int, files: StageFiles, paths: RunPaths) -> D
     r = plan.request
     if not r.selected(stage):
         return Decision(Action.SKIP, f"stage {stage} not selected (stages {list(r.stages)})")
+    if stage in plan.without_work:
+        return Decision(Action.SKIP, plan.without_work[stage])
     if r.dry_run:
         return Decision(Action.SKIP, f"dry run: stage {stage} rendered and checked, not submitted")
     restart = r.mode == "restart"
@@ -117,9 +164,10 @@ def decide(plan: StagePlan, stage: int, files: StageFiles, paths: RunPaths) -> D
         return Decision(Action.SKIP, f"stage {stage} is complete ({paths.complete_path(stage)} and "
                                      f"{paths.best_checkpoint(stage)} exist); mode restart trains it again")
     if stage > 0 and not files.predecessor_best:
+        before = plan.predecessor(stage)
         raise StageDecisionError(
-            f"stage {stage} reads stage {stage - 1}'s best.pt, but {paths.best_checkpoint(stage - 1)} does not "
-            f"exist; run stage {stage - 1} first (e.g. stages=[{stage - 1}, {stage}])"
+            f"stage {stage} reads stage {before}'s best.pt, but {paths.best_checkpoint(before)} does not "
+            f"exist; run stage {before} first (e.g. stages=[{before}, {stage}])"
         )
     why = "mode restart" if restart else ("resuming from latest.pt" if files.complete is None and files.best
                                           else "not complete")

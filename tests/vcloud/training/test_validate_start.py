@@ -118,6 +118,7 @@ def test_stage3_toward_another_domain_keeps_training_that_costs_at_most_max_val_
     for stage, epochs in ((0, 1), (1, 1), (2, 1)):
         _train(stage, cfg, tiny_prepared, tmp_path, epochs)
     raw = cfg.to_dict()
+    raw["train"]["stage3"]["patience"] = 0  # all three epochs, whatever they gain (early stopping: test_early_stop)
     if other_domain:
         raw["model"]["stage3"].update(unlabeled_data=str(tiny_prepared), unlabeled_split="val", max_val_loss=0.1)
     scripted = iter([30.0, 29.95, 30.02, 29.85])
@@ -133,3 +134,29 @@ def test_stage3_toward_another_domain_keeps_training_that_costs_at_most_max_val_
     if other_domain:
         summary = json.loads((tmp_path / "stage3" / "pseudo_labels.json").read_text())
         assert summary["pseudo_labels_considered"] == len(SeriesDataset(tiny_prepared, "val"))
+
+
+def test_stage3_without_stage2_starts_from_stage1s_draft_when_stage2_is_off_by_default(
+        tiny_prepared: Path, tmp_path: Path) -> None:
+    """``train.stage2.run_by_default: false`` and no ``stage2/best.pt``: stage 3 builds stage 2's
+    untrained start from stages 0 and 1 (the draft, handed on unchanged), pseudo-labels with it and
+    scores it as its start, so its start is stage 1's ``best.pt`` on validation. With stage 2 on by
+    default its missing ``best.pt`` is an error that says which stage to train."""
+    cfg = _tiny_config()
+    for stage in (0, 1):
+        _train(stage, cfg, tiny_prepared, tmp_path, 1)
+    raw = cfg.to_dict()
+    raw["train"]["stage3"]["patience"] = 0
+
+    with pytest.raises(Exception, match=r"stage 2 checkpoint .*stage2/best.pt not found: train stage 2 first"):
+        _train(3, config_from_dict(raw), tiny_prepared, tmp_path, 1)
+
+    raw["train"]["stage2"]["run_by_default"] = False
+    _train(3, config_from_dict(raw), tiny_prepared, tmp_path, 1)
+
+    assert not (tmp_path / "stage2" / "best.pt").exists()
+    stage1 = load_checkpoint(tmp_path / "stage1" / "best.pt")["best_metric"]
+    complete = json.loads((tmp_path / "stage3" / "COMPLETE").read_text())
+    assert complete["best_metric"]["start_value"] == pytest.approx(stage1["value"], abs=1e-4)
+    cache = torch.load(tmp_path / "stage3" / "pseudo_labels.pt", map_location="cpu", weights_only=True)
+    assert cache["teacher"].startswith("stage2-start:"), cache["teacher"]

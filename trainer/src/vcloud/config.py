@@ -58,6 +58,10 @@ class DataConfig:
         require(self.prefetch_factor >= 1, "data", "prefetch_factor", self.prefetch_factor, "an integer >= 1")
 
 
+OFF_BY_DEFAULT_NEVER: tuple[int, ...] = (0, 1)
+"""Stages every later stage needs trained: ``run_by_default`` must stay true."""
+
+
 @dataclass(frozen=True)
 class StageTrainConfig:
     """Per-stage optimisation budget."""
@@ -68,11 +72,24 @@ class StageTrainConfig:
     """Samples per step on each rank (global batch = batch_size x world size)."""
     lr: float = 2.0e-4
     """Peak learning rate of AdamW."""
+    patience: int = 0
+    """Validations in a row without a gain in ``train.best_metric`` after which the stage stops
+    before its epoch count, hands on its ``best.pt`` and writes ``COMPLETE`` with the reason (its job
+    then ends, releasing its GPUs); 0 = always train every epoch. A gain is what replaces
+    ``best.pt`` (stages 1-3: beating the start by ``start_min_gain`` first). With a curriculum only
+    validations after the current phase's first epoch count (:mod:`vcloud.training.early_stop`)."""
+    run_by_default: bool = True
+    """Whether the training pipeline submits the stage unless a run asks for it (``force_stages``).
+    A stage that measured no gain over the model it starts from is off by default: a later stage
+    then starts from the stage's untrained start (stage 3 without stage 2: stage 1's draft, which
+    is what stage 2 hands on when it keeps its start; :func:`vcloud.models.stage_specs.stage2_teacher`)."""
 
     def validate(self, section: str) -> None:
         require(self.epochs >= 1, section, "epochs", self.epochs, "an integer >= 1")
         require(self.batch_size >= 1, section, "batch_size", self.batch_size, "an integer >= 1")
         require(0.0 < self.lr < 1.0, section, "lr", self.lr, "a float in (0, 1)")
+        require(self.patience >= 0, section, "patience", self.patience,
+                "an integer >= 0 (validations without a gain before the stage stops; 0 = never early)")
 
 
 @dataclass(frozen=True)
@@ -150,6 +167,10 @@ class TrainConfig:
                ", ".join(ON_CODE_CHANGE_CHOICES))
         for stage in STAGES:
             self.for_stage(stage).validate(f"train.stage{stage}")
+        for stage in OFF_BY_DEFAULT_NEVER:
+            require(self.for_stage(stage).run_by_default, f"train.stage{stage}", "run_by_default", False,
+                    "true (every later stage builds on this stage's best.pt; only stages 2 and 3 may be off "
+                    "by default)")
 
     def for_stage(self, stage: int) -> StageTrainConfig:
         """The epochs/batch size/lr of ``stage``."""

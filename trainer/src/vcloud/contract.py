@@ -38,7 +38,8 @@ PROGRESS_FILE = "progress.json"
 """Where training stands (:func:`progress_record`), rewritten at every checkpoint."""
 
 COMPLETE_FILE = "COMPLETE"
-"""Written once, when the stage reached its epoch count (:func:`complete_record`)."""
+"""Written once, when the stage stopped training: it reached its epoch count or its validation
+stopped improving (:func:`complete_record`, its ``stop``)."""
 
 METRICS_FILE = "metrics.jsonl"
 """The stage's training curve, append-only: one JSON object a line (:func:`metrics_train_record`
@@ -305,24 +306,46 @@ def progress_record(*, stage: int, status: str, epoch: int, epochs_total: int, s
 
 
 def completed_progress(record: Mapping[str, Any] | None, *, epoch: int, epochs_total: int, step: int,
-                       best: dict[str, Any] | None, history: list[dict[str, Any]]) -> dict[str, Any]:
+                       best: dict[str, Any] | None, history: list[dict[str, Any]],
+                       stop: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``progress.json`` once the stage is complete: the last record (anything it carried kept),
-    marked complete at its final position."""
+    marked complete at its final position, with why it stopped (:func:`stop_record`)."""
     return {**(record or {}), "status": STATUS_COMPLETE, "epoch": epoch, "epochs_total": epochs_total,
-            "step": step, "batch_in_epoch": 0, "best_metric": best, "history": history}
+            "step": step, "batch_in_epoch": 0, "best_metric": best, "history": history,
+            "stop": dict(stop) if stop is not None else None}
+
+
+STOP_EPOCHS = "epochs"
+"""A stage stopped because it trained its epoch count."""
+STOP_PATIENCE = "patience"
+"""A stage stopped before its epoch count: its validation metric had not improved for
+``train.stage{N}.patience`` validations, so more epochs would have spent GPU-hours for weights
+the best-checkpoint rule throws away."""
+STOP_REASONS: tuple[str, ...] = (STOP_EPOCHS, STOP_PATIENCE)
+
+
+def stop_record(*, reason: str, detail: str, epochs_planned: int) -> dict[str, Any]:
+    """Why a stage stopped: ``reason`` one of :data:`STOP_REASONS`, ``detail`` the sentence for a
+    person, ``epochs_planned`` the epoch count it was given."""
+    if reason not in STOP_REASONS:
+        raise ValueError(f"stop reason {reason!r} is not one of {', '.join(STOP_REASONS)}")
+    return {"reason": reason, "detail": detail, "epochs_planned": epochs_planned}
 
 
 def complete_record(*, stage: int, epochs: int, step: int, final_metrics: dict[str, float],
                     best: dict[str, Any] | None, code_version: str,
-                    code_hash: str | None = None) -> dict[str, Any]:
-    """The content of ``COMPLETE``; ``best``: ``{"name", "value", "epoch", "metrics"}`` of ``best.pt``;
-    ``code_hash``: the synced code that finished the stage."""
+                    code_hash: str | None = None, stop: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The content of ``COMPLETE``; ``best``: ``{"name", "value", "epoch", "metrics"}`` of ``best.pt``
+    (and ``start_value``, the score of the model the stage started from, where it scored one);
+    ``code_hash``: the synced code that finished the stage; ``stop``: why it stopped
+    (:func:`stop_record`)."""
     return {
         "stage": stage,
         "epochs": epochs,
         "step": step,
         "final_metrics": final_metrics,
         "best_metric": best,
+        "stop": dict(stop) if stop is not None else None,
         "code_version": code_version,
         "code_hash": code_hash,
         "completed_at": _now(),
@@ -354,3 +377,54 @@ def best_checkpoint_metrics(record: Mapping[str, Any] | None) -> tuple[int | Non
     if isinstance(best.get("metrics"), Mapping):
         return best.get("epoch"), dict(best["metrics"])
     return completed_epochs(record), final_metrics(record)
+
+
+def stop_reason(record: Mapping[str, Any] | None) -> str | None:
+    """Why a stage stopped (:data:`STOP_REASONS`) from its ``COMPLETE`` record; records written before
+    stages stopped early say nothing and trained their epoch count: :data:`STOP_EPOCHS`."""
+    if not record:
+        return None
+    stop = record.get("stop")
+    if isinstance(stop, Mapping) and stop.get("reason") in STOP_REASONS:
+        return str(stop["reason"])
+    return STOP_EPOCHS
+
+
+def stop_detail(record: Mapping[str, Any] | None) -> str | None:
+    """The sentence that says why a stage stopped, from its ``COMPLETE`` record (None if it has none)."""
+    stop = (record or {}).get("stop")
+    return str(stop["detail"]) if isinstance(stop, Mapping) and stop.get("detail") else None
+
+
+def validation_gain(record: Mapping[str, Any] | None) -> float | None:
+    """What a stage's training bought on validation, from its ``COMPLETE`` record: the score of the
+    ``best.pt`` it hands on minus that of the model it started from (stages 1-3 score their start
+    before the first step), in ``best_metric``'s units (dB for psnr), positive when better. 0 when the
+    stage hands on its start; None when the stage scored no start (stage 0) or the record predates it."""
+    best = (record or {}).get("best_metric")
+    if not isinstance(best, Mapping):
+        return None
+    value, start, name = best.get("value"), best.get("start_value"), best.get("name")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (value, start)):
+        return None
+    if name not in HIGHER_IS_BETTER or not math.isfinite(value) or not math.isfinite(start):
+        return None
+    return float(value - start) if HIGHER_IS_BETTER[name] else float(start - value)
+
+
+def gain_metric(record: Mapping[str, Any] | None) -> str | None:
+    """The validation metric a ``COMPLETE`` record's best and gain are in (``train.best_metric``)."""
+    best = (record or {}).get("best_metric")
+    return str(best["name"]) if isinstance(best, Mapping) and best.get("name") else None
+
+
+def gain_unit(metric: str | None) -> str:
+    """How a gain in ``metric`` is written: ``dB`` for psnr, the metric's name otherwise."""
+    return "dB" if metric == "psnr" else (metric or "")
+
+
+def gain_per_gpu_hour(gain: float | None, gpu_hours: float | None) -> float | None:
+    """Validation gain per GPU-hour spent (dB per GPU-hour for psnr); None without a gain or hours."""
+    if gain is None or gpu_hours is None or gpu_hours <= 0:
+        return None
+    return gain / gpu_hours

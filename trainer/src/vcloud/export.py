@@ -31,7 +31,7 @@ import torch
 
 from vcloud import exitcodes
 from vcloud.config import ConfigError, VCloudConfig, load_config
-from vcloud.contract import STAGES, TrainingCurve, curve_png_name, training_curve
+from vcloud.contract import STAGES, STOP_PATIENCE, TrainingCurve, curve_png_name, training_curve
 from vcloud.stage_registry import BuildContext, StageError, get_stage, load_stage_model
 from vcloud.training.markers import read_json, write_json
 from vcloud.training.paths import StagePaths
@@ -91,9 +91,12 @@ def stage_curve(run_dir: Path, stage: int) -> tuple[TrainingCurve, str]:
 
 
 def curve_title(stage: int, progress: dict[str, Any] | None) -> str:
-    """``stage 1: 3/100 epochs, best psnr 24.31 (epoch 2)`` from ``progress.json``."""
+    """``stage 1: 3/100 epochs, best psnr 24.31 (epoch 2)`` from ``progress.json`` (``, stopped
+    early`` where validation stopped improving)."""
     progress = progress or {}
     title = f"stage {stage}: {progress.get('epoch')}/{progress.get('epochs_total')} epochs"
+    if (progress.get("stop") or {}).get("reason") == STOP_PATIENCE:
+        title += ", stopped early"
     best = progress.get("best_metric") or {}
     if best:
         title += f", best {best['name']} {best['value']:.2f} (epoch {best['epoch']})"

@@ -1,9 +1,10 @@
 """The draft model and the refiner trained together as one module (stages 2 and 3).
 
 The training loop calls ``model(batch)`` for the loss (so DDP synchronises gradients) and
-``model.refine(batch)`` for predictions. In stage 2 the draft model is frozen and only the
-refiner learns; in stage 3 (self-training) the refiner learns with the scene adapter, the draft
-model or both (``model.stage3.scene_adapter``, ``model.stage3.train_draft``).
+``model.refine(batch)`` for predictions. In stage 2 the draft model is frozen and the refiner
+learns, with the level correction of the draft under the target's clouds where the config has one
+(``model.stage2.level_correction``); in stage 3 (self-training) the refiner learns with the scene
+adapter, the draft model or both (``model.stage3.scene_adapter``, ``model.stage3.train_draft``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from torch import nn
 
 from vcloud.models.cfdt import CFDT
 from vcloud.models.latent_refiner import LatentDiffusionRefiner
+from vcloud.models.level import LevelCorrection
 from vcloud.models.scene_adapter import SceneAdapter
 
 EVAL_SEED = 0
@@ -36,15 +38,17 @@ def run_draft(model: CFDT, batch: dict[str, Any]) -> torch.Tensor:
 
 
 class DraftAndRefiner(nn.Module):
-    """CFDT draft followed by the latent diffusion refiner; in stage 3 the draft may pass through
-    a scene adapter (:mod:`vcloud.models.scene_adapter`) before the refiner sees it."""
+    """CFDT draft followed by the latent diffusion refiner; the draft may pass through a level
+    correction (stage 2, :mod:`vcloud.models.level`) and a scene adapter (stage 3,
+    :mod:`vcloud.models.scene_adapter`) before the refiner sees it."""
 
     def __init__(self, draft_model: CFDT, refiner: LatentDiffusionRefiner, *, train_draft: bool,
                  draft_loss_weight: float = 1.0, refiner_loss_weight: float = 1.0,
-                 adapter: SceneAdapter | None = None) -> None:
+                 adapter: SceneAdapter | None = None, level: LevelCorrection | None = None) -> None:
         super().__init__()
         self.draft_model = draft_model
         self.refiner = refiner
+        self.level = level
         self.adapter = adapter
         self.train_draft = train_draft
         self.draft_loss_weight = draft_loss_weight
@@ -53,8 +57,9 @@ class DraftAndRefiner(nn.Module):
 
     @property
     def learns_draft(self) -> bool:
-        """Whether training changes the draft the refiner starts from (the draft model or the adapter)."""
-        return self.train_draft or self.adapter is not None
+        """Whether training changes the draft the refiner starts from (the draft model, the level
+        correction or the adapter)."""
+        return self.train_draft or self.adapter is not None or self.level is not None
 
     def train(self, mode: bool = True) -> "DraftAndRefiner":
         super().train(mode)
@@ -63,12 +68,15 @@ class DraftAndRefiner(nn.Module):
         return self
 
     def _adapted_draft(self, batch: dict[str, Any]) -> torch.Tensor:
-        """The draft model's output plus the adapter's per-band correction (float32, unclamped)."""
+        """The draft model's output with the level correction under the target's clouds and the
+        adapter's per-band correction (float32, unclamped)."""
         if self.train_draft:
             draft = run_draft(self.draft_model, batch).float()
         else:
             with torch.no_grad():
                 draft = run_draft(self.draft_model, batch).float()
+        if self.level is not None:
+            draft = self.level(batch["inputs"], batch["masks"], batch["target_index"], draft).float()
         if self.adapter is not None:
             draft = draft + self.adapter(batch["inputs"], batch["masks"], batch["target_index"]).float()
         return draft

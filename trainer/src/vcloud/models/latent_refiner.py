@@ -75,6 +75,10 @@ class RefinerConfig:
     """Weight of the pixel loss: the decoded refinement's squared error relative to the draft's
     (1 = no better than the draft). Dominates the diffusion loss so that, while the autoencoder is
     imperfect, its latent residual cannot pull the output below the draft; 0 = diffusion loss only."""
+    level_correction: bool = False
+    """Correct the draft's level under the target date's clouds, per band, from the target date's
+    clear pixels before the refiner sees it (:mod:`vcloud.models.level`); trained with an L1 loss on
+    the corrected draft beside the refiner's."""
 
     def __post_init__(self) -> None:
         require_positive_int(SECTION, "norm_groups", self.norm_groups)
@@ -93,6 +97,8 @@ class RefinerConfig:
         require(isinstance(self.pixel_loss_weight, (int, float)) and self.pixel_loss_weight >= 0, SECTION,
                 "pixel_loss_weight", self.pixel_loss_weight, "a number >= 0 (0 = diffusion loss only)")
         require(self.schedule in SCHEDULES, SECTION, "schedule", self.schedule, ", ".join(SCHEDULES))
+        require(isinstance(self.level_correction, bool), SECTION, "level_correction", self.level_correction,
+                "true or false")
         require_positive_int(SECTION, "train_timesteps", self.train_timesteps)
         require_positive_int(SECTION, "sample_steps", self.sample_steps)
         require(self.sample_steps <= self.train_timesteps, SECTION, "sample_steps", self.sample_steps,

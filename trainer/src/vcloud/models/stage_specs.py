@@ -29,6 +29,7 @@ from vcloud.durable import atomic_write_bytes, atomic_write_text
 from vcloud.models.cfdt import CFDT, CFDTConfig
 from vcloud.models.draft_and_refiner import DraftAndRefiner, run_draft
 from vcloud.models.latent_refiner import LatentDiffusionRefiner, RefinerConfig
+from vcloud.models.level import LevelCorrection
 from vcloud.models.scene_adapter import SceneAdapter, reference_statistics
 from vcloud.models.selftrain import (
     PseudoLabeledSeries,
@@ -136,7 +137,8 @@ STAGE1 = StageSpec(
 def _build_refiner(cfg: RefinerConfig, ctx: BuildContext) -> nn.Module:
     autoencoder = ctx.load_predecessor(0)
     draft_model = ctx.load_predecessor(1)
-    return DraftAndRefiner(draft_model, LatentDiffusionRefiner(cfg, autoencoder), train_draft=False)
+    return DraftAndRefiner(draft_model, LatentDiffusionRefiner(cfg, autoencoder), train_draft=False,
+                           level=LevelCorrection() if cfg.level_correction else None)
 
 
 def _refined_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -161,15 +163,48 @@ STAGE2 = StageSpec(
 
 # ---- stage 3: self-training -------------------------------------------------------------------
 
+def stage2_skipped(ctx: BuildContext) -> bool:
+    """Stage 3 starts without stage 2: stage 2 is off by default (``train.stage2.run_by_default``)
+    and the run has no ``stage2/best.pt``."""
+    return (not ctx.config.train.for_stage(2).run_by_default
+            and not (ctx.run_dir / "stage2" / "best.pt").is_file())
+
+
+def stage2_teacher(ctx: BuildContext) -> nn.Module:
+    """The stage-2 model stage 3 starts from and pseudo-labels with: stage 2's ``best.pt``, or, where
+    stage 2 is off by default and was not trained (:func:`stage2_skipped`), stage 2's untrained
+    start built from stages 0 and 1: stage 1's draft with a refiner that returns it unchanged (and a
+    zero level correction), which is what stage 2 hands on when training does not beat its start.
+    Built under a fixed seed, so the teacher and the student's start are the same weights."""
+    if not stage2_skipped(ctx):
+        return ctx.load_predecessor(2)
+    cfg = RefinerConfig.from_dict(dict(ctx.config.model.section(2)))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(ctx.config.train.seed)
+        model = _build_refiner(cfg, ctx)
+    log.info("stage 3: no %s and stage 2 is off by default (train.stage2.run_by_default: false): starting "
+             "from stage 2's untrained start, stage 1's draft", ctx.run_dir / "stage2" / "best.pt")
+    return model.to(ctx.device).eval()
+
+
+def stage2_teacher_id(ctx: BuildContext) -> str:
+    """What the pseudo-label cache names as its teacher: the digest of stage 2's ``best.pt``, or of
+    the stage 0 and 1 ``best.pt`` its untrained start is built from."""
+    if not stage2_skipped(ctx):
+        return file_digest(ctx.predecessor_checkpoint(2))
+    return "stage2-start:" + ":".join(file_digest(ctx.predecessor_checkpoint(k)) for k in (0, 1))
+
+
 def _build_selftrain(cfg: SelfTrainConfig, ctx: BuildContext) -> nn.Module:
-    stage2 = ctx.load_predecessor(2)
+    stage2 = stage2_teacher(ctx)
     adapter = None
     if cfg.scene_adapter:
         adapter = SceneAdapter(cfg.adapter_scale)
         if ctx.data_root is not None:  # training: the labeled reference; loading: the checkpoint's
             adapter.fit_reference(reference_statistics(SeriesDataset(ctx.data_root, "train")))
     return DraftAndRefiner(stage2.draft_model, stage2.refiner, train_draft=cfg.train_draft, adapter=adapter,
-                           draft_loss_weight=cfg.draft_loss_weight, refiner_loss_weight=cfg.refiner_loss_weight)
+                           level=stage2.level, draft_loss_weight=cfg.draft_loss_weight,
+                           refiner_loss_weight=cfg.refiner_loss_weight)
 
 
 def _is_main_process() -> bool:
@@ -214,7 +249,7 @@ def selftrain_dataset(labeled: Dataset, ctx: BuildContext, cfg: SelfTrainConfig 
     """Training set of stage 3: labeled series plus kept pseudo-labelled ones (see
     :func:`pseudo_label_pool` for which series are pseudo-labelled).
 
-    Pseudo-labels come from the stage-2 ``best.pt`` (not the model being fine-tuned) and are cached
+    Pseudo-labels come from the stage-2 model (:func:`stage2_teacher`, not the model being fine-tuned) and are cached
     in ``stage3/pseudo_labels.pt`` on first use, so a resumed run trains on exactly the same set;
     the cache names the ``best.pt`` it came from (content digest) and the settings that shape the
     labels, and is remade when either changes (not for the student's veil, share or loss weights).
@@ -224,7 +259,7 @@ def selftrain_dataset(labeled: Dataset, ctx: BuildContext, cfg: SelfTrainConfig 
     labeled_part, pool, source = pseudo_label_pool(labeled, cfg)
     source_root = f"{getattr(source, 'root', '')}:{getattr(source, 'split', '')}"
     cache = ctx.run_dir / "stage3" / PSEUDO_LABELS_FILE
-    teacher = file_digest(ctx.predecessor_checkpoint(2))
+    teacher = stage2_teacher_id(ctx)
     labels = None
     if cache.is_file():
         saved = torch.load(cache, map_location="cpu", weights_only=True)
@@ -235,7 +270,7 @@ def selftrain_dataset(labeled: Dataset, ctx: BuildContext, cfg: SelfTrainConfig 
             log.info("stage 3: %s was made for another pool, source, config or stage-2 model; labelling again",
                      cache)
     if labels is None:
-        stage2 = ctx.load_predecessor(2)
+        stage2 = stage2_teacher(ctx)
         steps = cfg.sample_steps or None
 
         drafts: dict[str, Any] = {}

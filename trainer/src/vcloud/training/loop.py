@@ -4,7 +4,9 @@ Reads top to bottom: load the latest checkpoint; build model, data and optimizer
 before DDP wraps the model); then loop over epochs and steps - train a step, print a step line now
 and then (:mod:`vcloud.training.monitor`, which also writes ``metrics.jsonl`` and TensorBoard files),
 checkpoint every ``checkpoint_every_steps`` or when a stop signal arrived, and at each epoch end
-evaluate, keep ``best.pt``, checkpoint and print one progress line; finally write ``COMPLETE``.
+evaluate, keep ``best.pt``, checkpoint and print one progress line; finally, at the epoch count or
+once validation has not improved for ``train.stage{N}.patience`` validations
+(:mod:`vcloud.training.early_stop`), write ``COMPLETE`` with the reason.
 
 Resuming is exact: the checkpoint stores the position inside the epoch, every RNG state and the
 running epoch statistics, the data order is a pure function of (seed, epoch), and the learning
@@ -33,6 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from vcloud import exitcodes
+from vcloud.contract import STOP_EPOCHS
 from vcloud.checkpoint import load_latest, remove_stale_temporaries, save_checkpoint
 from vcloud.config import StageTrainConfig, VCloudConfig
 from vcloud.optim import build_optimizer, set_learning_rate
@@ -40,6 +43,7 @@ from vcloud.stage_registry import Batch, BuildContext, StageSpec, get_stage
 from vcloud.training import markers
 from vcloud.training.best import improves, keeps_trained
 from vcloud.training.distributed import DistContext, all_reduce_sum, barrier, gather_to_main, max_over_ranks
+from vcloud.training.early_stop import StageStop, stage_stop
 from vcloud.training.fingerprint import (
     ResumeDecision,
     ResumeOutcome,
@@ -162,7 +166,8 @@ class StageSession:
 # ---- the loop ---------------------------------------------------------------------------------
 
 def train_stage(run: StageRun, ctx: DistContext, stop: StopRequest) -> int:
-    """Train ``run.stage`` to its epoch count (exit 0) or until a stop signal (exit 85)."""
+    """Train ``run.stage`` to its epoch count or until its validation stops improving (exit 0), or
+    until a stop signal (exit 85)."""
     paths = StagePaths(run.run_dir, run.stage)
     budget = _stage_budget(run)
     if run.restart and ctx.is_main:
@@ -174,10 +179,13 @@ def train_stage(run: StageRun, ctx: DistContext, stop: StopRequest) -> int:
         if ctx.is_main:
             move_stage_aside(paths, f"{paths.best.name} without a latest.pt to resume from")
         barrier(ctx)
-    if checkpoint is not None and checkpoint["epoch"] >= budget.epochs and checkpoint["batch_in_epoch"] == 0:
-        if ctx.is_main:
-            _finish(run, paths, budget, TrainState(**checkpoint["train_state"]), already=True)
-        return exitcodes.STAGE_COMPLETE
+    if checkpoint is not None and checkpoint["batch_in_epoch"] == 0:
+        saved = TrainState(**checkpoint["train_state"])
+        done = _stage_stop(run, get_stage(run.stage), budget, saved)
+        if done is not None:  # a rerun with more epochs or patience trains on
+            if ctx.is_main:
+                _finish(run, paths, budget, saved, done, already=True)
+            return exitcodes.STAGE_COMPLETE
 
     session = _build_session(run, ctx, paths, budget, checkpoint)  # everything, before DDP (seed 002)
     state = _restore(session, checkpoint, resumed[1]) if checkpoint is not None else TrainState()
@@ -201,6 +209,7 @@ def train_stage(run: StageRun, ctx: DistContext, stop: StopRequest) -> int:
         monitor.validation(state.global_step, 0, state.last_metrics)
 
     every = run.config.train.checkpoint_every_steps
+    done: StageStop | None = None
     while state.epoch < budget.epochs:
         data = session.phases[session.phase(state.epoch)]
         data.sampler.set_position(state.epoch, state.batch_in_epoch)
@@ -227,7 +236,6 @@ def train_stage(run: StageRun, ctx: DistContext, stop: StopRequest) -> int:
                         _write_progress(session, state, markers.STATUS_RUNNING)
         state.epoch_seconds += time.perf_counter() - tick
 
-        last_epoch = state.epoch + 1 == budget.epochs
         evaluated = validates_after_epoch(run.config.train, budget.epochs, state.epoch)
         if evaluated:
             state.last_metrics = evaluate(session.spec, session.model, session.val_loader, session.precision, ctx)
@@ -239,8 +247,9 @@ def train_stage(run: StageRun, ctx: DistContext, stop: StopRequest) -> int:
             _save_best(session, state)
         state.epoch += 1
         state.start_epoch()
-        stop_signal = max_over_ranks(ctx, stop.signal_number or 0) if not last_epoch else 0
-        if last_epoch or stop_signal or state.epoch % run.config.train.checkpoint_every_epochs == 0:
+        done = _stage_stop(run, session.spec, budget, state)  # the same on every rank
+        stop_signal = max_over_ranks(ctx, stop.signal_number or 0) if done is None else 0
+        if done is not None or stop_signal or state.epoch % run.config.train.checkpoint_every_epochs == 0:
             _save_latest(session, state)
         if ctx.is_main:
             log.info(format_epoch_line(run.stage, budget.epochs, record, improved))
@@ -248,10 +257,14 @@ def train_stage(run: StageRun, ctx: DistContext, stop: StopRequest) -> int:
         if stop_signal:
             monitor.close()
             return _stop(session, state, stop_signal)
+        if done is not None:
+            break
 
     monitor.close()
     if ctx.is_main:
-        _finish(run, paths, budget, state, already=False)
+        done = done or _stage_stop(run, session.spec, budget, state) or StageStop(
+            STOP_EPOCHS, f"trained its {budget.epochs} epochs", budget.epochs)
+        _finish(run, paths, budget, state, done, already=False)
     barrier(ctx)
     return exitcodes.STAGE_COMPLETE
 
@@ -374,6 +387,25 @@ def _stage_budget(run: StageRun) -> StageTrainConfig:
     return budget
 
 
+def _stage_stop(run: StageRun, spec: StageSpec, budget: StageTrainConfig, state: TrainState) -> StageStop | None:
+    """Whether the stage stops after ``state.epoch`` epochs (:mod:`vcloud.training.early_stop`)."""
+    metric = run.config.train.best_metric
+    validated = [record["epoch"] for record in state.history if f"val_{metric}" in record]
+    return stage_stop(epochs_done=state.epoch, epochs=budget.epochs, patience=budget.patience,
+                      validated=validated, best_epoch=state.best["epoch"] if state.best else None,
+                      phase_start=_phase_start(run, spec, budget, state.epoch), metric=metric)
+
+
+def _phase_start(run: StageRun, spec: StageSpec, budget: StageTrainConfig, epoch: int) -> int:
+    """The first epoch (0-based) of the curriculum phase of epoch ``epoch``; 0 without a curriculum."""
+    if not spec.uses_curriculum or epoch >= budget.epochs:
+        return 0
+    phase = _phase(run, spec, budget, epoch)
+    while epoch > 0 and _phase(run, spec, budget, epoch - 1) == phase:
+        epoch -= 1
+    return epoch
+
+
 def _model_section(run: StageRun, checkpoint: dict[str, Any] | None) -> dict[str, Any]:
     """Architecture from the checkpoint when resuming; the YAML may have moved on since."""
     configured = run.config.model.section(run.stage)
@@ -469,7 +501,9 @@ def _update_best(run: StageRun, state: TrainState, epoch: int | None = None,
 
     While the best is still the stage's starting model (epoch 0), a trained epoch must beat it by
     ``train.start_min_gain``. With a ``tolerance`` (validation only guards the stage) the latest
-    epoch that loses at most that much against the start is the best instead."""
+    epoch that loses at most that much against the start is the best instead. Every best after a
+    validated start carries the start's score (``start_value``: what the stage's gain is measured
+    against, :func:`vcloud.contract.validation_gain`)."""
     name = run.config.train.best_metric
     value = state.last_metrics.get(name)
     if value is None or math.isnan(value):
@@ -486,8 +520,16 @@ def _update_best(run: StageRun, state: TrainState, epoch: int | None = None,
     if better:
         record = {"name": name, "value": value, "epoch": state.epoch + 1 if epoch is None else epoch,
                   "metrics": dict(state.last_metrics)}
-        if tolerance is not None:  # each later best carries the start's score it is measured against
-            record["start_value"] = value if best is None else best.get("start_value", best["value"])
+        # Each later best carries the start's score: what the stage's gain is measured against (and,
+        # with a tolerance, what it may not lose more than against).
+        if best is None:
+            start = value if epoch == 0 or tolerance is not None else None
+        else:
+            start = best.get("start_value")
+            if start is None and (tolerance is not None or best["epoch"] == 0):  # a checkpoint of older code
+                start = best["value"]
+        if start is not None:
+            record["start_value"] = start
         state.best = record
     return better
 
@@ -667,24 +709,25 @@ def _stop(session: StageSession, state: TrainState, stop_signal: int) -> int:
     return exitcodes.REQUEUE
 
 
-def _finish(run: StageRun, paths: StagePaths, budget: StageTrainConfig, state: TrainState, *,
+def _finish(run: StageRun, paths: StagePaths, budget: StageTrainConfig, state: TrainState, done: StageStop, *,
             already: bool) -> None:
-    """Write ``COMPLETE`` (and the final progress) once the epoch count is reached."""
+    """Write ``COMPLETE`` with why the stage stopped (and the final progress)."""
     final = state.history[-1] if state.history else {}
     final_metrics = {k[4:]: v for k, v in final.items() if k.startswith("val_")}
     if not paths.complete.exists():
         markers.write_json(paths.complete, markers.complete_record(
             stage=run.stage, epochs=state.epoch, step=state.global_step, final_metrics=final_metrics,
-            best=state.best, code_version=code_version(), code_hash=code_hash()))
+            best=state.best, code_version=code_version(), code_hash=code_hash(), stop=done.to_record()))
     markers.write_json(paths.progress, markers.completed_progress(
         markers.read_json(paths.progress), epoch=state.epoch, epochs_total=budget.epochs, step=state.global_step,
-        best=state.best, history=state.history))
+        best=state.best, history=state.history, stop=done.to_record()))
     mirror_after_checkpoint(paths.run_dir, paths.stage)
     if already:
-        log.info("stage %d already complete (%d/%d epochs, best %s); nothing to do",
-                 run.stage, state.epoch, budget.epochs, _fmt_best(state.best))
+        log.info("stage %d already complete (%d/%d epochs, %s; best %s); nothing to do",
+                 run.stage, state.epoch, budget.epochs, done.detail, _fmt_best(state.best))
     else:
-        log.info("stage %d complete: %d epochs, best %s", run.stage, state.epoch, _fmt_best(state.best))
+        log.info("stage %d complete: %d epochs, %s; best %s", run.stage, state.epoch, done.detail,
+                 _fmt_best(state.best))
 
 
 def _fmt_best(best: dict[str, Any] | None) -> str:
