@@ -203,6 +203,9 @@ class Postgres:
                         "--auth=scram-sha-256", "-E", "UTF8"], user="postgres", group="postgres", check=True,
                        capture_output=True, timeout=300, cwd=self.directory)
         pwfile.unlink()
+        # The hosts on the bridge (and this machine, which is on it too) log in with the password.
+        (self.data / "pg_hba.conf").write_text("local all all scram-sha-256\n"
+                                               f"host all airflow {BRIDGE_ADDR.rsplit('.', 1)[0]}.0/24 scram-sha-256\n")
         self.proc = _start([str(PG_BIN / "postgres"), "-D", str(self.data), "-p", str(self.port),
                             "-c", f"listen_addresses={BRIDGE_ADDR}", "-c", f"unix_socket_directories={self.directory}",
                             "-c", "fsync=off", "-c", "max_connections=200"], {"PATH": "/usr/bin:/bin"},
