@@ -122,7 +122,7 @@ def component_env(compose: Mapping[str, Any], component: str, variables: Mapping
     db = f"airflow:{pw_pg}@{BRIDGE_ADDR}:{where.pg_port}/airflow"
     replaced = {
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"postgresql+psycopg2://{db}",
-        "AIRFLOW__CELERY__RESULT_BACKEND": f"db+postgresql://{db}",
+        "AIRFLOW__CELERY__RESULT_BACKEND": f"db+postgresql+psycopg2://{db}",
         "AIRFLOW__CELERY__BROKER_URL": f"redis://:{pw_redis}@{BRIDGE_ADDR}:{where.redis_port}/0",
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{where.base_url}/execution/",
         "AIRFLOW__API__BASE_URL": where.base_url,
@@ -292,7 +292,8 @@ class Host:
 
     @property
     def home(self) -> Path:
-        return self.directory / "home"
+        """HOME: short, as ``~/.ssh/cm/<socket>`` must fit a Unix socket path (108 bytes)."""
+        return self.directory
 
     def create(self) -> None:
         """The namespace, its veth pair on the bridge, its address, its /etc/hosts and HOME."""
@@ -353,7 +354,7 @@ def new_hosts(names: list[str], directory: Path) -> list[Host]:
     used = _addresses_in_use()
     free = [f"10.203.0.{n}" for n in HOST_ADDRS if f"10.203.0.{n}" not in used]
     offset = int(token, 16) % max(1, len(free) - len(names))
-    return [Host(name, free[offset + i], directory / name, f"{NS_PREFIX}{token}-{i}", f"vh{token}{i}")
+    return [Host(name, free[offset + i], directory / str(i), f"{NS_PREFIX}{token}-{i}", f"vh{token}{i}")
             for i, name in enumerate(names)]
 
 
@@ -461,7 +462,7 @@ class CeleryDeployment:
         """``hosts``: name -> (``worker`` or ``triggerer``, the queues it consumes, comma-separated)."""
         started = time.monotonic()
         self.host_queues = dict(hosts)
-        for host in new_hosts(list(hosts), self.directory / "hosts"):
+        for host in new_hosts(list(hosts), self.directory / "h"):
             self.hosts[host.name] = host
             host.create()
         self.postgres.start()

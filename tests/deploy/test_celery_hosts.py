@@ -148,6 +148,8 @@ class Watch:
             raise AssertionError(f"{exc}\n{self.deployment.diagnose()}") from None
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_a_run_survives_its_worker_and_triggerer_hosts_dying_and_runs_only_where_the_socket_is(
         deployment: CeleryDeployment, local_cluster: LocalCluster) -> None:
     from benchmarks.stage_overhead import run_jobs
