@@ -431,9 +431,12 @@ class CeleryDeployment:
         return connections
 
     def open_master(self, host: Host) -> None:
-        """A person logs in once on ``host`` (here with the key): the master runs until the host dies."""
+        """A person logs in once on ``host`` (here with the key): the master runs until the host dies.
+
+        ``ControlMaster=auto``, as the lapsed-master message says: it replaces the socket a killed
+        master left behind."""
         ssh = host.home / ".ssh"
-        host.start(["ssh", "-F", str(ssh / "config"), "-N", "-o", "ControlMaster=yes", "-o", "ControlPersist=no",
+        host.start(["ssh", "-F", str(ssh / "config"), "-N", "-o", "ControlMaster=auto", "-o", "ControlPersist=no",
                     "-o", "PubkeyAuthentication=yes", "-o", "IdentitiesOnly=yes", "-i", str(ssh / "id_login"),
                     self.connection["alias"]], {"PATH": "/usr/bin:/bin"}, "ssh-master")
         check = ["ssh", "-F", str(ssh / "config"), "-O", "check", self.connection["alias"]]
@@ -569,4 +572,7 @@ def celery_deployment(cluster: LocalCluster, hosts: Mapping[str, tuple[str, str]
             deployment.stop()
         finally:
             login.stop()
-            shutil.rmtree(directory, ignore_errors=True)
+            if os.environ.get("VCLOUD_KEEP_CELERY_HOSTS"):  # the components' logs, for a failure's reader
+                print(f"kept {directory}", file=sys.stderr)
+            else:
+                shutil.rmtree(directory, ignore_errors=True)
