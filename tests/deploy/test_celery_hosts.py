@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
