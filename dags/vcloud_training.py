@@ -15,9 +15,10 @@ Runs go at the same time (Airflow's ``max_active_runs_per_dag``); two runs with 
 each stage's job through the provider's one-writer-per-directory lock. The jobs one deployment has
 on a cluster are bounded by the pool of the run's connection (``vcloud_pipeline.dag.pools``).
 
-Deployment settings (read when the file is parsed, no I/O): ``VCLOUD_TRAINING_SCHEDULE``
+Deployment settings (read when the file is parsed): ``VCLOUD_TRAINING_SCHEDULE``
 (cron or preset, default ``@monthly``; ``none`` for manual runs only) and
-``VCLOUD_DEFAULT_PROFILE`` (default ``local``).
+``VCLOUD_DEFAULT_PROFILE`` (default ``local``), whose ``connection.queue`` (read from the profile
+file, no connection) is the Airflow queue of every task that runs cluster commands.
 """
 
 from __future__ import annotations
@@ -29,11 +30,16 @@ from airflow.sdk import DAG, TriggerRule, chain, get_current_context, task
 
 from vcloud_pipeline.dag.assets import outlets_of
 from vcloud_pipeline.dag.job_operator import PipelineJobOperator
+from vcloud_pipeline.dag.queues import cluster_task_args
 from vcloud_pipeline.plan.request import dag_params
 from vcloud_pipeline.plan.labels import JobLabel
 from vcloud_pipeline.dag.tasks import CLUSTER_STEP_RETRIES
 
 _schedule = os.environ.get("VCLOUD_TRAINING_SCHEDULE", "@monthly")
+_profile = os.environ.get("VCLOUD_DEFAULT_PROFILE", "local")
+# The tasks that run cluster commands run on the queue of the default profile's connection (the host
+# with its ControlMaster socket); a run of another profile is moved to its own by the cluster policy.
+_on_cluster = {**CLUSTER_STEP_RETRIES, **cluster_task_args(_profile)}
 
 with DAG(
     dag_id="vcloud_training",
@@ -41,7 +47,7 @@ with DAG(
     schedule=None if _schedule.strip().lower() in ("", "none") else _schedule,
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
-    params=dag_params(os.environ.get("VCLOUD_DEFAULT_PROFILE", "local")),
+    params=dag_params(_profile),
     tags=["vcloud", "slurm", "training"],
     doc_md=__doc__,
 ) as dag:
@@ -56,7 +62,7 @@ with DAG(
         return plan_run(context["params"], run_type=getattr(dag_run, "run_type", None),
                         logical_date=context.get("logical_date"))
 
-    @task(task_id="sync_code", show_return_value_in_logs=False, **CLUSTER_STEP_RETRIES)
+    @task(task_id="sync_code", show_return_value_in_logs=False, **_on_cluster)
     def sync_code(planned: dict) -> dict:
         """Render every job once with the code's hash; rsync trainer/ (anchored excludes) and the scripts."""
         from slurm_provider.hooks import SlurmHook
@@ -69,7 +75,7 @@ with DAG(
         with final_unless_unreachable(), SlurmHook(run_plan.conn_id) as hook:
             return sync(run_plan, hook, dag_run=(context["dag"].dag_id, context["run_id"]))
 
-    @task(task_id="preflight_checks", trigger_rule=TriggerRule.NONE_FAILED, **CLUSTER_STEP_RETRIES)
+    @task(task_id="preflight_checks", trigger_rule=TriggerRule.NONE_FAILED, **_on_cluster)
     def preflight_checks(planned: dict, synced: dict) -> dict:
         """sbatch --test-only of each job to run, the container image, and the GPU-hour budget."""
         from slurm_provider.hooks import SlurmHook
@@ -81,7 +87,7 @@ with DAG(
         with final_unless_unreachable(), SlurmHook(run_plan.conn_id) as hook:
             return checks(run_plan, hook, SyncedCode.model_validate(synced))
 
-    @task(task_id="provision_env", trigger_rule=TriggerRule.NONE_FAILED, **CLUSTER_STEP_RETRIES)
+    @task(task_id="provision_env", trigger_rule=TriggerRule.NONE_FAILED, **_on_cluster)
     def provision_env(planned: dict, synced: dict) -> dict:
         """Install what the container lacks of the runtime requirements into paths.pylibs/<hash>, once."""
         from slurm_provider.hooks import SlurmHook
@@ -93,7 +99,7 @@ with DAG(
         with final_unless_unreachable(), SlurmHook(run_plan.conn_id) as hook:
             return install(run_plan, hook, SyncedCode.model_validate(synced))
 
-    @task(task_id="summary", trigger_rule=TriggerRule.ALL_DONE, **CLUSTER_STEP_RETRIES)
+    @task(task_id="summary", trigger_rule=TriggerRule.ALL_DONE, **_on_cluster)
     def summary(planned: dict) -> dict:
         """Per job: ids, states, GPU-hours, metrics; per stage: COMPLETE; the project's ledger. The run
         submits nothing more: its code is no longer kept for it."""
@@ -117,7 +123,7 @@ with DAG(
     provisioned = provision_env(planned, synced)
     data, imports, *stages, export = [
         PipelineJobOperator(task_id=label.task_id, job=label, outlets=outlets_of(label),
-                            trigger_rule=TriggerRule.NONE_FAILED)
+                            trigger_rule=TriggerRule.NONE_FAILED, **cluster_task_args(_profile))
         for label in JobLabel
     ]
     summarized = summary(planned)

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # System packages the test suite needs besides the local cluster: Debian's headless Chromium for
 # the HPC view's browser test (tests/deploy/test_hpc_view_browser.py) and docker-compose to
-# validate docker-compose.yaml. Idempotent; runs as root on Debian 12.
+# validate docker-compose.yaml; Debian's PostgreSQL and Redis for the Celery deployment test
+# (tests/deploy/celery_hosts.py starts private instances of both, on ports of
+# their own). Idempotent; runs as root on Debian 12.
 set -euo pipefail
 
-PACKAGES=(chromium fonts-dejavu-core docker-compose)
+PACKAGES=(chromium fonts-dejavu-core docker-compose postgresql redis-server)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

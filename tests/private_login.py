@@ -52,30 +52,32 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def _answers(port: int) -> bool:
+def _answers(port: int, address: str = "127.0.0.1") -> bool:
     with socket.socket() as sock:
         sock.settimeout(2)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
+        return sock.connect_ex((address, port)) == 0
 
 
 class PrivateLogin:
     """A second sshd for the cluster user; ``conn_id`` is its Airflow connection (paramiko transport)."""
 
     def __init__(self, cluster: LocalCluster, directory: Path, conn_id: str = "vcloud_private_login", *,
-                 path_first: str | None = None, extra: dict | None = None) -> None:
+                 path_first: str | None = None, extra: dict | None = None, listen: str = "127.0.0.1") -> None:
         """``path_first``: a directory on the login node put first on the sessions' PATH (``SetEnv``), so
         a test's stand-in for a Slurm client answers instead of the real one. ``extra``: more connection
-        extras."""
+        extras. ``listen``: the address it listens on (the local cluster's bridge address reaches it
+        from other network namespaces, where 127.0.0.1 is their own)."""
         self.cluster = cluster
         self.directory = directory
         self.conn_id = conn_id
         self.port = free_port()
+        self.listen = listen
         self.config = directory / "sshd_config"
         self.pid_file = directory / "sshd.pid"
         self.log_file = directory / "sshd.log"
         text = TEMPLATE.read_text()
         for key, value in {"@STATE@": str(cluster.state_dir), "@SSH_PORT@": str(self.port),
-                           "@SSH_LISTEN@": "127.0.0.1", "@CLUSTER_USER@": cluster.user}.items():
+                           "@SSH_LISTEN@": listen, "@CLUSTER_USER@": cluster.user}.items():
             text = text.replace(key, value)
         lines = [f"PidFile {self.pid_file}" if line.startswith("PidFile ") else line for line in text.splitlines()]
         if path_first is not None:
@@ -88,7 +90,7 @@ class PrivateLogin:
     def connection(self) -> dict:
         """The cluster's key-based connection, logging in through this sshd (same pinned host key)."""
         conn = self.cluster.connection()
-        return {**conn, "port": self.port, "extra": {**conn.get("extra", {}), **self.extra}}
+        return {**conn, "host": self.listen, "port": self.port, "extra": {**conn.get("extra", {}), **self.extra}}
 
     def connection_env(self) -> dict[str, str]:
         return {f"AIRFLOW_CONN_{self.conn_id.upper()}": json.dumps(self.connection())}
@@ -105,7 +107,7 @@ class PrivateLogin:
         if self.pid is None:
             subprocess.run(["/usr/sbin/sshd", "-f", str(self.config), "-E", str(self.log_file)], check=True,
                            capture_output=True, timeout=30)
-        poll_until(lambda: _answers(self.port), timeout=30, what=f"the private sshd on port {self.port}")
+        poll_until(lambda: _answers(self.port, self.listen), timeout=30, what=f"the private sshd on port {self.port}")
 
     def stop(self) -> None:
         """SIGTERM the listening sshd and every session process below it, by pid; wait until they are gone."""
@@ -121,7 +123,7 @@ class PrivateLogin:
                 pass
         poll_until(lambda: not any(_alive(p) for p in [pid, *sessions]), timeout=30,
                    what="the private sshd and its sessions to end")
-        poll_until(lambda: not _answers(self.port), timeout=10, what=f"port {self.port} to refuse connections")
+        poll_until(lambda: not _answers(self.port, self.listen), timeout=10, what=f"port {self.port} to refuse connections")
         self.pid_file.unlink(missing_ok=True)
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ COPY --chown=airflow:root requirements-lock.txt /opt/vcloud/requirements-lock.tx
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 RUN pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" \
         "apache-airflow==3.3.2" -r /opt/vcloud/requirements-lock.txt \
-    && python -c "import airflow, airflow.providers.ssh, asyncssh, paramiko, yaml, rasterio, tifffile"
+    && python -c "import airflow, airflow.providers.ssh, airflow.providers.celery, celery, redis, psycopg2, asyncpg, asyncssh, paramiko, yaml, rasterio, tifffile"
 # The Slurm provider distribution (its dependencies are in the lock); Airflow finds its hooks, the
 # slurm connection type and the extra link through its entry point. Rebuild the image after changing it.
 COPY --chown=airflow:root providers/slurm /opt/vcloud/providers/slurm

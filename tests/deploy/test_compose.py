@@ -67,8 +67,21 @@ def test_the_services_of_airflows_official_layout_exist(compose: dict) -> None:
     assert set(_airflow_services(compose)) == {"airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
                                                "airflow-worker", "airflow-triggerer", "airflow-init"}
     assert {"postgres", "redis"} <= set(compose["services"])
-    assert compose["services"]["airflow-triggerer"]["command"] == "triggerer"
-    assert compose["services"]["airflow-worker"]["command"] == "celery worker"
+    assert compose["services"]["airflow-triggerer"]["command"].split()[0] == "triggerer"
+    assert compose["services"]["airflow-worker"]["command"].split()[:2] == ["celery", "worker"]
+
+
+def test_the_worker_and_the_triggerer_beside_it_consume_the_same_queues(compose: dict) -> None:
+    """Triggers go to their task's queue: a triggerer without the worker's queues would leave that
+    worker's deferred tasks unwatched (and one without ``default`` every job task of a key login)."""
+    services = compose["services"]
+    assert services["airflow-worker"]["environment"]["AIRFLOW__TRIGGERER__QUEUES_ENABLED"] == "true"
+    worker = services["airflow-worker"]["command"].split()
+    triggerer = services["airflow-triggerer"]["command"].split()
+    assert worker[2:] == triggerer[1:] == ["--queues", "${VCLOUD_QUEUES:-default}"]
+    example = dict(line.split("=", 1) for line in ENV_EXAMPLE.read_text().splitlines()
+                   if line and not line.startswith("#"))
+    assert example["VCLOUD_QUEUES"].split(",")[0] == "default"
 
 
 def test_every_service_importing_project_code_mounts_it(compose: dict) -> None:

@@ -131,7 +131,7 @@ def test_partition_error_names_the_known_partitions() -> None:
         ({"contianer": {}}, r"unknown key 'contianer' \(known: site, description, account, connection"),
         ({"container.rocmm": True}, r"unknown key 'rocmm' in container \(known: runtime, image, .*rocm"),
         ({"connection.conn_id": ""}, r"connection.conn_id must be a non-empty string"),
-        ({"connection.ssh_key": "~/.ssh/id"}, r"unknown key 'ssh_key' in connection \(known: conn_id\)"),
+        ({"connection.ssh_key": "~/.ssh/id"}, r"unknown key 'ssh_key' in connection \(known: conn_id, queue\)"),
         ({"site": "saga"}, r"site 'saga' not allowed \(allowed: lumi, levante, cosmos, local, other\)"),
         ({"default_partition": "gpu"}, r"default_partition 'gpu' not allowed \(allowed: small-g, standard-g, dev-g\)"),
         ({"partitions.small-g.max_time": 4320}, r"quoted Slurm duration .*YAML reads"),

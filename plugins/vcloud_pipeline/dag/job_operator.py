@@ -61,6 +61,7 @@ from vcloud_pipeline.plan.stages import (
 )
 from vcloud_pipeline.plan.labels import JobLabel
 from vcloud_pipeline.plan.run_plan import RunPlan, ScriptRefused, SyncedCode
+from vcloud_pipeline.dag.queues import default_queue
 from vcloud_pipeline.dag.tasks import PLAN_TASK, SYNC_TASK
 
 if TYPE_CHECKING:
@@ -162,6 +163,9 @@ class PipelineJobOperator(SlurmSubmitOperator):
         self.resubmit_budgets = {cause: budget for cause in DEFAULT_BUDGETS}
         self.gpu_billing_factor = plan.profile.billing.factor
         self.cluster_profile = plan.profile
+        # The trigger goes to this task's queue ([triggerer] queues_enabled): the run's profile's, the
+        # host holding its connection's ControlMaster socket (vcloud_pipeline.dag.queues).
+        self.queue = plan.profile.connection.queue or default_queue()
         if plan.profile.accelerator.missing_gpu_hint:
             self.hint_overrides = {GPUS_NOT_VISIBLE: plan.profile.accelerator.missing_gpu_hint}
         for attr, (env, default) in POLL_ENV.items():

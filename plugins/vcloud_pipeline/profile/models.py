@@ -110,6 +110,13 @@ class ConnectionSpec(Document):
     """
 
     conn_id: Text
+    queue: Text | None = None
+    """The Airflow queue of every task that runs this cluster's commands, and so of their triggers
+    (with ``[triggerer] queues_enabled``): the Celery queue that only the workers on the host holding
+    the connection's ControlMaster socket consume (``airflow celery worker --queues``), and the
+    triggerer queue of the triggerer there (``airflow triggerer --queues``). None: the default queue,
+    for logins any worker can make (a key). The DAG file reads it when it is parsed, from the default
+    profile; see docs/operations.md, "Several workers and triggerers"."""
 
     @pydantic.model_validator(mode="before")
     @classmethod

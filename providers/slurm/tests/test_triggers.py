@@ -435,7 +435,7 @@ def test_a_lapsed_control_master_pauses_the_watches_until_a_person_opens_it_agai
         [(FINISHED, "COMPLETED", 0), (FINISHED, "FAILED", 3)]
     warnings = [e["event"] for e in logs if "still waiting" in str(e.get("event", ""))]
     assert len(warnings) == 2, "one message per watch, not one per try"
-    assert all(w.endswith(f"Open it again with: {reopen}") for w in warnings)
+    assert all(" Open it again on host " in w and w.endswith(f") with: {reopen}") for w in warnings)
     for job_id in jobs.values():
         assert any(e.get("event") == f"Watching job {job_id} again on otp_watch" for e in logs)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import socket
 import stat
 import subprocess
 import tempfile
@@ -256,10 +257,12 @@ def test_a_lapsed_master_is_one_message_for_the_hook_and_rsync_and_the_command_i
         rsync_file(hook, payload, remote)
     assert str(by_rsync.value) == str(by_hook.value)
     reopen = f"ssh -F {config} -o ControlMaster=auto -fN vcloud-local"
+    control_path = control_dir / "master"
     assert str(by_hook.value) == (
         f"no ControlMaster is running for ssh alias vcloud-local ({config}) (ssh said: vcloud@127.0.0.1: "
         "Permission denied (publickey)."
-        f"); its login needs a person (one-time password). Open it again with: {reopen}"
+        f"); its login needs a person (one-time password). Open it again on host {socket.gethostname()} "
+        f"(where this task or trigger looked for the master, ControlPath {control_path}) with: {reopen}"
     )
 
     # The person runs that command and types the code (here: the key stands in for it).

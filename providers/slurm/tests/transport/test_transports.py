@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -35,7 +36,7 @@ from slurm_provider.transport import (
     runner_for_connection,
     transport_name,
 )
-from slurm_provider.transport.openssh import classify_ssh_failure, parse_ssh_g
+from slurm_provider.transport.openssh import classify_ssh_failure, control_master_lapsed, parse_ssh_g
 
 PARAMIKO_CONN = "vcloud_local_cluster"
 OPENSSH_CONN = "vcloud_local_cluster_openssh"
@@ -305,8 +306,11 @@ def test_openssh_without_master_says_how_to_open_one(local_cluster, cluster_conn
     message = str(caught.value)
     assert message.startswith(f"no ControlMaster is running for ssh alias vcloud-local ({config}) "
                               "(ssh said: ")
-    assert message.endswith("; its login needs a person (one-time password). Open it again with: "
-                            f"ssh -F {config} -o ControlMaster=auto -fN vcloud-local")
+    # ssh -G expands the ControlPath's %C (a hash of host, port and user): the socket's real name
+    assert re.search(f"; its login needs a person \\(one-time password\\). Open it again on host "
+                     f"{re.escape(socket.gethostname())} \\(where this task or trigger looked for the master, "
+                     f"ControlPath {re.escape(str(control_dir))}/[0-9a-f]{{40}}\\) with: "
+                     f"{re.escape(f'ssh -F {config} -o ControlMaster=auto -fN vcloud-local')}$", message), message
 
 
 def test_require_control_master_never_logs_in_itself(local_cluster, cluster_connection: str, run,
@@ -392,14 +396,24 @@ def test_refused_login_without_a_master_setup_says_how_to_add_one() -> None:
     assert type(error) is AuthenticationFailed and "ControlMaster auto" in str(error)
 
 
-def test_otp_message_names_the_alias() -> None:
+def test_otp_message_names_the_alias_and_the_host_to_open_it_on() -> None:
     error = classify_ssh_failure(OpenSSHTarget(alias="lumi2"), "Permission denied (keyboard-interactive).",
-                                 shares_master=True)
+                                 shares_master=True, control_path="/opt/airflow/ssh-control/lumi2")
     assert str(error) == (
         "no ControlMaster is running for ssh alias lumi2 (ssh said: Permission denied "
-        "(keyboard-interactive).); its login needs a person (one-time password). Open it again with: "
-        "ssh -o ControlMaster=auto -fN lumi2"
+        "(keyboard-interactive).); its login needs a person (one-time password). Open it again on host "
+        f"{socket.gethostname()} (where this task or trigger looked for the master, ControlPath "
+        "/opt/airflow/ssh-control/lumi2) with: ssh -o ControlMaster=auto -fN lumi2"
     )
+
+
+def test_the_lapsed_master_message_names_the_host_that_looked() -> None:
+    """With several workers and triggerers the socket is on one of them: the message names it."""
+    target = OpenSSHTarget(alias="lumi2")
+    error = control_master_lapsed(target, host="worker-lumi")
+    assert type(error) is ControlMasterNotRunning and not error.retryable
+    assert "Open it again on host worker-lumi (where this task or trigger looked for the master) with: " \
+           "ssh -o ControlMaster=auto -fN lumi2" in str(error)
 
 
 def test_async_timeout_is_retryable_and_the_connection_stays_usable(conn_id: str) -> None:

@@ -19,6 +19,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import tempfile
 import weakref
@@ -236,7 +237,8 @@ def classify_ssh_log(ssh_log: str, *, where: str, pinned: str | None, host_key_f
     return TransportUnavailable(f"cannot reach {where}: {said}")
 
 
-def classify_ssh_failure(target: OpenSSHTarget, ssh_log: str, *, shares_master: bool) -> TransportError:
+def classify_ssh_failure(target: OpenSSHTarget, ssh_log: str, *, shares_master: bool,
+                         control_path: str | None = None) -> TransportError:
     """The exception for an ssh run on ``target`` that exited 255 with ``ssh_log`` (ssh's own messages).
 
     A live master cannot fail authentication, so a refused login on an alias that shares one
@@ -245,7 +247,7 @@ def classify_ssh_failure(target: OpenSSHTarget, ssh_log: str, *, shares_master: 
 
     def login_failed(said: str) -> TransportError:
         if shares_master:
-            return control_master_lapsed(target, said)
+            return control_master_lapsed(target, said, control_path=control_path)
         return AuthenticationFailed(
             f"{target.where}: login refused ({said}); for logins that need a one-time password add "
             "ControlMaster auto, ControlPath and ControlPersist to the alias in your ssh config"
@@ -260,13 +262,22 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "no message"
 
 
-def control_master_lapsed(target: OpenSSHTarget, said: str | None = None) -> ControlMasterNotRunning:
+def control_master_lapsed(target: OpenSSHTarget, said: str | None = None, *, control_path: str | None = None,
+                          host: str | None = None) -> ControlMasterNotRunning:
     """The one message for an alias whose master connection is not running (never opened, timed
-    out, or closed): only a person can log in again, and this says how."""
+    out, or closed): only a person can log in again, and this says how and where.
+
+    A master is a socket on one machine: with several workers and triggerers, the person has to open
+    it on the host whose task or trigger looked for it (``host``, default this machine's name), the
+    one its Airflow queue routes that connection's tasks and triggers to.
+    """
     detail = f" (ssh said: {said})" if said else ""
+    where = host or socket.gethostname()
+    socket_path = f", ControlPath {control_path}" if control_path else ""
     return ControlMasterNotRunning(
         f"no ControlMaster is running for {target.where}{detail}; its login needs a person (one-time "
-        f"password). Open it again with: {target.reopen_master_command()}"
+        f"password). Open it again on host {where} (where this task or trigger looked for the master"
+        f"{socket_path}) with: {target.reopen_master_command()}"
     )
 
 
@@ -310,6 +321,18 @@ class _OpenSSHState:
     def shares_master(self) -> bool:
         return self.config is not None and uses_control_master(self.config)
 
+    @property
+    def control_path(self) -> str | None:
+        """The alias's ControlPath as ``ssh -G`` resolved it (None before, or without one)."""
+        return self.config.get("controlpath") if self.shares_master and self.config else None
+
+    def lapsed(self, said: str | None = None) -> ControlMasterNotRunning:
+        return control_master_lapsed(self.target, said, control_path=self.control_path)
+
+    def classify(self, ssh_log: str) -> TransportError:
+        return classify_ssh_failure(self.target, ssh_log, shares_master=self.shares_master,
+                                    control_path=self.control_path)
+
     def new_log_file(self) -> str:
         fd, path = tempfile.mkstemp(prefix="ssh-", suffix=".log", dir=self._dir())
         os.close(fd)
@@ -327,7 +350,7 @@ class _OpenSSHState:
                     "add ControlMaster auto, ControlPath and ControlPersist to it in your ssh config"
                 )
             if not self.master_up:
-                raise control_master_lapsed(self.target)
+                raise self.lapsed()
 
     def before_command(self) -> None:
         self.check_master_rule()
@@ -348,7 +371,7 @@ class _OpenSSHState:
         os.unlink(log_file)
         if returncode == SSH_FAILURE_STATUS and ssh_log.strip():
             self.after_command(True, master_was_up)
-            raise classify_ssh_failure(self.target, ssh_log, shares_master=self.shares_master)
+            raise self.classify(ssh_log)
         if returncode < 0:
             self.after_command(True, master_was_up)
             raise TransportUnavailable(
@@ -416,7 +439,7 @@ class OpenSSHRunner:
 
     def classify(self, ssh_log: str) -> TransportError:
         """What a failed ``ssh`` on this alias means, in the words of this runner's own failures."""
-        return classify_ssh_failure(self.target, ssh_log, shares_master=self._state.shares_master)
+        return self._state.classify(ssh_log)
 
     def run(self, command: str, *, stdin: bytes | str | None = None, timeout: float) -> CommandResult:
         timeout = check_timeout(timeout)
