@@ -365,8 +365,12 @@ class CeleryDeployment:
     """PostgreSQL, Redis, API server, scheduler, DAG processor here; workers and triggerers on hosts."""
 
     def __init__(self, directory: Path, cluster: LocalCluster, *, project_dir: str, conn_id: str,
-                 queue: str, connection: Mapping[str, Any], settings: Mapping[str, str]) -> None:
+                 queue: str, connection: Mapping[str, Any], settings: Mapping[str, str],
+                 key_login: Mapping[str, Any] | None = None) -> None:
+        """``key_login``: a key-based connection every host gets (its key copied to the host's ~/.ssh)
+        instead of the OpenSSH one that needs a person's ControlMaster."""
         self.directory = directory
+        self.key_login = dict(key_login) if key_login is not None else None
         self.cluster = cluster
         self.compose = yaml.safe_load(COMPOSE.read_text())
         self.variables = {**new_secrets(), "VCLOUD_DEFAULT_PROFILE": "local", "VCLOUD_TRAINING_SCHEDULE": "none",
@@ -418,16 +422,19 @@ class CeleryDeployment:
             "    BatchMode yes\n"
             "    ControlMaster no\n"
             f"    ControlPath {ssh / 'cm' / '%C'}\n")
-        if with_key:  # stands in for the one-time password a person types on this host
+        if with_key or self.key_login:  # with_key: the one-time password a person types on this host
             shutil.copy(self.cluster.key_file, ssh / "id_login")
             (ssh / "id_login").chmod(0o600)
         secrets_dir = host.home / "secrets"
         secrets_dir.mkdir(exist_ok=True)
         connections = secrets_dir / "connections.json"
-        connections.write_text(json.dumps({self.conn_id: {
-            "conn_type": "ssh", "host": self.connection["alias"], "login": self.cluster.user,
-            "extra": {"transport": "openssh", "ssh_alias": self.connection["alias"],
-                      "ssh_config_file": str(ssh / "config"), "require_control_master": True}}}))
+        if self.key_login is not None:  # the key on every host: each can run the connection's work
+            conn = {**self.key_login, "extra": {**self.key_login["extra"], "key_file": str(ssh / "id_login")}}
+        else:
+            conn = {"conn_type": "ssh", "host": self.connection["alias"], "login": self.cluster.user,
+                    "extra": {"transport": "openssh", "ssh_alias": self.connection["alias"],
+                              "ssh_config_file": str(ssh / "config"), "require_control_master": True}}
+        connections.write_text(json.dumps({self.conn_id: conn}))
         return connections
 
     def open_master(self, host: Host) -> None:
@@ -455,7 +462,7 @@ class CeleryDeployment:
     def reboot(self, host: Host) -> None:
         """The host comes back: its person opens the master again (where it holds one), its component starts."""
         component, queues = self.host_queues[host.name]
-        if self.queue in queues.split(","):
+        if self.key_login is None and self.queue in queues.split(","):
             self.open_master(host)
         self.start_on_host(host, component)
 
@@ -482,7 +489,7 @@ class CeleryDeployment:
                                            home / f"{component}.log")
         for name, (component, queues) in hosts.items():
             host = self.hosts[name]
-            self._write_host_files(host, with_key=self.queue in queues.split(","))
+            self._write_host_files(host, with_key=self.key_login is None and self.queue in queues.split(","))
             self.reboot(host)
         self.wait_healthy(timeout=600)
         self.startup_seconds = time.monotonic() - started
@@ -552,8 +559,12 @@ class CeleryDeployment:
 @contextlib.contextmanager
 def celery_deployment(cluster: LocalCluster, hosts: Mapping[str, tuple[str, str]], *, queue: str,
                       conn_id: str = "vcloud_celery_otp",
-                      settings: Mapping[str, str] | None = None) -> Iterator[CeleryDeployment]:
-    """A running deployment with a private login sshd on the bridge; everything is removed afterwards."""
+                      settings: Mapping[str, str] | None = None,
+                      key_login: bool = False) -> Iterator[CeleryDeployment]:
+    """A running deployment with a private login sshd on the bridge; everything is removed afterwards.
+
+    ``key_login``: every host logs in with the cluster's key (its default connection's way) instead
+    of through a person's ControlMaster."""
     directory = Path(tempfile.mkdtemp(prefix="vch-", dir="/tmp"))  # short: ControlMaster socket paths
     directory.chmod(0o755)  # PostgreSQL (its own user) reaches its directory below
     (directory / "login").mkdir()
@@ -562,7 +573,8 @@ def celery_deployment(cluster: LocalCluster, hosts: Mapping[str, tuple[str, str]
     deployment = CeleryDeployment(directory, cluster, project_dir=project_dir, conn_id=conn_id, queue=queue,
                                   connection={"alias": "cluster-login", "port": login.port,
                                               "host_key": cluster.connection()["extra"]["host_key"]},
-                                  settings=settings or {})
+                                  settings=settings or {},
+                                  key_login=login.connection() if key_login else None)
     try:
         login.start()
         deployment.start(hosts)

@@ -13,6 +13,11 @@ trigger. Both come back as a rebooted machine does (its person opens the master 
 component starts); the other worker and triggerer, which hold no socket, never take the
 connection's work. The run succeeds with one Slurm job per job task, and the HPC view, signed in
 through this API server with headless Chromium, shows the run's jobs and budget.
+
+Failover: with a key-based connection every host can use (the local cluster's default way) and
+everything on the default queue, the worker host running a stage task and the triggerer host
+watching a stage's job die and stay dead; the surviving worker runs the task's next try, the
+surviving triggerer takes the watch over, and the run still ends with one Slurm job per job task.
 """
 
 from __future__ import annotations
@@ -56,6 +61,9 @@ SETTINGS = {
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
 }
 """What the test shortens of Airflow's timeouts; the triggerer health threshold stays Airflow's 30 s."""
+FAILOVER_HOSTS = {"worker-a": ("worker", "default"), "worker-b": ("worker", "default"),
+                  "triggerer-a": ("triggerer", "default"), "triggerer-b": ("triggerer", "default")}
+"""Every host serves the default queue and holds the cluster's key: any of them can take the work."""
 
 
 # --------------------------------------------------------------------------- the settings agree
@@ -99,7 +107,7 @@ def test_every_component_gets_the_compose_files_settings_with_local_addresses(tm
 # --------------------------------------------------------------------------- the run
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def deployment(local_cluster: LocalCluster) -> Iterator[CeleryDeployment]:
     with celery_deployment(local_cluster, HOSTS, queue=QUEUE, settings=SETTINGS) as running:
         print(f"\nCelery deployment healthy after {running.startup_seconds:.1f} s "
@@ -258,3 +266,107 @@ def _the_hpc_view_shows_the_run(deployment: CeleryDeployment, api: Any, run_id: 
     assert local["source"] == "slurm", local["source_text"]
     assert local["allocation"] and local["used"] and local["left"], local
     assert float(local["used"].replace(",", "")) > 0
+
+
+# --------------------------------------------------------------------------- failover
+
+
+@pytest.fixture
+def failover_deployment(local_cluster: LocalCluster) -> Iterator[CeleryDeployment]:
+    with celery_deployment(local_cluster, FAILOVER_HOSTS, queue="default", conn_id="vcloud_celery_key",
+                           settings=SETTINGS, key_login=True) as running:
+        print(f"\nCelery deployment (key login on every host) healthy after {running.startup_seconds:.1f} s",
+              file=sys.stderr)
+        yield running
+
+
+def _trigger_logged(host_dir: Path, task: str, attempt: int) -> bool:
+    """The host's triggerer wrote a trigger log for ``task``'s try ``attempt``."""
+    logs = host_dir / "airflow" / "logs"
+    return any(f"task_id={task}" in str(path.parent) for path in logs.rglob(f"attempt={attempt}.log.trigger.*.log"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_a_run_fails_over_to_the_surviving_worker_and_triggerer_when_their_hosts_die_for_good(
+        failover_deployment: CeleryDeployment, local_cluster: LocalCluster) -> None:
+    from benchmarks.stage_overhead import run_jobs
+    from standalone import RestClient
+
+    deployment = failover_deployment
+    api = RestClient(deployment.base_url)
+    poll_until(lambda: api.call("GET", f"/api/v2/dags/{DAG_ID}")[0] == 200, timeout=300, interval=2,
+               what=f"the DAG processor to parse {DAG_ID}")
+    assert api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})[0] == 200
+    run_name = f"failover-{uuid.uuid4().hex[:6]}"
+    run_id = f"celery-hosts-{run_name}"
+    status, body = api.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {
+        "dag_run_id": run_id, "logical_date": None,
+        "conf": {"profile": "local", "config": "tiny", "run_name": run_name}})
+    assert status == 200, body
+    watch = Watch(deployment, run_id)
+    workers = {n for n, (c, _) in FAILOVER_HOSTS.items() if c == "worker"}
+    triggerers = {n for n, (c, _) in FAILOVER_HOSTS.items() if c == "triggerer"}
+
+    # 1. A stage task running on a worker host: that host dies and stays dead.
+    def stage_running() -> tuple[str, int, str] | None:
+        for task, attempt, hostname, state, _ in _tries(deployment, run_id):
+            if task in STAGES and state == "running" and hostname in workers:
+                return task, attempt, hostname
+        return None
+
+    killed_task, killed_try, dead_worker = watch.until(stage_running, timeout=1500, interval=0.3,
+                                                       what="a stage task running on a worker host")
+    deployment.hosts[dead_worker].kill()
+    [live_worker] = workers - {dead_worker}
+    print(f"killed host {dead_worker} for good while {killed_task} (try {killed_try}) ran on it", file=sys.stderr)
+
+    # 2. A stage's trigger held by a triggerer host: that host dies and stays dead.
+    def trigger_held() -> tuple[int, str, str] | None:
+        for trigger_id, task, _, hostname in _triggers(deployment, run_id):
+            if task in STAGES and hostname in triggerers:
+                return trigger_id, task, hostname
+        return None
+
+    trigger_id, watched, dead_triggerer = watch.until(trigger_held, timeout=1500, interval=0.3,
+                                                      what="a stage's trigger on a triggerer host")
+    [watched_try] = [a for t, a, _, s, _ in _tries(deployment, run_id) if t == watched and s == "deferred"] or [0]
+    deployment.hosts[dead_triggerer].kill()
+    [live_triggerer] = triggerers - {dead_triggerer}
+    print(f"killed host {dead_triggerer} for good while it watched {watched}'s job (trigger {trigger_id}, "
+          f"try {watched_try})", file=sys.stderr)
+
+    # The surviving triggerer takes the watch: the trigger is assigned to it, or it logged the try's trigger.
+    def taken_over() -> bool:
+        held = {host for (_, task), hosts in watch.triggers.items() if task == watched for host in hosts}
+        return live_triggerer in held or _trigger_logged(deployment.hosts[live_triggerer].directory, watched,
+                                                         watched_try)
+
+    watch.until(taken_over, timeout=900, interval=0.3, what=f"{live_triggerer} to take {watched}'s watch over")
+
+    final = watch.until(lambda: (s := api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}")["state"])
+                        in ("success", "failed") and s, timeout=2400, interval=1, what="the run to end")
+    tries = _tries(deployment, run_id)
+    assert final == "success", sorted(tries)
+
+    ran = {(task, attempt): hostname for task, attempt, hostname, _, _ in tries}
+    assert ran.get((killed_task, killed_try + 1)) == live_worker, \
+        f"{killed_task}'s next try did not run on {live_worker}: {sorted(tries)}"
+    # After the kill nothing more ran on the dead worker: its tries are the ones before.
+    assert all(ran[(killed_task, a)] == live_worker for t, a in ran if t == killed_task and a > killed_try)
+    took = {host for (_, task), hosts in watch.triggers.items() if task == watched for host in hosts}
+    assert dead_triggerer in took, watch.triggers
+    assert live_triggerer in took or _trigger_logged(deployment.hosts[live_triggerer].directory, watched,
+                                                     watched_try), watch.triggers
+    assert watch.trigger_queues <= {"default"}, watch.trigger_queues
+
+    jobs = run_jobs(local_cluster, run_id)
+    assert {task: len(found) for task, found in jobs.items()} == dict.fromkeys(JOB_TASKS, 1), jobs
+    assert {found[0].state for found in jobs.values()} == {"COMPLETED"}, jobs
+    print(f"{killed_task}: " + ", ".join(f"try {a} on {ran[(t, a)]}" for t, a in sorted(ran) if t == killed_task),
+          file=sys.stderr)
+    print(f"{watched}'s triggers: " + ", ".join(f"{tid} on {sorted(h for h in hosts if h)}"
+                                             for (tid, task), hosts in sorted(watch.triggers.items())
+                                             if task == watched), file=sys.stderr)
+    print("sacct: " + ", ".join(f"{task} {found[0].job_id} {found[0].state}" for task, found in jobs.items()),
+          file=sys.stderr)
