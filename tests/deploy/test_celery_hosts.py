@@ -360,13 +360,18 @@ def test_a_run_fails_over_to_the_surviving_worker_and_triggerer_when_their_hosts
                                                      watched_try), watch.triggers
     assert watch.trigger_queues <= {"default"}, watch.trigger_queues
 
+    # One job per job task that submitted; a stage that does not earn its GPU-hours (stage 3 of the
+    # tiny config: no unlabeled domain) is skipped without one.
+    skipped = {t for t, _, _, state, _ in tries if state == "skipped"}
     jobs = run_jobs(local_cluster, run_id)
-    assert {task: len(found) for task, found in jobs.items()} == dict.fromkeys(JOB_TASKS, 1), jobs
-    assert {found[0].state for found in jobs.values()} == {"COMPLETED"}, jobs
+    assert {task: len(found) for task, found in jobs.items()} == \
+        {task: 0 if task in skipped else 1 for task in JOB_TASKS}, jobs
+    assert killed_task not in skipped and watched not in skipped, sorted(tries)
+    assert {found[0].state for found in jobs.values() if found} == {"COMPLETED"}, jobs
     print(f"{killed_task}: " + ", ".join(f"try {a} on {ran[(t, a)]}" for t, a in sorted(ran) if t == killed_task),
           file=sys.stderr)
     print(f"{watched}'s triggers: " + ", ".join(f"{tid} on {sorted(h for h in hosts if h)}"
                                              for (tid, task), hosts in sorted(watch.triggers.items())
                                              if task == watched), file=sys.stderr)
-    print("sacct: " + ", ".join(f"{task} {found[0].job_id} {found[0].state}" for task, found in jobs.items()),
-          file=sys.stderr)
+    print("sacct: " + ", ".join(f"{task} {found[0].job_id} {found[0].state}" if found else f"{task} none (skipped)"
+                                for task, found in jobs.items()), file=sys.stderr)
