@@ -131,6 +131,15 @@ def _triggers(deployment: CeleryDeployment, run_id: str) -> list[tuple[int, str,
     return [(r[0], r[1], r[2], r[3]) for r in deployment.postgres.query(sql, run_id)]
 
 
+def _trigger_tiny_run(api: Any, prefix: str) -> str:
+    """Unpause the training DAG once the DAG processor has it, and trigger a tiny run through REST."""
+    poll_until(lambda: api.call("GET", f"/api/v2/dags/{DAG_ID}")[0] == 200, timeout=300, interval=2,
+               what=f"the DAG processor to parse {DAG_ID}")
+    assert api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})[0] == 200
+    run_name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    return api.trigger(DAG_ID, f"celery-hosts-{run_name}", {"profile": "local", "config": "tiny", "run_name": run_name})
+
+
 class Watch:
     """Samples the run's triggers and task tries while it runs: who ran what, and when."""
 
@@ -163,15 +172,7 @@ def test_a_run_survives_its_worker_and_triggerer_hosts_dying_and_runs_only_where
     from standalone import RestClient
 
     api = RestClient(deployment.base_url)
-    poll_until(lambda: api.call("GET", f"/api/v2/dags/{DAG_ID}")[0] == 200, timeout=300, interval=2,
-               what=f"the DAG processor to parse {DAG_ID}")
-    assert api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})[0] == 200
-    run_name = f"celery-{uuid.uuid4().hex[:6]}"
-    run_id = f"celery-hosts-{run_name}"
-    status, body = api.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {
-        "dag_run_id": run_id, "logical_date": None,
-        "conf": {"profile": "local", "config": "tiny", "run_name": run_name}})
-    assert status == 200, body
+    run_id = _trigger_tiny_run(api, "celery")
     watch = Watch(deployment, run_id)
     worker, triggerer = deployment.hosts["worker-login"], deployment.hosts["triggerer-login"]
 
@@ -299,15 +300,7 @@ def test_a_run_fails_over_to_the_surviving_worker_and_triggerer_when_their_hosts
 
     deployment = failover_deployment
     api = RestClient(deployment.base_url)
-    poll_until(lambda: api.call("GET", f"/api/v2/dags/{DAG_ID}")[0] == 200, timeout=300, interval=2,
-               what=f"the DAG processor to parse {DAG_ID}")
-    assert api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})[0] == 200
-    run_name = f"failover-{uuid.uuid4().hex[:6]}"
-    run_id = f"celery-hosts-{run_name}"
-    status, body = api.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {
-        "dag_run_id": run_id, "logical_date": None,
-        "conf": {"profile": "local", "config": "tiny", "run_name": run_name}})
-    assert status == 200, body
+    run_id = _trigger_tiny_run(api, "failover")
     watch = Watch(deployment, run_id)
     workers = {n for n, (c, _) in FAILOVER_HOSTS.items() if c == "worker"}
     triggerers = {n for n, (c, _) in FAILOVER_HOSTS.items() if c == "triggerer"}

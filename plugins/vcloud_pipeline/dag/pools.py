@@ -90,6 +90,12 @@ def profile_of_run(conf: Mapping[str, Any] | None, params: Any) -> str | None:
     return default if isinstance(default, str) and default else None
 
 
+def profile_of_task_run(task_instance: Any, dag_run: Any) -> str | None:
+    """The profile of the run a task instance belongs to, as the cluster policies see it."""
+    task = getattr(task_instance, "task", None)
+    return profile_of_run(getattr(dag_run, "conf", None), getattr(task, "params", None))
+
+
 def route_to_cluster_pool(task_instance: Any, dag_run: Any) -> None:
     """Cluster policy (``task_instance_mutation_hook``): a job task instance of a run goes to the pool of
     its run's connection. Anything else, or a run Airflow has not bound yet, is left as it is; so is a
@@ -98,9 +104,7 @@ def route_to_cluster_pool(task_instance: Any, dag_run: Any) -> None:
     if getattr(task_instance, "operator", None) != JOB_OPERATOR or dag_run is None:
         return
     try:
-        task = getattr(task_instance, "task", None)
-        profile = profile_of_run(getattr(dag_run, "conf", None), getattr(task, "params", None))
-        if profile is None:
+        if (profile := profile_of_task_run(task_instance, dag_run)) is None:
             return
         task_instance.pool = pool_name(connection_of(profile))
     except Exception as exc:  # a bad profile name in conf, an unreadable profile: plan reports it

@@ -85,14 +85,12 @@ def route_to_cluster_queue(task_instance: Any, dag_run: Any) -> None:
     """Cluster policy (``task_instance_mutation_hook``): a cluster task instance of a training run goes
     to its run's profile's queue. Never raises (it runs inside the scheduler); what cannot be decided
     keeps the queue the DAG file gave."""
-    from vcloud_pipeline.dag.pools import profile_of_run
+    from vcloud_pipeline.dag.pools import profile_of_task_run
 
     if dag_run is None or not is_cluster_task(task_instance):
         return
     try:
-        task = getattr(task_instance, "task", None)
-        profile = profile_of_run(getattr(dag_run, "conf", None), getattr(task, "params", None))
-        if profile is None:
+        if (profile := profile_of_task_run(task_instance, dag_run)) is None:
             return
         task_instance.queue = queue_of(profile) or default_queue()
     except Exception as exc:
