@@ -49,6 +49,24 @@ class ClusterUnavailable(RuntimeError):
     """The local cluster could not be brought up; the message says what `cluster.sh up` printed."""
 
 
+def otp_host_block(alias: str, host: str, port: int | str, user: str, known_hosts: Path | str,
+                   control_path: Path | str) -> str:
+    """An ssh_config ``Host`` block that logs in only through its ControlMaster, like an OTP login:
+    no key, no password in BatchMode, host key pinned."""
+    return (f"Host {alias}\n"
+            f"    HostName {host}\n"
+            f"    Port {port}\n"
+            f"    User {user}\n"
+            f"    UserKnownHostsFile {known_hosts}\n"
+            "    StrictHostKeyChecking yes\n"
+            "    PubkeyAuthentication no\n"
+            "    PasswordAuthentication no\n"
+            "    KbdInteractiveAuthentication no\n"
+            "    BatchMode yes\n"
+            "    ControlMaster no\n"
+            f"    ControlPath {control_path}\n")
+
+
 @dataclass(frozen=True)
 class LocalCluster:
     state_dir: Path
@@ -130,20 +148,8 @@ class LocalCluster:
         :meth:`open_master` stands in for the person who does.
         """
         path = directory / "otp_ssh_config"
-        path.write_text(
-            f"Host {SSH_ALIAS}\n"
-            "    HostName 127.0.0.1\n"
-            f"    Port {self.ssh_port}\n"
-            f"    User {self.user}\n"
-            f"    UserKnownHostsFile {self.known_hosts}\n"
-            "    StrictHostKeyChecking yes\n"
-            "    PubkeyAuthentication no\n"
-            "    PasswordAuthentication no\n"
-            "    KbdInteractiveAuthentication no\n"
-            "    BatchMode yes\n"
-            "    ControlMaster no\n"
-            f"    ControlPath {control_path}\n"
-        )
+        path.write_text(otp_host_block(SSH_ALIAS, "127.0.0.1", self.ssh_port, self.user, self.known_hosts,
+                                       control_path))
         return path
 
     def open_master(self, config: Path) -> None:

@@ -38,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from localcluster import LocalCluster, poll_until
+from localcluster import LocalCluster, otp_host_block, poll_until
 from ports import free_port
 from private_login import PrivateLogin, descendants
 
@@ -409,19 +409,8 @@ class CeleryDeployment:
         ssh.chmod(0o700)
         host_key = self.connection["host_key"]
         (ssh / "known_hosts").write_text(f"[{BRIDGE_ADDR}]:{self.connection['port']} {host_key}\n")
-        (ssh / "config").write_text(
-            f"Host {self.connection['alias']}\n"
-            f"    HostName {BRIDGE_ADDR}\n"
-            f"    Port {self.connection['port']}\n"
-            f"    User {self.cluster.user}\n"
-            f"    UserKnownHostsFile {ssh / 'known_hosts'}\n"
-            "    StrictHostKeyChecking yes\n"
-            "    PubkeyAuthentication no\n"
-            "    PasswordAuthentication no\n"
-            "    KbdInteractiveAuthentication no\n"
-            "    BatchMode yes\n"
-            "    ControlMaster no\n"
-            f"    ControlPath {ssh / 'cm' / '%C'}\n")
+        (ssh / "config").write_text(otp_host_block(self.connection["alias"], BRIDGE_ADDR, self.connection["port"],
+                                                   self.cluster.user, ssh / "known_hosts", ssh / "cm" / "%C"))
         if with_key or self.key_login:  # with_key: the one-time password a person types on this host
             shutil.copy(self.cluster.key_file, ssh / "id_login")
             (ssh / "id_login").chmod(0o600)

@@ -25,13 +25,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from vcloud_pipeline.dag.pools import JOB_OPERATOR, profile_of_task_run
+
 log = logging.getLogger(__name__)
 
 TRAINING_DAG = "vcloud_training"
 CLUSTER_TASKS = frozenset({"sync_code", "preflight_checks", "provision_env", "summary"})
 """The training DAG's Python tasks that run cluster commands (besides every job task)."""
-
-JOB_OPERATOR = "PipelineJobOperator"
 
 
 def default_queue() -> str:
@@ -85,8 +85,6 @@ def route_to_cluster_queue(task_instance: Any, dag_run: Any) -> None:
     """Cluster policy (``task_instance_mutation_hook``): a cluster task instance of a training run goes
     to its run's profile's queue. Never raises (it runs inside the scheduler); what cannot be decided
     keeps the queue the DAG file gave."""
-    from vcloud_pipeline.dag.pools import profile_of_task_run
-
     if dag_run is None or not is_cluster_task(task_instance):
         return
     try:

@@ -616,17 +616,19 @@ class SlurmSubmitOperator(BaseOperator):
         trigger then watches it, outages included)."""
         record_path = end_record_path(self._log_path(context, job_id))
         deadline = time.monotonic() + self.short_job_wait
+        confirm_at, confirm_wait = 0.0, SHORT_JOB_READ_INTERVAL  # Slurm asked again after a doubling wait
         try:
             while (left := deadline - time.monotonic()) > 0:
                 time.sleep(min(SHORT_JOB_READ_INTERVAL, left))
                 record = parse_end_record(hook.read_file(record_path) or "")
-                if record is None:
+                if record is None or time.monotonic() < confirm_at:
                     continue
                 if record.job_id != str(job_id) or record.requeued:
                     return None  # another run follows: the trigger follows it
                 status = hook.statuses([job_id]).get(job_id)
                 if status is not None and status.state.is_terminal:
                     return status
+                confirm_at, confirm_wait = time.monotonic() + confirm_wait, 2 * confirm_wait  # still completing
         except (TransportError, RemoteCommandError) as exc:  # SlurmCommandFailed is a TransportError
             self.log.info("Watching job %s from the worker stopped (%s); the trigger watches it", job_id, exc)
         return None
