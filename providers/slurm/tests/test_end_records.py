@@ -18,6 +18,7 @@ import pytest
 from slurm_provider.cli.job_files import build_poll_files, parse_poll_files
 from slurm_provider.end_records import EndRecord, end_record_path, end_record_shell, parse_end_record
 from slurm_provider.job_status import JobStatus
+from slurm_provider import poller as poller_module
 from slurm_provider.poller import JobPoller, PollUpdate
 from slurm_provider.state_vocabulary import SlurmState
 
@@ -185,6 +186,32 @@ def test_a_record_that_is_not_the_watched_runs_end_asks_slurm_nothing(record: st
     assert all(u.status is not None and u.status.state is SlurmState.RUNNING for u in seen)
     assert cluster.calls.count("statuses") == 1 and cluster.calls.count("poll_files") > 5
     assert poller.confirmations == 0
+
+
+def test_an_end_slurm_still_completes_is_asked_about_again_within_seconds_not_at_the_next_read(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record is written in the batch script's last instant: Slurm may list the job a second
+    longer. The next question comes after ``FIRST_CONFIRM_RETRY`` (doubling), not a whole
+    ``record_interval`` (20 s here) later."""
+    monkeypatch.setattr(poller_module, "FIRST_CONFIRM_RETRY", 0.2)
+    cluster = RecordCluster("job=7 restart=0 exit=0 end=5 requeued=0", completing=1)
+    poller = JobPoller("c", lambda: cluster, record_interval=20.0, jitter=0.0)
+
+    async def run() -> list[PollUpdate]:
+        seen: list[PollUpdate] = []
+        async with poller.subscribe("7", poll_interval=60.0, max_poll_interval=300.0, log_path="/l/7.out",
+                                    end_record_path="/l/7.out.end") as updates:
+            while not (seen and seen[-1].status is not None and seen[-1].status.state.is_terminal):
+                seen.append(await asyncio.wait_for(updates.get(), 10.0))
+        return seen
+
+    seen = asyncio.run(run())
+    assert seen[-1].status is not None and seen[-1].status.state is SlurmState.COMPLETED
+    # the poll and its read (the record; Slurm still lists the job), a read and a question 0.2 s later
+    # (still completing; the log looked at), another 0.4 s later (completed; the last look at the log)
+    assert cluster.calls == ["statuses", "poll_files", "poll_files", "statuses", "file_sizes",
+                             "poll_files", "statuses", "file_sizes"]
+    assert poller.confirmations == 2 and poller.unconfirmed == 1
 
 
 def test_without_a_record_path_nothing_is_read_between_polls() -> None:

@@ -33,7 +33,8 @@ a file its batch script leaves next to its output: every ``record_interval`` sec
 reads the records of every watched job over the same connection (no Slurm call; the poll itself reads
 them in the command that checks the logs' sizes), and a record that says the watched run ended is
 confirmed with one status query for those jobs only. Slurm's answer decides: a job Slurm does not
-call ended yet (still completing, requeued) is asked about again after a doubling wait, and a job
+call ended yet (still completing, requeued) is asked about again after a doubling wait (1 s, 2 s,
+4 s, ...: the records are read again then, between the regular reads), and a job
 killed before its script could write a record is noticed by the poll as before.
 
 More files a watch follows as they grow (:mod:`slurm_provider.followed_files`) have their sizes
@@ -72,6 +73,11 @@ log = logging.getLogger(__name__)
 MAX_RETRY_DELAY = 300.0
 RECORD_INTERVAL = 5.0
 """Seconds between two reads of the watched jobs' exit records (one file read, no Slurm call)."""
+FIRST_CONFIRM_RETRY = 1.0
+"""Seconds before Slurm is asked again about a job whose record says it ended but which Slurm still
+lists (completing: its epilog runs, its end is being recorded); the wait doubles from there. The
+record is written in the last instant of the batch script, so a read that lands there finds Slurm
+a second behind: waiting out a whole ``record_interval`` for that would double the delay."""
 MAX_LOG_READS_PER_CYCLE = 16
 """Reads of one log per cycle (each up to 64 KiB): a megabyte of output catches up in one cycle."""
 
@@ -293,7 +299,7 @@ class JobPoller:
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0:
             reading = self.record_interval > 0 and any(s.end_record_path for s in self._subs.values())
-            await self._sleep(min(left, self.record_interval) if reading else left)
+            await self._sleep(min(left, self._until_next_read()) if reading else left)
             if self._wake.is_set() or not reading or deadline - time.monotonic() <= 0:
                 return
             try:
@@ -302,6 +308,12 @@ class JobPoller:
                 log.info("Cluster %s: reading the exit records failed (%s); the next poll goes on", self.conn_id, exc)
                 await self._sleep(max(0.0, deadline - time.monotonic()))
                 return
+
+    def _until_next_read(self) -> float:
+        """Seconds to the next read of the exit records: ``record_interval``, or sooner when an end
+        Slurm did not confirm yet is due to be asked about again."""
+        due = [s.confirm_after for s in self._subs.values() if s.unconfirmed is not None]
+        return max(min(0.1, self.record_interval), min([self.record_interval, *(at - time.monotonic() for at in due)]))
 
     async def _records_cycle(self) -> None:
         """Read every watched job's exit record (one command, which also checks the sizes of the
@@ -324,7 +336,10 @@ class JobPoller:
         ended: dict[int, EndRecord] = {}
         for sub in subs:
             record = _record_of(sub, records)
-            if record is None or (record == sub.unconfirmed and now < sub.confirm_after):
+            if record is None:
+                sub.unconfirmed = None  # a requeued run's old record: nothing to ask Slurm about
+                continue
+            if record == sub.unconfirmed and now < sub.confirm_after:
                 continue
             ended[id(sub)] = record
         if not ended:
@@ -340,7 +355,8 @@ class JobPoller:
         """Slurm does not call the job ended yet (completing, requeued): ask again after a doubling wait."""
         if record != sub.unconfirmed:
             sub.confirm_wait = 0.0
-        sub.confirm_wait = min(sub.max_poll_interval, max(self.record_interval, 2 * sub.confirm_wait))
+        sub.confirm_wait = min(sub.max_poll_interval, max(min(FIRST_CONFIRM_RETRY, self.record_interval),
+                                                          2 * sub.confirm_wait))
         sub.unconfirmed, sub.confirm_after = record, time.monotonic() + sub.confirm_wait
 
     async def _cycle(self) -> bool:
@@ -388,6 +404,8 @@ class JobPoller:
                 confirmed.add(id(sub))
             elif (record := _record_of(sub, read)) is not None:  # this poll's answer: not ended yet
                 self._not_confirmed(sub, record)
+            elif record_paths:
+                sub.unconfirmed = None
             text = err_text = ""
             if sub in streaming:
                 if sub.log_path and sizes.get(sub.log_path, 0) > sub.log_offset:
