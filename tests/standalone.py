@@ -28,7 +28,7 @@ USER, PASSWORD = "admin", "vcloud-admin-pw"
 
 
 def airflow_env(home: Path, port: int, project_dir: str, *, schedule: str = "none",
-                first_poll_delay: float = 1) -> dict[str, str]:
+                first_poll_delay: float = 1, short_job_wait: float | None = None) -> dict[str, str]:
     """Environment of every Airflow command of one test deployment.
 
     ``project_dir`` replaces the local profile's ``paths.base``, so the run's data, code and outputs
@@ -36,6 +36,9 @@ def airflow_env(home: Path, port: int, project_dir: str, *, schedule: str = "non
     (``VCLOUD_TRAINING_SCHEDULE``); DAGs start paused. Keep ``first_poll_delay`` >= 10 s wherever a
     real triggerer runs the triggers (Airflow 3.3's scheduler loses an event that arrives within
     ~5 s of the deferral); 1 s is fine for ``airflow dags test``, which runs them inline.
+    ``short_job_wait``: how long a job task watches its job itself before deferring
+    (``VCLOUD_SHORT_JOB_WAIT``; None: as shipped); 0 has every job task defer at once, for a test
+    whose gesture needs the tiny config's seconds-long stages watched by a trigger.
     """
     env = dict(os.environ)
     # include/airflow: the deployment's cluster policy (airflow_local_settings), as docker-compose.yaml
@@ -70,6 +73,10 @@ def airflow_env(home: Path, port: int, project_dir: str, *, schedule: str = "non
         "AIRFLOW__CORE__LAZY_LOAD_PLUGINS": "False",
         "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
     })
+    if short_job_wait is not None:
+        env["VCLOUD_SHORT_JOB_WAIT"] = str(short_job_wait)
+    else:
+        env.pop("VCLOUD_SHORT_JOB_WAIT", None)
     (home / "passwords.json").write_text(json.dumps({USER: PASSWORD}))
     return env
 

@@ -52,7 +52,8 @@ def deployment(local_cluster: LocalCluster, cluster_connection: str,
     cosmos_base = f"/cosmos/vast/scratch/{{user}}/tests/{uuid.uuid4().hex[:12]}/vcloud"
     cosmos_dir = cosmos_base.replace("{user}", local_cluster.user)
     local_cluster.ssh(f"mkdir -p {shlex.quote(cosmos_dir)}")
-    env = airflow_env(home, free_port(), local_dir, first_poll_delay=10)
+    # Both runs hold a slot with a deferred job task: the tiny config's stages are deferred at once.
+    env = airflow_env(home, free_port(), local_dir, first_poll_delay=10, short_job_wait=0)
     env["VCLOUD_SITE_FACTS"] = str(LOCAL_SITE_FACTS)
     env["VCLOUD_PROFILE_OVERRIDES"] = json.dumps({"local": {"paths.base": local_dir},
                                                   "cosmos": {"paths.base": cosmos_base}})

@@ -373,9 +373,11 @@ class CeleryDeployment:
         self.key_login = dict(key_login) if key_login is not None else None
         self.cluster = cluster
         self.compose = yaml.safe_load(COMPOSE.read_text())
+        # Job tasks defer at once (VCLOUD_SHORT_JOB_WAIT 0): the tests kill a triggerer host while it
+        # watches one of the tiny config's stages, which end within seconds.
         self.variables = {**new_secrets(), "VCLOUD_DEFAULT_PROFILE": "local", "VCLOUD_TRAINING_SCHEDULE": "none",
                           "VCLOUD_POLL_INTERVAL": "2", "VCLOUD_MAX_POLL_INTERVAL": "5",
-                          "VCLOUD_FIRST_POLL_DELAY": "10"}
+                          "VCLOUD_FIRST_POLL_DELAY": "10", "VCLOUD_SHORT_JOB_WAIT": "0"}
         self.queue = queue
         self.conn_id = conn_id
         self.connection = dict(connection)

@@ -41,7 +41,8 @@ def deployment(local_cluster: LocalCluster, cluster_connection: str,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     home = tmp_path_factory.mktemp("training-gestures-home")
     project_dir = local_cluster.test_dir()
-    env = airflow_env(home, free_port(), project_dir, first_poll_delay=10)
+    # The gestures act on a stage's trigger: the tiny config's stages, seconds long, are deferred at once.
+    env = airflow_env(home, free_port(), project_dir, first_poll_delay=10, short_job_wait=0)
     try:
         with deployment_with_dag(env, home, DAG_ID) as (components, api):
             yield {"components": components, "api": api, "project_dir": project_dir}

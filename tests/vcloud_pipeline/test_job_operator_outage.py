@@ -104,6 +104,7 @@ def test_the_stage_decision_waits_for_the_login_node_then_submits_once(context: 
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     cluster = Cluster()
     monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    monkeypatch.setenv("VCLOUD_SHORT_JOB_WAIT", "0")  # defer right after the submit, without watching first
     with pytest.raises(TaskDeferred) as waiting:
         PipelineJobOperator(task_id="stage0", job="stage0").execute(context)
     wait = waiting.value.trigger

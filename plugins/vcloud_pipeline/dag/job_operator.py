@@ -76,15 +76,15 @@ POLL_ENV = {
     "short_job_wait": ("VCLOUD_SHORT_JOB_WAIT", 20.0),
 }
 """Status polling of the trigger, overridable per deployment (keep the first poll >= 10 s there;
-``airflow dags test`` on the local cluster can poll every few seconds). The task of a short job
-(``SHORT_JOBS``) first watches its job itself for ``short_job_wait`` seconds."""
+``airflow dags test`` on the local cluster can poll every few seconds).
 
-SHORT_JOBS = frozenset({JobLabel.DATA, JobLabel.PREFLIGHT})
-"""Jobs that end within seconds (the import check; the data check when the data are prepared): their
-task watches the job itself for ``short_job_wait`` seconds from its exit record before it defers, so
-their end is seen at once instead of at the trigger's first poll (10 s after the deferral at the
-earliest). A stage or the export runs minutes to days: watched for 20 s, one that ended soon after
-would still wait out that first poll, so their tasks defer at once."""
+Every job task first watches its job itself for ``short_job_wait`` seconds, reading its exit record
+every second, before it defers: a job that ends within seconds (the import check, the data check
+when the data are prepared, a stage that finds its work done or stops early, a smoke run's stages)
+is seen to end at once instead of at the trigger's first poll, which comes 10 s after the deferral
+at the earliest (Airflow 3.3 loses an event fired sooner). A job that runs on costs its task's worker
+slot those seconds once, and is watched by the trigger from its exit record afterwards. 0 (a
+deployment's ``VCLOUD_SHORT_JOB_WAIT``) defers at once."""
 
 _PLACEHOLDER_SCRIPT = "#!/bin/bash\n# bound from the sync_code XCom at run time\n"
 
@@ -170,8 +170,6 @@ class PipelineJobOperator(SlurmSubmitOperator):
             self.hint_overrides = {GPUS_NOT_VISIBLE: plan.profile.accelerator.missing_gpu_hint}
         for attr, (env, default) in POLL_ENV.items():
             setattr(self, attr, float(os.environ.get(env, default)))
-        if self.job not in SHORT_JOBS:
-            self.short_job_wait = 0.0
         return plan, synced
 
     def _writes(self, plan: RunPlan) -> str | None:
