@@ -23,9 +23,14 @@ The trigger's poll schedule is the provider's shipped one (first poll 10 s after
 job's exit record, as the pipeline ships (``--short-job-wait 0``: it defers at once, the trigger alone
 notices every end).
 
-    .venv/bin/python benchmarks/stage_overhead.py --runs 3      # about 18 minutes on 2 cores
+    .venv/bin/python benchmarks/stage_overhead.py --runs 3      # about 6 minutes on 2 cores
+    .venv/bin/python benchmarks/stage_overhead.py --runs 3 --baseline-short-job-wait 0   # and the baseline
+
+``--baseline-short-job-wait 0`` then runs the same in a second deployment whose tasks defer at once
+(the trigger alone notices every end) and prints both, with the baseline's figures over the shipped
+ones (``baseline_over_shipped``).
 Needs the local cluster (make cluster-up) and root (like the cluster tests); ``--keep DIR`` keeps
-the Airflow home (component logs, each run's task instances) in DIR.
+the Airflow homes (component logs, each run's task instances) in DIR.
 """
 
 from __future__ import annotations
@@ -279,6 +284,37 @@ def timelines(home: Path, run_id: str) -> dict[str, dict[str, float | None]]:
     return out
 
 
+def compare(shipped: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[str, Any]:
+    """The baseline's p50/p95 over the shipped ones (how many times longer the baseline took), for the
+    time to the first job and the stage gaps (None where either side has no figure)."""
+    def ratio(figure: str, q: str) -> float | None:
+        ours, theirs = shipped[figure][q], baseline[figure][q]
+        return round(theirs / ours, 2) if ours and theirs is not None else None
+
+    return {f"{figure}_{q}": ratio(figure, q) for figure in ("first_job", "stage_gap") for q in ("p50", "p95")}
+
+
+def measure(cluster: Any, env: Mapping[str, str], home: Path, args: argparse.Namespace, label: str,
+            ) -> list[dict[str, Any]]:
+    """``args.runs`` runs of the DAG, one after the other, in a deployment of its own on ``home``."""
+    from components import deployment_with_dag
+
+    runs = []
+    home.mkdir(parents=True, exist_ok=True)
+    with deployment_with_dag(dict(env), home, DAG_ID) as (_, api):
+        for n in range(args.runs):
+            run_id, triggered = trigger(api, f"{label}{n}", args.max_epochs)
+            state = wait_run_end(api, run_id, args.run_timeout)
+            tis = task_instances(api, run_id)
+            (home / f"{run_id}.tis.json").write_text(json.dumps(tis, indent=1))
+            figures = run_figures(triggered, run_jobs(cluster, run_id), tis, timelines(home, run_id))
+            runs.append({"run_id": run_id, "state": state, **figures})
+            first = figures["first_job"] and figures["first_job"]["seconds"]
+            print(f"{run_id}: {state}, first job after {first} s, "
+                  f"gaps {[g['seconds'] for g in figures['gaps']]}", file=sys.stderr)
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="training runs, one after the other")
@@ -289,51 +325,50 @@ def main() -> None:
     parser.add_argument("--first-poll-delay", type=float, default=None)
     parser.add_argument("--short-job-wait", type=float, default=None,
                         help="seconds a job task watches its job itself before deferring (0: defer at once)")
+    parser.add_argument("--baseline-short-job-wait", type=float, default=None,
+                        help="then the same runs in a second deployment with this short_job_wait (0: every "
+                             "task defers at once, the trigger alone notices every end), and the ratios")
     parser.add_argument("--run-timeout", type=float, default=1800)
     parser.add_argument("--first-job-target", type=float, default=60)
     parser.add_argument("--gap-target", type=float, default=10)
-    parser.add_argument("--keep", type=Path, default=None, help="keep the Airflow home here")
+    parser.add_argument("--keep", type=Path, default=None, help="keep the Airflow homes here")
     args = parser.parse_args()
 
-    from components import deployment_with_dag
     from localcluster import bring_up
     from ports import free_port
     from standalone import airflow_env
 
     cluster = bring_up()
     os.environ.update(cluster.connection_env())
-    home = Path(tempfile.mkdtemp(prefix="stage-overhead-")) if args.keep is None else args.keep
-    home.mkdir(parents=True, exist_ok=True)
-    project_dir = cluster.test_dir()
-    env = airflow_env(home, free_port(), project_dir)
-    poll = {"VCLOUD_POLL_INTERVAL": args.poll_interval, "VCLOUD_MAX_POLL_INTERVAL": args.max_poll_interval,
-            "VCLOUD_FIRST_POLL_DELAY": args.first_poll_delay, "VCLOUD_SHORT_JOB_WAIT": args.short_job_wait}
-    for key, value in poll.items():  # the tests' fast schedule is not what a deployment runs
-        env.pop(key, None)
-        if value is not None:
-            env[key] = str(value)
-    runs = []
+    top = Path(tempfile.mkdtemp(prefix="stage-overhead-")) if args.keep is None else args.keep
+    sides = {"overhead": args.short_job_wait}
+    if args.baseline_short_job_wait is not None:
+        sides["baseline"] = args.baseline_short_job_wait
+    results: dict[str, dict[str, Any]] = {}
     try:
-        with deployment_with_dag(env, home, DAG_ID) as (_, api):
-            for n in range(args.runs):
-                run_id, triggered = trigger(api, f"overhead{n}", args.max_epochs)
-                state = wait_run_end(api, run_id, args.run_timeout)
-                tis = task_instances(api, run_id)
-                (home / f"{run_id}.tis.json").write_text(json.dumps(tis, indent=1))
-                figures = run_figures(triggered, run_jobs(cluster, run_id), tis, timelines(home, run_id))
-                runs.append({"run_id": run_id, "state": state, **figures})
-                first = figures["first_job"] and figures["first_job"]["seconds"]
-                print(f"{run_id}: {state}, first job after {first} s, "
-                      f"gaps {[g['seconds'] for g in figures['gaps']]}", file=sys.stderr)
+        for label, short_job_wait in sides.items():
+            home = top / label
+            home.mkdir(parents=True, exist_ok=True)
+            env = airflow_env(home, free_port(), cluster.test_dir())
+            poll = {"VCLOUD_POLL_INTERVAL": args.poll_interval, "VCLOUD_MAX_POLL_INTERVAL": args.max_poll_interval,
+                    "VCLOUD_FIRST_POLL_DELAY": args.first_poll_delay, "VCLOUD_SHORT_JOB_WAIT": short_job_wait}
+            for key, value in poll.items():  # the tests' fast schedule is not what a deployment runs
+                env.pop(key, None)
+                if value is not None:
+                    env[key] = str(value)
+            runs = measure(cluster, env, home, args, label)
+            results[label] = {"poll_schedule": {k: env.get(k, "shipped") for k in poll},
+                              "runs": [{k: r[k] for k in ("run_id", "state", "first_job")} for r in runs],
+                              **aggregate(runs, args.first_job_target, args.gap_target)}
     finally:
         if args.keep is None:
-            shutil.rmtree(home, ignore_errors=True)
+            shutil.rmtree(top, ignore_errors=True)
     result = {"benchmark": "stage_overhead", "config": "tiny", "profile": "local",
-              "executor": "LocalExecutor",
-              "poll_schedule": {k: env.get(k, "shipped") for k in poll}, "cores": os.cpu_count(),
-              "load_average_1m": round(os.getloadavg()[0], 2),
-              "runs": [{k: r[k] for k in ("run_id", "state", "first_job")} for r in runs],
-              **aggregate(runs, args.first_job_target, args.gap_target)}
+              "executor": "LocalExecutor", "cores": os.cpu_count(),
+              "load_average_1m": round(os.getloadavg()[0], 2), **results.pop("overhead")}
+    if "baseline" in results:
+        result["baseline"] = results["baseline"]
+        result["baseline_over_shipped"] = compare(result, results["baseline"])
     print(json.dumps(result, indent=1))
 
 

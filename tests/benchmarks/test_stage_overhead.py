@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from benchmarks.stage_overhead import (aggregate, log_events, parse_sacct, percentile, run_figures,
+from benchmarks.stage_overhead import (aggregate, compare, log_events, parse_sacct, percentile, run_figures,
                                        watch_timeline)
 
 SACCT = """\
@@ -65,6 +65,19 @@ def test_percentiles_are_measured_values_and_targets_are_judged_on_p95() -> None
     assert result["stage_gap"]["holds"] is False and result["stage_gap"]["p50"] == 8.0
     assert result["stage_gap"]["parts"]["noticed"]["p95"] == 28.0
     assert [g["run"] for g in result["gaps"]] == ["r", "r", "r"]
+
+
+def test_the_baseline_is_compared_as_how_many_times_longer_it_took() -> None:
+    def side(first: list[float], gaps: list[float]) -> dict:
+        runs = [{"run_id": "r", "first_job": {"seconds": f},
+                 "gaps": [{"gap": "a->b", "seconds": g, "noticed": None, "scheduled": None, "submitting": None}
+                          for g in gaps]} for f in first]
+        return aggregate(runs[:1], 60, 10) | {"first_job": aggregate(runs, 60, 10)["first_job"]}
+
+    shipped, baseline = side([10.0, 12.0], [4.0, 6.0]), side([10.0, 11.0], [11.0, 18.0])
+    assert compare(shipped, baseline) == {"first_job_p50": 1.0, "first_job_p95": 0.92,
+                                          "stage_gap_p50": 2.75, "stage_gap_p95": 3.0}
+    assert compare(shipped, side([], []))["stage_gap_p95"] is None
 
 
 TASK_LOG = """\
