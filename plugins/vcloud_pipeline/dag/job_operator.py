@@ -83,8 +83,10 @@ every second, before it defers: a job that ends within seconds (the import check
 when the data are prepared, a stage that finds its work done or stops early, a smoke run's stages)
 is seen to end at once instead of at the trigger's first poll, which comes 10 s after the deferral
 at the earliest (Airflow 3.3 loses an event fired sooner). A job that runs on costs its task's worker
-slot those seconds once, and is watched by the trigger from its exit record afterwards. 0 (a
-deployment's ``VCLOUD_SHORT_JOB_WAIT``) defers at once."""
+slot those seconds once, and is watched by the trigger from its exit record afterwards; one that ends
+in the 10 s after the deferral (20-30 s after its submit) waits for that first poll, up to 10 s
+longer than a trigger deferred at once would have taken. 0 (a deployment's
+``VCLOUD_SHORT_JOB_WAIT``) defers at once."""
 
 _PLACEHOLDER_SCRIPT = "#!/bin/bash\n# bound from the sync_code XCom at run time\n"
 
