@@ -14,6 +14,7 @@ ControlMaster socket for OTP logins such as LUMI's).
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import shlex
 import subprocess
 import time
@@ -39,11 +40,26 @@ from vcloud_pipeline.code.tree import (
     scripts_sync_argv,
 )
 
+log = logging.getLogger(__name__)
+
 RSYNC_TIMEOUT = 1800.0
 
 
 class SyncError(RuntimeError):
     """The code or the job scripts could not be transferred."""
+
+    def __init__(self, message: str, returncode: int | None = None) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+
+
+CONCURRENT_WRITER_CODES = frozenset({23, 24})
+"""rsync's "some files were not transferred" and "some source files vanished": what a sync meets when
+another run (a project member's deployment, a second run triggered at the same moment) mirrors the
+same code into the same hash's directory at the same time, each ``--delete`` removing the other's
+temporary files. The contents are the same: a sync that runs again once the other has finished
+leaves a complete mirror."""
+CONCURRENT_WRITER_RETRIES = 3
 
 
 def run_rsync(argv: Sequence[str], *, what: str, ssh: SSHCommand | None = None,
@@ -68,7 +84,7 @@ def run_rsync(argv: Sequence[str], *, what: str, ssh: SSHCommand | None = None,
         raise SyncError(f"{what}: rsync is not installed on the Airflow worker") from exc
     if proc.returncode != 0:
         raise SyncError(f"{what}: rsync exited {proc.returncode}: {proc.stderr.strip()[-2000:]}\n"
-                        f"command: {shlex.join(argv)}")
+                        f"command: {shlex.join(argv)}", proc.returncode)
     return proc.stdout
 
 
@@ -132,8 +148,17 @@ def sync_code_tree(paths: RunPaths, tree: CodeTree, manifest: CodeManifest, hook
     refuse_unanchored_excludes(tree)
     basis = newest_complete(list_code_dirs(hook, paths).dirs, other_than=manifest.hash)
     with hook.ssh_command() as ssh:
-        run_rsync(code_sync_argv(tree, ssh.destination, code.dir, ssh.argv, basis=basis), ssh=ssh,
-                  what=f"syncing {tree.root} to {code.dir}")
+        argv = code_sync_argv(tree, ssh.destination, code.dir, ssh.argv, basis=basis)
+        for attempt in range(1, CONCURRENT_WRITER_RETRIES + 1):
+            try:
+                run_rsync(argv, ssh=ssh, what=f"syncing {tree.root} to {code.dir}")
+                break
+            except SyncError as exc:
+                if exc.returncode not in CONCURRENT_WRITER_CODES or attempt == CONCURRENT_WRITER_RETRIES:
+                    raise
+                log.warning("Syncing %s to %s met another writer of the same code (rsync exited %s); "
+                            "syncing again", tree.root, code.dir, exc.returncode)
+                time.sleep(2.0 * attempt)
     hook.write_file(code.manifest, manifest.to_json())
     return True
 

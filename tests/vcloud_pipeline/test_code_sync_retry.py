@@ -1,0 +1,74 @@
+"""A code sync that meets another writer of the same hash's directory syncs again (pure: rsync and the
+login node stood in for; the transfer itself is tested on the local cluster)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import PurePosixPath
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from vcloud_pipeline.code import upload
+from vcloud_pipeline.code.upload import SyncError, sync_code_tree
+
+
+class Login:
+    """The login node as the sync sees it: no code there yet, no other code directory."""
+
+    def __init__(self) -> None:
+        self.written: list[str] = []
+
+    def read_if_unchanged(self, *args: Any) -> None:
+        return None
+
+    def dir_inventory(self, *args: Any) -> str:
+        return "now 1700000000\n"
+
+    @contextlib.contextmanager
+    def ssh_command(self) -> Iterator[Any]:
+        yield SimpleNamespace(destination="127.0.0.1", argv=["ssh"])
+
+    def write_file(self, path: Any, text: str) -> None:
+        self.written.append(str(path))
+
+
+def _sync(monkeypatch: pytest.MonkeyPatch, exits: list[int], login: Login, ran: list[int]) -> None:
+    """Sync once; rsync exits with ``exits`` in turn (each run's code appended to ``ran``)."""
+
+    def rsync(argv: Any, *, what: str, ssh: Any = None) -> str:
+        code = exits[len(ran)]
+        ran.append(code)
+        if code:
+            raise SyncError(f"{what}: rsync exited {code}", code)
+        return ""
+
+    monkeypatch.setattr(upload, "run_rsync", rsync)
+    monkeypatch.setattr(upload, "code_sync_argv", lambda *args, **kwargs: ["rsync"])
+    monkeypatch.setattr(upload, "refuse_unanchored_excludes", lambda tree: None)
+    monkeypatch.setattr(upload, "list_code_dirs", lambda hook, paths: SimpleNamespace(dirs=[]))
+    monkeypatch.setattr(upload.time, "sleep", lambda seconds: None)
+    code = SimpleNamespace(dir=PurePosixPath("/p/code/abc"), manifest=PurePosixPath("/p/code/abc/.vcloud_manifest.json"))
+    paths = SimpleNamespace(code=lambda digest: code)
+    manifest = SimpleNamespace(hash="abc", to_json=lambda: "{}")
+    sync_code_tree(paths, SimpleNamespace(root="/repo"), manifest, login)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("exit_code", [23, 24])
+def test_a_sync_whose_files_another_writer_removed_syncs_again_then_writes_the_manifest(
+        monkeypatch: pytest.MonkeyPatch, exit_code: int) -> None:
+    login, ran = Login(), []
+    _sync(monkeypatch, [exit_code, 0], login, ran)
+    assert ran == [exit_code, 0]
+    assert login.written == ["/p/code/abc/.vcloud_manifest.json"]
+
+
+def test_other_rsync_failures_and_a_writer_that_never_finishes_fail_without_a_manifest(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for exits in ([12], [23, 23, 23]):  # a protocol error; another writer in every one of the 3 tries
+        login, ran = Login(), []
+        with pytest.raises(SyncError, match=f"rsync exited {exits[-1]}"):
+            _sync(monkeypatch, exits, login, ran)
+        assert ran == exits and login.written == []
