@@ -312,8 +312,10 @@ class JobPoller:
     def _until_next_read(self) -> float:
         """Seconds to the next read of the exit records: ``record_interval``, or sooner when an end
         Slurm did not confirm yet is due to be asked about again."""
-        due = [s.confirm_after for s in self._subs.values() if s.unconfirmed is not None]
-        return max(min(0.1, self.record_interval), min([self.record_interval, *(at - time.monotonic() for at in due)]))
+        now = time.monotonic()
+        due = [s.confirm_after - now for s in self._subs.values() if s.unconfirmed is not None]
+        shortest = min(0.1, self.record_interval)  # an overdue question is asked now, without spinning
+        return max(shortest, min([self.record_interval, *due]))
 
     async def _records_cycle(self) -> None:
         """Read every watched job's exit record (one command, which also checks the sizes of the
