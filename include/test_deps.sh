@@ -6,6 +6,10 @@
 # their own). Idempotent; runs as root on Debian 12.
 set -euo pipefail
 
+STEP_TAG="[test-deps]"
+# shellcheck source=include/local_cluster/steps.sh
+. "$(dirname "${BASH_SOURCE[0]}")/local_cluster/steps.sh"
+
 PACKAGES=(chromium fonts-dejavu-core docker-compose postgresql redis-server)
 
 missing=()

@@ -32,6 +32,9 @@ SUITE=bookworm
 BASE_PACKAGES=python3,python3-venv,python3-pip,ca-certificates
 VENV=/opt/vcloud-localcluster/venv
 HASH_FILE=/etc/vcloud-image.sha256
+STEP_TAG="[image]" STEP_LOGS="$(dirname "$IMAGE")"
+# shellcheck source=include/local_cluster/steps.sh
+. "$HERE/steps.sh"
 MOUNT_POINTS=(/srv)
 HOST_PACKAGES=(charliecloud-runtime debootstrap)
 
@@ -112,11 +115,13 @@ in_image() {  # in_image ROOT CMD...: run CMD as root in the image ROOT, writabl
 
 build() {  # build HASH
   local want=$1 root="$IMAGE.building" mirror created=() path t0=$SECONDS
-  install_host_packages
+  step install_host_packages
+  STEP_NAME="find the Debian mirror"
   mirror=$(apt_mirror)
   install -d -m 755 "$(dirname "$IMAGE")"
   rm -rf "$root"
   trap 'rm -rf "$IMAGE.building"' EXIT
+  STEP_NAME="debootstrap $SUITE"
   log "debootstrap $SUITE (minbase + $BASE_PACKAGES) from $mirror"
   if ! debootstrap --variant=minbase --include="$BASE_PACKAGES" "$SUITE" "$root" "$mirror" \
       >"$IMAGE.debootstrap.log" 2>&1; then
@@ -134,6 +139,7 @@ build() {  # build HASH
   done < <(pip_sources)
   install -d -m 755 "$root$VENV"
   install -m 644 "$REQUIREMENTS" "$root/opt/vcloud-localcluster/requirements-runtime.txt"
+  STEP_NAME="the image's venv"
   in_image "$root" /usr/bin/python3 -m venv "$VENV"
   # pip of Debian 12 warns about every project a local index lacks: noise, not a problem.
   if ! in_image "$root" "$VENV/bin/pip" install -q --no-cache-dir --disable-pip-version-check \
@@ -148,6 +154,7 @@ build() {  # build HASH
     rmdir -p --ignore-fail-on-non-empty "$(dirname "$root$path")"
   done
 
+  STEP_NAME="finish the image"
   for path in "${MOUNT_POINTS[@]}"; do install -d -m 755 "$root$path"; done
   # ch-run binds the node's /etc/hosts only onto a file the image has: without it no node name
   # resolves inside, and torchrun's rendezvous at MASTER_ADDR (a node name) never completes.

@@ -12,6 +12,11 @@
 #   cluster.sh down     stop what `up` started, by PID file, newest first
 #   cluster.sh status   one line per daemon
 #   cluster.sh install  only install the Debian packages and the jobs' runtime environment (image builds)
+#   cluster.sh purge    stop the cluster and remove everything `up` and `make image` created (state
+#                       directory with the accounting database and the images, the project and site
+#                       file systems, the runtime environment, the cluster users, Slurm's configs):
+#                       the next `up` is a first bring-up, as on a machine that never ran one.
+#                       Debian packages stay installed.
 #
 # Runs as root on Debian 12, without systemd. Everything it creates lives under $VCLOUD_CLUSTER_DIR
 # (default /var/lib/vcloud-localcluster), the cluster user's home, /etc/slurm and the project
@@ -28,6 +33,9 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 STATE="${VCLOUD_CLUSTER_DIR:-/var/lib/vcloud-localcluster}"
+STEP_TAG="[cluster]" STEP_LOGS="$STATE/log"
+# shellcheck source=include/local_cluster/steps.sh
+. "$HERE/steps.sh"
 CLUSTER_USER="${VCLOUD_CLUSTER_USER:-vcloud}"
 # A second member of the same project: same Slurm account, same project group (the cluster user's),
 # own login key and Airflow connection; for the tests of what two people sharing a project may do.
@@ -115,12 +123,14 @@ install_packages() {
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
   done
   ((${#missing[@]} == 0)) && return 0
-  log "installing Debian packages: ${missing[*]}"
+  log "installing Debian packages: ${missing[*]} (log: $STATE/log/apt.log)"
+  install -d -m 755 "$STATE/log"
   # Package scripts must not start daemons: this script owns their lifecycle.
   printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
   chmod +x /usr/sbin/policy-rc.d
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  apt-get update -qq >>"$STATE/log/apt.log" 2>&1
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" \
+    >>"$STATE/log/apt.log" 2>&1
   rm -f /usr/sbin/policy-rc.d
 }
 
@@ -214,13 +224,23 @@ start_munge() {
 }
 
 start_mariadb() {
+  # The accounting database lives in the state directory, so removing it (purge) removes every row
+  # the cluster ever wrote: a first bring-up creates the database, its user and its rows itself.
+  local datadir="$STATE/mysql"
   install -d -m 755 -o mysql -g mysql /run/mysqld
+  if [[ ! -d $datadir/mysql ]]; then
+    log "creating MariaDB's data directory $datadir"
+    rm -rf "$datadir"
+    install -d -m 750 -o mysql -g mysql "$datadir"
+    mariadb-install-db --user=mysql --datadir="$datadir" --auth-root-authentication-method=socket \
+      --skip-test-db >"$STATE/log/mariadb-install-db.log" 2>&1
+  fi
   if ! pid_alive "$STATE/run/mariadb.pid"; then
     log "starting MariaDB"
     install -m 640 -o mysql -g adm /dev/null "$STATE/log/mariadb.log"
     start-stop-daemon --start --background --make-pidfile --pidfile "$STATE/run/mariadb.pid" \
-      --exec /usr/sbin/mariadbd -- --user=mysql --bind-address=127.0.0.1 --innodb-lock-wait-timeout=900 \
-      --log-error="$STATE/log/mariadb.log"
+      --exec /usr/sbin/mariadbd -- --user=mysql --datadir="$datadir" --bind-address=127.0.0.1 \
+      --innodb-lock-wait-timeout=900 --log-error="$STATE/log/mariadb.log"
   fi
   wait_for 60 MariaDB mysqladmin --protocol=socket ping
   if [[ ! -s $STATE/etc/db_password ]]; then
@@ -260,7 +280,7 @@ restart_if_config_changed() {
   # with the one just written, as recorded when slurmctld last started.
   local applied="$STATE/run/slurm-config.sha256" pidfile running=0
   [[ -s $applied && $(<"$applied") == "$(slurm_config_hash)" ]] && return 0
-  for pidfile in "$STATE/run/slurmctld.pid" "$STATE"/run/slurmd*.pid; do
+  for pidfile in "$STATE/run/slurmctld.pid" "$STATE"/run/slurmd-*.pid "$STATE/run/slurmd.pid"; do
     if pid_alive "$pidfile"; then running=1; fi
   done
   ((running)) || return 0
@@ -406,8 +426,9 @@ remove_node_networks() {
 start_sshd() {
   [[ -s $STATE/ssh/host_ed25519_key ]] || ssh-keygen -q -t ed25519 -N '' -C vcloud-local-login \
     -f "$STATE/ssh/host_ed25519_key"
-  local before
-  before=$(sha256sum "$STATE/etc/sshd_config" 2>/dev/null | cut -d' ' -f1)
+  # (the first bring-up has no sshd_config yet: nothing to compare, and no failing pipeline)
+  local before=""
+  [[ -f $STATE/etc/sshd_config ]] && before=$(sha256sum "$STATE/etc/sshd_config" | cut -d' ' -f1)
   render sshd_config "$STATE/etc/sshd_config" 600 root:root
   install -d -m 755 /run/sshd
   /usr/sbin/sshd -t -f "$STATE/etc/sshd_config"
@@ -498,23 +519,23 @@ ensure_runtime_venv() {
 cmd_up() {
   [[ $(id -u) -eq 0 ]] || die "run as root (it installs packages and starts daemons); jobs run as $CLUSTER_USER"
   local t0=$SECONDS
-  install_packages
-  prepare_dirs
-  ensure_cluster_user
-  prepare_site_roots
-  start_munge
-  start_mariadb
-  write_slurm_configs
-  ensure_bridge  # the controller's address: slurmdbd's clients reach it there, from every node
-  start_slurmdbd
-  register_accounts
-  restart_if_config_changed
+  step install_packages
+  step prepare_dirs
+  step ensure_cluster_user
+  step prepare_site_roots
+  step start_munge
+  step start_mariadb
+  step write_slurm_configs
+  step ensure_bridge
+  step start_slurmdbd
+  step register_accounts
+  step restart_if_config_changed
   stop_pidfile "slurmd (single-node layout)" "$STATE/run/slurmd.pid"
-  start_slurmctld
-  start_nodes
-  start_sshd
-  write_client_config
-  ensure_runtime_venv
+  step start_slurmctld
+  step start_nodes
+  step start_sshd
+  step write_client_config
+  step ensure_runtime_venv
   log "up in $((SECONDS - t0))s: sinfo partitions $(sinfo -h -o '%P' | paste -sd, -); ssh vcloud-local via $STATE/ssh/config"
 }
 
@@ -553,6 +574,25 @@ cmd_down() {
   log "down"
 }
 
+cmd_purge() {
+  [[ $(id -u) -eq 0 ]] || die "run as root"
+  cmd_down
+  local path user
+  log "removing what the cluster created: $STATE, $RUNTIME_VENV, the project and site file systems, users $CLUSTER_USER and $TEAMMATE"
+  rm -rf "$STATE" "$RUNTIME_VENV" "$SCRATCH" /srv/vcloud /cosmos
+  rmdir --ignore-fail-on-non-empty "$(dirname "$RUNTIME_VENV")"
+  for path in "${SITE_ROOTS[@]}"; do rm -rf "$path"; done
+  for path in "${SITE_HOST_LIBS[@]}"; do  # the empty stand-ins only, never a real library
+    [[ -f $path && ! -s $path ]] && rm -f "$path"
+  done
+  rm -f /etc/slurm/slurm.conf /etc/slurm/gres.conf /etc/slurm/cgroup.conf /etc/slurm/slurmdbd.conf
+  for user in "$TEAMMATE" "$CLUSTER_USER"; do
+    if id "$user" >/dev/null 2>&1; then userdel -r "$user" 2>/dev/null || userdel "$user"; fi
+  done
+  if getent group "$CLUSTER_USER" >/dev/null; then groupdel "$CLUSTER_USER"; fi
+  log "purged: the next 'up' starts from nothing"
+}
+
 cmd_status() {
   local name rc=0 pidfile
   for name in munge/munged mariadb slurmdbd slurmctld sshd; do
@@ -578,5 +618,6 @@ case "${1:-}" in
   down) cmd_down ;;
   status) cmd_status ;;
   install) cmd_install ;;
-  *) echo "usage: $0 up|down|status|install" >&2; exit 2 ;;
+  purge) cmd_purge ;;
+  *) echo "usage: $0 up|down|status|install|purge" >&2; exit 2 ;;
 esac

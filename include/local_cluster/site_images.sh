@@ -17,6 +17,9 @@ IMAGE="${VCLOUD_IMAGE:-/var/lib/vcloud-localcluster/images/vcloud-trainer}"
 SITES="$(dirname "$IMAGE")/sites"
 VENV=/opt/vcloud-localcluster/venv
 LUMI_LACKS=(tifffile)
+STEP_TAG="[site images]" STEP_LOGS="$SITES"
+# shellcheck source=include/local_cluster/steps.sh
+. "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 
 log() { printf '[site images] %s\n' "$*" >&2; }
 die() { printf '[site images] ERROR: %s\n' "$*" >&2; exit 1; }
