@@ -85,7 +85,7 @@ def main(argv: list[str]) -> int:
     path = Path(argv[1])
     if not path.is_file():
         print(f"no connections file at {path}: the DAGs cannot reach a cluster until it exists "
-              "(see README, Deploying)", file=sys.stderr)
+              "(see docs/operations.md, Deploying)", file=sys.stderr)
         return 0
     connections = json.loads(path.read_text())
     found = [p for conn_id, conn in connections.items() for p in problems_of(conn_id, conn)]

@@ -4,7 +4,7 @@
 fresh home with ``VCLOUD_TRAINING_SCHEDULE=@daily`` and the local profile moved to a fresh project
 directory. Unpausing the DAG must start exactly one scheduled run (catchup is off: not one per day
 since the start date) that trains stages 0-2 of the tiny config (stage 3, without an unlabeled
-domain in the config, is not submitted) and exports, with its own run name ``tiny-<YYYYMMDD>``. Then the README's per-stage backfill (``airflow backfill create ...
+domain in the config, is not submitted) and exports, with its own run name ``tiny-<YYYYMMDD>``. Then the per-stage backfill of docs/training-dag.md (``airflow backfill create ...
 --reprocess-behavior completed --dag-run-conf '{"stages": [2], "mode": "restart"}'``) over that day
 must retrain stage 2 alone, from stage 1's ``best.pt``, in the same run directory. The same backfill
 made while the scheduled run still trains finds its day's run in flight: no run, no job.
@@ -101,7 +101,7 @@ def test_schedule_retrains_once_and_a_backfill_retrains_one_stage(deployment: di
     first_jobs = {task: (first["values"].get(task) or {}).get("job_ids", []) for task in STAGES}
     assert first_jobs["stage3"] == [] and "stage3" in first["values"]["summary"]["not_submitted"]
 
-    # The README's per-stage backfill over that day: the completed run is processed again.
+    # The per-stage backfill of docs/training-dag.md over that day: the completed run is processed again.
     day = logical.isoformat()
     airflow("backfill", "create", "--dag-id", DAG_ID, "--from-date", day, "--to-date", day,
             "--reprocess-behavior", "completed", "--dag-run-conf", json.dumps({"stages": [2], "mode": "restart"}),
@@ -144,7 +144,7 @@ def test_schedule_retrains_once_and_a_backfill_retrains_one_stage(deployment: di
 
 
 def _backfill_while_active(deployment: dict[str, Any], run_id: str) -> int:
-    """The README's per-stage backfill over the day of the scheduled run while that run still trains:
+    """The per-stage backfill of docs/training-dag.md over the day of the scheduled run while that run still trains:
     Airflow leaves a run in flight alone, so the backfill creates no run and no job. Returns its id."""
     api, env = deployment["api"], deployment["env"]
     poll_until(lambda: any(state in ("deferred", "running") for task, state in _task_states(api, run_id).items()

@@ -3,7 +3,7 @@
 One deployment for the module (``airflow api-server``, ``scheduler`` with the LocalExecutor,
 ``dag-processor``, ``triggerer``, as separate processes) runs ``vcloud_training`` with the tiny config
 and stage 0 only, the local profile moved to a fresh project directory. Each test triggers a run
-through the REST API (what the UI's trigger form does), makes one of the README's gestures on its
+through the REST API (what the UI's trigger form does), makes one of the gestures of docs/training-dag.md on its
 ``stage0`` task (clear it while its job runs, clear it after its job failed, mark it success while its
 job runs, trigger the same run name again while it trains) and then counts the jobs that wrote the
 stage's directory (``sacct``, by the directory the job comment names), with their final states.
