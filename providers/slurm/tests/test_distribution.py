@@ -21,7 +21,8 @@ import pytest
 
 from localcluster import LocalCluster
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+# One worker builds the module's venv once (under --dist loadgroup each test is otherwise its own unit).
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.xdist_group("provider-distribution")]
 
 REPO = Path(__file__).resolve().parents[3]
 PROVIDER = REPO / "providers" / "slurm"
