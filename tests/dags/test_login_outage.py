@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from localcluster import LocalCluster, poll_until
-from ports import free_port
-from private_login import PrivateLogin
-from standalone import airflow, airflow_env, dag_run_records, run_cli
+from support.localcluster import LocalCluster, poll_until
+from support.ports import free_port
+from support.private_login import PrivateLogin
+from support.standalone import airflow, airflow_env, dag_run_records, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700), pytest.mark.usefixtures("cluster_connection")]
 RUN = "outage"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from localcluster import LocalCluster
+from support.localcluster import LocalCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
