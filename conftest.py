@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent
-sys.path.insert(0, str(REPO / "tests"))  # the test helpers (localcluster, lifecycle, ports ...)
 
 _AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="vcloud-airflow-home-"))
 atexit.register(shutil.rmtree, _AIRFLOW_HOME, True)
@@ -44,7 +43,7 @@ os.environ.update({
     ]),
 })
 
-from localcluster import ClusterUnavailable, LocalCluster, bring_up  # noqa: E402
+from support.localcluster import ClusterUnavailable, LocalCluster, bring_up  # noqa: E402
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -4,7 +4,7 @@ Airflow's own ``SSHRemoteJobTrigger`` (one trigger, one SSH connection and its o
 
 Setup, all real: N Slurm jobs on the local cluster, held back by ``--begin=now+1hour`` (they wait in
 the queue without using a node) and cancelled at the end; three login sshds of the cluster user on
-their own ports (``tests/private_login.py``), one Airflow connection each, so "one SSH connection per
+their own ports (``tests/support/private_login.py``), one Airflow connection each, so "one SSH connection per
 cluster" is counted against three distinct endpoints; an Airflow home with its own SQLite database,
 one DAG run and N deferred task instances whose Trigger rows the triggerer claims as it claims any
 deferred task's. Each variant gets a fresh ``airflow triggerer`` process; both poll at the same fixed
@@ -42,10 +42,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "providers" / "slurm" / "src")]
 
-from localcluster import LocalCluster, poll_until  # noqa: E402
-from ports import free_port  # noqa: E402
-from private_login import PrivateLogin, descendants  # noqa: E402
-from standalone import airflow_env  # noqa: E402
+from support.localcluster import LocalCluster, poll_until  # noqa: E402
+from support.ports import free_port  # noqa: E402
+from support.private_login import PrivateLogin, descendants  # noqa: E402
+from support.standalone import airflow_env  # noqa: E402
 
 DAG_ID = "triggerer_cost"
 DAG_FILE = f'''\

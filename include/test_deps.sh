@@ -2,7 +2,7 @@
 # System packages the test suite needs besides the local cluster: Debian's headless Chromium for
 # the HPC view's browser test (tests/deploy/test_hpc_view_browser.py) and docker-compose to
 # validate docker-compose.yaml; Debian's PostgreSQL and Redis for the Celery deployment test
-# (tests/deploy/celery_hosts.py starts private instances of both, on ports of
+# (tests/support/celery_hosts.py starts private instances of both, on ports of
 # their own). Idempotent; runs as root on Debian 12.
 set -euo pipefail
 

@@ -36,7 +36,7 @@ from vcloud_pipeline.profile import load_profile
 from vcloud_pipeline.jobs.render import render_job
 from vcloud_pipeline.plan.stages import StagePlan, completion_record
 
-from task_context import StateStore, task_context
+from support.task_context import StateStore, task_context
 
 GOLDEN = Path(__file__).parent / "vcloud_pipeline" / "golden"
 OUTERS = sorted(GOLDEN.glob("*.outer.sbatch"))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from localcluster import LocalCluster, cluster_up, poll_until
+from support.localcluster import LocalCluster, cluster_up, poll_until
 
 
 def test_partitions_are_shaped_like_the_sites(local_cluster: LocalCluster) -> None:

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from localcluster import LocalCluster, cluster_up
+from support.localcluster import LocalCluster, cluster_up
 
 pytestmark = pytest.mark.cluster
 

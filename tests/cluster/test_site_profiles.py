@@ -19,7 +19,7 @@ from vcloud_pipeline.profile import ClusterProfile, load_profile, overrides_from
 from vcloud_pipeline.jobs.render import render_job
 from vcloud_pipeline.profile.site_facts import LOCAL_SITE_FACTS, SITE_FACTS_ENV, SiteFactsError, load_site_facts
 
-from localcluster import LocalCluster
+from support.localcluster import LocalCluster
 
 pytestmark = pytest.mark.cluster
 

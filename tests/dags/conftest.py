@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from localcluster import LocalCluster
+from support.localcluster import LocalCluster
 
 
 @pytest.fixture

@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
-from background import BackgroundStep
-from localcluster import LocalCluster, poll_until
+from support.background import BackgroundStep
+from support.localcluster import LocalCluster, poll_until
 from tests.dags.test_code_versions_on_cluster import stage_job
 from tests.dags.test_dag_on_cluster import job_logs_tail, run_dag
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from background import BackgroundStep
-from localcluster import LocalCluster, poll_until
+from support.background import BackgroundStep
+from support.localcluster import LocalCluster, poll_until
 from tests.dags.test_dag_on_cluster import job_err_log, job_logs_tail, run_dag
 
 pytestmark = [pytest.mark.usefixtures("cluster_connection", "airflow_home"), pytest.mark.timeout(3000)]

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from localcluster import LocalCluster
+from support.localcluster import LocalCluster
 
 pytestmark = [pytest.mark.usefixtures("cluster_connection", "airflow_home"), pytest.mark.timeout(1500)]
 REPO = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from localcluster import LocalCluster, poll_until
+from support.localcluster import LocalCluster, poll_until
 from slurm_provider.operators import job_name_for
 from vcloud_pipeline.jobs.exits import EXIT_GPUS_MISSING
 from vcloud_pipeline.profile import load_profile

@@ -29,10 +29,10 @@ from pathlib import Path
 
 import pytest
 
-from localcluster import LocalCluster, poll_until
-from ports import free_port
-from private_login import PrivateLogin
-from standalone import RECORDS_SCRIPT, airflow, airflow_env, run_cli
+from support.localcluster import LocalCluster, poll_until
+from support.ports import free_port
+from support.private_login import PrivateLogin
+from support.standalone import RECORDS_SCRIPT, airflow, airflow_env, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.usefixtures("cluster_connection")]
 RUN = "outage"

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from localcluster import LocalCluster, poll_until
+from support.localcluster import LocalCluster, poll_until
 from tests.dags.test_dag_on_cluster import job_logs_tail, run_dag
 
 pytestmark = [pytest.mark.usefixtures("cluster_connection", "airflow_home"), pytest.mark.timeout(1500)]

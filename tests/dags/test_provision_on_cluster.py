@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from localcluster import LocalCluster
+from support.localcluster import LocalCluster
 from slurm_provider.hooks import SlurmHook
 from vcloud_pipeline.code.tree import CodeTree
 from vcloud_pipeline.code.upload import local_manifest, render_run_jobs, sync_run

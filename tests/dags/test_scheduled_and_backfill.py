@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from localcluster import LocalCluster, poll_until
-from ports import free_port
-from standalone import RestClient, airflow, airflow_env, dag_run_records, log_tail, migrate
-from standalone import standalone as airflow_standalone
+from support.localcluster import LocalCluster, poll_until
+from support.ports import free_port
+from support.standalone import RestClient, airflow, airflow_env, dag_run_records, log_tail, migrate
+from support.standalone import standalone as airflow_standalone
 
 DAG_ID = "vcloud_training"
 STAGES = ["stage0", "stage1", "stage2", "stage3"]

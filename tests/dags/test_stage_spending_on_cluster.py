@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from localcluster import LocalCluster
+from support.localcluster import LocalCluster
 from tests.dags.test_dag_on_cluster import job_logs_tail, run_dag
 
 pytestmark = [pytest.mark.usefixtures("cluster_connection", "airflow_home"), pytest.mark.timeout(1500)]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from concurrent_deployments import dags_test_together, deployments
-from localcluster import LocalCluster, poll_until
+from support.concurrent_deployments import dags_test_together, deployments
+from support.localcluster import LocalCluster, poll_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.usefixtures("cluster_connection")]
 RUN = "shared"

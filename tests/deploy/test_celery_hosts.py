@@ -1,6 +1,6 @@
 """The compose file's topology, run: Celery workers and triggerers on hosts of their own.
 
-``tests/deploy/celery_hosts.py`` starts PostgreSQL, Redis, the API server, the scheduler and the DAG
+``tests/support/celery_hosts.py`` starts PostgreSQL, Redis, the API server, the scheduler and the DAG
 processor here, and two Celery workers and two triggerers each on a host of its own (network
 namespace on the local cluster's bridge, own hostname and files), with docker-compose.yaml's
 settings. The cluster connection is an OpenSSH one whose login needs a person (``require_control_master``;
@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
-from deploy.celery_hosts import (
+from support.celery_hosts import (
     BRIDGE_ADDR,
     COMPOSE,
     PASSWORD,
@@ -45,7 +45,7 @@ from deploy.celery_hosts import (
     component_env,
     new_secrets,
 )
-from localcluster import LocalCluster, poll_until
+from support.localcluster import LocalCluster, poll_until
 
 REPO = Path(__file__).resolve().parents[2]
 DAG_ID = "vcloud_training"
@@ -169,7 +169,7 @@ class Watch:
 def test_a_run_survives_its_worker_and_triggerer_hosts_dying_and_runs_only_where_the_socket_is(
         deployment: CeleryDeployment, local_cluster: LocalCluster) -> None:
     from benchmarks.stage_overhead import run_jobs
-    from standalone import RestClient
+    from support.standalone import RestClient
 
     api = RestClient(deployment.base_url)
     run_id = _trigger_tiny_run(api, "celery")
@@ -245,7 +245,7 @@ def test_a_run_survives_its_worker_and_triggerer_hosts_dying_and_runs_only_where
 
 def _the_hpc_view_shows_the_run(deployment: CeleryDeployment, api: Any, run_id: str, job_ids: dict[str, str]) -> None:
     """Signed in through this API server with headless Chromium: the run's jobs and the budget."""
-    from deploy.cdp import CHROMIUM, Browser
+    from support.cdp import CHROMIUM, Browser
     from deploy.test_hpc_view_browser import PAGE_JS
 
     assert CHROMIUM is not None, "chromium is missing: run include/test_deps.sh (make test does)"
@@ -296,7 +296,7 @@ def _trigger_logged(host_dir: Path, task: str, attempt: int) -> bool:
 def test_a_run_fails_over_to_the_surviving_worker_and_triggerer_when_their_hosts_die_for_good(
         failover_deployment: CeleryDeployment, local_cluster: LocalCluster) -> None:
     from benchmarks.stage_overhead import run_jobs
-    from standalone import RestClient
+    from support.standalone import RestClient
 
     deployment = failover_deployment
     api = RestClient(deployment.base_url)

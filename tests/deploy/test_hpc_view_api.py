@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from airflow.api_fastapi.core_api.security import GetUserDep
 
-from deploy.seed import seed_run, summary
+from support.seed import seed_run, summary
 
 pytestmark = pytest.mark.usefixtures("airflow_home")
 TRAINING, LIFECYCLE = "hpcview_seed_training", "hpcview_seed_lifecycle"

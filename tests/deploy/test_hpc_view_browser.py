@@ -20,14 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from deploy.cdp import CHROMIUM, Browser
 from vcloud.contract import training_curve
 from vcloud_pipeline.plan.layout import run_paths
 from vcloud_pipeline.profile import load_profile
-from localcluster import LocalCluster, poll_until
-from ports import free_port
-from standalone import PASSWORD, USER, RestClient, airflow, airflow_env, dag_run_records, log_tail, migrate
-from standalone import standalone as airflow_standalone
+from support.cdp import CHROMIUM, Browser
+from support.localcluster import LocalCluster, poll_until
+from support.ports import free_port
+from support.standalone import (PASSWORD, USER, RestClient, airflow, airflow_env, dag_run_records, log_tail,
+                                migrate)
+from support.standalone import standalone as airflow_standalone
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / ".artifacts"

@@ -32,11 +32,11 @@ from typing import Any
 
 import pytest
 
-from components import deployment_with_dag
-from localcluster import LocalCluster, poll_until
-from ports import free_port
-from private_login import PrivateLogin, descendants
-from standalone import RestClient, airflow_env
+from support.components import deployment_with_dag
+from support.localcluster import LocalCluster, poll_until
+from support.ports import free_port
+from support.private_login import PrivateLogin, descendants
+from support.standalone import RestClient, airflow_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 DAG_ID, TASK_ID = "slurm_lifecycle", "job"

@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
-from components import deployment_with_dag
-from localcluster import LocalCluster, poll_until
-from ports import free_port
-from standalone import RestClient, airflow_env
+from support.components import deployment_with_dag
+from support.localcluster import LocalCluster, poll_until
+from support.ports import free_port
+from support.standalone import RestClient, airflow_env
 
 DAG_ID = "vcloud_training"
 STAGE = "stage0"

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from localcluster import LocalCluster
+from support.localcluster import LocalCluster
 
 REPO = Path(__file__).resolve().parents[2]
 CONN_ID = "slurm_from_workers_backend"

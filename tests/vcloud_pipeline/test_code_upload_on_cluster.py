@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from localcluster import LocalCluster, poll_until
+from support.localcluster import LocalCluster, poll_until
 from slurm_provider.hooks import SlurmHook
 from slurm_provider.transport import HostKeyRejected
 from vcloud_pipeline.code.retention import remove_unused_code_dirs

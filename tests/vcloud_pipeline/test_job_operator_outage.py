@@ -12,7 +12,7 @@ import pytest
 from airflow.exceptions import TaskDeferred
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
-from hook_stand_in import HookStandIn
+from support.hook_stand_in import HookStandIn
 from slurm_provider import hooks
 from slurm_provider.transport import CommandResult
 from slurm_provider.hooks import ExclusiveSubmitResult

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from localcluster import LocalCluster, poll_until
+from support.localcluster import LocalCluster, poll_until
 from vcloud_pipeline.plan.jobspec import JobSpec
 from vcloud_pipeline.plan.layout import RunPaths, run_paths
 from vcloud_pipeline.profile import ClusterProfile, load_profile

@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from localcluster import LocalCluster
+from support.localcluster import LocalCluster
 from vcloud.contract import curve_png_name
 from vcloud_pipeline.plan.request import parse_request
 from vcloud_pipeline.dag.report import render_report

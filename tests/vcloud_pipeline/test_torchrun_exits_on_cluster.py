@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from localcluster import LocalCluster, poll_until
+from support.localcluster import LocalCluster, poll_until
 from tests.vcloud.test_launch import RETIRED, stage_that_refuses_to_resume
 from tests.vcloud_pipeline.test_on_local_cluster import FINAL, REPO, setup_run, submit
 from vcloud.contract import EXIT_RESUME_REFUSED

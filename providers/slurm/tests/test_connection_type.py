@@ -138,7 +138,7 @@ def test_a_slurm_connection_runs_a_job(local_cluster, cluster_connection: str, a
                                        transport: str) -> None:
     """The operator, its trigger and the job, over a connection of type ``slurm`` made of the cluster's
     login (key and pinned host key, or the ssh_config alias)."""
-    from lifecycle import run_lifecycle
+    from support.lifecycle import run_lifecycle
 
     source = cluster_connection if transport == "paramiko" else f"{cluster_connection}_openssh"
     conn = {**local_cluster.connection(source), "conn_type": "slurm"}

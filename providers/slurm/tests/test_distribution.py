@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from localcluster import LocalCluster
+from support.localcluster import LocalCluster
 
 # One worker builds the module's venv once (under --dist loadgroup each test is otherwise its own unit).
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.xdist_group("provider-distribution")]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import structlog.testing
 
-from localcluster import LocalCluster, poll_until
+from support.localcluster import LocalCluster, poll_until
 from slurm_provider import hooks, poller, triggers
 from slurm_provider.end_records import end_record_shell, parse_end_record
 from slurm_provider.hooks import SlurmHook

@@ -16,7 +16,7 @@ import pytest
 from airflow.exceptions import TaskDeferred
 from airflow.sdk.exceptions import AirflowFailException
 
-from localcluster import LocalCluster, poll_until
+from support.localcluster import LocalCluster, poll_until
 from slurm_provider import hooks
 from slurm_provider.cli.sbatch import (
     DONE_MARKER,
@@ -30,7 +30,7 @@ from slurm_provider.cli.sbatch import (
 )
 from slurm_provider.operators import HISTORY_KEY, SlurmSubmitOperator, job_name_for
 from slurm_provider.validation import ValidationError
-from task_context import StateStore, task_context
+from support.task_context import StateStore, task_context
 
 SQUEUE_STUB = """#!/bin/bash
 # prints the "queue": one line per submitted job, its comment last

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import paramiko
 import pytest
-from localcluster import poll_until
+from support.localcluster import poll_until
 
 from slurm_provider.cli.sbatch import JobComment, exclusive_dir_marker, parse_job_comment
 from slurm_provider.hooks import SlurmAsyncHook, SlurmCommandFailed, SlurmHook, SubmitLockBusy, SubmitOptions

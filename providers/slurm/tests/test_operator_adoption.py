@@ -14,13 +14,13 @@ import pytest
 from airflow.exceptions import TaskDeferred
 from airflow.sdk.exceptions import AirflowFailException
 
-from localcluster import LocalCluster, poll_until
+from support.localcluster import LocalCluster, poll_until
 from slurm_provider import hooks
 from slurm_provider.cli.sbatch import parse_job_comment
 from slurm_provider.operators import HISTORY_KEY, SUBMITTER_KEY, SlurmSubmitOperator, job_name_for
 from slurm_provider.transport import TransportUnavailable
 from slurm_provider.validation import ValidationError
-from task_context import StateStore, task_context
+from support.task_context import StateStore, task_context
 
 
 def _context(run_id: str, try_number: int, store: StateStore, clear_number: int = 0) -> dict[str, Any]:

@@ -15,8 +15,8 @@ import threading
 
 import pytest
 
-from lifecycle import Injector, batch_script, jobs_of, run_lifecycle
-from localcluster import LocalCluster, PrivateAccount, poll_until
+from support.lifecycle import Injector, batch_script, jobs_of, run_lifecycle
+from support.localcluster import LocalCluster, PrivateAccount, poll_until
 from slurm_provider.allocation import AllocationVerdict
 
 pytestmark = pytest.mark.usefixtures("cluster_connection", "airflow_home")

@@ -18,7 +18,7 @@ from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.job_status import JobStatus
 from slurm_provider.transport import TransportUnavailable
 from slurm_provider.triggers import FINISHED, NEVER_STARTS
-from task_context import StateStore, TaskTry, task_context
+from support.task_context import StateStore, TaskTry, task_context
 
 RUN_ID = "manual__give_up"
 NAME = job_name_for("give_up", "train", RUN_ID)

@@ -14,8 +14,8 @@ import shlex
 
 import pytest
 
-from lifecycle import Injector, batch_script, jobs_of, run_lifecycle
-from localcluster import LocalCluster, poll_until
+from support.lifecycle import Injector, batch_script, jobs_of, run_lifecycle
+from support.localcluster import LocalCluster, poll_until
 
 pytestmark = pytest.mark.usefixtures("cluster_connection", "airflow_home")
 

@@ -239,7 +239,7 @@ def test_the_watch_gets_the_tasks_deadline(monkeypatch: pytest.MonkeyPatch) -> N
 
 @pytest.fixture
 def private_login(local_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from private_login import PrivateLogin
+    from support.private_login import PrivateLogin
 
     login = PrivateLogin(local_cluster, tmp_path)
     for key, value in login.connection_env().items():
@@ -253,7 +253,7 @@ def private_login(local_cluster: Any, tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_a_task_that_meets_a_stopped_login_node_waits_for_it_and_adopts_its_job(
         local_cluster: Any, private_login: Any) -> None:
-    from task_context import StateStore, task_context
+    from support.task_context import StateStore, task_context
 
     log_dir = local_cluster.test_dir()
     run_id = f"manual__outage_{uuid.uuid4().hex[:8]}"
@@ -320,9 +320,9 @@ def test_slurms_rate_limit_slows_the_watch_down_and_the_task_still_succeeds_with
         local_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import structlog.testing
 
-    from private_login import PrivateLogin
+    from support.private_login import PrivateLogin
     from slurm_provider.scheduler_calls import calls_of, forget_calls
-    from task_context import StateStore, task_context
+    from support.task_context import StateStore, task_context
 
     work = local_cluster.test_dir()
     local_cluster.ssh(f"mkdir -p {work}/bin && cat > {work}/bin/squeue && chmod +x {work}/bin/squeue",

@@ -17,7 +17,7 @@ from airflow.exceptions import TaskDeferred
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from hook_stand_in import HookStandIn
+from support.hook_stand_in import HookStandIn
 from slurm_provider import hooks
 from slurm_provider.hooks import CancelResult
 from slurm_provider.operators import HISTORY_KEY, SlurmSubmitOperator, job_name_for

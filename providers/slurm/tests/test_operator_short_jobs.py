@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from lifecycle import jobs_of, run_lifecycle
-from localcluster import LocalCluster
+from support.lifecycle import jobs_of, run_lifecycle
+from support.localcluster import LocalCluster
 from slurm_provider.end_records import end_record_shell
 
 pytestmark = pytest.mark.usefixtures("cluster_connection", "airflow_home")

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from airflow.exceptions import AirflowException, TaskDeferred
 
-from localcluster import LocalCluster
+from support.localcluster import LocalCluster
 from slurm_provider.hooks import SlurmHook
 from slurm_provider.sensors import SlurmJobSensor
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import structlog.testing
 
-from localcluster import LocalCluster, poll_until
+from support.localcluster import LocalCluster, poll_until
 from slurm_provider.cli.sshare import TresMinutes
 from slurm_provider.hooks import SlurmHook
 from slurm_provider.job_status import JobStatus
@@ -566,7 +566,7 @@ def test_a_job_that_ends_while_its_login_node_is_down_is_read_from_sacct_when_it
         local_cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A private login sshd stopped, with its sessions, under a running watch; the job ends and slurmctld
     forgets it while nobody can look; the node comes back and the watch reads the end from sacct."""
-    from private_login import PrivateLogin
+    from support.private_login import PrivateLogin
 
     login = PrivateLogin(local_cluster, tmp_path)
     for key, value in login.connection_env().items():

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from localcluster import LocalCluster, new_key_pair
+from support.localcluster import LocalCluster, new_key_pair
 from slurm_provider.hooks import SlurmHook
 from slurm_provider.transport import (
     ControlMasterNotRunning,

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from localcluster import new_key_pair
-from ports import free_port
+from support.localcluster import new_key_pair
+from support.ports import free_port
 from slurm_provider.transport import (
     AuthenticationFailed,
     CommandResult,

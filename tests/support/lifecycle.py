@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from background import BackgroundStep
-from localcluster import LocalCluster, poll_until
+from support.background import BackgroundStep
+from support.localcluster import LocalCluster, poll_until
 from slurm_provider.operators import job_name_for
 
-FIXTURE = Path(__file__).resolve().parent / "dag_fixtures" / "slurm_lifecycle.py"
+FIXTURE = Path(__file__).resolve().parents[1] / "dag_fixtures" / "slurm_lifecycle.py"
 
 
 @dataclass(frozen=True)

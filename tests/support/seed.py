@@ -1,7 +1,8 @@
 """Rows in Airflow's metadata database shaped like the ones the Slurm operators leave behind.
 
 Inserted directly (a DAG run, its task instances and their XComs), so the HPC view's API can be
-tested in seconds without a cluster; the browser test (test_hpc_view_browser.py) uses a real run.
+tested in seconds without a cluster; the browser test (tests/deploy/test_hpc_view_browser.py) uses
+a real run.
 """
 
 from __future__ import annotations

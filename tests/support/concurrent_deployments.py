@@ -13,9 +13,9 @@ import sys
 import threading
 from pathlib import Path
 
-from localcluster import LocalCluster
-from ports import free_port
-from standalone import airflow, airflow_env
+from support.localcluster import LocalCluster
+from support.ports import free_port
+from support.standalone import airflow, airflow_env
 
 
 def deployments(cluster: LocalCluster, tmp_path: Path, project_dir: str,

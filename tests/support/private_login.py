@@ -17,8 +17,8 @@ import socket
 import subprocess
 from pathlib import Path
 
-from localcluster import REPO, LocalCluster, poll_until
-from ports import free_port
+from support.localcluster import REPO, LocalCluster, poll_until
+from support.ports import free_port
 
 TEMPLATE = REPO / "include" / "local_cluster" / "templates" / "sshd_config"
 

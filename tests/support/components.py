@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from standalone import RestClient
+    from support.standalone import RestClient
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 
@@ -117,8 +117,8 @@ def deployment_with_dag(env: dict[str, str], home: Path, dag_id: str,
                         pool_slots: int | None = None) -> Iterator[tuple[Deployment, RestClient]]:
     """A migrated, running deployment whose DAG processor has parsed ``dag_id``, unpaused; its cluster
     pools have ``pool_slots`` slots (default :data:`standalone.POOL_SLOTS`)."""
-    from localcluster import poll_until
-    from standalone import POOL_SLOTS, RestClient, migrate
+    from support.localcluster import poll_until
+    from support.standalone import POOL_SLOTS, RestClient, migrate
 
     migrate(env, pool_slots or POOL_SLOTS)
     with Deployment(env, home) as components:

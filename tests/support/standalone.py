@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 USER, PASSWORD = "admin", "vcloud-admin-pw"
 
 
@@ -61,7 +61,7 @@ def airflow_env(home: Path, port: int, project_dir: str, *, schedule: str = "non
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "tests.sqlite_settings.CONNECT_ARGS",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "tests.support.sqlite_settings.CONNECT_ARGS",
         "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
         "AIRFLOW__API__PORT": str(port),
         "AIRFLOW__API__HOST": "127.0.0.1",

@@ -38,9 +38,9 @@ from typing import Any
 
 import yaml
 
-from localcluster import LocalCluster, otp_host_block, poll_until
-from ports import free_port
-from private_login import PrivateLogin, descendants
+from support.localcluster import LocalCluster, otp_host_block, poll_until
+from support.ports import free_port
+from support.private_login import PrivateLogin, descendants
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yaml"
@@ -468,7 +468,7 @@ class CeleryDeployment:
             host.create()
         self.postgres.start()
         self.redis.start()
-        from standalone import run_cli
+        from support.standalone import run_cli
 
         init_env = self.env("scheduler", self.directory / "init")
         run_cli([sys.executable, "-m", "airflow", "db", "migrate"], init_env, 600)
@@ -488,7 +488,7 @@ class CeleryDeployment:
     def wait_healthy(self, timeout: float) -> None:
         """The API server's health (metadatabase, scheduler, triggerer, DAG processor), each triggerer
         host's job alive, and each worker answering Celery's ping (the compose file's healthcheck)."""
-        from standalone import RestClient
+        from support.standalone import RestClient
 
         def healthy() -> bool:
             dead = [n for n, p in self.procs.items() if p.poll() is not None]

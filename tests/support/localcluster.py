@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SCRIPT = REPO / "include" / "local_cluster" / "cluster.sh"
 SSH_ALIAS = "vcloud-local"
 T = TypeVar("T")

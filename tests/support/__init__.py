@@ -1,0 +1,17 @@
+"""The test harness: what tests use to reach the local Slurm cluster and to run Airflow, not tests themselves.
+
+- ``localcluster``: the local cluster as the tests see it (its files, SSH login, root-side verbs);
+  ``private_login``: a login node of its own that a test may take down; ``ports``: a free port.
+- ``standalone``: ``airflow standalone`` on its own home, port and SQLite file (``sqlite_settings``:
+  its database's busy wait); ``components``: the same deployment as separate processes;
+  ``concurrent_deployments``: several deployments running the training DAG at once;
+  ``celery_hosts``: docker-compose.yaml's Celery topology as processes on hosts of their own.
+- ``lifecycle``: the ``slurm_lifecycle`` test DAG run with ``dag.test()``, faults injected beside it
+  (``background``); ``task_context``: what Airflow hands ``execute()``; ``hook_stand_in``: a base
+  for ``SlurmHook`` stand-ins.
+- ``seed``: HPC view rows written straight into the metadata database; ``cdp``: headless Chromium.
+
+``tests/`` is on pytest's ``pythonpath`` (pyproject.toml), so tests import ``support.localcluster``;
+scripts outside pytest (benchmarks/) put ``tests/`` on ``sys.path`` themselves. The DAG files tests
+run live in ``tests/dag_fixtures`` (an Airflow DAG bundle), not here.
+"""
