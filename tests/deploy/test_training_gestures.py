@@ -9,8 +9,10 @@ job runs, trigger the same run name again while it trains) and then counts the j
 stage's directory (``sacct``, by the directory the job comment names), with their final states.
 
 Training a tiny stage takes seconds on a fast CPU. Where a gesture needs the job still alive when
-Airflow acts on it, the test suspends the job with ``scontrol suspend`` right after the gesture (a
-suspended job is as live to Slurm and to the provider as a running one) and resumes it afterwards.
+Airflow acts on it, the test suspends the job with ``scontrol suspend`` as soon as its first
+checkpoint is seen, makes the gesture while the job is held (a suspended job is as live to Slurm and
+to the provider as a running one) and resumes it afterwards: the stage then needs only a few epochs
+(:data:`EPOCHS`), however long Airflow takes to act.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from support.standalone import RestClient, airflow_env
 DAG_ID = "vcloud_training"
 STAGE = "stage0"
 TERMINAL = {"success", "failed"}
+EPOCHS = 5
+"""Epochs of a stage whose job a gesture needs alive: the job is suspended within a poll (0.3 s) of its
+first checkpoint, long before the other epochs could end it, and holds still while Airflow acts."""
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400), pytest.mark.xdist_group("training-gestures")]
 
@@ -119,9 +124,10 @@ def _explain(deployment: dict[str, Any], run_id: str) -> str:
             f"{components.log_tail('triggerer', 2000)}")
 
 
-def _wait(deployment: dict[str, Any], run_id: str, done: Any, what: str, timeout: float = 900) -> Any:
+def _wait(deployment: dict[str, Any], run_id: str, done: Any, what: str, timeout: float = 900,
+          interval: float = 2) -> Any:
     try:
-        return poll_until(done, timeout=timeout, interval=2, what=what)
+        return poll_until(done, timeout=timeout, interval=interval, what=what)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{_explain(deployment, run_id)}") from None
 
@@ -170,11 +176,12 @@ def _live_writer(cluster: LocalCluster, stage_dir: str) -> str | None:
     return next((line.split()[0] for line in out.splitlines() if marker in line), None)
 
 
-def _live_stage_job(deployment: dict[str, Any], cluster: LocalCluster, run_id: str, run_name: str) -> str:
-    """The stage job of the run once it trains (its first checkpoint is written) while the task waits."""
-    api, stage_dir = deployment["api"], _stage_dir(deployment, run_name)
-    _wait(deployment, run_id, lambda: _ti(api, run_id)["state"] == "deferred", f"{STAGE} to defer")
-    job = _wait(deployment, run_id, lambda: _live_writer(cluster, stage_dir), f"the {STAGE} job in squeue")
+def _first_checkpoint(deployment: dict[str, Any], cluster: LocalCluster, run_id: str, stage_dir: str,
+                      interval: float) -> str:
+    """The id of the run's stage job once it has written its first checkpoint (looked for every ``interval``
+    seconds once the job is in squeue)."""
+    job = _wait(deployment, run_id, lambda: _live_writer(cluster, stage_dir), f"the {STAGE} job in squeue",
+                interval=max(interval, 1))
 
     def first_checkpoint() -> bool:
         state = cluster.current_state(int(job))
@@ -182,7 +189,36 @@ def _live_stage_job(deployment: dict[str, Any], cluster: LocalCluster, run_id: s
         text = cluster.ssh(f"cat {shlex.quote(stage_dir)}/progress.json 2>/dev/null", check=False).stdout
         return bool(text) and json.loads(text).get("epoch", 0) >= 1
 
-    _wait(deployment, run_id, first_checkpoint, f"job {job}'s first checkpoint")
+    _wait(deployment, run_id, first_checkpoint, f"job {job}'s first checkpoint", interval=interval)
+    return job
+
+
+def _live_stage_job(deployment: dict[str, Any], cluster: LocalCluster, run_id: str, run_name: str) -> str:
+    """The stage job of the run once it trains (its first checkpoint is written) while the task waits."""
+    api, stage_dir = deployment["api"], _stage_dir(deployment, run_name)
+    _wait(deployment, run_id, lambda: _ti(api, run_id)["state"] == "deferred", f"{STAGE} to defer")
+    return _first_checkpoint(deployment, cluster, run_id, stage_dir, interval=2)
+
+
+def _held_stage_job(deployment: dict[str, Any], cluster: LocalCluster, run_id: str, run_name: str) -> str:
+    """The stage job of the run, suspended as soon as its first checkpoint is written, once the task waits
+    for it. The caller resumes it (``scontrol resume``) after the gesture."""
+    api, stage_dir = deployment["api"], _stage_dir(deployment, run_name)
+    job = _first_checkpoint(deployment, cluster, run_id, stage_dir, interval=0.3)
+    suspended = cluster.root("scontrol", "suspend", job, check=False)
+    try:
+        progress = json.loads(cluster.ssh(f"cat {shlex.quote(stage_dir)}/progress.json").stdout)
+        state, epoch = cluster.current_state(int(job)), progress.get("epoch")
+        assert suspended.returncode == 0, \
+            f"job {job} could not be suspended after its first checkpoint ({state}, epoch {epoch}): " \
+            f"{suspended.stderr.strip()}"
+        assert progress.get("status") == "running", f"job {job} was held after its training ended: {progress}"
+        # Held, the job is still live when the task, which may not have looked at it yet, defers on it.
+        _wait(deployment, run_id, lambda: _ti(api, run_id)["state"] == "deferred", f"{STAGE} to defer")
+        assert cluster.current_state(int(job)) == "SUSPENDED", f"job {job} is not held"
+    except BaseException:
+        cluster.root("scontrol", "resume", job, check=False)
+        raise
     return job
 
 
@@ -202,12 +238,11 @@ def _kill_trainer(cluster: LocalCluster, job: str) -> None:
 def test_clearing_a_running_stage_watches_its_job_again(deployment: dict[str, Any],
                                                         local_cluster: LocalCluster) -> None:
     api, run_name = deployment["api"], "clear-running"
-    run_id = _trigger(api, run_name, max_epochs=100)
-    job = _live_stage_job(deployment, local_cluster, run_id, run_name)
-
-    _clear(api, run_id, STAGE)
-    local_cluster.root("scontrol", "suspend", job)  # alive until the cleared task has looked
+    run_id = _trigger(api, run_name, max_epochs=EPOCHS)
+    # Suspended, the job stays live (to Slurm and the provider) until the cleared task has looked.
+    job = _held_stage_job(deployment, local_cluster, run_id, run_name)
     try:
+        _clear(api, run_id, STAGE)
         _wait(deployment, run_id, lambda: _ti(api, run_id)["try_number"] == 2
               and _ti(api, run_id)["state"] == "deferred", "the cleared task to watch again")
         assert local_cluster.current_state(int(job)) == "SUSPENDED", "clearing the task ended its job"
@@ -228,9 +263,12 @@ def test_clearing_a_running_stage_watches_its_job_again(deployment: dict[str, An
 def test_clearing_a_failed_stage_submits_one_job_that_resumes(deployment: dict[str, Any],
                                                               local_cluster: LocalCluster) -> None:
     api, run_name = deployment["api"], "clear-failed"
-    run_id = _trigger(api, run_name, max_epochs=60)
-    first = _live_stage_job(deployment, local_cluster, run_id, run_name)
-    _kill_trainer(local_cluster, first)
+    run_id = _trigger(api, run_name, max_epochs=EPOCHS)
+    first = _held_stage_job(deployment, local_cluster, run_id, run_name)
+    try:
+        _kill_trainer(local_cluster, first)  # SIGKILL ends a stopped process too
+    finally:
+        local_cluster.root("scontrol", "resume", first)
 
     failed = _wait_run_end(deployment, run_id)
     assert failed["state"] == "failed", _explain(deployment, run_id)
@@ -275,13 +313,12 @@ def test_marking_a_running_stage_success_cancels_its_job(deployment: dict[str, A
 def test_triggering_a_run_name_again_while_it_trains_watches_its_job(deployment: dict[str, Any],
                                                                      local_cluster: LocalCluster) -> None:
     api, run_name = deployment["api"], "again"
-    first = _trigger(api, run_name, max_epochs=20)
-    job = _live_stage_job(deployment, local_cluster, first, run_name)
-    stage_dir = _stage_dir(deployment, run_name)
+    first = _trigger(api, run_name, max_epochs=EPOCHS)
     # Suspended, the job stays live (to Slurm and the provider) until the second run has found it.
-    local_cluster.root("scontrol", "suspend", job)
+    job = _held_stage_job(deployment, local_cluster, first, run_name)
+    stage_dir = _stage_dir(deployment, run_name)
     try:
-        second = _trigger(api, run_name, max_epochs=20)  # while the first one trains
+        second = _trigger(api, run_name, max_epochs=EPOCHS)  # while the first one trains
         # Runs go at the same time: the second does not wait for the first; its stage finds the job.
         _wait(deployment, second, lambda: _ti(api, second)["state"] == "deferred", f"the second run's {STAGE} "
               "to watch")
@@ -298,7 +335,7 @@ def test_triggering_a_run_name_again_while_it_trains_watches_its_job(deployment:
     jobs = _settled_stage_jobs(local_cluster, stage_dir, 1)
     assert jobs == [(job, "COMPLETED")], jobs
     # A third run of the name finds the stage complete and skips it.
-    third = _trigger(api, run_name, max_epochs=20)
+    third = _trigger(api, run_name, max_epochs=EPOCHS)
     assert _wait_run_end(deployment, third)["state"] == "success", _explain(deployment, third)
     assert _states(api, third)[STAGE] == "skipped", _states(api, third)
     assert "stage0: stage 0 is complete" in _task_log(api, third, 1)
