@@ -35,8 +35,9 @@ DAG_ID = "vcloud_training"
 STAGE = "stage0"
 TERMINAL = {"success", "failed"}
 EPOCHS = 5
-"""Epochs of a stage whose job a gesture needs alive: the job is suspended within a poll (0.3 s) of its
-first checkpoint, long before the other epochs could end it, and holds still while Airflow acts."""
+"""Epochs of a stage whose job a gesture needs alive: the job is suspended within a tenth of a second of
+its first checkpoint (:meth:`LocalCluster.job_at_first_epoch`), epochs before it could end, and holds
+still however long Airflow takes to act."""
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400), pytest.mark.xdist_group("training-gestures")]
 
@@ -124,10 +125,9 @@ def _explain(deployment: dict[str, Any], run_id: str) -> str:
             f"{components.log_tail('triggerer', 2000)}")
 
 
-def _wait(deployment: dict[str, Any], run_id: str, done: Any, what: str, timeout: float = 900,
-          interval: float = 2) -> Any:
+def _wait(deployment: dict[str, Any], run_id: str, done: Any, what: str, timeout: float = 900) -> Any:
     try:
-        return poll_until(done, timeout=timeout, interval=interval, what=what)
+        return poll_until(done, timeout=timeout, interval=2, what=what)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{_explain(deployment, run_id)}") from None
 
@@ -176,12 +176,11 @@ def _live_writer(cluster: LocalCluster, stage_dir: str) -> str | None:
     return next((line.split()[0] for line in out.splitlines() if marker in line), None)
 
 
-def _first_checkpoint(deployment: dict[str, Any], cluster: LocalCluster, run_id: str, stage_dir: str,
-                      interval: float) -> str:
-    """The id of the run's stage job once it has written its first checkpoint (looked for every ``interval``
-    seconds once the job is in squeue)."""
-    job = _wait(deployment, run_id, lambda: _live_writer(cluster, stage_dir), f"the {STAGE} job in squeue",
-                interval=max(interval, 1))
+def _live_stage_job(deployment: dict[str, Any], cluster: LocalCluster, run_id: str, run_name: str) -> str:
+    """The stage job of the run once it trains (its first checkpoint is written) while the task waits."""
+    api, stage_dir = deployment["api"], _stage_dir(deployment, run_name)
+    _wait(deployment, run_id, lambda: _ti(api, run_id)["state"] == "deferred", f"{STAGE} to defer")
+    job = _wait(deployment, run_id, lambda: _live_writer(cluster, stage_dir), f"the {STAGE} job in squeue")
 
     def first_checkpoint() -> bool:
         state = cluster.current_state(int(job))
@@ -189,30 +188,21 @@ def _first_checkpoint(deployment: dict[str, Any], cluster: LocalCluster, run_id:
         text = cluster.ssh(f"cat {shlex.quote(stage_dir)}/progress.json 2>/dev/null", check=False).stdout
         return bool(text) and json.loads(text).get("epoch", 0) >= 1
 
-    _wait(deployment, run_id, first_checkpoint, f"job {job}'s first checkpoint", interval=interval)
+    _wait(deployment, run_id, first_checkpoint, f"job {job}'s first checkpoint")
     return job
 
 
-def _live_stage_job(deployment: dict[str, Any], cluster: LocalCluster, run_id: str, run_name: str) -> str:
-    """The stage job of the run once it trains (its first checkpoint is written) while the task waits."""
-    api, stage_dir = deployment["api"], _stage_dir(deployment, run_name)
-    _wait(deployment, run_id, lambda: _ti(api, run_id)["state"] == "deferred", f"{STAGE} to defer")
-    return _first_checkpoint(deployment, cluster, run_id, stage_dir, interval=2)
-
-
 def _held_stage_job(deployment: dict[str, Any], cluster: LocalCluster, run_id: str, run_name: str) -> str:
-    """The stage job of the run, suspended as soon as its first checkpoint is written, once the task waits
-    for it. The caller resumes it (``scontrol resume``) after the gesture."""
+    """The stage job of the run, suspended the moment its first checkpoint is written, once the task
+    waits for it (deferred). The caller resumes it (``scontrol resume``) after the gesture."""
     api, stage_dir = deployment["api"], _stage_dir(deployment, run_name)
-    job = _first_checkpoint(deployment, cluster, run_id, stage_dir, interval=0.3)
-    suspended = cluster.root("scontrol", "suspend", job, check=False)
     try:
-        progress = json.loads(cluster.ssh(f"cat {shlex.quote(stage_dir)}/progress.json").stdout)
-        state, epoch = cluster.current_state(int(job)), progress.get("epoch")
-        assert suspended.returncode == 0, \
-            f"job {job} could not be suspended after its first checkpoint ({state}, epoch {epoch}): " \
-            f"{suspended.stderr.strip()}"
-        assert progress.get("status") == "running", f"job {job} was held after its training ended: {progress}"
+        job = cluster.job_at_first_epoch(stage_dir, lambda: _live_writer(cluster, stage_dir), timeout=900,
+                                         what=f"the {STAGE} job's first checkpoint")
+        cluster.suspend_training(job, stage_dir)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_explain(deployment, run_id)}") from None
+    try:
         # Held, the job is still live when the task, which may not have looked at it yet, defers on it.
         _wait(deployment, run_id, lambda: _ti(api, run_id)["state"] == "deferred", f"{STAGE} to defer")
         assert cluster.current_state(int(job)) == "SUSPENDED", f"job {job} is not held"
