@@ -31,8 +31,9 @@ pytestmark = [pytest.mark.usefixtures("cluster_connection", "airflow_home"), pyt
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_PYTHON = "/opt/vcloud-localcluster/venv/bin/python"
 RUN_A, RUN_B = "code-a", "code-b"
-EPOCHS = 20
-"""Enough for run A's job to be caught mid-training after its first checkpoint on any machine."""
+EPOCHS = 5
+"""Run A's epochs: its job is suspended within a tenth of a second of its first checkpoint
+(:meth:`LocalCluster.job_at_first_epoch`), epochs before it could end."""
 QUEUE_WAIT_S = 1200
 """How long a job of this test may wait for the node while the rest of the suite's jobs hold it."""
 
@@ -96,23 +97,11 @@ class RunB(BackgroundStep):
         from vcloud_pipeline.plan.request import parse_request
         from vcloud_pipeline.dag.tasks import build_plan, sync_code
 
-        cluster, progress = self.cluster, f"{self.project_dir}/outputs/{RUN_A}/stage0/progress.json"
-
-        def first_checkpoint() -> bool:
-            state = cluster.current_state(job)
-            assert state in {"PENDING", "CONFIGURING", "RUNNING"}, \
-                f"run A's stage 0 job {job} is {state} before its first checkpoint was seen"
-            text = cluster.ssh(f"cat {shlex.quote(progress)} 2>/dev/null", check=False).stdout
-            return bool(text) and json.loads(text).get("epoch", 0) >= 1
-
-        # Each phase gets its own bound: on a busy cluster the data and stage jobs queue for a while
-        # before they run, and only the training itself is this test's to time.
-        job = poll_until(lambda: stage_job(cluster, self.project_dir, RUN_A, "stage0"), timeout=QUEUE_WAIT_S,
-                         interval=1, what="run A's stage 0 job in squeue")
-        cluster.wait_for_state(job, {"RUNNING"}, timeout=QUEUE_WAIT_S)
-        poll_until(first_checkpoint, timeout=300, interval=0.3, what="run A's first stage 0 checkpoint")
-        cluster.root("scontrol", "suspend", str(job))
-        cluster.wait_for_state(job, {"SUSPENDED"}, timeout=60)
+        cluster, stage_dir = self.cluster, f"{self.project_dir}/outputs/{RUN_A}/stage0"
+        # On a busy cluster the data and stage jobs queue for a while before they run.
+        job = cluster.job_at_first_epoch(stage_dir, lambda: stage_job(cluster, self.project_dir, RUN_A, "stage0"),
+                                         timeout=2 * QUEUE_WAIT_S + 300, what="run A's first stage 0 epoch")
+        cluster.suspend_training(job, stage_dir)
         self.seen["job"] = job
         self.seen["dirs_before_b"] = code_dirs(cluster, self.project_dir)
 

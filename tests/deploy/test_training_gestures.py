@@ -9,8 +9,10 @@ job runs, trigger the same run name again while it trains) and then counts the j
 stage's directory (``sacct``, by the directory the job comment names), with their final states.
 
 Training a tiny stage takes seconds on a fast CPU. Where a gesture needs the job still alive when
-Airflow acts on it, the test suspends the job with ``scontrol suspend`` right after the gesture (a
-suspended job is as live to Slurm and to the provider as a running one) and resumes it afterwards.
+Airflow acts on it, the test suspends the job with ``scontrol suspend`` as soon as its first
+checkpoint is seen, makes the gesture while the job is held (a suspended job is as live to Slurm and
+to the provider as a running one) and resumes it afterwards: the stage then needs only a few epochs
+(:data:`EPOCHS`), however long Airflow takes to act.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ from support.standalone import RestClient, airflow_env
 DAG_ID = "vcloud_training"
 STAGE = "stage0"
 TERMINAL = {"success", "failed"}
+EPOCHS = 5
+"""Epochs of a stage whose job a gesture needs alive: the job is suspended within a tenth of a second of
+its first checkpoint (:meth:`LocalCluster.job_at_first_epoch`), epochs before it could end, and holds
+still however long Airflow takes to act."""
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400), pytest.mark.xdist_group("training-gestures")]
 
@@ -186,6 +192,26 @@ def _live_stage_job(deployment: dict[str, Any], cluster: LocalCluster, run_id: s
     return job
 
 
+def _held_stage_job(deployment: dict[str, Any], cluster: LocalCluster, run_id: str, run_name: str) -> str:
+    """The stage job of the run, suspended the moment its first checkpoint is written, once the task
+    waits for it (deferred). The caller resumes it (``scontrol resume``) after the gesture."""
+    api, stage_dir = deployment["api"], _stage_dir(deployment, run_name)
+    try:
+        job = cluster.job_at_first_epoch(stage_dir, lambda: _live_writer(cluster, stage_dir), timeout=900,
+                                         what=f"the {STAGE} job's first checkpoint")
+        cluster.suspend_training(job, stage_dir)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_explain(deployment, run_id)}") from None
+    try:
+        # Held, the job is still live when the task, which may not have looked at it yet, defers on it.
+        _wait(deployment, run_id, lambda: _ti(api, run_id)["state"] == "deferred", f"{STAGE} to defer")
+        assert cluster.current_state(int(job)) == "SUSPENDED", f"job {job} is not held"
+    except BaseException:
+        cluster.root("scontrol", "resume", job, check=False)
+        raise
+    return job
+
+
 def _kill_trainer(cluster: LocalCluster, job: str) -> None:
     """SIGKILL the processes of the job's training step, as the kernel's OOM killer would."""
     # scontrol listpids asks the slurmstepd of the node it runs on: run it on the job's node.
@@ -202,12 +228,11 @@ def _kill_trainer(cluster: LocalCluster, job: str) -> None:
 def test_clearing_a_running_stage_watches_its_job_again(deployment: dict[str, Any],
                                                         local_cluster: LocalCluster) -> None:
     api, run_name = deployment["api"], "clear-running"
-    run_id = _trigger(api, run_name, max_epochs=100)
-    job = _live_stage_job(deployment, local_cluster, run_id, run_name)
-
-    _clear(api, run_id, STAGE)
-    local_cluster.root("scontrol", "suspend", job)  # alive until the cleared task has looked
+    run_id = _trigger(api, run_name, max_epochs=EPOCHS)
+    # Suspended, the job stays live (to Slurm and the provider) until the cleared task has looked.
+    job = _held_stage_job(deployment, local_cluster, run_id, run_name)
     try:
+        _clear(api, run_id, STAGE)
         _wait(deployment, run_id, lambda: _ti(api, run_id)["try_number"] == 2
               and _ti(api, run_id)["state"] == "deferred", "the cleared task to watch again")
         assert local_cluster.current_state(int(job)) == "SUSPENDED", "clearing the task ended its job"
@@ -228,9 +253,12 @@ def test_clearing_a_running_stage_watches_its_job_again(deployment: dict[str, An
 def test_clearing_a_failed_stage_submits_one_job_that_resumes(deployment: dict[str, Any],
                                                               local_cluster: LocalCluster) -> None:
     api, run_name = deployment["api"], "clear-failed"
-    run_id = _trigger(api, run_name, max_epochs=60)
-    first = _live_stage_job(deployment, local_cluster, run_id, run_name)
-    _kill_trainer(local_cluster, first)
+    run_id = _trigger(api, run_name, max_epochs=EPOCHS)
+    first = _held_stage_job(deployment, local_cluster, run_id, run_name)
+    try:
+        _kill_trainer(local_cluster, first)  # SIGKILL ends a stopped process too
+    finally:
+        local_cluster.root("scontrol", "resume", first)
 
     failed = _wait_run_end(deployment, run_id)
     assert failed["state"] == "failed", _explain(deployment, run_id)
@@ -275,13 +303,12 @@ def test_marking_a_running_stage_success_cancels_its_job(deployment: dict[str, A
 def test_triggering_a_run_name_again_while_it_trains_watches_its_job(deployment: dict[str, Any],
                                                                      local_cluster: LocalCluster) -> None:
     api, run_name = deployment["api"], "again"
-    first = _trigger(api, run_name, max_epochs=20)
-    job = _live_stage_job(deployment, local_cluster, first, run_name)
-    stage_dir = _stage_dir(deployment, run_name)
+    first = _trigger(api, run_name, max_epochs=EPOCHS)
     # Suspended, the job stays live (to Slurm and the provider) until the second run has found it.
-    local_cluster.root("scontrol", "suspend", job)
+    job = _held_stage_job(deployment, local_cluster, first, run_name)
+    stage_dir = _stage_dir(deployment, run_name)
     try:
-        second = _trigger(api, run_name, max_epochs=20)  # while the first one trains
+        second = _trigger(api, run_name, max_epochs=EPOCHS)  # while the first one trains
         # Runs go at the same time: the second does not wait for the first; its stage finds the job.
         _wait(deployment, second, lambda: _ti(api, second)["state"] == "deferred", f"the second run's {STAGE} "
               "to watch")
@@ -298,7 +325,7 @@ def test_triggering_a_run_name_again_while_it_trains_watches_its_job(deployment:
     jobs = _settled_stage_jobs(local_cluster, stage_dir, 1)
     assert jobs == [(job, "COMPLETED")], jobs
     # A third run of the name finds the stage complete and skips it.
-    third = _trigger(api, run_name, max_epochs=20)
+    third = _trigger(api, run_name, max_epochs=EPOCHS)
     assert _wait_run_end(deployment, third)["state"] == "success", _explain(deployment, third)
     assert _states(api, third)[STAGE] == "skipped", _states(api, third)
     assert "stage0: stage 0 is complete" in _task_log(api, third, 1)

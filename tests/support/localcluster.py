@@ -243,6 +243,56 @@ class LocalCluster:
         runs = self.sacct_runs(job_id)
         return runs[-1]["State"].split()[0] if runs else "UNKNOWN"
 
+    # --- a stage job caught at its first epoch --------------------------------------------------
+
+    def progress(self, stage_dir: str) -> dict:
+        """The stage's ``progress.json`` ({} before its first checkpoint), read on this machine: the
+        project filesystem is local, so it is seen the moment the trainer renames it into place."""
+        try:
+            return json.loads((Path(stage_dir) / "progress.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+
+    def job_at_first_epoch(self, stage_dir: str, find_job: Callable[[], T | None], *, timeout: float,
+                           what: str, interval: float = 0.05) -> T:
+        """The job writing ``stage_dir`` (as ``find_job`` finds it in squeue) once its ``progress.json``
+        counts a completed epoch, returned within about ``interval`` seconds of that checkpoint however
+        fast the epochs go. While waiting, the job is looked for (then checked to be still live) once a
+        second: it must not end before its first epoch."""
+        deadline, check_at = time.monotonic() + timeout, 0.0
+        job: T | None = None
+        while self.progress(stage_dir).get("epoch", 0) < 1:
+            now = time.monotonic()
+            if now >= check_at:
+                if job is None:
+                    job = find_job()
+                else:
+                    state = self.current_state(int(str(job)))
+                    assert state in {"PENDING", "CONFIGURING", "RUNNING"}, \
+                        f"job {job} is {state} before its first epoch was seen ({what})"
+                check_at = now + 1
+            if now > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            time.sleep(interval)
+        job = job or find_job()
+        assert job, f"no live job writes {stage_dir} at its first epoch ({what}): {self.progress(stage_dir)}"
+        return job
+
+    def suspend_training(self, job: int | str, stage_dir: str) -> None:
+        """``scontrol suspend`` the job while it trains ``stage_dir``: it stays live (to Slurm and to the
+        provider) and trains no further until ``scontrol resume``. Fails if the job ended first."""
+        suspended = self.root("scontrol", "suspend", str(job), check=False)
+        progress = self.progress(stage_dir)
+        epochs = f"epoch {progress.get('epoch')} of {progress.get('epochs_total')}"
+        try:
+            assert suspended.returncode == 0, \
+                f"job {job} ({self.current_state(int(job))}, {epochs}) could not be suspended: {suspended.stderr}"
+            assert progress.get("status") == "running", f"job {job} was suspended after its training: {progress}"
+            self.wait_for_state(int(job), {"SUSPENDED"}, timeout=60)
+        except BaseException:
+            self.root("scontrol", "resume", str(job), check=False)
+            raise
+
     # --- the allocation as Slurm holds it (GrpTRESMins=billing on the account) -------------------
 
     def billing_minutes(self) -> tuple[int | None, int, int]:
