@@ -72,6 +72,7 @@ def load_state(cluster: LocalCluster, path: str) -> dict[str, Any]:
     return torch.load(io.BytesIO(base64.b64decode(raw)), weights_only=True, map_location="cpu")
 
 
+@pytest.mark.slow
 def test_a_two_node_stage_equals_one_node_with_the_same_global_batch(
         local_cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Cosmos stage 0 through the DAG on 2 nodes x 4 APUs (torchrun across the nodes: 8 gloo ranks,
