@@ -47,11 +47,17 @@ from support.localcluster import ClusterUnavailable, LocalCluster, bring_up  # n
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark cluster tests (`-m "not cluster"` skips them) and run whole-cluster fault tests last."""
+    """Mark cluster tests (`-m "not cluster"` skips them); order slow tests first and whole-cluster
+    fault tests last.
+
+    Longest first: pytest-xdist (--dist loadgroup) hands out work in this order, one unit at a time
+    as workers free up, so a long test started early overlaps the rest instead of running on alone
+    at the end. The sort is stable: otherwise the collection order stays."""
     for item in items:
         if "local_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
-    items.sort(key=lambda item: item.get_closest_marker("exclusive_cluster") is not None)
+    items.sort(key=lambda item: (item.get_closest_marker("exclusive_cluster") is not None,
+                                 item.get_closest_marker("slow") is None))
 
 
 @pytest.fixture(autouse=True)

@@ -101,6 +101,7 @@ def job_logs(cluster: LocalCluster, project_dir: str, job_id: str) -> str:
     return cluster.ssh(f"cat {logs}/*stage1*.{job_id}.out {logs}/*stage1*.{job_id}.err").stdout
 
 
+@pytest.mark.slow
 def test_a_stage_resumed_by_other_code_keeps_its_weights_or_is_refused_never_a_traceback(
         local_cluster: LocalCluster, project_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capfd: pytest.CaptureFixture) -> None:

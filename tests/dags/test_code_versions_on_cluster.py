@@ -119,6 +119,7 @@ class RunB(BackgroundStep):
         self.seen["dirs_while_requeued"] = code_dirs(cluster, self.project_dir)
 
 
+@pytest.mark.slow
 def test_a_requeued_job_runs_its_own_code_after_another_run_synced_new_code(
         local_cluster: LocalCluster, project_dir: str, run_a_tree: Path, tmp_path: Path) -> None:
     run_b = RunB(local_cluster, project_dir, changed_tree(tmp_path / "run-b", "run B's change"))

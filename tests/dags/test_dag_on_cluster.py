@@ -75,6 +75,7 @@ def asset_events(run_id: str) -> dict[str, dict]:
     return {name: extra for name, extra in rows}
 
 
+@pytest.mark.slow
 def test_full_run_then_restart_from_stage_2(local_cluster: LocalCluster, project_dir: str) -> None:
     # The tiny config names no unlabeled domain: stage 3 is trained only because the run forces it.
     run_id, states, values = run_dag(profile="local", config="tiny", run_name="e2e", max_epochs=1, max_resubmits=1,
@@ -270,6 +271,7 @@ def _epoch_seconds(log: str) -> float:
     return max(0.2, (stamps[-1] - stamps[0]).total_seconds() / (len(stamps) - 1))
 
 
+@pytest.mark.slow
 def test_a_stage_that_hits_its_time_limit_requeues_and_loses_no_epoch(local_cluster: LocalCluster,
                                                                        project_dir: str) -> None:
     """Stage 1 with a 2-minute limit: USR2 60-90 s before it, checkpoint, requeue, resume, complete.

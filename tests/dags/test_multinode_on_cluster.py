@@ -72,6 +72,7 @@ def load_state(cluster: LocalCluster, path: str) -> dict[str, Any]:
     return torch.load(io.BytesIO(base64.b64decode(raw)), weights_only=True, map_location="cpu")
 
 
+@pytest.mark.slow
 def test_a_two_node_stage_equals_one_node_with_the_same_global_batch(
         local_cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Cosmos stage 0 through the DAG on 2 nodes x 4 APUs (torchrun across the nodes: 8 gloo ranks,
@@ -134,36 +135,51 @@ def test_a_two_node_stage_equals_one_node_with_the_same_global_batch(
 def test_a_node_failing_mid_epoch_on_cosmos_costs_at_most_the_epoch_in_progress(
         local_cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Cosmos stage 0 on two nodes, training on node-local disk: after the first checkpoint the
-    second node goes DOWN. The shared directory already holds that checkpoint (copied back at every
-    checkpoint, not only at exit); the job ends NODE_FAIL, is requeued, stages the shared outputs
-    back, resumes and completes; every epoch appears once."""
+    job's nodes hang and the second node goes DOWN. The shared directory already holds that
+    checkpoint (copied back at every checkpoint, not only at exit); the job ends NODE_FAIL, is
+    requeued, stages the shared outputs back, resumes and completes; every epoch appears once.
+
+    The job's processes are stopped (SIGSTOP, :meth:`LocalCluster.hang_job`) as soon as the first
+    checkpoint shows and before the node is set DOWN, so the job trains no further while the fault
+    is injected: a few epochs are enough for it to come mid-run, however slowly the test sees them."""
     from vcloud_pipeline.plan.layout import run_paths
     from vcloud_pipeline.profile import load_profile, overrides_from_environ
 
     base = site_project(local_cluster, monkeypatch, "cosmos", "/cosmos/vast/scratch/{user}")
-    run, epochs = "node-fail", 30
+    run, epochs = "node-fail", 6
     profile = load_profile("cosmos", overrides_from_environ("cosmos"), login=local_cluster.user)
     write_wide_dataset(local_cluster, str(run_paths(profile, run, synthetic_preset="tiny").data_dir), tmp_path)
     shared = f"{base}/outputs/{run}/stage0"
     seen: dict[str, Any] = {}
 
+    def shared_progress() -> dict[str, Any] | None:
+        """The shared progress.json, read on this machine (its file system is the cluster's, as
+        write_wide_dataset relies on): a poll without an SSH session each time."""
+        try:
+            return json.loads(Path(shared, "progress.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
     def fail_a_node_after_the_first_checkpoint() -> None:
         """In the background while dag.test() runs the stage (it needs the main thread)."""
         try:
             def running_with_a_shared_checkpoint() -> tuple[str, dict[str, Any]] | None:
-                rows = local_cluster.ssh(f"squeue -h -u {local_cluster.user} -t R -o '%i %D %N %j'",
-                                         check=False).stdout.splitlines()
-                jobs = [row.split() for row in rows if ".stage0." in row and row.split()[1] == "2"]
-                progress = local_cluster.ssh(f"cat {shlex.quote(shared)}/progress.json 2>/dev/null",
-                                             check=False).stdout
                 # (progress.json exists from the start; its history grows by one line per epoch)
-                if len(jobs) == 1 and progress and json.loads(progress)["history"]:
-                    return jobs[0][0], {"nodes": jobs[0][2], **json.loads(progress)}
+                progress = shared_progress()
+                if not progress or not progress["history"]:
+                    return None
+                rows = local_cluster.root("squeue", "-h", "-u", local_cluster.user, "-t", "R",
+                                          "-o", "%i %D %N %j", check=False).stdout.splitlines()
+                jobs = [row.split() for row in rows if ".stage0." in row and row.split()[1] == "2"]
+                if len(jobs) == 1:
+                    return jobs[0][0], {"nodes": jobs[0][2], **progress}
                 return None
 
-            job_id, progress = poll_until(running_with_a_shared_checkpoint, timeout=900, interval=0.5,
+            job_id, progress = poll_until(running_with_a_shared_checkpoint, timeout=900, interval=0.2,
                                           what="the two-node stage job's first checkpoint in the shared directory")
             seen.update(job_id=job_id, epochs_before=len(progress["history"]))
+            seen["stopped"] = local_cluster.hang_job(job_id)
+            seen["epochs_when_hung"] = len((shared_progress() or {}).get("history", []))
             node = local_cluster.ssh(f"scontrol show hostnames {progress['nodes']}").stdout.split()[-1]
             local_cluster.root("scontrol", "update", f"nodename={node}", "state=down", "reason=vcloud-test")
             seen["node"] = node
@@ -175,6 +191,8 @@ def test_a_node_failing_mid_epoch_on_cosmos_costs_at_most_the_epoch_in_progress(
         finally:
             if "node" in seen:
                 local_cluster.root("scontrol", "update", f"nodename={seen['node']}", "state=resume", check=False)
+            elif seen.get("stopped"):  # no node went down: let the job go on rather than hang the suite
+                local_cluster.root("kill", "-CONT", *seen["stopped"], check=False)
 
     thread = threading.Thread(target=fail_a_node_after_the_first_checkpoint, daemon=True)
     thread.start()

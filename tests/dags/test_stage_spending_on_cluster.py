@@ -47,6 +47,7 @@ def tree_with_stage2(root: Path, settings: str) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_a_stage_that_stops_learning_stops_and_stage3_without_a_domain_is_not_submitted(
         local_cluster: LocalCluster, project_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from slurm_provider.hooks import SlurmHook
@@ -107,6 +108,7 @@ def test_a_stage_that_stops_learning_stops_and_stage3_without_a_domain_is_not_su
     assert f"  stage3: not complete ({reason})" in report
 
 
+@pytest.mark.slow
 def test_stage2_off_by_default_is_not_submitted_and_stage3_starts_from_stage1s_draft(
         local_cluster: LocalCluster, project_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from vcloud_pipeline.dag import tasks

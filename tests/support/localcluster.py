@@ -374,6 +374,28 @@ class LocalCluster:
         pid = (self.state_dir / "run" / f"slurmd-{node}.pid").read_text().strip()
         return self.root("nsenter", "-t", pid, "-n", "-u", "-m", "--", *argv, check=check)
 
+    def hang_job(self, job_id: int | str) -> list[str]:
+        """Stop (SIGSTOP) every process of a running job on each of its nodes, as hung nodes would
+        stop it; returns the pids. Slurm is not told: the job stays RUNNING, and when a node is set
+        DOWN slurmd continues and kills the processes as for any node failure. (``scontrol suspend``
+        would tell Slurm, and a job suspended by an administrator comes back held when requeued.)
+
+        Listed again until no new process shows: a child started between listing and stopping is
+        stopped in the next round (its parent is stopped by then)."""
+        nodes = self.root("squeue", "-h", "-j", str(int(job_id)), "-o", "%N").stdout.strip()
+        hosts = self.root("scontrol", "show", "hostnames", nodes).stdout.split()
+        assert hosts, f"job {job_id} runs on no node"
+        stopped: set[str] = set()
+        while True:
+            listed = {line.split()[0] for host in hosts
+                      for line in self.on_node(host, "scontrol", "listpids", str(int(job_id))).stdout.splitlines()
+                      if line.split() and line.split()[0].isdigit()}
+            new = sorted(listed - stopped)
+            if not new:
+                return sorted(stopped, key=int)
+            self.root("kill", "-STOP", *new, check=False)  # one that ended meanwhile is no matter
+            stopped.update(new)
+
     def nodes(self, partition: str | None = None) -> list[str]:
         """The compute nodes (of ``partition``), as Slurm names them."""
         where = f" -p {partition}" if partition else ""

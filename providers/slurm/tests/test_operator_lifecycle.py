@@ -3,8 +3,9 @@
 Each test runs the `slurm_lifecycle` DAG (tests/dag_fixtures) with its own script and log
 directory, injects the fault a cluster would produce (requeue, node failure, preemption, a person's
 scancel) from a background thread once the job runs, and counts the task's jobs in `sacct` to
-prove that nothing was submitted twice. Tests that take the whole node down or preempt it are
-marked `exclusive_cluster` and run after the others, alone.
+prove that nothing was submitted twice. The node failure is confined to the CPU node of partition
+`small`, where no other test runs jobs; preempting takes the `urgent` partition, whose nodes every
+test uses, so that test is marked `exclusive_cluster` and runs after the others, alone.
 """
 
 from __future__ import annotations
@@ -199,13 +200,15 @@ def test_job_held_after_special_exit_is_cancelled_not_left_behind(local_cluster:
     assert local_cluster.wait_for_state(int(job_id), {"CANCELLED"}, timeout=30) == "CANCELLED"
 
 
-@pytest.mark.exclusive_cluster
 def test_node_failure_with_requeue_runs_again_and_completes(local_cluster: LocalCluster,
                                                             capfd: pytest.CaptureFixture) -> None:
+    # On the node of partition small (LUMI-C's), which no other partition and no other test uses.
     log_dir = local_cluster.test_dir()
 
     def fail_node(job: int) -> None:
         node = local_cluster.node_of(job)
+        partitions = set(local_cluster.ssh(f"sinfo -h -N -n {node} -o %P").stdout.split())
+        assert partitions == {"small"}, f"{node} is in {partitions}: other tests' jobs run there"
         local_cluster.root("scontrol", "update", f"nodename={node}", "state=down", "reason=lifecycle-test")
         try:
             poll_until(lambda: local_cluster.current_state(job) != "RUNNING", timeout=60,
@@ -215,7 +218,8 @@ def test_node_failure_with_requeue_runs_again_and_completes(local_cluster: Local
 
     injector = Injector(local_cluster, log_dir, fail_node)
     injector.start()
-    outcome = run_lifecycle(capfd, log_dir=log_dir, sbatch_options=["--requeue", "--open-mode=append"],
+    outcome = run_lifecycle(capfd, log_dir=log_dir,
+                            sbatch_options=["--requeue", "--open-mode=append", "--partition=small"],
                             script=batch_script('[ "${SLURM_RESTART_COUNT:-0}" -ge 1 ] && exit 0\nsleep 300'))
     injector.join(5)
     assert injector.error is None, injector.error
