@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import shlex
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -126,9 +127,13 @@ def _freeze_both(cluster: LocalCluster, api: RestClient, runs: list[str]) -> lis
     while True:
         poll_until(lambda: _pool(api)["deferred_slots"] == SLOTS, timeout=1200, interval=1,
                    what=f"both runs to hold a slot of {POOL} with a deferred job task")
+        jobs = {run_id: _jobs_of_run(cluster, run_id) for run_id in runs}
+        if not all(any(s in ("RUNNING", "PENDING") for s in states.values()) for states in jobs.values()):
+            time.sleep(1)  # a run's job is not in squeue yet, or has just ended: look again
+            continue
         frozen: list[tuple[str, str]] = []
         for run_id in runs:
-            for job, state in _jobs_of_run(cluster, run_id).items():
+            for job, state in jobs[run_id].items():
                 if state == "RUNNING":
                     cluster.root("scontrol", "suspend", job, check=False)
                     frozen.append((job, "suspend"))
@@ -140,6 +145,10 @@ def _freeze_both(cluster: LocalCluster, api: RestClient, runs: list[str]) -> lis
         if all(live.values()) and _pool(api)["deferred_slots"] == SLOTS:
             return frozen
         _thaw(cluster, frozen)  # a job ended in between: wait for the next such moment
+        # Never suspend and resume in a tight loop: each is an RPC to the node's slurmd, which
+        # handles a suspend slowly; hundreds in a few seconds used up its threads and made every
+        # step launch on that node time out.
+        time.sleep(2)
 
 
 def _thaw(cluster: LocalCluster, frozen: list[tuple[str, str]]) -> None:
