@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -67,19 +66,13 @@ class Deployment:
         return proc.returncode
 
     def wait_until_up(self, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.base}/api/v2/monitor/health", timeout=5) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
+        from support.standalone import wait_for_api
+
+        def gone() -> str | None:
             dead = [n for n, p in self.procs.items() if p.poll() is not None]
-            assert not dead, f"{dead} exited early; see {self.log_tail(dead[0])}"
-            assert time.monotonic() < deadline, \
-                f"API server not up within {timeout:.0f} s\n{self.log_tail('api-server')}"
-            time.sleep(1)
+            return f"{dead} exited early; see {self.log_tail(dead[0])}" if dead else None
+
+        wait_for_api(self.base, timeout=timeout, gone=gone, where=lambda: f"\n{self.log_tail('api-server')}")
 
     def log_tail(self, name: str, chars: int = 3000) -> str:
         path = self.home / f"{name}.log"

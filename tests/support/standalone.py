@@ -18,7 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -132,6 +132,24 @@ def dag_run_records(dag_id: str, env: dict[str, str]) -> list[dict[str, Any]]:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def wait_for_api(base: str, *, timeout: float, gone: Callable[[], str | None],
+                 where: Callable[[], str]) -> None:
+    """Until the API server at ``base`` answers its health check. ``gone`` says why waiting is pointless
+    (a process that exited early, and where to read why) or None; ``where`` says, at a timeout, where to read on."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base}/api/v2/monitor/health", timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        reason = gone()
+        assert reason is None, reason
+        assert time.monotonic() < deadline, f"API server not up within {timeout:.0f} s; {where()}"
+        time.sleep(1)
+
+
 @contextmanager
 def standalone(env: dict[str, str], home: Path, *, timeout: float = 300) -> Iterator[str]:
     """``airflow standalone`` until the block ends; yields its base URL once the API answers.
@@ -144,17 +162,8 @@ def standalone(env: dict[str, str], home: Path, *, timeout: float = 300) -> Iter
         proc = subprocess.Popen([sys.executable, "-m", "airflow", "standalone"], env=env,
                                 stdout=log, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    with urllib.request.urlopen(f"{base}/api/v2/monitor/health", timeout=5) as resp:
-                        if resp.status == 200:
-                            break
-                except OSError:
-                    pass
-                assert proc.poll() is None, f"airflow standalone exited early; see {log.name}"
-                assert time.monotonic() < deadline, f"API server not up within {timeout:.0f} s; see {log.name}"
-                time.sleep(1)
+            wait_for_api(base, timeout=timeout, where=lambda: f"see {log.name}",
+                         gone=lambda: None if proc.poll() is None else f"airflow standalone exited early; see {log.name}")
             yield base
         finally:
             if proc.poll() is None:
