@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from support.concurrent_deployments import dags_test_together, deployments
+from support.concurrent_deployments import RacingDeployments, dags_test_together, deployments
 from support.localcluster import LocalCluster, poll_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.usefixtures("cluster_connection")]
@@ -25,9 +25,9 @@ def test_two_deployments_with_one_run_name_get_one_job_per_stage(local_cluster: 
                                                                 tmp_path: Path) -> None:
     project_dir = local_cluster.test_dir()
     envs = deployments(local_cluster, tmp_path, project_dir, {"a": None, "b": None})
-    results, logs = dags_test_together(envs, tmp_path, run_name=RUN, force_stages=[3])  # stage 3 too: every stage once
-    for name, code in results.items():
-        assert code == 0, f"deployment {name} exited {code}:\n{logs[name][-5000:]}"
+    states, logs = dags_test_together(envs, tmp_path, run_name=RUN, force_stages=[3])  # stage 3 too: every stage once
+    for name, state in states.items():
+        assert state == "success", f"deployment {name}'s run ended {state}:\n{logs[name][-5000:]}"
 
     outputs = f"{project_dir}/outputs/{RUN}"
     directories = {"data": f"{project_dir}/data/synthetic-tiny", "export": f"{project_dir}/viewer_data/{RUN}",
@@ -55,18 +55,19 @@ def test_two_deployments_racing_for_one_stage_get_one_job_ten_times_in_a_row(loc
     project_dir = local_cluster.test_dir()
     envs = deployments(local_cluster, tmp_path, project_dir, {"a": None, "b": None})
     outcomes = []
-    for attempt in range(REPEATS):
-        run = f"race{attempt}"
-        results, texts = dags_test_together(envs, tmp_path, run_name=run, stages=[0], export=False)
-        for name, code in results.items():
-            assert code == 0, f"{run}: deployment {name} exited {code}:\n{texts[name][-5000:]}"
-        stage_dir = f"{project_dir}/outputs/{run}/stage0"
-        local_cluster.ssh(f"test -f {stage_dir}/COMPLETE")
-        local_cluster.accounting_caught_up()
-        jobs = local_cluster.jobs_writing(stage_dir)
-        said = "\n".join(texts.values())
-        how = ("watched" if "watching it instead of submitting a second job" in said else
-               "done under the lock" if "found under the submit lock" in said else "skipped")
-        outcomes.append((run, jobs, how))
-        assert len(jobs) == 1, outcomes
+    with RacingDeployments(envs, tmp_path) as racing:  # each deployment's process and parsed DAG stay
+        for attempt in range(REPEATS):
+            run = f"race{attempt}"
+            states, texts = racing.run_together(run_name=run, stages=[0], export=False)
+            for name, state in states.items():
+                assert state == "success", f"{run}: deployment {name}'s run ended {state}:\n{texts[name][-5000:]}"
+            stage_dir = f"{project_dir}/outputs/{run}/stage0"
+            local_cluster.ssh(f"test -f {stage_dir}/COMPLETE")
+            local_cluster.accounting_caught_up()
+            jobs = local_cluster.jobs_writing(stage_dir)
+            said = "\n".join(texts.values())
+            how = ("watched" if "watching it instead of submitting a second job" in said else
+                   "done under the lock" if "found under the submit lock" in said else "skipped")
+            outcomes.append((run, jobs, how))
+            assert len(jobs) == 1, outcomes
     print("ten races, one job each:", outcomes)

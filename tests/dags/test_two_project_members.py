@@ -34,7 +34,7 @@ def test_two_members_of_a_project_get_one_job_per_stage_or_a_refusal_naming_the_
     users = {"a": (local_cluster.user, local_cluster.conn_id),
              "b": (local_cluster.teammate, local_cluster.teammate_conn_id)}
     envs = deployments(local_cluster, tmp_path, project_dir, {n: conn for n, (_, conn) in users.items()})
-    results, logs = dags_test_together(envs, tmp_path, run_name=RUN, force_stages=[3])  # stage 3 too: every stage once
+    states, logs = dags_test_together(envs, tmp_path, run_name=RUN, force_stages=[3])  # stage 3 too: every stage once
 
     outputs = f"{project_dir}/outputs/{RUN}"
     directories = {"data": f"{project_dir}/data/synthetic-tiny", **{f"stage{n}": f"{outputs}/stage{n}" for n in range(4)}}
@@ -56,7 +56,7 @@ def test_two_members_of_a_project_get_one_job_per_stage_or_a_refusal_naming_the_
         said = re.findall(rf"job (\d+) of user {other} \(DAG vcloud_training, run [^,]+, task \w+\) is "
                           rf"(?:RUNNING|PENDING|CONFIGURING|COMPLETING) and writes (\S+); this task logs in as {user}",
                           logs[name])
-        if results[name] != 0:
+        if states[name] != "success":
             assert said, f"deployment {name} failed without naming the other member's job:\n{logs[name][-5000:]}"
             job_id, where = said[0]
             assert f"ask {other} to cancel it (scancel {job_id})" in logs[name]
