@@ -43,6 +43,10 @@ os.environ.update({
     ]),
 })
 
+# One OpenMP thread per test process and per trainer it starts: the tests share two cores, and
+# torch's second thread mostly spins on tiny tensors (include/profiles/local.yaml says the same for jobs).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 from support.localcluster import ClusterUnavailable, LocalCluster, bring_up  # noqa: E402
 
 

@@ -7,7 +7,7 @@ set -euo pipefail
 export PYTHONPATH=/srv/vcloud/scratch/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908/trainer/src"${PYTHONPATH:+:${PYTHONPATH}}"
 export VCLOUD_CODE_HASH=3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 export WANDB_MODE=disabled
-export OMP_NUM_THREADS=2
+export OMP_NUM_THREADS=1
 cd /srv/vcloud/scratch/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 
 child_pid=""
