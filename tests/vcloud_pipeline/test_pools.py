@@ -19,6 +19,7 @@ import pytest
 
 from vcloud_pipeline.dag.pools import (
     cluster_pools,
+    create_missing_pools,
     pool_name,
     pool_set_argv,
     profile_of_run,
@@ -123,3 +124,22 @@ print(json.dumps({"pool": ti.pool}))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.__all__ == ["task_instance_mutation_hook"]
+
+
+def test_create_makes_the_missing_pools_counting_deferred_tasks_and_leaves_existing_ones(
+        airflow_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--create`` against a migrated metadata database, in one process: a new pool gets the slots
+    and counts deferred tasks; a pool that exists keeps what an operator set."""
+    from airflow.models.pool import Pool
+
+    pools = {"slurm_pools_test_a": ("pools_test_a", ["a"]), "slurm_pools_test_b": ("pools_test_b", ["b", "c"])}
+    Pool.create_or_update_pool(name="slurm_pools_test_b", slots=9, description="set by hand", include_deferred=False)
+    assert create_missing_pools(pools, 3) == 0
+    made, kept = Pool.get_pool("slurm_pools_test_a"), Pool.get_pool("slurm_pools_test_b")
+    assert (made.slots, made.include_deferred) == (3, True)
+    assert made.description == "Slurm jobs in flight (queued or running) through connection pools_test_a " \
+                               "(vcloud profiles a); counts deferred tasks"
+    assert (kept.slots, kept.include_deferred, kept.description) == (9, False, "set by hand")
+    assert capsys.readouterr().out.splitlines() == [
+        "pool slurm_pools_test_a created: 3 slots, deferred tasks included",
+        "pool slurm_pools_test_b exists: left as it is"]

@@ -30,7 +30,6 @@ import logging
 import os
 import re
 import shlex
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -144,20 +143,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.slots < 1:
         parser.error("--slots must be at least 1")
     pools = cluster_pools()
-    airflow = [sys.executable, "-m", "airflow"]
-    for name, (conn_id, profiles) in sorted(pools.items()):
-        command = pool_set_argv(name, args.slots, pool_description(conn_id, profiles))
-        if not args.create:
-            print(shlex.join(command))
-        elif subprocess.run([*airflow, "pools", "get", name], capture_output=True).returncode == 0:
-            print(f"pool {name} exists: left as it is")
-        else:
-            made = subprocess.run([*airflow, *command[1:]], capture_output=True, text=True)
-            if made.returncode != 0:
-                print(f"creating pool {name} failed (is the metadata database migrated?): "
-                      f"{(made.stderr or made.stdout).strip()[-2000:]}", file=sys.stderr)
-                return 1
-            print(f"pool {name} created: {args.slots} slots, deferred tasks included")
+    if not args.create:
+        for name, (conn_id, profiles) in sorted(pools.items()):
+            print(shlex.join(pool_set_argv(name, args.slots, pool_description(conn_id, profiles))))
+        return 0
+    return create_missing_pools(pools, args.slots)
+
+
+def create_missing_pools(pools: Mapping[str, tuple[str, list[str]]], slots: int) -> int:
+    """Create each pool of ``pools`` that does not exist yet, in this process (what ``airflow pools
+    set`` does, without an Airflow start per pool); existing pools keep their slots. Exit status."""
+    try:
+        from airflow.models.pool import Pool
+
+        for name, (conn_id, profiles) in sorted(pools.items()):
+            if Pool.get_pool(name) is not None:
+                print(f"pool {name} exists: left as it is")
+                continue
+            Pool.create_or_update_pool(name=name, slots=slots, description=pool_description(conn_id, profiles),
+                                       include_deferred=True)
+            print(f"pool {name} created: {slots} slots, deferred tasks included")
+    except Exception as exc:  # an unmigrated or unreachable metadata database: say so, no traceback
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"creating the cluster pools failed (is the metadata database migrated?): {reason}", file=sys.stderr)
+        return 1
     return 0
 
 
