@@ -137,7 +137,9 @@ def _trigger_tiny_run(api: Any, prefix: str) -> str:
                what=f"the DAG processor to parse {DAG_ID}")
     assert api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})[0] == 200
     run_name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    return api.trigger(DAG_ID, f"celery-hosts-{run_name}", {"profile": "local", "config": "tiny", "run_name": run_name})
+    # Two epochs a stage: the hosts die at task and trigger boundaries, which every stage has at any length.
+    return api.trigger(DAG_ID, f"celery-hosts-{run_name}",
+                       {"profile": "local", "config": "tiny", "run_name": run_name, "max_epochs": 2})
 
 
 class Watch:
