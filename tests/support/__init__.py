@@ -4,7 +4,8 @@
   ``private_login``: a login node of its own that a test may take down; ``ports``: a free port.
 - ``standalone``: ``airflow standalone`` on its own home, port and SQLite file (``sqlite_settings``:
   its database's busy wait); ``components``: the same deployment as separate processes;
-  ``concurrent_deployments``: several deployments running the training DAG at once;
+  ``concurrent_deployments``: several deployments running the training DAG at once, each in a
+  ``dag_runner`` process that keeps its parsed DAG between runs;
   ``celery_hosts``: docker-compose.yaml's Celery topology as processes on hosts of their own.
 - ``lifecycle``: the ``slurm_lifecycle`` test DAG run with ``dag.test()``, faults injected beside it
   (``background``); ``task_context``: what Airflow hands ``execute()``; ``hook_stand_in``: a base
