@@ -348,6 +348,10 @@ def sampler_report(samples: torch.Tensor, target: torch.Tensor, cloud_mask: torc
     clouds and shadows; "cloudy" is under it, "clear" outside it) and, for a refiner, the ``draft``
     [B, C, H, W] it refined.
 
+    Texture (high-frequency power ratio, gradient distance) is measured on each sample and averaged
+    over the K samples: the mean of K samples is smoother than any of them by construction, so its
+    texture says nothing about the sampler's. NDVI error is given for both (``*_sample``, ``*_mean``).
+
     Scalars are band means; ``*_band`` keys hold the per-band lists. The spread, the spread-skill
     ratio and the rank histogram need K >= 2 and the refiner's change a draft: they are left out
     otherwise. The spread-skill ratio and the rank histogram are taken under the clouds, where the
@@ -358,7 +362,6 @@ def sampler_report(samples: torch.Tensor, target: torch.Tensor, cloud_mask: torc
     clear = ~cloudy
     k = ensemble.shape[1]
     mean = ensemble.mean(dim=1)
-    first = ensemble[:, 0]
     report: dict[str, object] = {"series": int(ensemble.shape[0]), "samples": k,
                                  "cloudy_fraction": float(cloudy.double().mean())}
     report.update(ensemble_scores(ensemble, truth))
@@ -371,8 +374,10 @@ def sampler_report(samples: torch.Tensor, target: torch.Tensor, cloud_mask: torc
         _band_and_mean(report, "spread", ensemble_spread(ensemble))
         _band_and_mean(report, "spread_cloudy", ensemble_spread(ensemble, cloudy))
     for name, region in (("cloudy", cloudy), ("clear", clear)):
-        _band_and_mean(report, f"hf_power_ratio_{name}", high_frequency_power_ratio(first, truth, region))
-        _band_and_mean(report, f"gradient_w1_{name}", gradient_wasserstein(first, truth, region))
+        ratio = torch.stack([high_frequency_power_ratio(ensemble[:, i], truth, region) for i in range(k)])
+        distance = torch.stack([gradient_wasserstein(ensemble[:, i], truth, region) for i in range(k)])
+        _band_and_mean(report, f"hf_power_ratio_{name}", ratio.mean(dim=0))
+        _band_and_mean(report, f"gradient_w1_{name}", distance.mean(dim=0))
     _band_and_mean(report, "crps", crps_ensemble(ensemble, truth))
     _band_and_mean(report, "crps_cloudy", crps_ensemble(ensemble, truth, cloudy))
     if k >= 2:
