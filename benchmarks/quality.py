@@ -53,6 +53,18 @@ Stages 2 and 3 are also scored on the draft they hand their refiner ("its draft,
 stage 1's draft with stage 2's level correction and stage 3's scene adapter), so a gain shows where
 it comes from: the corrected draft or the diffusion refinement.
 
+Sampler metrics (:mod:`vcloud.sampler_metrics`): stage 1's draft, a point forecast, and stage 2's
+refiner, ``--samples K`` DDIM samples (default 4, seeds 0..K-1; the first is the sample scored
+above) of the draft it refines, are scored on the test split and the shifted one: PSNR/SSIM/SAM of
+one sample and of the ensemble mean, the refiner's change to its draft and the samples' spread,
+high-frequency power and gradient distance under the clouds and in clear pixels, CRPS, the
+spread-skill ratio and rank histogram under the clouds, and NDVI error under the clouds. Each is
+reported for all series and per bin of the cloud cover of the series' clearest input date
+(:data:`vcloud.sampler_metrics.COVER_EDGES`). Stage 2's K samples cost K times its scoring
+(DDIM on the CPU), taken after the training budget like the rest of the scoring; ``--samples 0``
+skips the sampler metrics. Band means go into the last line (``sampler_metrics``: stage and split,
+then bin, then metric); ``sampler_metrics.json`` in ``--work`` holds them per band as well.
+
 Last line: JSON with best_baseline_psnr, stage1_psnr, stage2_psnr, stage3_psnr (and SSIM/SAM; with
 a shift also best_baseline_shifted_psnr and stageN_shifted_psnr), stageN_draft_psnr, and what each
 stage cost (stageN_steps, stageN_epochs, stageN_seconds).
@@ -68,6 +80,7 @@ import math
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +98,9 @@ from vcloud.data.prepare import PrepareSettings, prepare_dataset  # noqa: E402
 from vcloud.data.selection import SplitFractions  # noqa: E402
 from vcloud.data.synthetic import generate_raw  # noqa: E402
 from vcloud.metrics import MetricTotals, per_sample  # noqa: E402
+from vcloud.models.draft_and_refiner import EVAL_SEED, target_observation  # noqa: E402
 from vcloud.optim import build_optimizer, set_learning_rate  # noqa: E402
+from vcloud.sampler_metrics import clearest_cover, stratified_report  # noqa: E402
 from vcloud.stage_registry import BuildContext, get_stage, load_stage_model  # noqa: E402
 from vcloud.training.best import keeps_trained  # noqa: E402
 
@@ -96,6 +111,8 @@ SCORING_RESERVE = 0.08
 SHIFTED_PRESET, SHIFTED_SEED = "small-hazier", 1
 SHIFTED_SPLITS = SplitFractions(train=0.5, val=0.1, test=0.4)
 """Half the shifted locations are the unlabeled pool, most of the rest its test split."""
+SAMPLER_STAGES = (1, 2)
+"""Stages whose ``best.pt`` gets the sampler metrics: the draft (a point forecast) and the refiner."""
 
 
 def benchmark_config(path: Path, seed: int = 0, unlabeled_data: Path | None = None,
@@ -263,6 +280,67 @@ def on_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
+Draw = Callable[[dict[str, Any]], tuple[torch.Tensor, torch.Tensor | None]]
+"""A batch -> (its samples [B, K, 13, H, W], the draft they refine [B, 13, H, W] or None)."""
+
+
+def point_draw(spec: Any, model: torch.nn.Module) -> Draw:
+    """A point forecast (stage 1's draft) as an ensemble of one, with no draft of its own."""
+    return lambda batch: (spec.predict(model, batch).unsqueeze(1), None)
+
+
+def sampler_draw(model: Any, samples: int) -> Draw:
+    """``samples`` refinements of one draft by a refiner (stages 2-3), from DDIM seeds
+    ``EVAL_SEED``, ``EVAL_SEED + 1``, ...: the first is the prediction :func:`score` scores."""
+    if samples < 1:
+        raise ValueError(f"--samples {samples}: a refiner needs at least 1 sample")
+
+    def draw(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        draft = model.draft(batch)
+        refined = [model.refine(batch, generator=torch.Generator().manual_seed(EVAL_SEED + k), draft=draft)
+                   for k in range(samples)]
+        return torch.stack(refined, dim=1), draft
+
+    return draw
+
+
+@torch.no_grad()
+def sampler_scores(draw: Draw, data: Dataset, device: torch.device,
+                   batch_size: int = 4) -> dict[str, dict[str, Any]]:
+    """:func:`vcloud.sampler_metrics.stratified_report` of ``draw``'s samples on ``data``: under the
+    target date's cloud mask, binned by the clearest input date's cover. The samples of the whole
+    split are held on the CPU (float32), since percentiles and distribution distances pool over it."""
+    parts: dict[str, list[torch.Tensor]] = {"samples": [], "draft": [], "target": [], "cloud_mask": [], "cover": []}
+    for begin in range(0, len(data), batch_size):
+        batch = default_collate([data[i] for i in range(begin, min(begin + batch_size, len(data)))])
+        batch = on_device(batch, device)
+        samples, draft = draw(batch)
+        parts["samples"].append(samples.float().cpu())
+        if draft is not None:
+            parts["draft"].append(draft.float().cpu())
+        parts["target"].append(batch["target"].float().cpu())
+        parts["cloud_mask"].append(target_observation(batch)[1].float().cpu())
+        parts["cover"].append(clearest_cover(batch["masks"]).cpu())
+    if not parts["samples"]:
+        raise ValueError("sampler metrics need at least one series, got an empty split")
+    return stratified_report(torch.cat(parts["samples"]), torch.cat(parts["target"]),
+                             torch.cat(parts["cloud_mask"]), torch.cat(parts["cover"]),
+                             draft=torch.cat(parts["draft"]) if parts["draft"] else None)
+
+
+def sampler_summary(reports: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The band means of :func:`sampler_scores` (``*_band`` lists left out), rounded, for the last line."""
+    def rounded(value: Any) -> Any:
+        if isinstance(value, float):
+            return round(value, 5)
+        if isinstance(value, list):
+            return [rounded(v) for v in value]
+        return value
+
+    return {stratum: {name: rounded(v) for name, v in report.items() if not name.endswith("_band")}
+            for stratum, report in reports.items()}
+
+
 class DraftOnly:
     """Scores the draft a stage-2/3 model hands its refiner (stage 1's, with stage 2's level
     correction and stage 3's scene adapter where the model has them), not the refinement."""
@@ -303,10 +381,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override a key of model_small.yaml, as the trainer's --set "
                         "(e.g. model.stage2.level_correction=false); repeatable")
+    parser.add_argument("--samples", type=int, default=4, metavar="K",
+                        help="DDIM samples of stage 2's refiner for the sampler metrics (CRPS, spread, rank "
+                        "histogram; at least 2 for those); 0 skips the sampler metrics")
     parser.add_argument("--shift", choices=("hazier", "none"), default="hazier",
                         help="stage 3's unlabeled domain: the hazier preset's series, or none (part of "
                         "the labeled training split)")
     args = parser.parse_args(argv)
+    if args.samples < 0:
+        parser.error(f"--samples {args.samples}: expected 0 (no sampler metrics) or a number of samples")
     started = time.monotonic()
     deadline = started + args.budget_minutes * 60
     torch.set_num_threads(args.threads)
@@ -359,8 +442,8 @@ def main(argv: list[str] | None = None) -> int:
         shifted_best = (name, ranked[name]["psnr"])
 
     ctx = BuildContext(config=cfg, run_dir=work / "run", device=torch.device(args.device), data_root=data)
-    results: dict[str, float | str] = {"seed": args.seed, "device": args.device, "best_baseline": best_name,
-                                       "best_baseline_psnr": round(best_baseline, 3)}
+    results: dict[str, Any] = {"seed": args.seed, "device": args.device, "best_baseline": best_name,
+                               "best_baseline_psnr": round(best_baseline, 3)}
     if shifted_best is not None:
         results.update(best_baseline_shifted=shifted_best[0], best_baseline_shifted_psnr=round(shifted_best[1], 3))
 
@@ -382,6 +465,35 @@ def main(argv: list[str] | None = None) -> int:
             results.update({f"{key}{suffix}_psnr": round(s["psnr"], 3), f"{key}{suffix}_ssim": round(s["ssim"], 4),
                             f"{key}{suffix}_sam": round(s["sam"], 3)})
 
+    sampler_details: dict[str, dict[str, dict[str, Any]]] = {}
+
+    def report_sampler(stage: int) -> None:
+        """Sampler metrics of ``stage``'s ``best.pt`` on the test split (and the shifted one)."""
+        if args.samples == 0 or stage not in SAMPLER_STAGES:
+            return
+        loading = dataclasses.replace(ctx, data_root=None)
+        model, _ = load_stage_model(stage, ctx.run_dir / f"stage{stage}" / "best.pt", loading)
+        model.eval()
+        draw = point_draw(get_stage(stage), model) if stage == 1 else sampler_draw(model, args.samples)
+        for suffix, split in (("", test), ("_shifted", shifted_test)):
+            if split is None:
+                continue
+            t0 = time.monotonic()
+            reports = sampler_scores(draw, split, ctx.device)
+            key = f"stage{stage}{suffix}"
+            sampler_details[key] = reports
+            results.setdefault("sampler_metrics", {})[key] = sampler_summary(reports)
+            every = reports["all"]
+            line = (f"{'shifted ' if suffix else ''}stage {stage} sampler, K={every['samples']}: CRPS under clouds "
+                    f"{every['crps_cloudy']:.4f}, high-frequency power under clouds "
+                    f"{every['hf_power_ratio_cloudy']:.3f} of the target's, NDVI error under clouds "
+                    f"{every['ndvi_error_cloudy_mean']:.4f}")
+            if "spread" in every:
+                line += (f", spread {every['spread']:.4f}, spread-skill {every['spread_skill_cloudy']:.3f}, "
+                         f"change to the draft {every['change_mean']:.4f} (p95 {every['change_p95']:.4f})")
+            print(f"{line} (scored in {time.monotonic() - t0:.0f} s)", flush=True)
+        (work / "sampler_metrics.json").write_text(json.dumps(sampler_details, indent=1) + "\n")
+
     training = (deadline - time.monotonic()) * (1 - SCORING_RESERVE)
     kept_score: float | None = None
     unused = 0.0  # seconds a stage that reached its epochs early left to the next
@@ -397,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
                 report(1, "untrained draft", "start.pt", "stage1_start")
             report(stage, "autoencoder (target reconstructed)" if stage == 0 else get_stage(stage).name,
                    "best.pt", f"stage{stage}")
+            report_sampler(stage)
             continue
         allotted = training * shares[stage] + unused
         info = train_bounded(stage, ctx, data, allotted, start_score=kept_score if stage >= 2 else None,
@@ -422,6 +535,7 @@ def main(argv: list[str] | None = None) -> int:
             report(1, "untrained draft", "start.pt", "stage1_start")
         report(stage, "autoencoder (target reconstructed)" if stage == 0 else get_stage(stage).name,
                "best.pt", f"stage{stage}")
+        report_sampler(stage)
         if stage >= 2:  # where the gain comes from: the draft it corrects, or the refinement
             report(stage, "its draft, unrefined", "best.pt", f"stage{stage}_draft", draft_only=True)
         if stage >= 2 and (ctx.run_dir / f"stage{stage}" / "trained.pt").exists() and info["kept"] == "start":
