@@ -168,8 +168,8 @@ def radial_power_spectrum(images: torch.Tensor, where: torch.Tensor | None = Non
     to Nyquist (frequencies beyond Nyquist, the corners of the 2-D spectrum, are left out).
 
     How a spectrum is restricted to a region: the images are cut into non-overlapping
-    ``window`` x ``window`` tiles and only tiles with at least ``min_fraction`` of their pixels in
-    ``where`` count. Each tile has its per-band mean removed and is tapered with a 2-D Hann window
+    ``window`` x ``window`` tiles (rows and columns beyond the last whole tile are left out) and
+    only tiles with at least ``min_fraction`` of their pixels in ``where`` count. Each tile has its per-band mean removed and is tapered with a 2-D Hann window
     before the FFT, and the power is averaged over the tiles. Multiplying an image by a binary mask
     instead would add the mask's own edges to the spectrum (broadband power that is neither the
     prediction's nor the target's texture); tiles inside the region, tapered so that their borders
@@ -282,7 +282,7 @@ def spread_skill_ratio(samples: torch.Tensor, target: torch.Tensor, where: torch
     mean's expected squared error is (K + 1) / K times the expected ensemble variance (the mean of
     K draws misses the truth by the truth's own variance plus 1/K of it); the factor makes a
     calibrated sampler score 1 for any K. Below 1 the sampler is overconfident (a collapsed
-    sampler: 0), above 1 underconfident. Needs K >= 2."""
+    sampler: 0), above 1 underconfident; infinite where the ensemble mean is exact. Needs K >= 2."""
     ensemble = _as_ensemble(samples)
     truth = _check_target(ensemble, target)
     k = ensemble.shape[1]
