@@ -80,7 +80,7 @@ import math
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -305,7 +305,7 @@ def sampler_draw(model: Any, samples: int) -> Draw:
 
 
 @torch.no_grad()
-def sampler_scores(draw: Draw, data: Dataset, device: torch.device,
+def sampler_scores(draw: Draw, data: Dataset | Sequence[dict[str, Any]], device: torch.device,
                    batch_size: int = 4) -> dict[str, dict[str, Any]]:
     """:func:`vcloud.sampler_metrics.stratified_report` of ``draw``'s samples on ``data``: under the
     target date's cloud mask, binned by the clearest input date's cover. The samples of the whole
