@@ -131,6 +131,23 @@ def benchmark_config(path: Path, seed: int = 0, unlabeled_data: Path | None = No
     return config_from_dict(raw)
 
 
+def finite_or_none(value: Any) -> Any:
+    """``value`` with every NaN or infinity (a metric undefined on its data, e.g. no spectrum window
+    under the clouds) replaced by None, in nested dicts and lists."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(item) for item in value]
+    return value
+
+
+def strict_json(value: Any, **kwargs: Any) -> str:
+    """JSON that any reader accepts: undefined figures are ``null``, never ``NaN``."""
+    return json.dumps(finite_or_none(value), allow_nan=False, **kwargs)
+
+
 def parse_epochs(text: str) -> dict[int, int]:
     """``"0=60,2=30"`` -> ``{0: 60, 2: 30}``."""
     epochs = {}
@@ -492,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
                 line += (f", spread {every['spread']:.4f}, spread-skill {every['spread_skill_cloudy']:.3f}, "
                          f"change to the draft {every['change_mean']:.4f} (p95 {every['change_p95']:.4f})")
             print(f"{line} (scored in {time.monotonic() - t0:.0f} s)", flush=True)
-        (work / "sampler_metrics.json").write_text(json.dumps(sampler_details, indent=1) + "\n")
+        (work / "sampler_metrics.json").write_text(strict_json(sampler_details, indent=1) + "\n")
 
     training = (deadline - time.monotonic()) * (1 - SCORING_RESERVE)
     kept_score: float | None = None
@@ -567,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
         results["stage3_gain_over_stage2_db"] = round(
             float(results["stage3_psnr"]) - float(results["stage2_psnr"]), 3)
     results["wall_minutes"] = round((time.monotonic() - started) / 60, 2)
-    print(json.dumps(results))
+    print(strict_json(results))
     return 0
 
 

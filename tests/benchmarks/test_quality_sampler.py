@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import math
 from typing import Any
 
 import pytest
 import torch
 
-from benchmarks.quality import point_draw, sampler_draw, sampler_scores, sampler_summary
+from benchmarks.quality import point_draw, sampler_draw, sampler_scores, sampler_summary, strict_json
 from vcloud.models.draft_and_refiner import EVAL_SEED
 from vcloud.models.stage_specs import least_cloudy_input
 
@@ -144,3 +146,13 @@ def test_the_real_stage_models_plug_in_and_an_untrained_refiner_reads_as_collaps
     assert refined["change_mean"] == pytest.approx(0.0, abs=1e-6)
     assert refined["spread"] == pytest.approx(0.0, abs=1e-6)
     assert refined["crps"] == pytest.approx(point["all"]["crps"], abs=1e-5)  # the draft itself, K times
+
+
+def test_undefined_figures_are_written_as_null_never_nan() -> None:
+    """A bin without a spectrum window under the clouds has no high-frequency ratio: the report says
+    null there, which every JSON reader accepts."""
+    report = {"stage2": {"all": {"hf_power_ratio_cloudy": float("nan"), "crps_cloudy": 0.25,
+                                 "spread_skill": [float("inf"), 1.0]}}, "samples": 4}
+    assert json.loads(strict_json(report)) == {
+        "stage2": {"all": {"hf_power_ratio_cloudy": None, "crps_cloudy": 0.25, "spread_skill": [None, 1.0]}},
+        "samples": 4}
