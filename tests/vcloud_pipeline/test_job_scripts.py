@@ -226,6 +226,45 @@ def test_a_torchrun_step_ends_with_this_starts_recorded_exit_code(tmp_path: Path
     assert requeue_calls(tmp_path) == []
 
 
+PORT_REPORTING_TRAINER = """
+import os, pathlib
+out = pathlib.Path(os.environ["PORT_REPORT_DIR"])
+(out / f"rank{os.environ['RANK']}.port").write_text(os.environ["MASTER_PORT"])
+"""
+
+
+@pytest.mark.slow
+def test_a_torchrun_job_rendezvous_on_the_port_its_job_id_names_passing_over_one_in_use(tmp_path: Path) -> None:
+    """Job 4242 with ports from ``base`` over a range of 100 takes ``base + 42``; with something already
+    listening there (another job's rendezvous on a shared node) it says so and takes ``base + 43``, and
+    its ranks rendezvous there."""
+    import socket
+
+    base = 20000 + os.getpid() % 20000
+    job, paths = render(tmp_path, JobSpec.train(0, gpus_per_node=2), trainer=PORT_REPORTING_TRAINER,
+                        **{"jobs.master_port": base, "jobs.master_port_range": 100})
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", base + 42))
+    taken.listen()
+    try:
+        process = start_outer(job, paths, tmp_path, OMP_NUM_THREADS="1", PORT_REPORT_DIR=str(tmp_path))
+        _, err = process.communicate(timeout=200)
+    finally:
+        taken.close()
+    assert process.returncode == 0, err
+    assert f"rendezvous port {base + 42} is in use on node1: trying the next one" in err, err
+    assert f"torchrun rendezvous on 127.0.0.1:{base + 43}" in err, err
+    assert {(tmp_path / f"rank{rank}.port").read_text() for rank in (0, 1)} == {str(base + 43)}
+
+
+def test_rendezvous_ports_past_65535_are_refused() -> None:
+    from vcloud_pipeline.profile.models import ProfileError
+
+    with pytest.raises(ProfileError) as refused:
+        load_profile("local", overrides={"jobs.master_port": 65000, "jobs.master_port_range": 1000})
+    assert "master_port 65000 + master_port_range 1000 reaches port 65999; ports end at 65535" in str(refused.value)
+
+
 def requeue_calls(tmp_path: Path) -> list[str]:
     calls = tmp_path / "scontrol.calls"
     return calls.read_text().splitlines() if calls.exists() else []

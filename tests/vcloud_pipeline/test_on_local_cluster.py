@@ -35,7 +35,7 @@ from vcloud_pipeline.code.tree import (
 from slurm_provider.cli.job_files import job_log_name
 from slurm_provider.end_records import EndRecord, end_record_path, parse_end_record
 from slurm_provider.hooks import SlurmHook
-from tests.vcloud_pipeline.test_job_scripts import SLOW_START, STAND_IN_TRAINER
+from tests.vcloud_pipeline.test_job_scripts import LAUNCHER, SLOW_START, STAND_IN_TRAINER, TRAINER_PACKAGE
 
 pytestmark = pytest.mark.usefixtures("cluster_connection")  # rsync logs in with the profile's connection
 REPO = Path(__file__).resolve().parents[2]
@@ -67,7 +67,8 @@ def setup_run(cluster: LocalCluster, tree: CodeTree, tmp_path: Path) -> tuple[Cl
     return profile, paths, manifest
 
 
-def submit(cluster: LocalCluster, profile: ClusterProfile, job: RenderedJob, tmp_path: Path) -> int:
+def place_scripts(profile: ClusterProfile, job: RenderedJob, tmp_path: Path) -> None:
+    """The job's outer and inner scripts where it reads them on the cluster."""
     local_jobs = tmp_path / "jobs"
     local_jobs.mkdir(exist_ok=True)
     (local_jobs / job.outer_path.name).write_text(job.outer)
@@ -75,7 +76,14 @@ def submit(cluster: LocalCluster, profile: ClusterProfile, job: RenderedJob, tmp
     with SlurmHook(profile.connection.conn_id).ssh_command() as ssh:
         subprocess.run(scripts_sync_argv(local_jobs, ssh.destination, job.outer_path.parent, ssh.argv),
                        check=True, capture_output=True, timeout=120)
-    return int(cluster.ssh(shlex.join(job.submit_argv)).stdout.strip().split(";")[0])
+
+
+def submit(cluster: LocalCluster, profile: ClusterProfile, job: RenderedJob, tmp_path: Path,
+           options: tuple[str, ...] = ()) -> int:
+    """Place the job's scripts and submit it (``options`` go to sbatch before the script's own)."""
+    place_scripts(profile, job, tmp_path)
+    argv = [job.submit_argv[0], *options, *job.submit_argv[1:]]
+    return int(cluster.ssh(shlex.join(argv)).stdout.strip().split(";")[0])
 
 
 def test_preflight_job_imports_everything_in_the_job_environment(local_cluster: LocalCluster, tmp_path: Path) -> None:
@@ -248,3 +256,67 @@ def test_scancel_reaches_the_trainer_inside_the_container(local_cluster: LocalCl
         assert image_line(local_cluster) in err
     finally:
         local_cluster.ssh(f"scancel {job_id}", check=False)
+
+
+RENDEZVOUS_TRAINER = """
+import datetime, os, pathlib, sys, time
+import torch
+import torch.distributed as dist
+out = pathlib.Path(sys.argv[sys.argv.index("--out") + 1]).parent  # the run's outputs, shared by both jobs
+job, rank = os.environ["SLURM_JOB_ID"], os.environ["RANK"]
+dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=15))  # through this job's rendezvous
+(out / f"up.{job}.{rank}").write_text(os.environ["MASTER_PORT"])
+for _ in range(9000):  # until both jobs' ranks are up at once, each job's rendezvous still held
+    if len(list(out.glob("up.*"))) >= 4:
+        break
+    time.sleep(0.1)
+else:
+    sys.exit("the other job's ranks never came up beside this job's")
+total = torch.tensor([1.0])
+dist.all_reduce(total)
+(out / f"sum.{job}.{rank}").write_text(str(int(total.item())))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_two_multi_gpu_jobs_train_on_one_node_at_once_each_on_its_own_rendezvous_port(
+        local_cluster: LocalCluster, tmp_path: Path) -> None:
+    """Two 2-GPU stage jobs on one node of a shared partition (small-g), whose ranks are in their
+    process groups at the same time: each job's torchrun rendezvous has a port of its own."""
+    src = tmp_path / "src"
+    package = src / "trainer/src/vcloud"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text(RENDEZVOUS_TRAINER)
+    for module in LAUNCHER:
+        (package / module).write_text((TRAINER_PACKAGE / module).read_text())
+    profile, paths, manifest = setup_run(local_cluster, CodeTree(src), tmp_path)
+    node = "nid005001"
+    jobs = {}
+    for stage in (0, 1):
+        job = render_job(profile, JobSpec.train(stage, gpus_per_node=2, time_limit="00:20:00"), paths, manifest.hash)
+        jobs[submit(local_cluster, profile, job, tmp_path, (f"--nodelist={node}", "--hold"))] = job
+    try:
+        local_cluster.ssh("scontrol release " + ",".join(map(str, jobs)))
+        states = {job_id: local_cluster.wait_for_state(job_id, FINAL, timeout=1200) for job_id in jobs}
+    finally:
+        local_cluster.ssh("scancel " + " ".join(map(str, jobs)), check=False)
+    errs = {job_id: local_cluster.ssh(f"cat {shlex.quote(str(job.stderr_path(str(job_id))))}", check=False).stdout
+            for job_id, job in jobs.items()}
+    assert set(states.values()) == {"COMPLETED"}, (states, errs)
+    outputs = shlex.quote(str(paths.outputs_dir))
+    ports = {job_id: {local_cluster.ssh(f"cat {outputs}/up.{job_id}.{rank}").stdout for rank in (0, 1)}
+             for job_id in jobs}
+    assert all(len(found) == 1 for found in ports.values()), ports  # both ranks of a job share its rendezvous
+    port_a, port_b = (found.pop() for found in ports.values())
+    assert port_a != port_b, ports
+    for job_id in jobs:
+        assert f"torchrun rendezvous on {node}:" in errs[job_id], errs[job_id]
+        # Each job's two ranks reduced together: their own group, not one spanning both jobs.
+        assert {local_cluster.ssh(f"cat {outputs}/sum.{job_id}.{rank}").stdout for rank in (0, 1)} == {"2"}
+    nodes = {job_id: local_cluster.ssh(f"sacct -X -n -P -j {job_id} --format=NodeList").stdout.strip()
+             for job_id in jobs}
+    assert set(nodes.values()) == {node}, nodes
+    print(f"two 2-GPU jobs at once on {node}: rendezvous ports {ports}")

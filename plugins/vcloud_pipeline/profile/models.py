@@ -311,8 +311,21 @@ class JobDefaults(Document):
     signal_lead_seconds: Annotated[int, at_least(30)]
     """``--signal=B:USR2@<lead>``: time for the trainer to reach a step boundary and checkpoint."""
     master_port: Annotated[int, at_least(1024)] = 29500
+    """First torchrun rendezvous port. A job's port is ``master_port + job id % master_port_range``
+    (the next free one on its first node when that is taken): nodes of shared partitions run other
+    jobs' rendezvous too, this deployment's own included, and a fixed port would collide."""
+    master_port_range: Annotated[int, at_least(1)] = 1000
+    """How many ports from ``master_port`` on the rendezvous may use."""
     preflight_time: SlurmDuration = 600
     export_time: SlurmDuration = 7200
+
+    @pydantic.model_validator(mode="after")
+    def _ports_exist(self) -> JobDefaults:
+        last = self.master_port + self.master_port_range - 1
+        if last > 65535:
+            refuse(f"master_port {self.master_port} + master_port_range {self.master_port_range} reaches port "
+                   f"{last}; ports end at 65535: lower either", whole=True)
+        return self
 
     @property
     def preflight_time_seconds(self) -> int:
