@@ -93,8 +93,9 @@ def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> FreshVenv:
     (root / "dags").mkdir()
     (root / "plugins").mkdir()
     venv = FreshVenv(root, wheel, root / "venv" / "bin" / "python", env)
-    # The lock as constraints: pip resolves Airflow's dependencies to the tested versions.
-    venv.run(str(venv.python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *_pins(),
+    # The lock as constraints: pip resolves Airflow's dependencies to the tested versions. No bytecode
+    # compiled ahead (--no-compile): the commands below import a small part of what is installed.
+    venv.run(str(venv.python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile", *_pins(),
              "-c", str(REPO / "requirements-lock.txt"), str(wheel), timeout=900)
     venv.run(str(root / "venv" / "bin" / "airflow"), "db", "migrate", timeout=600)
     return venv
