@@ -184,7 +184,7 @@ def test_a_dry_run_reaches_the_cluster_with_nothing_but_the_connection(
     assert manifest["hash"] == synced["code_hash"]
     uploaded = local_cluster.ssh(f"ls {shlex.quote(project_dir)}/jobs/dry").stdout.split()
     assert sum(name.endswith(".sbatch") for name in uploaded) == len(synced["scripts"]), uploaded
-    assert sum(name.endswith(".inner.sh") for name in uploaded) == len(synced["scripts"]), uploaded
+    assert sum(".inner." in name and name.endswith(".sh") for name in uploaded) == len(synced["scripts"]), uploaded
     assert values["preflight_imports"]["state"] == "COMPLETED"
     assert list(home.iterdir()) == [], "something used the worker's HOME"
 

@@ -95,7 +95,7 @@ def test_a_two_node_stage_equals_one_node_with_the_same_global_batch(
     assert len(set(local_cluster.ssh(f"scontrol show hostnames {node_list}").stdout.split())) == 2, node_list
     out = local_cluster.ssh(f"cat {shlex.quote(base)}/logs/two-nodes/*stage0*.out").stdout
     assert "rank 0/8 (gloo)" in out, out[-3000:]
-    inner = local_cluster.ssh(f"cat {shlex.quote(base)}/jobs/two-nodes/*stage0.inner.sh").stdout
+    inner = local_cluster.ssh(f"cat {shlex.quote(base)}/jobs/two-nodes/*stage0.inner.*.sh").stdout
     assert "--nnodes=2" in inner and "--nproc_per_node=4" in inner, inner
     assert "singularity exec --rocm" in local_cluster.ssh(
         f"cat {shlex.quote(base)}/jobs/two-nodes/*stage0.sbatch").stdout

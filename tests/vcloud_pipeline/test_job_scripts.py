@@ -105,6 +105,34 @@ def test_outer_refuses_to_start_without_a_manifest(tmp_path: Path) -> None:
     assert "code manifest" in result.stderr and "is missing" in result.stderr
 
 
+def test_outer_runs_only_the_inner_script_it_was_submitted_with(tmp_path: Path) -> None:
+    """The inner script is named by its sha256 and checked before it runs: one changed on the cluster
+    after submission (or removed) is refused, naming both digests; another render of the job (other
+    settings) is written under another name and leaves this job's script as it was."""
+    import hashlib
+
+    job, paths = render(tmp_path, JobSpec.train(0))
+    Path(paths.code(CODE_HASH).manifest).write_text(CodeManifest(CODE_HASH, 3, "2026-02-16T12:00:00+00:00").to_json())
+    digest = hashlib.sha256(job.inner.encode()).hexdigest()
+    assert job.inner_path.name == f"{job.job_name}.inner.{digest[:16]}.sh"
+    other, _ = render(tmp_path, JobSpec.train(0, max_epochs=7))
+    assert other.job_name == job.job_name and other.inner_path != job.inner_path
+    assert Path(job.inner_path).read_text() == job.inner
+
+    submitted = tmp_path / "submitted.sbatch"  # Slurm's copy of the outer script, taken at submission
+    submitted.write_text(job.outer)
+    Path(job.inner_path).write_text(job.inner + "echo something else\n")
+    changed = hashlib.sha256(Path(job.inner_path).read_bytes()).hexdigest()
+    result = subprocess.run(["bash", str(submitted)], env=job_env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == EXIT_CODE_MISMATCH, result.stderr
+    assert (f"refusing to start: the inner script {job.inner_path} has sha256 {changed}, not {digest} that this "
+            "job was submitted with") in result.stderr
+    Path(job.inner_path).unlink()
+    result = subprocess.run(["bash", str(submitted)], env=job_env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == EXIT_CODE_MISMATCH
+    assert f"has sha256 (none: the file is missing), not {digest}" in result.stderr
+
+
 def test_outer_refuses_to_start_when_its_code_directory_holds_other_code(tmp_path: Path) -> None:
     job, paths = render(tmp_path, JobSpec.train(0))
     Path(paths.code(CODE_HASH).manifest).write_text(CodeManifest("d" * 64, 3, "2026-02-16T12:00:00+00:00").to_json())

@@ -29,7 +29,7 @@ def test_lumi_run_paths() -> None:
     assert code.manifest == base / "code" / ("ab" * 32) / MANIFEST_NAME
     assert code.pythonpath_dir == base / "code" / ("ab" * 32) / "trainer/src"
     assert paths.code_being_removed("ab" * 32) == base / "code" / f".{'ab' * 32}.removing"
-    assert paths.job_script("vcloud-full-stage1", inner=True) == base / "jobs/full/vcloud-full-stage1.inner.sh"
+    assert paths.inner_script("vcloud-full-stage1", "ab" * 32) == base / f"jobs/full/vcloud-full-stage1.inner.{'ab' * 8}.sh"
     assert paths.logs_dir in paths.directories_to_create()
     # one per job, expanded in the job; hidden next to the job's logs, on storage all its nodes see
     assert paths.exit_records_dir("vcloud-full-stage1") == base / "logs/full/.vcloud-full-stage1.{job_id}.exits"

@@ -320,3 +320,44 @@ def test_two_multi_gpu_jobs_train_on_one_node_at_once_each_on_its_own_rendezvous
              for job_id in jobs}
     assert set(nodes.values()) == {node}, nodes
     print(f"two 2-GPU jobs at once on {node}: rendezvous ports {ports}")
+
+
+ARGV_RECORDING_TRAINER = """
+import os, pathlib, sys
+out = pathlib.Path(sys.argv[sys.argv.index("--out") + 1])
+out.mkdir(parents=True, exist_ok=True)
+(out / f"argv.{os.environ['SLURM_JOB_ID']}").write_text(" ".join(sys.argv[1:]))
+"""
+
+
+def test_a_queued_job_runs_the_script_it_was_submitted_with_after_its_run_name_is_rendered_again(
+        local_cluster: LocalCluster, tmp_path: Path) -> None:
+    """Stage 0 of a run name is submitted held (3 epochs); the same job is rendered and placed again
+    with 7 epochs, as a second trigger of the run name does; the held job, released, runs its own
+    inner script: its log names that script's sha256, its trainer got 3 epochs."""
+    import hashlib
+
+    src = tmp_path / "src"
+    (src / "trainer/src/vcloud").mkdir(parents=True)
+    (src / "trainer/src/vcloud/__init__.py").write_text("")
+    (src / "trainer/src/vcloud/train.py").write_text(ARGV_RECORDING_TRAINER)
+    profile, paths, manifest = setup_run(local_cluster, CodeTree(src), tmp_path)
+    first = render_job(profile, JobSpec.train(0, max_epochs=3, time_limit="00:10:00"), paths, manifest.hash)
+    job_id = submit(local_cluster, profile, first, tmp_path, ("--hold",))
+    try:
+        again = render_job(profile, JobSpec.train(0, max_epochs=7, time_limit="00:10:00"), paths, manifest.hash)
+        assert again.job_name == first.job_name and again.inner_path != first.inner_path
+        place_scripts(profile, again, tmp_path)
+        local_cluster.ssh(f"scontrol release {job_id}")
+        state = local_cluster.wait_for_state(job_id, FINAL, timeout=600)
+    finally:
+        local_cluster.ssh(f"scancel {job_id}", check=False)
+    err = local_cluster.ssh(f"cat {shlex.quote(str(first.stderr_path(str(job_id))))}", check=False).stdout
+    assert state == "COMPLETED", err
+    digest = hashlib.sha256(first.inner.encode()).hexdigest()
+    assert f"inner script sha256 {digest}" in err, err
+    argv = local_cluster.ssh(f"cat {shlex.quote(str(paths.outputs_dir / f'argv.{job_id}'))}").stdout.split()
+    assert argv[argv.index("--max-epochs") + 1] == "3", argv
+    # Both scripts stay on the cluster, each under its own name, as rendered.
+    for job in (first, again):
+        assert local_cluster.ssh(f"cat {shlex.quote(str(job.inner_path))}").stdout == job.inner

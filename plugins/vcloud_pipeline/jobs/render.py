@@ -20,6 +20,7 @@ shell-quoted (the templates' ``shq`` filter); per-job values (``{job_id}``) expa
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 from dataclasses import dataclass
@@ -341,8 +342,7 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
     res = resolve_resources(profile, spec)
     name = job_name(paths, spec)
     torchrun = spec.kind is JobKind.TRAIN and res.nodes * res.gpus_per_node > 1
-    outer_path = paths.job_script(name, inner=False)
-    inner_path = paths.job_script(name, inner=True)
+    outer_path = paths.job_script(name)
     title = _title(spec, paths.run)
 
     options = _directives(profile, res, name, paths)
@@ -373,8 +373,6 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
     # The exit record goes next to the job's output (named as submitted: the operator names the job and
     # its output on sbatch's command line), where its watch reads it.
     end_record = end_record_shell(str(paths.logs_dir / LOG_OUTPUT_PATTERN))
-    outer = render_template(templates, "outer.sbatch", **values, directives=options, inner_path=inner_path,
-                            step_resumes=spec.kind is JobKind.TRAIN, launch=launch, end_record=end_record)
     inner = render_template(
         templates, "inner.sh", **values,
         where=f"inside the container ({c.runtime})" if c is not None else "in the job environment",
@@ -388,6 +386,13 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
         data_job=data_job,
         python_args=[] if data_job else _python_args(profile, spec, paths, code, templates),
     )
+    # The outer script (Slurm keeps the submitted copy) names its inner script by content and checks
+    # that content before it runs it: a queued or requeued job runs exactly what it was submitted with.
+    inner_sha256 = hashlib.sha256(inner.encode()).hexdigest()
+    inner_path = paths.inner_script(name, inner_sha256)
+    outer = render_template(templates, "outer.sbatch", **values, directives=options, inner_path=inner_path,
+                            inner_sha256=inner_sha256, step_resumes=spec.kind is JobKind.TRAIN, launch=launch,
+                            end_record=end_record)
 
     return RenderedJob(
         job_name=name,

@@ -189,13 +189,23 @@ class RunPaths:
         every node of the job sees."""
         return self.logs_dir / f".{job_name}.{RUNTIME_JOB_ID}.exits"
 
-    def job_script(self, job_name: str, *, inner: bool) -> PurePosixPath:
-        return self.jobs_dir / (f"{job_name}.inner.sh" if inner else f"{job_name}.sbatch")
+    def job_script(self, job_name: str) -> PurePosixPath:
+        """The outer script as submitted (Slurm keeps its own copy of it from the submission on)."""
+        return self.jobs_dir / f"{job_name}.sbatch"
+
+    def inner_script(self, job_name: str, sha256: str) -> PurePosixPath:
+        """The inner script of a job, named by its content: a job reads it when it starts (hours after
+        submission on a busy site, again after each requeue), and a later trigger of the run name with
+        other code, settings or GPUs writes a script of another name instead of changing this one."""
+        return self.jobs_dir / f"{job_name}.inner.{sha256[:INNER_DIGEST_CHARS]}.sh"
 
     def directories_to_create(self) -> tuple[PurePosixPath, ...]:
         """``mkdir -p`` these before submitting: sbatch does not create the log directory."""
         return (self.code_root, self.outputs_dir, self.logs_dir, self.viewer_dir, self.jobs_dir)
 
+
+INNER_DIGEST_CHARS = 16
+"""Hex digits of an inner script's sha256 in its file name; the outer script checks all of them."""
 
 PYLIBS_MARKER = ".vcloud_requirements"
 """Inside a requirement set's directory in ``paths.pylibs``: the set's pins and what was installed."""
