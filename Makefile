@@ -39,7 +39,8 @@ system-packages:
 	fi
 
 # Rebuilt when requirements-lock.txt changes; the Slurm provider (editable) is reinstalled when its
-# pyproject.toml changes (entry points and dependencies live there).
+# pyproject.toml changes (entry points and dependencies live there), replacing an install under the
+# distribution's former name (airflow-provider-slurm, a name PyPI gives to another project).
 venv: system-packages
 	@want=$$(sha256sum requirements-lock.txt | cut -d' ' -f1); \
 	if [ -x $(VENV_PY) ] && [ "$$(cat $(VENV_STAMP) 2>/dev/null)" = "$$want" ]; then exit 0; fi; \
@@ -51,6 +52,7 @@ venv: system-packages
 	@want=$$(sha256sum $(PROVIDER)/pyproject.toml | cut -d' ' -f1); \
 	if [ "$$(cat $(PROVIDER_STAMP) 2>/dev/null)" = "$$want" ]; then exit 0; fi; \
 	echo "installing $(PROVIDER) (editable) into $(VENV)"; \
+	$(VENV)/bin/pip uninstall -q -y airflow-provider-slurm >/dev/null 2>&1; \
 	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e $(PROVIDER) 2>&1 \
 	  | grep -v '^WARNING: Location' ; \
 	$(VENV_PY) -c 'import slurm_provider.get_provider_info' && echo "$$want" > $(PROVIDER_STAMP)

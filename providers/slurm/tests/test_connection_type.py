@@ -54,7 +54,7 @@ def _set_connection(monkeypatch: pytest.MonkeyPatch, conn_id: str, conn: dict) -
 def test_the_provider_info_follows_airflows_schema_and_names_what_exists() -> None:
     info = get_provider_info()
     jsonschema.validate(info, json.loads(SCHEMA.read_text()))
-    assert info["package-name"] == "airflow-provider-slurm"
+    assert info["package-name"] == "airflow-provider-slurm-ssh"
     for section in ("hooks", "operators", "sensors", "triggers"):
         for module in info[section][0]["python-modules"]:
             importlib.import_module(module)

@@ -74,7 +74,7 @@ def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> FreshVenv:
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps",
                     "--no-build-isolation", "-w", str(root / "dist"), str(source)],
                    check=True, capture_output=True, text=True, timeout=300)
-    (wheel,) = (root / "dist").glob("airflow_provider_slurm-*.whl")
+    (wheel,) = (root / "dist").glob("airflow_provider_slurm_ssh-*.whl")
     base_python = Path(sys.base_prefix) / "bin" / "python3"
     subprocess.run([str(base_python), "-m", "venv", str(root / "venv")], check=True, timeout=300)
     home = root / "airflow-home"
@@ -123,17 +123,17 @@ def test_the_fresh_venv_imports_the_installed_provider(fresh_venv: FreshVenv) ->
         "import json, sys, slurm_provider, airflow, airflow.providers.ssh, importlib.metadata as md\n"
         "print(json.dumps({'file': slurm_provider.__file__, 'path': sys.path,\n"
         "                  'versions': {n: md.version(n) for n in ('apache-airflow', 'apache-airflow-providers-ssh',"
-        " 'airflow-provider-slurm')}}))")
+        " 'airflow-provider-slurm-ssh')}}))")
     site_packages = fresh_venv.root / "venv" / "lib"
     assert Path(found["file"]).is_relative_to(site_packages), found["file"]
     assert not any(entry and Path(entry).resolve().is_relative_to(REPO) for entry in found["path"]), found["path"]
     assert found["versions"] == {"apache-airflow": "3.3.2", "apache-airflow-providers-ssh": "7.0.1",
-                                 "airflow-provider-slurm": "0.1.0"}
+                                 "airflow-provider-slurm-ssh": "0.1.0"}
 
 
 def test_airflow_lists_the_provider_with_its_connection_form(fresh_venv: FreshVenv) -> None:
     listed = fresh_venv.airflow_json("providers", "list")
-    (slurm,) = [p for p in listed if p["package_name"] == "airflow-provider-slurm"]
+    (slurm,) = [p for p in listed if p["package_name"] == "airflow-provider-slurm-ssh"]
     assert slurm["version"] == "0.1.0"
     form = fresh_venv.python_json(
         "import json\n"

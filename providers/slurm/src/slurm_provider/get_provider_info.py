@@ -9,7 +9,7 @@ from typing import Any
 
 from slurm_provider.connection_form import provider_connection_type
 
-PACKAGE_NAME = "airflow-provider-slurm"
+PACKAGE_NAME = "airflow-provider-slurm-ssh"
 VERSION = "0.1.0"
 INTEGRATION = "Slurm"
 
