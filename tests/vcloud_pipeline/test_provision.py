@@ -46,6 +46,11 @@ def test_a_requirement_set_is_its_pins_sorted_and_its_hash_ignores_comments_orde
     ("numpy==2.4.6\nNumPy==2.4.6\n", r"line 2: NumPy is pinned twice"),
     ("# nothing\n", r"pins no package"),
     ("--index-url https://x\n", r"is not a pin"),
+    ("torch==abc\n", r"line 1: 'torch==abc' is not a pin"),  # not a PEP 440 version
+    ("numpy==2.*\n", r"line 1: 'numpy==2.\*' is not a pin"),
+    ("numpy==2.4.6,==2.4.7\n", r"is not a pin"),
+    ("numpy==2.4.6; python_version > '3.0'\n", r"is not a pin"),
+    ("numpy @ https://x/numpy.whl\n", r"is not a pin"),
 ])
 def test_anything_but_exact_pins_is_refused_naming_the_line(text: str, message: str) -> None:
     with pytest.raises(RequirementsError, match=message):

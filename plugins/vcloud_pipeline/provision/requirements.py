@@ -13,6 +13,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.requirements import InvalidRequirement
+from packaging.requirements import Requirement as Pep508Requirement
+from packaging.utils import canonicalize_name
+
 from vcloud_pipeline.checkout import PROJECT_ROOT
 
 RUNTIME_REQUIREMENTS = Path("trainer") / "requirements-runtime.txt"
@@ -21,8 +25,6 @@ RUNTIME_REQUIREMENTS = Path("trainer") / "requirements-runtime.txt"
 REQUIREMENTS_HASH = re.compile(r"^[0-9a-f]{16}$")
 """A requirement set's hash: 16 hex digits, also its directory's name in ``paths.pylibs``."""
 
-_PIN = re.compile(r"^(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*==\s*(?P<version>[A-Za-z0-9.+!_-]+)$")
-
 
 class RequirementsError(ValueError):
     """A requirements file the job environment cannot be provisioned from."""
@@ -30,7 +32,24 @@ class RequirementsError(ValueError):
 
 def canonical_name(name: str) -> str:
     """PEP 503's normalized project name: ``PyYAML`` and ``pyyaml``, ``a_b`` and ``a-b`` are one project."""
-    return re.sub(r"[-_.]+", "-", name).lower()
+    return str(canonicalize_name(name))
+
+
+NOT_A_PIN = "write name==version (exact versions only, no ranges, extras, URLs, markers or pip options)"
+
+
+def parse_pin(line: str) -> Requirement:
+    """One ``name==version`` line as PEP 508 and PEP 440 read it (``packaging``, as pip does), or
+    :class:`RequirementsError` saying what is wrong with it."""
+    try:
+        parsed = Pep508Requirement(line)
+    except InvalidRequirement:
+        raise RequirementsError(f"{line!r} is not a pin; {NOT_A_PIN}") from None
+    specifiers = list(parsed.specifier)
+    if parsed.extras or parsed.url or parsed.marker or len(specifiers) != 1 or specifiers[0].operator != "==" \
+            or specifiers[0].version.endswith(".*"):
+        raise RequirementsError(f"{line!r} is not a pin; {NOT_A_PIN}")
+    return Requirement(parsed.name, specifiers[0].version)  # a PEP 440 version: packaging refuses others
 
 
 @dataclass(frozen=True, order=True)
@@ -78,11 +97,10 @@ def parse_requirements(text: str, *, source: str = str(RUNTIME_REQUIREMENTS)) ->
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        match = _PIN.match(line)
-        if match is None:
-            raise RequirementsError(f"{source}, line {number}: {raw.strip()!r} is not a pin; write name==version "
-                                    "(exact versions only, no ranges, extras, URLs or pip options)")
-        requirement = Requirement(match["name"], match["version"])
+        try:
+            requirement = parse_pin(line)
+        except RequirementsError as exc:
+            raise RequirementsError(f"{source}, line {number}: {exc}") from None
         if requirement.key in found:
             raise RequirementsError(f"{source}, line {number}: {requirement.name} is pinned twice; keep one line")
         found[requirement.key] = requirement
