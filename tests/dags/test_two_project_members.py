@@ -1,7 +1,7 @@
 """Two members of one project (two login users of one Slurm account) train the same run name.
 
-Each has an Airflow deployment of their own (`airflow dags test` in a subprocess, its own home and
-database) and their own connection (their own user and key), and both trigger the run at the same
+Each has an Airflow deployment of their own (a DAG runner process, :mod:`support.dag_runner`, with
+its own home and database) and their own connection (their own user and key), and both trigger the run at the same
 moment in the project's shared directory. Whatever their timing, every directory a job writes gets
 exactly one job between them: a stage is trained by one member's job, and the other member's task
 either finds it complete or refuses, naming the live job, its user and its run, without submitting
