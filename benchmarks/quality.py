@@ -62,8 +62,37 @@ spread-skill ratio and rank histogram under the clouds, and NDVI error under the
 reported for all series and per bin of the cloud cover of the series' clearest input date
 (:data:`vcloud.sampler_metrics.COVER_EDGES`). Stage 2's K samples cost K times its scoring
 (DDIM on the CPU), taken after the training budget like the rest of the scoring; ``--samples 0``
-skips the sampler metrics. Band means go into the last line (``sampler_metrics``: stage and split,
-then bin, then metric); ``sampler_metrics.json`` in ``--work`` holds them per band as well.
+skips the sampler metrics. Where stage 2's trained weights lost to its start on the validation
+split (its start, the identity on the draft, is then its ``best.pt``: spread and change 0), the
+trained weights ("trained, not kept", ``trained.pt``) get the sampler metrics as well, under
+``stage2_trained`` keys, so that what the refiner learned is measured all the same. Band means go
+into the last line (``sampler_metrics``: stage, weights and split, e.g. ``stage2``,
+``stage2_trained_shifted``, then bin, then metric); ``sampler_metrics.json`` in ``--work`` holds
+them per band as well.
+
+Each printed sampler line is one stage, weights and split, over all its series:
+
+    [shifted ]stage N sampler[ (trained, not kept)], K=k: CRPS under clouds c, high-frequency power
+        under clouds p, r x the target's t[ (ill-conditioned: ...)], NDVI error under clouds n
+        [, spread s, spread-skill q, change to the draft d (p95 e)]
+
+* ``shifted``: the shifted domain's test split (otherwise the labeled test split); ``stage 1``:
+  stage 1's draft, a point forecast (K = 1); ``stage 2``: its refiner's K samples;
+  ``(trained, not kept)``: the weights training reached, not those handed on.
+* CRPS under clouds: the fair ensemble CRPS over the target date's cloudy pixels, band mean, in
+  reflectance (the mean absolute error for K = 1); lower is better.
+* High-frequency power under clouds: ``p`` the samples' power above 0.25 cycles per pixel in
+  16-pixel windows under the clouds (band mean), ``t`` the target's, ``r`` the ratio of the two
+  pooled over bands (1: the target's texture; below: smoother; above: noisier). The synthetic
+  targets are clean scenes, smooth and without the inputs' sensor noise; where less than 1% of the
+  target's power lies that high (:data:`vcloud.sampler_metrics.HIGH_FREQUENCY_MIN_SHARE`) the line
+  says "ill-conditioned" with the share, and ``r`` then mostly measures the noise a prediction
+  keeps, not its texture.
+* NDVI error under clouds: mean |NDVI(prediction) - NDVI(target)| of the mean of the K samples.
+* Refiners only (K >= 2): ``spread`` the mean per-pixel standard deviation across the samples,
+  ``spread-skill`` its calibration under the clouds (1 calibrated, below 1 overconfident, 0
+  collapsed), and the mean and 95th percentile of |sample - draft| (0: the refiner returns its
+  draft).
 
 Last line: JSON with best_baseline_psnr, stage1_psnr, stage2_psnr, stage3_psnr (and SSIM/SAM; with
 a shift also best_baseline_shifted_psnr and stageN_shifted_psnr), stageN_draft_psnr, and what each
@@ -100,7 +129,7 @@ from vcloud.data.synthetic import generate_raw  # noqa: E402
 from vcloud.metrics import MetricTotals, per_sample  # noqa: E402
 from vcloud.models.draft_and_refiner import EVAL_SEED, target_observation  # noqa: E402
 from vcloud.optim import build_optimizer, set_learning_rate  # noqa: E402
-from vcloud.sampler_metrics import clearest_cover, stratified_report  # noqa: E402
+from vcloud.sampler_metrics import HIGH_FREQUENCY_CUTOFF, clearest_cover, stratified_report  # noqa: E402
 from vcloud.stage_registry import BuildContext, get_stage, load_stage_model  # noqa: E402
 from vcloud.training.best import keeps_trained  # noqa: E402
 
@@ -112,7 +141,10 @@ SHIFTED_PRESET, SHIFTED_SEED = "small-hazier", 1
 SHIFTED_SPLITS = SplitFractions(train=0.5, val=0.1, test=0.4)
 """Half the shifted locations are the unlabeled pool, most of the rest its test split."""
 SAMPLER_STAGES = (1, 2)
-"""Stages whose ``best.pt`` gets the sampler metrics: the draft (a point forecast) and the refiner."""
+"""Stages whose ``best.pt`` gets the sampler metrics: the draft (a point forecast) and the refiner;
+a refiner's ``trained.pt`` gets them too when it was not kept (:func:`unkept_trained`)."""
+TRAINED_NOT_KEPT = "trained, not kept"
+"""How a stage's trained weights are labelled where its start weights were kept instead."""
 
 
 def benchmark_config(path: Path, seed: int = 0, unlabeled_data: Path | None = None,
@@ -358,6 +390,60 @@ def sampler_summary(reports: dict[str, dict[str, Any]]) -> dict[str, dict[str, A
             for stratum, report in reports.items()}
 
 
+def unkept_trained(stage: int, run_dir: Path, kept: str) -> bool:
+    """Whether ``stage`` (2-3) left trained weights that lost to its start: :func:`train_bounded`
+    kept the start weights (``kept == "start"``) and wrote what training reached as ``trained.pt``.
+    Those weights are scored as well (``stageN_trained`` keys), since the kept start of a refiner is
+    the identity on its draft and its scores say nothing about what the refiner learned."""
+    return stage >= 2 and kept == "start" and (run_dir / f"stage{stage}" / "trained.pt").is_file()
+
+
+def sampler_line(name: str, every: dict[str, Any]) -> str:
+    """The printed line of one sampler report (the ``all`` stratum of :func:`sampler_scores`)."""
+    line = f"{name}, K={every['samples']}: CRPS under clouds {every['crps_cloudy']:.4f}, "
+    ratio = every["hf_power_ratio_cloudy"]
+    line += (f"high-frequency power under clouds {every['hf_power_cloudy']:.3g}, "
+             f"{ratio:.3g} x the target's {every['hf_power_target_cloudy']:.3g}")
+    if not every["hf_power_ratio_cloudy_conditioned"]:
+        share = 100 * every["hf_share_target_cloudy"]
+        line += (f" (ill-conditioned: only {share:.2g}% of the target's power lies above "
+                 f"{HIGH_FREQUENCY_CUTOFF:g} cycles/pixel)")
+    line += f", NDVI error under clouds {every['ndvi_error_cloudy_mean']:.4f}"
+    if "spread" in every:
+        line += (f", spread {every['spread']:.4f}, spread-skill {every['spread_skill_cloudy']:.3f}, "
+                 f"change to the draft {every['change_mean']:.4f} (p95 {every['change_p95']:.4f})")
+    return line
+
+
+def report_sampler(stage: int, ctx: BuildContext, splits: dict[str, Dataset | None], samples: int,
+                   results: dict[str, Any], details: dict[str, dict[str, dict[str, Any]]], work: Path,
+                   weights: str = "best.pt") -> None:
+    """Sampler metrics of ``stage``'s ``weights`` (``best.pt``, or ``trained.pt``: the trained
+    weights that were not kept) on each of ``splits`` (key suffix -> split; None: not scored):
+    print a line each, put the band means into ``results["sampler_metrics"]`` and the reports into
+    ``details``, written to ``work / "sampler_metrics.json"``. Keys are ``stageN`` or
+    ``stageN_trained``, then the split's suffix (``""``, ``"_shifted"``)."""
+    if samples == 0 or stage not in SAMPLER_STAGES:
+        return
+    trained = weights == "trained.pt"
+    loading = dataclasses.replace(ctx, data_root=None)
+    model, _ = load_stage_model(stage, ctx.run_dir / f"stage{stage}" / weights, loading)
+    model.eval()
+    draw = point_draw(get_stage(stage), model) if stage == 1 else sampler_draw(model, samples)
+    for suffix, split in splits.items():
+        if split is None:
+            continue
+        t0 = time.monotonic()
+        reports = sampler_scores(draw, split, ctx.device)
+        key = f"stage{stage}{'_trained' if trained else ''}{suffix}"
+        details[key] = reports
+        results.setdefault("sampler_metrics", {})[key] = sampler_summary(reports)
+        weights_label = f" ({TRAINED_NOT_KEPT})" if trained else ""
+        name = f"{'shifted ' if suffix else ''}stage {stage} sampler{weights_label}"
+        print(f"{sampler_line(name, reports['all'])} (scored in {time.monotonic() - t0:.0f} s)", flush=True)
+    (work / "sampler_metrics.json").write_text(strict_json(details, indent=1) + "\n")
+
+
 class DraftOnly:
     """Scores the draft a stage-2/3 model hands its refiner (stage 1's, with stage 2's level
     correction and stage 3's scene adapter where the model has them), not the refinement."""
@@ -484,32 +570,9 @@ def main(argv: list[str] | None = None) -> int:
 
     sampler_details: dict[str, dict[str, dict[str, Any]]] = {}
 
-    def report_sampler(stage: int) -> None:
-        """Sampler metrics of ``stage``'s ``best.pt`` on the test split (and the shifted one)."""
-        if args.samples == 0 or stage not in SAMPLER_STAGES:
-            return
-        loading = dataclasses.replace(ctx, data_root=None)
-        model, _ = load_stage_model(stage, ctx.run_dir / f"stage{stage}" / "best.pt", loading)
-        model.eval()
-        draw = point_draw(get_stage(stage), model) if stage == 1 else sampler_draw(model, args.samples)
-        for suffix, split in (("", test), ("_shifted", shifted_test)):
-            if split is None:
-                continue
-            t0 = time.monotonic()
-            reports = sampler_scores(draw, split, ctx.device)
-            key = f"stage{stage}{suffix}"
-            sampler_details[key] = reports
-            results.setdefault("sampler_metrics", {})[key] = sampler_summary(reports)
-            every = reports["all"]
-            line = (f"{'shifted ' if suffix else ''}stage {stage} sampler, K={every['samples']}: CRPS under clouds "
-                    f"{every['crps_cloudy']:.4f}, high-frequency power under clouds "
-                    f"{every['hf_power_ratio_cloudy']:.3f} of the target's, NDVI error under clouds "
-                    f"{every['ndvi_error_cloudy_mean']:.4f}")
-            if "spread" in every:
-                line += (f", spread {every['spread']:.4f}, spread-skill {every['spread_skill_cloudy']:.3f}, "
-                         f"change to the draft {every['change_mean']:.4f} (p95 {every['change_p95']:.4f})")
-            print(f"{line} (scored in {time.monotonic() - t0:.0f} s)", flush=True)
-        (work / "sampler_metrics.json").write_text(strict_json(sampler_details, indent=1) + "\n")
+    def sampler(stage: int, weights: str = "best.pt") -> None:
+        splits = {"": test, "_shifted": shifted_test}
+        report_sampler(stage, ctx, splits, args.samples, results, sampler_details, work, weights)
 
     training = (deadline - time.monotonic()) * (1 - SCORING_RESERVE)
     kept_score: float | None = None
@@ -526,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
                 report(1, "untrained draft", "start.pt", "stage1_start")
             report(stage, "autoencoder (target reconstructed)" if stage == 0 else get_stage(stage).name,
                    "best.pt", f"stage{stage}")
-            report_sampler(stage)
+            sampler(stage)
             continue
         allotted = training * shares[stage] + unused
         info = train_bounded(stage, ctx, data, allotted, start_score=kept_score if stage >= 2 else None,
@@ -552,11 +615,12 @@ def main(argv: list[str] | None = None) -> int:
             report(1, "untrained draft", "start.pt", "stage1_start")
         report(stage, "autoencoder (target reconstructed)" if stage == 0 else get_stage(stage).name,
                "best.pt", f"stage{stage}")
-        report_sampler(stage)
+        sampler(stage)
         if stage >= 2:  # where the gain comes from: the draft it corrects, or the refinement
             report(stage, "its draft, unrefined", "best.pt", f"stage{stage}_draft", draft_only=True)
-        if stage >= 2 and (ctx.run_dir / f"stage{stage}" / "trained.pt").exists() and info["kept"] == "start":
-            report(stage, "trained, not kept", "trained.pt", f"stage{stage}_trained")
+        if unkept_trained(stage, ctx.run_dir, info["kept"]):
+            report(stage, TRAINED_NOT_KEPT, "trained.pt", f"stage{stage}_trained")
+            sampler(stage, "trained.pt")
     trained3 = "stage3_trained" if "stage3_trained" in kept_predictions else "stage3"
     for suffix, split in (("", test), ("_shifted", shifted_test)):
         before, after = kept_predictions.get(f"stage2{suffix}"), kept_predictions.get(f"{trained3}{suffix}")

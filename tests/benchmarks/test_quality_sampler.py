@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 import torch
 
-from benchmarks.quality import point_draw, sampler_draw, sampler_scores, sampler_summary, strict_json
+from benchmarks import quality
+from benchmarks.quality import point_draw, sampler_draw, sampler_line, sampler_scores, sampler_summary, strict_json
 from vcloud.models.draft_and_refiner import EVAL_SEED
 from vcloud.models.stage_specs import least_cloudy_input
+from vcloud.stage_spec import BuildContext
 
 
 class StandInRefiner(torch.nn.Module):
@@ -75,7 +77,8 @@ def test_refiner_samples_give_every_sampler_field_per_cover_bin(split: list[dict
     for stratum in summary.values():
         for name in ("psnr_sample", "psnr_mean", "ssim_sample", "ssim_mean", "sam_sample", "sam_mean",
                      "change_mean", "change_p95", "change_mean_cloudy", "spread", "spread_cloudy",
-                     "hf_power_ratio_cloudy", "hf_power_ratio_clear", "gradient_w1_cloudy", "gradient_w1_clear",
+                     "hf_power_ratio_cloudy", "hf_power_ratio_clear", "hf_power_cloudy", "hf_power_target_cloudy",
+                     "hf_share_target_cloudy", "gradient_w1_cloudy", "gradient_w1_clear",
                      "crps", "crps_cloudy", "spread_skill_cloudy", "rank_histogram_cloudy",
                      "ndvi_error_cloudy_sample", "ndvi_error_cloudy_mean"):
             assert _finite(stratum[name]), name
@@ -156,3 +159,64 @@ def test_undefined_figures_are_written_as_null_never_nan() -> None:
     assert json.loads(strict_json(report)) == {
         "stage2": {"all": {"hf_power_ratio_cloudy": None, "crps_cloudy": 0.25, "spread_skill": [None, 1.0]}},
         "samples": 4}
+
+
+def test_unkept_trained_weights_are_those_a_refiner_wrote_and_did_not_keep(tmp_path) -> None:
+    (tmp_path / "stage2").mkdir()
+    assert not quality.unkept_trained(2, tmp_path, "start")  # no trained.pt: training made no step
+    (tmp_path / "stage2" / "trained.pt").touch()
+    assert quality.unkept_trained(2, tmp_path, "start")
+    assert not quality.unkept_trained(2, tmp_path, "trained")
+    assert not quality.unkept_trained(1, tmp_path, "start")
+
+
+def test_a_refiner_whose_trained_weights_were_not_kept_is_scored_under_both_weights(
+        split: list[dict[str, Any]], tmp_path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Stage 2 kept its start (``best.pt``: the identity on its draft) over its trained weights
+    (``trained.pt``: a refiner that moves the draft): both get sampler metrics, printed, in the
+    results and in sampler_metrics.json, the trained ones labelled as not kept."""
+    run = tmp_path / "run"
+    (run / "stage2").mkdir(parents=True)
+
+    def load_stage_model(stage: int, path: Any, ctx: BuildContext) -> tuple[torch.nn.Module, dict[str, Any]]:
+        assert stage == 2 and path.parent == run / "stage2"
+        model = StandInRefiner()
+        if path.name == "best.pt":
+            with torch.no_grad():
+                model.noise.zero_()
+        return model, {}
+
+    monkeypatch.setattr(quality, "load_stage_model", load_stage_model)
+    ctx = BuildContext(config=None, run_dir=run, device=torch.device("cpu"))  # type: ignore[arg-type]
+    splits = {"": split, "_shifted": split[:3]}
+    results: dict[str, Any] = {}
+    details: dict[str, Any] = {}
+    quality.report_sampler(2, ctx, splits, 2, results, details, tmp_path)
+    quality.report_sampler(2, ctx, splits, 2, results, details, tmp_path, "trained.pt")
+
+    keys = ["stage2", "stage2_shifted", "stage2_trained", "stage2_trained_shifted"]
+    assert list(results["sampler_metrics"]) == keys
+    kept, trained = (results["sampler_metrics"][key]["all"] for key in ("stage2", "stage2_trained"))
+    assert kept["spread"] == 0.0 and kept["change_mean"] == 0.0
+    assert trained["spread"] > 0.0 and trained["change_mean"] > 0.0
+    assert results["sampler_metrics"]["stage2_trained_shifted"]["all"]["series"] == 3
+    written = json.loads((tmp_path / "sampler_metrics.json").read_text())
+    assert list(written) == keys and "crps_band" in written["stage2_trained"]["all"]
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(", K=")[0] for line in lines] == [
+        "stage 2 sampler", "shifted stage 2 sampler", "stage 2 sampler (trained, not kept)",
+        "shifted stage 2 sampler (trained, not kept)"]
+    assert "change to the draft 0.0000" in lines[0] and "change to the draft 0.0000" not in lines[2]
+
+
+def test_the_printed_line_says_when_the_high_frequency_ratio_is_ill_conditioned() -> None:
+    every = {"samples": 1, "crps_cloudy": 0.0113, "hf_power_cloudy": 1.8e-4, "hf_power_target_cloudy": 2.9e-6,
+             "hf_power_ratio_cloudy": 64.8, "hf_share_target_cloudy": 0.0013,
+             "hf_power_ratio_cloudy_conditioned": False, "ndvi_error_cloudy_mean": 0.078}
+    line = sampler_line("stage 1 sampler", every)
+    assert line == ("stage 1 sampler, K=1: CRPS under clouds 0.0113, high-frequency power under clouds 0.00018, "
+                    "64.8 x the target's 2.9e-06 (ill-conditioned: only 0.13% of the target's power lies above "
+                    "0.25 cycles/pixel), NDVI error under clouds 0.0780")
+    every.update(hf_share_target_cloudy=0.08, hf_power_ratio_cloudy_conditioned=True)
+    assert "ill-conditioned" not in sampler_line("stage 1 sampler", every)

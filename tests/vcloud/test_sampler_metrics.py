@@ -19,7 +19,10 @@ from vcloud.sampler_metrics import (
     ensemble_scores,
     ensemble_spread,
     gradient_wasserstein,
+    HIGH_FREQUENCY_MIN_SHARE,
+    high_frequency_power,
     high_frequency_power_ratio,
+    high_frequency_share,
     ndvi,
     ndvi_error,
     quantile,
@@ -164,6 +167,69 @@ def test_spectrum_under_the_mask_sees_only_the_masked_texture() -> None:
     assert high_frequency_power_ratio(pred, image, mask).tolist() == pytest.approx([1.0] * 13)  # same wave
     _, none = radial_power_spectrum(image, torch.zeros(1, 1, 32, 32))
     assert none == 0
+
+
+def test_white_noise_has_half_its_power_above_the_cutoff() -> None:
+    """Unit-variance white noise: about 1 per radial bin, bins 5-8 above 0.25 cycles per pixel."""
+    noise = torch.randn(64, 13, 32, 32, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    assert high_frequency_power(noise).tolist() == pytest.approx([4.0] * 13, rel=0.05)
+    assert high_frequency_share(noise) == pytest.approx(0.5, abs=0.02)
+    assert math.isnan(high_frequency_share(noise[:1], torch.zeros(1, 1, 32, 32)))  # no window in the region
+
+
+def test_the_report_pools_the_bands_before_dividing() -> None:
+    """Twelve bands share the target's 6-cycle wave; B10's target is nearly flat (amplitude 1e-3 of
+    it) and the prediction carries the full wave there: B10's own ratio is 1e6, the pooled one
+    (13 a^2) / (12 a^2 + (1e-3 a)^2) = 13 / 12."""
+    target = _sine(32, 6)
+    pred = target.clone()
+    target[:, 10] = 0.5 + 1e-3 * (pred[:, 10] - 0.5)
+    report = sampler_report(pred.unsqueeze(1), target, torch.ones(1, 1, 32, 32))
+    assert report["hf_power_ratio_cloudy_band"][10] == pytest.approx(1e6, rel=1e-6)
+    assert report["hf_power_ratio_cloudy"] == pytest.approx(13 / (12 + 1e-6), rel=1e-9)
+    assert report["hf_power_cloudy"] == pytest.approx(float(high_frequency_power(pred).mean()))
+    assert report["hf_share_target_cloudy"] > 0.9 and report["hf_power_ratio_cloudy_conditioned"] is True
+    assert math.isnan(report["hf_power_ratio_clear"])  # no clear window
+
+
+def _blur(images: torch.Tensor, sigma: float = 1.0) -> torch.Tensor:
+    radius = 3
+    kernel = torch.exp(-0.5 * (torch.arange(-radius, radius + 1, dtype=torch.float64) / sigma) ** 2)
+    kernel = (kernel / kernel.sum()).view(1, 1, 1, -1).repeat(images.shape[1], 1, 1, 1)
+    padded = torch.nn.functional.pad(images, (radius,) * 4, mode="reflect")
+    rows = torch.nn.functional.conv2d(padded, kernel, groups=images.shape[1])
+    return torch.nn.functional.conv2d(rows, kernel.transpose(-1, -2), groups=images.shape[1])
+
+
+def test_synthetic_targets_have_too_little_high_frequency_power_for_a_ratio(tiny_prepared) -> None:
+    """The tiny preset's test split, under the target date's clouds: the clean scene itself scores 1,
+    its Gaussian blur below 1; the scene is so smooth (well under 1% of its power at high frequency)
+    that the least cloudy input, sensor noise and all, scores hundreds of times the target's power,
+    and the report says the ratio is ill-conditioned instead of averaging per-band ratios of
+    thousands (B10's target is nearly flat)."""
+    from torch.utils.data import default_collate
+
+    from vcloud.data.dataset import SeriesDataset
+    from vcloud.models.draft_and_refiner import target_observation
+    from vcloud.models.stage_specs import least_cloudy_input
+
+    split = SeriesDataset(tiny_prepared, "test")
+    batch = default_collate([split[i] for i in range(len(split))])
+    target = batch["target"].double()
+    cloudy = target_observation(batch)[1]
+    assert high_frequency_power_ratio(target, target, cloudy).tolist() == pytest.approx([1.0] * 13)
+    assert (high_frequency_power_ratio(_blur(target), target, cloudy) < 1.0).all()
+    blurred = sampler_report(_blur(target).unsqueeze(1), target, cloudy)
+    assert blurred["hf_power_ratio_cloudy"] < 0.2
+    assert sampler_report(target.unsqueeze(1), target, cloudy)["hf_power_ratio_cloudy"] == pytest.approx(1.0)
+
+    draft = sampler_report(least_cloudy_input(batch).double().clamp(0.0, 1.0).unsqueeze(1), target, cloudy)
+    assert draft["hf_share_target_cloudy"] < HIGH_FREQUENCY_MIN_SHARE
+    assert draft["hf_power_ratio_cloudy_conditioned"] is False
+    assert draft["hf_power_ratio_cloudy"] > 10.0  # noise over a near-flat target
+    pooled = draft["hf_power_cloudy"] / draft["hf_power_target_cloudy"]
+    assert draft["hf_power_ratio_cloudy"] == pytest.approx(pooled)
+    assert draft["hf_power_target_cloudy"] == pytest.approx(blurred["hf_power_target_cloudy"])
 
 
 def test_gradient_distance_of_two_ramps_is_their_slope_difference() -> None:
@@ -334,7 +400,8 @@ def test_report_of_an_ensemble_has_every_metric_finite() -> None:
     report = sampler_report(samples, target, mask, draft)
     for key in ("psnr_sample", "psnr_mean", "ssim_sample", "ssim_mean", "sam_sample", "sam_mean", "change_mean",
                 "change_p95", "change_mean_cloudy", "spread", "spread_cloudy", "hf_power_ratio_cloudy",
-                "hf_power_ratio_clear", "gradient_w1_cloudy", "gradient_w1_clear", "crps", "crps_cloudy",
+                "hf_power_ratio_clear", "hf_power_cloudy", "hf_power_target_cloudy", "hf_share_target_cloudy",
+                "gradient_w1_cloudy", "gradient_w1_clear", "crps", "crps_cloudy",
                 "spread_skill_cloudy", "ndvi_error_cloudy_sample", "ndvi_error_cloudy_mean"):
         assert math.isfinite(report[key]), key
     assert len(report["crps_band"]) == 13 and len(report["rank_histogram_cloudy"]) == 5

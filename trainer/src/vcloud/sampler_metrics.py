@@ -16,9 +16,10 @@ percentile or a distribution distance does not average). An empty region gives N
 * Refiner collapse: the size of the change to the draft (:func:`refiner_change`) and the spread of
   the samples (:func:`ensemble_spread`).
 * Texture: radially averaged power spectra in tapered windows inside a region
-  (:func:`radial_power_spectrum`), the high-frequency power of prediction over target
-  (:func:`high_frequency_power_ratio`) and the Wasserstein distance between gradient-magnitude
-  distributions (:func:`gradient_wasserstein`).
+  (:func:`radial_power_spectrum`), the high-frequency power (:func:`high_frequency_power`), its
+  share of the target's power (:func:`high_frequency_share`: whether there is texture to compare
+  against) and its ratio, prediction over target (:func:`high_frequency_power_ratio`), and the
+  Wasserstein distance between gradient-magnitude distributions (:func:`gradient_wasserstein`).
 * Probabilistic skill: the fair ensemble CRPS (:func:`crps_ensemble`), the spread-skill ratio
   (:func:`spread_skill_ratio`) and the rank histogram (:func:`rank_histogram`).
 * A downstream index: NDVI error (:func:`ndvi_error`).
@@ -48,6 +49,13 @@ SPECTRUM_MIN_FRACTION = 0.9
 HIGH_FREQUENCY_CUTOFF = 0.25
 """Radial frequencies above this (cycles per pixel) are "high": the upper half of the radial range
 up to Nyquist (0.5), where blur removes power and noise adds it."""
+HIGH_FREQUENCY_MIN_SHARE = 0.01
+"""Below this share of the target's power above :data:`HIGH_FREQUENCY_CUTOFF` (pooled over bands,
+:func:`high_frequency_share`), the high-frequency ratio is ill-conditioned: it divides the
+prediction's noise by almost nothing. A random field whose power falls as 1/f^2 (as natural images'
+does) puts about 8% of its power there; the synthetic clean scenes (:mod:`vcloud.data.synthetic`:
+smooth fields, no sensor noise) put about 0.1% under the clouds of the tiny preset's test split,
+so the inputs' sensor noise, left in a draft, reads as tens to hundreds of times the target's."""
 CHANGE_QUANTILE = 0.95
 """The quantile of |sample - draft| reported next to its mean."""
 
@@ -203,19 +211,47 @@ def radial_power_spectrum(images: torch.Tensor, where: torch.Tensor | None = Non
     return sums / counts, count
 
 
+def _high_bins(spectrum: torch.Tensor, window: int, cutoff: float) -> torch.Tensor:
+    return torch.arange(spectrum.shape[1], device=spectrum.device) / window > cutoff
+
+
+def high_frequency_power(images: torch.Tensor, where: torch.Tensor | None = None, *,
+                         window: int = SPECTRUM_WINDOW, min_fraction: float = SPECTRUM_MIN_FRACTION,
+                         cutoff: float = HIGH_FREQUENCY_CUTOFF) -> torch.Tensor:
+    """``[C]``: the power at radial frequencies above ``cutoff`` cycles per pixel, averaged over the
+    windows of ``where`` (the sum of those bins of :func:`radial_power_spectrum`; a band of white
+    noise of variance s^2 gives about 4 s^2). NaN where the region has no window."""
+    spectrum, _ = radial_power_spectrum(images, where, window=window, min_fraction=min_fraction)
+    return spectrum[:, _high_bins(spectrum, window, cutoff)].sum(dim=1)
+
+
+def high_frequency_share(images: torch.Tensor, where: torch.Tensor | None = None, *,
+                         window: int = SPECTRUM_WINDOW, min_fraction: float = SPECTRUM_MIN_FRACTION,
+                         cutoff: float = HIGH_FREQUENCY_CUTOFF) -> float:
+    """The fraction of the images' power (every radial bin but 0, pooled over bands and windows)
+    that lies above ``cutoff``: how much high-frequency texture there is to compare against
+    (:data:`HIGH_FREQUENCY_MIN_SHARE`). NaN where the region has no window or the images no power."""
+    spectrum, _ = radial_power_spectrum(images, where, window=window, min_fraction=min_fraction)
+    total = float(spectrum[:, 1:].sum())
+    if not total > 0:
+        return math.nan
+    return float(spectrum[:, _high_bins(spectrum, window, cutoff)].sum()) / total
+
+
 def high_frequency_power_ratio(pred: torch.Tensor, target: torch.Tensor, where: torch.Tensor | None = None, *,
                                window: int = SPECTRUM_WINDOW, min_fraction: float = SPECTRUM_MIN_FRACTION,
                                cutoff: float = HIGH_FREQUENCY_CUTOFF) -> torch.Tensor:
     """``[C]``: the prediction's power over the target's at radial frequencies above ``cutoff``
-    cycles per pixel, in the same windows of ``where`` (:func:`radial_power_spectrum`).
+    cycles per pixel, in the same windows of ``where`` (:func:`high_frequency_power`).
 
     1 is the target's texture; below 1 the prediction is smoother (a blurred mean, a collapsed
-    sampler), above 1 it is noisier. NaN where the region has no window or the target no power."""
-    pred_power, _ = radial_power_spectrum(pred, where, window=window, min_fraction=min_fraction)
-    target_power, _ = radial_power_spectrum(target, where, window=window, min_fraction=min_fraction)
-    high = torch.arange(pred_power.shape[1], device=pred_power.device) / window > cutoff
-    target_high = target_power[:, high].sum(dim=1)
-    ratio = pred_power[:, high].sum(dim=1) / target_high
+    sampler), above 1 it is noisier. NaN where the region has no window or the target no power.
+    A band whose target is nearly flat at high frequency (B10, the cirrus band, is nearly constant
+    over land) gives a ratio of thousands for a trace of noise: pool the bands' powers before
+    dividing (:func:`sampler_report`) rather than average these ratios."""
+    pred_high = high_frequency_power(pred, where, window=window, min_fraction=min_fraction, cutoff=cutoff)
+    target_high = high_frequency_power(target, where, window=window, min_fraction=min_fraction, cutoff=cutoff)
+    ratio = pred_high / target_high
     return torch.where(target_high > 0, ratio, torch.full_like(ratio, math.nan))
 
 
@@ -341,6 +377,24 @@ def _band_and_mean(report: dict[str, object], name: str, values: torch.Tensor) -
     report[name] = float(values.mean())
 
 
+def _high_frequency_fields(report: dict[str, object], name: str, ensemble: torch.Tensor, truth: torch.Tensor,
+                           region: torch.Tensor) -> None:
+    """The ``hf_*_{name}`` fields of :func:`sampler_report` for one region."""
+    k = ensemble.shape[1]
+    target_power = high_frequency_power(truth, region)
+    sample_power = torch.stack([high_frequency_power(ensemble[:, i], region) for i in range(k)]).mean(dim=0)
+    _band_and_mean(report, f"hf_power_{name}", sample_power)
+    _band_and_mean(report, f"hf_power_target_{name}", target_power)
+    undefined = torch.full_like(sample_power, math.nan)
+    band_ratio = torch.where(target_power > 0, sample_power / target_power, undefined)
+    report[f"hf_power_ratio_{name}_band"] = [float(v) for v in band_ratio]
+    pooled = float(target_power.sum())
+    report[f"hf_power_ratio_{name}"] = float(sample_power.sum()) / pooled if pooled > 0 else math.nan
+    share = high_frequency_share(truth, region)
+    report[f"hf_share_target_{name}"] = share
+    report[f"hf_power_ratio_{name}_conditioned"] = bool(share >= HIGH_FREQUENCY_MIN_SHARE)
+
+
 def sampler_report(samples: torch.Tensor, target: torch.Tensor, cloud_mask: torch.Tensor,
                    draft: torch.Tensor | None = None) -> dict[str, object]:
     """Every metric of this module for one set of series: ``samples`` [B, K, C, H, W] (K = 1: a
@@ -348,9 +402,18 @@ def sampler_report(samples: torch.Tensor, target: torch.Tensor, cloud_mask: torc
     clouds and shadows; "cloudy" is under it, "clear" outside it) and, for a refiner, the ``draft``
     [B, C, H, W] it refined.
 
-    Texture (high-frequency power ratio, gradient distance) is measured on each sample and averaged
+    Texture (high-frequency power, gradient distance) is measured on each sample and averaged
     over the K samples: the mean of K samples is smoother than any of them by construction, so its
     texture says nothing about the sampler's. NDVI error is given for both (``*_sample``, ``*_mean``).
+
+    High frequency, per region (``cloudy``, ``clear``): ``hf_power_*`` the samples' power above
+    :data:`HIGH_FREQUENCY_CUTOFF` and ``hf_power_target_*`` the target's (band means), and
+    ``hf_power_ratio_*`` their ratio pooled over bands (the sum of the samples' powers over the sum
+    of the target's, so that a band with next to no target power does not dominate; its
+    ``*_band`` list holds each band's own ratio). ``hf_share_target_*`` is the share of the
+    target's power that lies that high and ``hf_power_ratio_*_conditioned`` whether it reaches
+    :data:`HIGH_FREQUENCY_MIN_SHARE`: when it does not, the ratio compares the prediction's noise
+    with almost nothing and says little about texture.
 
     Scalars are band means; ``*_band`` keys hold the per-band lists. The spread, the spread-skill
     ratio and the rank histogram need K >= 2 and the refiner's change a draft: they are left out
@@ -374,9 +437,8 @@ def sampler_report(samples: torch.Tensor, target: torch.Tensor, cloud_mask: torc
         _band_and_mean(report, "spread", ensemble_spread(ensemble))
         _band_and_mean(report, "spread_cloudy", ensemble_spread(ensemble, cloudy))
     for name, region in (("cloudy", cloudy), ("clear", clear)):
-        ratio = torch.stack([high_frequency_power_ratio(ensemble[:, i], truth, region) for i in range(k)])
+        _high_frequency_fields(report, name, ensemble, truth, region)
         distance = torch.stack([gradient_wasserstein(ensemble[:, i], truth, region) for i in range(k)])
-        _band_and_mean(report, f"hf_power_ratio_{name}", ratio.mean(dim=0))
         _band_and_mean(report, f"gradient_w1_{name}", distance.mean(dim=0))
     _band_and_mean(report, "crps", crps_ensemble(ensemble, truth))
     _band_and_mean(report, "crps_cloudy", crps_ensemble(ensemble, truth, cloudy))
