@@ -340,6 +340,11 @@ ensure_bridge() {
 ensure_node_network() {  # ensure_node_network NAME ADDRESS: namespace, veth pair, address, /etc/hosts
   local name=$1 addr=$2 ns="$NETNS_PREFIX$1" host_if="vc-$1"
   [[ -e /run/netns/$ns ]] || ip netns add "$ns"
+  if ip link show "$host_if" >/dev/null 2>&1 && ! ip -n "$ns" link show eth0 >/dev/null 2>&1; then
+    # left from a namespace of an earlier bring-up that something kept alive: its peer is not here
+    log "replacing $host_if, whose peer is not in $ns"
+    ip link del "$host_if"
+  fi
   if ! ip link show "$host_if" >/dev/null 2>&1; then
     ip link add "$host_if" type veth peer name eth0 netns "$ns"
   fi
@@ -414,11 +419,30 @@ stop_nodes() {
   done
 }
 
+stop_node_processes() {  # stop_node_processes NAMESPACE: what jobs left running in a node once its slurmd stopped
+  local ns=$1 pids pid
+  mapfile -t pids < <(ip netns pids "$ns" 2>/dev/null)
+  ((${#pids[@]})) || return 0
+  log "stopping ${#pids[@]} process(es) jobs left in $ns: ${pids[*]}"
+  kill -TERM "${pids[@]}" 2>/dev/null || true
+  for _ in $(seq 50); do
+    mapfile -t pids < <(ip netns pids "$ns" 2>/dev/null)
+    ((${#pids[@]})) || return 0
+    sleep 0.1
+  done
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+}
+
 remove_node_networks() {
-  local ns
+  # A process left in a node's namespace would keep the namespace, and the veth pair into it, alive
+  # after `ip netns del`; the next bring-up would then find a host interface whose peer is elsewhere.
+  local ns name
   for ns in /run/netns/"$NETNS_PREFIX"*; do
     [[ -e $ns ]] || continue
-    ip netns del "$(basename "$ns")"
+    name=$(basename "$ns")
+    stop_node_processes "$name"
+    ip netns del "$name"
+    if ip link show "vc-${name#"$NETNS_PREFIX"}" >/dev/null 2>&1; then ip link del "vc-${name#"$NETNS_PREFIX"}"; fi
   done
   if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE"; fi
 }
