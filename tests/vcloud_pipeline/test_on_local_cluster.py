@@ -262,7 +262,7 @@ RENDEZVOUS_TRAINER = """
 import datetime, os, pathlib, sys, time
 import torch
 import torch.distributed as dist
-out = pathlib.Path(sys.argv[sys.argv.index("--out") + 1]).parent  # the run's outputs, shared by both jobs
+out = pathlib.Path(sys.argv[sys.argv.index("--out") + 1])  # the run's outputs, shared by both jobs
 job, rank = os.environ["SLURM_JOB_ID"], os.environ["RANK"]
 dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=15))  # through this job's rendezvous
 (out / f"up.{job}.{rank}").write_text(os.environ["MASTER_PORT"])
@@ -310,8 +310,8 @@ def test_two_multi_gpu_jobs_train_on_one_node_at_once_each_on_its_own_rendezvous
     ports = {job_id: {local_cluster.ssh(f"cat {outputs}/up.{job_id}.{rank}").stdout for rank in (0, 1)}
              for job_id in jobs}
     assert all(len(found) == 1 for found in ports.values()), ports  # both ranks of a job share its rendezvous
-    port_a, port_b = (found.pop() for found in ports.values())
-    assert port_a != port_b, ports
+    port_of = {job_id: next(iter(found)) for job_id, found in ports.items()}
+    assert len(set(port_of.values())) == 2, port_of
     for job_id in jobs:
         assert f"torchrun rendezvous on {node}:" in errs[job_id], errs[job_id]
         # Each job's two ranks reduced together: their own group, not one spanning both jobs.
@@ -319,7 +319,7 @@ def test_two_multi_gpu_jobs_train_on_one_node_at_once_each_on_its_own_rendezvous
     nodes = {job_id: local_cluster.ssh(f"sacct -X -n -P -j {job_id} --format=NodeList").stdout.strip()
              for job_id in jobs}
     assert set(nodes.values()) == {node}, nodes
-    print(f"two 2-GPU jobs at once on {node}: rendezvous ports {ports}")
+    print(f"two 2-GPU jobs at once on {node}: rendezvous ports {port_of}")
 
 
 ARGV_RECORDING_TRAINER = """
