@@ -9,8 +9,10 @@ script names in :data:`vcloud.contract.RANK_EXITS_DIR_ENV` (shared storage, one 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -35,7 +37,7 @@ def records_dir(env: Mapping[str, str]) -> Path | None:
 def write_exit_record(code: int, env: Mapping[str, str]) -> Path | None:
     """Record ``code`` for this process's global rank (``RANK``, set by torchrun) when the job asked
     for records and ``code`` is one of :data:`~vcloud.contract.RECORDED_EXITS`; returns the file
-    written. Written whole (a temporary file renamed), so a reader on another node never sees half a
+    written. Written whole (:func:`write_whole`), so a reader on another node never sees half a
     record. A failure to write is logged, never raised: the process's exit code stands either way,
     and torchrun still reports it for the ranks of its own node."""
     directory = records_dir(env)
@@ -43,16 +45,30 @@ def write_exit_record(code: int, env: Mapping[str, str]) -> Path | None:
         return None
     rank = env.get("RANK", "0")
     path = directory / exit_record_name(int(rank) if rank.isdigit() else 0)
-    temporary = directory / f".{path.name}.{os.getpid()}.tmp"
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        temporary.write_text(exit_record_text(code))
-        os.replace(temporary, path)
+        write_whole(path, exit_record_text(code))
     except OSError as exc:
         log.warning("could not record exit %d in %s (%s); a torchrun job may then report the exit code of "
                     "this node's ranks only", code, path, exc)
         return None
     return path
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file that :func:`tempfile.mkstemp` creates
+    exclusively in the same directory (``O_EXCL``, a name nobody can foresee: a link another member of
+    a group-writable directory planted is never followed), readable by all, then renamed into place."""
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def read_exit_records(directory: Path | None) -> dict[int, int]:
