@@ -56,7 +56,8 @@ def lumi_site(local_cluster: LocalCluster) -> Iterator[dict[str, str]]:
                 "base": f"/scratch/vcloud_local/test-{tag}/vcloud"}
         local_cluster.ssh(f"mkdir -p {shlex.quote(site['pylibs'])} {shlex.quote(site['base'])}")
         yield site
-        local_cluster.ssh(f"rm -rf {shlex.quote(site['pylibs'])} {shlex.quote(str(Path(site['base']).parent))}",
+        local_cluster.ssh(f"chmod -R u+w {shlex.quote(site['pylibs'])} {shlex.quote(str(Path(site['base']).parent))}; "
+                          f"rm -rf {shlex.quote(site['pylibs'])} {shlex.quote(str(Path(site['base']).parent))}",
                           check=False, timeout=300)
     finally:
         shutil.rmtree(private, ignore_errors=True)

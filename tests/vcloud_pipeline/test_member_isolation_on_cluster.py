@@ -85,6 +85,10 @@ def test_a_member_cannot_change_the_code_or_the_job_scripts_another_member_synce
                               f"{q(job.inner_path)} {q(job.outer_path)} {q(paths.jobs_dir)}").stdout.splitlines()
     assert [line.split()[0] for line in modes] == [
         "drwxrwsr-x", "dr-xr-sr-x", "-r--r--r--", "-r-xr-xr-x", "-r--r--r--", "drwxrwsr-x"], modes
+    # the other member's cleanup leaves it to its owner
+    with SlurmHook(local_cluster.teammate_conn_id) as teammate:
+        teammate.remove_dirs([(code.dir, paths.code_being_removed(code_hash))])
+    assert local_cluster.ssh(f"cat {q(code.manifest)}").stdout.count(code_hash) == 1
     # the directories stay the group's: new code directories and job scripts are added next to them
     assert as_teammate(local_cluster, f"mkdir {q(paths.code_root / ('a' * 64))} && "
                                       f"touch {q(paths.jobs_dir / 'other.sbatch')}").exit_status == 0

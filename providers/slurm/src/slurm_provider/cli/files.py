@@ -158,14 +158,15 @@ def parse_dir_inventory(stdout: str) -> DirInventory:
 def build_remove_dirs(renames: Sequence[tuple[Path, Path]], leftovers: Sequence[Path] = (),
                       record_files: Sequence[Path] = ()) -> str | None:
     """Delete ``record_files``; rename each directory to its hidden name first, then delete it (nothing ever
-    sees half of one); delete ``leftovers`` (renamed by a removal that did not finish). A tree made
-    read-only (:func:`build_make_read_only`) is given back its owner's write permission first; another
-    member's stays, and removing it fails. None when there is nothing to do."""
+    sees half of one); delete ``leftovers`` (renamed by a removal that did not finish). Only the
+    caller's own directories go: a tree made read-only (:func:`build_make_read_only`) is given back its
+    owner's write permission first, and another member's is left to that member. None when there is
+    nothing to do."""
     if not renames and not leftovers and not record_files:
         return None
     parts = [f"rm -f -- {_q(path)}" for path in record_files]
-    parts += [f"mv -T -- {_q(src)} {_q(dst)} && {_remove_tree(dst)}" for src, dst in renames]
-    parts += [_remove_tree(path) for path in leftovers]
+    parts += [f"if [ -O {_q(src)} ]; then mv -T -- {_q(src)} {_q(dst)} && {_remove_tree(dst)}; fi" for src, dst in renames]
+    parts += [f"if [ -O {_q(path)} ]; then {_remove_tree(path)}; fi" for path in leftovers]
     return "set -e; " + "; ".join(parts)
 
 
@@ -174,10 +175,12 @@ def _remove_tree(path: Path) -> str:
 
 
 def build_make_read_only(paths: Sequence[Path]) -> str:
-    """Take write permission from everyone (owner, group, others) on every file and directory under
-    each path: what a sync or an install finished writing stays as it was, while the directory that
-    holds it keeps its own permissions (group-writable: members still add new siblings)."""
-    return f"chmod -R a-w -- {' '.join(map(shlex.quote, _absolute(paths)))}"
+    """Take write permission from everyone (owner, group, others) on every file and directory of the
+    caller's under each path: what a sync or an install finished writing stays as it was, while the
+    directory that holds it keeps its own permissions (group-writable: members still add new
+    siblings). What another member wrote there is theirs to change (chmod would be refused)."""
+    quoted = " ".join(map(shlex.quote, _absolute(paths)))
+    return f"find {quoted} \\( -type f -o -type d \\) -user \"$(id -u)\" -perm /222 -exec chmod a-w -- {{}} +"
 
 
 def build_make_owner_writable(paths: Sequence[Path]) -> str:
