@@ -9,10 +9,7 @@ script names in :data:`vcloud.contract.RANK_EXITS_DIR_ENV` (shared storage, one 
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -24,6 +21,7 @@ from vcloud.contract import (
     exit_record_text,
     parse_exit_record,
 )
+from vcloud.durable import atomic_write_text
 
 log = logging.getLogger("vcloud.train")
 
@@ -37,8 +35,9 @@ def records_dir(env: Mapping[str, str]) -> Path | None:
 def write_exit_record(code: int, env: Mapping[str, str]) -> Path | None:
     """Record ``code`` for this process's global rank (``RANK``, set by torchrun) when the job asked
     for records and ``code`` is one of :data:`~vcloud.contract.RECORDED_EXITS`; returns the file
-    written. Written whole (:func:`write_whole`), so a reader on another node never sees half a
-    record. A failure to write is logged, never raised: the process's exit code stands either way,
+    written. Written whole (:func:`vcloud.durable.atomic_write_text`: a temporary file that ``mkstemp``
+    creates exclusively, so a link planted at a temporary name is never followed, then renamed), so a
+    reader on another node never sees half a record. A failure to write is logged, never raised: the process's exit code stands either way,
     and torchrun still reports it for the ranks of its own node."""
     directory = records_dir(env)
     if directory is None or code not in RECORDED_EXITS:
@@ -47,28 +46,12 @@ def write_exit_record(code: int, env: Mapping[str, str]) -> Path | None:
     path = directory / exit_record_name(int(rank) if rank.isdigit() else 0)
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        write_whole(path, exit_record_text(code))
+        atomic_write_text(path, exit_record_text(code))
     except OSError as exc:
         log.warning("could not record exit %d in %s (%s); a torchrun job may then report the exit code of "
                     "this node's ranks only", code, path, exc)
         return None
     return path
-
-
-def write_whole(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file that :func:`tempfile.mkstemp` creates
-    exclusively in the same directory (``O_EXCL``, a name nobody can foresee: a link another member of
-    a group-writable directory planted is never followed), readable by all, then renamed into place."""
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
 
 
 def read_exit_records(directory: Path | None) -> dict[int, int]:
