@@ -79,13 +79,11 @@ def synced_tree_hash(root: Path) -> str:
     return digest_files(root, synced_files(root))
 
 
-def mismatch(root: Path, expected: str) -> str | None:
-    """What is wrong with code directory ``root`` for a job rendered for ``expected``; None when it
-    holds exactly that code."""
-    try:
-        found = synced_tree_hash(root)
-    except OSError as exc:
-        return (f"refusing to start: the code directory {root} cannot be read ({exc}); sync the code again "
+def mismatch(root: Path, expected: str, found: str | None) -> str | None:
+    """What is wrong with code directory ``root`` for a job rendered for ``expected``, whose files hash
+    to ``found`` (None: they could not be read); None when it holds exactly that code."""
+    if found is None:
+        return (f"refusing to start: the code directory {root} cannot be read; sync the code again "
                 "(rerun the DAG run's sync_code task), then submit the job again")
     if found != expected:
         return (f"refusing to start: the code in {root} hashes to {found}, not {expected} that this job was "
@@ -95,14 +93,21 @@ def mismatch(root: Path, expected: str) -> str | None:
 
 
 def main(argv: list[str]) -> int:
+    """``<code dir> <expected hash> <exit code on a mismatch>``: say what was found, on stderr."""
     root, expected, exit_mismatch = Path(argv[0]), argv[1], int(argv[2])
     started = time.monotonic()
-    problem = mismatch(root, expected)
+    try:
+        files = synced_files(root)
+        found: str | None = digest_files(root, files)
+    except OSError as exc:
+        print(f"vcloud code check: {exc}", file=sys.stderr)
+        files, found = [], None
+    problem = mismatch(root, expected, found)
     if problem is not None:
         print(f"vcloud code check: {problem}", file=sys.stderr)
         return exit_mismatch
-    print(f"vcloud code check: {root} holds code {expected} "
-          f"({len(synced_files(root))} files, checked in {time.monotonic() - started:.2f} s)", file=sys.stderr)
+    print(f"vcloud code check: {root} holds code {expected} ({len(files)} files, hashed in "
+          f"{(time.monotonic() - started) * 1000:.0f} ms)", file=sys.stderr)
     return 0
 
 
