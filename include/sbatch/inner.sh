@@ -13,6 +13,16 @@ fi
 image_hash="$(cat {{ IMAGE_HASH_FILE }} 2>/dev/null || echo unknown)"
 echo "vcloud inner script: in Charliecloud image ${image_hash} on $(hostname)" >&2
 {% endif %}
+# The code directory must hold exactly the code this job was synced and rendered for: its files hash
+# to that hash (vcloud/code_digest.py, carried here, run by an interpreter that imports nothing from the
+# tree it checks), else the job stops before anything of the tree runs.
+{{ python | shq }} -I - {{ code.dir | shq }} {{ code.hash | shq }} {{ EXIT_CODE_MISMATCH }} <<'CODE_DIGEST_SCRIPT' || exit $?
+{{ code_digest }}
+CODE_DIGEST_SCRIPT
+# Bytecode goes to a directory of this start's own on the node, never into the code tree: the tree is
+# read-only once synced, and bytecode there would be code its hash does not cover.
+PYTHONPYCACHEPREFIX="$(mktemp -d "${TMPDIR:-/tmp}/vcloud-pycache.XXXXXX")"
+export PYTHONPYCACHEPREFIX
 export PYTHONPATH={{ pythonpath | join(":") | shq }}"${PYTHONPATH:+:${PYTHONPATH}}"
 export {{ CODE_HASH_ENV }}={{ code.hash | shq }}
 {% for name, value in profile.software.env.items() %}
@@ -89,4 +99,5 @@ if [ -n "$stop_signal" ] && { [ "$rc" -eq {{ EXIT_ERROR }} ] || [ "$rc" -gt 128 
 if [ -n "$stop_signal" ]; then
     echo "vcloud inner script: stopped after SIG${stop_signal}, exit code ${rc}" >&2
 fi
+rm -rf -- "$PYTHONPYCACHEPREFIX"
 exit "$rc"

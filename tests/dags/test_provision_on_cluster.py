@@ -56,7 +56,8 @@ def lumi_site(local_cluster: LocalCluster) -> Iterator[dict[str, str]]:
                 "base": f"/scratch/vcloud_local/test-{tag}/vcloud"}
         local_cluster.ssh(f"mkdir -p {shlex.quote(site['pylibs'])} {shlex.quote(site['base'])}")
         yield site
-        local_cluster.ssh(f"rm -rf {shlex.quote(site['pylibs'])} {shlex.quote(str(Path(site['base']).parent))}",
+        local_cluster.ssh(f"chmod -R u+w {shlex.quote(site['pylibs'])} {shlex.quote(str(Path(site['base']).parent))}; "
+                          f"rm -rf {shlex.quote(site['pylibs'])} {shlex.quote(str(Path(site['base']).parent))}",
                           check=False, timeout=300)
     finally:
         shutil.rmtree(private, ignore_errors=True)
@@ -92,6 +93,14 @@ def test_the_first_run_installs_what_the_image_lacks_and_the_second_is_one_comma
     listing = local_cluster.ssh(f"ls -A {shlex.quote(str(pylibs.dir))}; ls -A {shlex.quote(str(pylibs.root))}").stdout
     assert "tifffile\n" in listing and ".vcloud_requirements\n" in listing
     assert ".building" not in listing and ".vcloud-provision.lock" not in listing, listing
+    # finished: read-only for everyone, so no member changes what another's jobs import
+    module = pylibs.dir / "tifffile" / "__init__.py"
+    modes = local_cluster.ssh(f"stat -c '%A' {shlex.quote(str(pylibs.dir))} {shlex.quote(str(pylibs.marker))} "
+                              f"{shlex.quote(str(module))}").stdout.split()
+    assert len(modes) == 3 and not any("w" in mode for mode in modes), modes
+    with SlurmHook(local_cluster.teammate_conn_id) as teammate:
+        edit = teammate.runner.run(f"echo 'import os' >> {shlex.quote(str(module))}", timeout=60)
+    assert edit.exit_status != 0 and "Permission denied" in edit.stderr, edit
     marker = local_cluster.ssh(f"cat {shlex.quote(str(pylibs.marker))}").stdout
     assert f"requirements {requirements.hash}\n" in marker and f"missing {OLD_TIFFFILE}\n" in marker
     assert any(f"installed on the login node into {pylibs.dir}: {OLD_TIFFFILE}" in r.getMessage()

@@ -76,3 +76,19 @@ def test_record_names_and_contents_round_trip() -> None:
     assert contract.RECORDED_EXITS == (contract.EXIT_REQUEUE, contract.EXIT_GPUS_MISSING,
                                        contract.EXIT_RESUME_REFUSED)
     assert contract.parse_exit_record("86\n") is None  # the job script's own refusal, never a rank's
+
+
+def test_a_link_planted_at_the_temp_name_of_old_is_not_followed(tmp_path: Path) -> None:
+    """Records go to shared storage that the project's members can write: a link at a name one could
+    foresee (``.rank0.exit.<pid>.tmp`` before) is not written through; the temp file is mkstemp's."""
+    import os
+
+    victim = tmp_path / "victim"
+    victim.write_text("untouched\n")
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / f".rank0.exit.{os.getpid()}.tmp").symlink_to(victim)
+    assert write_exit_record(contract.EXIT_REQUEUE, env_for(records, 0)) == records / "rank0.exit"
+    assert victim.read_text() == "untouched\n"
+    assert read_exit_records(records) == {0: contract.EXIT_REQUEUE}
+    assert [p.name for p in records.iterdir() if not p.is_symlink()] == ["rank0.exit"]

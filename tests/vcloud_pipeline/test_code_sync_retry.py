@@ -34,6 +34,12 @@ class Login:
     def write_file(self, path: Any, text: str) -> None:
         self.written.append(str(path))
 
+    def make_owner_writable(self, paths: Any) -> None:
+        self.written.append(f"writable {' '.join(map(str, paths))}")
+
+    def make_read_only(self, paths: Any) -> None:
+        self.written.append(f"read-only {' '.join(map(str, paths))}")
+
 
 def _sync(monkeypatch: pytest.MonkeyPatch, exits: list[int], login: Login, ran: list[int]) -> None:
     """Sync once; rsync exits with ``exits`` in turn (each run's code appended to ``ran``)."""
@@ -62,7 +68,7 @@ def test_a_sync_whose_files_another_writer_removed_syncs_again_then_writes_the_m
     login, ran = Login(), []
     _sync(monkeypatch, [exit_code, 0], login, ran)
     assert ran == [exit_code, 0]
-    assert login.written == ["/p/code/abc/.vcloud_manifest.json"]
+    assert login.written == ["writable /p/code/abc", "/p/code/abc/.vcloud_manifest.json", "read-only /p/code/abc"]
 
 
 def test_other_rsync_failures_and_a_writer_that_never_finishes_fail_without_a_manifest(
@@ -71,4 +77,4 @@ def test_other_rsync_failures_and_a_writer_that_never_finishes_fail_without_a_ma
         login, ran = Login(), []
         with pytest.raises(SyncError, match=f"rsync exited {exits[-1]}"):
             _sync(monkeypatch, exits, login, ran)
-        assert ran == exits and login.written == []
+        assert ran == exits and login.written == ["writable /p/code/abc"], "no manifest, not made read-only"

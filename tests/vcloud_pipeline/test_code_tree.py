@@ -12,6 +12,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from slurm_provider.transport import OpenSSHTarget
+from vcloud.code_digest import synced_tree_hash
 from vcloud_pipeline.plan.layout import MANIFEST_NAME, run_paths
 from vcloud_pipeline.profile import load_profile
 from vcloud_pipeline.jobs.render import TEMPLATES_DIR
@@ -179,8 +180,8 @@ def test_lumi_code_sync_argv() -> None:
     assert argv[:4] == ["rsync", "-az", "-s", "--delete"]
     assert argv[4:6] == ["-e", "ssh -E /tmp/ssh.log -x -a -o BatchMode=yes -o LogLevel=ERROR "
                                "-o ConnectTimeout=10 -o ClearAllForwardings=yes"]
-    assert argv[6:10] == ["--no-perms", "--chmod=ug+rwX", "--omit-dir-times", "--rsync-path=umask 002 && rsync"], \
-        "the project's members share what it writes"
+    assert argv[6:10] == ["--no-perms", "--omit-dir-times", "--rsync-path=umask 002 && rsync", "--chmod=ug+rwX"], \
+        "the project's members share what it writes (until the sync makes it read-only)"
     assert "--exclude=/data" in argv and "--exclude=/.git" in argv and "--exclude=/.venv" in argv
     assert "--exclude=__pycache__/" in argv and "--exclude=core" in argv and "--exclude=*.pt" in argv
     assert argv.index("--include=/trainer") < argv.index("--exclude=/*")
@@ -202,3 +203,20 @@ def test_scripts_sync_never_deletes_and_the_manifest_is_protected(tmp_path: Path
     assert "--delete" not in argv and argv[-1] == "vcloud-local:/srv/jobs/full/"
     with pytest.raises(ExcludeError, match="keeps the manifest"):
         code_sync_argv(CodeTree(tmp_path, excludes=("/data",)), "h", "/x", ["ssh"])
+
+
+def test_the_job_hashes_a_synced_tree_as_the_sync_named_it(tmp_path: Path) -> None:
+    """One definition (vcloud.code_digest): what the sync sends hashes on the cluster, next to its manifest
+    and the bytecode directories older jobs wrote, to the hash that names its directory."""
+    repo = Path(__file__).resolve().parents[2]
+    tree = CodeTree(repo)
+    synced = tmp_path / "synced"
+    for rel in tree_files(tree):
+        (synced / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(repo / rel, synced / rel, follow_symlinks=False)
+    (synced / MANIFEST_NAME).write_text("{}\n")
+    (synced / "trainer" / "src" / "vcloud" / "__pycache__").mkdir(exist_ok=True)
+    (synced / "trainer" / "src" / "vcloud" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"")
+    assert synced_tree_hash(synced) == code_hash(repo)
+    (synced / "trainer" / "extra.txt").write_text("")
+    assert synced_tree_hash(synced) != code_hash(repo)

@@ -125,7 +125,8 @@ def test_a_job_refuses_to_start_when_the_code_on_the_cluster_changed(
 
         # someone changes this hash's code directory on the cluster before the job starts
         other = manifest.to_json().replace(manifest.hash, "f" * 64)
-        local_cluster.ssh(f"cat > {shlex.quote(str(code.manifest))}", input=other)
+        local_cluster.ssh(f"chmod u+w {shlex.quote(str(code.manifest))} && cat > {shlex.quote(str(code.manifest))}",
+                          input=other)  # read-only once synced: its owner makes it writable first
         job = jobs["preflight"]
         submitted = hook.submit(job.outer, job_name=job.job_name, output=str(job.stdout_pattern))
         job_id = str(submitted.job_id)
@@ -152,15 +153,19 @@ def test_unchanged_code_is_not_sent_again_but_any_change_on_either_side_is(
         assert sync_code_tree(paths, tree, first, hook) is True
         assert sync_code_tree(paths, tree, local_manifest(tree), hook) is False
 
-        # an edit on the cluster (newer than the manifest) is undone by the next sync
+        # the synced tree is read-only, for its owner too
         dataset = f"{code}/trainer/src/vcloud/data/dataset.py"
-        local_cluster.ssh(f"echo 'edited on the login node' >> {dataset}")
+        assert local_cluster.ssh(f"echo 'edited on the login node' >> {dataset}", check=False).returncode != 0
+
+        # an edit on the cluster (newer than the manifest), made by the owner after taking write permission
+        # back, is undone by the next sync
+        local_cluster.ssh(f"chmod -R u+w {code} && echo 'edited on the login node' >> {dataset}")
         assert sync_code_tree(paths, tree, local_manifest(tree), hook) is True
         assert local_cluster.ssh(f"cat {dataset}").stdout == "class SeriesDataset: ...\n"
         assert sync_code_tree(paths, tree, local_manifest(tree), hook) is False
 
         # a file deleted on the cluster comes back
-        local_cluster.ssh(f"rm {code}/trainer/src/vcloud/data/__init__.py")
+        local_cluster.ssh(f"chmod -R u+w {code} && rm {code}/trainer/src/vcloud/data/__init__.py")
         assert sync_code_tree(paths, tree, local_manifest(tree), hook) is True
         assert "trainer/src/vcloud/data/__init__.py" in remote_files(local_cluster, str(paths.code(first.hash).dir))
         before = remote_files(local_cluster, str(paths.code(first.hash).dir))
@@ -168,7 +173,7 @@ def test_unchanged_code_is_not_sent_again_but_any_change_on_either_side_is(
         # A local change is a new hash with a directory of its own; the first one stays as it was.
         # Unchanged files are copied from it on the cluster, not sent: a same-size, same-mtime edit
         # made only there (which rsync's quick check cannot see) shows up in the new directory.
-        local_cluster.ssh(f"m=\"$(stat -c %y {dataset})\" && sed -i 's/Dataset: /DatasetX:/' {dataset} && "
+        local_cluster.ssh(f"chmod -R u+w {code} && m=\"$(stat -c %y {dataset})\" && sed -i 's/Dataset: /DatasetX:/' {dataset} && "
                           f"touch -d \"$m\" {dataset}")
         (source / "trainer" / "configs" / "model_tiny.yaml").write_text("name: tiny\nepochs: 2\n")
         changed = local_manifest(tree)
@@ -263,8 +268,8 @@ def test_two_members_of_a_project_sync_the_same_run_one_after_the_other(
         local_cluster: LocalCluster, tmp_path: Path) -> None:
     """The run's directories (its job scripts directory above all) belong to the member who synced
     first; the other member's sync writes into them without setting anything on what it does not
-    own (rsync exit 23, "failed to set permissions", before), and what either creates stays
-    group-writable."""
+    own (rsync exit 23, "failed to set permissions", before); the directories either creates stay
+    group-writable, the scripts are read-only."""
     repo = Path(__file__).resolve().parents[2]
     base = local_cluster.test_dir()
     local_cluster.ssh(f"chmod 2775 {shlex.quote(base)}")  # the project group's directory
@@ -284,4 +289,5 @@ def test_two_members_of_a_project_sync_the_same_run_one_after_the_other(
     assert (owner, mode) == (local_cluster.teammate, "drwxrwsr-x"), listing[0]
     scripts = [line.split(maxsplit=2) for line in listing[1:]]
     assert len(scripts) == 2 * len(jobs), listing
-    assert all(mode[4:6] == "rw" for _, mode, _ in scripts), listing  # either member may replace them
+    # read-only for everyone; the directory is the group's, so either member adds (or renames over) them
+    assert all(mode[2] == "-" and mode[5] == "-" and mode[8] == "-" for _, mode, _ in scripts), listing

@@ -10,6 +10,8 @@ arguments) first on PATH.
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +24,8 @@ from slurm_provider.cli.job_files import job_log_name
 from slurm_provider.end_records import EndRecord, end_record_path, parse_end_record
 from slurm_provider.hints import find_hints
 from vcloud_pipeline.plan.jobspec import JobSpec
-from vcloud_pipeline.plan.layout import RunPaths, run_paths
+from vcloud.code_digest import synced_tree_hash
+from vcloud_pipeline.plan.layout import CodePaths, RunPaths, run_paths
 from vcloud_pipeline.profile import load_profile
 from vcloud_pipeline.jobs.render import (
     EXIT_CODE_MISMATCH,
@@ -34,9 +37,8 @@ from vcloud_pipeline.jobs.render import (
 )
 from vcloud_pipeline.code.tree import CodeManifest
 
-CODE_HASH = "c" * 64
 TRAINER_PACKAGE = Path(__file__).resolve().parents[2] / "trainer" / "src" / "vcloud"
-LAUNCHER = ("launch.py", "exit_record.py", "contract.py", "exitcodes.py")
+LAUNCHER = ("launch.py", "exit_record.py", "contract.py", "durable.py", "exitcodes.py")
 """The real torchrun launcher of a multi-GPU job and what it imports, next to the stand-in trainer."""
 
 STAND_IN_TRAINER = '''
@@ -70,25 +72,39 @@ time.sleep(600)  # like importing torch on a loaded node: no signal handler yet
 
 def render(tmp_path: Path, spec: JobSpec, runtime: str = "none", trainer: str = STAND_IN_TRAINER,
            **overrides: object) -> tuple[RenderedJob, RunPaths]:
-    """Scripts of the local profile in a temporary project; ``none``: bare, in this interpreter."""
+    """Scripts of the local profile in a temporary project; ``none``: bare, in this interpreter. The
+    code tree is made first, in the directory its hash names, as a sync leaves it (without its manifest)."""
     base = tmp_path / "project dir's"
     profile = load_profile("local", overrides={"paths.base": str(base), "software.python": sys.executable,
                                                "container.runtime": runtime,
                                                "container.binds": [str(tmp_path)], **overrides})
     paths = run_paths(profile, "r1")
-    job = render_job(profile, spec, paths, CODE_HASH)
-    for directory in paths.directories_to_create():
-        Path(directory).mkdir(parents=True, exist_ok=True)
-    Path(job.outer_path).write_text(job.outer)
-    Path(job.inner_path).write_text(job.inner)
-    package = Path(paths.code(CODE_HASH).pythonpath_dir) / "vcloud"
+    staging = tmp_path / "code being synced"
+    package = staging / "trainer" / "src" / "vcloud"
     package.mkdir(parents=True, exist_ok=True)
     (package / "__init__.py").write_text("")
     (package / "train.py").write_text(trainer)
     (package / "export.py").write_text(trainer)
     for module in LAUNCHER:
         (package / module).write_text((TRAINER_PACKAGE / module).read_text())
+    code = paths.code(synced_tree_hash(staging))
+    job = render_job(profile, spec, paths, code.hash)
+    for directory in paths.directories_to_create():
+        Path(directory).mkdir(parents=True, exist_ok=True)
+    if Path(code.dir).exists():  # a second render of the same code
+        shutil.rmtree(staging)
+    else:
+        staging.rename(code.dir)
+    Path(job.outer_path).write_text(job.outer)
+    Path(job.inner_path).write_text(job.inner)
     return job, paths
+
+
+def code_of(job: RenderedJob, paths: RunPaths) -> CodePaths:
+    """The code directory ``job`` was rendered for (:func:`render` made it)."""
+    match = re.search(r"^readonly EXPECTED_CODE_HASH=([0-9a-f]{64})$", job.outer, re.MULTILINE)
+    assert match is not None
+    return paths.code(match.group(1))
 
 
 def job_env(**extra: str) -> dict[str, str]:
@@ -112,7 +128,8 @@ def test_outer_runs_only_the_inner_script_it_was_submitted_with(tmp_path: Path) 
     import hashlib
 
     job, paths = render(tmp_path, JobSpec.train(0))
-    Path(paths.code(CODE_HASH).manifest).write_text(CodeManifest(CODE_HASH, 3, "2026-02-16T12:00:00+00:00").to_json())
+    code = code_of(job, paths)
+    Path(code.manifest).write_text(CodeManifest(code.hash, 3, "2026-02-16T12:00:00+00:00").to_json())
     digest = hashlib.sha256(job.inner.encode()).hexdigest()
     assert job.inner_path.name == f"{job.job_name}.inner.{digest[:16]}.sh"
     other, _ = render(tmp_path, JobSpec.train(0, max_epochs=7))
@@ -135,11 +152,72 @@ def test_outer_runs_only_the_inner_script_it_was_submitted_with(tmp_path: Path) 
 
 def test_outer_refuses_to_start_when_its_code_directory_holds_other_code(tmp_path: Path) -> None:
     job, paths = render(tmp_path, JobSpec.train(0))
-    Path(paths.code(CODE_HASH).manifest).write_text(CodeManifest("d" * 64, 3, "2026-02-16T12:00:00+00:00").to_json())
+    Path(code_of(job, paths).manifest).write_text(CodeManifest("d" * 64, 3, "2026-02-16T12:00:00+00:00").to_json())
     result = subprocess.run(["bash", str(job.outer_path)], env=job_env(), capture_output=True, text=True, timeout=60)
     assert result.returncode == EXIT_CODE_MISMATCH
-    assert f"the code on the cluster ({'d' * 64}) is not the code this job was rendered for ({CODE_HASH})" \
+    expected = code_of(job, paths).hash
+    assert f"the code on the cluster ({'d' * 64}) is not the code this job was rendered for ({expected})" \
         in result.stderr
+
+
+QUICK_TRAINER = "import pathlib, sys\npathlib.Path(sys.argv[sys.argv.index('--out') + 1]).mkdir(parents=True, exist_ok=True)\n"
+
+
+@pytest.mark.parametrize("change", ["edited", "added", "removed", "bytecode"])
+def test_inner_refuses_to_run_a_code_tree_that_no_longer_hashes_to_its_code(tmp_path: Path, change: str) -> None:
+    """The manifest's string is not enough: another member could change the files behind it. The inner
+    script hashes the tree (vcloud.code_digest, carried in the script) before anything of it runs; bytecode
+    planted in the tree counts too, as Python would load it."""
+    job, paths = render(tmp_path, JobSpec.train(0), trainer=QUICK_TRAINER)
+    code = code_of(job, paths)
+    package = Path(code.pythonpath_dir) / "vcloud"
+    if change == "edited":
+        (package / "train.py").write_text("print('other code')\n")
+    elif change == "added":
+        (package / "sitecustomize.py").write_text("print('other code')\n")
+    elif change == "removed":
+        (package / "export.py").unlink()
+    else:
+        (package / "__pycache__").mkdir()
+        (package / "train.cpython-311.pyc").write_bytes(b"planted")
+    result = subprocess.run(["bash", str(job.inner_path)], env=job_env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == EXIT_CODE_MISMATCH, result.stderr
+    assert f"refusing to start: the code in {code.dir} hashes to " in result.stderr
+    assert f", not {code.hash} that this job was synced and rendered for" in result.stderr
+    assert not Path(paths.outputs_dir).exists() or not any(Path(paths.outputs_dir).iterdir())
+
+
+def test_inner_runs_a_read_only_code_tree_and_writes_no_bytecode_into_it(tmp_path: Path) -> None:
+    """A synced tree is read-only for everyone; the job's bytecode goes to a directory of its own on the
+    node (PYTHONPYCACHEPREFIX), removed when the step ends, and never into the tree."""
+    job, paths = render(tmp_path, JobSpec.train(0), trainer=QUICK_TRAINER + "import vcloud.contract\n")
+    code = code_of(job, paths)
+    subprocess.run(["chmod", "-R", "a-w", str(code.dir)], check=True)
+    pycache_parent = tmp_path / "node tmp"
+    pycache_parent.mkdir()
+    try:
+        result = subprocess.run(["bash", str(job.inner_path)], env=job_env(TMPDIR=str(pycache_parent)),
+                                capture_output=True, text=True, timeout=60)
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(code.dir)], check=True)
+    assert result.returncode == 0, result.stderr
+    assert f"vcloud code check: {code.dir} holds code {code.hash}" in result.stderr
+    assert not list(Path(code.dir).rglob("__pycache__")) and not list(Path(code.dir).rglob("*.pyc"))
+    assert list(pycache_parent.iterdir()) == [], "the start's bytecode directory is removed"
+
+
+def test_the_early_stops_count_is_not_written_through_a_planted_link(tmp_path: Path) -> None:
+    """The log directory is group-writable: a link at the count's name is replaced, never written through."""
+    victim = tmp_path / "victim"
+    victim.write_text("untouched\n")
+    job, paths = render(tmp_path, JobSpec.train(1), trainer=SLOW_START + STAND_IN_TRAINER)
+    early_stops = Path(paths.logs_dir) / f".{job.job_name}.early-stops.4242"
+    early_stops.symlink_to(victim)
+    code, err = usr2_to_outer(tmp_path, JobSpec.train(1), SLOW_START + STAND_IN_TRAINER, "starting.0")
+    assert code == EXIT_REQUEUE, err
+    assert victim.read_text() == "untouched\n"
+    assert not early_stops.is_symlink() and early_stops.read_text() == "1\n"
+    assert [p.name for p in Path(paths.logs_dir).iterdir() if ".early-stops." in p.name] == [early_stops.name]
 
 
 def test_the_charliecloud_inner_script_refuses_to_run_outside_the_container(tmp_path: Path) -> None:
@@ -201,7 +279,8 @@ def start_outer(job: RenderedJob, paths: RunPaths, tmp_path: Path, **env: str) -
     ``hostname`` is one too: it runs during set-up, and when ``hold-setup`` exists it waits (up
     to a minute) for ``release-setup``, so a test can signal the script in the middle of set-up.
     """
-    Path(paths.code(CODE_HASH).manifest).write_text(CodeManifest(CODE_HASH, 3, "2026-02-16T12:00:00+00:00").to_json())
+    code = code_of(job, paths)
+    Path(code.manifest).write_text(CodeManifest(code.hash, 3, "2026-02-16T12:00:00+00:00").to_json())
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     stand_ins = {

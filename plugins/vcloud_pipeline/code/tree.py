@@ -9,20 +9,22 @@ pattern that would match a directory deeper in the tree.
 The same exclude rules feed :func:`code_hash`, a sha256 over the sorted relative paths and bytes
 of exactly the files rsync transfers. It names the code's directory on the cluster, goes into the
 manifest written there last and into every rendered job script, which refuses to start when the
-manifest in its directory carries another hash.
+manifest in its directory carries another hash or when the files there hash to another
+(:mod:`vcloud.code_digest`, the one definition of the hash).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import fnmatch
-import hashlib
 import json
 import os
 import shlex
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+
+from vcloud.code_digest import digest_files
 
 from vcloud_pipeline.plan.layout import MANIFEST_NAME
 
@@ -190,26 +192,16 @@ def tree_files(tree: CodeTree) -> list[PurePosixPath]:
 
 def code_hash(root: Path, excludes: Sequence[str] = DEFAULT_EXCLUDES, *,
               top_level: Sequence[str] | None = DEFAULT_TOP_LEVEL) -> str:
-    """sha256 hex over the sorted relative paths and contents of the files rsync transfers.
-
-    Symlinks contribute their target, not the file behind it (``rsync -a`` copies links as links).
-    Modes and timestamps are left out: a fresh checkout of the same commit hashes the same.
+    """sha256 hex over the sorted relative paths and contents of the files rsync transfers
+    (:func:`vcloud.code_digest.digest_files`, which the job also runs over its code directory before
+    the trainer starts). Symlinks contribute their target; modes and timestamps are left out.
     """
     tree = CodeTree(Path(root), tuple(top_level) if top_level is not None else None, tuple(excludes))
     return _hash_files(tree, tree_files(tree))
 
 
 def _hash_files(tree: CodeTree, files: Sequence[PurePosixPath]) -> str:
-    digest = hashlib.sha256()
-    for rel in files:
-        local = tree.root / rel
-        if local.is_symlink():
-            kind, data = b"L", os.readlink(local).encode()
-        else:
-            kind, data = b"F", local.read_bytes()
-        digest.update(kind + b" " + rel.as_posix().encode() + b"\0" + str(len(data)).encode() + b"\0")
-        digest.update(data)
-    return digest.hexdigest()
+    return digest_files(tree.root, files)
 
 
 @dataclass(frozen=True)
@@ -243,17 +235,26 @@ def build_manifest(tree: CodeTree, created_at: dt.datetime) -> CodeManifest:
 # --------------------------------------------------------------------------- rsync argv
 
 
-PROJECT_SHARED = ("--no-perms", "--chmod=ug+rwX", "--omit-dir-times", "--rsync-path=umask 002 && rsync")
+PROJECT_SHARED = ("--no-perms", "--omit-dir-times", "--rsync-path=umask 002 && rsync")
 """A project's members share its directories: what rsync creates is group-writable (the remote
 rsync runs under umask 002; new directories inherit the setgid bit, so files keep the project's
 group), and it never sets the permissions or times of what exists, which fails on a directory
 another member created (rsync exit 23, "failed to set permissions on ...: Operation not
-permitted"): a run's job scripts directory is the same for every member who triggers the run."""
+permitted"): a run's job scripts directory is the same for every member who triggers the run.
+The permissions of what rsync creates are the ``chmod`` of :func:`rsync_argv`."""
+
+WRITABLE_WHILE_SYNCING = "ug+rwX"
+"""A code tree while it arrives: made read-only (``vcloud_pipeline.code.upload``) once its manifest is written."""
+
+READ_ONLY_FILES = "Dug+rwx,Fa-w,Fug+r"
+"""Job scripts: read-only from the upload on (the inner script is also checked by its digest), in a
+directory that stays group-writable, since every member who triggers the run adds scripts to it."""
 
 
 def rsync_argv(source_dir: Path, destination: str, remote_dir: PurePosixPath | str,
-               ssh_command: Sequence[str], *, filters: Sequence[str] = (), delete: bool = True) -> list[str]:
-    """``rsync -az [--delete] -e "ssh ..." <PROJECT_SHARED> <filters> source_dir/ destination:remote_dir/``.
+               ssh_command: Sequence[str], *, filters: Sequence[str] = (), delete: bool = True,
+               chmod: str = WRITABLE_WHILE_SYNCING) -> list[str]:
+    """``rsync -az [--delete] -e "ssh ..." <PROJECT_SHARED> --chmod=<chmod> <filters> source_dir/ destination:remote_dir/``.
 
     ``ssh_command`` and ``destination`` come from the cluster's connection
     (``SlurmHook.ssh_command()``), so rsync logs in exactly as the Slurm commands do.
@@ -264,7 +265,7 @@ def rsync_argv(source_dir: Path, destination: str, remote_dir: PurePosixPath | s
     argv = ["rsync", "-az", "-s"]
     if delete:
         argv.append("--delete")
-    argv += ["-e", shlex.join(ssh_command), *PROJECT_SHARED, *filters]
+    argv += ["-e", shlex.join(ssh_command), *PROJECT_SHARED, f"--chmod={chmod}", *filters]
     argv += [f"{str(source_dir).rstrip('/')}/", f"{destination}:{str(remote_dir).rstrip('/')}/"]
     return argv
 
@@ -292,5 +293,7 @@ def code_sync_argv(tree: CodeTree, destination: str, remote_code_dir: PurePosixP
 
 def scripts_sync_argv(local_jobs_dir: Path, destination: str, remote_jobs_dir: PurePosixPath | str,
                       ssh_command: Sequence[str]) -> list[str]:
-    """Upload rendered job scripts; never ``--delete``: scripts of queued jobs must stay."""
-    return rsync_argv(local_jobs_dir, destination, remote_jobs_dir, ssh_command, delete=False)
+    """Upload rendered job scripts, read-only (:data:`READ_ONLY_FILES`); never ``--delete``: scripts of
+    queued jobs must stay."""
+    return rsync_argv(local_jobs_dir, destination, remote_jobs_dir, ssh_command, delete=False,
+                      chmod=READ_ONLY_FILES)

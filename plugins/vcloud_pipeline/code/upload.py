@@ -140,13 +140,19 @@ def sync_code_tree(paths: RunPaths, tree: CodeTree, manifest: CodeManifest, hook
     Unchanged files are copied on the cluster from the newest complete code directory instead of
     being sent. The manifest is uploaded only after the code has arrived (a job never sees a
     manifest that promises code that is not there yet), with an mtime newer than anything rsync wrote.
-    rsync's ssh is the hook's: it logs in exactly as the hook does.
+    Then the tree is made read-only for everyone, its owner included (the project directory is shared
+    by the project's members: none may change the code another member's jobs run); the code root stays
+    group-writable, so other hashes' directories are still added next to it. rsync's ssh is the hook's:
+    it logs in exactly as the hook does.
     """
     code = paths.code(manifest.hash)
     if code_is_current(hook, code, manifest):
         return False
     refuse_unanchored_excludes(tree)
     basis = newest_complete(list_code_dirs(hook, paths).dirs, other_than=manifest.hash)
+    # A directory of this hash that is there but not current was made read-only by an earlier sync of
+    # ours that did not go through; one of another member's stays theirs (rsync then says so).
+    hook.make_owner_writable([code.dir])
     with hook.ssh_command() as ssh:
         argv = code_sync_argv(tree, ssh.destination, code.dir, ssh.argv, basis=basis)
         for attempt in range(1, CONCURRENT_WRITER_RETRIES + 1):
@@ -160,6 +166,7 @@ def sync_code_tree(paths: RunPaths, tree: CodeTree, manifest: CodeManifest, hook
                             "syncing again", tree.root, code.dir, exc.returncode)
                 time.sleep(2.0 * attempt)
     hook.write_file(code.manifest, manifest.to_json())
+    hook.make_read_only([code.dir])
     return True
 
 

@@ -32,6 +32,7 @@ import jinja2
 from slurm_provider.cli.job_files import expand_filename_pattern, job_log_name
 from slurm_provider.end_records import end_record_shell
 from slurm_provider.validation import format_time_limit
+from vcloud import code_digest
 from vcloud.contract import (
     CODE_HASH_ENV,
     EXIT_CODE_MISMATCH,
@@ -329,6 +330,13 @@ def _pylibs_entry(profile: ClusterProfile, requirements_hash: str | None) -> lis
     return [str(pylibs.dir)] if pylibs is not None else []
 
 
+@lru_cache(maxsize=1)
+def _code_digest_source() -> str:
+    """The text of :mod:`vcloud.code_digest`, which the inner script carries and runs over its code
+    directory before the trainer starts (the same hash the sync named the directory by)."""
+    return Path(code_digest.__file__).read_text().rstrip("\n")
+
+
 def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_hash: str, *,
                requirements_hash: str | None = None, templates_dir: Path | None = None) -> RenderedJob:
     """Render the outer and inner scripts of one job. Pure: reads only the template files (and, without
@@ -384,6 +392,7 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
         # (vcloud.training.mirror): it copies each checkpoint there as it saves it.
         outputs_mirror=spec.kind is JobKind.TRAIN and staged_outputs,
         data_job=data_job,
+        code_digest=_code_digest_source(),
         python_args=[] if data_job else _python_args(profile, spec, paths, code, templates),
     )
     # The outer script (Slurm keeps the submitted copy) names its inner script by content and checks

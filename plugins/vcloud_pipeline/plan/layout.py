@@ -4,9 +4,10 @@ Every task that touches the cluster (sync, submit, poll, collect) asks :func:`ru
 things are, so the layout can change here without hunting through the DAG and the templates::
 
     <paths.code>/<hash>/                  one synced code tree (trainer/ ...) per content hash,
-                                          never changed once complete: a job's scripts point at
+                                          read-only once complete: a job's scripts point at
                                           their hash's directory, so a later sync of other code
-                                          cannot change what a queued or requeued job runs
+                                          cannot change what a queued or requeued job runs, and
+                                          the job checks that its files still hash to <hash>
     <paths.code>/<hash>/.vcloud_manifest.json
                                           written last: the tree is complete and carries <hash>
                                           (see code/tree.py); directories no live job and no
@@ -26,13 +27,14 @@ things are, so the layout can change here without hunting through the DAG and th
                                           emptied before each start, removed after it)
     <paths.viewer>/<run>/                 exported viewer images; curves/stage{N}.png, the training
                                           curves the run summary points at
-    <paths.jobs>/<run>/                   rendered job scripts
+    <paths.jobs>/<run>/                   rendered job scripts (read-only once uploaded)
     <paths.pylibs>/<requirements hash>/   what the site's container lacks of one set of runtime
                                           requirements (pip --target); a job's PYTHONPATH names the
                                           set it was rendered for (provision/)
     <paths.pylibs>/<hash>/.vcloud_requirements
                                           the set and what was installed; the directory is renamed
-                                          into place with it, so it is complete when it exists
+                                          into place with it, so it is complete when it exists;
+                                          read-only from then on
     <paths.pylibs>/.vcloud-provision.lock one installer at a time (the submit lock's kind)
 """
 
@@ -43,13 +45,13 @@ import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from vcloud import contract
+from vcloud import code_digest, contract
 from vcloud.contract import STAGES
 
 from vcloud_pipeline.profile import RUNTIME_JOB_ID, ClusterProfile
 from vcloud_pipeline.provision.requirements import is_requirements_hash
 
-MANIFEST_NAME = ".vcloud_manifest.json"
+MANIFEST_NAME = code_digest.MANIFEST_NAME
 """Written into the synced code directory (and left alone by ``rsync --delete``, see code/tree.py)."""
 
 CODE_HASH = re.compile(r"^[0-9a-f]{64}$")

@@ -7,7 +7,8 @@ installs nothing. Otherwise, under a lock of the submit lock's kind in ``paths.p
 distributions it already has (``importlib.metadata``), installs the missing ones with the container's
 own ``pip`` (``--target``, ``--no-deps``: everything else is the container's; ``--only-binary``: a
 package that would need a compiler fails here, not in a job) into a directory of its own, writes the
-marker into it and renames it into place, so a set is either complete or absent. With
+marker into it and renames it into place, so a set is either complete or absent; a complete set is
+read-only for everyone (other members' jobs put it on their ``PYTHONPATH``). With
 ``provision.where: job`` the check and the install run in a short job (``sbatch --wait``) while the
 login shell holds the lock.
 
@@ -111,6 +112,8 @@ def _work_lines(profile: ClusterProfile, pylibs: PylibsPaths, requirements: Requ
         f'{{ echo "requirements {requirements.hash}"; printf \'%s\\n\' "$report"; '
         f'echo "installed $(hostname) $(date -u +%Y-%m-%dT%H:%M:%SZ)"; }} > {record} || exit {EXIT_NO_DIRECTORY}',
         f"mv -T {building} {target} || exit {EXIT_NO_DIRECTORY}",
+        # Finished: nobody changes it any more (other members' jobs put it on their PYTHONPATH).
+        f"chmod -R a-w -- {target} || exit {EXIT_NO_DIRECTORY}",
         f'echo "{MARK} installed {pylibs.dir}"',
     ]
 

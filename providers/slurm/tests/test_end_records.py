@@ -75,6 +75,21 @@ def test_a_script_leaves_its_exit_code_and_run_on_every_way_out(tmp_path: Path) 
     assert [p.name for p in tmp_path.iterdir() if ".tmp." in p.name] == [], "the temp file was renamed"
 
 
+def test_the_records_temp_file_is_mktemps_and_a_planted_link_is_not_followed(tmp_path: Path) -> None:
+    """The log directory is group-writable: another member could plant a link at a temp name it can
+    foresee (``<record>.tmp.<pid>`` before); the record's temp file is now mktemp's own."""
+    victim = tmp_path / "victim"
+    victim.write_text("untouched\n")
+    shell = end_record_shell(str(tmp_path / "%x.%j.out"))
+    assert "mktemp" in shell and ".tmp.$$" not in shell
+    for pid in range(1, 4):  # wherever $$ may land, a link there is not written through
+        (tmp_path / f"job.4711.out.end.tmp.{pid}").symlink_to(victim)
+    path = _run_script(tmp_path, "exit 0")
+    assert parse_end_record(path.read_text()) is not None and not path.is_symlink()
+    assert victim.read_text() == "untouched\n"
+    assert oct(path.stat().st_mode & 0o777) == oct(0o644)
+
+
 def test_a_signal_the_script_does_not_trap_still_leaves_a_record(tmp_path: Path) -> None:
     # bash hands its EXIT trap the last command's status, not the signal: Slurm's confirmation says
     # how the job ended, the record only that it did

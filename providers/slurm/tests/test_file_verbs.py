@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 from slurm_provider.cli.files import (
     build_make_dirs,
+    build_make_read_only,
     build_remove_records,
     build_replace_record,
     build_write_file,
@@ -66,14 +68,57 @@ def test_a_failing_command_raises_with_its_stderr(tmp_path: Path, hook: SlurmHoo
 
 def test_builders_quote_every_path_and_refuse_relative_ones() -> None:
     assert build_make_dirs(["/a b", "/c"]) == "umask 002; mkdir -p -- '/a b' /c"
-    assert build_write_file("/x y/f", token="t") == (
-        "umask 002; cat > '/x y/f.tmp.t' && mv -f -- '/x y/f.tmp.t' '/x y/f' && touch -c -- '/x y/f'")
+    assert build_write_file("/x y/f") == (
+        "umask 002; tmp=\"$(mktemp '/x y/f.XXXXXX')\" || exit 1; "
+        "if cat > \"$tmp\" && chmod 0644 \"$tmp\" && mv -f -- \"$tmp\" '/x y/f'; "
+        "then touch -c -- '/x y/f'; else rm -f -- \"$tmp\"; exit 1; fi")
+    assert build_make_read_only(["/a b"]) == (
+        "find '/a b' \\( -type f -o -type d \\) -user \"$(id -u)\" -perm /222 -exec chmod a-w -- {} +")
     with pytest.raises(ValueError, match="absolute"):
         build_make_dirs(["relative"])
     with pytest.raises(ValueError, match="plain file name prefix"):
         build_remove_records("/r", "*")
     assert build_remove_records("/r s", "abc-") == "rm -f -- '/r s'/abc-*"
     assert "for old in /r/k-*;" in build_replace_record("/r", "k-1", "text", "k-")
+
+
+def test_a_link_planted_where_a_temp_file_could_go_is_not_followed(root: Path, hook: SlurmHook,
+                                                                   tmp_path: Path) -> None:
+    """Another member of a group-writable directory can plant links at every name it can foresee (the
+    old ``<file>.tmp.<pid>``, ``.<record>.tmp``): the temp files are mktemp's, the links stay as they were."""
+    victim = tmp_path / "victim"
+    victim.write_text("untouched\n")
+    root.mkdir(parents=True)
+    records = root / ".runs"
+    records.mkdir()
+    for planted in (root / "f.tmp.1234", root / "f.tmp", records / ".k1-a.tmp", records / ".k1-a.tmp.1"):
+        planted.symlink_to(victim)
+    hook.write_file(root / "f", "written\n")
+    hook.replace_record(records, "k1-a", "marker", prefix="k1-")
+    assert victim.read_text() == "untouched\n"
+    assert (root / "f").read_text() == "written\n" and not (root / "f").is_symlink()
+    assert (records / "k1-a").read_text() == "marker\n" and not (records / "k1-a").is_symlink()
+    assert oct((root / "f").stat().st_mode & 0o777) == oct(0o644)
+    left = sorted(p.name for p in root.iterdir() if not p.is_symlink())
+    assert left == [".runs", "f"], "no temp file is left behind"
+
+
+def test_a_finished_tree_is_read_only_and_its_owner_removes_it(tmp_path: Path, hook: SlurmHook) -> None:
+    code = tmp_path / "code"
+    tree = code / "abc"
+    (tree / "trainer" / "src").mkdir(parents=True)
+    (tree / "trainer" / "src" / "m.py").write_text("x = 1\n")
+    os.chmod(code, 0o2775)
+    hook.make_read_only([tree])
+    for path in (tree, tree / "trainer", tree / "trainer" / "src" / "m.py"):
+        assert path.stat().st_mode & 0o222 == 0, path
+    assert code.stat().st_mode & 0o020, "the code root stays group-writable: new hashes are added next to it"
+    (code / "other").mkdir()
+    hook.make_owner_writable([tree, tmp_path / "missing"])
+    assert (tree / "trainer").stat().st_mode & 0o200
+    hook.make_read_only([tree])
+    assert hook.remove_dirs([(tree, code / ".abc.removing")])
+    assert sorted(p.name for p in code.iterdir()) == ["other"]
 
 
 def test_a_file_is_read_only_while_nothing_in_its_tree_changed(tmp_path: Path, hook: SlurmHook) -> None:

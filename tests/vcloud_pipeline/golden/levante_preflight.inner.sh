@@ -4,6 +4,120 @@
 # change those, not this file.
 set -euo pipefail
 
+# The code directory must hold exactly the code this job was synced and rendered for: its files hash
+# to that hash (vcloud/code_digest.py, carried here, run by an interpreter that imports nothing from the
+# tree it checks), else the job stops before anything of the tree runs.
+/work/bb1234/b381234/vcloud/venv/bin/python -I - /work/bb1234/b381234/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908 3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908 86 <<'CODE_DIGEST_SCRIPT' || exit $?
+"""The content hash of a code tree: one definition for the sync, which names a code directory on the
+cluster by it, and for the job, which checks before the trainer starts that the directory still
+holds exactly that code.
+
+A sha256 over the sorted relative paths and contents of the files: a symlink contributes its target,
+not the file behind it (``rsync -a`` copies links as links); modes and timestamps are left out, so a
+fresh checkout of the same commit hashes the same. The sync chooses which files of a checkout go
+(``vcloud_pipeline.code.tree``: its exclude rules); on the cluster, the tree is every file of the
+code directory but the manifest the sync writes last and the bytecode directories that Python wrote
+into trees synced before jobs kept bytecode out of them.
+
+Standard library only, and runnable with no package around it: the job's inner script carries this
+file's text and runs it with ``python -I -`` (an interpreter that imports nothing from the tree it
+checks, nor from ``PYTHONPATH``)::
+
+    python -I - <code dir> <expected hash> <exit code on a mismatch> < code_digest.py
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path, PurePosixPath
+
+MANIFEST_NAME = ".vcloud_manifest.json"
+"""Written last into a synced code directory; the hash it carries is the hash of the rest."""
+
+BYTECODE_DIR = "__pycache__"
+
+
+def digest_files(root: Path, files: Iterable[PurePosixPath]) -> str:
+    """sha256 hex over ``files`` (relative to ``root``, in the order given: sorted by the callers)."""
+    digest = hashlib.sha256()
+    for rel in files:
+        local = Path(root) / rel
+        if local.is_symlink():
+            kind, data = b"L", os.readlink(local).encode()
+        else:
+            kind, data = b"F", local.read_bytes()
+        digest.update(kind + b" " + rel.as_posix().encode() + b"\0" + str(len(data)).encode() + b"\0")
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def synced_files(root: Path) -> list[PurePosixPath]:
+    """Relative paths of the files and symlinks of a synced code directory, sorted: all but the
+    manifest at its top and anything in a ``__pycache__`` directory. Symlinked directories are not
+    followed."""
+    files: list[PurePosixPath] = []
+    stack = [PurePosixPath()]
+    while stack:
+        rel_dir = stack.pop()
+        with os.scandir(Path(root) / rel_dir) as scan:
+            for entry in scan:
+                rel = rel_dir / entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    if entry.name != BYTECODE_DIR:
+                        stack.append(rel)
+                elif not (rel_dir == PurePosixPath() and entry.name == MANIFEST_NAME):
+                    files.append(rel)
+    return sorted(files, key=lambda p: p.as_posix())
+
+
+def synced_tree_hash(root: Path) -> str:
+    """The hash of the code a synced code directory holds now."""
+    return digest_files(root, synced_files(root))
+
+
+def mismatch(root: Path, expected: str, found: str | None) -> str | None:
+    """What is wrong with code directory ``root`` for a job rendered for ``expected``, whose files hash
+    to ``found`` (None: they could not be read); None when it holds exactly that code."""
+    if found is None:
+        return (f"refusing to start: the code directory {root} cannot be read; sync the code again "
+                "(rerun the DAG run's sync_code task), then submit the job again")
+    if found != expected:
+        return (f"refusing to start: the code in {root} hashes to {found}, not {expected} that this job was "
+                "synced and rendered for; files of its code directory were changed, added or removed on the "
+                "cluster. Sync the code again (rerun the DAG run's sync_code task), then submit the job again")
+    return None
+
+
+def main(argv: list[str]) -> int:
+    """``<code dir> <expected hash> <exit code on a mismatch>``: say what was found, on stderr."""
+    root, expected, exit_mismatch = Path(argv[0]), argv[1], int(argv[2])
+    started = time.monotonic()
+    try:
+        files = synced_files(root)
+        found: str | None = digest_files(root, files)
+    except OSError as exc:
+        print(f"vcloud code check: {exc}", file=sys.stderr)
+        files, found = [], None
+    problem = mismatch(root, expected, found)
+    if problem is not None:
+        print(f"vcloud code check: {problem}", file=sys.stderr)
+        return exit_mismatch
+    print(f"vcloud code check: {root} holds code {expected} ({len(files)} files, hashed in "
+          f"{(time.monotonic() - started) * 1000:.0f} ms)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+CODE_DIGEST_SCRIPT
+# Bytecode goes to a directory of this start's own on the node, never into the code tree: the tree is
+# read-only once synced, and bytecode there would be code its hash does not cover.
+PYTHONPYCACHEPREFIX="$(mktemp -d "${TMPDIR:-/tmp}/vcloud-pycache.XXXXXX")"
+export PYTHONPYCACHEPREFIX
 export PYTHONPATH=/work/bb1234/b381234/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908/trainer/src"${PYTHONPATH:+:${PYTHONPATH}}"
 export VCLOUD_CODE_HASH=3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 export WANDB_MODE=disabled
@@ -91,4 +205,5 @@ fi
 if [ -n "$stop_signal" ]; then
     echo "vcloud inner script: stopped after SIG${stop_signal}, exit code ${rc}" >&2
 fi
+rm -rf -- "$PYTHONPYCACHEPREFIX"
 exit "$rc"

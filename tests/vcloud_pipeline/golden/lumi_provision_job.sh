@@ -33,6 +33,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 { echo "requirements 5e50102458557d54"; printf '%s\n' "$report"; echo "installed $(hostname) $(date -u +%Y-%m-%dT%H:%M:%SZ)"; } > /projappl/project_465002500/pylibs/.5e50102458557d54.building/.vcloud_requirements || exit 70
 mv -T /projappl/project_465002500/pylibs/.5e50102458557d54.building /projappl/project_465002500/pylibs/5e50102458557d54 || exit 70
+chmod -R a-w -- /projappl/project_465002500/pylibs/5e50102458557d54 || exit 70
 echo "VCLOUD-PROVISION installed /projappl/project_465002500/pylibs/5e50102458557d54"
 VCLOUD_PROVISION_JOB
 )

@@ -10,7 +10,6 @@ script names in :data:`vcloud.contract.RANK_EXITS_DIR_ENV` (shared storage, one 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from vcloud.contract import (
     exit_record_text,
     parse_exit_record,
 )
+from vcloud.durable import atomic_write_text
 
 log = logging.getLogger("vcloud.train")
 
@@ -35,19 +35,18 @@ def records_dir(env: Mapping[str, str]) -> Path | None:
 def write_exit_record(code: int, env: Mapping[str, str]) -> Path | None:
     """Record ``code`` for this process's global rank (``RANK``, set by torchrun) when the job asked
     for records and ``code`` is one of :data:`~vcloud.contract.RECORDED_EXITS`; returns the file
-    written. Written whole (a temporary file renamed), so a reader on another node never sees half a
-    record. A failure to write is logged, never raised: the process's exit code stands either way,
+    written. Written whole (:func:`vcloud.durable.atomic_write_text`: a temporary file that ``mkstemp``
+    creates exclusively, so a link planted at a temporary name is never followed, then renamed), so a
+    reader on another node never sees half a record. A failure to write is logged, never raised: the process's exit code stands either way,
     and torchrun still reports it for the ranks of its own node."""
     directory = records_dir(env)
     if directory is None or code not in RECORDED_EXITS:
         return None
     rank = env.get("RANK", "0")
     path = directory / exit_record_name(int(rank) if rank.isdigit() else 0)
-    temporary = directory / f".{path.name}.{os.getpid()}.tmp"
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        temporary.write_text(exit_record_text(code))
-        os.replace(temporary, path)
+        atomic_write_text(path, exit_record_text(code))
     except OSError as exc:
         log.warning("could not record exit %d in %s (%s); a torchrun job may then report the exit code of "
                     "this node's ranks only", code, path, exc)

@@ -67,7 +67,9 @@ def end_record_shell(output_pattern: str) -> str:
     written by an ``EXIT`` trap, so it is left on every way out of the script, a signal the script
     traps included; a ``SIGKILL`` (a node that fails) leaves none, and the poller's ``squeue`` notices
     that end. A script that requeues its own job sets ``requeued=1`` before it does. Written to a
-    temp file and renamed: a reader never sees half a record. A script killed by a signal it does not
+    temp file that ``mktemp`` creates exclusively next to the record (a name nobody can foresee, so no
+    link another member of a group-writable log directory planted is followed), then renamed: a
+    reader never sees half a record. A script killed by a signal it does not
     trap records the status of its last command (bash's EXIT trap is not told the signal): Slurm's
     confirmation says how the job ended, the record only that it did."""
     if "%" in re.sub(r"%[jx]", "", output_pattern):
@@ -81,10 +83,11 @@ def end_record_shell(output_pattern: str) -> str:
         "requeued=0",
         "# shellcheck disable=SC2317  # invoked from the EXIT trap",
         "write_end_record() {",
-        '    local tmp="${END_RECORD}.tmp.$$"',
+        '    local tmp',
+        '    tmp="$(mktemp "${END_RECORD}.XXXXXX" 2>/dev/null)" || return 0',
         "    if ! printf 'job=%s restart=%s exit=%s end=%s requeued=%s\\n' \"${SLURM_JOB_ID:-0}\" "
         '"${SLURM_RESTART_COUNT:-0}" "$1" "$(date +%s)" "$requeued" 2>/dev/null > "$tmp" \\',
-        '        || ! mv -f -- "$tmp" "$END_RECORD" 2>/dev/null; then',
+        '        || ! chmod 0644 -- "$tmp" 2>/dev/null || ! mv -f -- "$tmp" "$END_RECORD" 2>/dev/null; then',
         '        rm -f -- "$tmp"',
         "    fi",
         "}",

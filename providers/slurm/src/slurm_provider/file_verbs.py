@@ -55,6 +55,16 @@ def write_file_plan(path: Path, text: str) -> Plan[None]:
     _checked(f"writing {path}", (yield FileCommand(files.build_write_file(path), "write_file", stdin=text)))
 
 
+def make_read_only_plan(paths: Sequence[Path]) -> Plan[None]:
+    _checked(f"making {', '.join(map(str, paths))} read-only",
+             (yield FileCommand(files.build_make_read_only(paths), "chmod", timeout=REMOVE_TIMEOUT)))
+
+
+def make_owner_writable_plan(paths: Sequence[Path]) -> Plan[None]:
+    _checked(f"making {', '.join(map(str, paths))} writable again",
+             (yield FileCommand(files.build_make_owner_writable(paths), "chmod", timeout=REMOVE_TIMEOUT)))
+
+
 def path_exists_plan(path: Path) -> Plan[bool]:
     return (yield FileCommand(files.build_path_exists(path), "test")).exit_status == 0
 
@@ -130,6 +140,14 @@ class FileVerbs:
     def write_file(self, path: Path, text: str) -> None:
         """Write ``text`` to ``path`` atomically (a temp file of this writer's own, then a rename)."""
         self._drive(write_file_plan(path, text))
+
+    def make_read_only(self, paths: Sequence[Path]) -> None:
+        """Take write permission from everyone on everything under ``paths`` (finished, never changed)."""
+        self._drive(make_read_only_plan(paths))
+
+    def make_owner_writable(self, paths: Sequence[Path]) -> None:
+        """Give the owner back write permission under those of ``paths`` that exist and are the caller's."""
+        self._drive(make_owner_writable_plan(paths))
 
     def path_exists(self, path: Path) -> bool:
         return bool(self._drive(path_exists_plan(path)))

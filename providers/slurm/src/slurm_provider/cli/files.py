@@ -10,7 +10,6 @@ inside a setgid project directory new entries keep the project's group.
 from __future__ import annotations
 
 import shlex
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -40,14 +39,17 @@ def build_make_dirs(directories: Sequence[Path]) -> str:
     return f"{SHARED_UMASK}; mkdir -p -- {' '.join(map(shlex.quote, _absolute(directories)))}"
 
 
-def build_write_file(path: Path, token: str | None = None) -> str:
-    """Write stdin to ``path`` atomically: a temp file of this writer's own in the same directory, then
-    a rename. The file's mtime is set after the rename, so it is not older than its directory's (a
-    manifest written last relies on being the newest entry of its tree). The temp name is the
-    writer's own: two writers of one file at once each rename their own temp file."""
+def build_write_file(path: Path) -> str:
+    """Write stdin to ``path`` atomically: a temp file ``mktemp`` creates exclusively in the same
+    directory (a name nobody can foresee: a link another member of a group-writable directory planted
+    is never followed), readable by all, then a rename. The file's mtime is set after the rename, so it
+    is not older than its directory's (a manifest written last relies on being the newest entry of its
+    tree). Two writers of one file at once each rename their own temp file."""
     target = _q(path)
-    tmp = shlex.quote(f"{path}.tmp.{token or uuid.uuid4().hex}")
-    return f"{SHARED_UMASK}; cat > {tmp} && mv -f -- {tmp} {target} && touch -c -- {target}"
+    template = shlex.quote(f"{path}.XXXXXX")
+    return (f"{SHARED_UMASK}; tmp=\"$(mktemp {template})\" || exit 1; "
+            f"if cat > \"$tmp\" && chmod 0644 \"$tmp\" && mv -f -- \"$tmp\" {target}; "
+            f"then touch -c -- {target}; else rm -f -- \"$tmp\"; exit 1; fi")
 
 
 def build_path_exists(path: Path) -> str:
@@ -84,13 +86,14 @@ NEWER_MARK = "__SLURM_PROVIDER_NEWER_THAN__"
 
 def build_read_if_unchanged(file: Path, tree: Path, needle: str) -> str:
     """Print ``file``, a mark, and the first entry under ``tree`` newer than ``file`` (an empty line if
-    none); when nothing is newer and ``file`` contains ``needle``, touch it (it stays the newest).
-    Prints nothing when ``file`` does not exist."""
+    none); when nothing is newer and ``file`` contains ``needle``, touch it (it stays the newest; only
+    its owner can touch a read-only file, and the answer is the same when that fails). Prints nothing
+    when ``file`` does not exist."""
     f, t = _q(file), _q(tree)
     return (f"[ -f {f} ] || exit 0; cat {f}; echo; echo {NEWER_MARK}; "
             f"newer=\"$(find {t} -newer {f} -print -quit)\"; printf '%s\\n' \"$newer\"; "
             f"if [ -z \"$newer\" ] && grep -qF {shlex.quote(needle)} {f}; "
-            f"then touch -c -- {f}; fi")
+            f"then touch -c -- {f} 2>/dev/null || true; fi")
 
 
 def parse_read_if_unchanged(stdout: str) -> tuple[str, bool] | None:
@@ -155,25 +158,48 @@ def parse_dir_inventory(stdout: str) -> DirInventory:
 def build_remove_dirs(renames: Sequence[tuple[Path, Path]], leftovers: Sequence[Path] = (),
                       record_files: Sequence[Path] = ()) -> str | None:
     """Delete ``record_files``; rename each directory to its hidden name first, then delete it (nothing ever
-    sees half of one); delete ``leftovers`` (renamed by a removal that did not finish). None when
-    there is nothing to do."""
+    sees half of one); delete ``leftovers`` (renamed by a removal that did not finish). Only the
+    caller's own directories go: a tree made read-only (:func:`build_make_read_only`) is given back its
+    owner's write permission first, and another member's is left to that member. None when there is
+    nothing to do."""
     if not renames and not leftovers and not record_files:
         return None
     parts = [f"rm -f -- {_q(path)}" for path in record_files]
-    parts += [f"mv -T -- {_q(src)} {_q(dst)} && rm -rf -- {_q(dst)}" for src, dst in renames]
-    parts += [f"rm -rf -- {_q(path)}" for path in leftovers]
+    parts += [f"if [ -O {_q(src)} ]; then mv -T -- {_q(src)} {_q(dst)} && {_remove_tree(dst)}; fi" for src, dst in renames]
+    parts += [f"if [ -O {_q(path)} ]; then {_remove_tree(path)}; fi" for path in leftovers]
     return "set -e; " + "; ".join(parts)
+
+
+def _remove_tree(path: Path) -> str:
+    return f"{{ chmod -R u+w -- {_q(path)} 2>/dev/null; rm -rf -- {_q(path)}; }}"
+
+
+def build_make_read_only(paths: Sequence[Path]) -> str:
+    """Take write permission from everyone (owner, group, others) on every file and directory of the
+    caller's under each path: what a sync or an install finished writing stays as it was, while the
+    directory that holds it keeps its own permissions (group-writable: members still add new
+    siblings). What another member wrote there is theirs to change (chmod would be refused)."""
+    quoted = " ".join(map(shlex.quote, _absolute(paths)))
+    return f"find {quoted} \\( -type f -o -type d \\) -user \"$(id -u)\" -perm /222 -exec chmod a-w -- {{}} +"
+
+
+def build_make_owner_writable(paths: Sequence[Path]) -> str:
+    """Give the owner back write permission under each path that exists and is the caller's (before
+    its owner writes into a tree made read-only again); what is not the caller's is left alone."""
+    quoted = " ".join(map(shlex.quote, _absolute(paths)))
+    return f"for p in {quoted}; do if [ -O \"$p\" ]; then chmod -R u+w -- \"$p\"; fi; done; true"
 
 
 def build_replace_record(directory: Path, name: str, text: str, prefix: str) -> str:
     """Write ``<directory>/<name>`` (group-writable, as every file and directory these commands create)
-    holding ``text`` (whole, then renamed into place) and remove the
-    other records of ``directory`` whose names start with ``prefix``."""
+    holding ``text`` (whole, in a temp file ``mktemp`` creates exclusively, then renamed into place) and
+    remove the other records of ``directory`` whose names start with ``prefix``."""
     record = f"{directory}/{name}"
-    temporary = shlex.quote(f"{directory}/.{name}.tmp")
-    return (f"{SHARED_UMASK}; set -e; mkdir -p {_q(directory)}; printf '%s\\n' {shlex.quote(text)} > {temporary}; "
+    template = shlex.quote(f"{directory}/.{name}.XXXXXX")
+    return (f"{SHARED_UMASK}; set -e; mkdir -p {_q(directory)}; tmp=\"$(mktemp {template})\"; "
+            f"trap 'rm -f -- \"$tmp\"' EXIT; printf '%s\\n' {shlex.quote(text)} > \"$tmp\"; chmod 0664 \"$tmp\"; "
             f"for old in {_q(directory)}/{_glob_prefix(prefix)}*; do [ \"$old\" = {_q(record)} ] || rm -f -- \"$old\"; done; "
-            f"mv -f -- {temporary} {_q(record)}")
+            f"mv -f -- \"$tmp\" {_q(record)}")
 
 
 def build_touch_record(directory: Path, name: str) -> str:
