@@ -30,6 +30,7 @@ from vcloud_pipeline.plan.layout import run_paths
 from vcloud_pipeline.profile import load_profile
 from vcloud_pipeline.jobs.render import GPU_HINT_ENV, GPUS_REQUIRED_ENV, RenderedJob, render_job
 from tests.vcloud_pipeline.conftest import complete_profile
+from vcloud.code_digest import synced_tree_hash
 
 REPO = Path(__file__).resolve().parents[2]
 CODE_HASH = "e" * 64
@@ -92,10 +93,13 @@ def bare_job(tmp_path: Path, overrides: dict[str, Any], spec: JobSpec | None = N
     profile = load_profile("local", overrides={"paths.base": str(base), "software.python": sys.executable,
                                                "container.runtime": "none", **overrides})
     paths = run_paths(profile, "r1")
-    job = render_job(profile, spec or JobSpec.preflight(), paths, CODE_HASH)
-    code_dir = Path(paths.code(CODE_HASH).dir)
-    code_dir.mkdir(parents=True)
-    (code_dir / "trainer").symlink_to(REPO / "trainer")
+    staging = tmp_path / "code being synced"  # the tree as a sync leaves it, in the directory its hash names
+    staging.mkdir()
+    (staging / "trainer").symlink_to(REPO / "trainer")
+    code = paths.code(synced_tree_hash(staging))
+    job = render_job(profile, spec or JobSpec.preflight(), paths, code.hash)
+    Path(code.dir).parent.mkdir(parents=True)
+    staging.rename(code.dir)
     Path(job.inner_path).parent.mkdir(parents=True)
     Path(job.inner_path).write_text(job.inner)
     return job
