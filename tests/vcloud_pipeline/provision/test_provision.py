@@ -27,7 +27,7 @@ from vcloud_pipeline.provision.requirements import (
 from vcloud_pipeline.provision.step import ProvisionError, provision_environment
 from tests.vcloud_pipeline.conftest import complete_profile
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parents[1] / "golden"
 UPDATE = os.environ.get("VCLOUD_UPDATE_GOLDEN") == "1"
 PINS = "# runtime\ntifffile==2026.3.3\nPyYAML == 6.0.3   # config files\n\ntorch==2.13.0\n"
 

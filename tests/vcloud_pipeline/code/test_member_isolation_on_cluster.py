@@ -25,7 +25,7 @@ from vcloud_pipeline.plan.stages import StagePlan
 from vcloud_pipeline.profile import load_profile
 
 pytestmark = [pytest.mark.usefixtures("cluster_connection"), pytest.mark.timeout(600)]
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def q(path: object) -> str:

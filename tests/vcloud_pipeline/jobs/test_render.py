@@ -28,7 +28,7 @@ from vcloud_pipeline.jobs.render import (
 )
 from tests.vcloud_pipeline.conftest import complete_profile
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parents[1] / "golden"
 CODE_HASH = hashlib.sha256(b"vcloud golden code tree").hexdigest()
 REQUIREMENTS_HASH = hashlib.sha256(b"vcloud golden requirements").hexdigest()[:16]
 """The runtime requirement set the golden jobs are rendered for (LUMI's PYTHONPATH names its directory)."""

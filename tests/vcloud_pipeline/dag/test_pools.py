@@ -27,7 +27,7 @@ from vcloud_pipeline.dag.pools import (
 )
 from vcloud_pipeline.profile.site_facts import LOCAL_SITE_FACTS
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 JOB_TASKS = ["prepare_data", "preflight_imports", "stage0", "stage1", "stage2", "stage3", "export"]
 
 

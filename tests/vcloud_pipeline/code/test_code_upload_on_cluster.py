@@ -101,7 +101,7 @@ def test_anchored_exclude_keeps_the_data_package_and_the_unanchored_one_loses_it
 
 def test_a_job_refuses_to_start_when_the_code_on_the_cluster_changed(
         local_cluster: LocalCluster, tmp_path: Path) -> None:
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     base = local_cluster.test_dir()
     profile = load_profile("local", overrides={"paths.base": base})
     request = parse_request({"profile": "local", "run_name": "hashcheck"})
@@ -270,7 +270,7 @@ def test_two_members_of_a_project_sync_the_same_run_one_after_the_other(
     first; the other member's sync writes into them without setting anything on what it does not
     own (rsync exit 23, "failed to set permissions", before); the directories either creates stay
     group-writable, the scripts are read-only."""
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     base = local_cluster.test_dir()
     local_cluster.ssh(f"chmod 2775 {shlex.quote(base)}")  # the project group's directory
     request = parse_request({"profile": "local", "run_name": "shared"})

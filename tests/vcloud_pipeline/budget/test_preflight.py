@@ -188,7 +188,7 @@ def _find_project_jobs(sacct_text: str, *, every_run: bool) -> list[JobStatus]:
 
 def test_every_run_of_a_requeued_job_is_billed() -> None:
     # The local cluster's capture of a job requeued twice (runs of 15 s, 1 s and 0 s), given one GPU.
-    golden = Path(__file__).resolve().parents[2] / "providers" / "slurm" / "tests" / "golden" / "sacct_requeue.txt"
+    golden = Path(__file__).resolve().parents[3] / "providers" / "slurm" / "tests" / "golden" / "sacct_requeue.txt"
     text = golden.read_text().replace("billing=1,cpu=1,", "billing=1,cpu=1,gres/gpu=1,")
     latest_only = _find_project_jobs(text, every_run=False)
     runs = _find_project_jobs(text, every_run=True)

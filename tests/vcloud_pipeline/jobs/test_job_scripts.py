@@ -37,7 +37,7 @@ from vcloud_pipeline.jobs.render import (
 )
 from vcloud_pipeline.code.tree import CodeManifest
 
-TRAINER_PACKAGE = Path(__file__).resolve().parents[2] / "trainer" / "src" / "vcloud"
+TRAINER_PACKAGE = Path(__file__).resolve().parents[3] / "trainer" / "src" / "vcloud"
 LAUNCHER = ("launch.py", "exit_record.py", "contract.py", "durable.py", "exitcodes.py")
 """The real torchrun launcher of a multi-GPU job and what it imports, next to the stand-in trainer."""
 

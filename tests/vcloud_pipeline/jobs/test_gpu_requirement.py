@@ -32,7 +32,7 @@ from vcloud_pipeline.jobs.render import GPU_HINT_ENV, GPUS_REQUIRED_ENV, Rendere
 from tests.vcloud_pipeline.conftest import complete_profile
 from vcloud.code_digest import synced_tree_hash
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CODE_HASH = "e" * 64
 CUDA = {"accelerator.kind": "cuda"}
 """The override of the cluster test: the local profile (CPU-only PyTorch) claiming real GPUs."""

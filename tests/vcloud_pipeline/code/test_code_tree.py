@@ -97,7 +97,7 @@ def test_unanchored_name_that_exists_only_at_the_top_is_accepted(tmp_path: Path)
 
 
 def test_default_excludes_pass_on_the_real_project() -> None:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     refuse_unanchored_excludes(CodeTree(root))
     assert any(p.as_posix() == "trainer/src/vcloud/data/__init__.py" for p in tree_files(CodeTree(root)))
 
@@ -208,7 +208,7 @@ def test_scripts_sync_never_deletes_and_the_manifest_is_protected(tmp_path: Path
 def test_the_job_hashes_a_synced_tree_as_the_sync_named_it(tmp_path: Path) -> None:
     """One definition (vcloud.code_digest): what the sync sends hashes on the cluster, next to its manifest
     and the bytecode directories older jobs wrote, to the hash that names its directory."""
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     tree = CodeTree(repo)
     synced = tmp_path / "synced"
     for rel in tree_files(tree):

@@ -17,7 +17,7 @@ from vcloud_pipeline.plan.run_plan import RunPlan, ScriptRefused, SyncedCode
 from vcloud_pipeline.profile import loading
 from vcloud_pipeline.dag.tasks import PLAN_TASK, SYNC_TASK, plan_run
 
-from tests.vcloud_pipeline.test_job_operator_outage import CODE_HASH, Cluster, StateStore, TaskTry
+from tests.vcloud_pipeline.dag.test_job_operator_outage import CODE_HASH, Cluster, StateStore, TaskTry
 
 
 def _synced(planned: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import pytest
 from vcloud_pipeline.dag.queues import cluster_task_args, queue_of, route_to_cluster_queue
 from vcloud_pipeline.profile import ProfileError, load_profile
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CLUSTER_TASKS = ["sync_code", "preflight_checks", "provision_env", "prepare_data", "preflight_imports",
                  "stage0", "stage1", "stage2", "stage3", "export", "summary"]
 OFF_CLUSTER = ["plan", "verdict"]

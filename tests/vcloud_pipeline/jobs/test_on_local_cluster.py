@@ -35,10 +35,10 @@ from vcloud_pipeline.code.tree import (
 from slurm_provider.cli.job_files import job_log_name
 from slurm_provider.end_records import EndRecord, end_record_path, parse_end_record
 from slurm_provider.hooks import SlurmHook
-from tests.vcloud_pipeline.test_job_scripts import LAUNCHER, SLOW_START, STAND_IN_TRAINER, TRAINER_PACKAGE
+from tests.vcloud_pipeline.jobs.test_job_scripts import LAUNCHER, SLOW_START, STAND_IN_TRAINER, TRAINER_PACKAGE
 
 pytestmark = pytest.mark.usefixtures("cluster_connection")  # rsync logs in with the profile's connection
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"}
 BUILD_IMAGE = REPO / "include" / "local_cluster" / "build_image.sh"
 

@@ -19,7 +19,7 @@ import pytest
 
 from support.localcluster import LocalCluster, poll_until
 from tests.vcloud.test_launch import RETIRED, stage_that_refuses_to_resume
-from tests.vcloud_pipeline.test_on_local_cluster import FINAL, REPO, setup_run, submit
+from tests.vcloud_pipeline.jobs.test_on_local_cluster import FINAL, REPO, setup_run, submit
 from vcloud.contract import EXIT_RESUME_REFUSED
 from vcloud_pipeline.code.tree import CodeTree
 from vcloud_pipeline.plan.jobspec import JobSpec

@@ -13,7 +13,7 @@ import pytest
 from slurm_provider.hints import find_hints, find_submit_hints, format_hints, hint_for, log_rules
 from vcloud_pipeline.jobs.hints import ADVICE, LOG_RULES
 
-GOLDEN = Path(__file__).resolve().parents[2] / "providers" / "slurm" / "tests" / "golden"
+GOLDEN = Path(__file__).resolve().parents[3] / "providers" / "slurm" / "tests" / "golden"
 
 LOG_EXCERPTS: dict[str, str] = {
     "no_hip_gpus": """\
@@ -202,7 +202,7 @@ print(json.dumps({"before": before, "after": [rule.key for rule in log_rules()]}
 
 def test_a_process_that_loads_the_training_dag_shows_the_pipelines_hints() -> None:
     """The worker that runs a pipeline job parses the DAG file first, which imports the pipeline."""
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     path = os.pathsep.join(str(repo / p) for p in ("providers/slurm/src", "plugins", "trainer/src"))
     proc = subprocess.run([sys.executable, "-c", DAG_PROBE, str(repo / "dags" / "vcloud_training.py")],
                           env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, timeout=300)
