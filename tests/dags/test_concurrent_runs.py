@@ -7,8 +7,8 @@ there through one connection, and so share one pool, ``slurm_vcloud_local_cluste
 2 slots and ``include_deferred`` as ``python -m vcloud_pipeline.dag.pools --create`` does. Two runs with
 different run names, one per profile, are triggered through the REST API: both train at once (each
 has a job task deferred on its job at the same moment), both succeed, and sacct holds exactly one
-job per stage of each. While both hold their slot (their jobs frozen with ``scontrol suspend`` or
-``hold`` so that the moment lasts), a third run's first job task waits in Airflow for a slot and
+job per stage of each. While both hold their slot (the processes of their running jobs stopped, their
+pending jobs held, so that the moment lasts), a third run's first job task waits in Airflow for a slot and
 submits nothing: the pool bounds the jobs in flight on the cluster. The local run's name triggered
 a second time while that run trains adds no job to any stage. Each run's code is recorded
 (``<paths.code>/.runs``) while it runs and released when it ends.
@@ -121,9 +121,12 @@ class PoolWatch(threading.Thread):
                 continue
 
 
-def _freeze_both(cluster: LocalCluster, api: RestClient, runs: list[str]) -> list[tuple[str, str]]:
+def _freeze_both(cluster: LocalCluster, api: RestClient, runs: list[str]) -> list[tuple[str, str, list[str]]]:
     """Once both runs have a job task deferred at the same moment (both hold a slot), keep them there:
-    suspend their running jobs, hold their pending ones. Returns (job, how) to undo."""
+    stop the processes of their running jobs (SIGSTOP; Slurm is not told, so a job's next step starts
+    normally once they go on: after ``scontrol suspend`` and resume Slurm 22.05 refused a staging job's
+    next step with "Invalid generic resource (gres) specification"), hold their pending ones. Returns
+    (job, how, pids) to undo."""
     while True:
         poll_until(lambda: _pool(api)["deferred_slots"] == SLOTS, timeout=1200, interval=1,
                    what=f"both runs to hold a slot of {POOL} with a deferred job task")
@@ -131,29 +134,33 @@ def _freeze_both(cluster: LocalCluster, api: RestClient, runs: list[str]) -> lis
         if not all(any(s in ("RUNNING", "PENDING") for s in states.values()) for states in jobs.values()):
             time.sleep(1)  # a run's job is not in squeue yet, or has just ended: look again
             continue
-        frozen: list[tuple[str, str]] = []
+        frozen: list[tuple[str, str, list[str]]] = []
         for run_id in runs:
             for job, state in jobs[run_id].items():
                 if state == "RUNNING":
-                    cluster.root("scontrol", "suspend", job, check=False)
-                    frozen.append((job, "suspend"))
+                    try:
+                        frozen.append((job, "stop", cluster.hang_job(job)))
+                    except AssertionError:  # it ended in between
+                        pass
                 elif state == "PENDING":
                     cluster.root("scontrol", "hold", job, check=False)
-                    frozen.append((job, "hold"))
-        live = {run_id: {j for j, s in _jobs_of_run(cluster, run_id).items() if s in ("SUSPENDED", "PENDING")}
+                    frozen.append((job, "hold", []))
+        held = {job for job, _, _ in frozen}
+        live = {run_id: {j for j, s in _jobs_of_run(cluster, run_id).items() if j in held and s in ("RUNNING", "PENDING")}
                 for run_id in runs}
         if all(live.values()) and _pool(api)["deferred_slots"] == SLOTS:
             return frozen
         _thaw(cluster, frozen)  # a job ended in between: wait for the next such moment
-        # Never suspend and resume in a tight loop: each is an RPC to the node's slurmd, which
-        # handles a suspend slowly; hundreds in a few seconds used up its threads and made every
-        # step launch on that node time out.
         time.sleep(2)
 
 
-def _thaw(cluster: LocalCluster, frozen: list[tuple[str, str]]) -> None:
-    for job, how in frozen:
-        cluster.root("scontrol", "resume" if how == "suspend" else "release", job, check=False)
+def _thaw(cluster: LocalCluster, frozen: list[tuple[str, str, list[str]]]) -> None:
+    for job, how, pids in frozen:
+        if how == "stop":
+            if pids:
+                cluster.root("kill", "-CONT", *pids, check=False)
+        else:
+            cluster.root("scontrol", "release", job, check=False)
 
 
 def _wait_end(deployment: dict[str, Any], run_id: str) -> dict[str, Any]:
