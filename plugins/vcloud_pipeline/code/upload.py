@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_provider.file_verbs import RemoteCommandError
 from slurm_provider.protocols import SlurmVerbs
 from slurm_provider.transport import SSHCommand, TransportError
 
@@ -160,12 +161,25 @@ def sync_code_tree(paths: RunPaths, tree: CodeTree, manifest: CodeManifest, hook
                 run_rsync(argv, ssh=ssh, what=f"syncing {tree.root} to {code.dir}")
                 break
             except SyncError as exc:
-                if exc.returncode not in CONCURRENT_WRITER_CODES or attempt == CONCURRENT_WRITER_RETRIES:
+                if exc.returncode not in CONCURRENT_WRITER_CODES:
+                    raise
+                if code_is_current(hook, code, manifest):
+                    return True  # the other writer (another member, another deployment) finished this code
+                if attempt == CONCURRENT_WRITER_RETRIES:
                     raise
                 log.warning("Syncing %s to %s met another writer of the same code (rsync exited %s); "
                             "syncing again", tree.root, code.dir, exc.returncode)
                 time.sleep(2.0 * attempt)
-    hook.write_file(code.manifest, manifest.to_json())
+    # Another writer of the same code may have finished, and frozen, the directory meanwhile: its
+    # manifest then stands, and this sync writes none into a directory that is no longer writable.
+    if code_is_current(hook, code, manifest):
+        return True
+    try:
+        hook.write_file(code.manifest, manifest.to_json())
+    except RemoteCommandError:
+        if code_is_current(hook, code, manifest):
+            return True
+        raise
     hook.make_read_only([code.dir])
     return True
 

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from vcloud_pipeline.code import upload
+from slurm_provider.file_verbs import RemoteCommandError
+from vcloud_pipeline.code.tree import CodeManifest
 from vcloud_pipeline.code.upload import SyncError, sync_code_tree
 
 
@@ -78,3 +80,50 @@ def test_other_rsync_failures_and_a_writer_that_never_finishes_fail_without_a_ma
         with pytest.raises(SyncError, match=f"rsync exited {exits[-1]}"):
             _sync(monkeypatch, exits, login, ran)
         assert ran == exits and login.written == ["writable /p/code/abc"], "no manifest, not made read-only"
+
+
+class FinishedByAnotherMember(Login):
+    """The same code synced at the same moment by another member, whose sync wrote the manifest and
+    made the directory read-only first: from ``finished_after`` reads on the manifest is there, and
+    writing one into the directory is refused."""
+
+    def __init__(self, finished_after: int) -> None:
+        super().__init__()
+        self.reads, self.finished_after = 0, finished_after
+
+    def read_if_unchanged(self, *args: Any) -> tuple[str, bool] | None:
+        self.reads += 1
+        return (CodeManifest("abc", 3, "2026-11-27T00:00:00+00:00").to_json(), True) \
+            if self.reads > self.finished_after else None
+
+    def write_file(self, path: Any, text: str) -> None:
+        if self.reads > self.finished_after:
+            raise RemoteCommandError(f"writing {path} failed on the login node (exit 1): mktemp: Permission denied",
+                                     SimpleNamespace(exit_status=1))
+        super().write_file(path, text)
+
+
+@pytest.mark.parametrize(("finished_after", "exits"), [
+    (1, [0]),        # finished while this sync's rsync ran: its manifest stands, none is written
+    (1, [23]),       # this sync's rsync met the other's read-only files: the finished code stands
+])
+def test_code_another_member_finished_meanwhile_is_taken_as_it_is(
+        monkeypatch: pytest.MonkeyPatch, finished_after: int, exits: list[int]) -> None:
+    login, ran = FinishedByAnotherMember(finished_after), []
+    _sync(monkeypatch, exits, login, ran)
+    assert ran == exits
+    assert login.written == ["writable /p/code/abc"], "no manifest written, nothing made read-only by this sync"
+
+
+def test_a_manifest_write_refused_after_the_check_is_taken_when_the_other_writers_manifest_is_there(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other member finished between this sync's last check and its write."""
+
+    class Racing(FinishedByAnotherMember):
+        def write_file(self, path: Any, text: str) -> None:
+            self.finished_after = 0  # finishes now
+            super().write_file(path, text)
+
+    login, ran = Racing(finished_after=99), []
+    _sync(monkeypatch, [0], login, ran)
+    assert login.written == ["writable /p/code/abc"]
