@@ -121,9 +121,21 @@ def main(argv: list[str]) -> int:
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 CODE_DIGEST_SCRIPT
-# Bytecode goes to a directory of this start's own on the node, never into the code tree: the tree is
-# read-only once synced, and bytecode there would be code its hash does not cover.
-PYTHONPYCACHEPREFIX="$(mktemp -d "${TMPDIR:-/tmp}/vcloud-pycache.XXXXXX")"
+# Bytecode goes to this user's own directory on the node, never into the code tree: the tree is
+# read-only once synced, and bytecode there would be code its hash does not cover. The directory
+# outlives the start, so the image's packages compile once per node rather than at every start
+# (importing PyTorch from source costs seconds of CPU). A name taken by anything but our own private
+# directory (another user's, a link) is not used: the start then writes to a fresh one, removed at its end.
+pycache_dir="${TMPDIR:-/tmp}/vcloud-pycache-$(id -u)"
+own_pycache=""
+mkdir -m 700 -- "$pycache_dir" 2>/dev/null || true
+if [ -d "$pycache_dir" ] && [ ! -L "$pycache_dir" ] && [ -O "$pycache_dir" ] && [ "$(stat -c %a -- "$pycache_dir")" = 700 ]; then
+    PYTHONPYCACHEPREFIX="$pycache_dir"
+else
+    echo "vcloud inner script: ${pycache_dir} is not this user's private directory; bytecode goes to one of this start's own" >&2
+    PYTHONPYCACHEPREFIX="$(mktemp -d "${TMPDIR:-/tmp}/vcloud-pycache.XXXXXX")"
+    own_pycache="$PYTHONPYCACHEPREFIX"
+fi
 export PYTHONPYCACHEPREFIX
 export PYTHONPATH=/srv/vcloud/scratch/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908/trainer/src"${PYTHONPATH:+:${PYTHONPATH}}"
 export VCLOUD_CODE_HASH=3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
@@ -162,5 +174,5 @@ fi
 if [ -n "$stop_signal" ]; then
     echo "vcloud inner script: stopped after SIG${stop_signal}, exit code ${rc}" >&2
 fi
-rm -rf -- "$PYTHONPYCACHEPREFIX"
+if [ -n "$own_pycache" ]; then rm -rf -- "$own_pycache"; fi
 exit "$rc"

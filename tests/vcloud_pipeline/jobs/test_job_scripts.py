@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -68,6 +69,15 @@ slow_out.mkdir(parents=True, exist_ok=True)
 time.sleep(600)  # like importing torch on a loaded node: no signal handler yet
 '''
 """Prepended to :data:`STAND_IN_TRAINER`: a trainer still starting when the stop signal arrives."""
+
+
+@pytest.fixture(autouse=True)
+def _node_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scripts' node-local TMPDIR (their bytecode directory lives there): the test's own, not this
+    machine's /tmp."""
+    node_tmp = tmp_path / "node-local tmp"
+    node_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(node_tmp))
 
 
 def render(tmp_path: Path, spec: JobSpec, runtime: str = "none", trainer: str = STAND_IN_TRAINER,
@@ -187,23 +197,64 @@ def test_inner_refuses_to_run_a_code_tree_that_no_longer_hashes_to_its_code(tmp_
     assert not Path(paths.outputs_dir).exists() or not any(Path(paths.outputs_dir).iterdir())
 
 
-def test_inner_runs_a_read_only_code_tree_and_writes_no_bytecode_into_it(tmp_path: Path) -> None:
-    """A synced tree is read-only for everyone; the job's bytecode goes to a directory of its own on the
-    node (PYTHONPYCACHEPREFIX), removed when the step ends, and never into the tree."""
-    job, paths = render(tmp_path, JobSpec.train(0), trainer=QUICK_TRAINER + "import vcloud.contract\n")
-    code = code_of(job, paths)
+def _run_read_only(job: RenderedJob, code: CodePaths, node_tmp: Path) -> subprocess.CompletedProcess[str]:
+    """The job's inner script on a read-only code tree, with ``node_tmp`` as the node's TMPDIR and
+    bytecode writing on (as on a compute node)."""
+    env = job_env(TMPDIR=str(node_tmp))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     subprocess.run(["chmod", "-R", "a-w", str(code.dir)], check=True)
-    pycache_parent = tmp_path / "node tmp"
-    pycache_parent.mkdir()
     try:
-        result = subprocess.run(["bash", str(job.inner_path)], env=job_env(TMPDIR=str(pycache_parent)),
-                                capture_output=True, text=True, timeout=60)
+        return subprocess.run(["bash", str(job.inner_path)], env=env, capture_output=True, text=True, timeout=60)
     finally:
         subprocess.run(["chmod", "-R", "u+w", str(code.dir)], check=True)
+
+
+def test_inner_runs_a_read_only_code_tree_and_keeps_bytecode_in_the_users_own_directory(tmp_path: Path) -> None:
+    """A synced tree is read-only for everyone; the job's bytecode goes to this user's private directory on
+    the node (PYTHONPYCACHEPREFIX), never into the tree, and the next start finds it there (the image's
+    packages compile once per node, not at every start)."""
+    job, paths = render(tmp_path, JobSpec.train(0), trainer=QUICK_TRAINER + "import vcloud.contract\n")
+    code = code_of(job, paths)
+    node_tmp = tmp_path / "node tmp"
+    node_tmp.mkdir()
+    result = _run_read_only(job, code, node_tmp)
     assert result.returncode == 0, result.stderr
     assert f"vcloud code check: {code.dir} holds code {code.hash}" in result.stderr
     assert not list(Path(code.dir).rglob("__pycache__")) and not list(Path(code.dir).rglob("*.pyc"))
-    assert list(pycache_parent.iterdir()) == [], "the start's bytecode directory is removed"
+    cache = node_tmp / f"vcloud-pycache-{os.getuid()}"
+    assert list(node_tmp.iterdir()) == [cache]
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+    [compiled] = [p for p in cache.rglob("contract.*.pyc") if Path(code.dir).name in str(p)]
+    written = compiled.stat().st_mtime_ns
+
+    again = _run_read_only(job, code, node_tmp)
+    assert again.returncode == 0, again.stderr
+    assert compiled.stat().st_mtime_ns == written, "the second start compiled again instead of reading the first's bytecode"
+    assert "bytecode goes to one of this start's own" not in again.stderr
+
+
+@pytest.mark.parametrize("taken_by", ["link", "open directory"])
+def test_a_bytecode_directory_name_taken_by_a_link_or_an_open_directory_is_not_used(tmp_path: Path,
+                                                                                     taken_by: str) -> None:
+    """The node's /tmp is shared: a link or a directory others can write at the bytecode directory's name
+    is passed over; the start writes to a fresh directory of its own and removes it at its end."""
+    job, paths = render(tmp_path, JobSpec.train(0), trainer=QUICK_TRAINER + "import vcloud.contract\n")
+    code = code_of(job, paths)
+    node_tmp = tmp_path / "node tmp"
+    node_tmp.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    taken = node_tmp / f"vcloud-pycache-{os.getuid()}"
+    if taken_by == "link":
+        taken.symlink_to(elsewhere)
+    else:
+        taken.mkdir()
+        taken.chmod(0o777)
+    result = _run_read_only(job, code, node_tmp)
+    assert result.returncode == 0, result.stderr
+    assert f"{taken} is not this user's private directory; bytecode goes to one of this start's own" in result.stderr
+    assert list(node_tmp.iterdir()) == [taken], "the start's own bytecode directory is removed at its end"
+    assert not list(elsewhere.iterdir()) and not list(Path(taken).resolve().rglob("*.pyc"))
 
 
 def test_the_early_stops_count_is_not_written_through_a_planted_link(tmp_path: Path) -> None:
