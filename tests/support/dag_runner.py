@@ -6,7 +6,8 @@ deployments many times over pays that once per deployment here. The process pars
 ``{"ready": true}`` on stdout, then reads one request per line on stdin, ``{"conf": {...},
 "log": PATH}``, runs ``dag.test(run_conf=conf)`` as ``airflow dags test`` does, with everything the
 run prints going to ``PATH``, and answers ``{"run_id": ..., "state": ...}``. What it prints between
-runs goes to stderr. It ends when stdin closes.
+runs goes to stderr. It ends when stdin closes, and with the test process that started it (a killed
+pytest worker leaves no DAG run going on).
 """
 
 from __future__ import annotations
@@ -45,6 +46,17 @@ def _run(dag: Any, conf: dict[str, Any], log_path: str) -> dict[str, Any]:
     return answer
 
 
+def _end_with_parent() -> None:
+    """Linux's parent-death signal: SIGTERM when the process that started this one ends, even mid-run."""
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() == 1:  # the parent ended before the signal was asked for
+        sys.exit("dag_runner: the process that started it has ended")
+
+
 def main(dag_id: str, requests: TextIO, answers: TextIO) -> None:
     from airflow.utils.cli import get_bagged_dag
 
@@ -62,6 +74,7 @@ def main(dag_id: str, requests: TextIO, answers: TextIO) -> None:
 if __name__ == "__main__":
     # Answers go through a copy of the original stdout; whatever else is printed goes to stderr
     # (between runs) or to the run's log (during one).
+    _end_with_parent()
     answer_channel = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     main(sys.argv[1], sys.stdin, answer_channel)
