@@ -119,3 +119,12 @@ def control_dir():
         subprocess.run(["ssh", "-S", str(socket_path), "-O", "exit", "x"], capture_output=True, timeout=10)
         socket_path.unlink(missing_ok=True)
     path.rmdir()
+
+
+@pytest.fixture
+def fake_slurm(monkeypatch: pytest.MonkeyPatch):
+    """A fake Slurm login node (tests/support/fake_slurm.py) under every hook built during the test:
+    the real ``SlurmHook``/``SlurmAsyncHook`` and their parsers run on top of its job table."""
+    from support.fake_slurm import install
+
+    return install(monkeypatch)
