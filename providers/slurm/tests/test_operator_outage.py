@@ -2,7 +2,8 @@
 
 The task defers on ``SlurmLoginTrigger`` instead of failing (no retry spent, no worker slot held),
 starts its step over when the node answers and adopts what it submitted; past ``watch_deadline``
-it fails retryably. The fast tests use a recording stand-in for ``SlurmHook``; the last one stops a
+it fails retryably. The fast tests run the real ``SlurmHook`` on the fake Slurm of
+tests/support/fake_slurm.py; the last one stops a
 private login sshd of the local cluster under a real task and its real job.
 """
 
@@ -19,7 +20,6 @@ import pytest
 from airflow.exceptions import TaskDeferred
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from slurm_provider import hooks
 from slurm_provider.hooks import SlurmCommandFailed, SubmitLockBusy
 from slurm_provider.job_status import JobStatus
 from slurm_provider.login_wait import REACHABLE, SlurmLoginTrigger
@@ -28,39 +28,23 @@ from slurm_provider.outage import STEP_FAILURES_WHILE_REACHABLE
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.transport import HostKeyRejected, TransportTimeout, TransportUnavailable
 from slurm_provider.triggers import ERROR, FINISHED, SlurmJobTrigger
-from providers.slurm.tests.test_operator_retries import Cluster, _context, _event, _operator, _status
+from providers.slurm.tests.test_operator_retries import _cluster, _context, _event, _operator, _status
+from support.fake_slurm import FakeSlurm, install
 
 DOWN = TransportUnavailable("cannot reach vcloud@lumi:22 (connection 'c'): ConnectionRefusedError")
 
 
-class DownCluster(Cluster):
-    """The stand-in cluster, whose every command fails with ``down`` while it is set."""
+def _down_cluster(monkeypatch: pytest.MonkeyPatch, *statuses: JobStatus,
+                  down: BaseException | None = DOWN) -> FakeSlurm:
+    """The fake Slurm holding a job for each status, whose every command fails with ``down`` while it is set."""
+    cluster = _cluster(monkeypatch, *statuses)
+    cluster.down = down
+    return cluster
 
-    def __init__(self, *statuses: Any, down: BaseException | None = DOWN, **kwargs: Any) -> None:
-        super().__init__(*statuses, **kwargs)
-        self.down = down
-        self.lookups = 0
 
-    def _reach(self) -> None:
-        if self.down is not None:
-            raise self.down
-
-    def statuses(self, job_ids: Any) -> Any:
-        self._reach()
-        return super().statuses(job_ids)
-
-    def runs(self, job_id: Any) -> Any:
-        self._reach()
-        return super().runs(job_id)
-
-    def find_jobs(self, name: str | None = None, **kwargs: Any) -> Any:
-        self.lookups += 1
-        self._reach()
-        return super().find_jobs(name, **kwargs)
-
-    def submit(self, script: str, **fields: Any) -> Any:
-        self._reach()
-        return super().submit(script, **fields)
+def _lookups(cluster: FakeSlurm) -> int:
+    """How often the operator looked for its job by name (one squeue by name each, answered or not)."""
+    return sum(1 for asked in cluster.asked if asked.verb == "squeue" and "--name=" in asked.line)
 
 
 def _deferred_on_login_wait(call: Any) -> SlurmLoginTrigger:
@@ -78,8 +62,7 @@ def _reachable(trigger: SlurmLoginTrigger, tries: int = 3) -> dict[str, Any]:
 
 def test_a_retry_that_meets_the_outage_waits_for_the_login_node_and_then_adopts_its_job(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    cluster = DownCluster(_status("101", SlurmState.RUNNING))
-    monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    cluster = _down_cluster(monkeypatch, _status("101", SlurmState.RUNNING))
     context = _context(2, "101")
     before = time.time()
     wait = _deferred_on_login_wait(lambda: _operator(watch_deadline=timedelta(hours=6)).execute(context))
@@ -95,8 +78,7 @@ def test_a_retry_that_meets_the_outage_waits_for_the_login_node_and_then_adopts_
 
 
 def test_the_first_try_submits_once_the_login_node_answers(monkeypatch: pytest.MonkeyPatch) -> None:
-    cluster = DownCluster()
-    monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    cluster = _down_cluster(monkeypatch)
     context = _context(1)
     wait = _deferred_on_login_wait(lambda: _operator().execute(context))
     cluster.down = None
@@ -105,38 +87,25 @@ def test_the_first_try_submits_once_the_login_node_answers(monkeypatch: pytest.M
     assert cluster.submitted == [watching.value.trigger.job_id]
 
 
-class LostAnswer(DownCluster):
-    """sbatch accepts the job, then the login node goes away before its answer arrives."""
-
-    def submit(self, script: str, **fields: Any) -> Any:
-        self.jobs["555"] = JobStatus("555", SlurmState.PENDING, name=fields["job_name"],
-                                     comment=fields["comment"].to_json(), source="squeue")
-        self.down = DOWN
-        raise TransportTimeout("command on vcloud@lumi:22 did not finish within the timeout")
-
-    def find_jobs(self, name: str | None = None, **kwargs: Any) -> Any:
-        self.lookups += 1
-        self._reach()
-        return [job for job in self.jobs.values() if job.name == name]
-
-
 def test_a_submit_whose_answer_was_lost_adopts_the_job_after_the_outage(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("slurm_provider.operators.time.sleep", lambda seconds: None)
-    cluster = LostAnswer(down=None)
-    monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    cluster = install(monkeypatch, FakeSlurm(first_id=555))
+    # sbatch accepts the job, then the login node goes away before its answer arrives
+    cluster.lose_submit_answers(TransportTimeout("command on vcloud@lumi:22 did not finish within the timeout"),
+                                then_down=DOWN)
     context = _context(1)
     wait = _deferred_on_login_wait(lambda: _operator().execute(context))
-    assert cluster.lookups == 1 + 5  # one look before sbatch, five after its answer was lost, then the wait
+    assert _lookups(cluster) == 1 + 5  # one look before sbatch, five after its answer was lost, then the wait
     cluster.down = None
     with pytest.raises(TaskDeferred) as watching:
         _operator().execute_after_outage(context, _reachable(wait))
-    assert watching.value.trigger.job_id == "555" and cluster.submitted == [], "adopted, not submitted twice"
+    assert watching.value.trigger.job_id == "555" and cluster.submitted == ["555"], "adopted, not submitted twice"
+    assert cluster.verbs.count("sbatch") == 1
 
 
 def test_reading_how_the_job_ended_waits_for_the_login_node_too(monkeypatch: pytest.MonkeyPatch) -> None:
     done = _status("101", SlurmState.COMPLETED, exit_code=0)
-    cluster = DownCluster(done)
-    monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    cluster = _down_cluster(monkeypatch, done)
     context = _context(1, "101")
     wait = _deferred_on_login_wait(lambda: _operator().execute_complete(context, _event(FINISHED, done)))
     cluster.down = None
@@ -145,8 +114,7 @@ def test_reading_how_the_job_ended_waits_for_the_login_node_too(monkeypatch: pyt
 
 
 def test_an_outage_that_outlasts_the_deadline_fails_the_try_retryably(monkeypatch: pytest.MonkeyPatch) -> None:
-    cluster = DownCluster(_status("101", SlurmState.RUNNING))
-    monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    cluster = _down_cluster(monkeypatch, _status("101", SlurmState.RUNNING))
     context = _context(2, "101")
     # the login wait's own end: its event says why
     with pytest.raises(AirflowException) as ended:
@@ -164,8 +132,8 @@ def test_an_outage_that_outlasts_the_deadline_fails_the_try_retryably(monkeypatc
 
 
 def test_a_wait_that_meets_the_outage_again_keeps_its_start_and_its_pace(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hooks, "SlurmHook", DownCluster(_status("101", SlurmState.RUNNING),
-                                                        down=SlurmCommandFailed("sacct exited 1: slurmdbd down")))
+    _down_cluster(monkeypatch, _status("101", SlurmState.RUNNING),
+                                                        down=SlurmCommandFailed("sacct exited 1: slurmdbd down"))
     since = time.time() - 600
     again = _deferred_on_login_wait(lambda: _operator().execute_after_outage(
         _context(2, "101"), {"kind": REACHABLE, "since": since, "tries": 7, "message": "reachable again"}))
@@ -178,7 +146,7 @@ def test_a_step_that_keeps_failing_while_the_login_node_answers_fails_the_try_in
     is not an outage: after the login node answered scontrol ping, the step gets
     STEP_FAILURES_WHILE_REACHABLE tries, then the task fails with the error, long before watch_deadline."""
     cause = SlurmCommandFailed("file size check printed '0 '")
-    monkeypatch.setattr(hooks, "SlurmHook", DownCluster(down=cause))
+    _down_cluster(monkeypatch, down=cause)
     context = _context(1)
     wait = _deferred_on_login_wait(lambda: _operator().execute(context))
     assert wait.carry == {"failures_while_reachable": 0}
@@ -198,7 +166,7 @@ def test_a_step_that_keeps_failing_while_the_login_node_answers_fails_the_try_in
 
 def test_a_connection_that_breaks_again_after_the_node_answered_is_still_an_outage(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hooks, "SlurmHook", DownCluster())
+    _down_cluster(monkeypatch)
     context = _context(1)
     wait = _deferred_on_login_wait(lambda: _operator().execute(context))
     for _ in range(STEP_FAILURES_WHILE_REACHABLE + 2):
@@ -208,8 +176,7 @@ def test_a_connection_that_breaks_again_after_the_node_answered_is_still_an_outa
 
 
 def test_a_host_key_or_login_problem_is_not_waited_for_but_retried(monkeypatch: pytest.MonkeyPatch) -> None:
-    cluster = DownCluster(_status("101", SlurmState.RUNNING), down=HostKeyRejected("host key of lumi changed"))
-    monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    cluster = _down_cluster(monkeypatch, _status("101", SlurmState.RUNNING), down=HostKeyRejected("host key of lumi changed"))
     with pytest.raises(AirflowException) as raised:
         _operator().execute(_context(2, "101"))
     assert not isinstance(raised.value, (AirflowFailException, TaskDeferred))
@@ -219,8 +186,8 @@ def test_a_host_key_or_login_problem_is_not_waited_for_but_retried(monkeypatch: 
 def test_a_busy_submit_lock_is_retried_by_airflow_and_submits_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("slurm_provider.operators.time.sleep", lambda seconds: None)
     busy = SubmitLockBusy("another submit holds /scratch/run/stage0/.slurm-submit.lock: nothing was submitted")
-    cluster = DownCluster(down=None, submit_error=busy)
-    monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    cluster = _down_cluster(monkeypatch, down=None)
+    cluster.fail_submits(busy)
     with pytest.raises(AirflowException) as raised:
         _operator().execute(_context(1))
     assert not isinstance(raised.value, AirflowFailException)
@@ -228,7 +195,7 @@ def test_a_busy_submit_lock_is_retried_by_airflow_and_submits_nothing(monkeypatc
 
 
 def test_the_watch_gets_the_tasks_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hooks, "SlurmHook", DownCluster(_status("101", SlurmState.RUNNING), down=None))
+    _down_cluster(monkeypatch, _status("101", SlurmState.RUNNING), down=None)
     with pytest.raises(TaskDeferred) as watching:
         _operator(watch_deadline=timedelta(hours=3)).execute(_context(2, "101"))
     assert watching.value.trigger.serialize()[1]["watch_deadline"] == 3 * 3600.0
@@ -383,24 +350,11 @@ def test_slurms_rate_limit_slows_the_watch_down_and_the_task_still_succeeds_with
     assert jobs.split() == [job_id], "one job: the refusals made nothing submit again"
 
 
-class UnreadableAfterSubmit(DownCluster):
-    """sbatch answers, then the login node goes away while the task reads the job's exit record."""
-
-    def submit(self, script: str, **fields: Any) -> Any:
-        result = super().submit(script, **fields)
-        self.down = DOWN
-        return result
-
-    def read_file(self, path: str) -> str | None:
-        self._reach()
-        return super().read_file(path)
-
-
 def test_a_short_job_watch_that_meets_the_outage_hands_the_job_to_its_trigger(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("slurm_provider.operators.time.sleep", lambda seconds: None)
-    cluster = UnreadableAfterSubmit(down=None)
-    monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    cluster = _down_cluster(monkeypatch, down=None)
+    cluster.go_down_after_submit(DOWN)  # sbatch answers, then the login node goes away while the task reads
     with pytest.raises(TaskDeferred) as watching:
         _operator(short_job_wait=30).execute(_context(1))
     assert isinstance(watching.value.trigger, SlurmJobTrigger), "the job's own trigger, not the login wait"

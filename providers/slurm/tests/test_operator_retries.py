@@ -3,8 +3,8 @@
 A lost watch (the trigger gave up on SSH, the job vanished from view, the worker died) raises a
 plain ``AirflowException``, which Airflow retries, and the retry adopts the job. A job that itself
 ended badly raises ``AirflowFailException``, which Airflow never retries, so a broken job is never
-submitted again behind anyone's back. The cluster here is a recording stand-in for ``SlurmHook``
-(pure decision logic); tests/deploy/test_gestures.py shows both halves in a running deployment.
+submitted again behind anyone's back. The cluster here is the fake Slurm of tests/support/fake_slurm.py
+under the real hook; tests/deploy/test_gestures.py shows both halves in a running deployment.
 """
 
 from __future__ import annotations
@@ -17,11 +17,8 @@ from airflow.exceptions import TaskDeferred
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from support.hook_stand_in import HookStandIn
-from slurm_provider import hooks
-from slurm_provider.hooks import CancelResult
+from support.fake_slurm import FakeSlurm, install
 from slurm_provider.operators import HISTORY_KEY, SlurmSubmitOperator, job_name_for
-from slurm_provider.cli.sbatch import SbatchRefused, SubmitResult
 from slurm_provider.resubmission import Submission, SubmissionHistory
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.job_status import JobStatus
@@ -32,43 +29,18 @@ RUN_ID = "manual__retries"
 NAME = job_name_for("retries", "train", RUN_ID)
 
 
-class Cluster(HookStandIn):
-    """Stands in for ``SlurmHook``: answers from a table of job statuses and records what was asked."""
+def _cluster(monkeypatch: pytest.MonkeyPatch, *statuses: JobStatus) -> FakeSlurm:
+    """The fake Slurm under every hook the operator builds, holding a job for each status."""
+    fake = install(monkeypatch)
+    for status in statuses:
+        fake.add(status.job_id, status.name or NAME, state=status.state.value, reason=status.reason,
+                 exit_code=status.exit_code or 0, cancelled_by=status.cancelled_by)
+    return fake
 
-    def __init__(self, *statuses: JobStatus, submit_error: Exception | None = None) -> None:
-        self.jobs = {s.job_id: s for s in statuses}
-        self.submit_error = submit_error
-        self.submitted: list[str] = []
-        self.cancelled: list[str] = []
 
-    def statuses(self, job_ids: Any) -> dict[str, JobStatus]:
-        return {j: self.jobs.get(j, JobStatus(j, SlurmState.UNKNOWN)) for j in map(str, job_ids)}
-
-    def runs(self, job_id: Any) -> list[JobStatus]:
-        return [self.jobs[str(job_id)]] if str(job_id) in self.jobs else []
-
-    def find_jobs(self, name: str | None = None, **kwargs: Any) -> list[JobStatus]:
-        return []
-
-    def submit(self, script: str, **fields: Any) -> SubmitResult:
-        if self.submit_error is not None:
-            raise self.submit_error
-        job_id = str(900 + len(self.submitted))
-        self.submitted.append(job_id)
-        return SubmitResult(job_id=job_id, cluster=None)
-
-    def cancel(self, job_id: Any, signal: Any = None) -> CancelResult:
-        self.cancelled.append(str(job_id))
-        return CancelResult(str(job_id), None, 0, None)
-
-    def file_sizes(self, paths: Any) -> dict[str, int]:
-        return {}
-
-    def read_log(self, path: str, offset: int = 0, max_bytes: int = 0) -> tuple[str, int]:
-        return "", offset
-
-    def read_file(self, path: str) -> str | None:
-        return None
+def _cancelled(fake: FakeSlurm) -> list[str]:
+    """The jobs scancel was asked to cancel, in order."""
+    return [asked.line.split()[-1] for asked in fake.asked if asked.verb == "scancel"]
 
 
 class StateStore(dict):
@@ -151,13 +123,12 @@ def test_a_task_group_s_default_args_reach_the_operator_too() -> None:
 ])
 def test_a_lost_watch_fails_the_try_so_that_a_retry_adopts_the_job(kind: str, message: str,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    cluster = Cluster(_status("101", SlurmState.RUNNING))
-    monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    cluster = _cluster(monkeypatch, _status("101", SlurmState.RUNNING))
     with pytest.raises(AirflowException) as raised:
         _operator().execute_complete(_context(1, "101"), _event(kind, None, message))
     assert not isinstance(raised.value, AirflowFailException)
     assert message in str(raised.value) and "retry of this task" in str(raised.value)
-    assert cluster.submitted == [] and cluster.cancelled == []
+    assert cluster.submitted == [] and _cancelled(cluster) == []
 
 
 @pytest.mark.parametrize(("state", "fields", "says"), [
@@ -170,8 +141,7 @@ def test_a_lost_watch_fails_the_try_so_that_a_retry_adopts_the_job(kind: str, me
 def test_a_job_that_ended_badly_fails_the_task_for_good(state: SlurmState, fields: dict[str, Any], says: str,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     ended = _status("101", state, **fields)
-    cluster = Cluster(ended)
-    monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    cluster = _cluster(monkeypatch, ended)
     with pytest.raises(AirflowFailException, match=says):
         _operator().execute_complete(_context(1, "101"), _event(FINISHED, ended))
     assert cluster.submitted == []
@@ -179,25 +149,23 @@ def test_a_job_that_ended_badly_fails_the_task_for_good(state: SlurmState, field
 
 def test_a_job_that_can_never_start_is_cancelled_and_fails_for_good(monkeypatch: pytest.MonkeyPatch) -> None:
     pending = _status("101", SlurmState.PENDING, reason="AssocGrpBillingMinutes")
-    cluster = Cluster(pending)
-    monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    cluster = _cluster(monkeypatch, pending)
     with pytest.raises(AirflowFailException, match="Job 101 was cancelled"):
         _operator().execute_complete(_context(1, "101"),
                                      _event(NEVER_STARTS, pending, "job 101 will not start"))
-    assert cluster.cancelled == ["101"]
+    assert _cancelled(cluster) == ["101"] and cluster.job(101).state == "CANCELLED"
 
 
 @pytest.mark.parametrize("event", [{"kind": FINISHED}, {**_event("exploded", None)}])
 def test_an_event_the_operator_cannot_read_fails_for_good(event: dict[str, Any],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hooks, "SlurmHook", Cluster())
+    _cluster(monkeypatch)
     with pytest.raises(AirflowFailException):
         _operator().execute_complete(_context(1, "101"), event)
 
 
 def test_a_retry_adopts_the_job_its_lost_watch_left_running(monkeypatch: pytest.MonkeyPatch) -> None:
-    cluster = Cluster(_status("101", SlurmState.RUNNING))
-    monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    cluster = _cluster(monkeypatch, _status("101", SlurmState.RUNNING))
     with pytest.raises(TaskDeferred) as deferred:
         _operator().execute(_context(2, "101"))
     assert deferred.value.trigger.job_id == "101" and cluster.submitted == []
@@ -205,7 +173,7 @@ def test_a_retry_adopts_the_job_its_lost_watch_left_running(monkeypatch: pytest.
 
 def test_the_watch_deadline_reaches_the_trigger_and_must_be_a_positive_number(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hooks, "SlurmHook", Cluster(_status("101", SlurmState.PENDING)))
+    _cluster(monkeypatch, _status("101", SlurmState.PENDING))
     with pytest.raises(TaskDeferred) as deferred:
         _operator().execute(_context(2, "101"))
     assert deferred.value.trigger.watch_deadline == 86400.0  # a day unless said otherwise
@@ -220,16 +188,14 @@ def test_the_watch_deadline_reaches_the_trigger_and_must_be_a_positive_number(
 @pytest.mark.parametrize("state", [SlurmState.FAILED, SlurmState.CANCELLED, SlurmState.OUT_OF_MEMORY])
 def test_a_retry_that_finds_its_job_ended_badly_fails_instead_of_submitting_again(
         state: SlurmState, monkeypatch: pytest.MonkeyPatch) -> None:
-    cluster = Cluster(_status("101", state, exit_code=1))
-    monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    cluster = _cluster(monkeypatch, _status("101", state, exit_code=1))
     with pytest.raises(AirflowFailException, match=f"Slurm job 101 ended {state.value}"):
         _operator().execute(_context(2, "101"))
     assert cluster.submitted == []
 
 
 def test_a_retry_whose_job_the_cluster_forgot_submits_it_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    cluster = Cluster()  # neither squeue nor sacct knows job 101 any more
-    monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    cluster = _cluster(monkeypatch)  # neither squeue nor sacct knows job 101 any more
     context = _context(2, "101")
     with pytest.raises(TaskDeferred) as deferred:
         _operator().execute(context)
@@ -239,10 +205,11 @@ def test_a_retry_whose_job_the_cluster_forgot_submits_it_again(monkeypatch: pyte
 
 def test_sbatch_refusing_the_job_fails_for_good_and_a_login_failure_is_retried(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hooks, "SlurmHook", Cluster(submit_error=SbatchRefused("Invalid account", "")))
+    cluster = _cluster(monkeypatch)
+    cluster.refuse_submits("Batch job submission failed: Invalid account or account/partition combination")
     with pytest.raises(AirflowFailException, match="sbatch refused"):
         _operator().execute(_context())
-    monkeypatch.setattr(hooks, "SlurmHook", Cluster(submit_error=AuthenticationFailed("password expired")))
+    cluster.fail_submits(AuthenticationFailed("password expired"))
     with pytest.raises(AirflowException) as raised:
         _operator().execute(_context())
     assert not isinstance(raised.value, AirflowFailException)  # a person may fix the login before the retry
