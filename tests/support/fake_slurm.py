@@ -98,6 +98,8 @@ class FakeJob:
     in_squeue: bool = True
     """slurmctld still lists it (it forgets finished jobs after ``MinJobAge``)."""
     in_sacct: bool = True
+    current_in_sacct: bool = True
+    """False: slurmdbd has not recorded the current run yet; sacct prints only the earlier runs."""
     earlier: list[FakeRun] = field(default_factory=list)
     signals: list[str] = field(default_factory=list)
     """Signals ``scancel --signal`` sent it."""
@@ -235,12 +237,12 @@ def squeue_row(job: FakeJob) -> str:
 
 def sacct_rows(job: FakeJob, duplicates: bool) -> list[str]:
     """The allocation rows ``sacct --parsable2`` prints for the job: every run with ``-D``, else the latest."""
-    runs = [*job.earlier] if duplicates else []
     state = f"CANCELLED by {job.cancelled_by}" if job.state == "CANCELLED" and job.cancelled_by else job.state
     latest = FakeRun(state, job.exit_code, job.signal, job.submit, job.start, job.end, job.node,
                      job.reason or "None")
+    runs = [*job.earlier, *([latest] if job.current_in_sacct else [])]
     lines = []
-    for run in [*runs, latest]:
+    for run in runs if duplicates else runs[-1:]:
         elapsed = int(((run.end or run.start) - run.start).total_seconds()) if run.start else 0
         values = {
             "JobID": job.job_id, "JobIDRaw": job.job_id, "JobName": job.name, "State": run.state,
@@ -535,6 +537,8 @@ class FakeSlurm:
         self.submitted: list[str] = []
         """Ids of the jobs sbatch accepted (whether the answer reached the caller or not)."""
         self.closed = 0
+        self.failing: dict[str, BaseException] = {}
+        """verb -> the error every command of that verb raises (``{"scancel": TransportUnavailable(...)}``)."""
         self._refusal: str | None = None
         self._submit_error: BaseException | None = None
         self._lost_answer: tuple[BaseException, BaseException | None] | None = None
@@ -548,6 +552,8 @@ class FakeSlurm:
         self.asked.append(Asked(verb, command, text))
         if self.down is not None:
             raise self.down
+        if verb in self.failing:
+            raise self.failing[verb]
         if verb == "sbatch" and "--test-only" not in command:
             return self._submit(command, text)
         return answer(command, self.table, text).result
@@ -612,10 +618,11 @@ class FakeSlurm:
         job.state, job.reason, job.node, job.start = "RUNNING", None, node, self.table.tick()
         return job
 
-    def requeue(self, job_id: str | int, reason: str = "BeginTime") -> FakeJob:
-        """The running job goes back to the queue: sacct keeps the run as REQUEUED."""
+    def requeue(self, job_id: str | int, reason: str = "BeginTime", ended: str = "REQUEUED") -> FakeJob:
+        """The running job goes back to the queue: sacct keeps the run that ended (``REQUEUED``, or
+        ``NODE_FAIL``/``PREEMPTED`` when Slurm requeued it after those)."""
         job = self.job(job_id)
-        job.earlier.append(FakeRun("REQUEUED", 0, 0, job.submit, job.start, self.table.tick(), job.node,
+        job.earlier.append(FakeRun(ended, 0, 0, job.submit, job.start, self.table.tick(), job.node,
                                    job.reason or "None"))
         job.state, job.reason, job.restarts = "PENDING", reason, job.restarts + 1
         job.submit, job.start, job.end, job.node = self.table.clock, None, None, ""
