@@ -537,6 +537,8 @@ class FakeSlurm:
         self.submitted: list[str] = []
         """Ids of the jobs sbatch accepted (whether the answer reached the caller or not)."""
         self.closed = 0
+        self.before_each: Callable[[FakeSlurm], None] | None = None
+        """A test's own step before each command is answered (time passing: an outage ends, a job starts)."""
         self.failing: dict[str, BaseException] = {}
         """verb -> the error every command of that verb raises (``{"scancel": TransportUnavailable(...)}``)."""
         self._refusal: str | None = None
@@ -550,6 +552,8 @@ class FakeSlurm:
         text = stdin.decode() if isinstance(stdin, bytes) else stdin
         verb = _verb_of(command)
         self.asked.append(Asked(verb, command, text))
+        if self.before_each is not None:
+            self.before_each(self)
         if self.down is not None:
             raise self.down
         if verb in self.failing:

@@ -1,6 +1,6 @@
 """SlurmLoginTrigger driven directly: one event, when the login node answers or the wait must end.
 
-The probe is a stand-in here (fast); providers/slurm/tests/test_operator_outage.py runs the trigger
+The probe is the real ``scontrol ping`` of the hook on the fake Slurm of tests/support (fast); providers/slurm/tests/test_operator_outage.py runs the trigger
 against a private login sshd of the local cluster that is stopped and started again.
 """
 
@@ -13,35 +13,35 @@ from typing import Any
 import pytest
 import structlog.testing
 
-from slurm_provider import hooks
-from slurm_provider.hooks import SlurmCommandFailed
 from slurm_provider.login_wait import REACHABLE, SlurmLoginTrigger, probe_delay
 from slurm_provider.transport import AuthenticationFailed, TransportError, TransportUnavailable
 from slurm_provider.triggers import ERROR
+from support.fake_slurm import FakeSlurm, install
 
 FAST = {"poll_interval": 0.01, "max_poll_interval": 0.02}
 
 
-class Probes:
-    """Stands in for ``SlurmAsyncHook``: each ``ping`` answers with the next scripted outcome."""
+CONTROLLER_DOWN = "controller down"
+"""A probe step: the login node answers, but ``scontrol ping`` finds no slurmctld up."""
 
-    def __init__(self, *script: TransportError | None) -> None:
-        self.script = list(script)
-        self.pings = 0
-        self.closed = 0
 
-    def __call__(self, conn_id: str) -> Probes:
-        return self
+def _probes(monkeypatch: pytest.MonkeyPatch, *script: TransportError | str | None) -> FakeSlurm:
+    """The fake Slurm under the trigger's hooks: before each command the next scripted step holds
+    (an error: the login node is down with it; ``CONTROLLER_DOWN``; None: all up); the last one stays."""
+    steps = list(script)
 
-    async def ping(self) -> dict[str, str]:
-        self.pings += 1
-        step = self.script.pop(0) if len(self.script) > 1 else self.script[0]
-        if step is not None:
-            raise step
-        return {"primary": "UP"}
+    def next_step(fake: FakeSlurm) -> None:
+        step = steps.pop(0) if len(steps) > 1 else steps[0]
+        fake.down = step if isinstance(step, TransportError) else None
+        fake.table.controller_up = step != CONTROLLER_DOWN
 
-    async def close(self) -> None:
-        self.closed += 1
+    fake = install(monkeypatch)
+    fake.before_each = next_step
+    return fake
+
+
+def _pings(fake: FakeSlurm) -> int:
+    return fake.verbs.count("scontrol")
 
 
 def _event(trigger: SlurmLoginTrigger) -> dict[str, Any]:
@@ -65,29 +65,28 @@ def test_serialize_round_trips() -> None:
 
 def test_the_node_answering_again_ends_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     down = TransportUnavailable("cannot reach lumi: ConnectionRefusedError")
-    probes = Probes(down, SlurmCommandFailed("no slurmctld answers the login node (primary DOWN)"), down, None)
-    monkeypatch.setattr(hooks, "SlurmAsyncHook", probes)
+    probes = _probes(monkeypatch, down, CONTROLLER_DOWN, down, None)
     since = time.time() - 600
     with structlog.testing.capture_logs() as logs:
         payload = _event(SlurmLoginTrigger(conn_id="lumi", since=since, carry={"k": 1}, **FAST))
     assert payload == {"kind": REACHABLE, "conn_id": "lumi", "since": since, "tries": 4,
                        "message": "login node of lumi reachable again after 10 min", "carry": {"k": 1}}
-    assert probes.pings == 4 and probes.closed == 4, "one connection per probe, always closed"
+    assert _pings(probes) == 4 and probes.closed == 4, "one connection per probe, always closed"
+    assert all(asked.line == "scontrol ping" for asked in probes.asked)
     assert [e["event"] for e in logs if e["log_level"] in ("warning", "error")] == [payload["message"]]
 
 
 def test_past_the_deadline_the_wait_ends_with_an_error_event(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hooks, "SlurmAsyncHook", Probes(TransportUnavailable("cannot reach lumi: timed out")))
+    _probes(monkeypatch, TransportUnavailable("cannot reach lumi: timed out"))
     payload = _event(SlurmLoginTrigger(conn_id="lumi", since=time.time(), watch_deadline=0.5, **FAST))
     assert payload["kind"] == ERROR and payload["tries"] >= 1
     assert "longer than watch_deadline (0 s); last error: cannot reach lumi: timed out" in payload["message"]
 
 
 def test_a_failure_only_a_person_can_fix_ends_the_wait_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    probes = Probes(AuthenticationFailed("authentication to lumi failed (publickey)"))
-    monkeypatch.setattr(hooks, "SlurmAsyncHook", probes)
+    probes = _probes(monkeypatch, AuthenticationFailed("authentication to lumi failed (publickey)"))
     payload = _event(SlurmLoginTrigger(conn_id="lumi", since=time.time(), **FAST))
-    assert (payload["kind"], probes.pings) == (ERROR, 1)
+    assert (payload["kind"], _pings(probes)) == (ERROR, 1)
     assert payload["message"] == "cannot log in to lumi: authentication to lumi failed (publickey)"
 
 
