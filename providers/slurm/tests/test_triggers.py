@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import structlog.testing
 
+from support.fake_slurm import FakeSlurm
 from support.localcluster import LocalCluster, poll_until
 from slurm_provider.cli.sshare import TresMinutes
 from slurm_provider.hooks import SlurmHook
@@ -280,46 +281,40 @@ def test_on_kill_leaves_an_adopted_job_running_when_a_person_stops_the_watching_
         SlurmHook(cluster_connection).cancel(job_id)
 
 
-def _no_ssh(*args: Any, **kwargs: Any) -> None:
-    raise AssertionError("on_kill must not reach the cluster here")
-
-
 @pytest.mark.parametrize("task_state", [None, "scheduled", "deferred"])
 def test_on_kill_leaves_the_job_when_the_task_was_cleared_or_the_trigger_moved(
-        task_state: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurm_provider import hooks, triggers
+        task_state: str | None, monkeypatch: pytest.MonkeyPatch, fake_slurm: FakeSlurm) -> None:
+    from slurm_provider import triggers
 
     async def state_of(key: Any) -> str | None:
         return task_state
 
     monkeypatch.setattr(triggers, "task_state", state_of)
-    monkeypatch.setattr(hooks, "SlurmAsyncHook", _no_ssh)
     trigger = SlurmJobTrigger(conn_id="c", job_id="12", expected_job_name="ours", **FAST)
     trigger.task_instance = SimpleNamespace(dag_id="d", task_id="t", run_id="r", map_index=-1)
     asyncio.run(trigger.on_kill())
+    assert fake_slurm.asked == [], "on_kill must not reach the cluster here"
 
 
-def test_on_kill_leaves_the_job_when_the_task_state_cannot_be_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurm_provider import hooks, triggers
+def test_on_kill_leaves_the_job_when_the_task_state_cannot_be_read(monkeypatch: pytest.MonkeyPatch,
+                                                                    fake_slurm: FakeSlurm) -> None:
+    from slurm_provider import triggers
 
     async def unreadable(key: Any) -> str | None:
         raise ConnectionError("supervisor gone")
 
     monkeypatch.setattr(triggers, "task_state", unreadable)
-    monkeypatch.setattr(hooks, "SlurmAsyncHook", _no_ssh)
     trigger = SlurmJobTrigger(conn_id="c", job_id="12", expected_job_name="ours", **FAST)
     trigger.task_instance = SimpleNamespace(dag_id="d", task_id="t", run_id="r", map_index=-1)
     with structlog.testing.capture_logs() as logs:
         asyncio.run(trigger.on_kill())
     assert any("run `scancel 12`" in str(entry.get("event")) for entry in logs), logs
+    assert fake_slurm.asked == [], "on_kill must not reach the cluster here"
 
 
-def test_on_kill_of_a_sensor_watch_never_cancels_a_job_submitted_elsewhere(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurm_provider import hooks
-
-    monkeypatch.setattr(hooks, "SlurmAsyncHook", _no_ssh)
+def test_on_kill_of_a_sensor_watch_never_cancels_a_job_submitted_elsewhere(fake_slurm: FakeSlurm) -> None:
     asyncio.run(SlurmJobTrigger(conn_id="c", job_id="12", expected_job_name=None, **FAST).on_kill())
+    assert fake_slurm.asked == [], "on_kill must not reach the cluster here"
 
 
 def test_triggers_of_one_cluster_share_one_connection_and_one_query_per_cycle(
