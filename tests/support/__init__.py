@@ -8,8 +8,9 @@
   ``dag_runner`` process that keeps its parsed DAG between runs;
   ``celery_hosts``: docker-compose.yaml's Celery topology as processes on hosts of their own.
 - ``lifecycle``: the ``slurm_lifecycle`` test DAG run with ``dag.test()``, faults injected beside it
-  (``background``); ``task_context``: what Airflow hands ``execute()``; ``hook_stand_in``: a base
-  for ``SlurmHook`` stand-ins.
+  (``background``); ``task_context``: what Airflow hands ``execute()``.
+- ``fake_slurm``: a Slurm login node in memory (a job table answering the provider's command lines)
+  under the real hooks (``install``, or the ``fake_slurm`` fixture of conftest.py).
 - ``seed``: HPC view rows written straight into the metadata database; ``cdp``: headless Chromium.
 
 ``tests/`` is on pytest's ``pythonpath`` (pyproject.toml), so tests import ``support.localcluster``;

