@@ -10,7 +10,8 @@
 - ``lifecycle``: the ``slurm_lifecycle`` test DAG run with ``dag.test()``, faults injected beside it
   (``background``); ``task_context``: what Airflow hands ``execute()``.
 - ``fake_slurm``: a Slurm login node in memory (a job table answering the provider's command lines)
-  under the real hooks (``install``, or the ``fake_slurm`` fixture of conftest.py).
+  under the real hooks (``install``, or the ``fake_slurm`` fixture of conftest.py); ``local_shell``:
+  a hook whose commands run in ``bash -c`` here.
 - ``seed``: HPC view rows written straight into the metadata database; ``cdp``: headless Chromium.
 
 ``tests/`` is on pytest's ``pythonpath`` (pyproject.toml), so tests import ``support.localcluster``;

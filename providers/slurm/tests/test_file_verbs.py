@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,22 +16,7 @@ from slurm_provider.cli.files import (
     parse_dir_inventory,
 )
 from slurm_provider.hooks import RemoteCommandError, SlurmHook
-from slurm_provider.transport import CommandResult
-
-
-class LocalShell:
-    """Runs each command with ``bash -c``, as the login node's shell would; records them."""
-
-    def __init__(self) -> None:
-        self.commands: list[str] = []
-
-    def run(self, command: str, *, stdin: str | None = None, timeout: float) -> CommandResult:
-        self.commands.append(command)
-        proc = subprocess.run(["bash", "-c", command], input=stdin, capture_output=True, text=True, timeout=timeout)
-        return CommandResult(command=command, exit_status=proc.returncode, stdout=proc.stdout, stderr=proc.stderr)
-
-    def close(self) -> None:
-        pass
+from support.local_shell import LocalShell
 
 
 @pytest.fixture

@@ -131,7 +131,7 @@ def test_the_allocation_is_slurms_where_the_site_sets_a_limit_else_the_profiles(
 
 
 def test_a_missing_container_image_fails_preflight_naming_it(tmp_path) -> None:
-    from tests.vcloud_pipeline.shell import local_hook
+    from support.local_shell import local_hook
 
     from vcloud_pipeline.budget.preflight import check_image
 
@@ -146,7 +146,7 @@ def test_a_missing_container_image_fails_preflight_naming_it(tmp_path) -> None:
 
 
 def test_a_charliecloud_image_must_be_a_directory_and_ch_run_installed(tmp_path, monkeypatch) -> None:
-    from tests.vcloud_pipeline.shell import local_hook
+    from support.local_shell import local_hook
 
     from vcloud_pipeline.budget.preflight import check_image
 

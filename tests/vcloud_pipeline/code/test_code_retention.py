@@ -15,7 +15,7 @@ import pytest
 from slurm_provider.cli.sbatch import JobComment
 from slurm_provider.cli.squeue import SQUEUE_FIELDS
 from slurm_provider.cli.squeue import parse_squeue
-from slurm_provider.transport.base import CommandResult
+from support.local_shell import LocalShell, local_hook
 from vcloud_pipeline.code.retention import (
     INCOMPLETE_GRACE_S,
     RUN_MARKER_EXPIRY_S,
@@ -213,8 +213,6 @@ def test_the_listing_reads_the_run_markers(tmp_path: Path) -> None:
 
 
 def test_a_run_marks_refreshes_and_releases_its_code(tmp_path: Path) -> None:
-    from tests.vcloud_pipeline.shell import local_hook
-
     paths = run_paths(load_profile("local", overrides={"paths.base": str(tmp_path / "base dir")}), "r")
     shell = local_hook()
     mine, other = run_key("d", "manual__mine"), run_key("d", "manual__other")
@@ -269,20 +267,6 @@ def test_removal_renames_first_and_touches_nothing_else(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- the whole cleanup, in a local shell
 
 
-class LocalShell:
-    """The login node's shell, here, with a stand-in ``squeue`` first on PATH."""
-
-    def __init__(self, bin_dir: Path) -> None:
-        self.env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-        self.commands: list[str] = []
-
-    def run(self, command: str, *, stdin: str | None = None, timeout: float) -> CommandResult:
-        self.commands.append(command)
-        proc = subprocess.run(["bash", "-c", command], input=stdin, capture_output=True, text=True,
-                              timeout=timeout, env=self.env)
-        return CommandResult(command=command, exit_status=proc.returncode, stdout=proc.stdout, stderr=proc.stderr)
-
-
 def cleanup_setup(tmp_path: Path, squeue_body: str) -> tuple[LocalShell, ClusterProfile, RunPaths]:
     """Code directories A (oldest), B, C (newest) with their manifests, and a stand-in squeue."""
     bin_dir = tmp_path / "bin"
@@ -296,12 +280,10 @@ def cleanup_setup(tmp_path: Path, squeue_body: str) -> tuple[LocalShell, Cluster
         Path(code_paths.pythonpath_dir).mkdir(parents=True)
         Path(code_paths.manifest).write_text("{}")
         os.utime(code_paths.manifest, (NOW - age, NOW - age))
-    return LocalShell(bin_dir), profile, paths
+    return LocalShell(path_first=bin_dir), profile, paths
 
 
 def hook_of(shell: LocalShell) -> Any:
-    from tests.vcloud_pipeline.shell import local_hook
-
     return local_hook(shell)
 
 
