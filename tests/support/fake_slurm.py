@@ -537,6 +537,9 @@ class FakeSlurm:
         self.submitted: list[str] = []
         """Ids of the jobs sbatch accepted (whether the answer reached the caller or not)."""
         self.closed = 0
+        self.connects = 0
+        """How often a hook looked up its connection's runner (``install``'s seam): a hook that runs
+        no command never does."""
         self.before_each: Callable[[FakeSlurm], None] | None = None
         """A test's own step before each command is answered (time passing: an outage ends, a job starts)."""
         self.failing: dict[str, BaseException] = {}
@@ -701,7 +704,12 @@ def install(monkeypatch: Any, fake: FakeSlurm | None = None) -> FakeSlurm:
     provider's seams ``runner_for_connection``/``async_runner_for_connection``); returns it."""
     from slurm_provider import hooks
 
-    fake = fake if fake is not None else FakeSlurm()
-    monkeypatch.setattr(hooks, "runner_for_connection", lambda conn_id: fake)
-    monkeypatch.setattr(hooks, "async_runner_for_connection", lambda conn_id: AsyncFakeSlurm(fake))
-    return fake
+    runner = fake if fake is not None else FakeSlurm()
+
+    def connect(conn_id: str) -> FakeSlurm:
+        runner.connects += 1
+        return runner
+
+    monkeypatch.setattr(hooks, "runner_for_connection", connect)
+    monkeypatch.setattr(hooks, "async_runner_for_connection", lambda conn_id: AsyncFakeSlurm(connect(conn_id)))
+    return runner

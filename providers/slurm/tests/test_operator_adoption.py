@@ -14,6 +14,7 @@ import pytest
 from airflow.exceptions import TaskDeferred
 from airflow.sdk.exceptions import AirflowFailException
 
+from support.fake_slurm import FakeSlurm
 from support.localcluster import LocalCluster, poll_until
 from slurm_provider import hooks
 from slurm_provider.cli.sbatch import parse_job_comment
@@ -199,12 +200,7 @@ def test_the_job_comment_names_the_code_the_job_runs(local_cluster: LocalCluster
     ("log_dir", "relative/logs"),
     ("code_version", "abc|def"),
 ])
-def test_bad_input_is_refused_before_any_ssh(field: str, value: Any, monkeypatch: pytest.MonkeyPatch,
-                                             run_id: str) -> None:
-    def no_ssh(*args: Any, **kwargs: Any) -> None:
-        raise AssertionError("no SSH connection may be opened for invalid input")
-
-    monkeypatch.setattr(hooks.SlurmHook, "__init__", no_ssh)
+def test_bad_input_is_refused_before_any_ssh(field: str, value: Any, fake_slurm: FakeSlurm, run_id: str) -> None:
     kwargs = {"log_dir": "/srv/vcloud/scratch/vcloud/logs", field: value}
     op = SlurmSubmitOperator(task_id="train", conn_id="unused", script="#!/bin/bash\ntrue\n", **kwargs)
     with pytest.raises(AirflowFailException) as error:  # bad input stays bad: no retry
@@ -212,3 +208,4 @@ def test_bad_input_is_refused_before_any_ssh(field: str, value: Any, monkeypatch
     assert isinstance(error.value.__cause__, ValidationError) and error.value.__cause__.field == field
     assert str(error.value).startswith(f"{field}: ")
     assert not Path("/tmp/pwned").exists()
+    assert (fake_slurm.connects, fake_slurm.asked) == (0, []), "no SSH connection may be opened for invalid input"
