@@ -543,6 +543,9 @@ class FakeSlurm:
         self.before_each: Callable[[FakeSlurm], None] | None = None
         """A test's own step before each command is answered (time passing: an outage ends, a job starts)."""
         self.failing: dict[str, BaseException] = {}
+        self.erring: dict[str, tuple[int, str]] = {}
+        """verb -> (exit status, stderr): the program runs and fails (``sshare: error: Problem talking
+        to the database``)."""
         """verb -> the error every command of that verb raises (``{"scancel": TransportUnavailable(...)}``)."""
         self._refusal: str | None = None
         self._submit_error: BaseException | None = None
@@ -561,6 +564,10 @@ class FakeSlurm:
             raise self.down
         if verb in self.failing:
             raise self.failing[verb]
+        if verb in self.erring:
+            exit_status, stderr = self.erring[verb]
+            answer(command, SlurmTable(), text)  # still a line the fake must know
+            return _ok(command, "", stderr, exit_status)
         if verb == "sbatch" and "--test-only" not in command:
             return self._submit(command, text)
         return answer(command, self.table, text).result

@@ -4,17 +4,18 @@ check that fails with the numbers and their sources."""
 from __future__ import annotations
 
 import shutil
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from slurm_provider.cli.sbatch import JobComment
-from slurm_provider.hooks import SlurmCommandFailed
+from slurm_provider.cli.sshare import build_sshare_account
+from slurm_provider.hooks import SlurmHook
 from slurm_provider.cli.sshare import TresMinutes
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.job_status import JobStatus
-from slurm_provider.transport.base import CommandResult
 from vcloud_pipeline.plan.jobspec import JobSpec
 from vcloud_pipeline.budget.preflight import (
     PROJECT_TAG,
@@ -25,6 +26,7 @@ from vcloud_pipeline.budget.preflight import (
 )
 from vcloud_pipeline.budget.billing import Allocation, BudgetExceeded
 from vcloud_pipeline.profile import load_profile
+from support.fake_slurm import EPOCH, FakeRun, FakeSlurm
 
 LUMI = load_profile("lumi")
 
@@ -80,18 +82,20 @@ def test_budget_fails_when_the_stages_together_do_not_fit() -> None:
         check_jobs_budget(LUMI, specs, in_slurm)
 
 
-class Accounting:
-    """``SlurmHook.account_tres`` as a site answers it: a limit, no limit, no association, no sshare."""
+def accounting(answer: TresMinutes | None | str) -> FakeSlurm:
+    """A site's sshare for ``SlurmHook.account_tres``, on the fake Slurm: the account's association (a
+    limit or none), no association (None), or sshare failing with this stderr."""
+    fake = FakeSlurm()
+    if isinstance(answer, TresMinutes):
+        fake.allocation(answer.account, limit=answer.limit, used=answer.used, running=answer.running,
+                        tres=answer.tres)
+    elif isinstance(answer, str):
+        fake.erring["sshare"] = (1, answer)
+    return fake
 
-    def __init__(self, answer: TresMinutes | None | Exception) -> None:
-        self.answer = answer
-        self.asked: list[tuple[str, str]] = []
 
-    def account_tres(self, account: str, tres: str = "billing") -> TresMinutes | None:
-        self.asked.append((account, tres))
-        if isinstance(self.answer, Exception):
-            raise self.answer
-        return self.answer
+def hook(fake: FakeSlurm) -> SlurmHook:
+    return SlurmHook("c", runner=fake)
 
 
 def test_the_allocation_is_slurms_where_the_site_sets_a_limit_else_the_profiles() -> None:
@@ -103,9 +107,9 @@ def test_the_allocation_is_slurms_where_the_site_sets_a_limit_else_the_profiles(
     assert (ledger.used, ledger.queued_jobs) == (pytest.approx(0.5 + 600 / 3600), 1)
     assert (ledger.queued, ledger.reserved) == (pytest.approx(0.5), pytest.approx(0.5 + 1200 / 3600))
 
-    slurm = Accounting(TresMinutes("vcloud_local", "billing", limit=60000, used=4200, running=20))
-    allocation = read_allocation(slurm, local, ledger)
-    assert slurm.asked == [("vcloud_local", "billing")]
+    slurm = accounting(TresMinutes("vcloud_local", "billing", limit=60000, used=4200, running=20))
+    allocation = read_allocation(hook(slurm), local, ledger)
+    assert [asked.line for asked in slurm.asked] == [build_sshare_account("vcloud_local")]
     assert allocation.source == "slurm" and allocation.limit == 1000 and allocation.used == 70
     # Slurm holds the running job's time; this project's pending job is added to it.
     assert allocation.held == pytest.approx(20 / 60 + 0.5)
@@ -116,17 +120,17 @@ def test_the_allocation_is_slurms_where_the_site_sets_a_limit_else_the_profiles(
             TresMinutes("vcloud_local", "billing", limit=None, used=4200, running=20),
         "sshare lists no association for account vcloud_local": None,
         "sshare gave no answer (sshare exited 1: sshare: error: Problem talking to the database)":
-            SlurmCommandFailed("sshare exited 1: sshare: error: Problem talking to the database"),
+            "sshare: error: Problem talking to the database\n",
     }
     for note, answer in cases.items():
-        fallback = read_allocation(Accounting(answer), local, ledger)
+        fallback = read_allocation(hook(accounting(answer)), local, ledger)
         assert fallback.source == "profile" and fallback.note == note
         assert (fallback.limit, fallback.used, fallback.held) == (1000, ledger.used, ledger.reserved)
         assert fallback.limit_from == "profile local billing.allocation"
         assert fallback.used_from == "ledger: this project's jobs in sacct"
 
-    never_asked = Accounting(AssertionError("the profile says not to ask"))
-    off = read_allocation(never_asked, load_profile("local", overrides={"billing.slurm_tres": "none"}), ledger)
+    never_asked = accounting(None)
+    off = read_allocation(hook(never_asked), load_profile("local", overrides={"billing.slurm_tres": "none"}), ledger)
     assert off.source == "profile" and "billing.slurm_tres: none" in off.note and never_asked.asked == []
 
 
@@ -212,34 +216,26 @@ def test_a_resubmission_is_checked_against_the_budget_again(monkeypatch: pytest.
     op = PipelineJobOperator(task_id="stage1", job="stage1")
     monkeypatch.setattr(op, "_bind", lambda context: (ctx, None))
 
-    class Cluster:
-        def __init__(self, used_hours: float) -> None:
-            self.used_hours = used_hours
-            self.runner = self
-            self.commands: list[str] = []
-
-        def run(self, line: str, *, stdin: str | None = None, timeout: float = 0) -> CommandResult:
-            self.commands.append(line)
-            return CommandResult(command=line, exit_status=0, stdout="", stderr="")
-
-        def touch_record(self, directory: str, name: str) -> None:
-            from slurm_provider.cli.files import build_touch_record
-
-            self.run(build_touch_record(directory, name))
-
-        def find_jobs(self, **kwargs: object) -> list[JobStatus]:
-            assert kwargs.get("every_run") is True
-            return [job("9", SlurmState.COMPLETED, gpus=8, elapsed=int(self.used_hours * 3600 / 8))]
-
-        def account_tres(self, account: str, tres: str) -> None:
-            return None  # no limit in Slurm: the profile's allocation and the ledger
+    def cluster(used_hours: float) -> FakeSlurm:
+        """The fake Slurm with one finished job of the project on 8 GPUs that used ``used_hours`` over two
+        runs (requeued once: the ledger must read every run), and no limit in sshare (the profile's
+        allocation and the ledger)."""
+        fake = FakeSlurm()
+        half = timedelta(seconds=int(used_hours * 3600 / 8 / 2))
+        ended = fake.add("9", "vcloud.stage1", state="COMPLETED", comment=job("9", SlurmState.COMPLETED, gpus=8,
+                         elapsed=0).comment, account="project_465002500", partition="small-g", node="nid005001",
+                         tres="billing=64,cpu=56,gres/gpu=8,mem=480G,node=1", submit=EPOCH + half,
+                         start=EPOCH + half, end=EPOCH + 2 * half)
+        ended.earlier.append(FakeRun("REQUEUED", 0, 0, EPOCH, EPOCH, EPOCH + half, "nid005001", "None"))
+        return fake
 
     op.code_version = "c" * 64
     context = {"ti": SimpleNamespace(dag_id="vcloud_training", run_id="manual__r")}
-    plenty = Cluster(used_hours=1000)
-    op.check_before_resubmit(context, plenty)  # plenty left: resubmit
-    # ... and the run's code marker is refreshed first: the code stays while the run lives.
+    plenty = cluster(used_hours=1000)
+    op.check_before_resubmit(context, SlurmHook("c", runner=plenty))  # plenty left: resubmit
+    # ... and the run's code marker is refreshed before the submit: the code stays while the run lives.
     marker = f"{ctx.paths.run_markers_dir}/{run_key('vcloud_training', 'manual__r')}-{'c' * 64}"
-    assert plenty.commands == [f"umask 002; mkdir -p {ctx.paths.run_markers_dir} && touch -- {marker}"]
+    assert plenty.asked[-1].line == f"umask 002; mkdir -p {ctx.paths.run_markers_dir} && touch -- {marker}"
+    assert plenty.verbs == ["squeue", "sacct", "sshare", "touch"], "the budget checked, then the marker refreshed"
     with pytest.raises(AirflowFailException, match=r"stage 1 needs up to 72.0 GPU-hours .* of 100000 left"):
-        op.check_before_resubmit(context, Cluster(used_hours=99_990))
+        op.check_before_resubmit(context, SlurmHook("c", runner=cluster(used_hours=99_990)))
