@@ -663,10 +663,12 @@ class FakeSlurm:
         job.in_squeue = job.in_sacct = False
 
     def allocation(self, account: str, *, limit: int | None = None, used: int = 0, running: int = 0,
-                   tres: str = "billing") -> None:
-        """The account's own association in sshare: ``GrpTRESMins`` (None: no limit), usage, running jobs."""
-        self.table.allocations[account] = [FIELD_SEPARATOR.join(
-            [account, "", f"{tres}={limit}" if limit is not None else "", f"{tres}={used}", f"{tres}={running}"])]
+                   tres: str = "billing", holders: Iterable[tuple[str, int]] = ()) -> None:
+        """The account's own association in sshare: ``GrpTRESMins`` (None: no limit), usage, what running
+        jobs hold; ``holders``: a user row each (``(user, TRES-minutes their running jobs hold)``)."""
+        rows = [[account, "", f"{tres}={limit}" if limit is not None else "", f"{tres}={used}", f"{tres}={running}"]]
+        rows += [[account, user, "", f"{tres}=0", f"{tres}={held}"] for user, held in holders]
+        self.table.allocations[account] = [FIELD_SEPARATOR.join(row) for row in rows]
 
     # --- the record ----------------------------------------------------------------------------------
 

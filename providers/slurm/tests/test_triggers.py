@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import structlog.testing
 
-from support.fake_slurm import FakeSlurm
+from support.fake_slurm import FakeSlurm, install
 from support.localcluster import LocalCluster, poll_until
 from slurm_provider.cli.sshare import TresMinutes
 from slurm_provider.hooks import SlurmHook
@@ -85,39 +85,34 @@ def test_bad_pending_policy_is_refused() -> None:
         SlurmJobTrigger(conn_id="c", job_id="1", watch_deadline=0)
 
 
-class AllocationScript:
-    """A cluster on which job 7 pends on its account's allocation (1 GPU for 30 minutes: 30
-    billing-minutes) for ``pending`` polls, then runs and completes; sshare answers ``figures``."""
+def _allocation_cluster(monkeypatch: pytest.MonkeyPatch, figures: TresMinutes, pending: int = 10**6) -> FakeSlurm:
+    """The fake Slurm on which job 7 pends on its account's allocation (1 GPU for 30 minutes: 30
+    billing-minutes) for ``pending`` polls (squeue calls), then runs and completes; sshare answers ``figures``."""
+    fake = install(monkeypatch)
+    fake.add(7, "alloc", reason="AssocGrpBillingMinutes", account="proj", time_limit_s=1800,
+             tres="cpu=1,mem=1000M,node=1,billing=1,gres/gpu=1")
+    fake.allocation(figures.account, limit=figures.limit, used=figures.used, running=figures.running,
+                    tres=figures.tres, holders=figures.holders)
 
-    def __init__(self, figures: TresMinutes, pending: int = 10**6) -> None:
-        self.figures, self.pending = figures, pending
-        self.polls = self.reads = 0
+    def next_poll(fake: FakeSlurm) -> None:
+        polls = _polls(fake)
+        if fake.asked[-1].verb != "squeue" or polls <= pending:
+            return
+        if polls == pending + 1:
+            fake.start(7)
+        elif not fake.job(7).is_terminal:
+            fake.end(7)
 
-    async def statuses(self, job_ids: Any) -> dict[str, JobStatus]:
-        self.polls += 1
-        if self.polls <= self.pending:
-            state, reason = SlurmState.PENDING, "AssocGrpBillingMinutes"
-        else:
-            state, reason = (SlurmState.RUNNING if self.polls == self.pending + 1 else SlurmState.COMPLETED), None
-        return {"7": JobStatus(job_id="7", state=state, reason=reason, account="proj", source="squeue",
-                               tres="cpu=1,mem=1000M,node=1,billing=1,gres/gpu=1", time_limit_s=1800)}
-
-    async def account_tres(self, account: str, tres: str = "billing") -> TresMinutes:
-        self.reads += 1
-        return self.figures
-
-    async def read_log(self, path: str, offset: int) -> tuple[str, int]:
-        return "", offset
-
-    async def file_sizes(self, paths: Any) -> dict[str, int]:
-        return {}
-
-    async def close(self) -> None:
-        pass
+    fake.before_each = next_poll
+    return fake
 
 
-def _scripted(monkeypatch: pytest.MonkeyPatch, script: AllocationScript) -> None:
-    monkeypatch.setattr("slurm_provider.triggers._hook_factory", lambda conn_id: lambda: script)
+def _polls(fake: FakeSlurm) -> int:
+    return fake.verbs.count("squeue")
+
+
+def _reads(fake: FakeSlurm) -> int:
+    return fake.verbs.count("sshare")
 
 
 def _info(logs: list[dict[str, Any]], text: str) -> list[str]:
@@ -125,10 +120,10 @@ def _info(logs: list[dict[str, Any]], text: str) -> list[str]:
 
 
 def test_a_job_whose_allocation_the_usage_spent_fails_at_the_first_poll(monkeypatch: pytest.MonkeyPatch) -> None:
-    script = AllocationScript(TresMinutes("proj", "billing", limit=1000, used=990, running=5, holders=(("bob", 5),)))
-    _scripted(monkeypatch, script)
+    script = _allocation_cluster(monkeypatch, TresMinutes("proj", "billing", limit=1000, used=990, running=5,
+                                                          holders=(("bob", 5),)))
     payload = _run_to_event(SlurmJobTrigger(conn_id="c", job_id="7", **SCRIPTED), timeout=30)
-    assert payload["kind"] == NEVER_STARTS and script.polls == 1 and script.reads == 1
+    assert payload["kind"] == NEVER_STARTS and _polls(script) == 1 and _reads(script) == 1
     assert payload["message"].startswith("job 7 will never start: AssocGrpBillingMinutes: the allocation of "
                                          "account proj is spent for it")
     assert "the usage leaves 10 billing-minutes and the job needs 30 billing-minutes" in payload["message"]
@@ -136,12 +131,11 @@ def test_a_job_whose_allocation_the_usage_spent_fails_at_the_first_poll(monkeypa
 
 def test_a_job_waits_while_teammates_hold_the_allocation_and_says_who(monkeypatch: pytest.MonkeyPatch) -> None:
     held = TresMinutes("proj", "billing", limit=1000, used=10, running=980, holders=(("alice", 900), ("bob", 80)))
-    script = AllocationScript(held, pending=4)
-    _scripted(monkeypatch, script)
+    script = _allocation_cluster(monkeypatch, held, pending=4)
     with structlog.testing.capture_logs() as logs:
         payload = _run_to_event(SlurmJobTrigger(conn_id="c", job_id="7", **SCRIPTED), timeout=60)
     assert payload["kind"] == FINISHED and payload["status"]["state"] == "COMPLETED"
-    assert script.reads == 4  # one sshare per poll while it pends, none once it runs
+    assert _reads(script) == 4  # one sshare per poll while it pends, none once it runs
     waiting = _info(logs, "waits for the allocation")
     assert waiting == [  # said once: the holders did not change
         "Job 7 waits for the allocation of account proj: GrpTRESMins billing=1000, used 10 (GrpTRESRaw), running "
@@ -151,7 +145,7 @@ def test_a_job_waits_while_teammates_hold_the_allocation_and_says_who(monkeypatc
 
 def test_a_job_that_waited_for_the_allocation_past_the_deadline_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     held = TresMinutes("proj", "billing", limit=1000, used=10, running=980, holders=(("alice", 980),))
-    _scripted(monkeypatch, AllocationScript(held))
+    _allocation_cluster(monkeypatch, held)
     payload = _run_to_event(SlurmJobTrigger(conn_id="c", job_id="7", watch_deadline=0.5, **SCRIPTED), timeout=60)
     assert payload["kind"] == NEVER_STARTS
     assert payload["message"].startswith("job 7 still pends with AssocGrpBillingMinutes after the watch waited "
@@ -162,7 +156,7 @@ def test_a_job_that_waited_for_the_allocation_past_the_deadline_fails(monkeypatc
 
 def test_with_pending_policy_warn_a_spent_allocation_is_waited_out(monkeypatch: pytest.MonkeyPatch) -> None:
     spent = TresMinutes("proj", "billing", limit=100, used=90, running=0)
-    _scripted(monkeypatch, AllocationScript(spent, pending=3))
+    _allocation_cluster(monkeypatch, spent, pending=3)
     with structlog.testing.capture_logs() as logs:
         payload = _run_to_event(SlurmJobTrigger(conn_id="c", job_id="7", pending_policy="warn",
                                                 watch_deadline=0.001, **SCRIPTED), timeout=60)
@@ -443,12 +437,26 @@ DOWN = TransportUnavailable("cannot reach vcloud@login:22 (connection 'c'): Conn
 SCRIPTED = {"poll_interval": 0.01, "max_poll_interval": 0.02, "first_poll_delay": 0.0}
 
 
-def _scripted_cluster(monkeypatch: pytest.MonkeyPatch, script: list[BaseException | SlurmState]) -> None:
-    """Every poll of the trigger's shared poller answers with the next step of ``script``."""
-    from slurm_provider import triggers
+def _scripted_cluster(monkeypatch: pytest.MonkeyPatch, script: list[BaseException | SlurmState]) -> FakeSlurm:
+    """The fake Slurm with job 7, on which every poll (each squeue) meets the next step of ``script``: the
+    login node down with that error, or job 7 in that state (the last step stays)."""
+    fake = install(monkeypatch)
+    fake.add(7, "scripted")
+    steps = list(script)
 
-    shared = list(script)
-    monkeypatch.setattr(triggers, "_hook_factory", lambda conn_id: lambda: ScriptedSource(shared))
+    def next_poll(fake: FakeSlurm) -> None:
+        if fake.asked[-1].verb != "squeue":
+            return
+        step = steps.pop(0) if len(steps) > 1 else steps[0]
+        fake.down = step if isinstance(step, BaseException) else None
+        if isinstance(step, SlurmState) and fake.job(7).state != step.value:
+            if step is SlurmState.RUNNING:
+                fake.start(7)
+            else:
+                fake.end(7, step.value)
+
+    fake.before_each = next_poll
+    return fake
 
 
 def _events(logs: list[dict[str, Any]], text: str) -> list[str]:
