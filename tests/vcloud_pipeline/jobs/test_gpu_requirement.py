@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from slurm_provider.hints import find_hints
+from slurm_provider.hooks import SlurmHook
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.job_status import JobStatus
 from vcloud import exitcodes as trainer_exitcodes
@@ -31,6 +32,7 @@ from vcloud_pipeline.profile import load_profile
 from vcloud_pipeline.jobs.render import GPU_HINT_ENV, GPUS_REQUIRED_ENV, RenderedJob, render_job
 from tests.vcloud_pipeline.conftest import complete_profile
 from vcloud.code_digest import synced_tree_hash
+from support.fake_slurm import FakeSlurm
 
 REPO = Path(__file__).resolve().parents[3]
 CODE_HASH = "e" * 64
@@ -162,19 +164,6 @@ def test_a_torchrun_job_ends_with_87_when_its_workers_refuse(tmp_path: Path) -> 
 # --------------------------------------------------------------------------- what the task's failure says
 
 
-class LogOnly:
-    """The two hook verbs the failure message uses: the job's log tail, as the cluster would serve it."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def file_sizes(self, paths: list[str]) -> dict[str, int]:
-        return {p: len(self.text) for p in paths}
-
-    def read_log(self, path: str, offset: int) -> tuple[str, int]:
-        return self.text[offset:], len(self.text)
-
-
 class _TI:
     dag_id, task_id, run_id, map_index = "vcloud_training", "stage0", "manual__1", -1
 
@@ -183,7 +172,13 @@ def failure_message(operator: PipelineJobOperator, log: str, exit_code: int) -> 
     status = JobStatus(job_id="77", state=SlurmState.FAILED, reason="NonZeroExitCode", exit_code=exit_code,
                        signal=0)
     operator.log_dir = "/srv/logs"
-    return operator._failure_message(LogOnly(log), status, {"ti": _TI()})
+    context = {"ti": _TI()}
+    cluster = FakeSlurm()  # the job's log and error log, as the login node serves them
+    for stream in ("out", "err"):
+        cluster.table.files[operator._log_path(context, "77", stream=stream)] = log
+    message = operator._failure_message(SlurmHook("c", runner=cluster), status, context)
+    assert cluster.verbs == ["file_sizes", "read_log", "file_sizes", "read_log"], "the tails of both logs"
+    return message
 
 
 def test_the_failure_explains_exit_87_with_the_profiles_hint() -> None:
