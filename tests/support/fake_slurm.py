@@ -78,7 +78,8 @@ class FakeJob:
     comment: str | None = None
     state: str = "PENDING"
     reason: str | None = None
-    """Slurm's reason (``Priority``, ``AssocGrpBillingMinutes``, ``NonZeroExitCode``); None prints ``None``."""
+    """Slurm's reason (``Priority``, ``AssocGrpBillingMinutes``, ``NonZeroExitCode``); None prints
+    ``None``."""
     exit_code: int = 0
     signal: int = 0
     restarts: int = 0
@@ -236,7 +237,8 @@ def squeue_row(job: FakeJob) -> str:
 
 
 def sacct_rows(job: FakeJob, duplicates: bool) -> list[str]:
-    """The allocation rows ``sacct --parsable2`` prints for the job: every run with ``-D``, else the latest."""
+    """The allocation rows ``sacct --parsable2`` prints for the job: every run with ``-D``, else the
+    latest."""
     state = f"CANCELLED by {job.cancelled_by}" if job.state == "CANCELLED" and job.cancelled_by else job.state
     latest = FakeRun(state, job.exit_code, job.signal, job.submit, job.start, job.end, job.node,
                      job.reason or "None")
@@ -258,7 +260,8 @@ def sacct_rows(job: FakeJob, duplicates: bool) -> list[str]:
 
 
 def _squeue(line: str, argv: list[str], table: SlurmTable) -> CommandResult:
-    options, flags = _options(line, argv[1:], ("--jobs", "--name", "--user", "--account", "--states", "--Format"),
+    options, flags = _options(line, argv[1:],
+                              ("--jobs", "--name", "--user", "--account", "--states", "--Format"),
                               ("-h", "-r", "--all", "--me", "-t"))
     if options.get("--Format") != _squeue_format() or "-h" not in flags:
         raise UnknownCommand(line, "not the provider's squeue -h --Format field list")
@@ -284,7 +287,8 @@ def _squeue(line: str, argv: list[str], table: SlurmTable) -> CommandResult:
 
 
 def _sacct(line: str, argv: list[str], table: SlurmTable) -> CommandResult:
-    options, flags = _options(line, argv[1:], ("--delimiter", "--format", "--jobs", "--name", "--user", "--starttime"),
+    options, flags = _options(line, argv[1:],
+                              ("--delimiter", "--format", "--jobs", "--name", "--user", "--starttime"),
                               ("--parsable2", "--noheader", "--allocations", "--duplicates"))
     if options.get("--format") != ",".join(SACCT_FIELDS) or options.get("--delimiter") != FIELD_SEPARATOR \
             or not {"--parsable2", "--noheader"} <= set(flags):
@@ -312,7 +316,8 @@ def _parse_time(text: str) -> int:
     return int(text) * 60 if text.isdigit() else int(duration_seconds(text) or 0)
 
 
-def sbatch_submit(line: str, argv: list[str], table: SlurmTable, script: str | None) -> tuple[CommandResult, str]:
+def sbatch_submit(line: str, argv: list[str], table: SlurmTable,
+                  script: str | None) -> tuple[CommandResult, str]:
     """``sbatch --parsable``: a new PENDING job in the table; the answer and the new id."""
     options, _ = _options(line, argv[2:], SBATCH_OPTIONS, ())
     if not (script or "").startswith("#!"):
@@ -333,7 +338,8 @@ def _sbatch_test_only(line: str, argv: list[str], table: SlurmTable, script: str
         raise UnknownCommand(line, "sbatch without a script on stdin")
     job_id = table.new_id()
     partition = options.get("--partition", "debug")
-    return _ok(line, "", f"sbatch: Job {job_id} to start at {_stamp(table.clock)} using 1 processors on nodes "
+    return _ok(line, "", f"sbatch: Job {job_id} to start at {_stamp(table.clock)} using 1 processors "
+                         "on nodes "
                          f"vcnode1 in partition {partition}\n")
 
 
@@ -350,7 +356,7 @@ def _scancel(line: str, argv: list[str], table: SlurmTable) -> CommandResult:
     errors = []
     for job_id in ids:
         job = table.jobs.get(job_id)
-        if job is None or not job.in_squeue and not job.in_sacct:
+        if job is None or not job.in_squeue:  # slurmctld no longer knows it (sacct may)
             errors.append(f"scancel: error: Kill job error on job id {job_id}: Invalid job id specified")
         elif signal is not None:
             job.signals.append(signal)
@@ -371,14 +377,16 @@ def _scontrol(line: str, argv: list[str], table: SlurmTable) -> CommandResult:
                  f"Account={job.account}", f"JobState={job.state}", f"Reason={job.reason or 'None'}",
                  f"Restarts={job.restarts}", f"ExitCode={job.exit_code}:{job.signal}",
                  f"SubmitTime={_stamp(job.submit)}", f"StartTime={_stamp(job.start)}",
-                 f"EndTime={_stamp(job.end)}", f"Partition={job.partition}", f"NodeList={job.node or '(null)'}",
+                 f"EndTime={_stamp(job.end)}", f"Partition={job.partition}",
+                 f"NodeList={job.node or '(null)'}",
                  f"StdOut={job.std_out}", f"Comment={job.comment or '(null)'}"]
         return _ok(line, " ".join(words) + "\n")
     raise UnknownCommand(line)
 
 
 def _sshare(line: str, argv: list[str], table: SlurmTable) -> CommandResult:
-    options, flags = _options(line, argv[1:], ("--accounts", "--format"), ("--noheader", "--parsable2", "--all"))
+    options, flags = _options(line, argv[1:], ("--accounts", "--format"),
+                              ("--noheader", "--parsable2", "--all"))
     if options.get("--format") != ",".join(SSHARE_FIELDS) or len(flags) != 3:
         raise UnknownCommand(line, "not the provider's sshare field list")
     rows = table.allocations.get(options["--accounts"], [])
@@ -418,13 +426,15 @@ def _file_verb(line: str, table: SlurmTable) -> Answer | None:
     if match := _FILE_SIZES.match(line):
         paths = _words(match["paths"])
         _checked(line, lambda: build_file_sizes(paths))
-        out = "".join(f"{i} {len(table.files[p].encode())}\n" for i, p in enumerate(paths) if p in table.files)
+        out = "".join(f"{i} {len(table.files[p].encode())}\n"
+                      for i, p in enumerate(paths) if p in table.files)
         return Answer("file_sizes", _ok(line, out))
     if line == "true" or (line.startswith("i=0; for f in") and _POLL_PART.search(line)):
         parts = {m["kind"]: _words(m["paths"]) for m in _POLL_PART.finditer(line)}
         sizes, records = parts.get("size", []), parts.get("end", [])
         _checked(line, lambda: build_poll_files(sizes, records))
-        out = "".join(f"size {i} {len(table.files[p].encode())}\n" for i, p in enumerate(sizes) if p in table.files)
+        out = "".join(f"size {i} {len(table.files[p].encode())}\n"
+                      for i, p in enumerate(sizes) if p in table.files)
         out += "".join(f"end {i} {table.files[p].splitlines()[0][:200] if table.files[p] else ''}\n"
                        for i, p in enumerate(records) if p in table.files)
         return Answer("poll_files", _ok(line, out))
@@ -546,7 +556,8 @@ class FakeSlurm:
         self.erring: dict[str, tuple[int, str]] = {}
         """verb -> (exit status, stderr): the program runs and fails (``sshare: error: Problem talking
         to the database``)."""
-        """verb -> the error every command of that verb raises (``{"scancel": TransportUnavailable(...)}``)."""
+        """verb -> the error every command of that verb raises
+        (``{"scancel": TransportUnavailable(...)}``)."""
         self._refusal: str | None = None
         self._submit_error: BaseException | None = None
         self._lost_answer: tuple[BaseException, BaseException | None] | None = None
@@ -603,7 +614,8 @@ class FakeSlurm:
         self._refusal = message
 
     def fail_submits(self, error: BaseException) -> None:
-        """Every submit raises ``error`` (a ``TransportError``, ``SubmitLockBusy`` ...); nothing is submitted."""
+        """Every submit raises ``error`` (a ``TransportError``, ``SubmitLockBusy`` ...); nothing is
+        submitted."""
         self.accept_submits()
         self._submit_error = error
 
@@ -666,7 +678,8 @@ class FakeSlurm:
                    tres: str = "billing", holders: Iterable[tuple[str, int]] = ()) -> None:
         """The account's own association in sshare: ``GrpTRESMins`` (None: no limit), usage, what running
         jobs hold; ``holders``: a user row each (``(user, TRES-minutes their running jobs hold)``)."""
-        rows = [[account, "", f"{tres}={limit}" if limit is not None else "", f"{tres}={used}", f"{tres}={running}"]]
+        limits = f"{tres}={limit}" if limit is not None else ""
+        rows = [[account, "", limits, f"{tres}={used}", f"{tres}={running}"]]
         rows += [[account, user, "", f"{tres}=0", f"{tres}={held}"] for user, held in holders]
         self.table.allocations[account] = [FIELD_SEPARATOR.join(row) for row in rows]
 
@@ -720,5 +733,6 @@ def install(monkeypatch: Any, fake: FakeSlurm | None = None) -> FakeSlurm:
         return runner
 
     monkeypatch.setattr(hooks, "runner_for_connection", connect)
-    monkeypatch.setattr(hooks, "async_runner_for_connection", lambda conn_id: AsyncFakeSlurm(connect(conn_id)))
+    monkeypatch.setattr(hooks, "async_runner_for_connection",
+                        lambda conn_id: AsyncFakeSlurm(connect(conn_id)))
     return runner

@@ -24,7 +24,8 @@ class LocalShell:
         text = stdin.decode() if isinstance(stdin, bytes) else stdin
         proc = subprocess.run(["bash", "-c", command], input=text, capture_output=True, text=True,
                               timeout=timeout, env=self.env)
-        return CommandResult(command=command, exit_status=proc.returncode, stdout=proc.stdout, stderr=proc.stderr)
+        return CommandResult(command=command, exit_status=proc.returncode, stdout=proc.stdout,
+                             stderr=proc.stderr)
 
     def close(self) -> None:
         pass
