@@ -86,6 +86,8 @@ class FakeJob:
     node: str = ""
     submit: datetime = EPOCH
     start: datetime | None = None
+    expected_start: datetime | None = None
+    """While it pends: when Slurm expects it to start (squeue prints it as StartTime)."""
     end: datetime | None = None
     partition: str = "debug"
     account: str = "vcloud_local"
@@ -224,7 +226,7 @@ def squeue_row(job: FakeJob) -> str:
         "TimeUsed": format_duration(job.elapsed_s()),
         "TimeLimit": format_duration(job.time_limit_s),
         "SubmitTime": _stamp(job.submit),
-        "StartTime": _stamp(job.start) if job.start else "N/A",
+        "StartTime": _stamp(job.start or job.expected_start) if job.start or job.expected_start else "N/A",
         "EndTime": _stamp(job.end) if job.end else "N/A",
         "tres-alloc": job.tres,
         "exit_code": str(job.exit_code * 256 + job.signal),

@@ -8,6 +8,7 @@ import shutil
 import tempfile
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,7 +25,7 @@ from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.transport import TransportUnavailable
 from slurm_provider.triggers import ERROR, FINISHED, NEVER_STARTS, SlurmJobTrigger
 from slurm_provider.watch_state import WatchNote
-from providers.slurm.tests.test_poller import GrowingFile, ScriptedSource
+from providers.slurm.tests.test_poller import GrowingFile
 
 FAST = {"poll_interval": 1.0, "max_poll_interval": 3.0, "first_poll_delay": 0.0}
 SCRIPTED = {"poll_interval": 0.05, "max_poll_interval": 0.1, "first_poll_delay": 0.0}
@@ -620,32 +621,42 @@ async def _run_to_event_async(trigger: SlurmJobTrigger) -> dict[str, Any]:
     raise AssertionError("trigger ended without an event")
 
 
-class _QueueStory(ScriptedSource):
-    """A job that waits for priority, then for nodes (with Slurm's estimate), then completes."""
+QUEUE_STORY = [("PENDING", "Priority", None), ("PENDING", "Priority", None),
+               ("PENDING", "Resources", datetime(2026, 11, 27, 14, 5)), ("COMPLETED", None, None)]
+"""A job that waits for priority, then for nodes (with Slurm's estimate), then completes: one step per poll."""
 
-    STEPS = [("PENDING", "Priority", None), ("PENDING", "Priority", None),
-             ("PENDING", "Resources", "2026-11-27T14:05:00"), ("COMPLETED", None, None)]
 
-    async def statuses(self, job_ids: Any) -> dict[str, JobStatus]:
-        state, reason, start = self.script.pop(0) if len(self.script) > 1 else self.script[0]
-        return {job_id: JobStatus(job_id=job_id, state=SlurmState[state], reason=reason, expected_start=start,
-                                  exit_code=0 if state == "COMPLETED" else None, source="squeue")
-                for job_id in job_ids}
+def _queue_story(monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
+    """The fake Slurm whose job 77 follows ``QUEUE_STORY``, a step at each squeue (the last one stays)."""
+    fake = install(monkeypatch)
+    fake.add(77, "queued")
+    steps = list(QUEUE_STORY)
+
+    def next_poll(fake: FakeSlurm) -> None:
+        if fake.asked[-1].verb != "squeue":
+            return
+        state, reason, expected = steps.pop(0) if len(steps) > 1 else steps[0]
+        if state == "COMPLETED":
+            if not fake.job(77).is_terminal:
+                fake.end(77)
+            return
+        job = fake.job(77)
+        job.state, job.reason, job.expected_start = state, reason, expected
+
+    fake.before_each = next_poll
+    return fake
 
 
 def test_a_pending_job_says_why_it_waits_and_when_it_may_start_each_time_the_reason_changes(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurm_provider import triggers
-
-    story = list(_QueueStory.STEPS)
-    monkeypatch.setattr(triggers, "_hook_factory", lambda conn_id: lambda: _QueueStory(story))
+    _queue_story(monkeypatch)
     with structlog.testing.capture_logs() as logs:
         payload = _run_to_event(SlurmJobTrigger(conn_id="queue", job_id="77", **SCRIPTED), timeout=30)
     assert payload["kind"] == FINISHED
     assert _events(logs, "Job 77 ") == [
         "Job 77 PENDING: waiting for higher-priority jobs (Priority)",
         "Job 77 PENDING: waiting for free nodes (Resources); expected to start 2026-11-27 14:05",
-        "Job 77 COMPLETED exit code 0",
+        "Job 77 COMPLETED on vcnode1 exit code 0",
     ]
 
 
