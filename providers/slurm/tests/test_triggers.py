@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import tempfile
 import time
@@ -25,7 +26,6 @@ from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.transport import TransportUnavailable
 from slurm_provider.triggers import ERROR, FINISHED, NEVER_STARTS, SlurmJobTrigger
 from slurm_provider.watch_state import WatchNote
-from providers.slurm.tests.test_poller import GrowingFile
 
 FAST = {"poll_interval": 1.0, "max_poll_interval": 3.0, "first_poll_delay": 0.0}
 SCRIPTED = {"poll_interval": 0.05, "max_poll_interval": 0.1, "first_poll_delay": 0.0}
@@ -698,31 +698,38 @@ def count_lines(state: Any, lines: list[str]) -> dict[str, Any]:
     return {"lines": (state or {}).get("lines", 0) + len(lines), "last": lines[-1]}
 
 
-FOLLOW = [{"path": GrowingFile.path, "fold": f"{__name__}.count_lines"}]
+FOLLOWED_PATH = "/o/m.jsonl"
+"""A file job 7 writes line by line (a metrics log) that the trigger follows."""
+FOLLOW = [{"path": FOLLOWED_PATH, "fold": f"{__name__}.count_lines"}]
 
 
-class EndingGrowingFile(GrowingFile):
-    """``GrowingFile`` whose job completes at its ``polls``-th status query."""
+def _growing_cluster(monkeypatch: pytest.MonkeyPatch, polls: int, text: str = "") -> FakeSlurm:
+    """The fake Slurm on which job 7 runs and its file ``FOLLOWED_PATH`` grows by a line at every size check
+    (a file read that asks for its size); the job completes at its ``polls``-th status query (squeue)."""
+    fake = install(monkeypatch)
+    fake.add(7, "growing", state="RUNNING")
+    fake.table.files[FOLLOWED_PATH] = text
 
-    def __init__(self, polls: int) -> None:
-        super().__init__()
-        self.polls = polls
-        self.offsets_read: list[int] = []
+    def step(fake: FakeSlurm) -> None:
+        asked = fake.asked[-1]
+        if asked.verb in ("poll_files", "file_sizes") and FOLLOWED_PATH in asked.line:
+            grown = fake.table.files[FOLLOWED_PATH]
+            fake.table.files[FOLLOWED_PATH] = grown + f'{{"step": {len(grown.splitlines()) + 1}}}\n'
+        elif asked.verb == "squeue" and fake.verbs.count("squeue") >= polls and not fake.job(7).is_terminal:
+            fake.end(7)
 
-    async def statuses(self, job_ids: Any) -> dict[str, JobStatus]:
-        self.polls -= 1
-        state = SlurmState.COMPLETED if self.polls <= 0 else SlurmState.RUNNING
-        return {j: JobStatus(job_id=j, state=state) for j in job_ids}
-
-    async def read_log(self, path: str, offset: int) -> tuple[str, int]:
-        self.offsets_read.append(offset)
-        return await super().read_log(path, offset)
+    fake.before_each = step
+    return fake
 
 
-def _following(monkeypatch: pytest.MonkeyPatch, source: GrowingFile,
-               recalled: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The trigger's cluster is ``source``; its task's ``slurm_followed`` XCom holds ``recalled``;
-    returns what it writes there."""
+def _offsets_read(fake: FakeSlurm) -> list[int]:
+    """The offsets the watch read ``FOLLOWED_PATH`` from."""
+    return [int(re.search(r"; o=(\d+); ", asked.line)[1])  # type: ignore[index]
+            for asked in fake.asked if asked.verb == "read_log" and FOLLOWED_PATH in asked.line]
+
+
+def _following(monkeypatch: pytest.MonkeyPatch, recalled: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The task's ``slurm_followed`` XCom holds ``recalled``; returns what the trigger writes there."""
     from slurm_provider import triggers
 
     written: list[list[dict[str, Any]]] = []
@@ -733,15 +740,14 @@ def _following(monkeypatch: pytest.MonkeyPatch, source: GrowingFile,
     async def remember(task: Any, job_id: str, files: list[dict[str, Any]]) -> None:
         written.append(json.loads(json.dumps(files)))  # what an XCom keeps: JSON
 
-    monkeypatch.setattr(triggers, "_hook_factory", lambda conn_id: lambda: source)
     monkeypatch.setattr(triggers, "recall_followed", recall)
     monkeypatch.setattr(triggers, "remember_followed", remember)
     return written
 
 
 def test_a_followed_file_is_folded_as_it_grows_and_kept_for_the_try(monkeypatch: pytest.MonkeyPatch) -> None:
-    source = EndingGrowingFile(polls=6)
-    written = _following(monkeypatch, source, [])
+    cluster = _growing_cluster(monkeypatch, polls=6)
+    written = _following(monkeypatch, [])
     trigger = SlurmJobTrigger(conn_id="c", job_id="7", follow=FOLLOW, follow_interval=0.0, read_end_record=False,
                               **SCRIPTED)
     _with_task(trigger, monkeypatch, WatchNote())
@@ -749,38 +755,40 @@ def test_a_followed_file_is_folded_as_it_grows_and_kept_for_the_try(monkeypatch:
     assert payload["kind"] == FINISHED
     states = [files[0]["state"] for files in written]
     assert [s["lines"] for s in states] == list(range(1, len(states) + 1)) and len(states) >= 4
-    assert states[-1]["last"] == source.text.splitlines()[len(states) - 1]
+    text = cluster.table.files[FOLLOWED_PATH]
+    assert states[-1]["last"] == text.splitlines()[len(states) - 1]
     last = written[-1][0]
-    assert last["offset"] == len("".join(source.text.splitlines(keepends=True)[:len(states)]))
+    assert last["offset"] == len("".join(text.splitlines(keepends=True)[:len(states)]))
     assert last["read_at"] is not None and last["problem"] is None and last["rest"] == ""
     # the event carries how far each file was read (airflow dags test keeps no XCom of the watch)
-    assert payload["follow"] == [{"path": GrowingFile.path, "fold": FOLLOW[0]["fold"], "offset": last["offset"]}]
+    assert payload["follow"] == [{"path": FOLLOWED_PATH, "fold": FOLLOW[0]["fold"], "offset": last["offset"]}]
 
 
 def test_a_restarted_trigger_reads_a_followed_file_on_from_where_the_try_got(monkeypatch: pytest.MonkeyPatch) -> None:
-    source = EndingGrowingFile(polls=3)
-    source.text = '{"step": 1}\n{"step": 2}\n'
-    kept = {"path": GrowingFile.path, "fold": FOLLOW[0]["fold"], "offset": len(source.text),
+    before = '{"step": 1}\n{"step": 2}\n'
+    cluster = _growing_cluster(monkeypatch, polls=3, text=before)
+    kept = {"path": FOLLOWED_PATH, "fold": FOLLOW[0]["fold"], "offset": len(before),
             "state": {"lines": 2, "last": '{"step": 2}'}, "rest": "", "read_at": 1.0}
-    written = _following(monkeypatch, source, [kept])
+    written = _following(monkeypatch, [kept])
     trigger = SlurmJobTrigger(conn_id="c", job_id="7", follow=FOLLOW, follow_interval=0.0, read_end_record=False,
                               **SCRIPTED)
     _with_task(trigger, monkeypatch, WatchNote())
     assert _run_to_event(trigger, timeout=30)["kind"] == FINISHED
-    assert min(source.offsets_read) == kept["offset"]  # nothing read twice
+    assert min(_offsets_read(cluster)) == kept["offset"]  # nothing read twice
     assert written[0][0]["state"]["lines"] == 3
 
 
 def test_a_fold_that_cannot_be_imported_stops_following_and_the_watch_goes_on(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    written = _following(monkeypatch, EndingGrowingFile(polls=3), [])
-    trigger = SlurmJobTrigger(conn_id="c", job_id="7", follow=[{"path": GrowingFile.path, "fold": "nowhere.fold"}],
+    _growing_cluster(monkeypatch, polls=3)
+    written = _following(monkeypatch, [])
+    trigger = SlurmJobTrigger(conn_id="c", job_id="7", follow=[{"path": FOLLOWED_PATH, "fold": "nowhere.fold"}],
                               follow_interval=0.0, read_end_record=False, **SCRIPTED)
     _with_task(trigger, monkeypatch, WatchNote())
     with structlog.testing.capture_logs() as logs:
         assert _run_to_event(trigger, timeout=30)["kind"] == FINISHED
     assert "must be importable where the triggerer runs" in written[0][0]["problem"]
-    assert len(_events(logs, f"No longer following {GrowingFile.path}")) == 1
+    assert len(_events(logs, f"No longer following {FOLLOWED_PATH}")) == 1
 
 
 def test_serialize_round_trips_the_followed_files() -> None:
