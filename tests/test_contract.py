@@ -19,7 +19,7 @@ from slurm_provider.exit_codes import explain_exit
 from slurm_provider.operators import SlurmSubmitOperator, job_name_for
 from slurm_provider.resubmission import Submission, SubmissionHistory, progress_made
 from slurm_provider.state_vocabulary import SlurmState
-from slurm_provider.job_status import JobStatus, gpu_hours
+from slurm_provider.job_status import JobStatus
 from vcloud import contract, exit_record, exitcodes
 from vcloud.config import ConfigError, config_from_dict
 from vcloud.data.index import INDEX_NAME
@@ -247,21 +247,21 @@ def test_the_operator_reads_the_log_files_a_rendered_job_writes() -> None:
 # --------------------------------------------------------------------------- GPU-hours
 
 LUMI_RUNS = [
-    # a stage on two whole nodes, requeued once: both runs are billed
-    ("11", "standard-g", "nid[005000-005001]", 16, 3600),
-    ("11", "standard-g", "nid[005002-005003]", 16, 1800),
-    # an export on a full-node partition: Slurm allocated one GCD, the site bills the node's eight
-    ("12", "standard-g", "nid005004", 1, 1800),
-    # a shared partition bills what was allocated
-    ("13", "small-g", "nid005005", 2, 5400),
+    # a stage on two whole nodes, requeued once: both runs are billed, 4 GPU-hours per node-hour
+    ("11", "standard-g", "nid[005000-005001]", 16, 3600, "cpu=112,gres/gpu=16,node=2"),
+    ("11", "standard-g", "nid[005002-005003]", 16, 1800, "cpu=112,gres/gpu=16,node=2"),
+    # an export on a full-node partition: Slurm allocated one GCD, the site bills the node
+    ("12", "standard-g", "nid005004", 1, 1800, "cpu=7,gres/gpu=1,node=1"),
+    # a shared partition bills the largest of cores / 8, memory / 64G and GCDs, at 0.5 each
+    ("13", "small-g", "nid005005", 2, 5400, "cpu=32,gres/gpu=2,mem=128G,node=1"),
 ]
 
 
-def _lumi_run(job_id: str, partition: str, nodes: str, gpus: int, elapsed: int) -> JobStatus:
+def _lumi_run(job_id: str, partition: str, nodes: str, gpus: int, elapsed: int, tres: str) -> JobStatus:
     comment = JobComment(dag="vcloud_training", task="stage1", run="r1", attempt=1, stage="stage1",
                          project=PROJECT_TAG).to_json()
     return JobStatus(job_id=job_id, state=SlurmState.COMPLETED, gpus=gpus, elapsed_s=elapsed, partition=partition,
-                     account="project_465002500", comment=comment, node_list=nodes, source="sacct")
+                     account="project_465002500", comment=comment, node_list=nodes, source="sacct", tres=tres)
 
 
 class RunsHook:
@@ -278,7 +278,7 @@ def test_the_hpc_view_charts_the_gpu_hours_the_budget_bills() -> None:
     lumi = load_profile("lumi")
     runs = [_lumi_run(*row) for row in LUMI_RUNS]
     billed = ledger_from_statuses(lumi, runs).summary.total
-    assert billed == pytest.approx(16 * 1.0 + 16 * 0.5 + 8 * 0.5 + 2 * 1.5)
+    assert billed == pytest.approx(2 * 4 * 1.0 + 2 * 4 * 0.5 + 1 * 4 * 0.5 + 0.5 * 4 * 1.5)
 
     operator = PipelineJobOperator(task_id="stage1", job="stage1")
     operator.cluster_profile = lumi  # as _bind sets it from the plan
@@ -298,9 +298,18 @@ def test_the_hpc_view_charts_the_gpu_hours_the_budget_bills() -> None:
 
 
 def test_one_gpu_hour_formula_for_worst_case_ledger_and_provider() -> None:
+    """What a job asks (the worst case) and what sacct says it held (the ledger) are billed by the one
+    rule of its partition; a profile without rules bills as the provider's flat formula does."""
     lumi = load_profile("lumi")
-    worst = worst_case(lumi, JobSpec.train(1, config="c.yaml", partition="standard-g", nodes=2, gpus_per_node=8,
+    nodes = worst_case(lumi, JobSpec.train(1, config="c.yaml", partition="standard-g", nodes=2, gpus_per_node=8,
                                            time_limit="02:00:00"))
-    assert worst.amount == gpu_hours(worst.units, worst.seconds, lumi.billing.factor) == pytest.approx(32.0)
-    run = _lumi_run("11", "small-g", "nid005000", 4, 7200)
-    assert run.gpu_hours(lumi.billing.factor) == billed_hours(lumi, usage_of(lumi, run)) == pytest.approx(8.0)
+    ran = _lumi_run("11", "standard-g", "nid[005000-005001]", 16, 7200, "cpu=112,gres/gpu=16,node=2")
+    assert nodes.amount == billed_hours(lumi, usage_of(lumi, ran)) == pytest.approx(16.0)
+    shared = worst_case(lumi, JobSpec.train(1, config="c.yaml", gpus_per_node=4, time_limit="02:00:00"))
+    ran = _lumi_run("12", "small-g", "nid005000", 4, 7200, "cpu=56,gres/gpu=4,mem=256G,node=1")
+    assert shared.amount == billed_hours(lumi, usage_of(lumi, ran)) == pytest.approx(0.5 * 7 * 2)
+    local = load_profile("local")
+    run = JobStatus(job_id="5", state=SlurmState.COMPLETED, gpus=2, elapsed_s=7200,
+                    partition=local.default_partition, node_list="c1", tres="cpu=4,gres/gpu=2,node=1")
+    assert run.gpu_hours(local.billing.factor) == billed_hours(local, usage_of(local, run)) == pytest.approx(4.0)
+    assert worst_case(local, JobSpec.train(0, gpus_per_node=2, time_limit="02:00:00")).amount == pytest.approx(4.0)

@@ -418,7 +418,8 @@ def profile_budget(profile: str, records: Iterable[JobRecord], *, allocation: fl
     """Sum the GPU-hours of one profile's completed jobs per run and per stage, in time order.
 
     The figures are what each operator recorded from ``sacct`` when its job completed (every
-    submission of the task, times the profile's billing factor); tasks that have not completed
+    submission of the task, billed by its partition's rule in the profile:
+    :func:`vcloud_pipeline.budget.rates.hourly_rate`); tasks that have not completed
     add nothing yet. Where the records carry Slurm's figures, the allocation is Slurm's limit on
     the account as the newest record read it, and the burn-down follows what Slurm said was left
     after each job (the account's usage, jobs of other pipelines included); otherwise it is

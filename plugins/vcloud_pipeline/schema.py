@@ -95,6 +95,26 @@ def slurm_seconds(value: str) -> int:
         refuse(exc.problem)
 
 
+_SLURM_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([KMGT]?)$")
+_MIB_PER_UNIT = {"K": 1 / 1024, "M": 1.0, "": 1.0, "G": 1024.0, "T": 1024.0 ** 2}
+
+
+def slurm_mib(text: str) -> float | None:
+    """MiB in a Slurm memory size (``64G``, ``500M``, ``1T``; no suffix is MiB, as ``--mem`` reads it),
+    ``None`` when ``text`` is not one: the one reading of memory sizes that billing rules and the
+    ledger (sacct's ``mem=`` in AllocTRES) share."""
+    match = _SLURM_SIZE.match(text.strip())
+    if match is None:
+        return None
+    return float(match.group(1)) * _MIB_PER_UNIT[match.group(2)]
+
+
+def _memory(value: Any) -> str:
+    if not isinstance(value, str) or slurm_mib(value) is None or not slurm_mib(value):
+        refuse(f"must be a positive Slurm memory size such as '64G' or '500M', got {value!r}")
+    return value
+
+
 def _strings(value: Any) -> tuple[str, ...]:
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
         refuse(f"must be a list of non-empty strings, got {value!r}")
@@ -122,6 +142,8 @@ Flag = Annotated[bool, BeforeValidator(_flag)]
 Duration = Annotated[int, BeforeValidator(_duration)]
 """A quoted Slurm duration (``'3-00:00:00'``, ``'30'`` minutes), as seconds."""
 Strings = Annotated[tuple[str, ...], BeforeValidator(_strings)]
+Memory = Annotated[str, BeforeValidator(_memory)]
+"""A positive Slurm memory size (``64G``), kept as written; :func:`slurm_mib` reads it."""
 Environment = Annotated[dict[str, str], BeforeValidator(_environment)]
 """Environment variables: valid names, string or number values (kept as text)."""
 

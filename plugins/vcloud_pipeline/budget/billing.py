@@ -1,10 +1,10 @@
 """GPU-hour accounting: the worst case of a job before it is submitted, the allocation, the ledger.
 
-LUMI bills accelerator time, and whole nodes on full-node partitions: one wall-hour on
-``standard-g`` costs all 8 GCDs whatever the job uses, and a 3-day job on 8 GCDs costs 576
-GPU-hours (seed 001). The DAG checks a stage's worst case (every GPU busy until the time limit)
-against what the usage leaves of the allocation before submitting, and fails with the numbers when
-it does not fit. What running (and queued) jobs hold is not spent yet: they release what they do
+A site bills what a job holds, each partition by its own rule (:mod:`vcloud_pipeline.budget.rates`,
+the one place the rules are applied): on LUMI a ``standard-g`` node-hour costs 4 GPU-hours whatever
+the job uses, and a GCD on ``small-g`` 0.5 or more by its cores and memory. The DAG checks a
+stage's worst case (what it asks for, billed until the time limit) against what the usage leaves
+of the allocation before submitting, and fails with the numbers when it does not fit. What running (and queued) jobs hold is not spent yet: they release what they do
 not use as they end, so a job that fits what the usage leaves is submitted and waits for them
 (Slurm pends it with ``AssocGrpBillingMinutes``; the provider's watch waits at most
 ``watch_deadline``), the same rule :mod:`slurm_provider.allocation` applies to a pending job.
@@ -31,10 +31,10 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from slurm_provider.job_status import gpu_hours
-
+from vcloud_pipeline.budget.rates import HourlyRate, JobShape, hourly_rate, partition_rate
 from vcloud_pipeline.plan.jobspec import JobKind, JobSpec, resolve_resources
-from vcloud_pipeline.profile import BillingSpec, ClusterProfile, ProfileError
+from vcloud_pipeline.profile import BillingSpec, ClusterProfile
+from vcloud_pipeline.schema import slurm_mib
 
 
 
@@ -49,13 +49,13 @@ def _num(value: float) -> str:
 
 @dataclass(frozen=True)
 class WorstCase:
-    """Billed units x time limit x billing factor, for one job."""
+    """What one job can cost at most: its partition's hourly rate for what it asks, until its time limit."""
 
     label: str
-    units: int
-    unit_name: str
+    rate: HourlyRate
     seconds: float
-    factor: float
+    unit_name: str
+    """What one accelerator is called (``GCD``): the advice names it."""
     billing_unit: str
 
     @property
@@ -64,11 +64,11 @@ class WorstCase:
 
     @property
     def amount(self) -> float:
-        return gpu_hours(self.units, self.seconds, self.factor)
+        return self.rate.amount(self.seconds)
 
     def describe(self) -> str:
-        """``8 GCDs x 72 h x 1.0``."""
-        return f"{self.units} {self.unit_name}s x {_num(self.hours)} h x {self.factor}"
+        """``1 node x 4 GPU-hours/node-hour x 72 h``; by the flat rule ``8 GCDs x 72 h x 1.0``."""
+        return self.rate.describe(self.seconds)
 
 
 def _label(spec: JobSpec) -> str:
@@ -76,14 +76,17 @@ def _label(spec: JobSpec) -> str:
 
 
 def worst_case(profile: ClusterProfile, spec: JobSpec) -> WorstCase:
-    """The most a job can cost: all billed accelerators busy until the time limit."""
+    """The most a job can cost: what it asks for (nodes, accelerators, cores, memory) billed by its
+    partition's rule until the time limit."""
     res = resolve_resources(profile, spec)
+    mem = (slurm_mib(res.mem) or 0.0) if res.mem else 0.0
+    shape = JobShape(nodes=res.nodes, gpus=res.nodes * res.gpus_per_node,
+                     cores=res.nodes * res.cpus_per_task, mem_mib=res.nodes * mem)
     return WorstCase(
         label=_label(spec),
-        units=res.nodes * res.billed_gpus_per_node,
-        unit_name=profile.accelerator.unit,
+        rate=partition_rate(profile, res.partition, shape),
         seconds=res.time_seconds,
-        factor=profile.billing.factor,
+        unit_name=profile.accelerator.unit,
         billing_unit=profile.billing.unit,
     )
 
@@ -263,6 +266,14 @@ class UsageRow(Protocol):
         """Accelerators allocated to the job in total (``gres/gpu`` of sacct's AllocTRES)."""
 
     @property
+    def cores(self) -> int:
+        """CPU cores allocated to the job in total (``cpu`` of AllocTRES); 0 when unknown."""
+
+    @property
+    def mem_mib(self) -> float:
+        """Memory allocated to the job in total, in MiB (``mem`` of AllocTRES); 0 when unknown."""
+
+    @property
     def elapsed_seconds(self) -> float: ...
 
 
@@ -277,23 +288,16 @@ class Usage:
     gpus: int
     elapsed_seconds: float
     job_id: str = ""
-
-
-def billed_gpus(profile: ClusterProfile, partition: str, nodes: int, gpus: int) -> int:
-    """The accelerators a job is billed for: every one of its nodes on full-node partitions (the
-    site bills them whatever the job uses, as :func:`worst_case` counts them), else those allocated."""
-    try:
-        full_node = profile.partition(partition).full_node
-    except ProfileError:
-        full_node = False
-    return nodes * profile.accelerator.per_node if full_node else gpus
+    cores: int = 0
+    mem_mib: float = 0.0
 
 
 def billed_hours(profile: ClusterProfile, row: UsageRow) -> float:
-    """Billing units spent by one job (or one run of a requeued job): :func:`billed_gpus` x elapsed
-    hours x ``billing.factor``, what the ledger, the preflight and the HPC view count."""
-    units = billed_gpus(profile, row.partition, row.nodes, row.gpus)
-    return gpu_hours(units, row.elapsed_seconds, profile.billing.factor)
+    """Billing units spent by one job (or one run of a requeued job): its partition's hourly rate
+    (:func:`~vcloud_pipeline.budget.rates.hourly_rate`) for what it held x elapsed hours, what the
+    ledger, the preflight and the HPC view count."""
+    shape = JobShape(nodes=row.nodes, gpus=row.gpus, cores=row.cores, mem_mib=row.mem_mib)
+    return hourly_rate(profile, row.partition, shape).amount(row.elapsed_seconds)
 
 
 @dataclass(frozen=True)

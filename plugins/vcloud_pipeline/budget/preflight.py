@@ -34,6 +34,7 @@ from vcloud_pipeline.budget.billing import (
     slurm_minutes_from_units,
     summarize_ledger,
 )
+from vcloud_pipeline.budget.rates import JobShape
 from vcloud_pipeline.plan.jobspec import JobSpec
 from vcloud_pipeline.plan.labels import JobLabel
 from vcloud_pipeline.profile import ClusterProfile
@@ -82,10 +83,15 @@ def _nodes(status: JobStatus) -> int:
 
 
 def usage_of(profile: ClusterProfile, status: JobStatus, run: str = "", label: str = "") -> Usage:
-    """One job (or one run of a requeued job) as the ledger bills it."""
+    """One job (or one run of a requeued job) as the ledger bills it: its nodes, accelerators, cores and
+    memory from the TRES Slurm lists (sacct's AllocTRES once it ran, what it asks while it pends).
+
+    The cores are Slurm's ``cpu`` count; on nodes where Slurm counts hardware threads as CPUs that is
+    twice the cores, and a site that bills cores bills fewer than it reads here."""
+    shape = JobShape.from_tres(status.tres, nodes=_nodes(status), gpus=status.gpus)
     return Usage(run=run, label=label, partition=status.partition or profile.default_partition,
-                 nodes=_nodes(status), gpus=status.gpus, elapsed_seconds=float(status.elapsed_s or 0),
-                 job_id=status.job_id)
+                 nodes=shape.nodes, gpus=shape.gpus, elapsed_seconds=float(status.elapsed_s or 0),
+                 job_id=status.job_id, cores=shape.cores, mem_mib=shape.mem_mib)
 
 
 def ledger_from_statuses(profile: ClusterProfile, statuses: Iterable[JobStatus]) -> Ledger:

@@ -130,8 +130,6 @@ class Resources:
     cpus_per_task: int
     mem: str | None
     time_seconds: int
-    billed_gpus_per_node: int
-    """Accelerators billed per node: all of them on full-node partitions."""
 
 
 def _mem_parts(text: str) -> tuple[int, str]:
@@ -206,6 +204,5 @@ def resolve_resources(profile: ClusterProfile, spec: JobSpec) -> Resources:
     if mem is None and part.mem_per_gpu and not part.full_node:
         amount, unit = _mem_parts(part.mem_per_gpu)
         mem = f"{amount * gpus}{unit}"
-    billed = per_node if part.full_node else gpus
     return Resources(partition=part, nodes=spec.nodes, gpus_per_node=gpus, cpus_per_task=cpus, mem=mem,
-                     time_seconds=seconds, billed_gpus_per_node=billed)
+                     time_seconds=seconds)

@@ -37,6 +37,7 @@ from vcloud_pipeline.profile.models import (
     RUNTIME_JOB_ID,
     SINGULARITY_RUNTIMES,
     SITES,
+    BILLING_KINDS,
     AcceleratorSpec,
     BillingSpec,
     ClusterProfile,
@@ -44,6 +45,7 @@ from vcloud_pipeline.profile.models import (
     ContainerSpec,
     GpuRequestSpec,
     JobDefaults,
+    PartitionBilling,
     PartitionSpec,
     PathsSpec,
     ProfileError,
@@ -53,7 +55,8 @@ from vcloud_pipeline.profile.models import (
 from vcloud_pipeline.profile.rules import GENERAL_RULES, NODE_LOCAL_ROOTS, SITE_RULES
 
 __all__ = [
-    "ACCELERATORS", "CONTAINER_RUNTIMES", "DEFAULT_PROFILE", "GENERAL_RULES", "GPU_REQUEST_STYLES",
+    "ACCELERATORS", "BILLING_KINDS", "PartitionBilling",
+    "CONTAINER_RUNTIMES", "DEFAULT_PROFILE", "GENERAL_RULES", "GPU_REQUEST_STYLES",
     "LOGIN_VARIABLE", "NODE_LOCAL_ROOTS", "OVERRIDES_ENV", "PLACEHOLDER", "PROFILES_DIR", "PROFILE_NAME",
     "RUNTIME_JOB_ID", "SINGULARITY_RUNTIMES", "SITES", "SITE_RULES", "AcceleratorSpec", "BillingSpec",
     "ClusterProfile", "ConnectionSpec", "ContainerSpec", "GpuRequestSpec", "JobDefaults", "PartitionSpec",

@@ -22,6 +22,7 @@ from vcloud_pipeline.schema import (
     Duration,
     Environment,
     Flag,
+    Memory,
     Positive,
     Strings,
     Text,
@@ -59,6 +60,11 @@ ContainerRuntime = Literal["singularity", "apptainer", "charliecloud", "none"]
 CONTAINER_RUNTIMES: tuple[str, ...] = get_args(ContainerRuntime)
 """``none`` runs the inner script directly in ``software.python``'s environment (a bare run)."""
 SINGULARITY_RUNTIMES = ("singularity", "apptainer")
+BillingKind = Literal["gpu", "node", "resources"]
+BILLING_KINDS: tuple[str, ...] = get_args(BillingKind)
+"""How a partition bills a job per hour: ``gpu`` (``billing.factor`` per accelerator, every one of the
+node on full-node partitions), ``node`` (``per_node`` per node), ``resources`` (the largest of cores,
+memory and accelerators in slices, ``rate`` per slice)."""
 ProvisionWhere = Literal["login", "job"]
 PROVISION_PLACES: tuple[str, ...] = get_args(ProvisionWhere)
 
@@ -161,6 +167,54 @@ class GpuRequestSpec(Document):
     gres_type: Text | None = None
 
 
+_BILLING_FIELDS: dict[str, tuple[str, ...]] = {
+    "gpu": (),
+    "node": ("per_node",),
+    "resources": ("rate", "cores_per_slice", "mem_per_slice"),
+}
+"""The fields each billing kind needs (``slices_per_gpu`` has a default); the others are refused."""
+
+
+class PartitionBilling(Document):
+    """What one hour of a job on this partition costs, as the site's billing page states it.
+
+    ``gpu``: ``billing.factor`` per accelerator (all of each node's on ``full_node`` partitions), the
+    rule of a profile that says nothing. ``node``: ``per_node`` units per node (LUMI ``standard-g``: 4
+    GPU-hours per node-hour). ``resources``: ``rate x max(ceil(cores / cores_per_slice),
+    ceil(memory / mem_per_slice), accelerators x slices_per_gpu)`` (LUMI ``small-g``, ``dev-g``: 0.5
+    per GCD, 8 cores or 64 GB).
+    """
+
+    kind: BillingKind
+    per_node: Positive | None = None
+    """``node``: units per node-hour."""
+    rate: Positive | None = None
+    """``resources``: units per slice-hour."""
+    cores_per_slice: Count | None = None
+    mem_per_slice: Memory | None = None
+    slices_per_gpu: Positive = 1.0
+    """``resources``: slices one accelerator counts for (1: each GCD is one slice)."""
+
+    @pydantic.model_validator(mode="after")
+    def _fields_of_the_kind(self) -> PartitionBilling:
+        needed = _BILLING_FIELDS[self.kind]
+        missing = [name for name in needed if getattr(self, name) is None]
+        others = [name for names in _BILLING_FIELDS.values() for name in names
+                  if name not in needed and getattr(self, name) is not None]
+        if missing:
+            refuse(f"kind {self.kind} needs {', '.join(missing)} "
+                   f"(kind {self.kind} reads {', '.join(needed)})")
+        if others:
+            refuse(f"kind {self.kind} does not read {', '.join(others)}: remove "
+                   f"{'it' if len(others) == 1 else 'them'} or choose the kind that does "
+                   f"(node: per_node; resources: rate, cores_per_slice, mem_per_slice)")
+        return self
+
+
+FLAT_BILLING = PartitionBilling(kind="gpu")
+"""The rule of a partition whose profile names none: ``billing.factor`` per accelerator-hour."""
+
+
 class PartitionSpec(Document):
     """One Slurm partition and the limits a job is checked against before it is submitted. Its name
     is its key in the profile's ``partitions``."""
@@ -177,7 +231,19 @@ class PartitionSpec(Document):
     """Nodes are allocated (and billed) whole: every accelerator of every node counts."""
     mem_per_gpu: Text | None = None
     debug: Flag = False
+    billing: PartitionBilling = FLAT_BILLING
+    """How an hour of a job here is billed; the default is ``billing.factor`` per accelerator."""
     _name: str = PrivateAttr("")
+
+    @pydantic.model_validator(mode="after")
+    def _billing_fits_the_partition(self) -> PartitionSpec:
+        if self.billing.kind == "node" and not self.full_node:
+            refuse("billing of kind node bills whole nodes: set full_node: true on this partition, or bill "
+                   "it by kind gpu or resources")
+        if self.billing.kind == "resources" and self.mem_per_gpu is None:
+            refuse("billing of kind resources counts the job's memory: set mem_per_gpu (what a job asks per "
+                   "accelerator) so that the worst case before submitting knows it")
+        return self
 
     @property
     def name(self) -> str:

@@ -21,28 +21,41 @@ from vcloud_pipeline.profile import load_profile
 from tests.vcloud_pipeline.conftest import complete_profile
 
 
-def test_single_gcd_for_three_days() -> None:
+def test_single_gcd_with_sixteen_cores_for_three_days() -> None:
     worst = worst_case(load_profile("lumi"), JobSpec.train(1))
-    assert worst.amount == 72.0 and worst.describe() == "1 GCDs x 72 h x 1.0"
+    assert worst.amount == 72.0
+    assert worst.describe() == "0.5 x max(ceil(16 cores / 8), ceil(64G / 64G), 1 GCDs) x 72 h"
 
 
-def test_full_node_partition_bills_all_eight_gcds_per_node() -> None:
+def test_full_node_partition_bills_four_gpu_hours_per_node_hour() -> None:
     lumi = load_profile("lumi")
-    assert worst_case(lumi, JobSpec.train(1, partition="standard-g", gpus_per_node=8)).amount == 8 * 48
-    assert worst_case(lumi, JobSpec.train(1, partition="standard-g", gpus_per_node=8, nodes=4)).amount == 4 * 8 * 48
+    assert worst_case(lumi, JobSpec.train(1, partition="standard-g", gpus_per_node=8)).amount == 4 * 48
+    four = worst_case(lumi, JobSpec.train(1, partition="standard-g", gpus_per_node=8, nodes=4))
+    assert four.amount == 4 * 4 * 48 and four.describe() == "4 nodes x 4 GPU-hours/node-hour x 48 h"
     # a preflight on a full-node partition still pays for the whole node
-    assert worst_case(lumi, JobSpec.preflight(partition="standard-g")).units == 8
+    assert worst_case(lumi, JobSpec.preflight(partition="standard-g")).describe() == (
+        "1 node x 4 GPU-hours/node-hour x 0.25 h")
 
 
-def test_the_seeds_576_gpu_hours_and_the_failure_message() -> None:
+def test_a_profile_without_billing_rules_bills_its_factor_per_gpu_hour() -> None:
+    local = load_profile("local")
+    assert worst_case(local, JobSpec.train(0)).describe() == "1 GPUs x 0.5 h x 1.0"
+    flat = load_profile("lumi", overrides={f"partitions.{name}.billing": None
+                                           for name in ("small-g", "standard-g", "dev-g")})
+    assert worst_case(flat, JobSpec.train(1, partition="standard-g", gpus_per_node=8)).describe() == (
+        "8 GCDs x 48 h x 1.0")
+
+
+def test_the_seeds_eight_gcds_for_three_days_and_the_failure_message() -> None:
     lumi = load_profile("lumi", overrides={"partitions.small-g.max_gpus_per_node": 8,
                                            "partitions.small-g.cpus_per_node": 128})
-    spec = JobSpec.train(1, gpus_per_node=8)
+    spec = JobSpec.train(1, gpus_per_node=8)  # 128 cores, 512G: 16 slices of 8 cores
     assert worst_case(lumi, spec).amount == 576.0
     with pytest.raises(BudgetExceeded) as err:
         check_budget(lumi, spec, ledger(lumi, used=100_000 - 412.5))
     assert str(err.value).startswith(
-        "stage 1 needs up to 576.0 GPU-hours (8 GCDs x 72 h x 1.0); 412.5 of 100000 left by the usage: limit 100000 "
+        "stage 1 needs up to 576.0 GPU-hours (0.5 x max(ceil(128 cores / 8), ceil(512G / 64G), 8 GCDs) x 72 h); "
+        "412.5 of 100000 left by the usage: limit 100000 "
         "(profile lumi billing.allocation), used 99587.5 (ledger: this project's jobs in sacct), held 0 (")
     assert str(err.value).endswith("raise billing.allocation of profile lumi if the project got more")
     assert check_budget(lumi, spec, ledger(lumi, used=100_000 - 576)).amount == 576.0
@@ -109,21 +122,24 @@ def test_slurms_limit_wins_and_the_refusal_names_every_figure_and_its_source() -
     assert "billing=600" in held.describe() and held.to_json()["left"] == 0.25
 
 
+GIB = 1024.0
+
+
 def test_ledger_per_run_and_stage() -> None:
     lumi = load_profile("lumi")
     rows = [
-        Usage("full", "stage0", "small-g", 1, 1, 12 * 3600, "16000001"),
-        Usage("full", "stage1", "small-g", 1, 1, 27 * 60 * 46, "16082076"),
-        Usage("full", "stage1", "standard-g", 2, 3, 3600, "16100000"),  # billed as 2 whole nodes
-        Usage("ddp-test", "preflight", "dev-g", 1, 1, 180, "16100001"),
+        Usage("full", "stage0", "small-g", 1, 1, 12 * 3600, "16000001", cores=16, mem_mib=64 * GIB),
+        Usage("full", "stage1", "small-g", 1, 1, 27 * 60 * 46, "16082076", cores=16, mem_mib=64 * GIB),
+        Usage("full", "stage1", "standard-g", 2, 3, 3600, "16100000"),  # 2 whole nodes: 8 GPU-hours
+        Usage("ddp-test", "preflight", "dev-g", 1, 1, 360, "16100001", cores=7, mem_mib=60 * GIB),
     ]
     summary = summarize_ledger(lumi, rows)
     assert summary.by_stage[("full", "stage0")] == 12.0
-    assert summary.by_stage[("full", "stage1")] == pytest.approx(20.7 + 16.0)
+    assert summary.by_stage[("full", "stage1")] == pytest.approx(20.7 + 8.0)
     assert summary.by_run["ddp-test"] == pytest.approx(0.05)
-    assert summary.total == pytest.approx(12 + 20.7 + 16 + 0.05)
+    assert summary.total == pytest.approx(12 + 20.7 + 8 + 0.05)
     assert summary.jobs == 4 and summary.left == pytest.approx(100_000 - summary.total)
-    assert summary.lines()[-1] == "total: 48.75 over 4 job(s)"
+    assert summary.lines()[-1] == "total: 40.75 over 4 job(s)"
 
 
 def test_unknown_partition_in_the_ledger_bills_allocated_gpus() -> None:

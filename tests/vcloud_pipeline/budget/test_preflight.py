@@ -33,34 +33,41 @@ LUMI = load_profile("lumi")
 
 def job(job_id: str, state: SlurmState, *, gpus: int, elapsed: int, partition: str = "small-g",
         stage: str | None = "stage1", account: str = "project_465002500", comment: str | None = None,
-        nodes: str = "nid005001", limit: int | None = None) -> JobStatus:
+        nodes: str = "nid005001", limit: int | None = None, tres: str | None = None) -> JobStatus:
+    """A job as sacct lists it; its AllocTRES by default what LUMI's profile gives a GCD (16 cores, 64G)."""
     text = comment if comment is not None else JobComment(dag="vcloud_training", task=stage or "t", run="r1",
                                                           attempt=1, stage=stage, project=PROJECT_TAG).to_json()
+    if tres is None:
+        tres = f"billing={gpus},cpu={16 * gpus},gres/gpu={gpus},mem={64 * gpus}G,node=1"
     return JobStatus(job_id=job_id, state=state, gpus=gpus, elapsed_s=elapsed, partition=partition,
-                     account=account, comment=text, node_list=nodes, time_limit_s=limit, source="sacct")
+                     account=account, comment=text, node_list=nodes, time_limit_s=limit, source="sacct",
+                     tres=tres)
 
 
 def test_ledger_bills_this_project_jobs_and_holds_the_rest_of_running_ones() -> None:
     statuses = [
-        job("1", SlurmState.COMPLETED, gpus=1, elapsed=36000),                       # 10 GCD-hours
+        job("1", SlurmState.COMPLETED, gpus=1, elapsed=36000),                       # 10 h x 1 GPU-hour/h
         job("2", SlurmState.TIMEOUT, gpus=1, elapsed=7200, stage="stage2"),          # 2
         job("3", SlurmState.COMPLETED, gpus=8, elapsed=3600, partition="standard-g",
-            nodes="nid[005001-005002]"),                                              # 2 nodes x 8 x 1 h = 16
+            nodes="nid[005001-005002]"),                                              # 2 nodes x 4 x 1 h = 8
         job("4", SlurmState.RUNNING, gpus=1, elapsed=3600, limit=4 * 3600),          # 1 spent, 3 held
+        job("7", SlurmState.COMPLETED, gpus=1, elapsed=3600, partition="dev-g",
+            tres="cpu=7,gres/gpu=1,mem=60G,node=1"),                                  # 0.5
         job("5", SlurmState.COMPLETED, gpus=4, elapsed=36000, comment="someone else's job"),
         job("6", SlurmState.COMPLETED, gpus=4, elapsed=36000, account="project_other"),
     ]
     ledger = ledger_from_statuses(LUMI, statuses)
-    assert ledger.used == pytest.approx(10 + 2 + 16 + 1)
+    assert ledger.used == pytest.approx(10 + 2 + 8 + 1 + 0.5)
     assert ledger.reserved == pytest.approx(3) and ledger.queued == 0
     assert ledger.summary.by_stage[("r1", "stage2")] == pytest.approx(2)
-    assert ledger.summary.jobs == 4
+    assert ledger.summary.jobs == 5
 
 
 def test_budget_fails_with_the_numbers_when_a_stage_does_not_fit() -> None:
     allocation = Allocation.from_profile(LUMI, used=99990.0, held=0.0)
     spec = JobSpec.train(1, time_limit="3-00:00:00")
-    with pytest.raises(BudgetExceeded, match=r"stage 1 needs up to 72.0 GPU-hours \(1 GCDs x 72 h x 1.0\); 10 of 100000 left by the usage"):
+    with pytest.raises(BudgetExceeded, match=r"stage 1 needs up to 72.0 GPU-hours \(0.5 x max\(ceil\(16 cores / 8\), "
+                                             r"ceil\(64G / 64G\), 1 GCDs\) x 72 h\); 10 of 100000 left by the usage"):
         check_jobs_budget(LUMI, {"stage1": spec}, allocation)
 
 
@@ -239,3 +246,4 @@ def test_a_resubmission_is_checked_against_the_budget_again(monkeypatch: pytest.
     assert plenty.verbs == ["squeue", "sacct", "sshare", "touch"], "the budget checked, then the marker refreshed"
     with pytest.raises(AirflowFailException, match=r"stage 1 needs up to 72.0 GPU-hours .* of 100000 left"):
         op.check_before_resubmit(context, SlurmHook("c", runner=cluster(used_hours=99_990)))
+

@@ -13,7 +13,7 @@ def test_lumi_single_gcd_defaults_are_the_guides() -> None:
     res = resolve_resources(load_profile("lumi"), JobSpec.train(1))
     assert res.partition.name == "small-g"
     assert (res.nodes, res.gpus_per_node, res.cpus_per_task, res.mem) == (1, 1, 16, "64G")
-    assert res.time_seconds == 3 * 86400 and res.billed_gpus_per_node == 1
+    assert res.time_seconds == 3 * 86400
 
 
 def test_cpu_default_is_capped_at_the_node() -> None:
@@ -23,7 +23,7 @@ def test_cpu_default_is_capped_at_the_node() -> None:
 
 def test_full_node_partition_bills_every_gcd() -> None:
     res = resolve_resources(load_profile("lumi"), JobSpec.train(1, partition="standard-g", gpus_per_node=8, nodes=2))
-    assert res.billed_gpus_per_node == 8 and res.nodes == 2 and res.mem is None
+    assert res.gpus_per_node == 8 and res.nodes == 2 and res.mem is None
     with pytest.raises(JobSpecError, match=r"standard-g of profile lumi allocates whole nodes and bills all 8 GCDs"):
         resolve_resources(load_profile("lumi"), JobSpec.train(1, partition="standard-g"))
 

@@ -340,3 +340,31 @@ def test_charliecloud_must_bind_the_project_filesystem() -> None:
         load_profile("local", overrides={"container.binds": ["/opt"]})
     staged = load_profile("local", overrides={"staging": {"node_local_dir": "/tmp/vcloud_{job_id}"}})
     assert staged.staging is not None  # node-local staging under /tmp needs no bind with ch-run
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"partitions.standard-g.billing.kind": "nodes"},
+         r"partitions.standard-g.billing.kind 'nodes' not allowed \(allowed: gpu, node, resources\)"),
+        ({"partitions.standard-g.billing.per_node": None}, r"kind node needs per_node \(kind node reads per_node\)"),
+        ({"partitions.small-g.billing.per_node": 4},
+         r"kind resources does not read per_node: remove it or choose the kind that does"),
+        ({"partitions.small-g.billing.cores_per_slice": None}, r"kind resources needs cores_per_slice"),
+        ({"partitions.small-g.billing.mem_per_slice": "64 GB"},
+         r"mem_per_slice must be a positive Slurm memory size such as '64G' or '500M', got '64 GB'"),
+        ({"partitions.standard-g.full_node": False}, r"billing of kind node bills whole nodes: set full_node: true"),
+        ({"partitions.dev-g.mem_per_gpu": None}, r"partitions.dev-g billing of kind resources counts the job's "
+                                                 r"memory: set mem_per_gpu"),
+    ],
+)
+def test_billing_rules_are_checked_with_what_to_do(overrides: dict, message: str) -> None:
+    with pytest.raises(ProfileError, match=message):
+        load_profile("lumi", overrides=overrides)
+
+
+def test_a_partition_without_a_billing_rule_bills_the_flat_factor() -> None:
+    levante = load_profile("levante")
+    assert all(spec.billing.kind == "gpu" for spec in levante.partitions.values())
+    dumped = load_profile("lumi").model_dump(mode="json")
+    assert dumped["partitions"]["standard-g"]["billing"]["kind"] == "node"
