@@ -560,6 +560,9 @@ class FakeSlurm:
         to the database``)."""
         """verb -> the error every command of that verb raises
         (``{"scancel": TransportUnavailable(...)}``)."""
+        self.site_commands: dict[str, tuple[int, str, str]] = {}
+        """program -> (exit status, stdout, stderr) of a site's own command run as a script
+        (``bash -s``, :meth:`site_command`)."""
         self._refusal: str | None = None
         self._submit_error: BaseException | None = None
         self._lost_answer: tuple[BaseException, BaseException | None] | None = None
@@ -581,12 +584,24 @@ class FakeSlurm:
             exit_status, stderr = self.erring[verb]
             answer(command, SlurmTable(), text)  # still a line the fake must know
             return _ok(command, "", stderr, exit_status)
+        if command == "bash -s":
+            return self._site_script(command, text)
         if verb == "sbatch" and "--test-only" not in command:
             return self._submit(command, text)
         return answer(command, self.table, text).result
 
     def close(self) -> None:
         self.closed += 1
+
+    def site_command(self, program: str, *, exit_status: int = 0, stdout: str = "", stderr: str = "") -> None:
+        """A script (``bash -s``) that runs ``program`` gets this answer (``lumi-allocations``)."""
+        self.site_commands[program] = (exit_status, stdout, stderr)
+
+    def _site_script(self, command: str, script: str | None) -> CommandResult:
+        for program, (exit_status, stdout, stderr) in self.site_commands.items():
+            if script is not None and re.search(rf"(^|[\s;&|(]){re.escape(program)}(\s|$)", script):
+                return _ok(command, stdout, stderr, exit_status)
+        raise UnknownCommand(command, f"a script running no site command the test named: {script!r}")
 
     def _submit(self, command: str, script: str | None) -> CommandResult:
         if self._submit_error is not None:
@@ -707,6 +722,8 @@ def _verb_of(line: str) -> str:
             return verb
     if line == "true" or line.startswith("i=0; for f in"):
         return "poll_files"
+    if line == "bash -s":
+        return "script"
     return line
 
 

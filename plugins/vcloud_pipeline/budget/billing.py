@@ -9,12 +9,14 @@ not use as they end, so a job that fits what the usage leaves is submitted and w
 (Slurm pends it with ``AssocGrpBillingMinutes``; the provider's watch waits at most
 ``watch_deadline``), the same rule :mod:`slurm_provider.allocation` applies to a pending job.
 
-Where the allocation comes from (:class:`Allocation`): a site that enforces it holds it in Slurm,
+Where the allocation comes from (:class:`Allocation`, ``billing.allocation_source``): a site's own
+command where Slurm's accounting is not the site's billing (LUMI's ``lumi-allocations``,
+:mod:`vcloud_pipeline.budget.site_allocation`); a site that enforces it in Slurm holds it there,
 as ``GrpTRESMins=<tres>=<minutes>`` on the project account, shared with every job of the account,
 not only ours. Slurm starts a job only while limit - usage - what running jobs still hold covers
 the job's TRES x time limit (``AccountingStorageEnforce=safe``); otherwise the job pends with
 ``AssocGrpBillingMinutes``. That limit, its usage and the running jobs' share are read with one
-``sshare`` and win over the profile. Where Slurm holds no limit, the profile's
+``sshare`` and win over the profile. Where neither gives an answer, the profile's
 ``billing.allocation`` is the limit and the ledger of this project's own jobs (``sacct``) the usage.
 
 Slurm counts TRES-minutes; the profile counts billing units (GPU-hours). The one conversion is
@@ -31,6 +33,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from vcloud_pipeline.budget.site_allocation import SiteAllocation
 from vcloud_pipeline.budget.rates import HourlyRate, JobShape, hourly_rate, partition_rate
 from vcloud_pipeline.plan.jobspec import JobKind, JobSpec, resolve_resources
 from vcloud_pipeline.profile import BillingSpec, ClusterProfile
@@ -95,6 +98,8 @@ def worst_case(profile: ClusterProfile, spec: JobSpec) -> WorstCase:
 
 SLURM = "slurm"
 PROFILE = "profile"
+COMMAND = "command"
+"""The values of :attr:`Allocation.source`: ``billing.allocation_source`` as the check used it."""
 
 
 def units_from_slurm_minutes(billing: BillingSpec, minutes: float) -> float:
@@ -118,7 +123,8 @@ class Allocation:
     used: float
     held: float
     source: str
-    """:data:`SLURM` (the account's ``GrpTRESMins``) or :data:`PROFILE` (``billing.allocation``)."""
+    """:data:`SLURM` (the account's ``GrpTRESMins``), :data:`COMMAND` (the site's command) or
+    :data:`PROFILE` (``billing.allocation``)."""
     limit_from: str
     used_from: str
     held_from: str
@@ -199,6 +205,22 @@ class Allocation:
         )
 
     @classmethod
+    def from_command(cls, profile: ClusterProfile, site: SiteAllocation, *, held: float) -> "Allocation":
+        """From the site's own command (``billing.allocation_command``): the project's allocation and
+        usage as the site bills them, every job of the project; ``held`` is what this project's queued
+        and running jobs may still spend (the site's figures are refreshed now and then, not live)."""
+        command = profile.billing.allocation_command
+        assert command is not None
+        updated = f", data updated {site.updated}" if site.updated else ""
+        return cls(
+            unit=profile.billing.unit, limit=site.limit, used=site.used, held=held, source=COMMAND,
+            limit_from=(f"site command `{command.run}`{updated}" if site.limit is not None
+                        else f"site command `{command.run}` lists no {profile.billing.unit} allocation{updated}"),
+            used_from=f"`{command.run}`: every job of the project, as the site bills it",
+            held_from="this project's queued and running jobs",
+        )
+
+    @classmethod
     def from_profile(cls, profile: ClusterProfile, *, used: float, held: float,
                      note: str = "") -> "Allocation":
         """From the profile's ``billing.allocation`` and the ledger of this project's own jobs."""
@@ -212,12 +234,18 @@ class Allocation:
         )
 
 
-def _advice(profile: ClusterProfile, allocation: Allocation, unit_name: str) -> str:
+def more_allocation(profile: ClusterProfile, allocation: Allocation) -> str:
+    """Where more allocation comes from, by the source the check used."""
     if allocation.source == SLURM and allocation.slurm:
-        return (f"Shorten the time limit, use fewer {unit_name}s, or ask the project's PI or the cluster "
-                f"support to raise GrpTRESMins of account {allocation.slurm['account']}")
-    return (f"Shorten the time limit, use fewer {unit_name}s, or raise billing.allocation of profile "
-            f"{profile.name} if the project got more")
+        return (f"ask the project's PI or the cluster support to raise GrpTRESMins of account "
+                f"{allocation.slurm['account']}")
+    if allocation.source == COMMAND:
+        return f"ask the project's PI to apply for more (the site's command reports the project {profile.account})"
+    return f"raise billing.allocation of profile {profile.name} if the project got more"
+
+
+def _advice(profile: ClusterProfile, allocation: Allocation, unit_name: str) -> str:
+    return f"Shorten the time limit, use fewer {unit_name}s, or {more_allocation(profile, allocation)}"
 
 
 def check_budget(profile: ClusterProfile, spec: JobSpec, allocation: Allocation) -> WorstCase:

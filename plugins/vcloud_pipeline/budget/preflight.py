@@ -8,9 +8,10 @@ other job; this module holds the checks that need only the login node.
 The ledger is this project's jobs as ``sacct`` knows them (found by the JSON comment every job
 of the pipeline carries), billed by :mod:`vcloud_pipeline.budget.billing`: spent hours of finished and
 running jobs, plus the worst case still ahead of jobs that are queued or running. The allocation
-the budget is checked against is the account's ``GrpTRESMins`` limit where Slurm holds one (read
-with one ``sshare``: limit, usage of every job of the account, what running jobs hold), else the
-profile's ``billing.allocation`` against the ledger (:func:`read_allocation`).
+the budget is checked against is read where the profile says (:func:`read_allocation`): the site's
+own command (LUMI's ``lumi-allocations``), the account's ``GrpTRESMins`` limit in Slurm (one
+``sshare``: limit, usage of every job of the account, what running jobs hold), or the profile's
+``billing.allocation`` against the ledger, also where the other two give no answer.
 """
 
 from __future__ import annotations
@@ -25,16 +26,20 @@ from slurm_provider.cli.values import expand_hostlist
 from slurm_provider.job_status import JobStatus
 
 from vcloud_pipeline.budget.billing import (
+    COMMAND,
+    SLURM,
     Allocation,
     LedgerSummary,
     Usage,
     WorstCase,
     billed_hours,
     check_budget,
+    more_allocation,
     slurm_minutes_from_units,
     summarize_ledger,
 )
 from vcloud_pipeline.budget.rates import JobShape
+from vcloud_pipeline.budget.site_allocation import SiteOutputError, command_script, parse_site_allocation
 from vcloud_pipeline.plan.jobspec import JobSpec
 from vcloud_pipeline.plan.labels import JobLabel
 from vcloud_pipeline.profile import ClusterProfile
@@ -133,30 +138,57 @@ def read_ledger(hook: SlurmVerbs, profile: ClusterProfile, since: str = LEDGER_S
 
 
 def read_allocation(hook: SlurmVerbs, profile: ClusterProfile, ledger: Ledger) -> Allocation:
-    """The allocation as Slurm holds it (one ``sshare``), or the profile's figure against the ledger.
+    """The allocation from where the profile says it is read (``billing.allocation_source``).
 
-    Slurm's figures win where the account has a ``GrpTRESMins`` limit on ``billing.slurm_tres``;
-    the profile's ``billing.allocation`` is used where the site sets none, where sshare fails (no
-    accounting) or where the profile says not to read it, and the note says which.
+    ``slurm``: the account's ``GrpTRESMins`` on ``billing.slurm_tres`` (one ``sshare``). ``command``: the
+    site's own command (``billing.allocation_command``, e.g. LUMI's ``lumi-allocations``), parsed. Where
+    either gives no answer (the command fails, sshare lists no limit), the profile's
+    ``billing.allocation`` against the ledger is used and the note says why; ``profile`` uses that
+    directly. :attr:`Allocation.source` says which was used.
     """
-    billing = profile.billing
-    if billing.slurm_tres is None:
-        note = f"profile {profile.name} does not read Slurm's limit (billing.slurm_tres: none)"
+    source = profile.billing.source
+    if source == SLURM:
+        found, note = _from_slurm(hook, profile, ledger)
+    elif source == COMMAND:
+        found, note = _from_command(hook, profile, ledger)
     else:
-        try:
-            figures = hook.account_tres(profile.account, billing.slurm_tres)
-        except SlurmCommandFailed as exc:
-            figures, note = None, f"sshare gave no answer ({exc})"
-        else:
-            if figures is None:
-                note = f"sshare lists no association for account {profile.account}"
-            elif figures.limit is None:
-                note = f"account {profile.account} has no GrpTRESMins limit on {billing.slurm_tres} in Slurm"
-            else:
-                return Allocation.from_slurm(profile, account=profile.account, limit_minutes=figures.limit,
-                                             used_minutes=figures.used, running_minutes=figures.running,
-                                             queued=ledger.queued, queued_jobs=ledger.queued_jobs)
+        found, note = None, f"profile {profile.name} reads its allocation from the profile (billing.allocation_source)"
+        if profile.billing.allocation_source is None:
+            note = f"profile {profile.name} does not read Slurm's limit (billing.slurm_tres: none)"
+    if found is not None:
+        return found
     return Allocation.from_profile(profile, used=ledger.used, held=ledger.reserved, note=note)
+
+
+def _from_slurm(hook: SlurmVerbs, profile: ClusterProfile, ledger: Ledger) -> tuple[Allocation | None, str]:
+    tres = profile.billing.slurm_tres
+    assert tres is not None  # the profile's validation: source slurm needs slurm_tres
+    try:
+        figures = hook.account_tres(profile.account, tres)
+    except SlurmCommandFailed as exc:
+        return None, f"sshare gave no answer ({exc})"
+    if figures is None:
+        return None, f"sshare lists no association for account {profile.account}"
+    if figures.limit is None:
+        return None, f"account {profile.account} has no GrpTRESMins limit on {tres} in Slurm"
+    return Allocation.from_slurm(profile, account=profile.account, limit_minutes=figures.limit,
+                                 used_minutes=figures.used, running_minutes=figures.running,
+                                 queued=ledger.queued, queued_jobs=ledger.queued_jobs), ""
+
+
+def _from_command(hook: SlurmVerbs, profile: ClusterProfile, ledger: Ledger) -> tuple[Allocation | None, str]:
+    command = profile.billing.allocation_command
+    assert command is not None  # the profile's validation: source command needs allocation_command
+    result = hook.run_script(command_script(command), verb="allocation")
+    if not result.ok:
+        said = (result.stderr or result.stdout).strip().splitlines()
+        return None, (f"`{command.run}` failed with exit status {result.exit_status}"
+                      + (f" ({said[-1]})" if said else ""))
+    try:
+        site = parse_site_allocation(command, result.stdout, profile.account)
+    except SiteOutputError as exc:
+        return None, f"`{command.run}` printed what the {command.format} parser cannot read: {exc}"
+    return Allocation.from_command(profile, site, held=ledger.reserved), ""
 
 
 def check_jobs_budget(profile: ClusterProfile, specs: Mapping[JobLabel, JobSpec],
@@ -175,9 +207,7 @@ def check_jobs_budget(profile: ClusterProfile, specs: Mapping[JobLabel, JobSpec]
         raise PreflightError(
             f"the run's jobs need up to {total:.1f} {profile.billing.unit} together{in_slurm} ({detail}); "
             f"{allocation.headroom()}: {allocation.figures()}; no running job's end can free that. "
-            "Run fewer stages or shorten time_limit; "
-            + ("ask the project's PI or the cluster support for more" if allocation.slurm
-               else f"raise billing.allocation of profile {profile.name} if the project got more")
+            f"Run fewer stages or shorten time_limit; or {more_allocation(profile, allocation)}"
         )
     return worst
 

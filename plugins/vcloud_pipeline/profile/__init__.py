@@ -37,6 +37,7 @@ from vcloud_pipeline.profile.models import (
     RUNTIME_JOB_ID,
     SINGULARITY_RUNTIMES,
     SITES,
+    ALLOCATION_SOURCES,
     BILLING_KINDS,
     AcceleratorSpec,
     BillingSpec,
@@ -49,13 +50,14 @@ from vcloud_pipeline.profile.models import (
     PartitionSpec,
     PathsSpec,
     ProfileError,
+    SiteCommand,
     SoftwareSpec,
     StagingSpec,
 )
 from vcloud_pipeline.profile.rules import GENERAL_RULES, NODE_LOCAL_ROOTS, SITE_RULES
 
 __all__ = [
-    "ACCELERATORS", "BILLING_KINDS", "PartitionBilling",
+    "ACCELERATORS", "ALLOCATION_SOURCES", "BILLING_KINDS", "PartitionBilling", "SiteCommand",
     "CONTAINER_RUNTIMES", "DEFAULT_PROFILE", "GENERAL_RULES", "GPU_REQUEST_STYLES",
     "LOGIN_VARIABLE", "NODE_LOCAL_ROOTS", "OVERRIDES_ENV", "PLACEHOLDER", "PROFILES_DIR", "PROFILE_NAME",
     "RUNTIME_JOB_ID", "SINGULARITY_RUNTIMES", "SITES", "SITE_RULES", "AcceleratorSpec", "BillingSpec",

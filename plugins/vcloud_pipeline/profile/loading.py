@@ -23,6 +23,7 @@ import copy
 import json
 import os
 import re
+import shlex
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -302,5 +303,11 @@ def fill_in(doc: ClusterProfile, login: str | None) -> ClusterProfile:
         staging = staging.model_copy(update={
             "node_local_dir": check_path(name, "staging.node_local_dir", node_local)})
 
+    billing = doc.billing
+    command = billing.allocation_command
+    if command is not None:
+        run = expand(name, "billing.allocation_command.run", command.run, {"account": shlex.quote(doc.account)})
+        billing = billing.model_copy(update={"allocation_command": command.model_copy(update={"run": run})})
+
     return doc.model_copy(update={"paths": paths, "container": container, "software": software,
-                                  "staging": staging})
+                                  "staging": staging, "billing": billing})

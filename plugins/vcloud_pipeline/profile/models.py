@@ -65,6 +65,12 @@ BILLING_KINDS: tuple[str, ...] = get_args(BillingKind)
 """How a partition bills a job per hour: ``gpu`` (``billing.factor`` per accelerator, every one of the
 node on full-node partitions), ``node`` (``per_node`` per node), ``resources`` (the largest of cores,
 memory and accelerators in slices, ``rate`` per slice)."""
+AllocationSource = Literal["slurm", "profile", "command"]
+ALLOCATION_SOURCES: tuple[str, ...] = get_args(AllocationSource)
+"""Where the budget check reads the allocation: ``slurm`` (the account's ``GrpTRESMins`` with
+``sshare``), ``profile`` (``billing.allocation`` against the ledger), ``command`` (a site command)."""
+SiteCommandFormat = Literal["lumi-allocations"]
+SITE_COMMAND_FORMATS: tuple[str, ...] = get_args(SiteCommandFormat)
 ProvisionWhere = Literal["login", "job"]
 PROVISION_PLACES: tuple[str, ...] = get_args(ProvisionWhere)
 
@@ -258,6 +264,15 @@ class PartitionSpec(Document):
         return self.default_time if self.default_time is not None else self.max_time
 
 
+class SiteCommand(Document):
+    """A site's own command that prints the project's allocation, run on the login node, and the
+    format its output is parsed in (:mod:`vcloud_pipeline.budget.site_allocation`)."""
+
+    run: Text
+    """The command line; ``{account}`` is the profile's account (``lumi-allocations --project {account}``)."""
+    format: SiteCommandFormat
+
+
 class BillingSpec(Document):
     """How GPU time is charged: ``factor`` billing units per accelerator-hour.
 
@@ -278,6 +293,32 @@ class BillingSpec(Document):
     """TRES-minutes of ``slurm_tres`` that one unit costs: 60 x the TRES weight of one
     accelerator / ``factor``. 60 where ``TRESBillingWeights`` gives one accelerator the weight 1.0
     (``GRES/gpu=1.0``) and a unit is one accelerator-hour."""
+    allocation_source: AllocationSource | None = None
+    """Where the allocation is read: ``slurm``, ``profile`` or ``command``; not set: ``slurm`` when
+    ``slurm_tres`` names a TRES, else ``profile`` (the choice before this setting existed)."""
+    allocation_command: SiteCommand | None = None
+    """``allocation_source: command``: the site command and the format of its output."""
+
+    @pydantic.model_validator(mode="after")
+    def _source_has_what_it_reads(self) -> BillingSpec:
+        source = self.source
+        if source == "slurm" and self.slurm_tres is None:
+            refuse("billing.allocation_source slurm reads GrpTRESMins of billing.slurm_tres, which is none: "
+                   "set slurm_tres (e.g. billing) or choose allocation_source profile or command", whole=True)
+        if source == "command" and self.allocation_command is None:
+            refuse("billing.allocation_source command needs billing.allocation_command (run: the command, "
+                   f"format: one of {', '.join(SITE_COMMAND_FORMATS)})", whole=True)
+        if source != "command" and self.allocation_command is not None:
+            refuse(f"billing.allocation_command is read only with allocation_source command (it is {source}): "
+                   "remove it or set allocation_source: command", whole=True)
+        return self
+
+    @property
+    def source(self) -> AllocationSource:
+        """The allocation source this profile uses (``allocation_source``, or the default it implies)."""
+        if self.allocation_source is not None:
+            return self.allocation_source
+        return "slurm" if self.slurm_tres is not None else "profile"
 
 
 class PathsSpec(Document):

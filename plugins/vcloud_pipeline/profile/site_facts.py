@@ -4,8 +4,9 @@ The LUMI, Levante and Cosmos profiles render the job scripts those sites get. To
 scripts on the local cluster, a *site-facts file* (``include/local_cluster/site_facts.yaml``) maps,
 per profile, only what belongs to the machine: the project account, the login connection, base
 directories, the image path, module commands, the container runtime and pip's CA bundle where
-the job environment is provisioned, the interpreter of a native environment, node sizes
-and the accelerator the nodes really have. Everything else (binds, SINGULARITY_CONTAINLIBS, the
+the job environment is provisioned, the interpreter of a native environment, node sizes,
+the accelerator the nodes really have and where the allocation is read (a site's own command
+exists only there). Everything else (binds, SINGULARITY_CONTAINLIBS, the
 launch line, PYTHONPATH with pylibs, MIOpen directories, the environment, time limits, partitions,
 requeue handling) stays the profile's own. A key outside :data:`SITE_FACT_KEYS` is refused, so the
 file cannot grow into a second copy of a profile.
@@ -44,6 +45,8 @@ SITE_FACT_KEYS: tuple[str, ...] = (
     "partitions.*.mem_per_gpu",
     "provision.runtime",
     "provision.binds",
+    "billing.allocation_source",
+    "billing.allocation_command",
 )
 """Dotted keys a site-facts file may set (``*``: any partition of the profile)."""
 

@@ -27,6 +27,7 @@ from vcloud_pipeline.budget.preflight import (
 from vcloud_pipeline.budget.billing import Allocation, BudgetExceeded
 from vcloud_pipeline.profile import load_profile
 from support.fake_slurm import EPOCH, FakeRun, FakeSlurm
+from tests.vcloud_pipeline.conftest import complete_profile
 
 LUMI = load_profile("lumi")
 
@@ -225,13 +226,14 @@ def test_a_resubmission_is_checked_against_the_budget_again(monkeypatch: pytest.
 
     def cluster(used_hours: float) -> FakeSlurm:
         """The fake Slurm with one finished job of the project on 8 GPUs that used ``used_hours`` over two
-        runs (requeued once: the ledger must read every run), and no limit in sshare (the profile's
-        allocation and the ledger)."""
+        runs (requeued once: the ledger must read every run), and no answer from lumi-allocations (the
+        profile's allocation and the ledger)."""
         fake = FakeSlurm()
+        fake.site_command("lumi-allocations", exit_status=127, stderr="bash: lumi-allocations: command not found")
         half = timedelta(seconds=int(used_hours * 3600 / 8 / 2))
         ended = fake.add("9", "vcloud.stage1", state="COMPLETED", comment=job("9", SlurmState.COMPLETED, gpus=8,
                          elapsed=0).comment, account="project_465002500", partition="small-g", node="nid005001",
-                         tres="billing=64,cpu=56,gres/gpu=8,mem=480G,node=1", submit=EPOCH + half,
+                         tres="billing=8,cpu=128,gres/gpu=8,mem=512G,node=1", submit=EPOCH + half,
                          start=EPOCH + half, end=EPOCH + 2 * half)
         ended.earlier.append(FakeRun("REQUEUED", 0, 0, EPOCH, EPOCH, EPOCH + half, "nid005001", "None"))
         return fake
@@ -243,7 +245,74 @@ def test_a_resubmission_is_checked_against_the_budget_again(monkeypatch: pytest.
     # ... and the run's code marker is refreshed before the submit: the code stays while the run lives.
     marker = f"{ctx.paths.run_markers_dir}/{run_key('vcloud_training', 'manual__r')}-{'c' * 64}"
     assert plenty.asked[-1].line == f"umask 002; mkdir -p {ctx.paths.run_markers_dir} && touch -- {marker}"
-    assert plenty.verbs == ["squeue", "sacct", "sshare", "touch"], "the budget checked, then the marker refreshed"
+    assert plenty.verbs == ["squeue", "sacct", "script", "touch"], "the budget checked, then the marker refreshed"
     with pytest.raises(AirflowFailException, match=r"stage 1 needs up to 72.0 GPU-hours .* of 100000 left"):
         op.check_before_resubmit(context, SlurmHook("c", runner=cluster(used_hours=99_990)))
 
+
+def site(*, sshare: TresMinutes | None = None, exit_status: int | None = None, stdout: str = "",
+         stderr: str = "") -> FakeSlurm:
+    """A login node as the allocation sources see it, on the fake Slurm: ``sshare``'s association (or
+    none) and, where ``exit_status`` is given, what the site's ``lumi-allocations`` answers."""
+    fake = accounting(sshare)
+    if exit_status is not None:
+        fake.site_command("lumi-allocations", exit_status=exit_status, stdout=stdout, stderr=stderr)
+    return fake
+
+
+def asked_of(fake: FakeSlurm) -> list[str]:
+    """What the sources asked: sshare's command line, or the site command's script."""
+    return [(asked.stdin or "").strip() if asked.verb == "script" else asked.line for asked in fake.asked]
+
+
+LUMI_TABLE = (Path(__file__).parents[1] / "golden" / "lumi_allocations.txt").read_text()
+SSHARE = TresMinutes("project_465002500", "billing", limit=6_000_000, used=60_000, running=600)
+LUMI_RUN = "lumi-allocations -p project_465002500"
+
+
+@pytest.mark.parametrize(
+    ("profile", "overrides", "login", "source", "asked", "said"),
+    [
+        # LUMI reads lumi-allocations: its GPU column is the limit and the usage
+        ("lumi", {}, site(exit_status=0, stdout=LUMI_TABLE), "command", [LUMI_RUN],
+         f"limit 100000 (site command `{LUMI_RUN}`, data updated 2026-11-27 23:10:04.551093)"),
+        # ... and falls back to the profile's allocation, saying why, where the command cannot answer
+        ("lumi", {}, site(exit_status=127, stderr="bash: lumi-allocations: command not found"), "profile",
+         [LUMI_RUN], f"`{LUMI_RUN}` failed with exit status 127 (bash: lumi-allocations: command not found)"),
+        ("lumi", {}, site(exit_status=0, stdout="Error: No projects were found\n"), "profile", [LUMI_RUN],
+         f"`{LUMI_RUN}` printed what the lumi-allocations parser cannot read: lumi-allocations printed no table"),
+        # a profile may choose Slurm's limit or its own figure instead
+        ("lumi", {"billing.allocation_source": "slurm", "billing.allocation_command": None}, site(sshare=SSHARE),
+         "slurm", [build_sshare_account("project_465002500")],
+         "limit 100000 (Slurm association limit GrpTRESMins billing=6000000 on account project_465002500)"),
+        ("lumi", {"billing.allocation_source": "profile", "billing.allocation_command": None}, site(), "profile",
+         [], "profile lumi reads its allocation from the profile (billing.allocation_source)"),
+        # profiles that name no source keep the choice they had: Slurm where slurm_tres names a TRES
+        ("local", {}, site(sshare=TresMinutes("vcloud_local", "billing", limit=60000, used=0, running=0)),
+         "slurm", [build_sshare_account("vcloud_local")], "limit 1000 (Slurm association limit"),
+        ("local", {}, site(sshare=None), "profile", [build_sshare_account("vcloud_local")],
+         "sshare lists no association for account vcloud_local"),
+        ("cosmos", {}, site(), "profile", [], "does not read Slurm's limit (billing.slurm_tres: none)"),
+    ],
+)
+def test_the_allocation_is_read_where_the_profile_says(profile: str, overrides: dict, login: FakeSlurm, source: str,
+                                                      asked: list[str], said: str) -> None:
+    loaded = complete_profile(profile, overrides)
+    ledger = ledger_from_statuses(loaded, [])
+    allocation = read_allocation(hook(login), loaded, ledger)
+    assert allocation.source == source and asked_of(login) == asked
+    assert said in allocation.describe()
+
+
+def test_the_refusal_says_the_site_command_gave_the_figures() -> None:
+    allocation = read_allocation(hook(site(exit_status=0, stdout=LUMI_TABLE)), LUMI, ledger_from_statuses(LUMI, []))
+    assert (allocation.limit, allocation.used, allocation.held) == (100000.0, 8123.5, 0.0)
+    specs = {"stage1": JobSpec.train(1, partition="standard-g", gpus_per_node=8, nodes=1024)}
+    with pytest.raises(BudgetExceeded) as err:
+        check_jobs_budget(LUMI, specs, allocation)
+    assert str(err.value) == (
+        "stage 1 needs up to 196608.0 GPU-hours (1024 nodes x 4 GPU-hours/node-hour x 48 h); 91876.5 of 100000 left "
+        f"by the usage: limit 100000 (site command `{LUMI_RUN}`, data updated 2026-11-27 23:10:04.551093), "
+        f"used 8123.5 (`{LUMI_RUN}`: every job of the project, as the site bills it), held 0 (this project's "
+        "queued and running jobs); no running job's end can free that. Shorten the time limit, use fewer GCDs, or "
+        "ask the project's PI to apply for more (the site's command reports the project project_465002500)")

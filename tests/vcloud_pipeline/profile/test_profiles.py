@@ -356,9 +356,21 @@ def test_charliecloud_must_bind_the_project_filesystem() -> None:
         ({"partitions.standard-g.full_node": False}, r"billing of kind node bills whole nodes: set full_node: true"),
         ({"partitions.dev-g.mem_per_gpu": None}, r"partitions.dev-g billing of kind resources counts the job's "
                                                  r"memory: set mem_per_gpu"),
+        ({"billing.allocation_source": "sacct"},
+         r"billing.allocation_source 'sacct' not allowed \(allowed: slurm, profile, command\)"),
+        ({"billing.allocation_command": None}, r"allocation_source command needs billing.allocation_command"),
+        ({"billing.allocation_source": "slurm", "billing.slurm_tres": "none"},
+         r"allocation_source slurm reads GrpTRESMins of billing.slurm_tres, which is none"),
+        ({"billing.allocation_source": "profile"},
+         r"allocation_command is read only with allocation_source command \(it is profile\)"),
+        ({"billing.allocation_command.format": "sacct"},
+         r"billing.allocation_command.format 'sacct' not allowed \(allowed: lumi-allocations\)"),
+        ({"billing.allocation_command.run": "lumi-allocations -p {project}"},
+         r"billing.allocation_command.run uses \{project\} \(known here: \{account\}\)"),
     ],
 )
-def test_billing_rules_are_checked_with_what_to_do(overrides: dict, message: str) -> None:
+def test_billing_rules_and_the_allocation_source_are_checked_with_what_to_do(overrides: dict,
+                                                                             message: str) -> None:
     with pytest.raises(ProfileError, match=message):
         load_profile("lumi", overrides=overrides)
 
@@ -366,5 +378,7 @@ def test_billing_rules_are_checked_with_what_to_do(overrides: dict, message: str
 def test_a_partition_without_a_billing_rule_bills_the_flat_factor() -> None:
     levante = load_profile("levante")
     assert all(spec.billing.kind == "gpu" for spec in levante.partitions.values())
+    assert levante.billing.source == "profile" and load_profile("local").billing.source == "slurm"
     dumped = load_profile("lumi").model_dump(mode="json")
     assert dumped["partitions"]["standard-g"]["billing"]["kind"] == "node"
+    assert dumped["billing"]["allocation_source"] == "command"
