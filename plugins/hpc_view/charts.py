@@ -36,7 +36,7 @@ def burndown_svg(budget: ProfileBudget) -> str:
     values = [p.left if has_alloc else p.used for p in budget.burn]
     ceiling = budget.allocation if has_alloc else max([v for v in values if v is not None] or [0.0])
     ceiling = ceiling if ceiling and ceiling > 0 else 1.0
-    where = " (Slurm limit)" if budget.source == "slurm" else ""
+    where = {"slurm": " (Slurm limit)", "command": " (site command)"}.get(budget.source, "")
     title = (f"{budget.unit} left of {figure(budget.allocation)}{where}: "
              f"{figure(budget.left, precise=budget.total < 10)}"
              if has_alloc else f"{budget.unit} used: {figure(budget.total)} (no allocation tracked)")

@@ -7,7 +7,8 @@
 Slurm on a page view: on LUMI every ``squeue`` is a command on a shared login node, and the API
 server holds no cluster credentials (a training stage's record carries its curve: :mod:`hpc_view.curves`).
 The training DAG's jobs also record the allocation when they ended (``allocation``: Slurm's
-``GrpTRESMins`` limit on the account with its usage, or the profile's ``billing.allocation``, each
+``GrpTRESMins`` limit on the account with its usage, the site's own command's figures (LUMI's
+``lumi-allocations``), or the profile's ``billing.allocation``, each
 figure with its source); the newest such record is the budget the page shows. A training stage's
 record also says what its best weights gained on validation over the model the stage started from
 (``validation_gain``) and why the stage stopped: with its GPU-hours, what each stage bought.
@@ -340,7 +341,10 @@ class BurnPoint:
 
 
 SLURM_SOURCE = "slurm"
+COMMAND_SOURCE = "command"
 PROFILE_SOURCE = "profile"
+SITE_SOURCES = (SLURM_SOURCE, COMMAND_SOURCE)
+"""Allocations the site reports with the usage of every job of the project (``billing.allocation_source``)."""
 
 
 @dataclass(frozen=True)
@@ -349,7 +353,8 @@ class ProfileBudget:
 
     ``source`` says where the allocation comes from: ``slurm`` (the account's ``GrpTRESMins`` limit,
     as the newest job record read it; ``account_used`` is then every job of the account, ours or
-    not) or ``profile`` (``billing.allocation``, against the jobs recorded here).
+    not), ``command`` (the site's own command, e.g. LUMI's ``lumi-allocations``, read the same way:
+    every job of the project) or ``profile`` (``billing.allocation``, against the jobs recorded here).
     """
 
     profile: str
@@ -368,7 +373,7 @@ class ProfileBudget:
     account_used: float | None = None
     used_from: str = "the jobs recorded here"
     as_of: datetime | None = None
-    """When the Slurm figures were read (the end of the job whose record carries them)."""
+    """When the site's figures were read (the end of the job whose record carries them)."""
 
     @property
     def left(self) -> float | None:
@@ -403,10 +408,11 @@ class ProfileBudget:
         }
 
 
-def _slurm_snapshot(record: JobRecord) -> Mapping[str, Any] | None:
-    """The record's allocation when it came from Slurm's limit (with the figures the view needs)."""
+def _site_snapshot(record: JobRecord) -> Mapping[str, Any] | None:
+    """The record's allocation when the site reported it (Slurm's limit or the site's command), with
+    the figures the view needs."""
     snap = record.allocation
-    if not snap or snap.get("source") != SLURM_SOURCE:
+    if not snap or snap.get("source") not in SITE_SOURCES:
         return None
     if not all(isinstance(snap.get(key), (int, float)) for key in ("limit", "used")):
         return None
@@ -427,7 +433,7 @@ def profile_budget(profile: str, records: Iterable[JobRecord], *, allocation: fl
     """
     done = sorted((r for r in records if r.profile == profile and r.final),
                   key=lambda r: (r.finished_at is None, r.finished_at or datetime.min))
-    slurm = [(r, snap) for r in done if (snap := _slurm_snapshot(r)) is not None]
+    slurm = [(r, snap) for r in done if (snap := _site_snapshot(r)) is not None]
     newest = slurm[-1] if slurm else None
     if newest is not None:
         allocation = float(newest[1]["limit"])
@@ -446,7 +452,7 @@ def profile_budget(profile: str, records: Iterable[JobRecord], *, allocation: fl
         if record.validation_gain is not None or record.stop_reason is not None:
             gains[key] = record
         total += record.gpu_hours
-        snap = _slurm_snapshot(record) if newest is not None else None
+        snap = _site_snapshot(record) if newest is not None else None
         if snap is not None:
             left = float(snap["limit"]) - float(snap["used"])
         elif left is not None:
@@ -458,6 +464,6 @@ def profile_budget(profile: str, records: Iterable[JobRecord], *, allocation: fl
     if newest is None:
         return ProfileBudget(**common, allocation_from=allocation_from)
     record, snap = newest
-    return ProfileBudget(**common, source=SLURM_SOURCE, allocation_from=str(snap.get("limit_from") or ""),
+    return ProfileBudget(**common, source=str(snap["source"]), allocation_from=str(snap.get("limit_from") or ""),
                          account_used=float(snap["used"]), used_from=str(snap.get("used_from") or ""),
                          as_of=record.finished_at)

@@ -2,7 +2,8 @@
 
 Each profile's billing unit comes from its YAML under ``include/profiles/`` (with the deployment's
 ``VCLOUD_PROFILE_OVERRIDES``). The allocation is the one the DAG's budget check used: Slurm's
-``GrpTRESMins`` limit on the account where the jobs' records carry it, else the profile's
+``GrpTRESMins`` limit on the account or the site command's figures where the jobs' records carry
+them, else the profile's
 ``billing.allocation``; the payload says which (``budget.source``, ``budget.allocation_from``).
 Every figure is a record of Airflow's database; ``as_of`` says when the view was put together, and
 each waiting job's row says how old its watch's last poll is.

@@ -170,3 +170,21 @@ def test_each_run_and_stage_shows_what_its_gpu_hours_bought_on_validation() -> N
                                        "gain_metric": "psnr", "gain_per_gpu_hour": 0.0625, "stop_reason": "epochs"}
     assert rows_by_stage["stage2"]["gain_per_gpu_hour"] == 0.0 and rows_by_stage["stage2"]["stop_reason"] == "patience"
     assert rows_by_stage["stage0"]["validation_gain"] is None, "stage 0 scores no start"
+
+
+def test_the_budget_follows_the_site_commands_figures_where_the_jobs_recorded_them() -> None:
+    run = "lumi-allocations -p project_465002500"
+    site = {"source": "command", "unit": "GPU-hours", "limit": 100_000.0, "used": 8123.5, "held": 0.0,
+            "left": 91_876.5, "remaining": 91_876.5, "note": "",
+            "limit_from": f"site command `{run}`, data updated 2026-11-27 23:10:04.551093",
+            "used_from": f"`{run}`: every job of the project, as the site bills it",
+            "held_from": "this project's queued and running jobs", "slurm": None}
+    value = {"job_id": "2", "job_ids": ["2"], "state": "COMPLETED", "gpu_hours": 4.0, "job": "stage1",
+             "run": "full", "profile": "lumi", "allocation": site}
+    rows = [XComRow("vcloud_training", "r1", "stage1", -1, "slurm_job_id", "2", "success", end_date=T),
+            XComRow("vcloud_training", "r1", "stage1", -1, "return_value", value, "success", end_date=T)]
+    budget = profile_budget("lumi", records_from_xcoms(rows), allocation=100_000,
+                            allocation_from="profile lumi billing.allocation")
+    assert budget.source == "command" and budget.allocation_from.startswith(f"site command `{run}`")
+    assert budget.account_used == 8123.5 and budget.left == 91_876.5 and budget.total == 4.0
+    assert "GPU-hours left of 100,000.0 (site command): 91,876.5" in burndown_svg(budget)

@@ -131,7 +131,8 @@ function profileSection(profile) {
   section.append(el("h2", {}, "Profile " + profile.title, profile.description ? el("span", { class: "muted" }, " - " + profile.description) : null));
   if (profile.problem) section.append(el("p", { class: "problems" }, profile.problem));
   const line = el("p", { class: "budget-line" });
-  if (b.allocation !== null && b.source === "slurm") {
+  const reported = b.source === "slurm" || b.source === "command";  // the site's figures: every job of the project
+  if (b.allocation !== null && reported) {
     line.append("Allocation ", el("b", { class: "allocation" }, fmt(b.allocation)), " " + b.unit + " - used by the account ",
       el("b", { class: "account-used" }, fmt(b.account_used)), ", left ", el("b", { class: "left" }, fmt(b.left, true)),
       " - used by the jobs recorded here ", el("b", { class: "used" }, fmt(b.used)));
@@ -143,10 +144,10 @@ function profileSection(profile) {
   }
   line.append(" - " + b.jobs + " completed job record(s)");
   section.append(line);
-  // Where each figure comes from: Slurm's limit on the account, or the profile's billing.allocation.
+  // Where each figure comes from: Slurm's limit on the account, the site's command, or the profile's billing.allocation.
   const source = el("p", { class: "budget-source muted", "data-source": b.source },
     "Allocation from: " + (b.allocation_from || "none"));
-  if (b.source === "slurm") {
+  if (reported) {
     source.append(el("br"), "Used by the account from: " + b.used_from + (b.as_of ? " (read when a job ended, " + new Date(b.as_of).toLocaleString() + ")" : ""));
   } else {
     source.append(el("br"), "Used from: the GPU-hours the jobs recorded here cost (sacct)");
