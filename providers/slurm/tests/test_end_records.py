@@ -11,6 +11,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from slurm_provider.end_records import EndRecord, end_record_path, end_record_sh
 from slurm_provider.job_status import JobStatus
 from slurm_provider import poller as poller_module
 from slurm_provider.poller import JobPoller, PollUpdate
+from slurm_provider.timing import CONFIRM_RETRY
 from slurm_provider.state_vocabulary import SlurmState
 
 
@@ -206,9 +208,9 @@ def test_a_record_that_is_not_the_watched_runs_end_asks_slurm_nothing(record: st
 def test_an_end_slurm_still_completes_is_asked_about_again_within_seconds_not_at_the_next_read(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The record is written in the batch script's last instant: Slurm may list the job a second
-    longer. The next question comes after ``FIRST_CONFIRM_RETRY`` (doubling), not a whole
+    longer. The next question comes after ``CONFIRM_RETRY``'s base (doubling), not a whole
     ``record_interval`` (20 s here) later."""
-    monkeypatch.setattr(poller_module, "FIRST_CONFIRM_RETRY", 0.2)
+    monkeypatch.setattr(poller_module, "CONFIRM_RETRY", replace(CONFIRM_RETRY, base=0.2))
     cluster = RecordCluster("job=7 restart=0 exit=0 end=5 requeued=0", completing=1)
     poller = JobPoller("c", lambda: cluster, record_interval=20.0, jitter=0.0)
 

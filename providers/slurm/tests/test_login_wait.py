@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import structlog.testing
 
-from slurm_provider.login_wait import REACHABLE, SlurmLoginTrigger, probe_delay
+from slurm_provider.login_wait import REACHABLE, SlurmLoginTrigger
 from slurm_provider.transport import AuthenticationFailed, TransportError, TransportUnavailable
 from slurm_provider.triggers import ERROR
 from support.fake_slurm import FakeSlurm, install
@@ -90,8 +90,9 @@ def test_a_failure_only_a_person_can_fix_ends_the_wait_at_once(monkeypatch: pyte
     assert payload["message"] == "cannot log in to lumi: authentication to lumi failed (publickey)"
 
 
-def test_probes_slow_down_to_the_cap() -> None:
-    delays = [probe_delay(tries, 15.0, 300.0) for tries in range(12)]
-    assert 12 <= delays[0] <= 15 and 24 <= delays[1] <= 30
-    assert all(240 <= d <= 300 for d in delays[5:])
-    assert 240 <= probe_delay(10_000, 15.0, 300.0) <= 300  # days of probes: the exponent stops growing
+def test_probes_slow_down_from_the_tasks_poll_interval_to_its_cap() -> None:
+    probes = SlurmLoginTrigger(conn_id="lumi", since=0.0, poll_interval=10.0, max_poll_interval=600.0).probes
+    delays = [probes.delay(tries) for tries in range(12)]
+    assert 8 <= delays[0] <= 10 and 16 <= delays[1] <= 20
+    assert all(480 <= d <= 600 for d in delays[6:])
+    assert 480 <= probes.delay(10_000) <= 600  # days of probes: the exponent stops growing

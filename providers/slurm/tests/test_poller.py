@@ -17,7 +17,7 @@ import pytest
 
 from slurm_provider.cli.sshare import TresMinutes
 from slurm_provider.hooks import SlurmCommandFailed, SlurmRateLimited
-from slurm_provider.poller import MAX_RETRY_DELAY, JobPoller, PollUpdate, retry_delay
+from slurm_provider.poller import JobPoller, PollUpdate
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.job_status import JobStatus
 from slurm_provider.transport import ControlMasterNotRunning, HostKeyRejected, TransportUnavailable
@@ -150,10 +150,16 @@ def test_a_failure_no_retry_can_heal_ends_every_watch_at_once() -> None:
 
 
 @pytest.mark.parametrize(("attempt", "cap", "most"), [(1, 300.0, 2.0), (5, 300.0, 32.0), (20, 300.0, 300.0),
-                                                     (20, 4.0, 4.0), (5000, MAX_RETRY_DELAY, MAX_RETRY_DELAY)])
-def test_retry_delay_grows_but_never_exceeds_its_cap(attempt: int, cap: float, most: float) -> None:
-    delays = [retry_delay(attempt, cap) for _ in range(200)]
-    assert all(most / 2 <= d <= most for d in delays)
+                                                     (20, 4.0, 4.0), (5000, 600.0, 300.0)])
+def test_a_retry_waits_at_most_the_longest_interval_a_watch_allows(attempt: int, cap: float,
+                                                                   most: float) -> None:
+    poller = JobPoller("c", lambda: ScriptedSource([SlurmState.RUNNING]))
+
+    async def delays() -> list[float]:
+        async with poller.subscribe("1", poll_interval=cap, max_poll_interval=cap):
+            return [poller._retry_delay(attempt) for _ in range(200)]
+
+    assert all(most / 2 <= d <= most for d in asyncio.run(delays()))
 
 
 class GrownLog(ScriptedSource):

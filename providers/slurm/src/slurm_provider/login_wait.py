@@ -12,14 +12,15 @@ needs to go on (since when it waited, how many tries) travels in the event.
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from slurm_provider.timing import POLL_INTERVAL, MAX_POLL_INTERVAL
+from slurm_provider.backoff import Backoff
+from slurm_provider.timing import LOGIN_PROBES, MAX_POLL_INTERVAL, POLL_INTERVAL
 from slurm_provider.outage import (
     DEFAULT_WATCH_DEADLINE,
     Outage,
@@ -33,12 +34,6 @@ from slurm_provider.triggers import ERROR
 REACHABLE = "reachable"
 """The login node and a controller answer again: the task goes on. (``ERROR``, as for a watch: the
 wait ended without an answer, past ``watch_deadline`` or at a failure only a person can fix.)"""
-
-
-def probe_delay(tries: int, first: float, cap: float) -> float:
-    """Seconds before probe number ``tries + 1``: ``first``, doubling per try, never more than ``cap``,
-    up to a fifth shorter at random so that many waiting tasks do not knock at the same moment."""
-    return min(cap, first * 2.0 ** min(tries, 32)) * random.uniform(0.8, 1.0)
 
 
 class SlurmLoginTrigger(BaseTrigger):
@@ -68,6 +63,11 @@ class SlurmLoginTrigger(BaseTrigger):
         self.tries = int(tries)
         self.carry = dict(carry or {})
 
+    @property
+    def probes(self) -> Backoff:
+        """The schedule of the probes (``timing.LOGIN_PROBES``) from this task's poll interval to its cap."""
+        return replace(LOGIN_PROBES, base=self.poll_interval, cap=self.max_poll_interval)
+
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
             f"{type(self).__module__}.{type(self).__qualname__}",
@@ -90,7 +90,7 @@ class SlurmLoginTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         while True:
             outage = Outage(self.since, self.cause)
-            wait = min(probe_delay(self.tries, self.poll_interval, self.max_poll_interval),
+            wait = min(self.probes.delay(self.tries),
                        max(0.0, outage.deadline(self.watch_deadline) - time.time()))
             await asyncio.sleep(wait)
             self.tries += 1

@@ -29,6 +29,7 @@ import re
 import uuid
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +42,9 @@ if TYPE_CHECKING:
     from slurm_provider.hooks import SlurmHook
 
 from slurm_provider.timing import (
+    CONFIRM_RETRY,
     FIRST_POLL_DELAY,
+    LOOKUP_RETRY,
     MAX_POLL_INTERVAL,
     POLL_INTERVAL,
     SHORT_JOB_READ_INTERVAL,
@@ -593,7 +596,7 @@ class SlurmSubmitOperator(BaseOperator):
                 if attempt + 1 == attempts:
                     raise
                 self.log.warning("Looking up %s failed (%s); retrying", name, exc)
-                time.sleep(min(30, 2 ** attempt))
+                time.sleep(LOOKUP_RETRY.delay(attempt))
         return None
 
     def _watch_then_defer(self, context: Context, hook: SlurmHook, history: SubmissionHistory) -> Any:
@@ -616,7 +619,8 @@ class SlurmSubmitOperator(BaseOperator):
         trigger then watches it, outages included)."""
         record_path = end_record_path(self._log_path(context, job_id))
         deadline = time.monotonic() + self.short_job_wait
-        confirm_at, confirm_wait = 0.0, SHORT_JOB_READ_INTERVAL  # Slurm asked again after a doubling wait
+        confirm_at, confirms = 0.0, 0  # Slurm asked again after a doubling wait (timing.CONFIRM_RETRY)
+        confirm_retry = replace(CONFIRM_RETRY, cap=self.max_poll_interval)
         try:
             while (left := deadline - time.monotonic()) > 0:
                 time.sleep(min(SHORT_JOB_READ_INTERVAL, left))
@@ -628,7 +632,8 @@ class SlurmSubmitOperator(BaseOperator):
                 status = hook.statuses([job_id]).get(job_id)
                 if status is not None and status.state.is_terminal:
                     return status
-                confirm_at, confirm_wait = time.monotonic() + confirm_wait, 2 * confirm_wait  # still completing
+                confirm_at = time.monotonic() + confirm_retry.delay(confirms)  # still completing
+                confirms += 1
         except (TransportError, RemoteCommandError) as exc:  # SlurmCommandFailed is a TransportError
             self.log.info("Watching job %s from the worker stopped (%s); the trigger watches it", job_id, exc)
         return None

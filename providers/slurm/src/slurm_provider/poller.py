@@ -53,31 +53,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
+import math
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 from slurm_provider.allocation import AccountReading
+from slurm_provider.backoff import Backoff, spread
 from slurm_provider.end_records import EndRecord, parse_end_record
 from slurm_provider.followed_files import FOLLOW_INTERVAL
 from slurm_provider.cli.sshare import TresMinutes
 from slurm_provider.job_status import JobStatus
 from slurm_provider.outage import Outage, reachable_again_line
 from slurm_provider.state_vocabulary import SlurmState, classify_pending_reason
+from slurm_provider.timing import (
+    CONFIRM_RETRY,
+    POLL_GROWTH,
+    POLL_JITTER,
+    POLLS,
+    SLURM_THROTTLE,
+    TRANSPORT_RETRY,
+)
 from slurm_provider.transport import ControlMasterNotRunning, TransportError
 
 log = logging.getLogger(__name__)
 
-MAX_RETRY_DELAY = 300.0
 RECORD_INTERVAL = 5.0
 """Seconds between two reads of the watched jobs' exit records (one file read, no Slurm call)."""
-FIRST_CONFIRM_RETRY = 1.0
-"""Seconds before Slurm is asked again about a job whose record says it ended but which Slurm still
-lists (completing: its epilog runs, its end is being recorded); the wait doubles from there. The
-record is written in the last instant of the batch script, so a read that lands there finds Slurm
-a second behind: waiting out a whole ``record_interval`` for that would double the delay."""
 MAX_LOG_READS_PER_CYCLE = 16
 """Reads of one log per cycle (each up to 64 KiB): a megabyte of output catches up in one cycle."""
 
@@ -170,16 +173,16 @@ class _Subscription:
 class JobPoller:
     """Polls every watched job of one connection in one batched call per cycle."""
 
-    def __init__(self, conn_id: str, source_factory: Callable[[], StatusSource], *, growth: float = 1.5,
-                 jitter: float = 0.1, coalesce: float = 1.0, record_interval: float = RECORD_INTERVAL) -> None:
+    def __init__(self, conn_id: str, source_factory: Callable[[], StatusSource], *,
+                 growth: float = POLL_GROWTH, jitter: float = POLL_JITTER, coalesce: float = 1.0,
+                 record_interval: float = RECORD_INTERVAL) -> None:
         self.conn_id = conn_id
         self._source_factory = source_factory
         self._source: StatusSource | None = None
         self._subs: dict[int, _Subscription] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
-        self._growth = growth
-        self._jitter = jitter
+        self._polls = replace(POLLS, factor=growth, jitter=spread(jitter))
         self._coalesce = coalesce
         self._interval: float | None = None
         self._throttle = 0.0  # the least wait between polls Slurm's "not now" answers asked for
@@ -357,8 +360,9 @@ class JobPoller:
         """Slurm does not call the job ended yet (completing, requeued): ask again after a doubling wait."""
         if record != sub.unconfirmed:
             sub.confirm_wait = 0.0
-        sub.confirm_wait = min(sub.max_poll_interval, max(min(FIRST_CONFIRM_RETRY, self.record_interval),
-                                                          2 * sub.confirm_wait))
+        confirms = replace(CONFIRM_RETRY, base=min(CONFIRM_RETRY.base, self.record_interval),
+                           cap=sub.max_poll_interval)
+        sub.confirm_wait = confirms.after(sub.confirm_wait)
         sub.unconfirmed, sub.confirm_after = record, time.monotonic() + sub.confirm_wait
 
     async def _cycle(self) -> bool:
@@ -465,28 +469,37 @@ class JobPoller:
         subs = list(self._subs.values())
         if not subs:
             return 0.0
-        floor = min(s.poll_interval for s in subs)
-        cap = min(s.max_poll_interval for s in subs)
+        polls = self._schedule()
         if changed or self._interval is None:
-            self._interval = floor
+            self._interval = polls.base
         else:
-            self._interval = min(cap, self._interval * self._growth)
+            self._interval = polls.after(self._interval)
         interval = max(self._interval, self._throttle)
-        self._throttle = self._throttle / self._growth if self._throttle / self._growth > floor else 0.0
-        return interval * random.uniform(1 - self._jitter, 1 + self._jitter)
+        eased = self._throttle / polls.factor
+        self._throttle = eased if eased > polls.base else 0.0
+        return polls.jittered(interval)
+
+    def _schedule(self) -> Backoff:
+        """The polls (``timing.POLLS``) from the subscribers' shortest interval to their shortest cap."""
+        subs = self._subs.values()
+        return replace(self._polls, base=min(s.poll_interval for s in subs),
+                       cap=min(s.max_poll_interval for s in subs))
+
+    def _longest_wait(self) -> float:
+        """The longest wait between polls every subscriber allows."""
+        return min((s.max_poll_interval for s in self._subs.values()), default=math.inf)
 
     def _slower(self) -> float:
-        """The next wait after Slurm asked for fewer calls: twice the last one (at least twice the
-        current interval), never longer than the longest wait between polls a subscriber allows."""
-        subs = list(self._subs.values())
-        cap = min([MAX_RETRY_DELAY, *(s.max_poll_interval for s in subs)])
-        now = self._interval or min((s.poll_interval for s in subs), default=1.0)
-        return min(cap, max(2 * self._throttle, 2 * now))
+        """The next wait after Slurm asked for fewer calls (``timing.SLURM_THROTTLE``): twice the last
+        one (at least twice the current interval), never longer than the longest wait between polls a
+        subscriber allows."""
+        now = self._interval or min((s.poll_interval for s in self._subs.values()), default=1.0)
+        return SLURM_THROTTLE.capped_at(self._longest_wait()).after(max(self._throttle, now))
 
     def _retry_delay(self, attempt: int) -> float:
-        """Back-off never longer than the longest wait between polls a subscriber allows."""
-        cap = min([MAX_RETRY_DELAY, *(s.max_poll_interval for s in self._subs.values())])
-        return retry_delay(attempt, cap)
+        """Back-off (``timing.TRANSPORT_RETRY``) never longer than the longest wait between polls a
+        subscriber allows."""
+        return TRANSPORT_RETRY.capped_at(self._longest_wait()).delay(attempt)
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep, but wake early when a new job is subscribed so it gets its first status soon.
@@ -565,13 +578,6 @@ def allocation_key(status: JobStatus | None) -> tuple[str, str] | None:
         return None
     tres = classify_pending_reason(status.reason).allocation_tres if status.reason else None
     return (status.account, tres) if tres else None
-
-
-def retry_delay(attempt: int, cap: float) -> float:
-    """Jittered exponential back-off: up to ``2 ** attempt`` seconds, never more than ``cap``
-    (an outage of days is thousands of tries: the exponent stops growing long before a float would
-    overflow)."""
-    return min(cap, 2.0 ** min(attempt, 64)) * random.uniform(0.5, 1.0)
 
 
 _POLLERS: dict[tuple[int, str], JobPoller] = {}
