@@ -15,7 +15,7 @@ the step starts over, instead of failing it.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
@@ -76,7 +76,9 @@ POLL_ENV = {
     "short_job_wait": ("VCLOUD_SHORT_JOB_WAIT", 20.0),
 }
 """Status polling of the trigger, overridable per deployment (keep the first poll >= 10 s there;
-``airflow dags test`` on the local cluster can poll every few seconds).
+``airflow dags test`` on the local cluster can poll every few seconds). A setting left empty keeps the
+default (``docker-compose.yaml`` passes the polling ones through empty: their defaults are
+:mod:`slurm_provider.timing`'s).
 
 Every job task first watches its job itself for ``short_job_wait`` seconds, reading its exit record
 every second, before it defers: a job that ends within seconds (the import check, the data check
@@ -87,6 +89,12 @@ slot those seconds once, and is watched by the trigger from its exit record afte
 in the 10 s after the deferral (20-30 s after its submit) waits for that first poll, up to 10 s
 longer than a trigger deferred at once would have taken. 0 (a deployment's
 ``VCLOUD_SHORT_JOB_WAIT``) defers at once."""
+
+def poll_settings(environ: Mapping[str, str]) -> dict[str, float]:
+    """The watch's timing of a job task (``POLL_ENV``) from the deployment's ``environ``; an unset or
+    empty setting keeps its default."""
+    return {attr: float(environ.get(env) or default) for attr, (env, default) in POLL_ENV.items()}
+
 
 _PLACEHOLDER_SCRIPT = "#!/bin/bash\n# bound from the sync_code XCom at run time\n"
 
@@ -170,8 +178,8 @@ class PipelineJobOperator(SlurmSubmitOperator):
         self.queue = plan.profile.connection.queue or default_queue()
         if plan.profile.accelerator.missing_gpu_hint:
             self.hint_overrides = {GPUS_NOT_VISIBLE: plan.profile.accelerator.missing_gpu_hint}
-        for attr, (env, default) in POLL_ENV.items():
-            setattr(self, attr, float(os.environ.get(env, default)))
+        for attr, value in poll_settings(os.environ).items():
+            setattr(self, attr, value)
         return plan, synced
 
     def _writes(self, plan: RunPlan) -> str | None:

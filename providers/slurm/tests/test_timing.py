@@ -3,19 +3,27 @@ with the draw at both ends of its jitter; and the watches using them by default.
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from slurm_provider.backoff import Backoff
 from slurm_provider.login_wait import SlurmLoginTrigger
+from slurm_provider.operators import SlurmSubmitOperator
 from slurm_provider.poller import JobPoller
+from slurm_provider.sensors import SlurmJobSensor
 from slurm_provider.timing import (
     CONFIRM_RETRY,
+    FIRST_POLL_DELAY,
     LOGIN_PROBES,
     LOOKUP_RETRY,
+    MAX_POLL_INTERVAL,
+    POLL_INTERVAL,
     POLLS,
     SLURM_THROTTLE,
     TRANSPORT_RETRY,
 )
+from slurm_provider.triggers import SlurmJobTrigger
 
 
 def lowest(low: float, high: float) -> float:
@@ -72,3 +80,12 @@ def test_the_watches_use_the_schedules_of_timing_by_default() -> None:
 def test_the_pollers_growth_and_jitter_stay_overridable() -> None:
     polls = JobPoller("c", lambda: None, growth=2.0, jitter=0.0)._polls  # type: ignore[arg-type]
     assert (polls.factor, polls.jitter) == (2.0, (1.0, 1.0))
+
+
+@pytest.mark.parametrize("watch", [SlurmSubmitOperator, SlurmJobSensor, SlurmJobTrigger, SlurmLoginTrigger])
+def test_every_watch_polls_on_the_one_set_of_defaults(watch: type) -> None:
+    parameters = inspect.signature(watch.__init__).parameters
+    assert parameters["poll_interval"].default == POLL_INTERVAL
+    assert parameters["max_poll_interval"].default == MAX_POLL_INTERVAL
+    if "first_poll_delay" in parameters:
+        assert parameters["first_poll_delay"].default == FIRST_POLL_DELAY

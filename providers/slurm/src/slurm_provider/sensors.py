@@ -8,7 +8,7 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException
 
-from slurm_provider.timing import MAX_POLL_INTERVAL, FIRST_POLL_DELAY
+from slurm_provider.timing import FIRST_POLL_DELAY, MAX_POLL_INTERVAL, POLL_INTERVAL
 from slurm_provider.state_vocabulary import StateCategory
 from slurm_provider.job_status import JobStatus
 from slurm_provider.triggers import FINISHED, SlurmJobTrigger
@@ -19,13 +19,15 @@ class SlurmJobSensor(BaseSensorOperator):
     """Succeeds when job ``job_id`` completes; fails when it ends any other way.
 
     Deferrable by default (the wait happens in the triggerer, sharing its poller); with
-    ``deferrable=False`` it pokes with one ``squeue``/``sacct`` per poke.
+    ``deferrable=False`` it pokes with one ``squeue``/``sacct`` per poke, every ``poll_interval``
+    unless ``poke_interval`` says otherwise. The intervals default to :mod:`slurm_provider.timing`'s.
     """
 
     template_fields: Sequence[str] = ("job_id",)
 
-    def __init__(self, *, conn_id: str, job_id: str, deferrable: bool = True, poll_interval: float = 30.0,
-                 max_poll_interval: float = MAX_POLL_INTERVAL, first_poll_delay: float = FIRST_POLL_DELAY, **kwargs: Any) -> None:
+    def __init__(self, *, conn_id: str, job_id: str, deferrable: bool = True,
+                 poll_interval: float = POLL_INTERVAL, max_poll_interval: float = MAX_POLL_INTERVAL,
+                 first_poll_delay: float = FIRST_POLL_DELAY, **kwargs: Any) -> None:
         kwargs.setdefault("poke_interval", poll_interval)
         super().__init__(**kwargs)
         self.conn_id = conn_id
