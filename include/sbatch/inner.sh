@@ -36,6 +36,9 @@ else
 fi
 export PYTHONPYCACHEPREFIX
 export PYTHONPATH={{ pythonpath | join(":") | shq }}"${PYTHONPATH:+:${PYTHONPATH}}"
+{% if pylibs_note %}
+echo {{ ("vcloud inner script: packages outside the container from " ~ pylibs_note) | shq }} >&2
+{% endif %}
 export {{ CODE_HASH_ENV }}={{ code.hash | shq }}
 {% for name, value in profile.software.env.items() %}
 export {{ name }}={{ value | shq }}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shlex
 import shutil
@@ -29,6 +30,7 @@ from vcloud_pipeline.plan.labels import JobLabel
 from vcloud_pipeline.plan.layout import pylibs_set, run_paths
 from vcloud_pipeline.profile import ClusterProfile, load_profile, overrides_from_environ
 from vcloud_pipeline.profile.site_facts import LOCAL_SITE_FACTS, SITE_FACTS_ENV
+from vcloud_pipeline.provision.environment import JobEnvironment, read_image_identity
 from vcloud_pipeline.provision.requirements import RequirementSet, parse_requirements, runtime_requirements
 from vcloud_pipeline.provision.step import ProvisionError, provision_environment
 
@@ -78,14 +80,21 @@ def with_pin(requirements: RequirementSet, old: str, new: str) -> RequirementSet
     return parse_requirements("\n".join(new if pin == old else pin for pin in requirements.pins))
 
 
+def for_image(profile: ClusterProfile, requirements: RequirementSet) -> JobEnvironment:
+    """The environment a job rendered without sync_code's identity read is rendered for: the pins and
+    the profile's image reference."""
+    return JobEnvironment.of(profile, requirements)
+
+
 def test_the_first_run_installs_what_the_image_lacks_and_the_second_is_one_command_that_installs_nothing(
         local_cluster: LocalCluster, lumi_site: dict[str, str], caplog: pytest.LogCaptureFixture) -> None:
     profile, requirements = lumi_profile(lumi_site), runtime_requirements()
-    pylibs = pylibs_set(profile, requirements.hash)
+    environment = for_image(profile, requirements)
+    pylibs = pylibs_set(profile, environment.key)
     assert pylibs is not None
     caplog.set_level(logging.INFO, logger="vcloud_pipeline.provision.step")
     with SlurmHook(profile.connection.conn_id) as hook:
-        first = provision_environment(profile, hook, requirements)
+        first = provision_environment(profile, hook, environment)
         assert hook.commands_issued == 1
     print("\n".join(record.getMessage() for record in caplog.records))  # the step's log, for people
     assert first.state == "installed" and first.installed == (OLD_TIFFFILE,), first
@@ -103,13 +112,14 @@ def test_the_first_run_installs_what_the_image_lacks_and_the_second_is_one_comma
     assert edit.exit_status != 0 and "Permission denied" in edit.stderr, edit
     marker = local_cluster.ssh(f"cat {shlex.quote(str(pylibs.marker))}").stdout
     assert f"requirements {requirements.hash}\n" in marker and f"missing {OLD_TIFFFILE}\n" in marker
+    assert f"set {environment.key}\nimage {lumi_site['image']}\n" in marker
     assert any(f"installed on the login node into {pylibs.dir}: {OLD_TIFFFILE}" in r.getMessage()
                for r in caplog.records)
     stamp = local_cluster.ssh(f"stat -c '%i %Y' {shlex.quote(str(pylibs.marker))}").stdout
 
     caplog.clear()
     with SlurmHook(profile.connection.conn_id) as hook:
-        second = provision_environment(profile, hook, requirements)
+        second = provision_environment(profile, hook, environment)
         assert hook.commands_issued == 1 and dict(hook.command_counts) == {"provision": 1}
     assert second.state == "present" and second.directory == str(pylibs.dir)
     assert local_cluster.ssh(f"stat -c '%i %Y' {shlex.quote(str(pylibs.marker))}").stdout == stamp
@@ -121,7 +131,7 @@ def test_a_changed_set_installs_into_a_new_directory_while_a_queued_job_of_the_o
         local_cluster: LocalCluster, lumi_site: dict[str, str], tmp_path: Path) -> None:
     profile, old = lumi_profile(lumi_site), runtime_requirements()
     new = with_pin(old, OLD_TIFFFILE, NEW_TIFFFILE)
-    old_dir, new_dir = pylibs_set(profile, old.hash), pylibs_set(profile, new.hash)
+    old_dir, new_dir = pylibs_set(profile, for_image(profile, old).key), pylibs_set(profile, for_image(profile, new).key)
     assert old_dir is not None and new_dir is not None and old_dir.dir != new_dir.dir
     paths = run_paths(profile, "provision-queued")
     tree = CodeTree(REPO)
@@ -130,13 +140,13 @@ def test_a_changed_set_installs_into_a_new_directory_while_a_queued_job_of_the_o
     job = jobs[JobLabel.PREFLIGHT]
     assert f"{old_dir.dir}\"" in job.inner  # rendered for the checkout's set
     with SlurmHook(profile.connection.conn_id) as hook:
-        assert provision_environment(profile, hook, old).directory == str(old_dir.dir)
+        assert provision_environment(profile, hook, for_image(profile, old)).directory == str(old_dir.dir)
         sync_run(paths, tree, jobs, manifest, hook, tmp_path / "jobs")
         job_id = int(local_cluster.ssh(f"sbatch --parsable --hold {shlex.quote(str(job.outer_path))}")
                      .stdout.strip().split(";")[0])
         try:
             assert local_cluster.current_state(job_id) == "PENDING"
-            changed = provision_environment(profile, hook, new)
+            changed = provision_environment(profile, hook, for_image(profile, new))
             assert changed.state == "installed" and changed.installed == (NEW_TIFFFILE,)
             assert changed.directory == str(new_dir.dir)
             local_cluster.ssh(f"scontrol release {job_id}")
@@ -150,16 +160,55 @@ def test_a_changed_set_installs_into_a_new_directory_while_a_queued_job_of_the_o
     assert f"missing {OLD_TIFFFILE}" in both and f"missing {NEW_TIFFFILE}" in both
 
 
+def test_a_set_built_for_one_image_is_not_reused_with_another_image(
+        local_cluster: LocalCluster, lumi_site: dict[str, str], caplog: pytest.LogCaptureFixture) -> None:
+    """The profile names another image (here a second path to the same image, as a site that moves
+    its image): same pins, another set; the first image again finds its own set. An image replaced at
+    the same path (here: its mtime changed) keys another set too."""
+    image = Path(lumi_site["image"])
+    other = image.with_name("lumi-next.sif")
+    other.symlink_to(image.name)
+    first_profile, other_profile = lumi_profile(lumi_site), lumi_profile(lumi_site, **{"container.image": str(other)})
+    requirements = runtime_requirements()
+    caplog.set_level(logging.INFO, logger="vcloud_pipeline.provision.step")
+    with SlurmHook(first_profile.connection.conn_id) as hook:
+        identity = read_image_identity(first_profile, hook)
+        assert identity is not None and identity == read_image_identity(other_profile, hook)  # one image behind both
+        first = JobEnvironment.of(first_profile, requirements, identity)
+        second = JobEnvironment.of(other_profile, requirements, identity)
+        assert first.key != second.key
+        built = provision_environment(first_profile, hook, first)
+        for_other = provision_environment(other_profile, hook, second)
+        again = provision_environment(first_profile, hook, first)
+        stat = image.stat()
+        os.utime(image, (stat.st_atime, stat.st_mtime + 60))  # the image replaced in place
+        replaced = read_image_identity(first_profile, hook)
+    print("\n".join(record.getMessage() for record in caplog.records))  # the step's log, for people
+    assert built.state == "installed" and built.installed == (OLD_TIFFFILE,) and built.image == str(image)
+    assert for_other.state == "installed" and for_other.installed == (OLD_TIFFFILE,), for_other
+    assert for_other.directory != built.directory and for_other.image == str(other)
+    assert again.state == "present" and again.directory == built.directory
+    assert replaced is not None and replaced != identity
+    assert JobEnvironment.of(first_profile, requirements, replaced).key not in (first.key, second.key)
+    markers = [local_cluster.ssh(f"cat {shlex.quote(str(d))}/.vcloud_requirements").stdout
+               for d in (built.directory, for_other.directory)]
+    assert f"image {image}\nimage-identity {identity}\n" in markers[0]
+    assert f"image {other}\nimage-identity {identity}\n" in markers[1]
+    assert any(f"for image {other} ({identity}) installed on the login node" in r.getMessage()
+               for r in caplog.records)
+
+
 def test_an_uninstallable_pin_fails_with_its_hint_and_leaves_no_set(
         local_cluster: LocalCluster, lumi_site: dict[str, str]) -> None:
     profile = lumi_profile(lumi_site)
-    bad = with_pin(runtime_requirements(), OLD_TIFFFILE, "tifffile==1999.1.1")
-    pylibs = pylibs_set(profile, bad.hash)
+    bad = for_image(profile, with_pin(runtime_requirements(), OLD_TIFFFILE, "tifffile==1999.1.1"))
+    pylibs = pylibs_set(profile, bad.key)
     assert pylibs is not None
     with SlurmHook(profile.connection.conn_id) as hook, pytest.raises(ProvisionError) as failure:
         provision_environment(profile, hook, bad)
     message = str(failure.value)
-    assert f"provisioning requirement set {bad.hash} of profile lumi on the login node failed (exit 72)" in message
+    assert f"provisioning requirement set {bad.key} ({bad.describe_image()}) of profile lumi on the login node " \
+           "failed (exit 72)" in message
     assert "No matching distribution found for tifffile==1999.1.1" in message, message
     assert "Hint: The package index has no wheel of a pinned version" in message
     assert "Hint (lumi): On LUMI install from a login node" in message
@@ -204,16 +253,16 @@ def test_two_installers_of_one_set_at_once_install_it_once(
     from concurrent.futures import ThreadPoolExecutor
 
     profile = lumi_profile(lumi_site)
-    requirements = with_pin(runtime_requirements(), OLD_TIFFFILE, "tifffile==2026.2.20")
+    environment = for_image(profile, with_pin(runtime_requirements(), OLD_TIFFFILE, "tifffile==2026.2.20"))
 
     def provision() -> str:
         with SlurmHook(profile.connection.conn_id) as hook:
-            return provision_environment(profile, hook, requirements).state
+            return provision_environment(profile, hook, environment).state
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         states = sorted(pool.map(lambda _: provision(), range(2)))
     assert states == ["installed", "present"], states
-    pylibs = pylibs_set(profile, requirements.hash)
+    pylibs = pylibs_set(profile, environment.key)
     assert pylibs is not None
     marker = local_cluster.ssh(f"cat {shlex.quote(str(pylibs.marker))}").stdout
     assert marker.count("requirements ") == 1 and "missing tifffile==2026.2.20" in marker

@@ -55,6 +55,7 @@ from vcloud_pipeline.code.tree import CodeTree
 from vcloud_pipeline.plan.stages import StageDecisionError, completion_record, decide_data, stages_without_work
 from vcloud_pipeline.checkout import PROJECT_ROOT
 from vcloud_pipeline.code.upload import local_manifest, sync_run
+from vcloud_pipeline.provision.environment import JobEnvironment, read_image_identity
 from vcloud_pipeline.provision.requirements import parse_requirements, runtime_requirements
 from vcloud_pipeline.provision.step import ProvisionBusy, provision_environment
 
@@ -164,9 +165,10 @@ def sync_code(plan: RunPlan, hook: SlurmVerbs, *, project_root: Path = PROJECT_R
     tree = CodeTree(project_root)
     manifest = local_manifest(tree)
     requirements = runtime_requirements(project_root)
+    environment = JobEnvironment.of(plan.profile, requirements, read_image_identity(plan.profile, hook))
     paths = plan.paths
     code = paths.code(manifest.hash)
-    jobs = plan.render(manifest.hash, requirements.hash)
+    jobs = plan.render(manifest.hash, environment)
     with tempfile.TemporaryDirectory(prefix="vcloud-jobs-") as staging:
         result = sync_run(paths, tree, jobs, manifest, hook, Path(staging))
     if result.code_sent:
@@ -186,7 +188,10 @@ def sync_code(plan: RunPlan, hook: SlurmVerbs, *, project_root: Path = PROJECT_R
         files=manifest.files, code_dir=str(code.dir), manifest_path=str(code.manifest),
         code_seconds=round(result.code_seconds, 3), code_sent=result.code_sent,
         code_dirs_removed=list(cleanup.remove) if cleanup else None,
-        requirements=requirements.pins, requirements_hash=requirements.hash)
+        requirements=requirements.pins, requirements_hash=requirements.hash, environment=environment)
+    if plan.profile.provision is not None:
+        log.info("jobs rendered for requirement set %s: %d pins, %s", environment.key, len(requirements),
+                 environment.describe_image())
     for label, digest in synced.script_sha256.items():
         log.info("%s: %s (sha256 %s)", label, jobs[label].outer_path, digest)
     return synced.model_dump(mode="json")
@@ -196,13 +201,16 @@ def provision(plan: RunPlan, hook: SlurmVerbs, synced: SyncedCode) -> dict[str, 
     """Install what the profile's container lacks of the runtime requirements the jobs were rendered
     for, once per requirement set (see :mod:`vcloud_pipeline.provision`). Nothing is submitted before
     it succeeds; a package that cannot be installed fails the task for good with the site's hint."""
-    requirements = parse_requirements("\n".join(synced.requirements)) if synced.requirements \
-        else runtime_requirements()
+    environment = synced.environment or JobEnvironment.of(
+        plan.profile, parse_requirements("\n".join(synced.requirements)) if synced.requirements
+        else runtime_requirements())
     if plan.request.dry_run:
-        log.info("dry run: requirement set %s is not provisioned", requirements.hash)
-        return {"profile": plan.profile.name, "requirements_hash": requirements.hash, "state": "dry-run"}
+        log.info("dry run: requirement set %s (%s) is not provisioned", environment.key,
+                 environment.describe_image())
+        return {"profile": plan.profile.name, "requirements_hash": environment.requirement_set.hash,
+                "set": environment.key, "image": environment.image, "state": "dry-run"}
     try:
-        return provision_environment(plan.profile, hook, requirements).to_json()
+        return provision_environment(plan.profile, hook, environment).to_json()
     except ProvisionBusy as exc:
         raise AirflowException(str(exc)) from exc  # retried: the other installer finishes meanwhile
 

@@ -51,6 +51,7 @@ from vcloud_pipeline.checkout import INCLUDE_DIR
 from vcloud_pipeline.plan.jobspec import JobKind, JobSpec, Resources, resolve_resources
 from vcloud_pipeline.plan.layout import CodePaths, RunPaths, is_code_hash, pylibs_set
 from vcloud_pipeline.profile import RUNTIME_JOB_ID, ClusterProfile, ContainerSpec
+from vcloud_pipeline.provision.environment import JobEnvironment
 from vcloud_pipeline.provision.requirements import runtime_requirements
 
 TEMPLATES_DIR = INCLUDE_DIR / "sbatch"
@@ -318,16 +319,30 @@ def job_name(paths: RunPaths, spec: JobSpec) -> str:
     return f"vcloud-{paths.run}-{spec.label}"
 
 
-def _pylibs_entry(profile: ClusterProfile, requirements_hash: str | None) -> list[str]:
+@dataclass(frozen=True)
+class PylibsEntry:
+    """What the job puts on ``PYTHONPATH`` for the packages outside the container, and why."""
+
+    dirs: tuple[str, ...] = ()
+    note: str | None = None
+    """For a provisioned set: its key and the image it was built for, stated in the job's log."""
+
+
+def _pylibs_entry(profile: ClusterProfile, environment: JobEnvironment | None) -> PylibsEntry:
     """``PYTHONPATH``'s entry for the packages outside the container: a provisioning profile's directory
-    of the requirement set the job is rendered for (the checkout's when not given), so a later set never
-    changes what a queued job imports; ``paths.pylibs`` itself where the profile keeps it by hand."""
+    of the set provisioned for ``environment`` (the checkout's pins and the profile's image when not
+    given), so a later set or image never changes what a queued job imports; ``paths.pylibs`` itself
+    where the profile keeps it by hand."""
     if not profile.paths.pylibs:
-        return []
+        return PylibsEntry()
     if profile.provision is None:
-        return [profile.paths.pylibs]
-    pylibs = pylibs_set(profile, requirements_hash or runtime_requirements().hash)
-    return [str(pylibs.dir)] if pylibs is not None else []
+        return PylibsEntry((profile.paths.pylibs,))
+    environment = environment or JobEnvironment.of(profile, runtime_requirements())
+    pylibs = pylibs_set(profile, environment.key)
+    if pylibs is None:
+        return PylibsEntry()
+    return PylibsEntry((str(pylibs.dir),), f"requirement set {environment.key} in {pylibs.dir}, provisioned for "
+                                           f"{environment.describe_image()}")
 
 
 @lru_cache(maxsize=1)
@@ -338,9 +353,9 @@ def _code_digest_source() -> str:
 
 
 def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_hash: str, *,
-               requirements_hash: str | None = None, templates_dir: Path | None = None) -> RenderedJob:
+               environment: JobEnvironment | None = None, templates_dir: Path | None = None) -> RenderedJob:
     """Render the outer and inner scripts of one job. Pure: reads only the template files (and, without
-    ``requirements_hash``, the checkout's runtime requirements)."""
+    ``environment``, the checkout's runtime requirements)."""
     profile.require_complete()
     if not is_code_hash(code_hash):
         raise RenderError(f"code hash {code_hash!r} is not a sha256 hex digest; compute it with "
@@ -359,7 +374,8 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
     c = profile.container
     launch = f"{_launch_prefix(profile, res)} {_container_command(c, code)}" if c is not None else \
         f'{_launch_prefix(profile, res)} bash "$INNER_SCRIPT"'
-    pythonpath = [str(code.pythonpath_dir)] + _pylibs_entry(profile, requirements_hash)
+    pylibs = _pylibs_entry(profile, environment)
+    pythonpath = [str(code.pythonpath_dir), *pylibs.dirs]
     data_job = None
     if spec.kind is JobKind.DATA:
         raw, prepared = str(paths.raw_data_dir), str(paths.data_dir)
@@ -384,7 +400,7 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
     inner = render_template(
         templates, "inner.sh", **values,
         where=f"inside the container ({c.runtime})" if c is not None else "in the job environment",
-        pythonpath=pythonpath, python=profile.software.python,
+        pythonpath=pythonpath, pylibs_note=pylibs.note, python=profile.software.python,
         # GPUs are required in training and preflight jobs where the profile's accelerator is real; the
         # count is Slurm's own for the node (SLURM_GPUS_ON_NODE), the job's request where Slurm sets none.
         gpus_required=profile.accelerator.gpus_required and spec.kind in (JobKind.TRAIN, JobKind.PREFLIGHT),

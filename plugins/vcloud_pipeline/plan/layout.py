@@ -28,11 +28,12 @@ things are, so the layout can change here without hunting through the DAG and th
     <paths.viewer>/<run>/                 exported viewer images; curves/stage{N}.png, the training
                                           curves the run summary points at
     <paths.jobs>/<run>/                   rendered job scripts (read-only once uploaded)
-    <paths.pylibs>/<requirements hash>/   what the site's container lacks of one set of runtime
-                                          requirements (pip --target); a job's PYTHONPATH names the
-                                          set it was rendered for (provision/)
+    <paths.pylibs>/<set key>/             what the site's container lacks of one set of runtime
+                                          requirements (pip --target), keyed by the pins and the
+                                          image it is built for (provision/environment.py); a job's
+                                          PYTHONPATH names the set it was rendered for
     <paths.pylibs>/<hash>/.vcloud_requirements
-                                          the set and what was installed; the directory is renamed
+                                          the set, its image and what was installed; the directory is renamed
                                           into place with it, so it is complete when it exists;
                                           read-only from then on
     <paths.pylibs>/.vcloud-provision.lock one installer at a time (the submit lock's kind)
@@ -221,6 +222,7 @@ class PylibsPaths:
 
     root: PurePosixPath
     hash: str
+    """The set's key (:attr:`vcloud_pipeline.provision.environment.JobEnvironment.key`)."""
 
     @property
     def dir(self) -> PurePosixPath:
@@ -241,15 +243,15 @@ class PylibsPaths:
         return self.root / PROVISION_LOCK
 
 
-def pylibs_set(profile: ClusterProfile, requirements_hash: str) -> PylibsPaths | None:
-    """The directory of requirement set ``requirements_hash`` in the profile's ``paths.pylibs``;
-    None when the profile has no ``pylibs`` (its environment has every package)."""
-    if not is_requirements_hash(requirements_hash):
-        raise ValueError(f"requirements hash {requirements_hash!r} is not 16 hex digits; compute it with "
-                         "vcloud_pipeline.provision.requirements.RequirementSet.hash")
+def pylibs_set(profile: ClusterProfile, set_key: str) -> PylibsPaths | None:
+    """The directory of the requirement set ``set_key`` in the profile's ``paths.pylibs``; None when
+    the profile has no ``pylibs`` (its environment has every package)."""
+    if not is_requirements_hash(set_key):
+        raise ValueError(f"requirement set key {set_key!r} is not 16 hex digits; compute it with "
+                         "vcloud_pipeline.provision.environment.JobEnvironment.key")
     if not profile.paths.pylibs:
         return None
-    return PylibsPaths(root=PurePosixPath(profile.paths.pylibs), hash=requirements_hash)
+    return PylibsPaths(root=PurePosixPath(profile.paths.pylibs), hash=set_key)
 
 
 def run_paths(profile: ClusterProfile, run: str, synthetic_preset: str | None = None) -> RunPaths:

@@ -25,6 +25,7 @@ from vcloud_pipeline.plan.layout import RunPaths, run_paths
 from vcloud_pipeline.plan.request import TrainingRequest
 from vcloud_pipeline.plan.labels import JobLabel
 from vcloud_pipeline.profile import ClusterProfile
+from vcloud_pipeline.provision.environment import JobEnvironment
 from vcloud_pipeline.jobs.render import RenderedJob, job_name, render_job
 from vcloud_pipeline.schema import Document
 from vcloud_pipeline.plan.stages import StagePlan
@@ -123,11 +124,12 @@ class RunPlan(Document):
     def specs(self) -> dict[JobLabel, JobSpec]:
         return {label: job.spec for label, job in self.jobs.items()}
 
-    def render(self, code_hash: str, requirements_hash: str | None = None) -> dict[JobLabel, RenderedJob]:
-        """Both scripts of every job for code ``code_hash`` and the runtime requirement set
-        ``requirements_hash`` (the checkout's when None). Pure (reads only the templates)."""
+    def render(self, code_hash: str, environment: JobEnvironment | None = None) -> dict[JobLabel, RenderedJob]:
+        """Both scripts of every job for code ``code_hash`` and the provisioned requirement set of
+        ``environment`` (the checkout's pins and the profile's image when None). Pure (reads only the
+        templates)."""
         paths = self.paths
-        return {label: render_job(self.profile, job.spec, paths, code_hash, requirements_hash=requirements_hash)
+        return {label: render_job(self.profile, job.spec, paths, code_hash, environment=environment)
                 for label, job in self.jobs.items()}
 
 
@@ -147,6 +149,9 @@ class SyncedCode(Document):
     requirements: list[str] = []
     """The runtime requirements (pins) the jobs were rendered for: the set the provisioning step installs."""
     requirements_hash: str = ""
+    environment: JobEnvironment | None = None
+    """The pins and the site image the jobs were rendered for: the provisioning step installs the set
+    of this environment (its :attr:`JobEnvironment.key` names the directory on their ``PYTHONPATH``)."""
 
     @classmethod
     def recording(cls, code_hash: str, scripts: Mapping[JobLabel, str], **facts: Any) -> SyncedCode:

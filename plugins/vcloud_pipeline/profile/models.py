@@ -389,8 +389,8 @@ class StagingSpec(Document):
 
 class ProvisionSpec(Document):
     """Installing what the container lacks of the trainer's runtime requirements into
-    ``paths.pylibs/<requirements hash>`` (:mod:`vcloud_pipeline.provision`), with the container's own
-    ``pip``, before the run's first job.
+    ``paths.pylibs/<set key>`` (one per requirement set and image, :mod:`vcloud_pipeline.provision`),
+    with the container's own ``pip``, before the run's first job.
 
     Where ``pip`` reaches the package index decides ``where``: ``login`` runs one command on the login
     node (LUMI's login nodes reach PyPI, its compute nodes do not); ``job`` runs the same in a short job

@@ -26,7 +26,7 @@ from slurm_provider.validation import format_time_limit
 
 from vcloud_pipeline.plan.layout import PylibsPaths
 from vcloud_pipeline.profile import ClusterProfile
-from vcloud_pipeline.provision.requirements import RequirementSet
+from vcloud_pipeline.provision.environment import JobEnvironment
 
 MARK = "VCLOUD-PROVISION"
 """Starts each line the script prints about the step (the rest is the check's and pip's output)."""
@@ -87,13 +87,16 @@ def _bind_lines(profile: ClusterProfile) -> list[str]:
     return lines
 
 
-def _work_lines(profile: ClusterProfile, pylibs: PylibsPaths, requirements: RequirementSet) -> list[str]:
+def _work_lines(profile: ClusterProfile, pylibs: PylibsPaths, environment: JobEnvironment) -> list[str]:
     """Check, install into the building directory, write the marker, rename: the part that needs the
     container (and, for ``pip``, the package index)."""
     prefix = container_prefix(profile, pylibs)
     python = shlex.quote(profile.software.python)
     building, target, marker = (shlex.quote(str(p)) for p in (pylibs.building, pylibs.dir, pylibs.marker))
+    requirements = environment.requirement_set
     pins = " ".join(shlex.quote(p) for p in requirements.pins)
+    built_for = " ".join(shlex.quote(line) for line in (
+        f"image {environment.image or '(none)'}", f"image-identity {environment.image_identity or '(not read)'}"))
     record = shlex.quote(f"{pylibs.building}/{pylibs.marker.name}")
     return [
         *_bind_lines(profile),
@@ -109,7 +112,8 @@ def _work_lines(profile: ClusterProfile, pylibs: PylibsPaths, requirements: Requ
         f'  status=$?; if [ "$status" -ne 0 ]; then echo "{MARK} install-failed exit $status"; rm -rf {building}; '
         f"exit {EXIT_INSTALL_FAILED}; fi",
         "fi",
-        f'{{ echo "requirements {requirements.hash}"; printf \'%s\\n\' "$report"; '
+        f'{{ echo "requirements {requirements.hash}"; echo "set {environment.key}"; '
+        f"printf '%s\\n' {built_for} \"$report\"; "
         f'echo "installed $(hostname) $(date -u +%Y-%m-%dT%H:%M:%SZ)"; }} > {record} || exit {EXIT_NO_DIRECTORY}',
         f"mv -T {building} {target} || exit {EXIT_NO_DIRECTORY}",
         # Finished: nobody changes it any more (other members' jobs put it on their PYTHONPATH).
@@ -118,7 +122,7 @@ def _work_lines(profile: ClusterProfile, pylibs: PylibsPaths, requirements: Requ
     ]
 
 
-def _job_lines(profile: ClusterProfile, pylibs: PylibsPaths, requirements: RequirementSet) -> list[str]:
+def _job_lines(profile: ClusterProfile, pylibs: PylibsPaths, environment: JobEnvironment) -> list[str]:
     """``where: job``: the work as a short job, waited for while the lock is held; its log is printed."""
     assert profile.provision is not None
     partition = profile.partition(profile.provision.partition or profile.debug_partition)
@@ -132,7 +136,7 @@ def _job_lines(profile: ClusterProfile, pylibs: PylibsPaths, requirements: Requi
         options.append(f"--gres=gpu:{profile.gpu_request.gres_type}:1")
     else:
         options.append("--gpus=1")
-    body = "\n".join(["#!/bin/bash", *_work_lines(profile, pylibs, requirements)])
+    body = "\n".join(["#!/bin/bash", *_work_lines(profile, pylibs, environment)])
     return [
         f"job=$(sbatch --wait --parsable {' '.join(shlex.quote(o) for o in options)} <<'VCLOUD_PROVISION_JOB'",
         body,
@@ -143,18 +147,19 @@ def _job_lines(profile: ClusterProfile, pylibs: PylibsPaths, requirements: Requi
     ]
 
 
-def build_provision_script(profile: ClusterProfile, pylibs: PylibsPaths, requirements: RequirementSet) -> str:
+def build_provision_script(profile: ClusterProfile, pylibs: PylibsPaths, environment: JobEnvironment) -> str:
     """The whole step as one ``bash`` script (see the module's docstring); exits 0 when the set is in
     place, :data:`EXIT_CHECK_FAILED` or :data:`EXIT_INSTALL_FAILED` with the reason in its output,
     :data:`slurm_provider.cli.sbatch.EXIT_LOCK_BUSY` when another installer held the lock all along."""
     if profile.provision is None:
         raise ProvisionSetupError(f"profile {profile.name} has no provision section")
-    if pylibs.hash != requirements.hash:
-        raise ProvisionSetupError(f"directory {pylibs.dir} is not the one of requirement set {requirements.hash}")
+    if pylibs.hash != environment.key:
+        raise ProvisionSetupError(f"directory {pylibs.dir} is not the one of requirement set {environment.key} "
+                                  f"({environment.describe_image()})")
     marker = shlex.quote(str(pylibs.marker))
     present = f'if [ -f {marker} ]; then echo "{MARK} present {pylibs.dir}"; cat {marker}; exit 0; fi'
-    work = _job_lines(profile, pylibs, requirements) if profile.provision.where == "job" \
-        else _work_lines(profile, pylibs, requirements)
+    work = _job_lines(profile, pylibs, environment) if profile.provision.where == "job" \
+        else _work_lines(profile, pylibs, environment)
     return "\n".join([
         "umask 002",
         present,

@@ -1,9 +1,10 @@
 """The trainer's runtime requirements as a pinned set, and the hash that names its install directory.
 
 ``trainer/requirements-runtime.txt`` pins every package a job imports (``name==version``). The set's
-hash names the directory in ``paths.pylibs`` that holds what the site's container lacks of it
-(:func:`vcloud_pipeline.plan.layout.pylibs_set_dir`): jobs rendered for one set put that directory on
-``PYTHONPATH``, and a changed set installs into a new directory, so two sets never mix.
+hash, with the image it is installed for, keys the directory in ``paths.pylibs`` that holds what the
+site's container lacks of it (:attr:`vcloud_pipeline.provision.environment.JobEnvironment.key`,
+:func:`vcloud_pipeline.plan.layout.pylibs_set`): jobs rendered for one set put that directory on
+``PYTHONPATH``, and a changed set or image installs into a new directory, so two sets never mix.
 """
 
 from __future__ import annotations

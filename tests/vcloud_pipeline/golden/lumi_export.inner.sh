@@ -130,7 +130,8 @@ else
     own_pycache="$PYTHONPYCACHEPREFIX"
 fi
 export PYTHONPYCACHEPREFIX
-export PYTHONPATH=/scratch/project_465002500/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908/trainer/src:/projappl/project_465002500/pylibs/d3ab073ef1d77c33"${PYTHONPATH:+:${PYTHONPATH}}"
+export PYTHONPATH=/scratch/project_465002500/vcloud/code/3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908/trainer/src:/projappl/project_465002500/pylibs/9caf97b2e4388733"${PYTHONPATH:+:${PYTHONPATH}}"
+echo 'vcloud inner script: packages outside the container from requirement set 9caf97b2e4388733 in /projappl/project_465002500/pylibs/9caf97b2e4388733, provisioned for image /appl/local/csc/soft/ai/images/pytorch_2.5.1_lumi_rocm6.2.4_flash-attn-3.0.0.post1.sif (size 21474836480 mtime 1767225600)' >&2
 export VCLOUD_CODE_HASH=3d335c1582bcd7e111e3579ac32fa11859e62f29c070eed41b57422981997908
 export PYTORCH_HIP_ALLOC_CONF=expandable_segments:True
 export WANDB_MODE=disabled

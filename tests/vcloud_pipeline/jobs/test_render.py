@@ -13,7 +13,9 @@ import pytest
 
 from vcloud_pipeline.plan.jobspec import JobSpec
 from vcloud_pipeline.plan.layout import run_paths
-from vcloud_pipeline.profile import ProfileError, load_profile
+from vcloud_pipeline.profile import ClusterProfile, ProfileError, load_profile
+from vcloud_pipeline.provision.environment import JobEnvironment
+from vcloud_pipeline.provision.requirements import parse_requirements
 from vcloud_pipeline.jobs.render import (
     CODE_HASH_ENV,
     EXIT_CODE_MISMATCH,
@@ -30,8 +32,13 @@ from tests.vcloud_pipeline.conftest import complete_profile
 
 GOLDEN = Path(__file__).parents[1] / "golden"
 CODE_HASH = hashlib.sha256(b"vcloud golden code tree").hexdigest()
-REQUIREMENTS_HASH = hashlib.sha256(b"vcloud golden requirements").hexdigest()[:16]
-"""The runtime requirement set the golden jobs are rendered for (LUMI's PYTHONPATH names its directory)."""
+GOLDEN_PINS = ("PyYAML==6.0.3", "tifffile==2026.3.3", "torch==2.13.0")
+GOLDEN_IMAGE_IDENTITY = "size 21474836480 mtime 1767225600"
+
+
+def golden_environment(profile: ClusterProfile) -> JobEnvironment:
+    """The pins and image identity the golden jobs are rendered for (LUMI's PYTHONPATH names their set)."""
+    return JobEnvironment.of(profile, parse_requirements("\n".join(GOLDEN_PINS)), GOLDEN_IMAGE_IDENTITY)
 UPDATE = os.environ.get("VCLOUD_UPDATE_GOLDEN") == "1"
 
 CASES = {
@@ -60,7 +67,7 @@ BARE = {"container.runtime": "none"}
 def render_case(case: str) -> RenderedJob:
     profile_name, spec = CASES[case]
     profile = complete_profile(profile_name, BARE if "_bare_" in case else None)
-    return render_job(profile, spec, run_paths(profile, "full"), CODE_HASH, requirements_hash=REQUIREMENTS_HASH)
+    return render_job(profile, spec, run_paths(profile, "full"), CODE_HASH, environment=golden_environment(profile))
 
 
 def shellcheck(*scripts: str, tmp_path: Path) -> None:
@@ -146,8 +153,13 @@ def test_lumi_render_has_the_guides_settings_and_none_of_the_traps() -> None:
     assert "export MIOPEN_FIND_MODE=1\n" in job.inner
     assert "MIOPEN_DISABLE_CACHE" not in text
     pythonpath = next(line for line in job.inner.splitlines() if line.startswith("export PYTHONPATH="))
+    key = golden_environment(complete_profile("lumi")).key
     assert f"/scratch/project_465002500/vcloud/code/{CODE_HASH}/trainer/src:/projappl/project_465002500/pylibs/" \
-        f"{REQUIREMENTS_HASH}\"" in pythonpath
+        f"{key}\"" in pythonpath
+    # the job's log states which set it imports from and the image that set was built for
+    assert (f"packages outside the container from requirement set {key} in /projappl/project_465002500/pylibs/{key}, "
+            "provisioned for image /appl/local/csc/soft/ai/images/pytorch_2.5.1_lumi_rocm6.2.4_flash-attn-3.0.0.post1"
+            f".sif ({GOLDEN_IMAGE_IDENTITY})") in job.inner
     assert "singularity exec" in job.outer and "pytorch_2.5.1_lumi_rocm6.2.4" in job.outer
     assert "#SBATCH --account=project_465002500" in job.outer and "#SBATCH --partition=small-g" in job.outer
     assert "python3 -m vcloud.train --stage 1 --config" in job.inner

@@ -1,5 +1,6 @@
-"""The provisioning step's pure parts: the requirement set and its hash, where a set goes, the script
-(a golden file per place, shellcheck), what its output means, and the hints for a failure."""
+"""The provisioning step's pure parts: the requirement set and its hash, the set's key (pins and image),
+where a set goes, the script (a golden file per place, shellcheck), what its output means, and the
+hints for a failure."""
 
 from __future__ import annotations
 
@@ -19,6 +20,12 @@ from vcloud_pipeline.provision.commands import (
     build_provision_script,
     parse_provision_output,
 )
+from vcloud_pipeline.provision.environment import (
+    JobEnvironment,
+    image_identity_script,
+    parse_image_identity,
+    read_image_identity,
+)
 from vcloud_pipeline.provision.requirements import (
     RequirementsError,
     parse_requirements,
@@ -30,6 +37,14 @@ from tests.vcloud_pipeline.conftest import complete_profile
 GOLDEN = Path(__file__).parents[1] / "golden"
 UPDATE = os.environ.get("VCLOUD_UPDATE_GOLDEN") == "1"
 PINS = "# runtime\ntifffile==2026.3.3\nPyYAML == 6.0.3   # config files\n\ntorch==2.13.0\n"
+SIF = "/appl/local/csc/soft/ai/images/pytorch_2.5.1_lumi_rocm6.2.4_flash-attn-3.0.0.post1.sif"
+IDENTITY = "size 21474836480 mtime 1767225600"
+
+
+def lumi_environment(pins: str = PINS, image: str = SIF, identity: str | None = IDENTITY,
+                     extra: dict | None = None) -> JobEnvironment:
+    profile = complete_profile("lumi", {**(extra or {}), "container.image": image})
+    return JobEnvironment.of(profile, parse_requirements(pins), identity)
 
 
 def test_a_requirement_set_is_its_pins_sorted_and_its_hash_ignores_comments_order_and_spelling() -> None:
@@ -61,11 +76,97 @@ def test_the_checkouts_runtime_requirements_pin_tifffile() -> None:
     assert "tifffile==2026.3.3" in runtime_requirements().pins
 
 
-def test_a_set_goes_to_a_directory_of_its_hash_in_pylibs_and_profiles_without_pylibs_have_none() -> None:
+@pytest.mark.parametrize("one, other, same", [
+    # same pins (other order, comments, spelling) and the same image: one set
+    (dict(), dict(pins="torch==2.13.0\npyyaml==6.0.3\ntifffile==2026.3.3\n"), True),
+    # another image reference (a new site image, or the same file under another path): another set
+    (dict(), dict(image="/appl/local/csc/soft/ai/images/pytorch_2.6.0_lumi_rocm6.2.4.sif"), False),
+    (dict(), dict(image=SIF.replace("/appl/local/csc", "/pfs/lustrep1/appl/local/csc")), False),
+    # the same path, an image replaced there (another size or mtime; another recorded build hash)
+    (dict(), dict(identity="size 21474836480 mtime 1769904000"), False),
+    (dict(identity="build 9f2c"), dict(identity="build 0a7e"), False),
+    # the identity not read (the image was unreadable when the run synced): keyed by the reference alone
+    (dict(), dict(identity=None), False),
+    (dict(identity=None), dict(identity=None), True),
+    # other pins, same image
+    (dict(), dict(pins=PINS.replace("2026.3.3", "2026.3.4")), False),
+])
+def test_a_set_is_keyed_by_its_pins_and_the_image_it_is_built_for(one: dict, other: dict, same: bool) -> None:
+    a, b = lumi_environment(**one), lumi_environment(**other)
+    assert (a.key == b.key) is same, (a, b)
+    assert len(a.key) == 16 and a.key != a.requirement_set.hash
+    dirs = {pylibs_set(complete_profile("lumi"), e.key) for e in (a, b)}
+    assert len(dirs) == (1 if same else 2)
+
+
+def test_a_profile_without_a_container_keys_its_set_by_the_pins_alone() -> None:
+    bare = complete_profile("local", {"container.runtime": "none"})
+    environment = JobEnvironment.of(bare, parse_requirements(PINS), IDENTITY)
+    assert environment.image is None and environment.image_identity is None
+    assert environment.key == parse_requirements(PINS).hash and environment.describe_image() == "no container"
+
+
+def test_the_environment_travels_in_xcom_and_keeps_its_key() -> None:
+    environment = lumi_environment()
+    again = JobEnvironment.model_validate(environment.model_dump(mode="json"))
+    assert again == environment and again.key == environment.key
+    assert environment.describe_image() == f"image {SIF} ({IDENTITY})"
+
+
+@pytest.mark.parametrize("exit_status, stdout, identity", [
+    (0, "build 3f2a9c\n", "build 3f2a9c"),
+    (0, "stat 21474836480 1767225600\n", "size 21474836480 mtime 1767225600"),
+    (1, "", None),                            # stat: cannot statx: No such file or directory
+    (0, "build \n", None),                    # an empty recorded hash
+    (0, "stat 4096\n", None),
+])
+def test_the_image_identity_is_the_recorded_build_hash_else_size_and_mtime(
+        exit_status: int, stdout: str, identity: str | None) -> None:
+    assert parse_image_identity(exit_status, stdout) == identity
+
+
+def test_the_image_identity_command_reads_the_build_hash_next_to_a_directory_image_else_stats_it(
+        tmp_path: Path) -> None:
+    image = tmp_path / "images" / "vcloud trainer's"  # quoting: a space and a quote
+    image.mkdir(parents=True)
+
+    def identity() -> str | None:
+        done = subprocess.run(["bash", "-c", image_identity_script(str(image))], capture_output=True, text=True)
+        return parse_image_identity(done.returncode, done.stdout)
+
+    stat = os.stat(image)
+    assert identity() == f"size {stat.st_size} mtime {int(stat.st_mtime)}"
+    Path(f"{image}.sha256").write_text("ab12cd\n")
+    assert identity() == "build ab12cd"
+    sif = tmp_path / "x.sif"
+    assert identity() is not None and image_identity_script(str(sif)).endswith(f"-- {sif}; fi")
+    done = subprocess.run(["bash", "-c", image_identity_script(str(sif))], capture_output=True, text=True)
+    assert parse_image_identity(done.returncode, done.stdout) is None
+
+
+def test_the_identity_is_read_only_for_profiles_that_provision_in_a_container() -> None:
+    class _Answer:
+        def __init__(self) -> None:
+            self.scripts: list[str] = []
+
+        def run_script(self, script: str, *, verb: str, timeout: float) -> object:
+            from slurm_provider.transport import CommandResult
+
+            self.scripts.append(script)
+            return CommandResult(command="bash -s", exit_status=0, stdout="stat 7 8\n", stderr="")
+
+    hook = _Answer()
+    assert read_image_identity(complete_profile("lumi"), hook) == "size 7 mtime 8"  # type: ignore[arg-type]
+    assert len(hook.scripts) == 1 and SIF in hook.scripts[0]
+    assert read_image_identity(complete_profile("local"), _NoCluster()) is None  # type: ignore[arg-type]
+
+
+def test_a_set_goes_to_a_directory_of_its_key_in_pylibs_and_profiles_without_pylibs_have_none() -> None:
     lumi, requirements = complete_profile("lumi"), parse_requirements(PINS)
-    pylibs = pylibs_set(lumi, requirements.hash)
+    key = lumi_environment().key
+    pylibs = pylibs_set(lumi, key)
     assert pylibs is not None
-    assert pylibs.dir == PurePosixPath(f"/projappl/project_465002500/pylibs/{requirements.hash}")
+    assert pylibs.dir == PurePosixPath(f"/projappl/project_465002500/pylibs/{key}")
     assert pylibs.marker == pylibs.dir / ".vcloud_requirements"
     assert pylibs.building.parent == pylibs.dir.parent and pylibs.building.name.startswith(".")
     assert pylibs_set(complete_profile("local"), requirements.hash) is None
@@ -91,10 +192,10 @@ def _shellcheck(script: str, tmp_path: Path) -> None:
     ("lumi_provision_job", {"provision": {"where": "job", "partition": "dev-g", "binds": ["/etc/ssl/certs"]}}),
 ])
 def test_golden_provisioning_script(case: str, extra: dict | None, tmp_path: Path) -> None:
-    profile, requirements = complete_profile("lumi", extra), parse_requirements(PINS)
-    pylibs = pylibs_set(profile, requirements.hash)
+    profile, environment = complete_profile("lumi", extra), lumi_environment(extra=extra)
+    pylibs = pylibs_set(profile, environment.key)
     assert pylibs is not None
-    script = build_provision_script(profile, pylibs, requirements)
+    script = build_provision_script(profile, pylibs, environment)
     path = GOLDEN / f"{case}.sh"
     if UPDATE:
         path.write_text(script)
@@ -106,14 +207,18 @@ def test_golden_provisioning_script(case: str, extra: dict | None, tmp_path: Pat
     assert script.index("lock=") < script.index("pip install")
     assert script.index("pip install") < script.index(f"mv -T {pylibs.building} {pylibs.dir}")
     assert "--no-deps --only-binary=:all:" in script and f"--target {pylibs.building}" in script
+    # the set's record names the pins' hash, the set's key and the image it was built for
+    assert f'echo "set {environment.key}"' in script and f"'image {SIF}' 'image-identity {IDENTITY}'" in script
 
 
 def test_a_set_in_another_directory_is_refused() -> None:
     profile = complete_profile("lumi")
-    pylibs = pylibs_set(profile, parse_requirements(PINS).hash)
+    pylibs = pylibs_set(profile, lumi_environment().key)
     assert pylibs is not None
     with pytest.raises(ProvisionSetupError, match="is not the one of requirement set"):
-        build_provision_script(profile, pylibs, parse_requirements("numpy==2.4.6\n"))
+        build_provision_script(profile, pylibs, lumi_environment(pins="numpy==2.4.6\n"))
+    with pytest.raises(ProvisionSetupError, match=r"\(image /appl/other.sif \(size"):
+        build_provision_script(profile, pylibs, lumi_environment(image="/appl/other.sif"))
 
 
 def test_the_output_says_what_was_installed_and_what_the_container_provides() -> None:
@@ -152,7 +257,8 @@ class _NoCluster:
 
 
 def test_a_profile_without_provision_passes_without_a_command() -> None:
-    done = provision_environment(complete_profile("local"), _NoCluster(), runtime_requirements())  # type: ignore[arg-type]
+    local = complete_profile("local")
+    done = provision_environment(local, _NoCluster(), JobEnvironment.of(local, runtime_requirements()))  # type: ignore[arg-type]
     assert done.state == "none" and done.directory is None
 
 
@@ -175,8 +281,10 @@ def test_a_failure_names_pips_words_the_hint_and_the_sites_hint() -> None:
                                          "ERROR: No matching distribution found for tifffile==9.9.9\n"
                                          "VCLOUD-PROVISION install-failed exit 1\n")
     with pytest.raises(ProvisionError) as failure:
-        provision_environment(complete_profile("lumi"), hook, parse_requirements("tifffile==9.9.9\n"))  # type: ignore[arg-type]
+        provision_environment(complete_profile("lumi"), hook, lumi_environment("tifffile==9.9.9\n"))  # type: ignore[arg-type]
     message = str(failure.value)
+    assert f"provisioning requirement set {lumi_environment('tifffile==9.9.9').key} (image {SIF} ({IDENTITY})) " \
+           "of profile lumi on the login node failed (exit 72)" in message
     assert "pip could not install what the container lacks; no job of the run was submitted" in message
     assert "No matching distribution found for tifffile==9.9.9" in message
     assert "Hint: The package index has no wheel of a pinned version" in message
