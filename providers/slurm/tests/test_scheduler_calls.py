@@ -46,6 +46,7 @@ def test_every_command_the_provider_builds_is_counted_as_the_slurm_clients_it_ru
 def test_reading_files_is_not_a_scheduler_call_even_when_their_names_say_squeue() -> None:
     assert slurm_verbs(job_files.build_read_log("/x/squeue.out", 0, 100)) == ()
     assert slurm_verbs(job_files.build_file_sizes(["/x/sacct y.out", "/l/it's sbatch.err"])) == ()
+    assert slurm_verbs(job_files.build_file_stamps(["/x/sacct y.out", "/l/it's sbatch.err"])) == ()
     assert slurm_verbs("cat /p/squeue.log; echo sbatch") == ()
 
 

@@ -38,9 +38,11 @@ from airflow.sdk import BaseHook
 from slurm_provider.cli.job_files import (
     LogChunk,
     build_file_sizes,
+    build_file_stamps,
     build_poll_files,
     build_read_log,
     build_read_progress,
+    parse_file_stamps,
     parse_log_chunk,
     parse_poll_files,
     parse_progress,
@@ -401,6 +403,20 @@ def file_sizes_plan(paths: Iterable[str]) -> Plan[dict[str, int]]:
     return sizes
 
 
+def file_stamps_plan(paths: Iterable[str]) -> Plan[dict[str, tuple[int, int]]]:
+    """Size and modification time of the files that exist (missing ones are left out), in one command."""
+    wanted = list(dict.fromkeys(paths))
+    if not wanted:
+        return {}
+    result = yield RemoteCommand(build_file_stamps(wanted), "file_stamps")
+    if result.exit_status != 0:
+        raise _failed("file stamp check", result)
+    try:
+        return parse_file_stamps(result.stdout, wanted)
+    except SlurmOutputError as exc:
+        raise SlurmCommandFailed(f"file stamp check printed output that cannot be read: {exc}", result) from exc
+
+
 def poll_files_plan(size_paths: Iterable[str],
                     record_paths: Iterable[str]) -> Plan[tuple[dict[str, int], dict[str, str]]]:
     """Log sizes and exit records (:mod:`slurm_provider.end_records`) in one command, no Slurm call
@@ -661,6 +677,10 @@ class SlurmHook(BaseHook, _CommandCounter, FileVerbs):
 
     def file_sizes(self, paths: Iterable[str]) -> dict[str, int]:
         return self._drive(file_sizes_plan(paths))
+
+    def file_stamps(self, paths: Iterable[str]) -> dict[str, tuple[int, int]]:
+        """``{path: (size, mtime)}`` of the files that exist, in one command."""
+        return self._drive(file_stamps_plan(paths))
 
     def scontrol_show(self, job_id: str | int) -> list[dict[str, str]]:
         return self._drive(scontrol_show_plan(job_id))

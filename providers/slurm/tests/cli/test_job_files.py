@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from slurm_provider.cli.job_files import (
+    build_file_stamps,
     build_read_log,
     build_read_progress,
     expand_filename_pattern,
+    parse_file_stamps,
     parse_log_chunk,
     parse_progress,
 )
@@ -45,6 +47,20 @@ def test_read_log_from_offsets(log_file: Path) -> None:
 
     nothing = parse_log_chunk(run_local(build_read_log(str(log_file), second.new_offset)), second.new_offset)
     assert nothing.text == "" and nothing.new_offset == second.new_offset
+
+
+def test_file_stamps_are_size_and_mtime_of_the_files_that_exist(log_file: Path, tmp_path: Path) -> None:
+    import os
+
+    os.utime(log_file, (1767225600, 1767225600))
+    missing = str(tmp_path / "no such.pt")
+    paths = [missing, str(log_file)]
+    stamps = parse_file_stamps(run_local(build_file_stamps(paths)), paths)
+    assert stamps == {str(log_file): (log_file.stat().st_size, 1767225600)}
+    os.utime(log_file, (1767225601, 1767225601))  # rewritten, same size: another stamp
+    assert parse_file_stamps(run_local(build_file_stamps(paths)), paths)[str(log_file)][1] == 1767225601
+    with pytest.raises(SlurmOutputError, match="file stamps"):
+        parse_file_stamps("0 12\n", paths)
 
 
 def test_read_log_never_splits_a_character(log_file: Path) -> None:

@@ -73,6 +73,26 @@ def build_file_sizes(paths: Sequence[str]) -> str:
             "i=$((i + 1)); done")
 
 
+def build_file_stamps(paths: Sequence[str]) -> str:
+    """Size and modification time (whole seconds) of each existing file, one ``<index> <size> <mtime>``
+    line each (missing files print nothing): what a file's identity is, where its size alone does
+    not change when it is rewritten (a checkpoint of the same model). Parse with :func:`parse_file_stamps`."""
+    quoted = " ".join(shlex.quote(validate_remote_path(p, "paths")) for p in paths)
+    return (f'i=0; for f in {quoted}; do if [ -f "$f" ]; then printf "%s %s\\n" "$i" '
+            "\"$(stat -L -c '%s %Y' -- \"$f\")\"; fi; i=$((i + 1)); done")
+
+
+def parse_file_stamps(stdout: str, paths: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """``{path: (size, mtime)}`` of the files :func:`build_file_stamps` found, by the paths it was given."""
+    stamps = {}
+    for line in stdout.splitlines():
+        words = line.split()
+        if len(words) != 3 or not all(w.isdigit() for w in words) or int(words[0]) >= len(paths):
+            raise SlurmOutputError(f"file stamps: unexpected line {line!r}")
+        stamps[paths[int(words[0])]] = (int(words[1]), int(words[2]))
+    return stamps
+
+
 def build_poll_files(size_paths: Sequence[str], record_paths: Sequence[str]) -> str:
     """One command for what a poll reads of its jobs' files: the size of each log (``size <index>
     <bytes>``) and the first line of each exit record (``end <index> <line>``); missing files print
