@@ -104,6 +104,28 @@ def test_the_dataset_index_the_trainer_writes_is_the_one_the_dag_looks_for() -> 
     assert paths.data_index.parent == paths.data_dir
 
 
+def test_the_export_task_stamps_the_files_the_export_job_stamps(tmp_path: Path) -> None:
+    """The decision's stamps (``stat`` on the login node, by the provider's verb) and the job's
+    (``os.stat``) digest alike for the same files: an exported run is recognised as exported."""
+    import subprocess
+
+    from slurm_provider.cli.job_files import build_file_stamps, parse_file_stamps
+    from vcloud.export import input_stamps
+
+    profile = load_profile("local", overrides={"paths.base": str(tmp_path)})
+    paths = run_paths(profile, "r")
+    for name in ("stage0/best.pt", "stage0/COMPLETE", "stage1/best.pt"):
+        Path(paths.outputs_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        Path(paths.outputs_dir / name).write_bytes(b"x" * len(name))
+    wanted = [str(p) for p in paths.export_inputs().values()]
+    found = parse_file_stamps(subprocess.run(["sh", "-c", build_file_stamps(wanted)], capture_output=True,
+                                             text=True, check=True).stdout, wanted)
+    by_name = {name: found[str(path)] for name, path in paths.export_inputs().items() if str(path) in found}
+    assert by_name == input_stamps(Path(paths.outputs_dir))
+    assert contract.export_inputs_digest(by_name) == contract.export_inputs_digest(input_stamps(Path(paths.outputs_dir)))
+    assert paths.exported_marker.name == contract.EXPORTED_FILE and paths.exported_marker.parent == paths.viewer_dir
+
+
 def test_the_dag_trains_exactly_the_trainers_stages() -> None:
     from vcloud_pipeline.plan.request import parse_request
 

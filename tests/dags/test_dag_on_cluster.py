@@ -13,6 +13,7 @@ import json
 import math
 import re
 import shlex
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +202,38 @@ def test_a_dry_run_reaches_the_cluster_with_nothing_but_the_connection(
             assert ssh[:3] == ["ssh", "-F", str(local_cluster.ssh_config)]
             assert argv[-1].startswith("vcloud-local:")
             assert not any(o.startswith("ControlPath") for o in ssh), "the alias's own master, not ours"
+
+
+def test_an_exported_run_run_again_exports_again_only_when_a_stage_output_changed(
+        local_cluster: LocalCluster, project_dir: str, capfd) -> None:
+    run = f"exp-{uuid.uuid4().hex[:6]}"
+    conf: dict[str, Any] = dict(profile="local", config="tiny", run_name=run, stages=[0], max_epochs=1)
+    _, states, values = run_dag(**conf)
+    assert states["stage0"] == "success" and states["export"] == "success", states
+    viewer, outputs = f"{project_dir}/viewer_data/{run}", f"{project_dir}/outputs/{run}"
+    marker = json.loads(local_cluster.ssh(f"cat {shlex.quote(viewer)}/EXPORTED").stdout)
+    assert marker["stage"] == 0 and set(marker["stamps"]) == {"stage0/best.pt", "stage0/COMPLETE",
+                                                                "stage0/metrics.jsonl"}
+    capfd.readouterr()
+
+    # The same run again: stage 0 is complete, and the export names exactly these outputs.
+    _, again, _ = run_dag(**conf)
+    out = "".join(capfd.readouterr())
+    assert again["stage0"] == "skipped" and again["export"] == "skipped", again
+    assert f"export: already exported from these stage outputs (inputs {marker['inputs']}, {viewer}/EXPORTED)" in out
+
+    # A stage output rewritten since (a checkpoint of the same size, another mtime): exported again.
+    local_cluster.ssh(f"touch -d '+1 minute' {shlex.quote(outputs)}/stage0/best.pt")
+    _, changed, values3 = run_dag(**conf)
+    out = "".join(capfd.readouterr())
+    assert changed["stage0"] == "skipped" and changed["export"] == "success", changed
+    assert f"export: exporting the viewer data of the best stage: the stage outputs changed since the last " \
+           f"export (inputs {marker['inputs']}, now " in out
+    assert json.loads(local_cluster.ssh(f"cat {shlex.quote(viewer)}/EXPORTED").stdout)["inputs"] != marker["inputs"]
+    jobs = local_cluster.root("sacct", "-a", "-X", "-n", "-P", "-S", "now-1hours", "--format=JobID,JobName").stdout
+    exports = [line.split("|")[0] for line in jobs.splitlines() if line.endswith(f"|vcloud-{run}-export")]
+    print(f"sacct, export jobs of run {run}: {exports}")
+    assert exports == [str(values["export"]["job_id"]), str(values3["export"]["job_id"])], jobs
 
 
 def test_a_stage_without_its_predecessor_fails_before_submitting(project_dir: str, capfd) -> None:

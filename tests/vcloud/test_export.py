@@ -13,8 +13,23 @@ import torch
 
 from vcloud.config import load_config
 from vcloud.data.dataset import SeriesDataset
-from vcloud.contract import TrainingCurve, curve_png_name, training_curve
-from vcloud.export import curve_title, latest_trained_stage, main, plot_training_curve, rgb_quicklook, stage_curve
+from vcloud.contract import (
+    EXPORTED_FILE,
+    TrainingCurve,
+    curve_png_name,
+    export_inputs_digest,
+    exported_inputs,
+    training_curve,
+)
+from vcloud.export import (
+    curve_title,
+    input_stamps,
+    latest_trained_stage,
+    main,
+    plot_training_curve,
+    rgb_quicklook,
+    stage_curve,
+)
 from vcloud.metrics import psnr
 from vcloud.training.distributed import init_distributed
 from vcloud.training.loop import StageRun, train_stage
@@ -69,6 +84,35 @@ def test_metrics_and_curves(exported) -> None:
     curve = matplotlib.image.imread(dest / "curves" / "stage0.png")
     assert curve.ndim == 3 and curve.shape[0] > 100
     assert curve.std() > 0.01, "the plot is not blank"
+
+
+def test_the_export_is_marked_done_naming_the_stage_outputs_it_read(exported, tiny_prepared: Path,
+                                                                     tmp_path: Path) -> None:
+    run_dir, dest = exported
+    record = json.loads((dest / EXPORTED_FILE).read_text())
+    stamps = input_stamps(run_dir)
+    assert set(stamps) == {"stage0/best.pt", "stage0/COMPLETE", "stage0/metrics.jsonl"}
+    assert record["inputs"] == export_inputs_digest(stamps) == exported_inputs((dest / EXPORTED_FILE).read_text())
+    assert record["stage"] == 0 and record["checkpoint"] == str(run_dir / "stage0" / "best.pt")
+    assert record["stamps"]["stage0/best.pt"] == list(stamps["stage0/best.pt"])
+    # a partial export (one series) is no export of the run: it leaves no marker, and removes an old one
+    partial = tmp_path / "viewer"
+    partial.mkdir()
+    (partial / EXPORTED_FILE).write_text(json.dumps(record))
+    assert main(["--config", str(TINY), "--data", str(tiny_prepared), "--out", str(run_dir), "--dest", str(partial),
+                 "--limit", "1"]) == 0
+    assert not (partial / EXPORTED_FILE).exists()
+
+
+def test_the_inputs_digest_changes_with_any_input_file_and_only_then() -> None:
+    stamps = {"stage0/best.pt": (4096, 1767225600), "stage0/COMPLETE": (300, 1767225600)}
+    same = export_inputs_digest(dict(reversed(list(stamps.items()))))
+    assert export_inputs_digest(stamps) == same and len(same) == 16
+    assert export_inputs_digest({**stamps, "stage0/best.pt": (4096, 1767225700)}) != same  # rewritten
+    assert export_inputs_digest({**stamps, "stage1/best.pt": (4096, 1767225700)}) != same  # a stage more
+    assert export_inputs_digest({"stage0/best.pt": (4096, 1767225600)}) != same
+    assert exported_inputs(None) is None and exported_inputs("{half") is None
+    assert exported_inputs('{"inputs": "not a digest"}') is None
 
 
 def test_the_curve_png_is_plotted_from_metrics_jsonl(exported, tmp_path: Path) -> None:

@@ -52,6 +52,7 @@ from vcloud_pipeline.budget.preflight import PROJECT_TAG, read_allocation, read_
 from vcloud_pipeline.profile import ClusterProfile
 from vcloud_pipeline.plan.stages import (
     Decision,
+    ExportFiles,
     StageDecisionError,
     StageFiles,
     completion_record,
@@ -215,7 +216,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
             sizes = hook.file_sizes([str(paths.data_index)])
             return decide_data(plan.stage_plan, sizes.get(str(paths.data_index)))
         if self.job is JobLabel.EXPORT:
-            return decide_export(plan.stage_plan)
+            return decide_export(plan.stage_plan, self._export_files(plan, hook), paths)
         stage = self.job.stage
         assert stage is not None
         wanted = [paths.complete_path(stage), paths.best_checkpoint(stage)]
@@ -228,6 +229,16 @@ class PipelineJobOperator(SlurmSubmitOperator):
             return decide(plan.stage_plan, stage, files, paths)
         except StageDecisionError as exc:
             raise AirflowFailException(str(exc)) from None
+
+    def _export_files(self, plan: RunPlan, hook: SlurmVerbs) -> ExportFiles | None:
+        """The export's marker and its inputs' stamps now (two commands); None where the run exports
+        nothing or is a dry run, which reads no file."""
+        if not plan.request.export or plan.request.dry_run:
+            return None
+        inputs = plan.paths.export_inputs()
+        stamps = hook.file_stamps([str(p) for p in inputs.values()])
+        return ExportFiles(marker=hook.read_file(str(plan.paths.exported_marker)),
+                           stamps={name: stamps[str(path)] for name, path in inputs.items() if str(path) in stamps})
 
     def _allocation(self, plan: RunPlan, hook: SlurmVerbs) -> Allocation:
         return read_allocation(hook, plan.profile, read_ledger(hook, plan.profile))

@@ -26,7 +26,8 @@ things are, so the layout can change here without hunting through the DAG and th
     <paths.logs>/<run>/.<job>.<id>.exits/ a torchrun job's exit records of its ranks (one start's:
                                           emptied before each start, removed after it)
     <paths.viewer>/<run>/                 exported viewer images; curves/stage{N}.png, the training
-                                          curves the run summary points at
+                                          curves the run summary points at; EXPORTED, written last,
+                                          names the stage outputs exported (vcloud.contract)
     <paths.jobs>/<run>/                   rendered job scripts (read-only once uploaded)
     <paths.pylibs>/<set key>/             what the site's container lacks of one set of runtime
                                           requirements (pip --target), keyed by the pins and the
@@ -180,6 +181,16 @@ class RunPaths:
 
     def best_checkpoint(self, stage: int) -> PurePosixPath:
         return self.stage_dir(stage) / contract.BEST_CHECKPOINT
+
+    @property
+    def exported_marker(self) -> PurePosixPath:
+        """Written last by the export: the digest of the stage outputs it exported from."""
+        return self.viewer_dir / contract.EXPORTED_FILE
+
+    def export_inputs(self) -> dict[str, PurePosixPath]:
+        """The files the export reads, by their name relative to the output directory
+        (:func:`vcloud.contract.export_input_names`, the names the export's marker digests)."""
+        return {name: self.outputs_dir / name for name in contract.export_input_names()}
 
     def curve_png(self, stage: int) -> PurePosixPath:
         """The export's plot of a stage's training curve (from its ``metrics.jsonl``)."""

@@ -18,7 +18,7 @@ from enum import Enum
 from typing import Any
 
 from vcloud.config import VCloudConfig
-from vcloud.contract import DATA_INDEX, STAGES
+from vcloud.contract import DATA_INDEX, STAGES, export_inputs_digest, exported_inputs
 
 from vcloud_pipeline.plan.jobspec import JobSpec
 from vcloud_pipeline.plan.labels import JobLabel
@@ -185,13 +185,39 @@ def decide_data(plan: StagePlan, index_size: int | None) -> Decision:
     return Decision(Action.SUBMIT, f"no prepared dataset: generating the {plan.data_preset} synthetic one")
 
 
-def decide_export(plan: StagePlan) -> Decision:
+@dataclass(frozen=True)
+class ExportFiles:
+    """What the export task finds on the cluster before it submits."""
+
+    marker: str | None
+    """The text of the viewer directory's ``EXPORTED`` (None: missing)."""
+    stamps: Mapping[str, tuple[int, int]]
+    """(size, mtime) of each export input that exists, by name (:func:`vcloud.contract.export_input_names`)."""
+
+
+def decide_export(plan: StagePlan, files: ExportFiles | None, paths: RunPaths) -> Decision:
+    """Submit the export unless its marker names the stage outputs there are now: clearing or
+    re-running an exported run exports again only when a stage's outputs changed since. ``files``
+    None: not looked at (a run that exports nothing or submits nothing reads no file)."""
     r = plan.request
     if not r.export:
         return Decision(Action.SKIP, "export not requested")
     if r.dry_run:
         return Decision(Action.SKIP, "dry run: no export job")
-    return Decision(Action.SUBMIT, "exporting the viewer data of the best stage")
+    if files is None:
+        return Decision(Action.SUBMIT, "exporting the viewer data of the best stage")
+    now = export_inputs_digest(files.stamps)
+    before = exported_inputs(files.marker)
+    if before == now:
+        return Decision(Action.SKIP, f"already exported from these stage outputs (inputs {now}, "
+                                     f"{paths.exported_marker}); a stage's new outputs export again")
+    if files.marker is None:
+        why = f"not exported yet ({paths.exported_marker} missing)"
+    elif before is None:
+        why = f"{paths.exported_marker} unreadable"
+    else:
+        why = f"the stage outputs changed since the last export (inputs {before}, now {now})"
+    return Decision(Action.SUBMIT, f"exporting the viewer data of the best stage: {why}")
 
 
 def completion_record(text: str | None) -> dict[str, Any] | None:

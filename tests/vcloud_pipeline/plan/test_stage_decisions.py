@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from vcloud.config import config_from_dict, load_config
-from vcloud.contract import best_checkpoint_metrics
+from vcloud.contract import best_checkpoint_metrics, export_inputs_digest, exported_record
 from vcloud_pipeline.plan.layout import run_paths
 from vcloud_pipeline.plan.request import parse_request
 from vcloud_pipeline.profile import load_profile
 from vcloud_pipeline.plan.stages import (
+    ExportFiles,
     StageDecisionError,
     StageFiles,
     StagePlan,
@@ -68,7 +71,46 @@ def test_dry_run_submits_no_training_data_or_export_job() -> None:
     p = plan(dry_run=True)
     assert not decide(p, 0, FRESH, PATHS).submit
     assert not decide_data(p, None).submit
-    assert not decide_export(p).submit
+    assert not decide_export(p, None, PATHS).submit
+
+
+TRAINED = {"stage0/best.pt": (4096, 1767225600), "stage0/COMPLETE": (310, 1767225600),
+           "stage0/metrics.jsonl": (2200, 1767225599), "stage1/best.pt": (8192, 1767229200),
+           "stage1/COMPLETE": (305, 1767229200), "stage1/metrics.jsonl": (4100, 1767229199)}
+
+
+def marker_for(stamps: dict) -> str:
+    """The ``EXPORTED`` an export of ``stamps`` writes (vcloud.export)."""
+    return json.dumps(exported_record(inputs=export_inputs_digest(stamps), stamps=stamps, stage=1,
+                                      checkpoint="/outputs/r/stage1/best.pt", series=4, code_hash=None))
+
+
+@pytest.mark.parametrize("marker, stamps, submit, reason", [
+    (None, TRAINED, True, "not exported yet (/srv/vcloud/scratch/vcloud/viewer_data/r/EXPORTED missing)"),
+    # cleared or run again, nothing trained since: no second export of the same outputs
+    (marker_for(TRAINED), TRAINED, False, f"already exported from these stage outputs (inputs "
+                                          f"{export_inputs_digest(TRAINED)}, /srv/vcloud/scratch/vcloud/viewer_data/r/"
+                                          "EXPORTED); a stage's new outputs export again"),
+    # a stage trained again (its best.pt rewritten at the same size), a stage more, a stage moved aside
+    (marker_for(TRAINED), {**TRAINED, "stage1/best.pt": (8192, 1767232800)}, True,
+     "the stage outputs changed since the last export"),
+    (marker_for(TRAINED), {**TRAINED, "stage2/best.pt": (9000, 1767232800)}, True, "changed since the last export"),
+    (marker_for(TRAINED), {k: v for k, v in TRAINED.items() if k.startswith("stage0")}, True,
+     "changed since the last export"),
+    ("{half a", TRAINED, True, "EXPORTED unreadable"),
+])
+def test_the_export_is_submitted_unless_its_marker_names_the_stage_outputs_there_are_now(
+        marker: str | None, stamps: dict, submit: bool, reason: str) -> None:
+    decision = decide_export(plan(), ExportFiles(marker=marker, stamps=stamps), PATHS)
+    assert decision.submit is submit and reason in decision.reason, decision.reason
+    if submit:
+        assert decision.reason.startswith("exporting the viewer data of the best stage: ")
+
+
+def test_an_export_not_asked_for_or_dry_is_decided_without_files() -> None:
+    assert decide_export(plan(export=False), None, PATHS).reason == "export not requested"
+    assert decide_export(plan(dry_run=True), None, PATHS).reason == "dry run: no export job"
+    assert decide_export(plan(), None, PATHS).submit
 
 
 def test_synthetic_data_only_where_the_profile_has_no_real_dataset() -> None:

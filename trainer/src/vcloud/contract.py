@@ -10,6 +10,7 @@ it from ``trainer/src`` on their ``PYTHONPATH``, the jobs from the synced code.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import math
 import re
@@ -57,6 +58,52 @@ def curve_png_name(stage: int) -> str:
 
 DATA_INDEX = "index.json"
 """Written last into a prepared dataset: the dataset is complete when it exists."""
+
+# --------------------------------------------------------------------------- the export's done marker
+
+EXPORTED_FILE = "EXPORTED"
+"""Written last into the viewer directory by the DAG's export (atomically, :func:`exported_record`),
+removed when an export starts: the viewer data there are complete for the stage outputs it names."""
+
+EXPORT_INPUT_FILES: tuple[str, ...] = (BEST_CHECKPOINT, COMPLETE_FILE, METRICS_FILE)
+"""Per stage, the files the export's output comes from: the model it restores (the highest stage's
+``best.pt``, found by which exist), the stage's record, and the curve it plots."""
+
+
+def export_input_names() -> tuple[str, ...]:
+    """The files the export reads, relative to the run's output directory (``stage1/best.pt``...)."""
+    return tuple(f"{stage_dir_name(stage)}/{name}" for stage in STAGES for name in EXPORT_INPUT_FILES)
+
+
+def export_inputs_digest(stamps: Mapping[str, tuple[int, int]]) -> str:
+    """16 hex digits naming the export's inputs: each of :func:`export_input_names` with its size and
+    modification time in whole seconds (``stat -c '%s %Y'`` on the login node, ``os.stat`` in the job:
+    the same file system), or as missing. A checkpoint rewritten with the same size has another
+    mtime; a file that appears or goes changes the digest too."""
+    lines = []
+    for name in export_input_names():
+        stamp = stamps.get(name)
+        lines.append(f"{name} missing" if stamp is None else f"{name} {int(stamp[0])} {int(stamp[1])}")
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+
+
+def exported_record(*, inputs: str, stamps: Mapping[str, tuple[int, int]], stage: int, checkpoint: str,
+                    series: int, code_hash: str | None) -> dict[str, Any]:
+    """The content of ``EXPORTED``: the inputs' digest (:func:`export_inputs_digest`) and the stamps it
+    was made from, the stage and checkpoint exported, how many series, and the code that exported."""
+    return {"inputs": inputs, "stamps": {name: list(stamp) for name, stamp in stamps.items()},
+            "stage": stage, "checkpoint": checkpoint, "series": series, "code_hash": code_hash,
+            "exported_at": _now()}
+
+
+def exported_inputs(text: str | None) -> str | None:
+    """The inputs' digest an ``EXPORTED`` file names; None when it is missing or unreadable."""
+    try:
+        record = json.loads(text) if text else None
+    except json.JSONDecodeError:
+        return None
+    digest = record.get("inputs") if isinstance(record, Mapping) else None
+    return digest if isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{16}", digest) else None
 
 # --------------------------------------------------------------------------- exit codes
 

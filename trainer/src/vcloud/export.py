@@ -11,7 +11,11 @@ stage's ``best.pt``), writes to ``VIEWER_DIR``:
 - ``metrics.json``: per-series and mean PSNR/SSIM/SAM/MAE/RMSE plus provenance;
 - ``curves/stage{N}.png``: training loss and validation PSNR over the steps of every stage trained,
   from its ``metrics.jsonl`` (the curve the HPC view draws; per epoch from ``progress.json`` for a
-  stage trained before that file existed).
+  stage trained before that file existed);
+- ``EXPORTED`` last, atomically (the default export only: every test series of the highest stage):
+  the digest of the stage outputs it read (:func:`vcloud.contract.export_inputs_digest`), which the
+  DAG's export task compares before it submits another export of the same outputs. An export
+  removes it first, so a viewer directory half rewritten never counts as done.
 
 With only stage 0 trained, the "prediction" is the autoencoder's reconstruction of the least
 cloudy input: a baseline that shows what the later stages add.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import sys
 from pathlib import Path
@@ -31,7 +36,18 @@ import torch
 
 from vcloud import exitcodes
 from vcloud.config import ConfigError, VCloudConfig, load_config
-from vcloud.contract import STAGES, STOP_PATIENCE, TrainingCurve, curve_png_name, training_curve
+from vcloud.contract import (
+    CODE_HASH_ENV,
+    EXPORTED_FILE,
+    STAGES,
+    STOP_PATIENCE,
+    TrainingCurve,
+    curve_png_name,
+    export_input_names,
+    export_inputs_digest,
+    exported_record,
+    training_curve,
+)
 from vcloud.stage_registry import BuildContext, StageError, get_stage, load_stage_model
 from vcloud.training.markers import read_json, write_json
 from vcloud.training.paths import StagePaths
@@ -49,6 +65,19 @@ def latest_trained_stage(run_dir: Path) -> int:
         if StagePaths(run_dir, stage).best.is_file():
             return stage
     raise StageError(f"no stage{{0..3}}/best.pt under {run_dir}: train stage 0 first")
+
+
+def input_stamps(run_dir: Path) -> dict[str, tuple[int, int]]:
+    """(size, mtime in whole seconds) of each of the export's input files that exists, by its name
+    relative to ``run_dir`` (:func:`vcloud.contract.export_input_names`)."""
+    stamps = {}
+    for name in export_input_names():
+        try:
+            st = (run_dir / name).stat()
+        except FileNotFoundError:
+            continue
+        stamps[name] = (st.st_size, int(st.st_mtime))
+    return stamps
 
 
 def rgb_quicklook(cloudy: np.ndarray, prediction: np.ndarray, target: np.ndarray, gap: int = 2) -> np.ndarray:
@@ -149,6 +178,9 @@ def export_viewer(config: VCloudConfig, data_root: Path, run_dir: Path, dest: Pa
 
     seed_everything(config.train.seed)  # diffusion sampling draws noise: same export on every run
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    marks_done = stage is None and split == "test" and limit is None  # the DAG's export, complete
+    stamps = input_stamps(run_dir)
+    (dest / EXPORTED_FILE).unlink(missing_ok=True)
     stage = latest_trained_stage(run_dir) if stage is None else stage
     best = StagePaths(run_dir, stage).best
     spec = get_stage(stage)
@@ -206,6 +238,12 @@ def export_viewer(config: VCloudConfig, data_root: Path, run_dir: Path, dest: Pa
         "curves": curves,
     }
     write_json(dest / "metrics.json", summary)
+    if marks_done:
+        inputs = export_inputs_digest(stamps)
+        write_json(dest / EXPORTED_FILE, exported_record(
+            inputs=inputs, stamps=stamps, stage=stage, checkpoint=str(best), series=len(per_series),
+            code_hash=os.environ.get(CODE_HASH_ENV)))
+        log.info("exported from stage outputs %s: %s written", inputs, dest / EXPORTED_FILE)
     log.info("stage %d on %d %s series: PSNR %.2f dB, SSIM %.3f, SAM %.2f deg", stage, len(per_series), split,
              mean["psnr"], mean["ssim"], mean["sam"])
     return summary
