@@ -290,3 +290,29 @@ def test_a_failure_names_pips_words_the_hint_and_the_sites_hint() -> None:
     assert "Hint: The package index has no wheel of a pinned version" in message
     assert "Hint (lumi): On LUMI install from a login node" in message
     assert len(hook.scripts) == 1
+
+
+def test_the_provisioning_task_installs_the_set_the_jobs_were_rendered_for() -> None:
+    """sync_code renders the jobs for an environment and hands it on; provision_env installs that very
+    set (the one key), and its summary names the image it was built for."""
+    from vcloud_pipeline.dag.tasks import provision
+    from vcloud_pipeline.plan.labels import JobLabel
+    from vcloud_pipeline.plan.request import parse_request
+    from vcloud_pipeline.plan.run_plan import RunPlan, SyncedCode
+
+    profile = complete_profile("lumi")
+    plan = RunPlan.build(parse_request({"profile": "lumi", "config": "full", "run_name": "keyed"}), profile)
+    environment = JobEnvironment.of(profile, runtime_requirements(), IDENTITY)
+    code_hash = "0" * 64
+    jobs = plan.render(code_hash, environment)
+    synced = SyncedCode.recording(code_hash, {label: job.outer for label, job in jobs.items()},
+                                  requirements=list(environment.requirements),
+                                  requirements_hash=environment.requirement_set.hash, environment=environment)
+    synced = SyncedCode.model_validate(synced.model_dump(mode="json"))  # through XCom
+    pylibs = pylibs_set(profile, environment.key)
+    assert pylibs is not None and f":{pylibs.dir}\"" in jobs[JobLabel.STAGE0].inner
+    hook = _Answers(0, f"have torch==2.13.0 2.5.1\nVCLOUD-PROVISION present {pylibs.dir}\n")
+    summary = provision(plan, hook, synced)  # type: ignore[arg-type]
+    assert len(hook.scripts) == 1 and f"if [ -f {pylibs.marker} ]" in hook.scripts[0]
+    assert summary["set"] == environment.key and summary["directory"] == str(pylibs.dir)
+    assert summary["image"] == SIF and summary["image_identity"] == IDENTITY and summary["state"] == "present"
