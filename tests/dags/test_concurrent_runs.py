@@ -236,7 +236,7 @@ def test_two_runs_on_two_profiles_train_at_once_and_the_pool_bounds_their_jobs(
         assert (pool["open_slots"], pool["deferred_slots"], pool["scheduled_slots"]) == (0, SLOTS, 1), pool
         # The local run's name triggered again while that run trains: its stages watch the first run's
         # jobs or skip complete stages; the first run adopts what the second submits first. (An export
-        # is made again by every run that asks for one: this one does not.)
+        # is made again where the stage outputs changed since the last one: this run asks for none.)
         again = _trigger(api, "local", names["local"], export=False)
     finally:
         _thaw(local_cluster, frozen)
