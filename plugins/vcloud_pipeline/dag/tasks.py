@@ -201,9 +201,12 @@ def provision(plan: RunPlan, hook: SlurmVerbs, synced: SyncedCode) -> dict[str, 
     """Install what the profile's container lacks of the runtime requirements the jobs were rendered
     for, once per requirement set (see :mod:`vcloud_pipeline.provision`). Nothing is submitted before
     it succeeds; a package that cannot be installed fails the task for good with the site's hint."""
-    environment = synced.environment or JobEnvironment.of(
-        plan.profile, parse_requirements("\n".join(synced.requirements)) if synced.requirements
-        else runtime_requirements())
+    environment = synced.environment
+    if environment is None:
+        # Synced before sets were keyed by their image: its jobs name the set of the pins alone.
+        pins = parse_requirements("\n".join(synced.requirements)) if synced.requirements else runtime_requirements()
+        environment = JobEnvironment(requirements=tuple(pins.pins))
+        log.info("the jobs were synced without their image: requirement set %s of the pins alone", environment.key)
     if plan.request.dry_run:
         log.info("dry run: requirement set %s (%s) is not provisioned", environment.key,
                  environment.describe_image())

@@ -316,3 +316,20 @@ def test_the_provisioning_task_installs_the_set_the_jobs_were_rendered_for() -> 
     assert len(hook.scripts) == 1 and f"if [ -f {pylibs.marker} ]" in hook.scripts[0]
     assert summary["set"] == environment.key and summary["directory"] == str(pylibs.dir)
     assert summary["image"] == SIF and summary["image_identity"] == IDENTITY and summary["state"] == "present"
+
+
+def test_jobs_synced_before_sets_were_keyed_by_image_get_the_set_their_scripts_name() -> None:
+    """A DAG run whose sync_code ran before this key (no environment in its XCom) rendered its jobs for
+    the directory of the pins' hash: provision_env fills that one."""
+    from vcloud_pipeline.dag.tasks import provision
+    from vcloud_pipeline.plan.request import parse_request
+    from vcloud_pipeline.plan.run_plan import RunPlan, SyncedCode
+
+    profile = complete_profile("lumi")
+    plan = RunPlan.build(parse_request({"profile": "lumi", "config": "full", "run_name": "older"}), profile)
+    pins = parse_requirements(PINS)
+    synced = SyncedCode.recording("0" * 64, {}, requirements=pins.pins, requirements_hash=pins.hash)
+    pylibs = pylibs_set(profile, pins.hash)
+    assert pylibs is not None
+    hook = _Answers(0, f"VCLOUD-PROVISION present {pylibs.dir}\n")
+    assert provision(plan, hook, synced)["directory"] == str(pylibs.dir)  # type: ignore[arg-type]
