@@ -103,9 +103,7 @@ def test_schedule_retrains_once_and_a_backfill_retrains_one_stage(deployment: di
 
     # The per-stage backfill of docs/training-dag.md over that day: the completed run is processed again.
     day = logical.isoformat()
-    airflow("backfill", "create", "--dag-id", DAG_ID, "--from-date", day, "--to-date", day,
-            "--reprocess-behavior", "completed", "--dag-run-conf", json.dumps({"stages": [2], "mode": "restart"}),
-            env=env, timeout=180)
+    _create_backfill(deployment, day)
     backfilled = _wait_for_run(deployment, lambda r: r["run_type"] == "backfill" and r["state"] in TERMINAL,
                                what="the backfill run to finish")
     assert backfilled["dag_run_id"] == run_id and backfilled["conf"] == {"stages": [2], "mode": "restart"}
@@ -143,6 +141,31 @@ def test_schedule_retrains_once_and_a_backfill_retrains_one_stage(deployment: di
         assert sorted(jobs, key=int) == sorted(expected, key=int), (task, jobs, expected)
 
 
+def _backfill_ids(api: RestClient) -> list[int]:
+    return [b["id"] for b in api.get(f"/api/v2/backfills?dag_id={DAG_ID}")["backfills"]]
+
+
+def _create_backfill(deployment: dict[str, Any], day: str, tries: int = 3) -> None:
+    """``airflow backfill create`` of stage 2 over ``day``, as docs/training-dag.md gives it.
+
+    The test deployment's SQLite refuses a write transaction at once ("database is locked"), busy wait
+    or not, when the transaction read first and another connection wrote meanwhile (SQLite's deadlock
+    avoidance); ``backfill create`` reads the day's runs, then clears them. Its transaction is rolled
+    back whole, so where no backfill was created the command is run again, as a person would.
+    PostgreSQL deployments do not refuse it."""
+    api, env = deployment["api"], deployment["env"]
+    argv = ("backfill", "create", "--dag-id", DAG_ID, "--from-date", day, "--to-date", day,
+            "--reprocess-behavior", "completed", "--dag-run-conf", json.dumps({"stages": [2], "mode": "restart"}))
+    before = _backfill_ids(api)
+    for attempt in range(1, tries + 1):
+        try:
+            airflow(*argv, env=env, timeout=180)
+            return
+        except AssertionError as exc:
+            if attempt == tries or "database is locked" not in str(exc) or _backfill_ids(api) != before:
+                raise
+
+
 def _backfill_while_active(deployment: dict[str, Any], run_id: str) -> int:
     """The per-stage backfill of docs/training-dag.md over the day of the scheduled run while that run still trains:
     Airflow leaves a run in flight alone, so the backfill creates no run and no job. Returns its id."""
@@ -150,9 +173,7 @@ def _backfill_while_active(deployment: dict[str, Any], run_id: str) -> int:
     poll_until(lambda: any(state in ("deferred", "running") for task, state in _task_states(api, run_id).items()
                            if task in STAGES), timeout=900, interval=2, what="a stage of the scheduled run to train")
     day = _runs(api)[0]["logical_date"]
-    airflow("backfill", "create", "--dag-id", DAG_ID, "--from-date", day, "--to-date", day,
-            "--reprocess-behavior", "completed", "--dag-run-conf", json.dumps({"stages": [2], "mode": "restart"}),
-            env=env, timeout=180)
+    _create_backfill(deployment, day)
     [backfill] = api.get(f"/api/v2/backfills?dag_id={DAG_ID}")["backfills"]
     done = poll_until(lambda: (b := api.get(f"/api/v2/backfills/{backfill['id']}"))["completed_at"] and b,
                       timeout=300, interval=2, what="Airflow to end the backfill that found its day in flight")

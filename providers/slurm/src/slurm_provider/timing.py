@@ -9,11 +9,10 @@ from slurm_provider.backoff import Backoff, spread
 
 POLL_INTERVAL = 15.0
 """Seconds between the first status polls; the interval grows after every poll with no change.
-Overridden by the ``poll_interval`` of the operator, sensor and triggers (``VCLOUD_POLL_INTERVAL`` in
-the training pipeline)."""
+Overridden by the ``poll_interval`` of the operator, sensor and triggers (a workflow may expose it as
+a deployment setting)."""
 MAX_POLL_INTERVAL = 300.0
-"""The longest interval between two polls. Overridden by ``max_poll_interval`` (as ``poll_interval``;
-``VCLOUD_MAX_POLL_INTERVAL``)."""
+"""The longest interval between two polls. Overridden by ``max_poll_interval`` (as ``poll_interval``)."""
 FIRST_POLL_DELAY = 10.0
 """Seconds before the first poll of a job just submitted (Slurm needs a moment to list it)."""
 SHORT_JOB_WAIT = 0.0
