@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from vcloud_pipeline.budget.site_allocation import SiteAllocation
-from vcloud_pipeline.budget.rates import HourlyRate, JobShape, hourly_rate, partition_rate
+from vcloud_pipeline.budget.rates import HourlyRate, JobShape, figure, hourly_rate, partition_rate
 from vcloud_pipeline.plan.jobspec import JobKind, JobSpec, resolve_resources
 from vcloud_pipeline.profile import BillingSpec, ClusterProfile
 from vcloud_pipeline.schema import slurm_mib
@@ -43,11 +43,6 @@ from vcloud_pipeline.schema import slurm_mib
 
 class BudgetExceeded(RuntimeError):
     """A job's worst case does not fit in what is left of the allocation."""
-
-
-def _num(value: float) -> str:
-    """412.5 -> '412.5', 100000.0 -> '100000': figures as people write them."""
-    return f"{value:.2f}".rstrip("0").rstrip(".")
 
 
 @dataclass(frozen=True)
@@ -145,7 +140,7 @@ class Allocation:
 
     def headroom(self) -> str:
         """``412.5 of 100000 left by the usage`` (never below zero): what a job can ever get."""
-        return f"{_num(max(self.remaining or 0.0, 0.0))} of {_num(self.limit or 0.0)} left by the usage"
+        return f"{figure(max(self.remaining or 0.0, 0.0))} of {figure(self.limit or 0.0)} left by the usage"
 
     def waits_for_holders(self, amount: float) -> bool:
         """True when ``amount`` fits what the usage leaves but not what running and queued jobs leave
@@ -156,19 +151,19 @@ class Allocation:
         """`` [waits: ...]`` when a job of ``amount`` will wait for running jobs, else ``""``."""
         if not self.waits_for_holders(amount):
             return ""
-        return (f" [running and queued jobs hold {_num(self.held)} now ({self.held_from}), so it waits until they "
-                f"have released enough: {_num(max(self.left or 0.0, 0.0))} is free at the moment]")
+        return (f" [running and queued jobs hold {figure(self.held)} now ({self.held_from}), so it waits until they "
+                f"have released enough: {figure(max(self.left or 0.0, 0.0))} is free at the moment]")
 
     def figures(self) -> str:
         """``limit 1000 (Slurm association limit ...), used 2.5 (...), held 0.5 (...)``."""
         if self.limit is None:
-            return f"no allocation tracked ({self.limit_from}); used {_num(self.used)} ({self.used_from})"
-        return (f"limit {_num(self.limit)} ({self.limit_from}), used {_num(self.used)} ({self.used_from}), "
-                f"held {_num(self.held)} ({self.held_from})")
+            return f"no allocation tracked ({self.limit_from}); used {figure(self.used)} ({self.used_from})"
+        return (f"limit {figure(self.limit)} ({self.limit_from}), used {figure(self.used)} ({self.used_from}), "
+                f"held {figure(self.held)} ({self.held_from})")
 
     def describe(self) -> str:
         """One log line: every figure, its source, what is left, and why Slurm's are not used."""
-        left = "" if self.left is None else f"; left {_num(self.left)}"
+        left = "" if self.left is None else f"; left {figure(self.left)}"
         note = f" [{self.note}]" if self.note else ""
         return f"{self.unit}: {self.figures()}{left}{note}"
 
@@ -344,8 +339,8 @@ class LedgerSummary:
 
     def lines(self) -> list[str]:
         """One line per run and stage, for the task log (the allocation is :class:`Allocation`'s)."""
-        out = [f"{run} {label}: {_num(hours)}" for (run, label), hours in sorted(self.by_stage.items())]
-        return out + [f"total: {_num(self.total)} over {self.jobs} job(s)"]
+        out = [f"{run} {label}: {figure(hours)}" for (run, label), hours in sorted(self.by_stage.items())]
+        return out + [f"total: {figure(self.total)} over {self.jobs} job(s)"]
 
 
 def summarize_ledger(profile: ClusterProfile, rows: Iterable[UsageRow]) -> LedgerSummary:

@@ -24,8 +24,8 @@ from vcloud_pipeline.profile import ClusterProfile, PartitionBilling, PartitionS
 from vcloud_pipeline.schema import slurm_mib
 
 
-def _num(value: float) -> str:
-    """412.5 -> '412.5', 4.0 -> '4': figures as people write them."""
+def figure(value: float) -> str:
+    """412.5 -> '412.5', 4.0 -> '4', 100000.0 -> '100000': figures as people write them."""
     return f"{value:.2f}".rstrip("0").rstrip(".")
 
 
@@ -65,14 +65,14 @@ class HourlyRate:
 
     def describe(self, seconds: float) -> str:
         """``1 node x 4 GPU-hours/node-hour x 72 h``; the flat rule as ``8 GCDs x 72 h x 1.0``."""
-        hours = f"{_num(seconds / 3600.0)} h"
+        hours = f"{figure(seconds / 3600.0)} h"
         if self.factor is not None:
             return f"{self.rule} x {hours} x {self.factor}"
         return f"{self.rule} x {hours}"
 
 
 def _mem_words(mib: float) -> str:
-    return f"{_num(mib / 1024)}G"
+    return f"{figure(mib / 1024)}G"
 
 
 def partition_rate(profile: ClusterProfile, partition: PartitionSpec, shape: JobShape) -> HourlyRate:
@@ -83,14 +83,14 @@ def partition_rate(profile: ClusterProfile, partition: PartitionSpec, shape: Job
         assert rule.per_node is not None
         nodes = "node" if shape.nodes == 1 else "nodes"
         return HourlyRate(shape.nodes * rule.per_node,
-                          f"{shape.nodes} {nodes} x {_num(rule.per_node)} {profile.billing.unit}/node-hour")
+                          f"{shape.nodes} {nodes} x {figure(rule.per_node)} {profile.billing.unit}/node-hour")
     if rule.kind == "resources":
         assert rule.rate is not None and rule.cores_per_slice is not None and rule.mem_per_slice is not None
         slice_mib = slurm_mib(rule.mem_per_slice) or 1.0
         by_cores = math.ceil(shape.cores / rule.cores_per_slice)
         by_mem = math.ceil(shape.mem_mib / slice_mib)
         by_gpus = math.ceil(shape.gpus * rule.slices_per_gpu)
-        words = (f"{_num(rule.rate)} x max(ceil({shape.cores} cores / {rule.cores_per_slice}), "
+        words = (f"{figure(rule.rate)} x max(ceil({shape.cores} cores / {rule.cores_per_slice}), "
                  f"ceil({_mem_words(shape.mem_mib)} / {rule.mem_per_slice}), {shape.gpus} {unit}s)")
         return HourlyRate(rule.rate * max(by_cores, by_mem, by_gpus), words)
     billed = shape.nodes * profile.accelerator.per_node if partition.full_node else shape.gpus
