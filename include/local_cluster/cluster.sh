@@ -604,7 +604,10 @@ cmd_purge() {
   local path user
   log "removing what the cluster created: $STATE, $RUNTIME_VENV, the project and site file systems, users $CLUSTER_USER and $TEAMMATE"
   rm -rf "$STATE" "$RUNTIME_VENV" "$SCRATCH" /srv/vcloud /cosmos
-  rmdir --ignore-fail-on-non-empty "$(dirname "$RUNTIME_VENV")"
+  # Purging what an earlier purge (or an interrupted first bring-up) already removed is no error.
+  local runtime_dir
+  runtime_dir=$(dirname "$RUNTIME_VENV")
+  if [[ -d $runtime_dir ]]; then rmdir --ignore-fail-on-non-empty "$runtime_dir"; fi
   for path in "${SITE_ROOTS[@]}"; do rm -rf "$path"; done
   for path in "${SITE_HOST_LIBS[@]}"; do  # the empty stand-ins only, never a real library
     [[ -f $path && ! -s $path ]] && rm -f "$path"
@@ -642,6 +645,6 @@ case "${1:-}" in
   down) cmd_down ;;
   status) cmd_status ;;
   install) cmd_install ;;
-  purge) cmd_purge ;;
+  purge) step cmd_purge ;;
   *) echo "usage: $0 up|down|status|install|purge" >&2; exit 2 ;;
 esac
