@@ -98,7 +98,7 @@ def marker_for(stamps: dict) -> str:
     (marker_for(TRAINED), {k: v for k, v in TRAINED.items() if k.startswith("stage0")}, True,
      "changed since the last export"),
     ("{half a", TRAINED, True, "EXPORTED unreadable"),
-])
+], ids=["not-exported", "same-outputs", "best-rewritten", "stage-added", "stage-moved-aside", "unreadable"])
 def test_the_export_is_submitted_unless_its_marker_names_the_stage_outputs_there_are_now(
         marker: str | None, stamps: dict, submit: bool, reason: str) -> None:
     decision = decide_export(plan(), ExportFiles(marker=marker, stamps=stamps), PATHS)
