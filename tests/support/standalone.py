@@ -155,12 +155,14 @@ def standalone(env: dict[str, str], home: Path, *, timeout: float = 300) -> Iter
     """``airflow standalone`` until the block ends; yields its base URL once the API answers.
 
     Stopped with SIGINT (SIGTERM would orphan its children); its output goes to
-    ``home/standalone.log``.
+    ``home/standalone.log``. It runs in a session of its own, and whatever of that session outlives
+    the stop (a scheduler or API server whose ``standalone`` was killed after the grace period, with
+    its executor's workers) is ended with it: a finished test leaves no deployment polling its database.
     """
     base = env["AIRFLOW__API__BASE_URL"]
     with open(home / "standalone.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "airflow", "standalone"], env=env,
-                                stdout=log, stderr=subprocess.STDOUT)
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             wait_for_api(base, timeout=timeout, where=lambda: f"see {log.name}",
                          gone=lambda: None if proc.poll() is None else f"airflow standalone exited early; see {log.name}")
@@ -173,6 +175,24 @@ def standalone(env: dict[str, str], home: Path, *, timeout: float = 300) -> Iter
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(timeout=30)
+            _end_session(proc.pid)
+
+
+def _end_session(session: int, grace: float = 10) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds, to what is left of the process group ``session``
+    (the group of a process started with ``start_new_session``)."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0)):
+        try:
+            os.killpg(session, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(session, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.5)
 
 
 def log_tail(home: Path, chars: int = 4000) -> str:
