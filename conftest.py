@@ -64,6 +64,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                                  item.get_closest_marker("slow") is None))
 
 
+def _process_specific_texts() -> tuple[str, ...]:
+    """Texts that differ between two test processes or two moments: today's date (in the forms a
+    timestamp takes), the temporary directory and the Airflow home made for this process."""
+    import datetime
+
+    today = datetime.datetime.now(datetime.timezone.utc)
+    local = datetime.datetime.now()
+    return (today.strftime("%Y-%m-%d"), local.strftime("%Y-%m-%d"), str(_AIRFLOW_HOME))
+
+
+def pytest_make_parametrize_id(config: pytest.Config, val: object, argname: str) -> str | None:
+    """Refuse a text value holding a time or a per-process path as its own test id.
+
+    Every pytest-xdist worker collects on its own and must produce the same ids; a value written
+    at collection (a marker with its time, a path under this process's temporary directory) gives
+    ids that differ between workers once a second passes, and the whole run stops at collection."""
+    if isinstance(val, str):
+        for text in _process_specific_texts():
+            if text in val:
+                raise ValueError(f"parametrize {argname!r}: its value holds {text!r}, which differs "
+                                 "between test processes; give the parametrize explicit ids=[...]")
+    return None
+
+
 @pytest.fixture(autouse=True)
 def _cluster_access(request: pytest.FixtureRequest):
     """Cluster tests share the node; a test that downs or preempts the whole node waits until it is alone.

@@ -48,7 +48,7 @@ def _marker(stamps: dict[str, tuple[int, int]]) -> str:
     (None, True),
     (_marker(STAMPS), False),
     (_marker({**STAMPS, f"{OUTPUTS}/stage0/best.pt": (4096, 1767229200)}), True),
-])
+], ids=["never-exported", "exported-unchanged", "checkpoint-changed"])
 def test_the_export_task_reads_the_marker_and_the_stamps_in_two_commands_and_decides(
         marker: str | None, submit: bool) -> None:
     operator = PipelineJobOperator(task_id="export", job=JobLabel.EXPORT)
