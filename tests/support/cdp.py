@@ -10,9 +10,7 @@ import base64
 import contextlib
 import itertools
 import json
-import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -20,6 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from support import processes
 from support.ports import free_port
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -126,12 +125,6 @@ class Browser:
         try:
             self._stack.close()
         finally:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                try:
-                    self.proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                    self.proc.wait(timeout=10)
+            processes.stop(self.proc, whole_group=True, grace=10)
             self.log.close()
             shutil.rmtree(self.profile_dir, ignore_errors=True)

@@ -38,9 +38,10 @@ from typing import Any
 
 import yaml
 
+from support import processes
 from support.localcluster import LocalCluster, otp_host_block, poll_until
 from support.ports import free_port
-from support.private_login import PrivateLogin, descendants
+from support.private_login import PrivateLogin
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yaml"
@@ -165,21 +166,6 @@ def component_env(compose: Mapping[str, Any], component: str, variables: Mapping
 # --------------------------------------------------------------------------- processes
 
 
-def _kill_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and every process below it (by pid, children found in /proc)."""
-    for proc in [pid, *descendants(pid)]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc, signal.SIGKILL)
-
-
-def _start(argv: list[str], env: Mapping[str, str], log: Path, **kwargs: Any) -> subprocess.Popen[bytes]:
-    with open(log, "ab") as out:
-        out.write(f"\n===== {time.strftime('%H:%M:%S')} {' '.join(argv[:8])}\n".encode())
-        out.flush()
-        return subprocess.Popen(argv, env=dict(env), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, **kwargs)
-
-
 def log_tail(path: Path, chars: int = 3000) -> str:
     text = path.read_text(errors="replace")[-chars:] if path.exists() else "(none)"
     return f"--- {path} ---\n{text}"
@@ -206,7 +192,7 @@ class Postgres:
         # The hosts on the bridge (and this machine, which is on it too) log in with the password.
         (self.data / "pg_hba.conf").write_text("local all all scram-sha-256\n"
                                                f"host all airflow {BRIDGE_ADDR.rsplit('.', 1)[0]}.0/24 scram-sha-256\n")
-        self.proc = _start([str(PG_BIN / "postgres"), "-D", str(self.data), "-p", str(self.port),
+        self.proc = processes.start_logged([str(PG_BIN / "postgres"), "-D", str(self.data), "-p", str(self.port),
                             "-c", f"listen_addresses={BRIDGE_ADDR}", "-c", f"unix_socket_directories={self.directory}",
                             "-c", "fsync=off", "-c", "max_connections=200"], {"PATH": "/usr/bin:/bin"},
                            self.directory / "postgres.log", user="postgres", group="postgres", cwd=self.directory)
@@ -237,13 +223,8 @@ class Postgres:
                 return cur.fetchall()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)  # fast shutdown
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                _kill_tree(self.proc.pid)
-                self.proc.wait(timeout=30)
+        if self.proc is not None:
+            processes.stop(self.proc, signal.SIGINT)  # fast shutdown
 
 
 class Redis:
@@ -259,7 +240,7 @@ class Redis:
         config.write_text(f"port {self.port}\nbind {BRIDGE_ADDR}\nrequirepass {self.password}\nsave \"\"\n"
                           f"appendonly no\ndir {self.directory}\ndaemonize no\nprotected-mode yes\n")
         config.chmod(0o600)
-        self.proc = _start(["/usr/bin/redis-server", str(config)], {"PATH": "/usr/bin:/bin"},
+        self.proc = processes.start_logged(["/usr/bin/redis-server", str(config)], {"PATH": "/usr/bin:/bin"},
                            self.directory / "redis.log")
         poll_until(self._pong, timeout=60, interval=0.5, what=f"redis-server on port {self.port}")
 
@@ -270,13 +251,8 @@ class Redis:
         return "PONG" in out.stdout
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                _kill_tree(self.proc.pid)
-                self.proc.wait(timeout=30)
+        if self.proc is not None:
+            processes.stop(self.proc, grace=30)
 
 
 @dataclass
@@ -315,7 +291,7 @@ class Host:
                    "--propagation", "private", "--", "sh", "-c",
                    'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"', "host",
                    self.name, str(self.directory / "hosts"), *argv]
-        proc = _start(wrapped, {**env, "HOME": str(self.home)}, self.directory / f"{log_name}.log")
+        proc = processes.start_logged(wrapped, {**env, "HOME": str(self.home)}, self.directory / f"{log_name}.log")
         self.procs.append(proc)
         return proc
 
@@ -328,7 +304,7 @@ class Host:
     def kill(self) -> None:
         """The machine dies: every process started on it, and all they started, get SIGKILL."""
         for proc in self.procs:
-            _kill_tree(proc.pid)
+            processes.kill_tree(proc.pid)
         for proc in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=30)
@@ -476,7 +452,7 @@ class CeleryDeployment:
         for component in ("api-server", "scheduler", "dag-processor"):
             home = self.directory / component
             argv = compose_command(self.compose, component, self.variables)
-            self.procs[component] = _start([sys.executable, "-m", "airflow", *argv], self.env(component, home),
+            self.procs[component] = processes.start_logged([sys.executable, "-m", "airflow", *argv], self.env(component, home),
                                            home / f"{component}.log")
         for name, (component, queues) in hosts.items():
             host = self.hosts[name]
@@ -542,7 +518,7 @@ class CeleryDeployment:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 pass
-            _kill_tree(proc.pid)
+            processes.kill_tree(proc.pid)
         self.redis.stop()
         self.postgres.stop()
 

@@ -14,10 +14,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from support import processes
 
 if TYPE_CHECKING:
     from support.standalone import RestClient
@@ -37,33 +38,18 @@ class Deployment:
     def start(self, name: str, command: str | None = None) -> subprocess.Popen[bytes]:
         """Start ``airflow <command>`` (default: ``name``) as the component called ``name``."""
         assert name not in self.procs or self.procs[name].poll() is not None, f"{name} is running"
-        with open(self.home / f"{name}.log", "ab") as log:
-            log.write(f"\n===== starting {name} at {time.strftime('%H:%M:%S')} =====\n".encode())
-            log.flush()
-            argv = [sys.executable, "-m", "airflow", command or name]
-            self.procs[name] = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                                start_new_session=True)
+        self.procs[name] = processes.start_logged([sys.executable, "-m", "airflow", command or name], self.env,
+                                        self.home / f"{name}.log")
         return self.procs[name]
 
     def send(self, name: str, sig: int) -> None:
         """Send ``sig`` to the component's whole process group (e.g. SIGSTOP/SIGCONT to freeze it)."""
         os.killpg(self.procs[name].pid, sig)
 
-    def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 120) -> int:
-        """Send ``sig`` to the component's process group (the component and the children it forked)."""
-        proc = self.procs[name]
-        if proc.poll() is None:
-            if sig == signal.SIGKILL:
-                os.killpg(proc.pid, sig)  # a crash takes the whole component with it
-            else:
-                proc.send_signal(sig)  # a graceful stop: the component stops its children itself
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
-        _kill_leftovers(proc.pid)
-        return proc.returncode
+    def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 120) -> int | None:
+        """Send ``sig`` to the component (SIGKILL: to its whole process group, as a crash takes its
+        children with it); after ``timeout`` seconds, or once it ended, whatever of its group is left ends too."""
+        return processes.stop(self.procs[name], sig, grace=timeout, whole_group=sig == signal.SIGKILL)
 
     def wait_until_up(self, timeout: float = 300) -> None:
         from support.standalone import wait_for_api
@@ -95,14 +81,6 @@ class Deployment:
                 with contextlib.suppress(ProcessLookupError):
                     self.send(name, signal.SIGCONT)  # a frozen component could not stop
             self.stop(name, signal.SIGTERM, timeout=60)
-
-
-def _kill_leftovers(pgid: int) -> None:
-    """Children of a stopped component that outlived it (same process group) are stopped too."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 @contextlib.contextmanager

@@ -19,28 +19,9 @@ from pathlib import Path
 
 from support.localcluster import REPO, LocalCluster, poll_until
 from support.ports import free_port
+from support.processes import descendants
 
 TEMPLATE = REPO / "include" / "local_cluster" / "templates" / "sshd_config"
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children first), found by their parent pid in /proc."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # ended while we looked
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        parents.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def _alive(pid: int) -> bool:

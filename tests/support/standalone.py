@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from support import processes
+
 REPO = Path(__file__).resolve().parents[2]
 USER, PASSWORD = "admin", "vcloud-admin-pw"
 
@@ -168,31 +170,7 @@ def standalone(env: dict[str, str], home: Path, *, timeout: float = 300) -> Iter
                          gone=lambda: None if proc.poll() is None else f"airflow standalone exited early; see {log.name}")
             yield base
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-                try:
-                    proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=30)
-            _end_session(proc.pid)
-
-
-def _end_session(session: int, grace: float = 10) -> None:
-    """SIGTERM, then SIGKILL after ``grace`` seconds, to what is left of the process group ``session``
-    (the group of a process started with ``start_new_session``)."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0)):
-        try:
-            os.killpg(session, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(session, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.5)
+            processes.stop(proc, signal.SIGINT)
 
 
 def log_tail(home: Path, chars: int = 4000) -> str:
