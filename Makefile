@@ -16,13 +16,14 @@ CLUSTER := include/local_cluster/cluster.sh
 CLUSTER_DIR ?= /var/lib/vcloud-localcluster
 PYTEST_ARGS ?=
 # Slurm tests mostly wait on the cluster, so more workers than cores pays off.
-# --dist loadgroup: a module that shares one Airflow deployment (xdist_group) runs on one worker.
+# --dist loadgroup: a module that shares one Airflow deployment (xdist_group) runs on one worker;
+# --no-loadscope-reorder: work is handed out in the order conftest.py sorts it (not by group size).
 # --durations: the slowest tests are named at the end of every run.
 TEST_WORKERS ?= 4
 # make demo PROFILE=lumi|levante|cosmos: that site's own job scripts on the local cluster.
 PROFILE ?= local
 
-.PHONY: help venv system-packages cluster-up cluster-down cluster-status image typecheck test test-fast demo lock clean
+.PHONY: help venv system-packages packages bringup cluster-up cluster-down cluster-status image typecheck test test-fast demo lock clean
 
 help:
 	@echo "make demo          run the training DAG end to end on the local Slurm cluster (tiny config)"
@@ -31,6 +32,7 @@ help:
 	@echo "make cluster-down  stop the daemons cluster-up started"
 	@echo "make image         build the local cluster's trainer image (Charliecloud) if missing or stale"
 	@echo "make venv          create .venv from requirements-lock.txt, with the Slurm provider (editable)"
+	@echo "make bringup       venv, cluster-up and image at once (make demo and make test start with it)"
 
 system-packages:
 	@if ! $(PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1; then \
@@ -57,7 +59,7 @@ venv: system-packages
 	  | grep -v '^WARNING: Location' ; \
 	$(VENV_PY) -c 'import slurm_provider.get_provider_info' && echo "$$want" > $(PROVIDER_STAMP)
 
-cluster-up: venv
+cluster-up:
 	@bash $(CLUSTER) up
 
 cluster-down:
@@ -76,15 +78,27 @@ image:
 typecheck: venv
 	$(VENV_PY) -m mypy
 
-test: venv typecheck cluster-up image
+# Every Debian package the bring-up needs, installed one step after another (apt and dpkg each
+# hold one lock), so that the steps below can then run at once.
+packages: system-packages
+	@bash $(CLUSTER) packages
+	@bash include/local_cluster/build_image.sh packages
+
+# The project's venv, the local cluster and the jobs' image do not depend on each other: built at
+# once (on a machine that never ran them, mostly downloads and unpacking), the first bring-up takes
+# about as long as its longest step instead of the sum of all three.
+bringup: packages
+	@$(MAKE) --no-print-directory -j3 venv cluster-up image
+
+test: bringup typecheck
 	@bash include/test_deps.sh
-	$(VENV_PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
+	$(VENV_PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 
 # Unit tests only (no cluster): quick feedback while editing pure logic.
 test-fast: venv
 	$(VENV_PY) -m pytest -m "not cluster" $(PYTEST_ARGS)
 
-demo: venv cluster-up image
+demo: bringup
 	@PROFILE=$(PROFILE) bash include/demo.sh
 
 # Re-resolve the pinned set from requirements.txt (torch stays the on-disk CPU 2.13.0 wheel).

@@ -1,4 +1,4 @@
-"""`make test` runs the suite with `pytest -n 4 --dist loadgroup`: the tests of one `xdist_group`
+"""`make test` runs the suite with `pytest -n 4 --dist loadgroup --no-loadscope-reorder`: the tests of one `xdist_group`
 (a module sharing one Airflow deployment, a module-scoped venv) must run on one worker, or each
 worker builds that deployment again and tests meant to run one after another run at once.
 
@@ -34,7 +34,7 @@ def test_the_tests_of_one_xdist_group_run_on_one_worker(tmp_path: Path) -> None:
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     (tmp_path / "test_probe.py").write_text(f"from pathlib import Path\nOUT = Path({str(out)!r})\n{PROBE}")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "3",
-                           "--dist", "loadgroup", "--rootdir", str(tmp_path), "-c", str(tmp_path / "pytest.ini"),
+                           "--dist", "loadgroup", "--no-loadscope-reorder", "--rootdir", str(tmp_path), "-c", str(tmp_path / "pytest.ini"),
                            str(tmp_path / "test_probe.py")],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -183,8 +183,9 @@ main() {
   want=$(build_hash)
   case "${1:-}" in
     check) up_to_date "$want"; return ;;
+    packages) [[ $(id -u) -eq 0 ]] || die "run as root (it installs packages)"; install_host_packages; return ;;
     --force|"") ;;
-    *) echo "usage: $0 [--force|check]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--force|check|packages]" >&2; exit 2 ;;
   esac
   [[ $(id -u) -eq 0 ]] || die "run as root (it installs packages and writes $IMAGE)"
   install -d -m 755 "$(dirname "$IMAGE")"

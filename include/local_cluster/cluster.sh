@@ -12,6 +12,7 @@
 #   cluster.sh down     stop what `up` started, by PID file, newest first
 #   cluster.sh status   one line per daemon
 #   cluster.sh install  only install the Debian packages and the jobs' runtime environment (image builds)
+#   cluster.sh packages only install the Debian packages (make bringup, before its steps run at once)
 #   cluster.sh purge    stop the cluster and remove everything `up` and `make image` created (state
 #                       directory with the accounting database and the images, the project and site
 #                       file systems, the runtime environment, the cluster users, Slurm's configs):
@@ -199,12 +200,7 @@ prepare_site_roots() {
   # image does (images/sites/lumi-image, made by site_images.sh; the trainer image until it exists)
   # and breaks with --rocm, as the CSC image does (the stand-in reads the .rocm-breaks file next to it).
   install -d -m 755 "$images"
-  if [[ -f $STATE/images/vcloud-trainer.sha256 ]]; then
-    bash "$HERE/site_images.sh"
-  else  # until `make image` has built it (and site_images.sh the sites' images from it)
-    ln -sfn ../vcloud-trainer "$images/lumi.sif"
-    ln -sfn ../vcloud-trainer "$images/cosmos.sif"
-  fi
+  VCLOUD_IMAGE="$STATE/images/vcloud-trainer" bash "$HERE/site_images.sh" --or-placeholders
   printf '%s\n' "FATAL: the LUMI CSC image breaks with --rocm: it binds the host's libdrm.so, built against GLIBC 2.33, into a container with GLIBC 2.31 (/lib64/libc.so.6: version \`GLIBC_2.33' not found); use SINGULARITY_CONTAINLIBS and -B /opt/cray instead" \
     >"$images/lumi.sif.rocm-breaks"
 }
@@ -645,6 +641,7 @@ case "${1:-}" in
   down) cmd_down ;;
   status) cmd_status ;;
   install) cmd_install ;;
+  packages) [[ $(id -u) -eq 0 ]] || die "run as root (it installs packages)"; step install_packages ;;
   purge) step cmd_purge ;;
-  *) echo "usage: $0 up|down|status|install|purge" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|install|packages|purge" >&2; exit 2 ;;
 esac

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The real sites' images on the local cluster (images/sites/, named by include/local_cluster/site_facts.yaml),
-# made from the trainer image of build_image.sh (`make image` runs this after it; `cluster.sh up` too):
+# made from the trainer image of build_image.sh (`make image` runs this after it; `cluster.sh up` too,
+# which gets links to the trainer image itself until it is built):
 #
 #   lumi.sif    -> lumi-image: the trainer image without tifffile, as CSC's PyTorch image lacks it
 #                  (the pipeline's provisioning step installs it into the project's pylibs); a copy of
@@ -49,12 +50,20 @@ image_without() {  # image_without NAME PACKAGE...: $SITES/NAME-image is the tra
   log "$site: the trainer image without $*"
 }
 
-main() {
+main() {  # main [--or-placeholders]
   [[ $(id -u) -eq 0 ]] || die "run as root (it writes $SITES)"
-  [[ -d $IMAGE && -f $IMAGE.sha256 ]] || die "no trainer image at $IMAGE: build it first (make image)"
   install -d -m 755 "$SITES"
+  # One writer of the links at a time: `cluster.sh up` and `make image` may run at once.
   exec 9>"$SITES/.lock"
   flock 9
+  if [[ ! -d $IMAGE || ! -f $IMAGE.sha256 ]]; then
+    # --or-placeholders (cluster.sh up): until `make image` has built the trainer image, both sites
+    # name it; made here, under the lock, so a build that finishes meanwhile is never overwritten.
+    [[ ${1:-} == --or-placeholders ]] || die "no trainer image at $IMAGE: build it first (make image)"
+    relink ../vcloud-trainer "$SITES/lumi.sif"
+    relink ../vcloud-trainer "$SITES/cosmos.sif"
+    return 0
+  fi
   image_without lumi "${LUMI_LACKS[@]}"
   relink lumi-image "$SITES/lumi.sif"
   relink ../vcloud-trainer "$SITES/cosmos.sif"
