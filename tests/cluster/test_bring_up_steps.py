@@ -55,3 +55,23 @@ def test_a_condition_that_is_false_is_no_failure(tmp_path: Path) -> None:
     result = _run("probe() { if grep -q x /dev/null; then echo yes; fi; [[ -e /nonexistent ]] || true; }\n"
                   "step probe\necho done\n", tmp_path)
     assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+SITE_IMAGES = STEPS.parent / "site_images.sh"
+
+
+def test_the_sites_images_name_the_trainer_image_until_it_is_built_and_nothing_else_makes_them(
+        tmp_path: Path) -> None:
+    """`cluster.sh up` and `make image` run at once in `make bringup`: the cluster's step links the
+    sites' images to the trainer image while that is not built yet (under the links' lock), and
+    `make image`'s own run refuses to make them from an image that is not there."""
+    image = tmp_path / "images" / "vcloud-trainer"
+    env = {"PATH": "/usr/bin:/bin", "VCLOUD_IMAGE": str(image)}
+    refused = subprocess.run(["bash", str(SITE_IMAGES)], env=env, capture_output=True, text=True, timeout=30)
+    assert refused.returncode != 0 and "build it first (make image)" in refused.stderr, refused.stderr
+    placeholders = subprocess.run(["bash", str(SITE_IMAGES), "--or-placeholders"], env=env,
+                                  capture_output=True, text=True, timeout=30)
+    assert placeholders.returncode == 0, placeholders.stderr
+    sites = image.parent / "sites"
+    assert {p.name: p.readlink() for p in sites.iterdir() if p.is_symlink()} == {
+        "lumi.sif": Path("../vcloud-trainer"), "cosmos.sif": Path("../vcloud-trainer")}
