@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 def _run(dag: Any, conf: dict[str, Any], log_path: str) -> dict[str, Any]:
     """One DAG run with file descriptors 1 and 2 on ``log_path``, restored afterwards."""
-    from airflow.utils import timezone
+    from airflow.sdk import timezone
 
     sys.stdout.flush()
     sys.stderr.flush()
