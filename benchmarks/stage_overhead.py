@@ -1,7 +1,7 @@
 """Time to first job and per-stage overhead of the training DAG in a running deployment.
 
 Starts a deployment on a fresh Airflow home (``airflow api-server``, ``scheduler`` with the
-LocalExecutor, ``dag-processor``, ``triggerer``: ``tests/support/components.py``), the local profile moved to
+LocalExecutor, ``dag-processor``, ``triggerer``: ``tests/support/deployment.py``), the local profile moved to
 a fresh project directory, and triggers ``vcloud_training`` through the REST API (what the UI's
 trigger form does) with the tiny config, one run after the other, each under a run name of its own
 (so no stage is skipped; the synthetic dataset is prepared by the first run only). For each run it
@@ -297,7 +297,7 @@ def compare(shipped: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[str
 def measure(cluster: Any, env: Mapping[str, str], home: Path, args: argparse.Namespace, label: str,
             ) -> list[dict[str, Any]]:
     """``args.runs`` runs of the DAG, one after the other, in a deployment of its own on ``home``."""
-    from support.components import deployment_with_dag
+    from support.deployment import deployment_with_dag
 
     runs = []
     home.mkdir(parents=True, exist_ok=True)
@@ -336,7 +336,7 @@ def main() -> None:
 
     from support.localcluster import bring_up
     from support.ports import free_port
-    from support.standalone import airflow_env
+    from support.deployment import airflow_env
 
     cluster = bring_up()
     os.environ.update(cluster.connection_env())

@@ -45,7 +45,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "providers" / "slurm"
 from support.localcluster import LocalCluster, poll_until  # noqa: E402
 from support.ports import free_port  # noqa: E402
 from support.private_login import PrivateLogin, descendants  # noqa: E402
-from support.standalone import airflow_env  # noqa: E402
+from support.deployment import airflow_env  # noqa: E402
 
 DAG_ID = "triggerer_cost"
 DAG_FILE = f'''\

@@ -32,7 +32,7 @@ import pytest
 from support.localcluster import LocalCluster, poll_until
 from support.ports import free_port
 from support.private_login import PrivateLogin
-from support.standalone import RECORDS_SCRIPT, airflow, airflow_env, run_cli
+from support.deployment import RECORDS_SCRIPT, airflow, airflow_env, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.usefixtures("cluster_connection")]
 RUN = "outage"
@@ -78,7 +78,7 @@ with create_session() as s:
 
 
 def _records_and_try_numbers(env: dict[str, str]) -> tuple[list[dict], dict[str, int]]:
-    """``standalone.dag_run_records`` of the training DAG (every run: state, task states, XComs) and each
+    """``deployment.dag_run_records`` of the training DAG (every run: state, task states, XComs) and each
     task's try number in the deployment's database (the run has one DAG run), read by one process."""
     out = run_cli([sys.executable, "-c", RECORDS_SCRIPT + TRY_NUMBERS, "vcloud_training"], env, 120).stdout
     records, tries = out.strip().splitlines()[-2:]

@@ -22,7 +22,8 @@ import pytest
 
 from support.localcluster import LocalCluster, poll_until
 from support.ports import free_port
-from support.standalone import RestClient, airflow, airflow_env, dag_run_records, log_tail, migrate
+from support.deployment import RestClient, airflow, airflow_env, dag_run_records, migrate
+from support.standalone import log_tail
 from support.standalone import standalone as airflow_standalone
 
 DAG_ID = "vcloud_training"

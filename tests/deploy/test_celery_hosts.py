@@ -171,7 +171,7 @@ class Watch:
 def test_a_run_survives_its_worker_and_triggerer_hosts_dying_and_runs_only_where_the_socket_is(
         deployment: CeleryDeployment, local_cluster: LocalCluster) -> None:
     from benchmarks.stage_overhead import run_jobs
-    from support.standalone import RestClient
+    from support.deployment import RestClient
 
     api = RestClient(deployment.base_url)
     run_id = _trigger_tiny_run(api, "celery")
@@ -298,7 +298,7 @@ def _trigger_logged(host_dir: Path, task: str, attempt: int) -> bool:
 def test_a_run_fails_over_to_the_surviving_worker_and_triggerer_when_their_hosts_die_for_good(
         failover_deployment: CeleryDeployment, local_cluster: LocalCluster) -> None:
     from benchmarks.stage_overhead import run_jobs
-    from support.standalone import RestClient
+    from support.deployment import RestClient
 
     deployment = failover_deployment
     api = RestClient(deployment.base_url)

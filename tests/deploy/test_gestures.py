@@ -28,12 +28,11 @@ from typing import Any
 
 import pytest
 
-from support.components import deployment_with_dag
+from support.deployment import RestClient, airflow_env, deployment_with_dag
 from support.localcluster import LocalCluster, poll_until
 from support.ports import free_port
 from slurm_provider.operators import job_name_for
 from slurm_provider.watch_state import WATCH_XCOM_KEY
-from support.standalone import RestClient, airflow_env
 
 DAG_ID, TASK_ID = "slurm_gestures", "job"
 POLL_INTERVAL_S = 30.0  # the fixture task's poll interval

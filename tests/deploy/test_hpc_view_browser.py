@@ -26,8 +26,8 @@ from vcloud_pipeline.profile import load_profile
 from support.cdp import CHROMIUM, Browser
 from support.localcluster import LocalCluster, poll_until
 from support.ports import free_port
-from support.standalone import (PASSWORD, USER, RestClient, airflow, airflow_env, dag_run_records, log_tail,
-                                migrate)
+from support.deployment import PASSWORD, USER, RestClient, airflow, airflow_env, dag_run_records, migrate
+from support.standalone import log_tail
 from support.standalone import standalone as airflow_standalone
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,11 +17,10 @@ from typing import Any
 
 import pytest
 
-from support.components import deployment_with_dag
+from support.deployment import RestClient, airflow_env, deployment_with_dag
 from deploy.test_hpc_view_outage import cluster_contacts, get_json
 from support.localcluster import LocalCluster, poll_until
 from support.ports import free_port
-from support.standalone import RestClient, airflow_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 DAG_ID, STAGE = "vcloud_training", "stage0"

@@ -32,12 +32,11 @@ from typing import Any
 
 import pytest
 
-from support.components import deployment_with_dag
+from support.deployment import RestClient, airflow_env, deployment_with_dag
 from support.localcluster import LocalCluster, poll_until
 from support.ports import free_port
 from support.private_login import PrivateLogin
 from support.processes import descendants
-from support.standalone import RestClient, airflow_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 DAG_ID, TASK_ID = "slurm_lifecycle", "job"

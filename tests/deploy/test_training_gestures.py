@@ -26,10 +26,9 @@ from typing import Any
 
 import pytest
 
-from support.components import deployment_with_dag
+from support.deployment import RestClient, airflow_env, deployment_with_dag
 from support.localcluster import LocalCluster, poll_until
 from support.ports import free_port
-from support.standalone import RestClient, airflow_env
 
 DAG_ID = "vcloud_training"
 STAGE = "stage0"

@@ -444,7 +444,7 @@ class CeleryDeployment:
             host.create()
         self.postgres.start()
         self.redis.start()
-        from support.standalone import run_cli
+        from support.deployment import run_cli
 
         init_env = self.env("scheduler", self.directory / "init")
         run_cli([sys.executable, "-m", "airflow", "db", "migrate"], init_env, 600)
@@ -464,7 +464,7 @@ class CeleryDeployment:
     def wait_healthy(self, timeout: float) -> None:
         """The API server's health (metadatabase, scheduler, triggerer, DAG processor), each triggerer
         host's job alive, and each worker answering Celery's ping (the compose file's healthcheck)."""
-        from support.standalone import RestClient
+        from support.deployment import RestClient
 
         def healthy() -> bool:
             dead = [n for n, p in self.procs.items() if p.poll() is not None]

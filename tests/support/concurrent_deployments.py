@@ -18,7 +18,7 @@ from typing import IO, Any
 
 from support.localcluster import LocalCluster
 from support.ports import free_port
-from support.standalone import airflow, airflow_env
+from support.deployment import airflow, airflow_env
 
 RUN_TIMEOUT = 1500.0
 """Seconds one DAG run of a tiny config may take on a busy host before the race counts as hung."""

@@ -1,155 +1,21 @@
-"""A real Airflow deployment for tests: ``airflow standalone`` on its own home, port and SQLite file.
+"""``airflow standalone`` as a test deployment, on a home configured by :func:`deployment.airflow_env`.
 
 ``airflow standalone`` starts the API server, the scheduler (LocalExecutor), the DAG processor and
-the triggerer, the components a deployment runs, configured the way ``include/demo.sh`` configures
-``airflow dags test``: this checkout's ``dags/``, ``plugins/`` and Slurm provider source (first on
-``PYTHONPATH``, so it wins over any installed copy), the local cluster's connections
-from the environment, and one known user of the simple auth manager. Like docker-compose.yaml's
-deployment it has the cluster policy and, once :func:`migrate` ran, the cluster pools.
+the triggerer, the components a deployment runs, in one process tree whose output is
+``home/standalone.log``.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from support import processes
-
-REPO = Path(__file__).resolve().parents[2]
-USER, PASSWORD = "admin", "vcloud-admin-pw"
-
-
-def airflow_env(home: Path, port: int, project_dir: str, *, schedule: str = "none",
-                first_poll_delay: float = 1, short_job_wait: float | None = None) -> dict[str, str]:
-    """Environment of every Airflow command of one test deployment.
-
-    ``project_dir`` replaces the local profile's ``paths.base``, so the run's data, code and outputs
-    collide with no other test. ``schedule`` is the DAG's retraining schedule
-    (``VCLOUD_TRAINING_SCHEDULE``); DAGs start paused. Keep ``first_poll_delay`` >= 10 s wherever a
-    real triggerer runs the triggers (Airflow 3.3's scheduler loses an event that arrives within
-    ~5 s of the deferral); 1 s is fine for ``airflow dags test``, which runs them inline.
-    ``short_job_wait``: how long a job task watches its job itself before deferring
-    (``VCLOUD_SHORT_JOB_WAIT``; None: as shipped); 0 has every job task defer at once, for a test
-    whose gesture needs the tiny config's seconds-long stages watched by a trigger.
-    """
-    env = dict(os.environ)
-    # include/airflow: the deployment's cluster policy (airflow_local_settings), as docker-compose.yaml
-    # installs it: each run's job tasks wait in the pool of its cluster connection.
-    pythonpath = os.pathsep.join([str(REPO / "providers" / "slurm" / "src"), str(REPO / "plugins"),
-                                  str(REPO / "trainer" / "src"), str(REPO), str(REPO / "include" / "airflow")])
-    env.update({
-        "PYTHONPATH": pythonpath + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
-        "AIRFLOW__LOGGING__NAMESPACE_LEVELS": "asyncssh=WARNING paramiko=WARNING",
-        "VCLOUD_PROFILE_OVERRIDES": json.dumps({"local": {"paths.base": project_dir}}),
-        "VCLOUD_POLL_INTERVAL": "2",
-        "VCLOUD_MAX_POLL_INTERVAL": "5",
-        "VCLOUD_FIRST_POLL_DELAY": str(first_poll_delay),
-        "VCLOUD_TRAINING_SCHEDULE": schedule,
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
-        # standalone starts its components as `airflow ...` found on PATH
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "tests.support.sqlite_settings.CONNECT_ARGS",
-        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
-        "AIRFLOW__API__PORT": str(port),
-        "AIRFLOW__API__HOST": "127.0.0.1",
-        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
-        "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-        "AIRFLOW__CORE__LAZY_LOAD_PLUGINS": "False",
-        "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
-    })
-    if short_job_wait is not None:
-        env["VCLOUD_SHORT_JOB_WAIT"] = str(short_job_wait)
-    else:
-        env.pop("VCLOUD_SHORT_JOB_WAIT", None)
-    (home / "passwords.json").write_text(json.dumps({USER: PASSWORD}))
-    return env
-
-
-def run_cli(argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run an ``airflow`` (or python) command; fail with its stderr tail."""
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{' '.join(argv[:4])} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
-    return proc
-
-
-def airflow(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return run_cli([sys.executable, "-m", "airflow", *args], env, timeout)
-
-
-POOL_SLOTS = 8
-"""Jobs a test deployment may have in flight per cluster connection: enough for tests that run a few
-runs at once on the one local cluster."""
-
-
-def migrate(env: dict[str, str], pool_slots: int = POOL_SLOTS) -> None:
-    """Migrate the deployment's database and create the pool of each profile's cluster connection,
-    as docker-compose.yaml's airflow-init does (``python -m vcloud_pipeline.dag.pools --create``)."""
-    airflow("db", "migrate", env=env)
-    run_cli([sys.executable, "-m", "vcloud_pipeline.dag.pools", "--create", "--slots", str(pool_slots)], env, 300)
-
-
-RECORDS_SCRIPT = """\
-import json, sys
-from airflow.models.dagrun import DagRun
-from airflow.models.taskinstance import TaskInstance
-from airflow.models.xcom import XComModel
-from airflow.utils.session import create_session
-dag_id = sys.argv[1]
-with create_session() as s:
-    runs = s.query(DagRun).filter_by(dag_id=dag_id).all()
-    out = []
-    for run in runs:
-        tis = s.query(TaskInstance).filter_by(dag_id=dag_id, run_id=run.run_id).all()
-        rows = s.query(XComModel).filter_by(dag_id=dag_id, run_id=run.run_id, key="return_value").all()
-        out.append(dict(run_id=run.run_id, state=getattr(run.state, "value", run.state), conf=run.conf,
-                        run_type=getattr(run.run_type, "value", run.run_type),
-                        logical_date=run.logical_date.isoformat() if run.logical_date else None,
-                        task_states={ti.task_id: getattr(ti.state, "value", ti.state) for ti in tis},
-                        values={r.task_id: XComModel.deserialize_value(r) for r in rows}))
-print(json.dumps(out))
-"""
-
-
-def dag_run_records(dag_id: str, env: dict[str, str]) -> list[dict[str, Any]]:
-    """Every run of ``dag_id`` in the deployment's database: state, type, conf, task states, XComs."""
-    out = run_cli([sys.executable, "-c", RECORDS_SCRIPT, dag_id], env, 120).stdout
-    return json.loads(out.strip().splitlines()[-1])
-
-
-def wait_for_api(base: str, *, timeout: float, gone: Callable[[], str | None],
-                 where: Callable[[], str]) -> None:
-    """Until the API server at ``base`` answers its health check. ``gone`` says why waiting is pointless
-    (a process that exited early, and where to read why) or None; ``where`` says, at a timeout, where to read on."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(f"{base}/api/v2/monitor/health", timeout=5) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        reason = gone()
-        assert reason is None, reason
-        assert time.monotonic() < deadline, f"API server not up within {timeout:.0f} s; {where()}"
-        time.sleep(1)
+from support.deployment import wait_for_api
 
 
 @contextmanager
@@ -176,38 +42,3 @@ def standalone(env: dict[str, str], home: Path, *, timeout: float = 300) -> Iter
 def log_tail(home: Path, chars: int = 4000) -> str:
     path = home / "standalone.log"
     return path.read_text(errors="replace")[-chars:] if path.exists() else "(no standalone.log)"
-
-
-class RestClient:
-    """Airflow's public REST API as the test user (a JWT from the simple auth manager)."""
-
-    def __init__(self, base: str) -> None:
-        self.base = base
-        body = json.dumps({"username": USER, "password": PASSWORD}).encode()
-        request = urllib.request.Request(f"{base}/auth/token", data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=30) as resp:
-            self.token = json.load(resp)["access_token"]
-
-    def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, Any]:
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(f"{self.base}{path}", data=data, method=method, headers={
-            "Authorization": f"Bearer {self.token}", "Content-Type": "application/json",
-            "Accept": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=30) as resp:
-                return resp.status, json.load(resp)
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode(errors="replace")
-
-    def trigger(self, dag_id: str, run_id: str, conf: dict[str, Any]) -> str:
-        """Start a run of ``dag_id`` as the UI's trigger form does; returns its run id."""
-        status, body = self.call("POST", f"/api/v2/dags/{dag_id}/dagRuns",
-                                 {"dag_run_id": run_id, "logical_date": None, "conf": conf})
-        assert status == 200, f"triggering {dag_id}: {status} {body}"
-        return run_id
-
-    def get(self, path: str) -> Any:
-        status, body = self.call("GET", path)
-        assert status == 200, f"GET {path}: {status} {body}"
-        return body
