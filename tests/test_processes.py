@@ -12,7 +12,7 @@ from support import processes
 from support.localcluster import poll_until
 
 # A leader that ends on SIGTERM and leaves a child behind that ignores SIGTERM (as a component's
-# worker can), the way airflow standalone leaves its scheduler when it is killed.
+# worker can), the way a killed ``airflow standalone`` once left its scheduler running.
 STUBBORN_CHILD = 'sh -c \'trap "" TERM; while :; do sleep 0.2; done\' & trap "exit 0" TERM; while :; do sleep 0.2; done'
 
 

@@ -1,13 +1,16 @@
 """Retraining on the schedule, then a per-stage backfill, run by a real scheduler and triggerer.
 
-``airflow standalone`` (API server, scheduler with the LocalExecutor, DAG processor, triggerer) on a
-fresh home with ``VCLOUD_TRAINING_SCHEDULE=@daily`` and the local profile moved to a fresh project
-directory. Unpausing the DAG must start exactly one scheduled run (catchup is off: not one per day
-since the start date) that trains stages 0-2 of the tiny config (stage 3, without an unlabeled
-domain in the config, is not submitted) and exports, with its own run name ``tiny-<YYYYMMDD>``. Then the per-stage backfill of docs/training-dag.md (``airflow backfill create ...
---reprocess-behavior completed --dag-run-conf '{"stages": [2], "mode": "restart"}'``) over that day
-must retrain stage 2 alone, from stage 1's ``best.pt``, in the same run directory. The same backfill
-made while the scheduled run still trains finds its day's run in flight: no run, no job.
+A local deployment (API server, scheduler with the LocalExecutor, DAG processor and triggerer, each
+a process of its own: ``support.deployment.LocalDeployment``) on a fresh home with
+``VCLOUD_TRAINING_SCHEDULE=@daily`` and the local profile moved to a fresh project directory; its
+scheduler runs the scheduled run and the backfills ``airflow backfill create`` records. Unpausing
+the DAG must start exactly one scheduled run (catchup is off: not one per day since the start date)
+that trains stages 0-2 of the tiny config (stage 3, without an unlabeled domain in the config, is
+not submitted) and exports, with its own run name ``tiny-<YYYYMMDD>``. Then the per-stage backfill
+of docs/training-dag.md (``airflow backfill create ... --reprocess-behavior completed
+--dag-run-conf '{"stages": [2], "mode": "restart"}'``) over that day must retrain stage 2 alone,
+from stage 1's ``best.pt``, in the same run directory. The same backfill made while the scheduled
+run still trains finds its day's run in flight: no run, no job.
 """
 
 from __future__ import annotations
@@ -22,9 +25,7 @@ import pytest
 
 from support.localcluster import LocalCluster, poll_until
 from support.ports import free_port
-from support.deployment import RestClient, airflow, airflow_env, dag_run_records, migrate
-from support.standalone import log_tail
-from support.standalone import standalone as airflow_standalone
+from support.deployment import LocalDeployment, RestClient, airflow, airflow_env, dag_run_records, migrate
 
 DAG_ID = "vcloud_training"
 STAGES = ["stage0", "stage1", "stage2", "stage3"]
@@ -41,8 +42,15 @@ def deployment(local_cluster: LocalCluster, cluster_connection: str,
     # A real triggerer runs the triggers here: keep the first status poll >= 10 s after deferral.
     env = airflow_env(home, free_port(), project_dir, schedule="@daily", first_poll_delay=10)
     migrate(env)
-    with airflow_standalone(env, home) as base:
-        yield {"env": env, "home": home, "api": RestClient(base), "project_dir": project_dir}
+    with LocalDeployment(env, home) as airflow_deployment:
+        yield {"env": airflow_deployment.env, "deployment": airflow_deployment,
+               "api": airflow_deployment.api(), "project_dir": project_dir}
+
+
+def _logs(deployment: dict[str, Any]) -> str:
+    """The end of the scheduler's and the triggerer's logs, for a failure message."""
+    components: LocalDeployment = deployment["deployment"]
+    return f"{components.log_tail('scheduler')}\n{components.log_tail('triggerer')}"
 
 
 def _runs(api: RestClient) -> list[dict[str, Any]]:
@@ -55,7 +63,7 @@ def _wait_for_run(deployment: dict[str, Any], done: Any, *, what: str, timeout: 
     try:
         return poll_until(check, timeout=timeout, what=what, interval=5)
     except AssertionError as exc:
-        raise AssertionError(f"{exc}; runs: {_runs(deployment['api'])}\n{log_tail(deployment['home'])}") from None
+        raise AssertionError(f"{exc}; runs: {_runs(deployment['api'])}\n{_logs(deployment)}") from None
 
 
 def _task_states(api: RestClient, run_id: str) -> dict[str, str]:
@@ -84,7 +92,7 @@ def test_schedule_retrains_once_and_a_backfill_retrains_one_stage(deployment: di
     in_flight = _backfill_while_active(deployment, active["dag_run_id"])
     scheduled = _wait_for_run(deployment, lambda r: r["run_type"] == "scheduled" and r["state"] in TERMINAL,
                               what="the scheduled run to finish")
-    assert scheduled["state"] == "success", (_task_states(api, scheduled["dag_run_id"]), log_tail(deployment["home"]))
+    assert scheduled["state"] == "success", (_task_states(api, scheduled["dag_run_id"]), _logs(deployment))
     assert len(_runs(api)) == 1, "catchup is off: one run, not one per day since the start date"
     run_id = scheduled["dag_run_id"]
     logical = dt.datetime.fromisoformat(scheduled["logical_date"].replace("Z", "+00:00"))
@@ -108,7 +116,7 @@ def test_schedule_retrains_once_and_a_backfill_retrains_one_stage(deployment: di
     backfilled = _wait_for_run(deployment, lambda r: r["run_type"] == "backfill" and r["state"] in TERMINAL,
                                what="the backfill run to finish")
     assert backfilled["dag_run_id"] == run_id and backfilled["conf"] == {"stages": [2], "mode": "restart"}
-    assert backfilled["state"] == "success", (_task_states(api, run_id), log_tail(deployment["home"]))
+    assert backfilled["state"] == "success", (_task_states(api, run_id), _logs(deployment))
     assert len(_runs(api)) == 1
 
     states = _task_states(api, run_id)

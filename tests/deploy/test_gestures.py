@@ -1,11 +1,12 @@
 """What people and failures do to a job task in a running deployment, checked against ``sacct``.
 
-One deployment for the module: ``airflow api-server``, ``scheduler`` (LocalExecutor), ``dag-processor``
-and ``triggerer`` as separate processes on a fresh home (``airflow standalone`` runs the same four
-but can neither restart one nor say which process is which), with the local profile moved to a fresh
-project directory. Each test starts a run of the ``slurm_gestures`` DAG (tests/dag_fixtures: one
-``SlurmSubmitOperator`` with its default retries, polling every 30 s) through the REST API, does to
-it what a person or a failure would, and counts the run's jobs in ``sacct``.
+One deployment for the module (``support.deployment.LocalDeployment``): ``airflow api-server``,
+``scheduler`` (LocalExecutor), ``dag-processor`` and ``triggerer`` as separate processes on a fresh
+home, so a test can stop, freeze and restart one and knows which process is which, with the local
+profile moved to a fresh project directory. Each test starts a run of the ``slurm_gestures`` DAG
+(tests/dag_fixtures: one ``SlurmSubmitOperator`` with its default retries, polling every 30 s)
+through the REST API, does to it what a person or a failure would, and counts the run's jobs in
+``sacct``.
 
 Which process to kill: while a job task is deferred no worker process exists for it (the wait is a
 trigger in the triggerer); the task has a process only while it submits (or adopts) and defers,

@@ -1,12 +1,14 @@
-"""The HPC view in a real browser: ``airflow standalone`` with a finished tiny training run in its history.
+"""The HPC view in a real browser: a local deployment with a finished tiny training run in its history.
 
 ``airflow dags test vcloud_training`` runs the whole DAG (profile ``local``, config ``tiny``) on the
 local cluster, like ``make demo``, with the profile's ``paths.base`` moved to a fresh directory
 (``VCLOUD_PROFILE_OVERRIDES``) so the data job, the code sync and every stage run for real and
-collide with no other test. Then ``airflow standalone`` (LocalExecutor, SQLite, SimpleAuthManager)
-serves the UI on the same database; headless Chromium signs in through Airflow's login page, opens
-the HPC view for that DAG, and the test compares every job and budget figure the page shows with
-``sacct`` and with the run's own records (the operators' XComs, the ``summary`` task's ledger).
+collide with no other test. Then a local deployment on the same home
+(``support.deployment.LocalDeployment``: API server, scheduler with the LocalExecutor, DAG processor
+and triggerer; SQLite, SimpleAuthManager) serves the UI on that database; headless Chromium signs in
+through Airflow's login page, opens the HPC view for that DAG, and the test compares every job and
+budget figure the page shows with ``sacct`` and with the run's own records (the operators' XComs,
+the ``summary`` task's ledger).
 Screenshots of the page and of the same view embedded in Airflow's navigation go to ``.artifacts/``.
 """
 
@@ -26,9 +28,7 @@ from vcloud_pipeline.profile import load_profile
 from support.cdp import CHROMIUM, Browser
 from support.localcluster import LocalCluster, poll_until
 from support.ports import free_port
-from support.deployment import PASSWORD, USER, RestClient, airflow, airflow_env, dag_run_records, migrate
-from support.standalone import log_tail
-from support.standalone import standalone as airflow_standalone
+from support.deployment import PASSWORD, USER, LocalDeployment, airflow, airflow_env, dag_run_records, migrate
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / ".artifacts"
@@ -50,7 +50,7 @@ def _chromium_installed() -> None:
 def finished_run(local_cluster: LocalCluster, cluster_connection: str,
                  tmp_path_factory: pytest.TempPathFactory) -> dict:
     """An Airflow home whose history holds one finished tiny ``vcloud_training`` run of profile ``local``."""
-    home = tmp_path_factory.mktemp("standalone-home")
+    home = tmp_path_factory.mktemp("airflow-home")
     port = free_port()
     project_dir = local_cluster.test_dir()
     env = airflow_env(home, port, project_dir)
@@ -70,14 +70,14 @@ def finished_run(local_cluster: LocalCluster, cluster_connection: str,
 
 
 @pytest.fixture(scope="module")
-def standalone(finished_run: dict) -> Iterator[str]:
-    with airflow_standalone(finished_run["env"], finished_run["home"]) as base:
+def deployment(finished_run: dict) -> Iterator[LocalDeployment]:
+    with LocalDeployment(finished_run["env"], finished_run["home"]) as airflow_deployment:
         # Ready when Airflow's own DAG list shows the DAG to the user (its DAG processor has
         # registered the bundles): the HPC view filters by the same readable DAGs.
-        api = RestClient(base)
+        api = airflow_deployment.api()
         poll_until(lambda: api.get(f"/api/v2/dags?dag_id_pattern={DAG_ID}")["total_entries"] >= 1,
                    timeout=180, interval=2, what=f"Airflow to list {DAG_ID} to {USER}")
-        yield base
+        yield airflow_deployment
 
 
 @pytest.fixture
@@ -140,20 +140,23 @@ DIAGNOSE_JS = """(async () => JSON.stringify({
 }))()"""
 
 
-def _diagnose(browser: Browser, standalone: str, finished_run: dict) -> str:
-    """What the page's API and the standalone say now, for a failure message."""
+def _diagnose(browser: Browser, deployment: LocalDeployment) -> str:
+    """What the page's API and the deployment's API server and DAG processor say now, for a failure
+    message."""
     try:
         now = browser.evaluate(DIAGNOSE_JS % DAG_ID)
     except RuntimeError as exc:
         now = f"(could not ask the page: {exc})"
-    return f"page API now: {now}\nstandalone log tail:\n{log_tail(finished_run['home'])}"
+    return (f"page API now: {now}\n{deployment.log_tail('api-server')}\n"
+            f"{deployment.log_tail('dag-processor')}")
 
 
-def test_signed_in_user_sees_the_jobs_and_budget_the_ledger_holds(standalone: str, finished_run: dict,
+def test_signed_in_user_sees_the_jobs_and_budget_the_ledger_holds(deployment: LocalDeployment,
+                                                                 finished_run: dict,
                                                                  local_cluster: LocalCluster,
                                                                  browser: Browser) -> None:
     run_id, values = finished_run["run_id"], finished_run["values"]
-    browser.navigate(f"{standalone}/hpc-view/?dag_id={DAG_ID}&task_id=stage3")
+    browser.navigate(f"{deployment.base}/hpc-view/?dag_id={DAG_ID}&task_id=stage3")
     browser.wait_for("location.pathname.includes('/auth/login') && !!document.querySelector('input[type=password]')",
                      what="Airflow's login page")
     browser.type_into("input:not([type=password])", USER)
@@ -167,10 +170,10 @@ def test_signed_in_user_sees_the_jobs_and_budget_the_ledger_holds(standalone: st
             f" && document.querySelectorAll('section.profile').length > 0 && {PAGE_JS}",
             what="the HPC view after signing in, showing the run's profile", timeout=120))
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{_diagnose(browser, standalone, finished_run)}") from None
+        raise AssertionError(f"{exc}\n{_diagnose(browser, deployment)}") from None
     browser.screenshot(ARTIFACTS / "hpc_view.png")
 
-    assert [p["profile"] for p in shown["profiles"]] == ["local"], _diagnose(browser, standalone, finished_run)
+    assert [p["profile"] for p in shown["profiles"]] == ["local"], _diagnose(browser, deployment)
     local = shown["profiles"][0]
     rows = {row["task_id"]: row for row in local["jobs"]}
     assert sorted(rows) == sorted(SLURM_TASKS) and len(local["jobs"]) == len(SLURM_TASKS), list(rows)
@@ -228,7 +231,7 @@ def test_signed_in_user_sees_the_jobs_and_budget_the_ledger_holds(standalone: st
     assert values["summary"]["curves"] == {f"stage{stage}": str(paths.curve_png(stage)) for stage in (0, 1, 2, 3)}
 
     # The same page inside Airflow's own UI (navigation entry "HPC jobs", an iframe of /hpc-view/).
-    browser.navigate(f"{standalone}/plugin/hpc-view")
+    browser.navigate(f"{deployment.base}/plugin/hpc-view")
     browser.wait_for("(() => { const f = document.querySelector('iframe');"
                      " return !!f && f.contentDocument?.body?.dataset.loaded === 'true'; })()",
                      what="the HPC view embedded in the Airflow UI", timeout=90)

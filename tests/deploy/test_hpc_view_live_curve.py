@@ -1,6 +1,6 @@
 """A training stage's curve in the HPC view while its job still runs, from what the triggerer read.
 
-A deployment of separate components (``airflow api-server``, scheduler, DAG processor, triggerer)
+A local deployment of separate components (``airflow api-server``, scheduler, DAG processor, triggerer)
 runs ``vcloud_training`` with the tiny config, stage 0 only and enough epochs to train for a while,
 the local profile moved to a fresh project directory. The stage's watch follows its
 ``metrics.jsonl`` (every 5 s here, ``VCLOUD_FOLLOW_INTERVAL``; once a minute by default). While the

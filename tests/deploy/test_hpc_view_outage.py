@@ -1,6 +1,6 @@
 """The HPC view while the login node hangs: the API server answers, and says since when.
 
-A deployment of separate components (``airflow api-server``, scheduler, DAG processor, triggerer)
+A local deployment of separate components (``airflow api-server``, scheduler, DAG processor, triggerer)
 runs the ``slurm_lifecycle`` DAG (tests/dag_fixtures: one ``SlurmSubmitOperator``) through a private
 login sshd of the local cluster (the shared one on port 2222 serves everyone else's tests). Once the
 job runs and the view shows it as its watch saw it, the sshd and every session it serves are frozen

@@ -2,10 +2,10 @@
 
 - ``localcluster``: the local cluster as the tests see it (its files, SSH login, root-side verbs);
   ``private_login``: a login node of its own that a test may take down; ``ports``: a free port.
-- ``deployment``: a test deployment of Airflow: its configuration on its own home, port and SQLite
-  file (``sqlite_settings``: its database's busy wait), its REST API, and the local deployment, the
-  API server, scheduler, DAG processor and triggerer as separate processes; ``standalone``: the same
-  four run by ``airflow standalone``;
+- ``deployment``: a test deployment of Airflow (the ``Deployment`` protocol every kind satisfies):
+  its configuration on its own home, port and SQLite file (``sqlite_settings``: its database's busy
+  wait), its CLI and REST API, and ``LocalDeployment``: the API server, scheduler, DAG processor and
+  triggerer as separate processes the test can stop and restart;
   ``concurrent_deployments``: several deployments running the training DAG at once, each in a
   ``dag_runner`` process that keeps its parsed DAG between runs;
   ``celery_hosts``: docker-compose.yaml's Celery topology as processes on hosts of their own.

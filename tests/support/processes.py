@@ -1,6 +1,6 @@
 """Processes a test starts and must end: each in a session of its own, stopped by pid, never by name.
 
-A deployment's component (``airflow standalone``, a scheduler, a Celery worker on a host of its own,
+A deployment's component (an API server, a scheduler, a Celery worker on a host of its own,
 PostgreSQL, Chromium) forks children; ending only the process the test started leaves them running
 for the rest of the suite. Every such process starts as the leader of its own session (so its
 process group holds what it forks), and :func:`stop` ends the leader gracefully and then whatever of
@@ -62,12 +62,11 @@ def stop(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, *, grace: float
          whole_group: bool = False, leftover_grace: float = 10) -> int | None:
     """End a process started by :func:`start_logged` (or with ``start_new_session``) and its session.
 
-    ``sig`` goes to the leader, which stops its own children (``airflow standalone`` needs SIGINT for
-    that, PostgreSQL's fast shutdown is SIGINT), or to its whole group with ``whole_group`` (a crash
-    takes the component's children with it). After ``grace`` seconds the leader and everything below
-    it get SIGKILL. Whatever of the group outlives the leader (a child that was not stopped, or one
-    orphaned by the SIGKILL) gets SIGTERM, then SIGKILL after ``leftover_grace`` seconds. Returns the
-    leader's exit status.
+    ``sig`` goes to the leader, which stops its own children (PostgreSQL's fast shutdown is
+    SIGINT), or to its whole group with ``whole_group`` (a crash takes the component's children with
+    it). After ``grace`` seconds the leader and everything below it get SIGKILL. Whatever of the
+    group outlives the leader (a child that was not stopped, or one orphaned by the SIGKILL) gets
+    SIGTERM, then SIGKILL after ``leftover_grace`` seconds. Returns the leader's exit status.
     """
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
