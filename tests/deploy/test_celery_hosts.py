@@ -171,9 +171,7 @@ class Watch:
 def test_a_run_survives_its_worker_and_triggerer_hosts_dying_and_runs_only_where_the_socket_is(
         deployment: CeleryDeployment, local_cluster: LocalCluster) -> None:
     from benchmarks.stage_overhead import run_jobs
-    from support.deployment import RestClient
-
-    api = RestClient(deployment.base_url)
+    api = deployment.api()
     run_id = _trigger_tiny_run(api, "celery")
     watch = Watch(deployment, run_id)
     worker, triggerer = deployment.hosts["worker-login"], deployment.hosts["triggerer-login"]
@@ -253,7 +251,7 @@ def _the_hpc_view_shows_the_run(deployment: CeleryDeployment, api: Any, run_id: 
     assert CHROMIUM is not None, "chromium is missing: run include/test_deps.sh (make test does)"
     browser = Browser()
     try:
-        browser.navigate(f"{deployment.base_url}/hpc-view/?dag_id={DAG_ID}")
+        browser.navigate(f"{deployment.base}/hpc-view/?dag_id={DAG_ID}")
         browser.wait_for("location.pathname.includes('/auth/login') && !!document.querySelector('input[type=password]')",
                          what="Airflow's login page")
         browser.type_into("input:not([type=password])", USER)
@@ -298,10 +296,8 @@ def _trigger_logged(host_dir: Path, task: str, attempt: int) -> bool:
 def test_a_run_fails_over_to_the_surviving_worker_and_triggerer_when_their_hosts_die_for_good(
         failover_deployment: CeleryDeployment, local_cluster: LocalCluster) -> None:
     from benchmarks.stage_overhead import run_jobs
-    from support.deployment import RestClient
-
     deployment = failover_deployment
-    api = RestClient(deployment.base_url)
+    api = deployment.api()
     run_id = _trigger_tiny_run(api, "failover")
     watch = Watch(deployment, run_id)
     workers = {n for n, (c, _) in FAILOVER_HOSTS.items() if c == "worker"}

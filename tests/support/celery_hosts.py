@@ -33,12 +33,14 @@ import time
 import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from support import processes
+from support.deployment import PASSWORD, USER, Deployment, RestClient, file_tail, run_cli
 from support.localcluster import LocalCluster, otp_host_block, poll_until
 from support.ports import free_port
 from support.private_login import PrivateLogin
@@ -57,7 +59,6 @@ SERVICES = {"api-server": "airflow-apiserver", "scheduler": "airflow-scheduler",
             "dag-processor": "airflow-dag-processor", "worker": "airflow-worker", "triggerer": "airflow-triggerer"}
 """Component -> its service in docker-compose.yaml."""
 SECRET_VARIABLES = ("POSTGRES_PASSWORD", "REDIS_PASSWORD", "AIRFLOW_FERNET_KEY", "AIRFLOW_JWT_SECRET")
-USER, PASSWORD = "admin", "vcloud-admin-pw"
 
 
 # --------------------------------------------------------------------------- settings from the compose file
@@ -166,11 +167,6 @@ def component_env(compose: Mapping[str, Any], component: str, variables: Mapping
 # --------------------------------------------------------------------------- processes
 
 
-def log_tail(path: Path, chars: int = 3000) -> str:
-    text = path.read_text(errors="replace")[-chars:] if path.exists() else "(none)"
-    return f"--- {path} ---\n{text}"
-
-
 class Postgres:
     """A private PostgreSQL cluster: own data directory and port, superuser ``airflow`` with a password."""
 
@@ -201,7 +197,7 @@ class Postgres:
     def _create_database(self) -> bool:
         import psycopg2
 
-        assert self.proc is not None and self.proc.poll() is None, log_tail(self.directory / "postgres.log")
+        assert self.proc is not None and self.proc.poll() is None, file_tail(self.directory / "postgres.log")
         try:
             conn = psycopg2.connect(host=BRIDGE_ADDR, port=self.port, user="airflow", password=self.password,
                                     dbname="postgres", connect_timeout=5)
@@ -245,7 +241,7 @@ class Redis:
         poll_until(self._pong, timeout=60, interval=0.5, what=f"redis-server on port {self.port}")
 
     def _pong(self) -> bool:
-        assert self.proc is not None and self.proc.poll() is None, log_tail(self.directory / "redis.log")
+        assert self.proc is not None and self.proc.poll() is None, file_tail(self.directory / "redis.log")
         out = subprocess.run(["redis-cli", "-h", BRIDGE_ADDR, "-p", str(self.port), "ping"], capture_output=True,
                              text=True, env={"REDISCLI_AUTH": self.password, "PATH": "/usr/bin:/bin"}, timeout=10)
         return "PONG" in out.stdout
@@ -338,7 +334,10 @@ def new_hosts(names: list[str], directory: Path) -> list[Host]:
 
 
 class CeleryDeployment:
-    """PostgreSQL, Redis, API server, scheduler, DAG processor here; workers and triggerers on hosts."""
+    """PostgreSQL, Redis, API server, scheduler, DAG processor here; workers and triggerers on hosts.
+
+    A ``support.deployment.Deployment``: ``base``, ``env`` (of an ``airflow`` command against its
+    PostgreSQL), ``api()`` and ``log_tail`` of a component here or of a host."""
 
     def __init__(self, directory: Path, cluster: LocalCluster, *, project_dir: str, conn_id: str,
                  queue: str, connection: Mapping[str, Any], settings: Mapping[str, str],
@@ -370,12 +369,28 @@ class CeleryDeployment:
         self.startup_seconds: float | None = None
 
     @property
-    def base_url(self) -> str:
+    def base(self) -> str:
         return self.where.base_url
 
-    def env(self, component: str, home: Path, secrets_file: Path | None = None) -> dict[str, str]:
+    def env_of(self, component: str, home: Path, secrets_file: Path | None = None) -> dict[str, str]:
+        """The environment of ``component`` on Airflow home ``home``."""
         return component_env(self.compose, component, self.variables, self.where, home,
                              secrets_file=secrets_file, extra=self.settings)
+
+    @cached_property
+    def env(self) -> dict[str, str]:
+        """The environment of an ``airflow`` command against this deployment's database: the
+        scheduler's, on the home where the database is migrated (``init``)."""
+        return self.env_of("scheduler", self.directory / "init")
+
+    def api(self) -> RestClient:
+        return RestClient(self.base)
+
+    def log_tail(self, name: str, chars: int = 3000) -> str:
+        """The log of component ``name`` on this machine, or of the component on host ``name``."""
+        if name in self.hosts:
+            return file_tail(self.hosts[name].directory / f"{self.host_queues[name][0]}.log", chars)
+        return file_tail(self.directory / name / f"{name}.log", chars)
 
     # --- hosts
 
@@ -423,7 +438,7 @@ class CeleryDeployment:
         argv = compose_command(self.compose, component, {**self.variables, "VCLOUD_QUEUES": queues})
         if component == "worker":
             argv += ["--concurrency", "4"]
-        env = self.env(component, host.directory / "airflow", host.home / "secrets" / "connections.json")
+        env = self.env_of(component, host.directory / "airflow", host.home / "secrets" / "connections.json")
         host.start([sys.executable, "-m", "airflow", *argv], env, component)
 
     def reboot(self, host: Host) -> None:
@@ -444,16 +459,14 @@ class CeleryDeployment:
             host.create()
         self.postgres.start()
         self.redis.start()
-        from support.deployment import run_cli
-
-        init_env = self.env("scheduler", self.directory / "init")
-        run_cli([sys.executable, "-m", "airflow", "db", "migrate"], init_env, 600)
-        run_cli([sys.executable, "-m", "vcloud_pipeline.dag.pools", "--create", "--slots", "8"], init_env, 300)
+        run_cli([sys.executable, "-m", "airflow", "db", "migrate"], self.env, 600)
+        run_cli([sys.executable, "-m", "vcloud_pipeline.dag.pools", "--create", "--slots", "8"], self.env, 300)
         for component in ("api-server", "scheduler", "dag-processor"):
             home = self.directory / component
             argv = compose_command(self.compose, component, self.variables)
-            self.procs[component] = processes.start_logged([sys.executable, "-m", "airflow", *argv], self.env(component, home),
-                                           home / f"{component}.log")
+            self.procs[component] = processes.start_logged([sys.executable, "-m", "airflow", *argv],
+                                                           self.env_of(component, home),
+                                                           home / f"{component}.log")
         for name, (component, queues) in hosts.items():
             host = self.hosts[name]
             self._write_host_files(host, with_key=self.key_login is None and self.queue in queues.split(","))
@@ -464,14 +477,13 @@ class CeleryDeployment:
     def wait_healthy(self, timeout: float) -> None:
         """The API server's health (metadatabase, scheduler, triggerer, DAG processor), each triggerer
         host's job alive, and each worker answering Celery's ping (the compose file's healthcheck)."""
-        from support.deployment import RestClient
 
         def healthy() -> bool:
             dead = [n for n, p in self.procs.items() if p.poll() is not None]
             dead += [h.name for h in self.hosts.values() if any(p.poll() is not None for p in h.procs)]
             assert not dead, f"{dead} exited early\n{self.diagnose()}"
             try:
-                with urllib.request.urlopen(f"{self.base_url}/api/v2/monitor/health", timeout=10) as resp:
+                with urllib.request.urlopen(f"{self.base}/api/v2/monitor/health", timeout=10) as resp:
                     health = json.load(resp)
             except OSError:
                 return False
@@ -484,7 +496,7 @@ class CeleryDeployment:
             return all(self.worker_answers(n) for n, (c, _) in self.host_queues.items() if c == "worker")
 
         poll_until(healthy, timeout=timeout, interval=2, what="every component of the Celery deployment healthy")
-        RestClient(self.base_url)  # the user can sign in
+        self.api()  # the user can sign in
 
     def alive_triggerer_hosts(self) -> set[str]:
         rows = self.postgres.query("SELECT hostname FROM job WHERE job_type = 'TriggererJob' AND state = 'running' "
@@ -493,7 +505,7 @@ class CeleryDeployment:
 
     def worker_answers(self, name: str) -> bool:
         """The compose file's worker healthcheck: ``celery inspect ping -d celery@<hostname>``."""
-        env = self.env("worker", self.directory / "probe", self.directory / "probe" / "none.json")
+        env = self.env_of("worker", self.directory / "probe", self.directory / "probe" / "none.json")
         out = subprocess.run([sys.executable, "-m", "celery", "--app",
                               "airflow.providers.celery.executors.celery_executor.app", "inspect", "ping",
                               "-d", f"celery@{name}", "--timeout", "5"],
@@ -501,8 +513,8 @@ class CeleryDeployment:
         return out.returncode == 0 and "pong" in out.stdout
 
     def diagnose(self) -> str:
-        parts = [log_tail(self.directory / c / f"{c}.log", 2000) for c in self.procs]
-        parts += [log_tail(h.directory / f"{c}.log", 2000) for h in self.hosts.values()
+        parts = [self.log_tail(c, 2000) for c in self.procs]
+        parts += [file_tail(h.directory / f"{c}.log", 2000) for h in self.hosts.values()
                   for c in ("worker", "triggerer") if (h.directory / f"{c}.log").exists()]
         return "\n".join(parts)
 
@@ -555,3 +567,8 @@ def celery_deployment(cluster: LocalCluster, hosts: Mapping[str, tuple[str, str]
                 print(f"kept {directory}", file=sys.stderr)
             else:
                 shutil.rmtree(directory, ignore_errors=True)
+
+
+if TYPE_CHECKING:
+    def _conforms(deployment: CeleryDeployment) -> Deployment:
+        return deployment
