@@ -43,7 +43,7 @@ def _deferred_job(op: SlurmSubmitOperator, context: dict[str, Any]) -> str:
 def _jobs_named(cluster: LocalCluster, name: str) -> list[str]:
     def read() -> list[str]:
         out = cluster.root("squeue", "-h", "-t", "all", f"--name={name}", "-o", "%i").stdout
-        return sorted(set(out.split()))
+        return sorted(set(out.split()), key=int)  # job ids in submission order, past 999 too
     return poll_until(read, timeout=30, what=f"jobs named {name}")
 
 
