@@ -147,7 +147,7 @@ def test_job_refuses_to_start_without_the_code_of_its_hash(local_cluster: LocalC
     assert f"code manifest {paths.code(stale).manifest} is missing" in err
     assert manifest.hash not in err
     record = left_record(local_cluster, job, job_id)
-    assert record is not None and record.exit_code == EXIT_CODE_MISMATCH and record.ends(str(job_id), 0)
+    assert record.exit_code == EXIT_CODE_MISMATCH and record.ends(str(job_id), 0)
 
 
 def test_a_job_named_on_the_command_line_leaves_its_record_where_its_watch_looks(local_cluster: LocalCluster,
@@ -170,10 +170,26 @@ def test_a_job_named_on_the_command_line_leaves_its_record_where_its_watch_looks
     assert record is not None and record.exit_code == EXIT_CODE_MISMATCH and record.ends(str(job_id), 0)
 
 
-def left_record(cluster: LocalCluster, job: RenderedJob, job_id: int) -> EndRecord | None:
-    """The exit record the job's outer script left next to its output (what its watch reads)."""
+def left_record(cluster: LocalCluster, job: RenderedJob, job_id: int, timeout: float = 30) -> EndRecord:
+    """The exit record the job's outer script left next to its output (what its watch reads).
+
+    Read again for ``timeout`` seconds while the login node does not answer or the file does not
+    parse; then the failure shows what the last read got and what the log directory holds."""
     path = end_record_path(str(job.stdout_path(str(job_id))))
-    return parse_end_record(cluster.ssh(f"cat {shlex.quote(path)}", check=False).stdout)
+    reads: list[subprocess.CompletedProcess[str]] = []
+
+    def read() -> EndRecord | None:
+        reads.append(cluster.ssh(f"cat {shlex.quote(path)}", check=False))
+        return parse_end_record(reads[-1].stdout)
+
+    try:
+        return poll_until(read, timeout=timeout, interval=1, what=f"the exit record {path}")
+    except AssertionError as exc:
+        last = reads[-1]
+        listing = cluster.ssh(f"ls -la --time-style=full-iso {shlex.quote(str(Path(path).parent))}",
+                              check=False).stdout
+        raise AssertionError(f"{exc}; the last read exited {last.returncode} with {last.stdout!r} "
+                             f"(stderr {last.stderr.strip()!r}); the directory holds:\n{listing}") from None
 
 
 def start_stand_in_trainer(cluster: LocalCluster, tmp_path: Path,
@@ -212,7 +228,7 @@ def test_pre_timeout_signal_checkpoints_and_requeues(local_cluster: LocalCluster
         assert "requeued: the next start resumes from the checkpoint" in err, err
         assert local_cluster.ssh(f"cat {stopped}").stdout == "USR2"
         first = left_record(local_cluster, job, job_id)  # the second start still runs
-        assert first is not None and (first.restart, first.exit_code, first.requeued) == (0, 85, True)
+        assert (first.restart, first.exit_code, first.requeued) == (0, 85, True), first
         assert not first.ends(str(job_id), 1), "the requeued start's record is not the job's end"
         assert err.count(image_line(local_cluster)) >= 2  # both starts ran in the image
     finally:
