@@ -19,18 +19,9 @@ from pathlib import Path
 
 from support.localcluster import REPO, LocalCluster, poll_until
 from support.ports import free_port
-from support.processes import descendants
+from support.processes import alive, descendants
 
 TEMPLATE = REPO / "include" / "local_cluster" / "templates" / "sshd_config"
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie waiting for its parent to reap it counts as ended)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _answers(port: int, address: str = "127.0.0.1") -> bool:
@@ -82,7 +73,7 @@ class PrivateLogin:
             pid = int(self.pid_file.read_text().strip())
         except (OSError, ValueError):
             return None
-        return pid if _alive(pid) else None
+        return pid if alive(pid) else None
 
     def start(self) -> None:
         if self.pid is None:
@@ -102,7 +93,7 @@ class PrivateLogin:
                 os.kill(child, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-        poll_until(lambda: not any(_alive(p) for p in [pid, *sessions]), timeout=30,
+        poll_until(lambda: not any(alive(p) for p in [pid, *sessions]), timeout=30,
                    what="the private sshd and its sessions to end")
         poll_until(lambda: not _answers(self.port, self.listen), timeout=10, what=f"port {self.port} to refuse connections")
         self.pid_file.unlink(missing_ok=True)

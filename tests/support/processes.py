@@ -19,6 +19,15 @@ from pathlib import Path
 from typing import Any
 
 
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for its parent to reap it counts as ended)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (children first), found by their parent pid in /proc."""
     parents: dict[int, list[int]] = {}
