@@ -277,3 +277,20 @@ def test_thousands_of_records_are_read_in_as_few_commands_as_a_shell_line_allows
     sizes, records = aio.run(hook.poll_files([], paths))
     assert sizes == {} and list(records) == ["/etc/hostname"]
     assert 1 < len(Shell.lines) < 10 and max(map(len, Shell.lines)) < 128 * 1024
+
+
+def test_the_record_has_its_time_when_no_command_can_be_forked_for_it(tmp_path: Path) -> None:
+    """A job that Slurm is ending kills what its exit trap forks; the time must come from bash itself.
+    Here ``date`` cannot run at all (it is not on PATH): the record still holds its end time."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for tool in ("mktemp", "chmod", "mv", "rm"):
+        (tools / tool).symlink_to(f"/usr/bin/{tool}" if Path(f"/usr/bin/{tool}").exists() else f"/bin/{tool}")
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/bash\nset -uo pipefail\n{end_record_shell(str(tmp_path / '%x.%j.out'))}\nexit 85\n")
+    before = int(time.time())
+    env = {"PATH": str(tools), "SLURM_JOB_ID": "4711", "SLURM_JOB_NAME": "job", "SLURM_RESTART_COUNT": "0"}
+    subprocess.run(["/bin/bash", str(script)], env=env, check=False, timeout=30)
+    record = parse_end_record((tmp_path / "job.4711.out.end").read_text())
+    assert record is not None and record.exit_code == 85, (tmp_path / "job.4711.out.end").read_text()
+    assert before <= record.ended_at <= time.time()

@@ -85,8 +85,10 @@ def end_record_shell(output_pattern: str) -> str:
         "write_end_record() {",
         '    local tmp',
         '    tmp="$(mktemp "${END_RECORD}.XXXXXX" 2>/dev/null)" || return 0',
-        "    if ! printf 'job=%s restart=%s exit=%s end=%s requeued=%s\\n' \"${SLURM_JOB_ID:-0}\" "
-        '"${SLURM_RESTART_COUNT:-0}" "$1" "$(date +%s)" "$requeued" 2>/dev/null > "$tmp" \\',
+        "    # The time from bash itself (%(%s)T, -1 = now): a date command forked while Slurm ends the job",
+        "    # may be killed first, and left the record with an empty end= that no reader parses.",
+        "    if ! printf 'job=%s restart=%s exit=%s end=%(%s)T requeued=%s\\n' \"${SLURM_JOB_ID:-0}\" "
+        '"${SLURM_RESTART_COUNT:-0}" "$1" -1 "$requeued" 2>/dev/null > "$tmp" \\',
         '        || ! chmod 0644 -- "$tmp" 2>/dev/null || ! mv -f -- "$tmp" "$END_RECORD" 2>/dev/null; then',
         '        rm -f -- "$tmp"',
         "    fi",
