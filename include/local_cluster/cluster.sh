@@ -37,6 +37,8 @@ STATE="${VCLOUD_CLUSTER_DIR:-/var/lib/vcloud-localcluster}"
 STEP_TAG="[cluster]" STEP_LOGS="$STATE/log"
 # shellcheck source=include/local_cluster/steps.sh
 . "$HERE/steps.sh"
+# shellcheck source=include/local_cluster/links.sh
+. "$HERE/links.sh"
 CLUSTER_USER="${VCLOUD_CLUSTER_USER:-vcloud}"
 # A second member of the same project: same Slurm account, same project group (the cluster user's),
 # own login key and Airflow connection; for the tests of what two people sharing a project may do.
@@ -339,7 +341,7 @@ ensure_node_network() {  # ensure_node_network NAME ADDRESS: namespace, veth pai
   if ip link show "$host_if" >/dev/null 2>&1 && ! ip -n "$ns" link show eth0 >/dev/null 2>&1; then
     # left from a namespace of an earlier bring-up that something kept alive: its peer is not here
     log "replacing $host_if, whose peer is not in $ns"
-    ip link del "$host_if"
+    delete_link "$host_if"
   fi
   if ! ip link show "$host_if" >/dev/null 2>&1; then
     ip link add "$host_if" type veth peer name eth0 netns "$ns"
@@ -437,8 +439,10 @@ remove_node_networks() {
     [[ -e $ns ]] || continue
     name=$(basename "$ns")
     stop_node_processes "$name"
+    # The host end first, which takes its peer with it at once: after `ip netns del` the kernel
+    # removes the pair in the background, between any look at the host end and a delete of it.
+    delete_link "vc-${name#"$NETNS_PREFIX"}"
     ip netns del "$name"
-    if ip link show "vc-${name#"$NETNS_PREFIX"}" >/dev/null 2>&1; then ip link del "vc-${name#"$NETNS_PREFIX"}"; fi
   done
   if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE"; fi
 }
@@ -638,7 +642,7 @@ cmd_status() {
 
 case "${1:-}" in
   up) cmd_up ;;
-  down) cmd_down ;;
+  down) step cmd_down ;;
   status) cmd_status ;;
   install) cmd_install ;;
   packages) [[ $(id -u) -eq 0 ]] || die "run as root (it installs packages)"; step install_packages ;;

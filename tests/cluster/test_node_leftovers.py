@@ -31,6 +31,16 @@ def _node_answers(cluster: LocalCluster) -> str:
     return cluster.ssh(f"srun -p small -w {NODE} -t 1 hostname").stdout.strip()
 
 
+@pytest.fixture
+def _cluster_left_up():
+    """The cluster is up again after this test however it ends: a failure between its ``down`` and
+    its ``up`` would otherwise leave every cluster test after it refused at the login node."""
+    yield
+    up = cluster_up(timeout=600)
+    assert up.returncode == 0, up.stderr
+
+
+@pytest.mark.usefixtures("_cluster_left_up")
 def test_down_stops_what_jobs_left_in_a_node_and_up_replaces_a_network_something_kept(
         local_cluster: LocalCluster) -> None:
     # 1. A process left in a node's namespace: `down` stops it.
