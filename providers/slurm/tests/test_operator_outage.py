@@ -20,7 +20,7 @@ import pytest
 from airflow.exceptions import TaskDeferred
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from slurm_provider.hooks import SlurmCommandFailed, SubmitLockBusy
+from slurm_provider.hooks import SlurmCommandFailed, SlurmUnavailable, SubmitLockBusy
 from slurm_provider.job_status import JobStatus
 from slurm_provider.login_wait import REACHABLE, SlurmLoginTrigger
 from slurm_provider.operators import SlurmSubmitOperator
@@ -359,3 +359,17 @@ def test_a_short_job_watch_that_meets_the_outage_hands_the_job_to_its_trigger(
         _operator(short_job_wait=30).execute(_context(1))
     assert isinstance(watching.value.trigger, SlurmJobTrigger), "the job's own trigger, not the login wait"
     assert [watching.value.trigger.job_id] == cluster.submitted
+
+
+def test_accounting_away_while_the_login_node_answers_is_waited_out_as_an_outage(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """slurmdbd restarting: sacct cannot answer though scontrol ping does. Slurm is away, not wrong:
+    the step is never counted as failing while reachable, however often it meets it."""
+    _down_cluster(monkeypatch, down=SlurmUnavailable("sacct exited 1: sacct: error: Problem talking to the "
+                                                     "database: Connection refused"))
+    context = _context(1)
+    wait = _deferred_on_login_wait(lambda: _operator().execute(context))
+    for _ in range(STEP_FAILURES_WHILE_REACHABLE + 2):
+        wait = _deferred_on_login_wait(lambda: _operator().execute_after_outage(
+            context, {**_reachable(wait), "carry": wait.carry}))
+    assert wait.carry == {"failures_while_reachable": 0}

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import pytest
 
 from slurm_provider.cli.sshare import TresMinutes
-from slurm_provider.hooks import SlurmCommandFailed, SlurmRateLimited
+from slurm_provider.hooks import SlurmCommandFailed, SlurmRateLimited, SlurmUnavailable
 from slurm_provider.poller import JobPoller, PollUpdate
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.job_status import JobStatus
@@ -141,6 +141,41 @@ def test_after_refusals_the_wait_doubles_up_to_the_longest_interval_and_eases_ba
     assert slower == [30.0, 60.0, 120.0, 240.0, 300.0, 300.0]
     # the slow-down shrinks by the growth factor per answered poll while the schedule grows back
     assert eased == pytest.approx([300.0, 200.0, 133.33, 88.89, 113.91, 170.86, 256.29, 300.0], abs=0.01)
+
+
+def test_an_error_slurm_keeps_answering_with_ends_every_watch_after_a_few_polls_not_a_day() -> None:
+    """squeue answers, with an error, while the login node answers: no outage to wait out for a day.
+    Each watcher hears that Slurm is asked again, then the error, with Slurm's own words."""
+    refused = SlurmCommandFailed("squeue exited 1: squeue: error: Invalid user: vcloud")
+    seen = watch([SlurmState.RUNNING, *[refused] * 10])
+    for updates in seen.values():
+        assert updates[0].status.state is SlurmState.RUNNING
+        waiting = [u.waiting for u in updates if u.waiting is not None]
+        assert len(waiting) == 2 and all("Slurm answered with an error" in w and "Invalid user" in w
+                                         for w in waiting), waiting
+        assert not any(u.unreachable for u in updates), "not taken for an outage"
+        error = str(updates[-1].error)
+        assert "answered 3 polls in a row with an error while its login node answered" in error, error
+        assert "squeue: error: Invalid user: vcloud" in error
+    assert ScriptedSource.opened == 3, "a fresh connection for each try"
+
+
+def test_slurm_away_is_an_outage_waited_out_like_an_unreachable_login_node() -> None:
+    away = SlurmUnavailable("sacct exited 1: sacct: error: Problem talking to the database: Connection refused")
+    seen = watch([SlurmState.RUNNING, *[away] * 12, SlurmState.RUNNING, SlurmState.COMPLETED])
+    for updates in seen.values():
+        assert all(u.error is None for u in updates)
+        assert len([u for u in updates if u.unreachable is not None]) == 12
+        assert updates[-1].status.state is SlurmState.COMPLETED
+
+
+def test_errors_slurm_answered_count_only_in_a_row() -> None:
+    """A hiccup that passes is forgotten: two errors, an answer, two errors again, and the watch goes on."""
+    refused = SlurmCommandFailed("squeue printed output that cannot be read: squeue line has 3 fields")
+    seen = watch([SlurmState.RUNNING, refused, refused, SlurmState.RUNNING, refused, refused,
+                  SlurmState.COMPLETED], jobs=("1",))
+    assert all(u.error is None for u in seen["1"])
+    assert seen["1"][-1].status.state is SlurmState.COMPLETED
 
 
 def test_a_failure_no_retry_can_heal_ends_every_watch_at_once() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from slurm_provider.cli import job_files, sacct, sbatch, scancel, scontrol, sinfo, squeue, sshare
 from slurm_provider.cli.sbatch import JobComment, SubmitOptions, exclusive_dir_marker
-from slurm_provider.hooks import SlurmAsyncHook, SlurmCommandFailed, SlurmHook, SlurmRateLimited
+from slurm_provider.hooks import SlurmAsyncHook, SlurmCommandFailed, SlurmHook, SlurmRateLimited, SlurmUnavailable
 from slurm_provider.scheduler_calls import (
     MIN_CALL_INTERVAL_EXTRA,
     SchedulerCalls,
@@ -166,6 +166,32 @@ def test_a_rate_limit_answer_is_its_own_retryable_failure_and_is_tallied() -> No
     assert isinstance(refused.value, SlurmCommandFailed) and refused.value.retryable
     assert calls_of("limited").rate_limited == 1 and calls_of("limited").total == 1
     forget_calls("limited")
+
+
+@pytest.mark.parametrize(("stderr", "kind"), [
+    ("squeue: error: slurm_load_jobs error: Rate limit exceeded, please retry momentarily", SlurmRateLimited),
+    ("squeue: error: slurm_load_jobs error: Socket timed out on send/recv operation", SlurmRateLimited),
+    ("squeue: error: slurm_load_jobs error: Unable to contact slurm controller (connect failure)",
+     SlurmUnavailable),
+    ("squeue: error: slurm_load_jobs error: Slurm backup controller in standby mode", SlurmUnavailable),
+    ("sacct: error: Problem talking to the database: Connection refused", SlurmUnavailable),
+    ("sacct: error: slurm_persist_conn_open_without_init: failed to open persistent connection to host:"
+     "slurmdbd:6819: Connection refused", SlurmUnavailable),
+    ("squeue: error: Invalid user: vcloud", SlurmCommandFailed),
+    ("squeue: unrecognized option '--Format=JobArrayID'", SlurmCommandFailed),
+    ("bash: line 1: squeue: command not found", SlurmCommandFailed),
+], ids=["rate-limit", "busy-controller", "no-controller", "standby", "no-database", "no-database-conn",
+        "invalid-user", "refused-option", "no-client"])
+def test_a_failed_status_command_says_whether_slurm_is_away_or_answered_with_an_error(
+        stderr: str, kind: type[SlurmCommandFailed]) -> None:
+    """Away (no controller, no accounting database) is an outage a watch waits out; "not now" slows
+    it down; anything else is an error Slurm answered with, which a watch stops on after a few polls."""
+    hook = SlurmAsyncHook("classified", runner=RecordingRunner(stderr), min_call_interval=0)
+    with pytest.raises(SlurmCommandFailed) as failed:
+        asyncio.run(hook.statuses(["5"]))
+    assert type(failed.value) is kind, failed.value
+    assert failed.value.retryable and stderr in str(failed.value)
+    forget_calls("classified")
 
 
 def test_the_blocking_hook_tallies_too() -> None:

@@ -72,7 +72,6 @@ from slurm_provider.cli.sbatch import (
     build_sbatch_submit,
     build_sbatch_test_only,
     exclusive_dir_marker,
-    is_controller_unavailable,
     parse_sbatch_parsable,
     parse_sbatch_test_only,
     sbatch_error_message,
@@ -96,7 +95,12 @@ from slurm_provider.cli.squeue import (
     parse_squeue,
 )
 from slurm_provider.cli.sshare import TresMinutes, account_tres_minutes, build_sshare_account, parse_sshare
-from slurm_provider.cli.values import SlurmOutputError, is_invalid_job_id_error
+from slurm_provider.cli.values import (
+    SlurmOutputError,
+    is_controller_unavailable,
+    is_invalid_job_id_error,
+    is_slurm_unavailable,
+)
 from slurm_provider.connection_form import CONN_TYPE, CONNECTION_FIELDS, HOOK_NAME, ui_field_behaviour
 from slurm_provider.file_verbs import FileVerbs, RemoteCommandError
 from slurm_provider.job_status import JobStatus, resolve_statuses
@@ -151,6 +155,13 @@ class SlurmRateLimited(SlurmCommandFailed):
     to answer): ask again later and less often; nothing is known about the jobs, none failed."""
 
 
+class SlurmUnavailable(SlurmCommandFailed):
+    """No controller or accounting database answered the command (``slurmctld`` or ``slurmdbd``
+    restarting, a maintenance): Slurm is away while the login node answers. Waited out like a login
+    node that does not answer, up to a watch's deadline. Any other :class:`SlurmCommandFailed` is an
+    error Slurm answered with, which a watch retries only a few times (``outage.STEP_FAILURES_WHILE_REACHABLE``)."""
+
+
 class SubmitLockBusy(SlurmCommandFailed):
     """Another submit held the exclusive directory's lock for all of the wait: nothing was submitted.
 
@@ -189,7 +200,8 @@ def _validate_script(script: str) -> str:
 
 def _failed(verb: str, result: CommandResult) -> SlurmCommandFailed:
     detail = result.stderr.strip() or result.stdout.strip() or "no output"
-    kind = SlurmRateLimited if is_rate_limited(result.stderr) else SlurmCommandFailed
+    kind = (SlurmRateLimited if is_rate_limited(result.stderr)
+            else SlurmUnavailable if is_slurm_unavailable(result.stderr) else SlurmCommandFailed)
     return kind(f"{verb} exited {result.exit_status}: {detail[-1000:]}", result)
 
 
@@ -470,7 +482,7 @@ def scontrol_show_plan(job_id: str | int) -> Plan[list[dict[str, str]]]:
 def ping_plan() -> Plan[dict[str, str]]:
     """The login node answers and a ``slurmctld`` answers it; the controllers' states.
 
-    Raises :class:`SlurmCommandFailed` (retryable) when no controller is up."""
+    Raises :class:`SlurmUnavailable` (retryable) when no controller is up."""
     result = yield RemoteCommand(build_scontrol_ping(), "scontrol")
     try:
         states = parse_scontrol_ping(result.stdout)
@@ -478,7 +490,7 @@ def ping_plan() -> Plan[dict[str, str]]:
         raise _failed("scontrol ping", result) from exc
     if "UP" not in states.values():
         said = ", ".join(f"{role} {state}" for role, state in states.items())
-        raise SlurmCommandFailed(f"no slurmctld answers the login node ({said})", result)
+        raise SlurmUnavailable(f"no slurmctld answers the login node ({said})", result)
     return states
 
 

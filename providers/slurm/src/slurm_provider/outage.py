@@ -110,6 +110,13 @@ def still_failing_line(conn_id: str, failures: int, cause: str) -> str:
             f"row right after it did; last error: {cause}")
 
 
+def slurm_error_line(conn_id: str, errors: int, cause: str) -> str:
+    """Why a watch stopped while the login node answered: Slurm kept answering its polls with an error."""
+    return (f"Slurm on {conn_id} answered {errors} polls in a row with an error while its login node answered, "
+            f"which is no outage to wait out; last error: {cause}. Run the same command on the login node to "
+            "see it (a Slurm client refusing an option after an upgrade, accounting that lost this user)")
+
+
 def reachable_again_line(conn_id: str, since: float, now: float | None = None) -> str:
     """What a wait says when the login node answers again."""
     now = time.time() if now is None else now

@@ -15,11 +15,15 @@ subscriber resets it. Only transport errors are retried (with jittered exponenti
 at the subscribers' longest allowed poll interval, and a fresh connection); anything else is handed
 to every subscriber.
 
-A login node that does not answer (refused, reset, timed out), or a status command that gives no
-usable answer, is retried without a limit for as long as anyone watches: every failed try hands
-each subscriber the :class:`~slurm_provider.outage.Outage` so far (since when, why, next try in),
-and each watch decides by its own deadline when it has waited long enough. A failure retrying cannot
-heal (host key, authentication, configuration) ends every watch at once.
+A login node that does not answer (refused, reset, timed out), or a Slurm that is away (no controller
+or accounting database answers: :class:`~slurm_provider.hooks.SlurmUnavailable`), is retried without
+a limit for as long as anyone watches: every failed try hands each subscriber the
+:class:`~slurm_provider.outage.Outage` so far (since when, why, next try in), and each watch decides
+by its own deadline when it has waited long enough. A failure retrying cannot heal (host key,
+authentication, configuration) ends every watch at once, and so does an error Slurm answered with
+while the login node answered (an option it refuses, output that cannot be read), once it came
+``STEP_FAILURES_WHILE_REACHABLE`` polls in a row (``timing.SLURM_ERROR_RETRY`` apart): it is not an
+outage, and waiting out a day's deadline would only hide it.
 
 Slurm's own "not now" answers (its rate limiter, a controller too busy or away to answer:
 :class:`~slurm_provider.hooks.SlurmRateLimited`) slow the poller down instead: the same connection
@@ -65,13 +69,14 @@ from slurm_provider.end_records import EndRecord, parse_end_record
 from slurm_provider.followed_files import FOLLOW_INTERVAL
 from slurm_provider.cli.sshare import TresMinutes
 from slurm_provider.job_status import JobStatus
-from slurm_provider.outage import Outage, reachable_again_line
+from slurm_provider.outage import STEP_FAILURES_WHILE_REACHABLE, Outage, reachable_again_line, slurm_error_line
 from slurm_provider.state_vocabulary import SlurmState, classify_pending_reason
 from slurm_provider.timing import (
     CONFIRM_RETRY,
     POLL_GROWTH,
     POLL_JITTER,
     POLLS,
+    SLURM_ERROR_RETRY,
     SLURM_THROTTLE,
     TRANSPORT_RETRY,
 )
@@ -235,9 +240,10 @@ class JobPoller:
     # --- the loop ----------------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        from slurm_provider.hooks import SlurmRateLimited
+        from slurm_provider.hooks import SlurmCommandFailed, SlurmRateLimited, SlurmUnavailable
 
         failures = 0  # tries in a row the cluster did not answer
+        errors = 0  # polls in a row a command ran on the login node and Slurm answered it with an error
         waits = 0  # cycles in a row whose login waited for a person
         slowed = 0  # polls in a row Slurm asked us to make less often
         since: float | None = None  # when the cluster stopped answering
@@ -253,7 +259,7 @@ class JobPoller:
                                 reachable_again_line(self.conn_id, since), len(self._subs))
                 elif waits:
                     log.info("Cluster %s reachable again; watching %d job(s)", self.conn_id, len(self._subs))
-                failures = waits = 0
+                failures = waits = errors = 0
                 since = None
             except SlurmRateLimited as exc:
                 slowed += 1
@@ -278,6 +284,22 @@ class JobPoller:
                 if not exc.retryable:
                     self._broadcast_error(exc)
                     return
+                if isinstance(exc, SlurmCommandFailed) and not isinstance(exc, SlurmUnavailable):
+                    errors += 1
+                    if errors >= STEP_FAILURES_WHILE_REACHABLE:
+                        log.error("Cluster %s: %s", self.conn_id, slurm_error_line(self.conn_id, errors, str(exc)))
+                        self._broadcast_error(SlurmCommandFailed(slurm_error_line(self.conn_id, errors, str(exc)),
+                                                                 exc.result))
+                        return
+                    delay = self._error_retry_delay(errors)
+                    log.warning("Cluster %s: Slurm answered with an error (%s); asking again in %.0fs (%d of %d)",
+                                self.conn_id, exc, delay, errors, STEP_FAILURES_WHILE_REACHABLE)
+                    self._broadcast_waiting(f"Slurm answered with an error ({exc}); asking again in {delay:.0f}s, "
+                                            f"{STEP_FAILURES_WHILE_REACHABLE - errors} more time(s) before the "
+                                            "watch stops")
+                    await self._sleep(delay)
+                    continue
+                errors = 0
                 failures += 1
                 if since is None:
                     since = time.time()
@@ -495,6 +517,13 @@ class JobPoller:
         subscriber allows."""
         now = self._interval or min((s.poll_interval for s in self._subs.values()), default=1.0)
         return SLURM_THROTTLE.capped_at(self._longest_wait()).after(max(self._throttle, now))
+
+    def _error_retry_delay(self, errors: int) -> float:
+        """The wait after the ``errors``-th error in a row Slurm answered with (``timing.SLURM_ERROR_RETRY``):
+        from the subscribers' shortest poll interval, doubling, never longer than the longest wait a
+        subscriber allows."""
+        shortest = min((s.poll_interval for s in self._subs.values()), default=SLURM_ERROR_RETRY.base)
+        return replace(SLURM_ERROR_RETRY, base=shortest).capped_at(self._longest_wait()).delay(errors - 1)
 
     def _retry_delay(self, attempt: int) -> float:
         """Back-off (``timing.TRANSPORT_RETRY``) never longer than the longest wait between polls a

@@ -42,6 +42,11 @@ MAX_RETRY_DELAY = 300.0
 TRANSPORT_RETRY = Backoff(base=1.0, factor=2.0, cap=MAX_RETRY_DELAY, jitter=(0.5, 1.0))
 """A poll the cluster did not answer (or whose login waits for a person), retried on a fresh
 connection: try ``n`` (from 1) waits up to ``2 ** n`` seconds, at least half of it."""
+SLURM_ERROR_RETRY = Backoff(base=POLL_INTERVAL, factor=2.0, cap=MAX_POLL_INTERVAL, jitter=(0.8, 1.0))
+"""A poll Slurm answered with an error (not "away", not "not now"), asked again on a fresh connection
+a few times (``outage.STEP_FAILURES_WHILE_REACHABLE``) before the watches stop: base and cap are the
+subscribers' shortest ``poll_interval`` and longest ``max_poll_interval``; a passing hiccup gets a
+poll interval and then twice that to go away."""
 SLURM_THROTTLE = Backoff(base=0.0, factor=2.0, cap=MAX_RETRY_DELAY)
 """Slurm's "not now" (its rate limit, a busy controller): each refusal doubles the longer of the last
 slow-down and the poll interval of the moment; answered polls ease it back by ``POLL_GROWTH``."""

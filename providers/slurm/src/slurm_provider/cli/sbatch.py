@@ -443,22 +443,6 @@ def parse_sbatch_parsable(stdout: str, stderr: str = "") -> SubmitResult:
     )
 
 
-CONTROLLER_UNAVAILABLE = (
-    "Unable to contact slurm controller",
-    "Socket timed out on send/recv operation",
-    "Slurm temporarily unable to accept job",
-    "Slurm backup controller in standby mode",
-    "Zero Bytes were transmitted or received",
-)
-"""What sbatch and squeue print when ``slurmctld`` is down, restarting or overloaded: the request may
-be tried again later (a timed-out ``sbatch`` may even have submitted the job: look before trying)."""
-
-
-def is_controller_unavailable(stderr: str | None) -> bool:
-    """True when a Slurm command failed because no controller answered, not because of the request."""
-    return any(message in (stderr or "") for message in CONTROLLER_UNAVAILABLE)
-
-
 def sbatch_error_message(stderr: str | None) -> str | None:
     """Slurm's own error sentence(s) from sbatch's stderr, without the ``sbatch: error:`` prefix."""
     messages = [m.group("msg").strip() for m in _SBATCH_ERROR.finditer(stderr or "")]

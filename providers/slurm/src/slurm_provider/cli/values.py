@@ -176,6 +176,37 @@ def is_invalid_job_id_error(stderr: str | None) -> bool:
     return "Invalid job id specified" in (stderr or "")
 
 
+CONTROLLER_UNAVAILABLE = (
+    "Unable to contact slurm controller",
+    "Socket timed out on send/recv operation",
+    "Slurm temporarily unable to accept job",
+    "Slurm backup controller in standby mode",
+    "Zero Bytes were transmitted or received",
+)
+"""What sbatch and squeue print when ``slurmctld`` is down, restarting or overloaded: the request may
+be tried again later (a timed-out ``sbatch`` may even have submitted the job: look before trying)."""
+
+DATABASE_UNAVAILABLE = (
+    "Problem talking to the database",
+    "failed to open persistent connection",
+    "Unable to connect to database",
+)
+"""What sacct (and sshare) print when ``slurmdbd`` does not answer: accounting is away for a while
+(restarting, in maintenance), the jobs are not."""
+
+
+def is_controller_unavailable(stderr: str | None) -> bool:
+    """True when a Slurm command failed because no controller answered, not because of the request."""
+    return any(message in (stderr or "") for message in CONTROLLER_UNAVAILABLE)
+
+
+def is_slurm_unavailable(stderr: str | None) -> bool:
+    """True when no controller or accounting database answered the command: Slurm is away, which
+    passes, unlike an error Slurm answered with (an option it refuses, an unknown user, output that
+    cannot be read), which stays until a person acts."""
+    return is_controller_unavailable(stderr) or any(message in (stderr or "") for message in DATABASE_UNAVAILABLE)
+
+
 def split_fields(line: str, names: Sequence[str], what: str) -> dict[str, str]:
     parts = line.split(FIELD_SEPARATOR)
     if len(parts) < len(names):
