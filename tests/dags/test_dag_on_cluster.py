@@ -113,6 +113,11 @@ def test_full_run_then_restart_from_stage_2(local_cluster: LocalCluster, project
     checked = values["preflight_checks"]["allocation"]
     assert checked["source"] == "slurm" and checked["limit_from"].startswith("Slurm association limit GrpTRESMins")
     assert set(values["preflight_checks"]["worst_case"]) == {"preflight", "data", *STAGES, "export"}
+    # The local cluster holds every site setting the pipeline relies on, as read by the preflight.
+    settings = {s["setting"]: (s["holds"], s["seen"]) for s in values["preflight_checks"]["site_settings"]}
+    assert settings["AccountingStoreFlags includes job_comment"] == (True, "job_comment"), settings
+    assert settings["PrivateData does not hide jobs"] == (True, "none"), settings
+    assert all(holds for holds, _ in settings.values()) and len(settings) == 4, settings
     after = [values[label]["allocation"] for label in ["prepare_data", "preflight_imports", *STAGES, "export"]]
     assert all(a["source"] == "slurm" and a["limit"] == checked["limit"] for a in after), after
     assert [a["slurm"]["used"] for a in after] == sorted(a["slurm"]["used"] for a in after)

@@ -4,7 +4,7 @@ The hooks build their command lines (:mod:`slurm_provider.cli`) and parse the an
 parsers; :class:`FakeSlurm` is the login node that answers them. It holds a job table
 (:class:`SlurmTable`) and answers exactly the lines the provider's plans build (sbatch ``--parsable``
 and ``--test-only``, the exclusive submit, squeue ``--Format``, sacct ``--parsable2``, scancel,
-scontrol show job / ping, sshare, and the file verbs the tests need), in the formats of the golden
+scontrol show job / ping / config, sshare, and the file verbs the tests need), in the formats of the golden
 files under providers/slurm/tests/golden. Any other line fails loudly with an ``AssertionError``
 naming it: the fake never answers what it does not understand with an empty success.
 
@@ -49,6 +49,11 @@ TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY
                    "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REVOKED")
 
 INVALID_JOB_ID = "slurm_load_jobs error: Invalid job id specified"
+
+
+SITE_CONFIG = {"AccountingStoreFlags": "job_comment", "JobRequeue": "1", "PrivateData": "none",
+               "SLURM_VERSION": "22.05.8"}
+"""The settings the fake controller lists, as the local cluster has them (golden ``config_show.txt``)."""
 
 
 def _stamp(moment: datetime | None) -> str:
@@ -131,6 +136,8 @@ class SlurmTable:
     uid: str = "1001"
     controller_up: bool = True
     clock: datetime = EPOCH
+    config: dict[str, str] = field(default_factory=lambda: dict(SITE_CONFIG))
+    """What ``scontrol show config`` lists (a test turns a setting off by changing it)."""
 
     def tick(self, seconds: int = 1) -> datetime:
         self.clock += timedelta(seconds=seconds)
@@ -371,6 +378,10 @@ def _scontrol(line: str, argv: list[str], table: SlurmTable) -> CommandResult:
     if argv[1:] == ["ping"]:
         state = "UP" if table.controller_up else "DOWN"
         return _ok(line, f"Slurmctld(primary) at slurmctld is {state}\n")
+    if argv[1:] == ["show", "config"]:
+        lines = [f"Configuration data as of {_stamp(table.clock)}"]
+        lines += [f"{name:<23} = {value}" for name, value in sorted(table.config.items())]
+        return _ok(line, "\n".join(lines) + "\n")
     if argv[1:4] == ["show", "job", "-o"] and len(argv) == 5:
         job = table.jobs.get(argv[4])
         if job is None or not job.in_squeue:
@@ -555,11 +566,11 @@ class FakeSlurm:
         self.before_each: Callable[[FakeSlurm], None] | None = None
         """A test's own step before each command is answered (time passing: an outage ends, a job starts)."""
         self.failing: dict[str, BaseException] = {}
+        """verb -> the error every command of that verb raises
+        (``{"scancel": TransportUnavailable(...)}``)."""
         self.erring: dict[str, tuple[int, str]] = {}
         """verb -> (exit status, stderr): the program runs and fails (``sshare: error: Problem talking
         to the database``)."""
-        """verb -> the error every command of that verb raises
-        (``{"scancel": TransportUnavailable(...)}``)."""
         self.site_commands: dict[str, tuple[int, str, str]] = {}
         """program -> (exit status, stdout, stderr) of a site's own command run as a script
         (``bash -s``, :meth:`site_command`)."""

@@ -22,7 +22,7 @@ from slurm_provider.operators import (
     DEFAULT_RETRY_DELAY,
     DEFAULT_RETRY_EXPONENTIAL_BACKOFF,
 )
-from slurm_provider.hooks import RemoteCommandError
+from slurm_provider.hooks import RemoteCommandError, SlurmCommandFailed
 from slurm_provider.transport.base import TransportError
 from vcloud.config import ConfigError, VCloudConfig, load_config
 from vcloud.contract import (
@@ -41,6 +41,8 @@ from vcloud_pipeline.plan.layout import run_key
 from vcloud_pipeline.plan.request import RequestError, TrainingRequest, parse_request
 from vcloud_pipeline.plan.labels import STAGE_LABELS, JobLabel
 from vcloud_pipeline.plan.run_plan import RunPlan, SyncedCode
+from vcloud_pipeline.budget.billing import Allocation
+from vcloud_pipeline.budget.site_settings import SiteSetting, site_settings
 from vcloud_pipeline.budget.preflight import (
     Ledger,
     check_image,
@@ -269,6 +271,7 @@ def preflight_checks(plan: RunPlan, hook: SlurmVerbs, synced: SyncedCode) -> dic
     log.info("allocation (%s): %s", allocation.source, allocation.describe())
     log.info("ledger of this project's jobs: %s", "; ".join(
         ledger.lines()[-1:] + [f"held by queued/running jobs {ledger.reserved:.2f}"]))
+    settings = read_site_settings(hook, allocation)
     specs = plan.specs()
     budgeted = {label: specs[label] for label in _budgeted(plan, hook, to_run)}
     worst = check_jobs_budget(plan.profile, budgeted, allocation)
@@ -282,7 +285,23 @@ def preflight_checks(plan: RunPlan, hook: SlurmVerbs, synced: SyncedCode) -> dic
         "ledger_reserved": round(ledger.reserved, 4),
         "allocation": allocation.to_json(),
         "worst_case": {label: round(case.amount, 4) for label, case in worst.items()},
+        "site_settings": [setting.to_json() for setting in settings],
     }
+
+
+def read_site_settings(hook: SlurmVerbs, allocation: Allocation) -> tuple[SiteSetting, ...]:
+    """The site settings the pipeline relies on (:mod:`vcloud_pipeline.budget.site_settings`), each logged:
+    a warning for one that does not hold. A controller that cannot list its settings is said, not fatal."""
+    try:
+        config = hook.site_config()
+    except SlurmCommandFailed as exc:
+        log.warning("site settings: scontrol show config gave no answer (%s); the settings the pipeline relies "
+                    "on are not checked", exc)
+        config = None
+    settings = site_settings(config, allocation)
+    for setting in settings:
+        (log.info if setting.holds else log.warning)("%s", setting.line())
+    return settings
 
 
 def _budgeted(plan: RunPlan, hook: SlurmVerbs, to_run: list[JobLabel]) -> list[JobLabel]:

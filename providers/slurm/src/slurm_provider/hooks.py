@@ -80,8 +80,10 @@ from slurm_provider.cli.sbatch import (
 from slurm_provider.cli.scancel import build_scancel
 from slurm_provider.cli.scontrol import (
     build_scontrol_ping,
+    build_scontrol_show_config,
     build_scontrol_show_job,
     parse_scontrol_ping,
+    parse_scontrol_show_config,
     parse_scontrol_show_job,
 )
 from slurm_provider.cli.sinfo import build_sinfo_unavailable_nodes, parse_sinfo_unavailable
@@ -494,6 +496,18 @@ def ping_plan() -> Plan[dict[str, str]]:
     return states
 
 
+def site_config_plan() -> Plan[dict[str, str]]:
+    """The controller's running settings (``scontrol show config``), by name: what a workflow checks
+    about the site it relies on (accounting flags, private data)."""
+    result = yield RemoteCommand(build_scontrol_show_config(), "scontrol")
+    if result.exit_status != 0:
+        raise _failed("scontrol show config", result)
+    try:
+        return parse_scontrol_show_config(result.stdout)
+    except SlurmOutputError as exc:
+        raise SlurmCommandFailed(f"scontrol show config printed output that cannot be read: {exc}", result) from exc
+
+
 def unavailable_nodes_plan(partition: str | None) -> Plan[dict[str, str]]:
     """Nodes sinfo reports down/drained/failing -> their state (feeds pending-reason classification)."""
     result = yield RemoteCommand(build_sinfo_unavailable_nodes(partition), "sinfo")
@@ -700,6 +714,10 @@ class SlurmHook(BaseHook, _CommandCounter, FileVerbs):
     def unavailable_nodes(self, partition: str | None = None) -> dict[str, str]:
         return self._drive(unavailable_nodes_plan(partition))
 
+    def site_config(self) -> dict[str, str]:
+        """``scontrol show config``: the controller's settings by name (``{"PrivateData": "none", ...}``)."""
+        return self._drive(site_config_plan())
+
     def ping(self) -> dict[str, str]:
         """``scontrol ping``: raises a retryable ``TransportError`` unless the login node and a
         controller answer; the controllers' states (``{"primary": "UP"}``)."""
@@ -865,6 +883,9 @@ class SlurmAsyncHook(BaseHook, _CommandCounter):
 
     async def ping(self) -> dict[str, str]:
         return await self._drive(ping_plan())
+
+    async def site_config(self) -> dict[str, str]:
+        return await self._drive(site_config_plan())
 
     async def account_tres(self, account: str, tres: str = "billing") -> TresMinutes | None:
         return await self._drive(account_tres_plan(account, tres))

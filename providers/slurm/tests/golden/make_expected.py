@@ -22,7 +22,7 @@ sys.path.insert(0, str(HERE.parents[1] / "src"))
 from slurm_provider.cli.job_files import parse_log_chunk, parse_progress  # noqa: E402
 from slurm_provider.cli.sacct import latest_job_rows, parse_sacct  # noqa: E402
 from slurm_provider.cli.sbatch import SbatchRefused, parse_sbatch_parsable, parse_sbatch_test_only  # noqa: E402
-from slurm_provider.cli.scontrol import parse_scontrol_show_job  # noqa: E402
+from slurm_provider.cli.scontrol import parse_scontrol_show_config, parse_scontrol_show_job  # noqa: E402
 from slurm_provider.cli.sinfo import parse_sinfo_unavailable  # noqa: E402
 from slurm_provider.cli.squeue import parse_squeue  # noqa: E402
 from slurm_provider.cli.sshare import account_tres_minutes, parse_sshare  # noqa: E402
@@ -74,6 +74,8 @@ def expected_for(name: str) -> Any:
             "latest": {k: v.row_index for k, v in latest_job_rows(rows).items()},
             "statuses": {k: v.to_event() for k, v in statuses_from_sacct(rows).items()},
         }
+    if name.startswith("config_"):
+        return {"settings": parse_scontrol_show_config(stdout)}
     if name.startswith("scontrol_"):
         return {
             "records": parse_scontrol_show_job(stdout),

@@ -1,4 +1,5 @@
-"""``scontrol show job``: one job's full record, as ``Key=Value`` words."""
+"""``scontrol show job`` (one job's full record, as ``Key=Value`` words), ``scontrol ping`` and
+``scontrol show config`` (the site's settings a workflow relies on)."""
 
 from __future__ import annotations
 
@@ -55,3 +56,28 @@ def parse_scontrol_ping(stdout: str | None) -> dict[str, str]:
     if not states:
         raise SlurmOutputError(f"not a 'scontrol ping' answer: {(stdout or '').strip()[:200]!r}")
     return states
+
+
+def build_scontrol_show_config() -> str:
+    """``scontrol show config``: the controller's running settings, one ``Name = Value`` per line."""
+    return join_argv(["scontrol", "show", "config"])
+
+
+_CONFIG_LINE = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9_]*)\s*=\s?(?P<value>.*)$")
+
+
+def parse_scontrol_show_config(stdout: str | None) -> dict[str, str]:
+    """``{"AccountingStoreFlags": "job_comment", "PrivateData": "none", ...}`` from ``scontrol show
+    config``. The banner (``Configuration data as of ...``) and the sections of plugins, whose lines are
+    indented or not ``Name = Value``, are skipped; the first value of a name is kept (a plugin's
+    section may repeat a name of the main one)."""
+    settings: dict[str, str] = {}
+    for line in output_lines(stdout):
+        if line[:1].isspace():
+            continue
+        match = _CONFIG_LINE.match(line.rstrip())
+        if match:
+            settings.setdefault(match.group("name"), match.group("value").strip())
+    if "SLURM_VERSION" not in settings:
+        raise SlurmOutputError(f"not a 'scontrol show config' answer: {(stdout or '').strip()[:200]!r}")
+    return settings
