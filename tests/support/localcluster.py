@@ -333,6 +333,39 @@ class LocalCluster:
             else:
                 self.set_billing_limit(before)
 
+    def show_config(self) -> dict[str, str]:
+        """``scontrol show config`` as root on this machine, by name."""
+        from slurm_provider.cli.scontrol import parse_scontrol_show_config
+
+        return parse_scontrol_show_config(self.root("scontrol", "show", "config").stdout)
+
+    @contextmanager
+    def slurm_settings(self, **settings: str | None) -> Iterator[None]:
+        """slurm.conf with ``settings`` set (None: the line removed) and ``scontrol reconfigure``d
+        inside the block; the file and the controller's settings restored after it, whatever happened
+        (cluster-wide: only in exclusive_cluster tests)."""
+        conf = Path("/etc/slurm/slurm.conf")
+        original = conf.read_text()
+        kept = [line for line in original.splitlines() if line.split("=", 1)[0].strip() not in settings]
+        added = [f"{name}={value}" for name, value in settings.items() if value is not None]
+        expected = {name: value or "(null)" for name, value in settings.items()}
+
+        def listed(wanted: dict[str, str]) -> bool:
+            config = self.show_config()
+            return all(config.get(name, "(null)") in (value, "none" if value == "(null)" else value)
+                       for name, value in wanted.items())
+
+        before = {name: self.show_config().get(name, "(null)") for name in settings}
+        try:
+            conf.write_text("\n".join(kept + added) + "\n")
+            self.root("scontrol", "reconfigure")
+            poll_until(lambda: listed(expected), timeout=60, what=f"slurmctld to list {expected}")
+            yield
+        finally:
+            conf.write_text(original)
+            self.root("scontrol", "reconfigure")
+            poll_until(lambda: listed(before), timeout=60, what=f"slurmctld to list {before} again")
+
     @contextmanager
     def private_account(self, billing_minutes: int) -> Iterator["PrivateAccount"]:
         """A Slurm account of the test's own with ``GrpTRESMins=billing=<billing_minutes>``, open to the

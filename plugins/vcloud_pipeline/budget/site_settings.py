@@ -82,10 +82,10 @@ def _visible_usage(config: Mapping[str, str]) -> SiteSetting:
     return SiteSetting(
         setting="PrivateData does not hide usage",
         holds="usage" not in _words(value), seen=value or "unset",
-        consequence="sshare shows only this user's share of the account's usage, so an allocation read from "
-                    "Slurm's limit misses what other members spent",
+        consequence="sshare hides the account's association and usage from this user (Slurm 22.05 lists none), "
+                    "so the allocation cannot be read from Slurm's limit on the account",
         fallback="Read the allocation with the site's command (billing.allocation_source: command) where it has "
-                 "one")
+                 "one; otherwise the profile's billing.allocation is the limit, less this user's jobs")
 
 
 def _allocation_read(allocation: Allocation) -> SiteSetting:

@@ -194,6 +194,25 @@ def test_a_failed_status_command_says_whether_slurm_is_away_or_answered_with_an_
     forget_calls("classified")
 
 
+@pytest.mark.parametrize(("capture", "kind"), [
+    ("answer_squeue_no_controller", SlurmUnavailable),
+    ("answer_sacct_no_database", SlurmUnavailable),
+    ("answer_sacct_bad_time", SlurmCommandFailed),
+])
+def test_what_the_local_clusters_slurm_printed_is_classified_the_same(capture: str,
+                                                                      kind: type[SlurmCommandFailed]) -> None:
+    """The error output captured from the local cluster's Slurm with slurmctld, then slurmdbd, stopped
+    (golden ``answer_*.stderr.txt``), and of a request Slurm refused."""
+    from providers.slurm.tests.cli.captured_output import GOLDEN
+
+    stderr = (GOLDEN / f"{capture}.stderr.txt").read_text()
+    hook = SlurmAsyncHook("captured", runner=RecordingRunner(stderr), min_call_interval=0)
+    with pytest.raises(SlurmCommandFailed) as failed:
+        asyncio.run(hook.statuses(["5"]))
+    assert type(failed.value) is kind, failed.value
+    forget_calls("captured")
+
+
 def test_the_blocking_hook_tallies_too() -> None:
     forget_calls("blocking")
 

@@ -62,7 +62,7 @@ def test_a_setting_that_does_not_hold_says_what_goes_wrong_and_what_the_pipeline
                                       "accounting keeps no comment of a finished job")
     assert "adoption of its own job goes by the job's name" in comments.fallback
     assert "sees this user's jobs only" in jobs.consequence and "own names" in jobs.fallback
-    assert "misses what other members spent" in usage.consequence
+    assert "cannot be read from Slurm's limit" in usage.consequence and "site's command" in usage.fallback
     assert not allocation.holds and allocation.seen == "the profile: no limit"
     assert "other members of the project spend is not subtracted" in allocation.consequence
     assert allocation.fallback == "The profile's billing.allocation is the limit, less this user's jobs"

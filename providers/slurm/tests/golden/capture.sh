@@ -10,6 +10,11 @@
 # and reviewed by hand before committing.
 #
 # Takes about 4 minutes (one job must reach its 1-minute time limit).
+#
+# Not captured by this script, because they stop the cluster's daemons (then `make cluster-up`):
+#   answer_sacct_no_database.stderr.txt     slurmdbd stopped:  runuser -u vcloud -- sacct -X -n -P -j 1
+#   answer_squeue_no_controller.stderr.txt  slurmctld stopped: runuser -u vcloud -- squeue -h -j 1
+#   answer_sacct_bad_time.stderr.txt        runuser -u vcloud -- sacct -X -n -P --starttime=garbage
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"

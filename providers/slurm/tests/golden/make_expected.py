@@ -26,7 +26,8 @@ from slurm_provider.cli.scontrol import parse_scontrol_show_config, parse_scontr
 from slurm_provider.cli.sinfo import parse_sinfo_unavailable  # noqa: E402
 from slurm_provider.cli.squeue import parse_squeue  # noqa: E402
 from slurm_provider.cli.sshare import account_tres_minutes, parse_sshare  # noqa: E402
-from slurm_provider.cli.values import is_invalid_job_id_error  # noqa: E402
+from slurm_provider.cli.values import is_invalid_job_id_error, is_slurm_unavailable  # noqa: E402
+from slurm_provider.scheduler_calls import is_rate_limited  # noqa: E402
 from slurm_provider.job_status import resolve_statuses, statuses_from_sacct  # noqa: E402
 
 # Byte offset each read_log capture asked for (see capture.sh).
@@ -74,6 +75,8 @@ def expected_for(name: str) -> Any:
             "latest": {k: v.row_index for k, v in latest_job_rows(rows).items()},
             "statuses": {k: v.to_event() for k, v in statuses_from_sacct(rows).items()},
         }
+    if name.startswith("answer_"):  # a Slurm client that failed: away (waited out), busy, or an error it answered
+        return {"slurm_unavailable": is_slurm_unavailable(stderr), "rate_limited": is_rate_limited(stderr)}
     if name.startswith("config_"):
         return {"settings": parse_scontrol_show_config(stdout)}
     if name.startswith("scontrol_"):
