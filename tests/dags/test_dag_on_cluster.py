@@ -219,6 +219,8 @@ def test_an_exported_run_run_again_exports_again_only_when_a_stage_output_change
     marker = json.loads(local_cluster.ssh(f"cat {shlex.quote(viewer)}/EXPORTED").stdout)
     assert marker["stage"] == 0 and set(marker["stamps"]) == {"stage0/best.pt", "stage0/COMPLETE",
                                                                 "stage0/metrics.jsonl"}
+    done = local_cluster.ssh(f"cd {shlex.quote(viewer)} && ls -d EXPORTED*").stdout.split()
+    assert done == ["EXPORTED", f"EXPORTED.{marker['inputs']}"], done  # the submit's done marker
     capfd.readouterr()
 
     # The same run again: stage 0 is complete, and the export names exactly these outputs.

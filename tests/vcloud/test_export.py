@@ -18,6 +18,7 @@ from vcloud.contract import (
     TrainingCurve,
     curve_png_name,
     export_inputs_digest,
+    exported_done_name,
     exported_inputs,
     training_curve,
 )
@@ -95,6 +96,7 @@ def test_the_export_is_marked_done_naming_the_stage_outputs_it_read(exported, ti
     assert record["inputs"] == export_inputs_digest(stamps) == exported_inputs((dest / EXPORTED_FILE).read_text())
     assert record["stage"] == 0 and record["checkpoint"] == str(run_dir / "stage0" / "best.pt")
     assert record["stamps"]["stage0/best.pt"] == list(stamps["stage0/best.pt"])
+    assert sorted(p.name for p in dest.glob("EXPORTED*")) == ["EXPORTED", exported_done_name(record["inputs"])]
     # a partial export (one series) is no export of the run: it leaves no marker, and removes an old one
     partial = tmp_path / "viewer"
     partial.mkdir()
@@ -102,6 +104,10 @@ def test_the_export_is_marked_done_naming_the_stage_outputs_it_read(exported, ti
     assert main(["--config", str(TINY), "--data", str(tiny_prepared), "--out", str(run_dir), "--dest", str(partial),
                  "--limit", "1"]) == 0
     assert not (partial / EXPORTED_FILE).exists()
+    (partial / exported_done_name(record["inputs"])).touch()
+    assert main(["--config", str(TINY), "--data", str(tiny_prepared), "--out", str(run_dir), "--dest", str(partial),
+                 "--limit", "1"]) == 0
+    assert not list(partial.glob("EXPORTED*")), "an export under way is no export of any inputs"
 
 
 def test_the_inputs_digest_changes_with_any_input_file_and_only_then() -> None:

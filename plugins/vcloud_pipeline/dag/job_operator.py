@@ -34,6 +34,8 @@ from vcloud.contract import (
     STAGES,
     best_checkpoint_metrics,
     completed_epochs,
+    export_inputs_digest,
+    exported_done_name,
     final_metrics,
     gain_metric,
     recorded_code_hash,
@@ -197,7 +199,9 @@ class PipelineJobOperator(SlurmSubmitOperator):
     def _done_when(self, plan: RunPlan) -> tuple[str, ...]:
         """Files inside :meth:`_writes` whose presence means the job's work is done, looked at under
         the submit lock: a stage is complete with ``COMPLETE`` and ``best.pt``, the synthetic dataset
-        with its index. A job that finished a moment before this one's submit is not repeated."""
+        with its index. A job that finished a moment before this one's submit is not repeated. The
+        export's (``EXPORTED.<digest>`` of the stage outputs there are now) is named by :meth:`_decide`,
+        which reads those outputs' stamps."""
         if self.job.trains:
             return (COMPLETE_FILE, BEST_CHECKPOINT)
         if self.job is JobLabel.DATA:
@@ -216,7 +220,10 @@ class PipelineJobOperator(SlurmSubmitOperator):
             sizes = hook.file_sizes([str(paths.data_index)])
             return decide_data(plan.stage_plan, sizes.get(str(paths.data_index)))
         if self.job is JobLabel.EXPORT:
-            return decide_export(plan.stage_plan, self._export_files(plan, hook), paths)
+            export = self._export_files(plan, hook)
+            if export is not None:  # the submit looks for this export's done marker under the lock
+                self.done_markers = (exported_done_name(export_inputs_digest(export.stamps)),)
+            return decide_export(plan.stage_plan, export, paths)
         stage = self.job.stage
         assert stage is not None
         wanted = [paths.complete_path(stage), paths.best_checkpoint(stage)]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowSkipException
 
-from vcloud.contract import export_inputs_digest, exported_record
+from vcloud.contract import export_inputs_digest, exported_done_name, exported_record
 from vcloud_pipeline.dag.job_operator import PipelineJobOperator
 from vcloud_pipeline.plan.labels import JobLabel
 from vcloud_pipeline.plan.request import parse_request
@@ -72,3 +72,21 @@ def test_a_run_that_exports_nothing_reads_no_file() -> None:
     node = LoginNode(STAMPS, None)
     decision = PipelineJobOperator(task_id="export", job=JobLabel.EXPORT)._decide(plan, node)  # type: ignore[arg-type]
     assert decision is not None and not decision.submit and node.calls == []
+
+
+def test_the_export_submit_looks_under_the_lock_for_the_done_marker_of_the_outputs_there_are_now() -> None:
+    """As a stage's submit looks for its ``COMPLETE``: a second submit of one export, racing the first
+    (two deployments, a re-trigger), finds ``EXPORTED.<digest>`` once the first export is done."""
+    operator = PipelineJobOperator(task_id="export", job=JobLabel.EXPORT)
+    operator._decide(PLAN, LoginNode(STAMPS, None))  # type: ignore[arg-type]
+    by_name = {path.removeprefix(f"{OUTPUTS}/"): stamp for path, stamp in STAMPS.items()}
+    assert operator.done_markers == (exported_done_name(export_inputs_digest(by_name)),)
+    assert operator.done_markers[0] == f"EXPORTED.{export_inputs_digest(by_name)}"
+    changed = {**STAMPS, f"{OUTPUTS}/stage0/best.pt": (4096, 1767229200)}
+    operator._decide(PLAN, LoginNode(changed, None))  # type: ignore[arg-type]
+    assert operator.done_markers != (exported_done_name(export_inputs_digest(by_name)),)
+
+
+def test_a_done_name_is_made_of_a_digest_only() -> None:
+    with pytest.raises(ValueError, match="not an export inputs digest"):
+        exported_done_name("../COMPLETE")

@@ -65,6 +65,19 @@ EXPORTED_FILE = "EXPORTED"
 """Written last into the viewer directory by the DAG's export (atomically, :func:`exported_record`),
 removed when an export starts: the viewer data there are complete for the stage outputs it names."""
 
+EXPORT_DONE_PREFIX = f"{EXPORTED_FILE}."
+"""``EXPORTED.<inputs digest>``, touched after ``EXPORTED``: the export of exactly these stage outputs is
+done. The DAG's export task names it as its done marker, which the submit looks for under the viewer
+directory's lock (as a stage's ``COMPLETE``), so two submits of one export never both run it."""
+
+
+def exported_done_name(inputs: str) -> str:
+    """The done marker of an export of the stage outputs whose digest is ``inputs``."""
+    if not re.fullmatch(r"[0-9a-f]{16}", inputs):
+        raise ValueError(f"not an export inputs digest: {inputs!r}")
+    return f"{EXPORT_DONE_PREFIX}{inputs}"
+
+
 EXPORT_INPUT_FILES: tuple[str, ...] = (BEST_CHECKPOINT, COMPLETE_FILE, METRICS_FILE)
 """Per stage, the files the export's output comes from: the model it restores (the highest stage's
 ``best.pt``, found by which exist), the stage's record, and the curve it plots."""

@@ -14,8 +14,10 @@ stage's ``best.pt``), writes to ``VIEWER_DIR``:
   stage trained before that file existed);
 - ``EXPORTED`` last, atomically (the default export only: every test series of the highest stage):
   the digest of the stage outputs it read (:func:`vcloud.contract.export_inputs_digest`), which the
-  DAG's export task compares before it submits another export of the same outputs. An export
-  removes it first, so a viewer directory half rewritten never counts as done.
+  DAG's export task compares before it submits another export of the same outputs; then
+  ``EXPORTED.<digest>`` (:func:`vcloud.contract.exported_done_name`), which the task's submit looks
+  for under the viewer directory's lock. An export removes both first, so a viewer directory half
+  rewritten never counts as done.
 
 With only stage 0 trained, the "prediction" is the autoencoder's reconstruction of the least
 cloudy input: a baseline that shows what the later stages add.
@@ -38,6 +40,7 @@ from vcloud import exitcodes
 from vcloud.config import ConfigError, VCloudConfig, load_config
 from vcloud.contract import (
     CODE_HASH_ENV,
+    EXPORT_DONE_PREFIX,
     EXPORTED_FILE,
     STAGES,
     STOP_PATIENCE,
@@ -45,6 +48,7 @@ from vcloud.contract import (
     curve_png_name,
     export_input_names,
     export_inputs_digest,
+    exported_done_name,
     exported_record,
     training_curve,
 )
@@ -180,7 +184,8 @@ def export_viewer(config: VCloudConfig, data_root: Path, run_dir: Path, dest: Pa
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     marks_done = stage is None and split == "test" and limit is None  # the DAG's export, complete
     stamps = input_stamps(run_dir)
-    (dest / EXPORTED_FILE).unlink(missing_ok=True)
+    for done in (dest / EXPORTED_FILE, *dest.glob(f"{EXPORT_DONE_PREFIX}*")):
+        done.unlink(missing_ok=True)
     stage = latest_trained_stage(run_dir) if stage is None else stage
     best = StagePaths(run_dir, stage).best
     spec = get_stage(stage)
@@ -243,7 +248,9 @@ def export_viewer(config: VCloudConfig, data_root: Path, run_dir: Path, dest: Pa
         write_json(dest / EXPORTED_FILE, exported_record(
             inputs=inputs, stamps=stamps, stage=stage, checkpoint=str(best), series=len(per_series),
             code_hash=os.environ.get(CODE_HASH_ENV)))
-        log.info("exported from stage outputs %s: %s written", inputs, dest / EXPORTED_FILE)
+        (dest / exported_done_name(inputs)).touch()
+        log.info("exported from stage outputs %s: %s and %s written", inputs, dest / EXPORTED_FILE,
+                 exported_done_name(inputs))
     log.info("stage %d on %d %s series: PSNR %.2f dB, SSIM %.3f, SAM %.2f deg", stage, len(per_series), split,
              mean["psnr"], mean["ssim"], mean["sam"])
     return summary
