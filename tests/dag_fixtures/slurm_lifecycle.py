@@ -37,7 +37,10 @@ with DAG(
         poll_interval=2.0,
         max_poll_interval=4.0,
         first_poll_delay=0.0,
-        resubmit_budgets={"TIMEOUT": 2, "NODE_FAIL": 2, "PREEMPTED": 2, "BOOT_FAIL": 1},
+        resubmit_budgets={"TIMEOUT": 2, "NODE_FAIL": 2, "PREEMPTED": 2, "BOOT_FAIL": 1, "KILLED": 1},
+        # A script that writes no exit record and dies of a signal would pass for killed from outside:
+        # the lifecycle scripts that are killed that way write one (end_records.end_record_shell).
+        writes_end_record=True,
         keep_job_on_give_up=os.environ.get("SLURM_LIFECYCLE_KEEP_JOB") == "1",
         short_job_wait=float(os.environ.get("SLURM_LIFECYCLE_SHORT_JOB_WAIT", "0")),
     )

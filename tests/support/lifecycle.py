@@ -95,7 +95,7 @@ def jobs_of(cluster: LocalCluster, outcome: LifecycleOutcome, expect: int = 1) -
     def read() -> list[str]:
         out = cluster.root("sacct", "-X", "-n", "-P", "-S", "now-1days", f"--name={name}",
                            "--format=JobIDRaw").stdout
-        return sorted({line for line in out.splitlines() if line})
+        return sorted({line for line in out.splitlines() if line}, key=int)  # as numbers: 999 before 1000
 
     poll_until(lambda: len(read()) >= expect, timeout=60, what=f"{expect} job(s) named {name} in sacct")
     cluster.accounting_caught_up()

@@ -128,6 +128,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
         kwargs.setdefault("log_dir", "/unbound")
         kwargs.setdefault("exit_code_meanings", job_exits.MEANINGS)
         kwargs.setdefault("project_tag", PROJECT_TAG)
+        kwargs.setdefault("writes_end_record", True)  # every outer script writes one (jobs/render.py)
         super().__init__(stage=job, **kwargs)
         self.job = job
         self.plan_task = plan_task

@@ -71,7 +71,7 @@ def test_timeout_is_resubmitted_and_continues_progress(local_cluster: LocalClust
     first, second = outcome.result["job_ids"]
     assert [s["cause"] for s in outcome.result["submissions"]] == ["initial", "TIMEOUT"]
     assert local_cluster.sacct_runs(int(first))[-1]["State"] == "TIMEOUT"
-    assert jobs_of(local_cluster, outcome, expect=2) == sorted([first, second])
+    assert jobs_of(local_cluster, outcome, expect=2) == sorted([first, second], key=int)
     assert local_cluster.ssh(f"cat {shlex.quote(progress)}").stdout.strip() == '{"epoch": 2, "step": 0}'
 
 
@@ -126,6 +126,34 @@ def test_requeue_mid_run_keeps_waiting_then_completes(local_cluster: LocalCluste
     assert jobs_of(local_cluster, outcome) == [str(injector.job_id)]
     states = [run["State"] for run in local_cluster.sacct_runs(injector.job_id)]
     assert states == ["REQUEUED", "COMPLETED"]
+
+
+def test_a_batch_script_killed_from_outside_is_resubmitted_and_completes(local_cluster: LocalCluster,
+                                                                           capfd: pytest.CaptureFixture) -> None:
+    """The batch shell killed with SIGKILL (as an administrator's kill, or a restarted controller that
+    lost the job's start, leaves it): Slurm says FAILED 0:9 and the script left no exit record. An
+    interruption: resubmitted (cause KILLED), and the second job, which finds the first one's mark,
+    completes."""
+    from slurm_provider.end_records import end_record_shell
+
+    log_dir = local_cluster.test_dir()
+    mark = shlex.quote(f"{log_dir}/started")
+    injector = Injector(local_cluster, log_dir,
+                        lambda job: local_cluster.root("scancel", "--batch", "--signal=KILL", str(job)))
+    injector.start()
+    body = f"{end_record_shell(f'{log_dir}/%x.%j.out')}\n[ -e {mark} ] && exit 0\ntouch {mark}\nsleep 300"
+    outcome = run_lifecycle(capfd, script=batch_script(body), log_dir=log_dir)
+    injector.join(5)
+    assert injector.error is None, injector.error
+    assert outcome.state == "success", outcome.output[-3000:]
+    assert [s["cause"] for s in outcome.result["submissions"]] == ["initial", "KILLED"]
+    first, second = outcome.result["job_ids"]
+    assert first == str(injector.job_id)
+    killed = local_cluster.sacct_runs(int(first))[-1]
+    assert (killed["State"], killed["ExitCode"]) == ("FAILED", "0:9"), killed
+    assert local_cluster.sacct_runs(int(second))[-1]["State"] == "COMPLETED"
+    assert f"Job {first} ended FAILED of signal 9 before its script could end" in outcome.output
+    assert jobs_of(local_cluster, outcome, expect=2) == sorted([first, second], key=int)
 
 
 def test_cancel_by_a_person_fails_and_says_who(local_cluster: LocalCluster, capfd: pytest.CaptureFixture) -> None:

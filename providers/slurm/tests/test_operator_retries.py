@@ -34,7 +34,7 @@ def _cluster(monkeypatch: pytest.MonkeyPatch, *statuses: JobStatus) -> FakeSlurm
     fake = install(monkeypatch)
     for status in statuses:
         fake.add(status.job_id, status.name or NAME, state=status.state.value, reason=status.reason,
-                 exit_code=status.exit_code or 0, cancelled_by=status.cancelled_by)
+                 exit_code=status.exit_code or 0, signal=status.signal or 0, cancelled_by=status.cancelled_by)
     return fake
 
 
@@ -73,8 +73,9 @@ def _context(try_number: int = 1, *submitted: str) -> dict[str, Any]:
 
 
 def _operator(**kwargs: Any) -> SlurmSubmitOperator:
+    kwargs.setdefault("resubmit_budgets", {"TIMEOUT": 0})
     return SlurmSubmitOperator(task_id="train", conn_id="c", script="#!/bin/bash\ntrue\n",
-                               log_dir="/srv/logs", resubmit_budgets={"TIMEOUT": 0}, **kwargs)
+                               log_dir="/srv/logs", **kwargs)
 
 
 def _event(kind: str, status: JobStatus | None, message: str = "what the trigger saw") -> dict[str, Any]:
@@ -213,3 +214,45 @@ def test_sbatch_refusing_the_job_fails_for_good_and_a_login_failure_is_retried(
     with pytest.raises(AirflowException) as raised:
         _operator().execute(_context())
     assert not isinstance(raised.value, AirflowFailException)  # a person may fix the login before the retry
+
+
+# --- a batch script killed from outside is an interruption ---------------------------------------------
+
+
+def _record_path(context: dict[str, Any], job_id: str) -> str:
+    from slurm_provider.end_records import end_record_path
+
+    return end_record_path(_operator()._log_path(context, job_id))
+
+
+def test_a_script_killed_before_it_could_end_is_resubmitted_as_an_interruption(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """FAILED with signal 9 and no exit record of the run (an administrator's kill, a controller that
+    lost the job's start): resubmitted within the KILLED budget, the cause in the task log."""
+    killed = _status("101", SlurmState.FAILED, exit_code=0, signal=9)
+    cluster = _cluster(monkeypatch, killed)
+    context = _context(1, "101")
+    with pytest.raises(TaskDeferred) as deferred:
+        _operator(writes_end_record=True, resubmit_budgets={"KILLED": 1}).execute_complete(
+            context, _event(FINISHED, killed))
+    assert cluster.submitted == [deferred.value.trigger.job_id]
+    assert [s["cause"] for s in context["task_state_store"][HISTORY_KEY]] == ["initial", "KILLED"]
+    out = capsys.readouterr().out
+    assert "Job 101 ended FAILED of signal 9 before its script could end (no exit record of the run)" in out
+    assert "resubmitting after KILLED (1 of 1)" in out
+
+
+@pytest.mark.parametrize("case", ["record-of-the-run", "script-writes-none", "no-signal", "budget-used-up"])
+def test_a_failure_that_is_not_a_kill_from_outside_fails_for_good(case: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    ended = _status("101", SlurmState.FAILED, exit_code=0 if case != "no-signal" else 1,
+                    signal=9 if case != "no-signal" else 0)
+    cluster = _cluster(monkeypatch, ended)
+    context = _context(1, "101")
+    if case == "record-of-the-run":  # the script ended on its own and said so
+        cluster.table.files[_record_path(context, "101")] = "job=101 restart=0 exit=137 end=1764218000 requeued=0\n"
+    budgets = {"KILLED": 0 if case == "budget-used-up" else 1}
+    with pytest.raises(AirflowFailException, match="ended FAILED"):
+        _operator(writes_end_record=case != "script-writes-none", resubmit_budgets=budgets).execute_complete(
+            context, _event(FINISHED, ended))
+    assert cluster.submitted == []

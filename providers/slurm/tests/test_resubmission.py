@@ -102,3 +102,38 @@ def test_history_since_the_last_clear_keeps_only_that_clears_jobs() -> None:
     # histories stored before clear numbers were recorded belong to the first clear
     assert SubmissionHistory.from_json([{"job_id": "7", "number": 1, "cause": "initial",
                                          "try_number": 1}]).since_clear(0).job_ids == ["7"]
+
+
+@pytest.mark.parametrize(("state", "signal", "record", "killed"), [
+    (SlurmState.FAILED, 9, None, True),
+    (SlurmState.FAILED, 15, "job=7 restart=0 exit=0 end=1 requeued=0", True),  # another job's record
+    (SlurmState.FAILED, 9, "job=101 restart=0 exit=0 end=1 requeued=0", True),  # an earlier run's record
+    (SlurmState.FAILED, 9, "job=101 restart=1 exit=137 end=1 requeued=0", False),  # this run ended on its own
+    (SlurmState.FAILED, 0, None, False),  # a non-zero exit, no signal: the job itself failed
+    (SlurmState.CANCELLED, 9, None, False),  # a person's scancel is a gesture, not an interruption
+    (SlurmState.OUT_OF_MEMORY, 9, None, False),
+], ids=["sigkill-no-record", "other-jobs-record", "earlier-runs-record", "own-record", "no-signal",
+        "cancelled", "oom"])
+def test_killed_from_outside_is_a_signal_without_the_runs_exit_record(state: SlurmState, signal: int,
+                                                                     record: str | None, killed: bool) -> None:
+    from slurm_provider.end_records import parse_end_record
+    from slurm_provider.job_status import JobStatus
+    from slurm_provider.resubmission import killed_from_outside
+
+    status = JobStatus("101", state, signal=signal, restarts=1)
+    assert killed_from_outside(status, parse_end_record(record) if record else None) is killed
+
+
+def test_a_kill_from_outside_is_resubmitted_within_its_own_budget() -> None:
+    from slurm_provider.resubmission import KILLED
+
+    history = SubmissionHistory([Submission("1", 1, "initial", 1)])
+    first = decide_resubmission(SlurmState.FAILED, history, {KILLED: 1}, progress_now=None,
+                                probe_configured=False, killed=True)
+    assert (first.resubmit, first.cause) == (True, "KILLED") and "(1 of 1)" in first.message
+    history.add(Submission("2", 2, KILLED, 1))
+    second = decide_resubmission(SlurmState.FAILED, history, {KILLED: 1}, progress_now=None,
+                                 probe_configured=False, killed=True)
+    assert not second.resubmit and "budget for KILLED used up" in second.message
+    assert not decide_resubmission(SlurmState.FAILED, history, {KILLED: 5}, progress_now=None,
+                                   probe_configured=False).resubmit, "a plain FAILED is no interruption"

@@ -83,8 +83,9 @@ from slurm_provider.resubmission import (
     Submission,
     SubmissionHistory,
     decide_resubmission,
+    killed_from_outside,
 )
-from slurm_provider.state_vocabulary import StateCategory
+from slurm_provider.state_vocabulary import SlurmState, StateCategory
 from slurm_provider.transport import TransportError
 from slurm_provider.triggers import ERROR, FINISHED, LOST, NEVER_STARTS, SlurmJobTrigger
 from slurm_provider.validation import (
@@ -216,6 +217,11 @@ class SlurmSubmitOperator(BaseOperator):
         ``first_poll_delay`` after the deferral); the task holds its worker slot meanwhile, and one
         Slurm call confirms the end. A job that runs on, requeues itself or cannot be read is watched by
         the trigger as usual.
+    :param writes_end_record: the script writes its exit record (:func:`slurm_provider.end_records.end_record_shell`)
+        whenever it ends on its own. A job Slurm calls ``FAILED`` by a signal with no record of that
+        run was then killed from outside before its script could end (an administrator's kill, a
+        controller that lost the job's start): an interruption, resubmitted within the ``KILLED``
+        budget like a node failure, never taken for a failure of what the job ran.
     :param watch_deadline: how long (a timedelta or seconds; 24 hours by default) the task waits for
         something outside its job before it gives up on this try: a login node that does not answer
         (a retry adopts the job), or a job pending on its account's allocation
@@ -259,7 +265,7 @@ class SlurmSubmitOperator(BaseOperator):
                  max_retry_delay: timedelta | float | None = DEFAULT_MAX_RETRY_DELAY,
                  keep_job_on_give_up: bool = False, done_markers: Sequence[str] = (),
                  replace_outputs: bool = False, supersede_dirs: Sequence[str] = (),
-                 short_job_wait: float = SHORT_JOB_WAIT,
+                 short_job_wait: float = SHORT_JOB_WAIT, writes_end_record: bool = False,
                  watch_deadline: timedelta | float = DEFAULT_WATCH_DEADLINE,
                  follow: Sequence[Mapping[str, str]] = (), follow_interval: float = FOLLOW_INTERVAL,
                  **kwargs: Any) -> None:
@@ -293,6 +299,7 @@ class SlurmSubmitOperator(BaseOperator):
         self.replace_outputs = replace_outputs
         self.supersede_dirs = tuple(supersede_dirs)
         self.short_job_wait = short_job_wait
+        self.writes_end_record = writes_end_record
         self.watch_deadline = watch_deadline
         self.follow = [dict(spec) for spec in follow]
         self.follow_interval = follow_interval
@@ -443,6 +450,8 @@ class SlurmSubmitOperator(BaseOperator):
             return self._finish(context, hook, history, status)
         if status.state.is_retryable:
             return self._after_interruption(context, hook, history, status)
+        if self._killed_from_outside(context, hook, status):
+            return self._after_interruption(context, hook, history, status, killed=True)
         message = self._failure_message(hook, status, context)
         left = self._give_up(context, hook, job_id, f"it ended {status.state.value}", history)
         raise AirflowFailException(f"{message}\n{left}".rstrip())
@@ -555,12 +564,24 @@ class SlurmSubmitOperator(BaseOperator):
                       markers)
         raise AirflowSkipException(f"{self.exclusive_dir} is already done ({markers} exist): nothing submitted")
 
+    def _killed_from_outside(self, context: Context, hook: SlurmHook, status: JobStatus) -> bool:
+        """A ``FAILED`` job whose script writes an exit record, killed by a signal with no record of
+        that run left (:func:`slurm_provider.resubmission.killed_from_outside`)."""
+        if not self.writes_end_record or status.state is not SlurmState.FAILED or not status.signal:
+            return False
+        record = parse_end_record(hook.read_file(end_record_path(self._log_path(context, status.job_id))) or "")
+        if not killed_from_outside(status, record):
+            return False
+        self.log.warning("Job %s ended FAILED of signal %s before its script could end (no exit record of the "
+                         "run): killed from outside the job, an interruption", status.job_id, status.signal)
+        return True
+
     def _after_interruption(self, context: Context, hook: SlurmHook, history: SubmissionHistory,
-                            status: JobStatus) -> Any:
+                            status: JobStatus, *, killed: bool = False) -> Any:
         progress = hook.read_file(self.progress_path) if self.progress_path else None
-        decision = decide_resubmission(status.state, history, self.resubmit_budgets,
-                                       progress_now=progress, probe_configured=bool(self.progress_path))
-        self.log.warning("Job %s ended %s: %s", status.job_id, status.state.value, decision.message)
+        decision = decide_resubmission(status.state, history, self.resubmit_budgets, progress_now=progress,
+                                       probe_configured=bool(self.progress_path), killed=killed)
+        self.log.warning("Job %s ended %s: %s", status.job_id, decision.cause, decision.message)
         if not decision.resubmit:
             left = self._give_up(context, hook, status.job_id, f"not resubmitted: {decision.message}", history)
             raise AirflowFailException(f"{self._failure_message(hook, status, context)}\nNot resubmitted: "

@@ -2,7 +2,8 @@
 
 Pure: the operator records every submission here (persisted in the task state store and carried
 through trigger events), and asks :func:`decide_resubmission` after a job ended *interrupted*
-(time limit, node failure, preemption without requeue, boot failure). A resubmission needs a
+(time limit, node failure, preemption without requeue, boot failure, a batch script killed from
+outside before it could end on its own). A resubmission needs a
 budget left for that cause and, when a progress probe is configured, evidence that the last run
 moved the training forward: a job that keeps timing out without writing a checkpoint would
 otherwise burn the allocation one walltime at a time.
@@ -15,13 +16,22 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from slurm_provider.end_records import EndRecord
+from slurm_provider.job_status import JobStatus
 from slurm_provider.state_vocabulary import SlurmState
+
+KILLED = "KILLED"
+"""The cause of a job whose batch script was killed by a signal from outside before it could end on its
+own (Slurm: ``FAILED`` with a signal, and no exit record of that run): an administrator's kill, a
+controller restarted after losing the job's start. An interruption like a node failure, not a failure
+of what the job ran."""
 
 DEFAULT_BUDGETS: Mapping[str, int] = {
     SlurmState.TIMEOUT.value: 10,
     SlurmState.NODE_FAIL.value: 3,
     SlurmState.PREEMPTED.value: 5,
     SlurmState.BOOT_FAIL.value: 3,
+    KILLED: 3,
 }
 
 
@@ -127,11 +137,23 @@ def progress_made(before: str | None, after: str | None) -> bool:
         return before != after
 
 
+def killed_from_outside(status: JobStatus, record: EndRecord | None) -> bool:
+    """The job's batch script died of a signal before it could write its exit record: Slurm says
+    ``FAILED`` with a signal (``ExitCode 0:9``), and no record of this run exists. A script that ends
+    on its own, even of a signal its program died of, writes the record (its exit status then holds
+    the signal, and Slurm's ``ExitCode`` has none)."""
+    if status.state is not SlurmState.FAILED or not status.signal:
+        return False
+    return record is None or record.job_id != status.job_id or record.restart < status.restarts
+
+
 def decide_resubmission(state: SlurmState, history: SubmissionHistory, budgets: Mapping[str, int],
-                        *, progress_now: str | None, probe_configured: bool) -> ResubmitDecision:
-    """Resubmit after an interrupted end, within the cause's budget and only if progress was made."""
-    cause = state.value
-    if not state.is_retryable:
+                        *, progress_now: str | None, probe_configured: bool,
+                        killed: bool = False) -> ResubmitDecision:
+    """Resubmit after an interrupted end (``killed``: :func:`killed_from_outside`), within the cause's
+    budget and only if progress was made."""
+    cause = KILLED if killed else state.value
+    if not (killed or state.is_retryable):
         return ResubmitDecision(False, cause, f"{cause} is not an interruption that a resubmission fixes")
     budget = int(budgets.get(cause, 0))
     used = history.resubmissions_for(cause)
