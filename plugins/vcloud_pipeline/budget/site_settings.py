@@ -65,27 +65,25 @@ def _job_comments(config: Mapping[str, str]) -> SiteSetting:
                  "site's command; a task's adoption of its own job goes by the job's name, which it keeps")
 
 
-def _visible_jobs(config: Mapping[str, str]) -> SiteSetting:
-    value = config.get("PrivateData", "")
-    return SiteSetting(
-        setting="PrivateData does not hide jobs",
-        holds="jobs" not in _words(value), seen=value or "unset",
-        consequence="squeue lists only the login user's own jobs, so the check that no live job of the project "
-                    "writes a run's directory sees this user's jobs only, and a project member's job of the same "
-                    "run name goes unseen",
-        fallback="Each member gives runs their own names (the exclusive submit still refuses this user's own "
-                 "second writer)")
+PRIVATE_DATA: dict[str, tuple[str, str]] = {
+    "jobs": ("squeue lists only the login user's own jobs, so the check that no live job of the project writes "
+             "a run's directory sees this user's jobs only, and a project member's job of the same run name "
+             "goes unseen",
+             "Each member gives runs their own names (the exclusive submit still refuses this user's own "
+             "second writer)"),
+    "usage": ("sshare hides the account's association and usage from this user (Slurm 22.05 lists none), so the "
+              "allocation cannot be read from Slurm's limit on the account",
+              "Read the allocation with the site's command (billing.allocation_source: command) where it has "
+              "one; otherwise the profile's billing.allocation is the limit, less this user's jobs"),
+}
+"""What the pipeline reads that ``PrivateData=<entry>`` hides: the consequence and the fallback."""
 
 
-def _visible_usage(config: Mapping[str, str]) -> SiteSetting:
+def _visible(config: Mapping[str, str], entry: str) -> SiteSetting:
     value = config.get("PrivateData", "")
-    return SiteSetting(
-        setting="PrivateData does not hide usage",
-        holds="usage" not in _words(value), seen=value or "unset",
-        consequence="sshare hides the account's association and usage from this user (Slurm 22.05 lists none), "
-                    "so the allocation cannot be read from Slurm's limit on the account",
-        fallback="Read the allocation with the site's command (billing.allocation_source: command) where it has "
-                 "one; otherwise the profile's billing.allocation is the limit, less this user's jobs")
+    consequence, fallback = PRIVATE_DATA[entry]
+    return SiteSetting(setting=f"PrivateData does not hide {entry}", holds=entry not in _words(value),
+                       seen=value or "unset", consequence=consequence, fallback=fallback)
 
 
 def _allocation_read(allocation: Allocation) -> SiteSetting:
@@ -108,5 +106,5 @@ def _allocation_read(allocation: Allocation) -> SiteSetting:
 def site_settings(config: Mapping[str, str] | None, allocation: Allocation) -> tuple[SiteSetting, ...]:
     """Every site setting the pipeline relies on, from ``scontrol show config`` and the allocation read;
     only the allocation's when the controller did not list its settings (``config`` None)."""
-    read = () if config is None else (_job_comments(config), _visible_jobs(config), _visible_usage(config))
+    read = () if config is None else (_job_comments(config), *(_visible(config, e) for e in PRIVATE_DATA))
     return (*read, _allocation_read(allocation))

@@ -164,9 +164,15 @@ def test_a_step_that_keeps_failing_while_the_login_node_answers_fails_the_try_in
             "after it did; last error: file size check printed '0 '") in str(failed.value)
 
 
-def test_a_connection_that_breaks_again_after_the_node_answered_is_still_an_outage(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    _down_cluster(monkeypatch)
+@pytest.mark.parametrize("down", [
+    DOWN,
+    # slurmdbd restarting: sacct cannot answer though scontrol ping does. Slurm is away, not wrong.
+    SlurmUnavailable("sacct exited 1: sacct: error: Problem talking to the database: Connection refused"),
+], ids=["connection-breaks", "accounting-away"])
+def test_what_breaks_again_after_the_node_answered_is_still_an_outage_however_often(
+        down: BaseException, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never counted as a step failing while the login node answers: waited out up to the deadline."""
+    _down_cluster(monkeypatch, down=down)
     context = _context(1)
     wait = _deferred_on_login_wait(lambda: _operator().execute(context))
     for _ in range(STEP_FAILURES_WHILE_REACHABLE + 2):
@@ -360,16 +366,3 @@ def test_a_short_job_watch_that_meets_the_outage_hands_the_job_to_its_trigger(
     assert isinstance(watching.value.trigger, SlurmJobTrigger), "the job's own trigger, not the login wait"
     assert [watching.value.trigger.job_id] == cluster.submitted
 
-
-def test_accounting_away_while_the_login_node_answers_is_waited_out_as_an_outage(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """slurmdbd restarting: sacct cannot answer though scontrol ping does. Slurm is away, not wrong:
-    the step is never counted as failing while reachable, however often it meets it."""
-    _down_cluster(monkeypatch, down=SlurmUnavailable("sacct exited 1: sacct: error: Problem talking to the "
-                                                     "database: Connection refused"))
-    context = _context(1)
-    wait = _deferred_on_login_wait(lambda: _operator().execute(context))
-    for _ in range(STEP_FAILURES_WHILE_REACHABLE + 2):
-        wait = _deferred_on_login_wait(lambda: _operator().execute_after_outage(
-            context, {**_reachable(wait), "carry": wait.carry}))
-    assert wait.carry == {"failures_while_reachable": 0}
