@@ -242,7 +242,8 @@ def test_a_script_killed_before_it_could_end_is_resubmitted_as_an_interruption(
     assert "resubmitting after KILLED (1 of 1)" in out
 
 
-@pytest.mark.parametrize("case", ["record-of-the-run", "script-writes-none", "no-signal", "budget-used-up"])
+@pytest.mark.parametrize("case", ["record-of-the-run", "script-writes-none", "no-signal", "budget-used-up",
+                                  "killed-for-its-memory"])
 def test_a_failure_that_is_not_a_kill_from_outside_fails_for_good(case: str,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     ended = _status("101", SlurmState.FAILED, exit_code=0 if case != "no-signal" else 1,
@@ -251,6 +252,9 @@ def test_a_failure_that_is_not_a_kill_from_outside_fails_for_good(case: str,
     context = _context(1, "101")
     if case == "record-of-the-run":  # the script ended on its own and said so
         cluster.table.files[_record_path(context, "101")] = "job=101 restart=0 exit=137 end=1764218000 requeued=0\n"
+    if case == "killed-for-its-memory":  # Slurm's own memory enforcement killed the whole job
+        cluster.table.files[_operator()._log_path(context, "101", stream="err")] = (
+            "slurmstepd: error: Exceeded job memory limit\n")
     budgets = {"KILLED": 0 if case == "budget-used-up" else 1}
     with pytest.raises(AirflowFailException, match="ended FAILED"):
         _operator(writes_end_record=case != "script-writes-none", resubmit_budgets=budgets).execute_complete(

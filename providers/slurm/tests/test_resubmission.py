@@ -124,6 +124,21 @@ def test_killed_from_outside_is_a_signal_without_the_runs_exit_record(state: Slu
     assert killed_from_outside(status, parse_end_record(record) if record else None) is killed
 
 
+@pytest.mark.parametrize("logs", [
+    "slurmstepd: error: Exceeded job memory limit",  # Slurm's own enforcement (OverMemoryKill)
+    "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=101.batch",  # the cgroup's OOM events
+], ids=["over-memory-kill", "cgroup-oom"])
+def test_a_job_slurm_killed_for_its_memory_is_no_kill_from_outside(logs: str) -> None:
+    """Where Slurm enforces memory itself the batch shell dies of SIGKILL too, with no record: its
+    logs tell the kill apart, and running the job again would end the same way."""
+    from slurm_provider.job_status import JobStatus
+    from slurm_provider.resubmission import killed_from_outside
+
+    status = JobStatus("101", SlurmState.FAILED, signal=9)
+    assert killed_from_outside(status, None, "slurmstepd: error: *** JOB 101 ON nid1 CANCELLED AT now ***")
+    assert not killed_from_outside(status, None, f"loading\n{logs}\n")
+
+
 def test_a_kill_from_outside_is_resubmitted_within_its_own_budget() -> None:
     from slurm_provider.resubmission import KILLED
 

@@ -570,7 +570,9 @@ class SlurmSubmitOperator(BaseOperator):
         if not self.writes_end_record or status.state is not SlurmState.FAILED or not status.signal:
             return False
         record = parse_end_record(hook.read_file(end_record_path(self._log_path(context, status.job_id))) or "")
-        if not killed_from_outside(status, record):
+        logs = "\n".join(self._log_tail(hook, self._log_path(context, status.job_id, stream=stream))
+                         for stream in ("out", "err"))
+        if not killed_from_outside(status, record, logs):
             return False
         self.log.warning("Job %s ended FAILED of signal %s before its script could end (no exit record of the "
                          "run): killed from outside the job, an interruption", status.job_id, status.signal)

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from slurm_provider.end_records import EndRecord
+from slurm_provider.hints import MEMORY_KILL
 from slurm_provider.job_status import JobStatus
 from slurm_provider.state_vocabulary import SlurmState
 
@@ -137,12 +138,15 @@ def progress_made(before: str | None, after: str | None) -> bool:
         return before != after
 
 
-def killed_from_outside(status: JobStatus, record: EndRecord | None) -> bool:
+def killed_from_outside(status: JobStatus, record: EndRecord | None, logs: str = "") -> bool:
     """The job's batch script died of a signal before it could write its exit record: Slurm says
     ``FAILED`` with a signal (``ExitCode 0:9``), and no record of this run exists. A script that ends
     on its own, even of a signal its program died of, writes the record (its exit status then holds
-    the signal, and Slurm's ``ExitCode`` has none)."""
-    if status.state is not SlurmState.FAILED or not status.signal:
+    the signal, and Slurm's ``ExitCode`` has none). A job Slurm killed for its memory looks the same
+    where Slurm enforces memory itself (``OverMemoryKill``, no cgroup): ``logs`` (the tails of its
+    output and error output) saying so (:data:`slurm_provider.hints.MEMORY_KILL`) make it no
+    interruption, since running it again ends the same way."""
+    if status.state is not SlurmState.FAILED or not status.signal or MEMORY_KILL.search(logs):
         return False
     return record is None or record.job_id != status.job_id or record.restart < status.restarts
 
