@@ -3,7 +3,7 @@
 Deleting a network namespace removes the veth pair into it in the background: ``cluster.sh down``
 once saw the host end listed, asked to delete it, and failed with ``Cannot find device`` because the
 kernel had removed it in between, which left the cluster down for every test after it. These run on
-real namespaces of their own (``vctest-<pid>-<n>``), no cluster needed.
+real namespaces of their own (``vctest-<pid>-<n>``), no cluster needed; as root, like the bring-up.
 """
 
 from __future__ import annotations
@@ -12,11 +12,8 @@ import os
 import subprocess
 from pathlib import Path
 
-import pytest
 
 LINKS = Path(__file__).resolve().parents[2] / "include" / "local_cluster" / "links.sh"
-
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
 
 def _bash(body: str) -> subprocess.CompletedProcess[str]:

@@ -146,6 +146,9 @@ class SlurmCommandFailed(TransportError):
     """
 
     retryable = True
+    slurm_away = False
+    """True for :class:`SlurmUnavailable`: no controller or database answered (an outage), rather than
+    an error Slurm answered with."""
 
     def __init__(self, message: str, result: CommandResult | None = None) -> None:
         super().__init__(message)
@@ -162,6 +165,8 @@ class SlurmUnavailable(SlurmCommandFailed):
     restarting, a maintenance): Slurm is away while the login node answers. Waited out like a login
     node that does not answer, up to a watch's deadline. Any other :class:`SlurmCommandFailed` is an
     error Slurm answered with, which a watch retries only a few times (``outage.STEP_FAILURES_WHILE_REACHABLE``)."""
+
+    slurm_away = True
 
 
 class SubmitLockBusy(SlurmCommandFailed):

@@ -337,7 +337,7 @@ class SlurmSubmitOperator(BaseOperator):
             self._wait_for_login_node(context, exc)
 
     def _wait_for_login_node(self, context: Context, exc: TransportError) -> None:
-        from slurm_provider.hooks import SlurmCommandFailed, SlurmUnavailable
+        from slurm_provider.hooks import SlurmCommandFailed
 
         since, tries = self._outage if self._outage is not None else (time.time(), 0)
         outage = Outage(since, str(exc))
@@ -346,7 +346,7 @@ class SlurmSubmitOperator(BaseOperator):
             raise AirflowException(f"{gave_up_line(self.conn_id, outage, deadline)}. A retry "
                                    "of this task adopts any job it submitted") from exc
         failures = self._failures_while_reachable
-        if self._outage is not None and isinstance(exc, SlurmCommandFailed) and not isinstance(exc, SlurmUnavailable):
+        if self._outage is not None and isinstance(exc, SlurmCommandFailed) and not exc.slurm_away:
             failures += 1  # the login node answered a moment ago, and a command of this step ran and failed
             if failures >= STEP_FAILURES_WHILE_REACHABLE:
                 raise AirflowException(f"{still_failing_line(self.conn_id, failures, str(exc))}. A retry of "

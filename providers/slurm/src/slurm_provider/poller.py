@@ -240,7 +240,7 @@ class JobPoller:
     # --- the loop ----------------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        from slurm_provider.hooks import SlurmCommandFailed, SlurmRateLimited, SlurmUnavailable
+        from slurm_provider.hooks import SlurmCommandFailed, SlurmRateLimited
 
         failures = 0  # tries in a row the cluster did not answer
         errors = 0  # polls in a row a command ran on the login node and Slurm answered it with an error
@@ -284,12 +284,12 @@ class JobPoller:
                 if not exc.retryable:
                     self._broadcast_error(exc)
                     return
-                if isinstance(exc, SlurmCommandFailed) and not isinstance(exc, SlurmUnavailable):
+                if isinstance(exc, SlurmCommandFailed) and not exc.slurm_away:
                     errors += 1
                     if errors >= STEP_FAILURES_WHILE_REACHABLE:
-                        log.error("Cluster %s: %s", self.conn_id, slurm_error_line(self.conn_id, errors, str(exc)))
-                        self._broadcast_error(SlurmCommandFailed(slurm_error_line(self.conn_id, errors, str(exc)),
-                                                                 exc.result))
+                        stopped = slurm_error_line(self.conn_id, errors, str(exc))
+                        log.error("Cluster %s: %s", self.conn_id, stopped)
+                        self._broadcast_error(SlurmCommandFailed(stopped, exc.result))
                         return
                     delay = self._error_retry_delay(errors)
                     log.warning("Cluster %s: Slurm answered with an error (%s); asking again in %.0fs (%d of %d)",
