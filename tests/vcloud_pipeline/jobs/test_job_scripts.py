@@ -50,10 +50,14 @@ signal.signal(signal.SIGTERM, lambda s, f: stop.append("TERM"))
 out = pathlib.Path(sys.argv[sys.argv.index("--out") + 1])
 rank = os.environ.get("RANK", "0")
 out.mkdir(parents=True, exist_ok=True)
-(out / f"ready.{rank}").write_text(" ".join(sys.argv[1:]))
+def publish(name, text):
+    """Whole or not at all: a test polling for the name never reads it half written."""
+    (out / f".{name}.part").write_text(text)
+    (out / f".{name}.part").rename(out / name)
+publish(f"ready.{rank}", " ".join(sys.argv[1:]))
 while not stop:
     time.sleep(0.05)
-(out / f"stopped.{rank}").write_text(stop[0])
+publish(f"stopped.{rank}", stop[0])
 # As vcloud.train does: the step's processes get the stop signal from Slurm and from the inner script;
 # one arriving during the interpreter's teardown (Python restores default handlers there) would kill it.
 for signum in (signal.SIGUSR2, signal.SIGTERM):
