@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shlex
 import subprocess
 import tempfile
@@ -65,6 +66,21 @@ def otp_host_block(alias: str, host: str, port: int | str, user: str, known_host
             "    BatchMode yes\n"
             "    ControlMaster no\n"
             f"    ControlPath {control_path}\n")
+
+
+def _master_pid(check_answer: str) -> int | None:
+    """The pid in ``ssh -O check``'s ``Master running (pid=N)``."""
+    match = re.search(r"Master running \(pid=(\d+)\)", check_answer)
+    return int(match.group(1)) if match else None
+
+
+def _exited(pid: int) -> bool:
+    """Gone, or a zombie: its exit (and whatever it removed on the way) has happened."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return True
+    return state == "Z"
 
 
 @dataclass(frozen=True)
@@ -165,8 +181,17 @@ class LocalCluster:
                 raise AssertionError(f"opening the master failed: {messages.read().decode(errors='replace')}")
 
     def close_master(self, config: Path) -> None:
-        """``ssh -O exit``: the master ends (as when ControlPersist runs out) and its socket goes."""
+        """``ssh -O exit``: the master ends (as when ControlPersist runs out) and its socket goes.
+
+        The master answers the exit request before it leaves and removes its socket: this returns
+        once its process is gone, so the socket is too."""
+        check = subprocess.run(["ssh", "-F", str(config), "-O", "check", SSH_ALIAS], capture_output=True,
+                               text=True, timeout=30)
+        pid = _master_pid(check.stderr) if check.returncode == 0 else None
         subprocess.run(["ssh", "-F", str(config), "-O", "exit", SSH_ALIAS], capture_output=True, timeout=30)
+        if pid is not None:
+            poll_until(lambda: _exited(pid) or None, timeout=30, interval=0.05,
+                       what=f"the ControlMaster (pid {pid}) to exit")
 
     def ssh_argv(self, *options: str) -> list[str]:
         return ["ssh", "-F", str(self.ssh_config), *options, SSH_ALIAS]
