@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,10 +147,16 @@ def _tensorboard_scalars(log_dir: Path, tag: str) -> list[tuple[int, float]]:
 
 
 def test_tensorboard_purge_hides_what_a_killed_run_wrote_past_the_checkpoint(tmp_path: Path) -> None:
+    opened = int(time.time())
     first = TensorBoardLog.open(tmp_path, purge_step=0)
     for step in (1, 2, 3, 4):
         first.scalars("train", {"loss": float(step)}, step, walltime=float(step))
-    # killed here without close; the checkpoint was at step 2, so the resumed run writes 3 and 4 again
+    # killed here without close; the checkpoint was at step 2, so the resumed run writes 3 and 4 again.
+    # TensorBoard reads a directory's event files in name order, and a name starts with its file's
+    # second: a resumed run opens its file seconds after the killed one (within one second, the order
+    # would fall to the rest of the name, a per-process counter that is no clock).
+    while int(time.time()) <= opened + 1:
+        time.sleep(0.05)
     resumed = TensorBoardLog.open(tmp_path, purge_step=3)
     for step in (3, 4):
         resumed.scalars("train", {"loss": 10.0 * step}, step, walltime=10.0 + step)
