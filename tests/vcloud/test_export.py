@@ -80,6 +80,7 @@ def test_metrics_and_curves(exported) -> None:
     run_dir, dest = exported
     summary = json.loads((dest / "metrics.json").read_text())
     assert summary["stage"] == 0 and summary["stage_name"] == "autoencoder"
+    assert summary["lineage"] == {}, "stage 0 is built from no earlier stage's best.pt"
     assert summary["mean"]["psnr"] == pytest.approx(np.mean([s["psnr"] for s in summary["per_series"]]))
     assert summary["curves"] == ["curves/stage0.png"] == [curve_png_name(0)]
     curve = matplotlib.image.imread(dest / "curves" / "stage0.png")

@@ -31,9 +31,11 @@ from slurm_provider.transport import TransportError
 from vcloud.contract import (
     BEST_CHECKPOINT,
     COMPLETE_FILE,
+    LINEAGE_KEY,
     STAGES,
     best_checkpoint_metrics,
     completed_epochs,
+    describe_lineage,
     export_inputs_digest,
     exported_done_name,
     final_metrics,
@@ -357,7 +359,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
                         "validation_gain": validation_gain(record),
                         "gain_metric": gain_metric(record),
                         "stop_reason": stop_reason(record), "stop_detail": stop_detail(record),
-                        "curve": curve})
+                        "lineage": (record or {}).get(LINEAGE_KEY), "curve": curve})
         asset = asset_for(self.job)
         if asset is not None and "outlet_events" in context:
             where = (str(paths.best_checkpoint(self.job.stage)) if self.job.stage is not None
@@ -369,6 +371,8 @@ class PipelineJobOperator(SlurmSubmitOperator):
             })
         self.log.info("%s done: jobs %s, %s GPU-hours, best.pt from epoch %s: metrics %s", self.job, states,
                       summary["gpu_hours"], best_epoch, summary["metrics"])
+        if record is not None:
+            self.log.info("%s's best.pt: %s", self.job, describe_lineage(record))
         return summary
 
     def _curve(self, hook: SlurmVerbs, path: str) -> dict[str, Any] | None:

@@ -2,7 +2,8 @@
 
 What ``make demo`` shows at the end, and what a person checks after a run: checkpoints, viewer
 images and metrics as they are on the cluster, each stage's metrics from its ``COMPLETE`` record
-(those of ``best.pt``, the weights handed on, and of the last epoch) with why it stopped and what
+(those of ``best.pt``, the weights handed on, and of the last epoch, and the earlier stages'
+``best.pt`` it was built from) with why it stopped and what
 its GPU-hours bought on validation (with ``--dag-run-id``: that DAG run's GPU-hours per stage), the
 stages a run does not submit and why, where each stage's
 training-curve PNG is (the export's ``curves/stage{N}.png``), what the project's jobs
@@ -15,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vcloud.contract import best_checkpoint_metrics, completed_epochs, final_metrics
+from vcloud.contract import best_checkpoint_metrics, completed_epochs, describe_lineage, final_metrics
 
 from vcloud_pipeline.plan.request import RequestError, parse_request
 from vcloud_pipeline.budget.billing import Allocation
@@ -111,7 +112,7 @@ def render_report(plan: RunPlan, hook, dag_run_id: str | None = None) -> str:
             continue
         best_epoch, best = best_checkpoint_metrics(record)
         lines.append(f"  {label}: {completed_epochs(record)} epochs; best.pt from epoch {best_epoch}: {_metrics(best)}; "
-                     f"last epoch: {_metrics(final_metrics(record))}")
+                     f"last epoch: {_metrics(final_metrics(record))}; {describe_lineage(record)}")
     ledger = read_ledger(hook, plan.profile)
     lines += ["", *yields_section(records, ledger, dag_run_id)]
     lines += ["", *curves_section(curve_pngs(plan, hook))]

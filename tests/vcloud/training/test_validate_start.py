@@ -15,12 +15,13 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
-from vcloud.checkpoint import load_checkpoint
+from vcloud.checkpoint import file_digest, load_checkpoint
 from vcloud.config import VCloudConfig, config_from_dict, load_config
 from vcloud.contract import parse_metrics_lines
 from vcloud.data.dataset import SeriesDataset
 from vcloud.metrics import METRIC_NAMES
-from vcloud.stage_registry import BuildContext, get_stage, load_stage_model
+from vcloud.contract import describe_lineage
+from vcloud.stage_registry import BuildContext, StageError, get_stage, load_stage_model
 from vcloud.training import loop
 from vcloud.training.distributed import init_distributed
 from vcloud.training.loop import StageRun, train_stage
@@ -160,3 +161,50 @@ def test_stage3_without_stage2_starts_from_stage1s_draft_when_stage2_is_off_by_d
     assert complete["best_metric"]["start_value"] == pytest.approx(stage1["value"], abs=1e-4)
     cache = torch.load(tmp_path / "stage3" / "pseudo_labels.pt", map_location="cpu", weights_only=True)
     assert cache["teacher"].startswith("stage2-start:"), cache["teacher"]
+
+
+def test_a_stage_refuses_a_predecessor_of_an_earlier_lineage_and_says_what_to_do(
+        tiny_prepared: Path, tmp_path: Path) -> None:
+    """Stage 2 trained once (forced), then stage 1 trained again: stage 2's ``best.pt`` and
+    ``latest.pt`` belong to the stage 1 that was replaced. Stage 3 refuses that ``best.pt`` even with
+    stage 2 off by default, naming both digests; stage 2 refuses to resume on the new stage 1. With
+    the stale stage 2 moved aside, stage 3 starts from stage 2's untrained start and its ``COMPLETE``
+    and ``best.pt`` name the stage 0 and 1 checkpoints it was built from."""
+    cfg = _tiny_config()
+    for stage in (0, 1, 2):
+        _train(stage, cfg, tiny_prepared, tmp_path, 1)
+    stage1_before = file_digest(tmp_path / "stage1" / "best.pt")
+    assert json.loads((tmp_path / "stage2" / "COMPLETE").read_text())["lineage"] == {
+        "0": file_digest(tmp_path / "stage0" / "best.pt"), "1": stage1_before}
+    run = StageRun(stage=1, config=cfg, data_root=tiny_prepared, run_dir=tmp_path, max_epochs=2, restart=True)
+    assert train_stage(run, init_distributed(env={}), StopRequest()) == 0
+    stage0, stage1 = (file_digest(tmp_path / f"stage{k}" / "best.pt") for k in (0, 1))
+    assert stage1 != stage1_before
+
+    raw = cfg.to_dict()
+    raw["train"]["stage2"]["run_by_default"] = False
+    raw["train"]["stage3"]["patience"] = 0
+    off = config_from_dict(raw)
+    with pytest.raises(StageError) as refused:
+        _train(3, off, tiny_prepared, tmp_path, 1)
+    assert str(refused.value) == (
+        f"{tmp_path / 'stage2' / 'best.pt'} (stage 2) was built from stage 1's best.pt {stage1_before[:12]}, "
+        f"which is now {stage1[:12]}: stage(s) 1 were trained again after stage 2, so its weights belong to an "
+        "earlier lineage of this run. Train stage 2 again from the current checkpoints (mode restart, with "
+        f"stage 2 selected), or move {tmp_path / 'stage2'} aside: stage 2 is off by default, and without its "
+        "best.pt the next stage starts from stage 2's untrained start")
+    assert not (tmp_path / "stage3").exists()
+
+    with pytest.raises(StageError, match=r"latest.pt holds weights built from stage 0 best.pt \w{12}, stage 1 best.pt "
+                                         rf"{stage1_before[:12]}, but stage 2 would now be built from .*stage 1 "
+                                         rf"best.pt {stage1[:12]}: .*Train stage 2 again \(mode restart\)"):
+        on = cfg.to_dict()
+        on["train"]["stage2"]["patience"] = 0  # a second epoch to train: it resumes from latest.pt
+        _train(2, config_from_dict(on), tiny_prepared, tmp_path, 2)
+
+    (tmp_path / "stage2").rename(tmp_path / "stage2.earlier")
+    _train(3, off, tiny_prepared, tmp_path, 1)
+    complete = json.loads((tmp_path / "stage3" / "COMPLETE").read_text())
+    assert complete["lineage"] == {"0": stage0, "1": stage1}
+    assert load_checkpoint(tmp_path / "stage3" / "best.pt")["lineage"] == {"0": stage0, "1": stage1}
+    assert describe_lineage(complete) == f"built from stage 0 best.pt {stage0[:12]}, stage 1 best.pt {stage1[:12]}"

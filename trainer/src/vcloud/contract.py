@@ -394,11 +394,13 @@ def stop_record(*, reason: str, detail: str, epochs_planned: int) -> dict[str, A
 
 def complete_record(*, stage: int, epochs: int, step: int, final_metrics: dict[str, float],
                     best: dict[str, Any] | None, code_version: str,
-                    code_hash: str | None = None, stop: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                    code_hash: str | None = None, stop: Mapping[str, Any] | None = None,
+                    lineage: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The content of ``COMPLETE``; ``best``: ``{"name", "value", "epoch", "metrics"}`` of ``best.pt``
     (and ``start_value``, the score of the model the stage started from, where it scored one);
     ``code_hash``: the synced code that finished the stage; ``stop``: why it stopped
-    (:func:`stop_record`)."""
+    (:func:`stop_record`); ``lineage``: the sha256 of each earlier stage's ``best.pt`` its model was
+    built from, by stage (:mod:`vcloud.lineage`; None: not known)."""
     return {
         "stage": stage,
         "epochs": epochs,
@@ -408,6 +410,7 @@ def complete_record(*, stage: int, epochs: int, step: int, final_metrics: dict[s
         "stop": dict(stop) if stop is not None else None,
         "code_version": code_version,
         "code_hash": code_hash,
+        "lineage": dict(lineage) if lineage is not None else None,
         "completed_at": _now(),
     }
 
@@ -488,3 +491,40 @@ def gain_per_gpu_hour(gain: float | None, gpu_hours: float | None) -> float | No
     if gain is None or gpu_hours is None or gpu_hours <= 0:
         return None
     return gain / gpu_hours
+
+
+# ---- lineage: the earlier stages' best.pt a stage was built from (vcloud.lineage checks it) ----
+
+LINEAGE_KEY = "lineage"
+"""A checkpoint's and a ``COMPLETE`` record's ``{stage: sha256 of its best.pt}``, as JSON keys."""
+
+SHORT = 12
+"""Hex digits of a digest in messages and summaries."""
+
+
+def recorded_lineage(record: Mapping[str, Any] | None) -> dict[int, str]:
+    """``{stage: digest}`` of a checkpoint or ``COMPLETE`` record; empty for records that predate it."""
+    lineage = (record or {}).get(LINEAGE_KEY)
+    if not isinstance(lineage, Mapping):
+        return {}
+    return {int(stage): str(digest) for stage, digest in lineage.items()}
+
+
+def short_digest(digest: str | None) -> str:
+    """A digest as messages and summaries show it (``missing``: none)."""
+    return digest[:SHORT] if digest else "missing"
+
+
+def describe_built_from(built_from: Mapping[int, str]) -> str:
+    """``built from stage 0 best.pt 1a2b..., stage 1 best.pt ...`` (or from no earlier stage's)."""
+    if not built_from:
+        return "built from no earlier stage's best.pt"
+    return "built from " + ", ".join(f"stage {stage} best.pt {short_digest(digest)}"
+                                     for stage, digest in sorted(built_from.items()))
+
+
+def describe_lineage(record: Mapping[str, Any] | None) -> str:
+    """One line for a summary: what a stage's checkpoint was built from."""
+    if not record or record.get(LINEAGE_KEY) is None:
+        return "lineage not recorded"
+    return describe_built_from(recorded_lineage(record))

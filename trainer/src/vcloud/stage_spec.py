@@ -8,8 +8,9 @@ themselves are in :mod:`vcloud.models.stage_specs`, listed by :mod:`vcloud.stage
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,15 @@ from torch.utils.data import Dataset
 from vcloud.config import VCloudConfig
 from vcloud.training.paths import StagePaths
 
+log = logging.getLogger(__name__)
+
 Batch = dict[str, Any]
 """One collated batch of ``SeriesDataset`` items on the training device: ``inputs`` [B,T,13,H,W],
 ``masks`` [B,T,1,H,W], ``target`` [B,13,H,W], ``target_index`` [B], ``s1`` [B,T,2,H,W], ``series_id``."""
 
 class StageError(RuntimeError):
-    """A stage cannot run: not registered, or a predecessor's ``best.pt`` is missing."""
+    """A stage cannot run: not registered, or a predecessor's ``best.pt`` is missing or of another
+    lineage."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,8 @@ class BuildContext:
     data_root: Path | None = None
     """The prepared dataset the stage trains on, when it is being trained (stage 3's scene adapter
     takes its reference from the labeled training split); None when a checkpoint is only loaded."""
+    built_from: dict[int, str] = field(default_factory=dict, compare=False)
+    """The digest of each predecessor ``best.pt`` loaded so far, by stage: the model's lineage."""
 
     def predecessor_checkpoint(self, stage: int) -> Path:
         path = StagePaths(self.run_dir, stage).best
@@ -54,7 +60,18 @@ class BuildContext:
         """Stage ``stage``'s best model, architecture from its checkpoint, in eval mode on ``device``."""
         from vcloud.stage_registry import load_stage_model  # the registry lists the stages built on this
 
-        model, _ = load_stage_model(stage, self.predecessor_checkpoint(stage), self)
+        from vcloud import lineage
+
+        path = self.predecessor_checkpoint(stage)
+        model, checkpoint = load_stage_model(stage, path, self)
+        recorded = lineage.recorded_lineage(checkpoint)
+        replaced = lineage.replaced_since(recorded, lineage.current_digests(self.run_dir, recorded))
+        if replaced:
+            off = stage > 0 and not self.config.train.for_stage(stage).run_by_default
+            raise StageError(lineage.mismatch_message(stage, path, replaced, off_by_default=off))
+        self.built_from[stage] = lineage.checkpoint_digest(path)
+        log.info("stage %d's best.pt %s: %s", stage, lineage.short_digest(self.built_from[stage]),
+                 lineage.describe_lineage(checkpoint))
         return model.eval()
 
 

@@ -34,12 +34,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from vcloud import exitcodes
+from vcloud import exitcodes, lineage
 from vcloud.contract import STOP_EPOCHS
 from vcloud.checkpoint import load_latest, remove_stale_temporaries, save_checkpoint
 from vcloud.config import StageTrainConfig, VCloudConfig
 from vcloud.optim import build_optimizer, set_learning_rate
-from vcloud.stage_registry import Batch, BuildContext, StageSpec, get_stage
+from vcloud.stage_registry import Batch, BuildContext, StageError, StageSpec, get_stage
 from vcloud.training import markers
 from vcloud.training.best import improves, keeps_trained
 from vcloud.training.distributed import DistContext, all_reduce_sum, barrier, gather_to_main, max_over_ranks
@@ -158,6 +158,8 @@ class StageSession:
     val_loader: DataLoader
     start_tolerance: float | None = None
     """From the stage spec (see ``StageSpec.start_tolerance``): None = trained weights must beat the start."""
+    built_from: dict[int, str] = field(default_factory=dict)
+    """The digest of each predecessor ``best.pt`` the model was built from (:mod:`vcloud.lineage`)."""
 
     def phase(self, epoch: int) -> str:
         return _phase(self.run, self.spec, self.budget, min(epoch, self.budget.epochs - 1))
@@ -184,7 +186,8 @@ def train_stage(run: StageRun, ctx: DistContext, stop: StopRequest) -> int:
         done = _stage_stop(run, get_stage(run.stage), budget, saved)
         if done is not None:  # a rerun with more epochs or patience trains on
             if ctx.is_main:
-                _finish(run, paths, budget, saved, done, already=True)
+                built_from = lineage.recorded_lineage(checkpoint) if lineage.LINEAGE_KEY in checkpoint else None
+                _finish(run, paths, budget, saved, done, already=True, built_from=built_from)
             return exitcodes.STAGE_COMPLETE
 
     session = _build_session(run, ctx, paths, budget, checkpoint)  # everything, before DDP (seed 002)
@@ -264,7 +267,7 @@ def train_stage(run: StageRun, ctx: DistContext, stop: StopRequest) -> int:
     if ctx.is_main:
         done = done or _stage_stop(run, session.spec, budget, state) or StageStop(
             STOP_EPOCHS, f"trained its {budget.epochs} epochs", budget.epochs)
-        _finish(run, paths, budget, state, done, already=False)
+        _finish(run, paths, budget, state, done, already=False, built_from=session.built_from)
     barrier(ctx)
     return exitcodes.STAGE_COMPLETE
 
@@ -349,6 +352,7 @@ def _build_session(run: StageRun, ctx: DistContext, paths: StagePaths, budget: S
         phases=_build_train_data(run, spec, budget, ctx, build_ctx),
         val_loader=_build_val_loader(run, budget, ctx),
         start_tolerance=spec.start_tolerance(model_config) if spec.start_tolerance is not None else None,
+        built_from=dict(build_ctx.built_from),
     )
 
 
@@ -580,6 +584,7 @@ def _checkpoint_payload(session: StageSession, state: TrainState) -> dict[str, A
         "code_version": session.version,
         "code_hash": code_hash(),
         "fingerprint": fingerprint_of(session.model, session.optimizer).to_json(),
+        lineage.LINEAGE_KEY: lineage.lineage_json(session.built_from),
         "epoch": state.epoch,
         "batch_in_epoch": state.batch_in_epoch,
         "global_step": state.global_step,
@@ -621,6 +626,10 @@ def _save_best(session: StageSession, state: TrainState, epoch: int | None = Non
 
 def _restore(session: StageSession, checkpoint: dict[str, Any], source: Path) -> TrainState:
     run, ctx = session.run, session.ctx
+    if lineage.LINEAGE_KEY in checkpoint:  # checkpoints written before lineages were recorded resume as they are
+        refused = lineage.resume_refusal(run.stage, source, lineage.recorded_lineage(checkpoint), session.built_from)
+        if refused:
+            raise StageError(refused)
     state = TrainState(**checkpoint["train_state"])
     fresh_optimizer = _load_checkpoint_state(session, checkpoint, source, state)
     saved_sampler = checkpoint["sampler"]
@@ -710,14 +719,15 @@ def _stop(session: StageSession, state: TrainState, stop_signal: int) -> int:
 
 
 def _finish(run: StageRun, paths: StagePaths, budget: StageTrainConfig, state: TrainState, done: StageStop, *,
-            already: bool) -> None:
-    """Write ``COMPLETE`` with why the stage stopped (and the final progress)."""
+            already: bool, built_from: dict[int, str] | None) -> None:
+    """Write ``COMPLETE`` with why the stage stopped and what it was built from (and the final progress)."""
     final = state.history[-1] if state.history else {}
     final_metrics = {k[4:]: v for k, v in final.items() if k.startswith("val_")}
     if not paths.complete.exists():
         markers.write_json(paths.complete, markers.complete_record(
             stage=run.stage, epochs=state.epoch, step=state.global_step, final_metrics=final_metrics,
-            best=state.best, code_version=code_version(), code_hash=code_hash(), stop=done.to_record()))
+            best=state.best, code_version=code_version(), code_hash=code_hash(), stop=done.to_record(),
+            lineage=lineage.lineage_json(built_from) if built_from is not None else None))
     markers.write_json(paths.progress, markers.completed_progress(
         markers.read_json(paths.progress), epoch=state.epoch, epochs_total=budget.epochs, step=state.global_step,
         best=state.best, history=state.history, stop=done.to_record()))
