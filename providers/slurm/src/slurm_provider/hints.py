@@ -23,12 +23,12 @@ from slurm_provider.state_vocabulary import SlurmState, parse_state
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "slurm_provider.hints"
+"""Entry points of installed distributions that register hints (``register_hints``) when called."""
 
 MEMORY_KILL = re.compile(r"oom[-_]kill event|Exceeded job memory limit|Out of memory: Killed process")
 """What Slurm (its cgroup's OOM events, or its own memory enforcement) and the kernel write to a job's
 logs when they kill it for its memory: the memory hint's signature, and what tells such a kill apart
 from one from outside the job (:func:`slurm_provider.resubmission.killed_from_outside`)."""
-"""Entry points of installed distributions that register hints (``register_hints``) when called."""
 
 
 @dataclass(frozen=True)

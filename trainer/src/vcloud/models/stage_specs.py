@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import ConcatDataset, Dataset, Subset
 
-from vcloud.checkpoint import file_digest
+from vcloud.lineage import checkpoint_digest
 from vcloud.data.dataset import SeriesDataset
 from vcloud.durable import atomic_write_bytes, atomic_write_text
 from vcloud.models.cfdt import CFDT, CFDTConfig
@@ -191,8 +191,8 @@ def stage2_teacher_id(ctx: BuildContext) -> str:
     """What the pseudo-label cache names as its teacher: the digest of stage 2's ``best.pt``, or of
     the stage 0 and 1 ``best.pt`` its untrained start is built from."""
     if not stage2_skipped(ctx):
-        return file_digest(ctx.predecessor_checkpoint(2))
-    return "stage2-start:" + ":".join(file_digest(ctx.predecessor_checkpoint(k)) for k in (0, 1))
+        return checkpoint_digest(ctx.predecessor_checkpoint(2))
+    return "stage2-start:" + ":".join(checkpoint_digest(ctx.predecessor_checkpoint(k)) for k in (0, 1))
 
 
 def _build_selftrain(cfg: SelfTrainConfig, ctx: BuildContext) -> nn.Module:
