@@ -195,15 +195,15 @@ def is_job_summary(value: Any) -> bool:
 
 
 def pending_words(state: str | SlurmState | None, reason: str | None,
-                  expected_start: str | None = None) -> PendingWords | None:
-    """The reason of a job waiting in the queue, explained, with Slurm's estimated start; None once
-    it runs or ended."""
+                  expected_start: str | None = None, maintenance: str | None = None) -> PendingWords | None:
+    """The reason of a job waiting in the queue, explained, with the maintenance window it waits out
+    (as its watch named it) and Slurm's estimated start; None once it runs or ended."""
     parsed = parse_state(state)
     if parsed not in (SlurmState.PENDING, SlurmState.REQUEUED, SlurmState.REQUEUE_HOLD):
         return None
     classified = classify_pending_reason(reason)
     return PendingWords(code=classified.code, kind=classified.kind.value, explanation=classified.explanation,
-                        words=waiting_line(reason, expected_start), expected_start=expected_start)
+                        words=waiting_line(reason, expected_start, maintenance), expected_start=expected_start)
 
 
 def _watched_pending(note: XComRow | None, job_id: str) -> PendingWords | None:
@@ -214,7 +214,8 @@ def _watched_pending(note: XComRow | None, job_id: str) -> PendingWords | None:
         return None
     if str(value.get("job_id")) != job_id or value.get("state") != SlurmState.PENDING.value:
         return None
-    return pending_words(SlurmState.PENDING, value.get("reason"), value.get("expected_start"))
+    return pending_words(SlurmState.PENDING, value.get("reason"), value.get("expected_start"),
+                         value.get("maintenance"))
 
 
 def _submissions(value: Any) -> tuple[Submission, ...]:

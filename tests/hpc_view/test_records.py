@@ -82,6 +82,18 @@ def test_a_waiting_tasks_row_says_why_its_job_pends_and_when_it_may_start_from_t
     assert {r.task_id: r for r in records_from_xcoms(rows)}["stage2"].pending is None
 
 
+def test_a_task_whose_job_waits_out_a_maintenance_window_names_it_as_its_watch_did() -> None:
+    window = ("waits out the maintenance window 'lumi-maint' from 2026-12-09 08:00 to 2026-12-09 20:00 on "
+              "nid[005001-005003] (the cluster's local time)")
+    note = {"job_id": "8", "log_path": None, "log_offset": 0, "state": "PENDING",
+            "reason": "ReqNodeNotAvail, Reserved for maintenance", "expected_start": None, "maintenance": window}
+    rows = [*_rows(), XComRow("vcloud_training", "r1", "stage2", -1, "slurm_watch", note, "deferred")]
+    waiting = {r.task_id: r for r in records_from_xcoms(rows)}["stage2"]
+    assert waiting.pending is not None and waiting.pending.code == "ReqNodeNotAvail"
+    assert waiting.pending.words.endswith(f"(ReqNodeNotAvail, Reserved for maintenance); {window}")
+    assert waiting.to_json()["pending"]["words"] == waiting.pending.words
+
+
 def test_charts_escape_labels_and_show_the_numbers() -> None:
     budget = profile_budget("lumi", records_from_xcoms(_rows()), allocation=100_000)
     svg = burndown_svg(budget)

@@ -216,6 +216,10 @@ def _directives(profile: ClusterProfile, res: Resources, job_name: str,
         options.append(("partition", res.partition.name))
     options += [
         ("time", format_time_limit(res.time_seconds)),
+    ]
+    if res.time_min_seconds is not None:
+        options.append(("time-min", format_time_limit(res.time_min_seconds)))
+    options += [
         ("nodes", str(res.nodes)),
         ("ntasks-per-node", "1"),
         ("cpus-per-task", str(res.cpus_per_task)),

@@ -130,6 +130,8 @@ class Resources:
     cpus_per_task: int
     mem: str | None
     time_seconds: int
+    time_min_seconds: int | None = None
+    """``--time-min`` (stage jobs of a profile with ``jobs.stage_time_min`` below their limit), else None."""
 
 
 def _mem_parts(text: str) -> tuple[int, str]:
@@ -204,5 +206,7 @@ def resolve_resources(profile: ClusterProfile, spec: JobSpec) -> Resources:
     if mem is None and part.mem_per_gpu and not part.full_node:
         amount, unit = _mem_parts(part.mem_per_gpu)
         mem = f"{amount * gpus}{unit}"
+    time_min = profile.jobs.stage_time_min if spec.kind is JobKind.TRAIN else None
     return Resources(partition=part, nodes=spec.nodes, gpus_per_node=gpus, cpus_per_task=cpus, mem=mem,
-                     time_seconds=seconds)
+                     time_seconds=seconds,
+                     time_min_seconds=time_min if time_min is not None and time_min < seconds else None)

@@ -425,6 +425,21 @@ class JobDefaults(Document):
     """How many ports from ``master_port`` on the rendezvous may use."""
     preflight_time: SlurmDuration = 600
     export_time: SlurmDuration = 7200
+    stage_time_min: SlurmDuration | None = None
+    """``--time-min`` of the stage jobs: Slurm may start one with its time limit lowered as far as this
+    when that lets it start sooner, above all to end before an announced maintenance reservation
+    instead of waiting the window out; it checkpoints at the signal and requeues, and its next start
+    resumes from ``latest.pt``. The cost: Slurm's backfill scheduler (22.05 to 25.05) starts such a job
+    with exactly this limit whenever it is the one that starts it, maintenance or not, so the job
+    requeues every ``stage_time_min``. None: stage jobs start only with their whole time limit."""
+
+    @pydantic.model_validator(mode="after")
+    def _time_min_leaves_time_to_train(self) -> JobDefaults:
+        if self.stage_time_min is not None and self.stage_time_min < 2 * self.signal_lead_seconds:
+            refuse(f"stage_time_min {self.stage_time_min} s leaves a stage job started with it less time to train "
+                   f"than the {self.signal_lead_seconds} s before its checkpoint signal (signal_lead_seconds): "
+                   f"set it to at least {2 * self.signal_lead_seconds} s, or remove it", whole=True)
+        return self
 
     @pydantic.model_validator(mode="after")
     def _ports_exist(self) -> JobDefaults:

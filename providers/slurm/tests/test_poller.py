@@ -20,6 +20,7 @@ from slurm_provider.hooks import SlurmCommandFailed, SlurmRateLimited, SlurmUnav
 from slurm_provider.poller import JobPoller, PollUpdate
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.job_status import JobStatus
+from slurm_provider.maintenance import Window
 from slurm_provider.transport import ControlMasterNotRunning, HostKeyRejected, TransportUnavailable
 
 FAST = {"poll_interval": 0.01, "max_poll_interval": 0.02}
@@ -275,6 +276,70 @@ def test_jobs_pending_on_an_allocation_share_one_sshare_per_account_and_cycle() 
     assert broken.figures is None and "sshare gave no answer: sshare exited 1: Socket timed out" == broken.problem
     assert all(u.error is None for ups in seen.values() for u in ups)  # a failed sshare ends no watch
     assert all(u.allocation is None for ups in seen.values() for u in ups if u.status.is_terminal)
+
+
+class MaintenanceSource(ScriptedSource):
+    """Job 1 waits out a maintenance window for ``pending_cycles`` cycles, job 2 waits for nodes; then both
+    end. ``fail_first`` makes the first reservation read fail. Every read is counted."""
+
+    WINDOW = Window(start="2026-12-09T08:00:00", end="2026-12-09T20:00:00", name="lumi-maint",
+                    nodes="nid[005001-005003]")
+
+    def __init__(self, pending_cycles: int, *, fail_first: bool = False) -> None:
+        super().__init__([SlurmState.PENDING])
+        self.pending_cycles, self.fail_first = pending_cycles, fail_first
+        self.cycles = 0
+        self.reads: list[int] = []
+
+    async def statuses(self, job_ids: Iterable[str]) -> dict[str, JobStatus]:
+        self.cycles += 1
+        if self.cycles > self.pending_cycles:
+            return {j: JobStatus(job_id=j, state=SlurmState.COMPLETED) for j in job_ids}
+        reasons = {"1": "ReqNodeNotAvail, Reserved for maintenance", "2": "Resources"}
+        return {j: JobStatus(job_id=j, state=SlurmState.PENDING, reason=reasons[j]) for j in job_ids}
+
+    async def maintenance(self) -> tuple[Window, ...]:
+        self.reads.append(self.cycles)
+        if self.fail_first and len(self.reads) == 1:
+            raise SlurmCommandFailed("scontrol show reservation exited 1: Socket timed out")
+        return (self.WINDOW,)
+
+
+def _watch_maintenance(source: MaintenanceSource) -> dict[str, list[PollUpdate]]:
+    poller = JobPoller("c", lambda: source)
+
+    async def one(job_id: str) -> list[PollUpdate]:
+        seen = []
+        async with poller.subscribe(job_id, **FAST) as updates:
+            while not seen or not seen[-1].status.is_terminal:
+                seen.append(await asyncio.wait_for(updates.get(), 10))
+        return seen
+
+    async def both() -> list[list[PollUpdate]]:
+        return await asyncio.gather(one("1"), one("2"))
+
+    return dict(zip("12", asyncio.run(both())))
+
+
+def test_the_windows_are_read_once_while_a_job_waits_one_out_and_handed_only_to_that_job() -> None:
+    source = MaintenanceSource(pending_cycles=5)
+    seen = _watch_maintenance(source)
+    assert source.reads == [1], "one read for every poll of the interval (timing.MAINTENANCE_READ_INTERVAL)"
+    waiting = [u for u in seen["1"] if u.status.state is SlurmState.PENDING]
+    assert waiting and all(u.maintenance == (MaintenanceSource.WINDOW,) for u in waiting)
+    assert all(u.maintenance == () for u in seen["2"]), "job 2 waits for nodes, not for the window"
+    assert seen["1"][-1].maintenance == (), "an ended job waits for nothing"
+
+
+def test_a_failed_reservation_read_leaves_the_window_unnamed_and_the_watch_going(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("slurm_provider.poller.MAINTENANCE_READ_INTERVAL", 0.0)
+    source = MaintenanceSource(pending_cycles=4, fail_first=True)
+    seen = _watch_maintenance(source)
+    assert source.reads[:2] == [1, 2], "read again at the next poll once the interval passed"
+    waiting = [u for u in seen["1"] if u.status.state is SlurmState.PENDING]
+    assert waiting[0].maintenance == () and waiting[-1].maintenance == (MaintenanceSource.WINDOW,)
+    assert all(u.error is None for ups in seen.values() for u in ups)
 
 
 class GrowingFile:

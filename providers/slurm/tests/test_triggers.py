@@ -690,6 +690,51 @@ def test_a_job_waiting_for_its_begin_time_and_then_held_says_so_with_slurms_esti
     assert len(said) == 2, "one line per reason, not one per poll"
 
 
+def test_a_job_waiting_out_a_maintenance_window_is_told_which_and_a_job_with_a_time_min_starts_before_it(
+        local_cluster: LocalCluster, cluster_connection: str) -> None:
+    # The window starts in two days on the CPU node alone: jobs of other tests (time limits of minutes)
+    # still fit before it; these two ask for three days.
+    window = f"maint-{uuid.uuid4().hex[:8]}"
+    local_cluster.root("scontrol", "create", "reservation", f"ReservationName={window}", "StartTime=now+2days",
+                       "Duration=04:00:00", "Nodes=nid001001", "Flags=MAINT,IGNORE_JOBS", "Users=root")
+    hook, out_dir = SlurmHook(cluster_connection), local_cluster.test_dir()
+    jobs: list[str] = []
+    try:
+        for name, time_min in (("waits", None), ("fits", "1-00:00:00")):
+            submitted = hook.submit("#!/bin/bash\nsleep 600\n", job_name=f"{window}-{name}", partition="small",
+                                    output=f"{out_dir}/{name}.%j.out", time_limit="3-00:00:00", time_min=time_min)
+            jobs.append(str(submitted.job_id))
+        waiting, fitting = jobs
+
+        async def watch(logs: list[dict[str, Any]]) -> None:
+            watching = asyncio.ensure_future(_run_to_event_async(
+                SlurmJobTrigger(conn_id=cluster_connection, job_id=waiting, **FAST)))
+            while not _events(logs, f"Job {waiting} waits out"):
+                assert not watching.done(), watching.result()
+                await asyncio.sleep(0.2)
+            watching.cancel()
+
+        with structlog.testing.capture_logs() as logs:
+            asyncio.run(asyncio.wait_for(watch(logs), 120))
+        said = _events(logs, f"Job {waiting} ")
+        assert said[-2] == (f"Job {waiting} PENDING: waiting for nodes that are unavailable (down, drained or "
+                            "reserved) (ReqNodeNotAvail, Reserved for maintenance)"), said
+        start, end = local_cluster.root("scontrol", "show", "reservation", window).stdout.split("StartTime=")[1].split(
+            " EndTime=")
+        assert said[-1].startswith(f"Job {waiting} waits out the maintenance window '{window}' from "
+                                   f"{start.replace('T', ' ')[:16]} to {end.split()[0].replace('T', ' ')[:16]} "
+                                   "on nid001001 (the cluster's local time): its time limit reaches into the window")
+        # The job that allows a shorter limit runs now, with a limit that ends before the window.
+        limit = poll_until(lambda: next((row.split()[1] for row in [local_cluster.ssh(
+            f"squeue -h -j {fitting} -o '%T %l'").stdout.strip()] if row.startswith("RUNNING")), None),
+            timeout=60, what=f"job {fitting} running before the window")
+        assert limit == "1-00:00:00", "started with its --time-min, inside the two days left before the window"
+        assert hook.statuses([waiting])[waiting].state is SlurmState.PENDING
+    finally:
+        local_cluster.ssh(f"scancel {' '.join(jobs)}", check=False)
+        local_cluster.root("scontrol", "delete", f"ReservationName={window}", check=False)
+
+
 # --- files the watch follows as they grow (a stage's metrics.jsonl): a scripted cluster --------------------
 
 

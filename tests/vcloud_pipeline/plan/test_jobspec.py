@@ -81,3 +81,19 @@ def test_job_spec_validation(kwargs: dict, message: str) -> None:
 def test_kind_accepts_its_string_value() -> None:
     assert JobSpec(kind="export").kind is JobKind.EXPORT  # type: ignore[arg-type]
     assert JobSpec.train(2).label == "stage2" and JobSpec.preflight().label == "preflight"
+
+
+def test_stage_jobs_of_a_profile_with_stage_time_min_may_start_shorter_other_jobs_never() -> None:
+    lumi = load_profile("lumi")
+    assert lumi.jobs.stage_time_min == 24 * 3600
+    assert resolve_resources(lumi, JobSpec.train(1)).time_min_seconds == 24 * 3600  # of small-g's 3 days
+    assert resolve_resources(lumi, JobSpec.train(1, time_limit="12:00:00")).time_min_seconds is None, \
+        "a limit at or below the time-min has nothing to shorten"
+    assert resolve_resources(lumi, JobSpec.preflight()).time_min_seconds is None
+    assert resolve_resources(lumi, JobSpec.export()).time_min_seconds is None
+    assert resolve_resources(load_profile("local"), JobSpec.train(1)).time_min_seconds is None
+
+
+def test_a_stage_time_min_that_leaves_no_time_to_train_is_refused_with_the_least_that_works() -> None:
+    with pytest.raises(ValueError, match=r"stage_time_min 900 s .* at least 1200 s"):
+        load_profile("lumi", overrides={"jobs": {"stage_time_min": "00:15:00"}})

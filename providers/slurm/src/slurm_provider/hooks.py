@@ -82,9 +82,11 @@ from slurm_provider.cli.scontrol import (
     build_scontrol_ping,
     build_scontrol_show_config,
     build_scontrol_show_job,
+    build_scontrol_show_reservations,
     parse_scontrol_ping,
     parse_scontrol_show_config,
     parse_scontrol_show_job,
+    parse_scontrol_show_reservations,
 )
 from slurm_provider.cli.sinfo import build_sinfo_unavailable_nodes, parse_sinfo_unavailable
 from slurm_provider.cli.squeue import (
@@ -106,6 +108,7 @@ from slurm_provider.cli.values import (
 from slurm_provider.connection_form import CONN_TYPE, CONNECTION_FIELDS, HOOK_NAME, ui_field_behaviour
 from slurm_provider.file_verbs import FileVerbs, RemoteCommandError
 from slurm_provider.job_status import JobStatus, resolve_statuses
+from slurm_provider.maintenance import Window, maintenance_windows
 from slurm_provider.plans import Plan, RemoteCommand
 from slurm_provider.scheduler_calls import calls_of, is_rate_limited, min_call_interval, slurm_verbs
 from slurm_provider.transport import (
@@ -513,6 +516,18 @@ def site_config_plan() -> Plan[dict[str, str]]:
         raise SlurmCommandFailed(f"scontrol show config printed output that cannot be read: {exc}", result) from exc
 
 
+def maintenance_plan() -> Plan[tuple[Window, ...]]:
+    """The site's maintenance reservations that have not ended (``scontrol show reservation``)."""
+    result = yield RemoteCommand(build_scontrol_show_reservations(), "scontrol")
+    if result.exit_status != 0:
+        raise _failed("scontrol show reservation", result)
+    try:
+        return maintenance_windows(parse_scontrol_show_reservations(result.stdout))
+    except SlurmOutputError as exc:
+        raise SlurmCommandFailed(f"scontrol show reservation printed output that cannot be read: {exc}",
+                                 result) from exc
+
+
 def unavailable_nodes_plan(partition: str | None) -> Plan[dict[str, str]]:
     """Nodes sinfo reports down/drained/failing -> their state (feeds pending-reason classification)."""
     result = yield RemoteCommand(build_sinfo_unavailable_nodes(partition), "sinfo")
@@ -746,6 +761,10 @@ class SlurmHook(BaseHook, _CommandCounter, FileVerbs):
         not list the account. Raises :class:`SlurmCommandFailed` when sshare fails (no accounting)."""
         return self._drive(account_tres_plan(account, tres))
 
+    def maintenance(self) -> tuple[Window, ...]:
+        """The site's maintenance reservations that have not ended, earliest first."""
+        return self._drive(maintenance_plan())
+
     def test_connection(self) -> tuple[bool, str]:
         """What the connection form's Test button shows: log in and ask Slurm for its version."""
         try:
@@ -894,6 +913,9 @@ class SlurmAsyncHook(BaseHook, _CommandCounter):
 
     async def account_tres(self, account: str, tres: str = "billing") -> TresMinutes | None:
         return await self._drive(account_tres_plan(account, tres))
+
+    async def maintenance(self) -> tuple[Window, ...]:
+        return await self._drive(maintenance_plan())
 
     async def close(self) -> None:
         await self.runner.close()

@@ -78,14 +78,17 @@ def expected_start_words(expected_start: str | None) -> str | None:
     return f"expected to start {expected_start.replace('T', ' ')[:16]}"
 
 
-def waiting_line(reason: str | None, expected_start: str | None) -> str:
+def waiting_line(reason: str | None, expected_start: str | None, maintenance: str | None = None) -> str:
     """What a pending job waits for and when it may start, in one phrase with Slurm's own code:
-    "waiting for free nodes (Resources); expected to start 2026-11-27 14:05"."""
+    "waiting for free nodes (Resources); expected to start 2026-11-27 14:05". ``maintenance``: the
+    window it waits out (:func:`slurm_provider.maintenance.maintenance_words`), said after the reason."""
     code, detail = split_reason(reason)
     words = reason_words(reason)
     if f"({code})" in words or code == "None":
         said = words
     else:
         said = f"{words} ({code}{', ' + detail if detail else ''})"
+    if maintenance:
+        said = f"{said}; {maintenance}"
     start = expected_start_words(expected_start)
     return f"{said}; {start}" if start else said

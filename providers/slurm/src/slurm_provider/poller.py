@@ -69,10 +69,12 @@ from slurm_provider.end_records import EndRecord, parse_end_record
 from slurm_provider.followed_files import FOLLOW_INTERVAL
 from slurm_provider.cli.sshare import TresMinutes
 from slurm_provider.job_status import JobStatus
+from slurm_provider.maintenance import Window, waits_for_maintenance
 from slurm_provider.outage import STEP_FAILURES_WHILE_REACHABLE, Outage, reachable_again_line, slurm_error_line
 from slurm_provider.state_vocabulary import SlurmState, classify_pending_reason
 from slurm_provider.timing import (
     CONFIRM_RETRY,
+    MAINTENANCE_READ_INTERVAL,
     POLL_GROWTH,
     POLL_JITTER,
     POLLS,
@@ -100,6 +102,8 @@ class StatusSource(Protocol):
     async def file_sizes(self, paths: list[str]) -> dict[str, int]: ...
 
     async def account_tres(self, account: str, tres: str = "billing") -> TresMinutes | None: ...
+
+    async def maintenance(self) -> tuple[Window, ...]: ...
 
     async def close(self) -> None: ...
 
@@ -139,6 +143,8 @@ class PollUpdate:
     """``(path, new text, offset after it)`` of each followed file that grew, read this cycle."""
     only_followed: bool = False
     """No status this cycle: only followed files were read (between two polls)."""
+    maintenance: tuple[Window, ...] = ()
+    """The maintenance windows the job waits out, while Slurm says it pends for one (else empty)."""
 
 
 @dataclass
@@ -196,6 +202,9 @@ class JobPoller:
         self.record_reads = 0  # commands that read exit records between polls
         self.confirmations = 0  # status queries asked because of an exit record
         self.unconfirmed = 0  # ... that Slurm did not confirm (yet)
+        self._windows: tuple[Window, ...] = ()
+        self._windows_read_at = -math.inf  # monotonic
+        self.maintenance_reads = 0
 
     # --- subscribing -----------------------------------------------------------------------------
 
@@ -418,6 +427,7 @@ class JobPoller:
         else:
             sizes = await source.file_sizes(paths) if paths else {}
         readings = await self._read_allocations(source, statuses.values())
+        windows = await self._read_maintenance(source, statuses.values())
         changed = False
         confirmed: set[int] = set()
         for sub in subs:
@@ -447,6 +457,8 @@ class JobPoller:
             sub.queue.put_nowait(PollUpdate(status=status, new_log_text=text, log_offset=sub.log_offset,
                                             new_err_text=err_text, err_offset=sub.err_offset,
                                             allocation=reading,
+                                            maintenance=windows if status is not None
+                                            and waits_for_maintenance(status.reason) else (),
                                             end_record=records.get(id(sub)) if records else None,
                                             followed=followed))
         return changed, confirmed
@@ -486,6 +498,32 @@ class JobPoller:
             problem = None if figures is not None else f"sshare lists no association for account {account}"
             readings[(account, tres)] = AccountReading(account, tres, figures, problem)
         return readings
+
+    async def _read_maintenance(self, source: StatusSource, statuses: Any) -> tuple[Window, ...]:
+        """The site's maintenance windows, read (``scontrol show reservation``) while a watched job pends
+        for one, at most every ``timing.MAINTENANCE_READ_INTERVAL`` seconds; none when no job does.
+
+        A failed read leaves the windows unnamed (the pending reason still says maintenance); a
+        dropped connection is the poll's problem."""
+        from slurm_provider.hooks import SlurmCommandFailed
+
+        if not any(status.state is SlurmState.PENDING and waits_for_maintenance(status.reason)
+                   for status in statuses):
+            return ()
+        now = time.monotonic()
+        if now - self._windows_read_at < MAINTENANCE_READ_INTERVAL:
+            return self._windows
+        self._windows_read_at = now
+        self.maintenance_reads += 1
+        try:
+            self._windows = await source.maintenance()
+        except (SlurmCommandFailed, ValueError) as exc:  # Slurm answered, unusably: the reason still says it
+            log.warning("Could not read the maintenance reservations (%s); the jobs waiting for one are "
+                        "told without its name", exc)
+            self._windows = ()
+        except TransportError:  # the connection dropped: the poll's problem, retried as a poll
+            raise
+        return self._windows
 
     def _next_interval(self, changed: bool) -> float:
         subs = list(self._subs.values())

@@ -62,3 +62,6 @@ CONFIRM_RETRY = Backoff(base=FIRST_CONFIRM_RETRY, factor=2.0, cap=MAX_POLL_INTER
 
 LOOKUP_RETRY = Backoff(base=1.0, factor=2.0, cap=30.0)
 """A task looking up its own job after a submit whose answer was lost, when the lookup itself fails."""
+MAINTENANCE_READ_INTERVAL = 300.0
+"""Seconds between two reads of the site's maintenance reservations (``scontrol show reservation``)
+while a watched job pends for one; sites announce them days ahead."""

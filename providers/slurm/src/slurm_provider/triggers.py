@@ -52,6 +52,7 @@ from slurm_provider.allocation import AccountReading, deadline_message, judge
 from slurm_provider.cli.values import format_duration
 from slurm_provider.end_records import end_record_path
 from slurm_provider.followed_files import FOLLOW_INTERVAL, FollowedFile, advance, followed_files, load_fold
+from slurm_provider.maintenance import Window, maintenance_line, maintenance_words
 from slurm_provider.pending_words import waiting_line
 from slurm_provider.poller import shared_poller
 from slurm_provider.state_vocabulary import ReasonKind, SlurmState, StateCategory, classify_pending_reason
@@ -159,6 +160,7 @@ class SlurmJobTrigger(BaseTrigger):
         self._allocation_since: float | None = None
         self._allocation_said: tuple[Any, ...] | None = None
         self._waiting: tuple[str | None, str | None] = (None, None)  # (reason, expected start) while pending
+        self._windows: tuple[Window, ...] = ()  # the maintenance windows the pending job waits out
         self._polled_at: float | None = None  # the last poll the cluster answered (epoch seconds)
         self._noted_at = 0.0  # when the watch note was last written (epoch seconds)
 
@@ -302,6 +304,10 @@ class SlurmJobTrigger(BaseTrigger):
                                                       and status.reason != last_reason):
                     self.log.info("Job %s %s", self.job_id, _describe(status))
                     last_state, last_reason, shown = status.state, status.reason, True
+                if update.maintenance != self._windows:
+                    self._windows, shown = update.maintenance, True
+                    if (window_line := maintenance_line(self.job_id, self._windows)) is not None:
+                        self.log.warning("%s", window_line)
                 if shown or self._polled_at - self._noted_at >= NOTE_REFRESH_S:
                     await self._remember(task, last_state)
                 if status.state.is_terminal:
@@ -426,7 +432,8 @@ class SlurmJobTrigger(BaseTrigger):
             return
         note = WatchNote(self.log_offset, state.value if state is not None else None, self.err_log_offset,
                          unreachable_since=unreachable_since, allocation_since=self._allocation_since,
-                         reason=self._waiting[0], expected_start=self._waiting[1], polled_at=self._polled_at)
+                         reason=self._waiting[0], expected_start=self._waiting[1], polled_at=self._polled_at,
+                         maintenance=maintenance_words(self._windows))
         try:
             await asyncio.wait_for(remember_watch(task, self.job_id, self.log_path, note), timeout=30)
             self._noted_at = time.time()

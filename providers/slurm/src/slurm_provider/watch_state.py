@@ -81,6 +81,8 @@ class WatchNote:
     """While the job pends: when Slurm expects it to start, as the last poll saw it."""
     polled_at: float | None = None
     """When (epoch seconds) the watch last had an answer from the cluster: what a UI shows is that old."""
+    maintenance: str | None = None
+    """While the job pends for a maintenance reservation: the window(s) it waits out, in words."""
 
 
 async def recall_watch(key: TaskKey, job_id: str, log_path: str | None) -> WatchNote:
@@ -105,7 +107,8 @@ async def remember_watch(key: TaskKey, job_id: str, log_path: str | None, note: 
                                      "state": note.state, "err_offset": note.err_offset,
                                      "unreachable_since": note.unreachable_since,
                                      "allocation_since": note.allocation_since, "reason": note.reason,
-                                     "expected_start": note.expected_start, "polled_at": note.polled_at},
+                                     "expected_start": note.expected_start, "polled_at": note.polled_at,
+                                     "maintenance": note.maintenance},
                     dag_id=key.dag_id, task_id=key.task_id, run_id=key.run_id, map_index=key.map_index)
 
 

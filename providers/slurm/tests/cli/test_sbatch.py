@@ -184,3 +184,13 @@ def test_sbatch_test_only_estimate() -> None:
     estimate = parse_sbatch_test_only(raw("sbatch_test_only.stderr.txt"))
     assert estimate.partition == "small-g" and estimate.nodes == "vcnode1" and estimate.processors == 1
     assert estimate.start is not None and estimate.start.startswith("20")
+
+
+def test_time_min_lets_slurm_shorten_the_limit_never_beyond_it() -> None:
+    argv = argv_of(build_sbatch_submit(job_name="x", output="/tmp/x.out", time_limit="3-00:00:00", time_min="1-00:00:00"))
+    assert argv[-2:] == ["--time=3-00:00:00", "--time-min=1-00:00:00"]
+    assert "--time-min=0-00:30:00" in argv_of(build_sbatch_submit(job_name="x", output="/tmp/x.out", time_min="30"))
+    with pytest.raises(ValidationError, match="time_min.*longer than the allowed maximum 0-01:00:00"):
+        build_sbatch_submit(job_name="x", output="/tmp/x.out", time_limit="1:00:00", time_min="2:00:00")
+    with pytest.raises(ValidationError, match="time_min"):
+        build_sbatch_submit(job_name="x", output="/tmp/x.out", time_min="soon")

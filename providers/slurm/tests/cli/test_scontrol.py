@@ -1,4 +1,4 @@
-"""scontrol show job and scancel: command lines and records."""
+"""scontrol show job, show reservation and scancel: command lines and records."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from slurm_provider.cli.scancel import build_scancel
 from slurm_provider.cli.scontrol import (
     build_scontrol_ping,
     build_scontrol_show_job,
+    build_scontrol_show_reservations,
     parse_scontrol_ping,
     parse_scontrol_show_job,
+    parse_scontrol_show_reservations,
 )
 from slurm_provider.cli.values import SlurmOutputError, is_invalid_job_id_error
 from slurm_provider.validation import ValidationError
@@ -66,3 +68,16 @@ def test_scontrol_ping() -> None:
     assert parse_scontrol_ping(down) == {"primary": "DOWN", "backup": "UP"}
     with pytest.raises(SlurmOutputError, match="not a 'scontrol ping' answer"):
         parse_scontrol_ping("scontrol: error: something else\n")
+
+
+def test_scontrol_show_reservation_reads_each_reservation_and_no_reservation_at_all() -> None:
+    assert argv_of(build_scontrol_show_reservations()) == ["scontrol", "show", "reservation", "-o"]
+    maint, team = parse_scontrol_show_reservations(raw("scontrol_show_reservation.txt"))
+    assert (maint["ReservationName"], maint["Nodes"], maint["Flags"]) == ("maint-test", "nid001001",
+                                                                          "MAINT,IGNORE_JOBS,SPEC_NODES")
+    assert maint["StartTime"] < maint["EndTime"] and maint["StartTime"][:2] == "20", "ISO times"
+    assert maint["TRES"] == "cpu=32"
+    assert (team["ReservationName"], team["Flags"], team["Users"]) == ("team-demo", "SPEC_NODES", "vcloud")
+    assert parse_scontrol_show_reservations(raw("scontrol_no_reservation.txt")) == []
+    with pytest.raises(SlurmOutputError, match="not a 'scontrol show reservation -o' line"):
+        parse_scontrol_show_reservations("scontrol: error: Unable to contact slurm controller")

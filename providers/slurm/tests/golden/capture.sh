@@ -148,6 +148,15 @@ save squeue_unknown "$(build "c.build_squeue([999999])")"
 save scontrol_unknown "$(build "c.build_scontrol_show_job(999999)")"
 save scontrol_finished "$(build "c.build_scontrol_show_job($FAILED_ID)")"
 save scancel_finished "$(build "c.build_scancel([$COMPLETED_ID])")"
+# Reservations as a site announces them: a maintenance window and a team's reservation.
+scontrol create reservation ReservationName=maint-test StartTime=now+2days Duration=04:00:00 Nodes=nid001001 \
+    Flags=MAINT,IGNORE_JOBS Users=root > /dev/null
+scontrol create reservation ReservationName=team-demo StartTime=now+3days Duration=01:00:00 Nodes=l50001 \
+    Users="$USER_NAME" Accounts=vcloud_local > /dev/null
+save scontrol_show_reservation "$(build "c.build_scontrol_show_reservations()")"
+scontrol delete ReservationName=maint-test
+scontrol delete ReservationName=team-demo
+save scontrol_no_reservation "$(build "c.build_scontrol_show_reservations()")"
 
 # --- sbatch --test-only and refused submissions ------------------------------------------------
 printf '#!/bin/bash\necho test\n' | as_user "$(build "c.build_sbatch_test_only(job_name='gc-test', output='$WORK/logs/%x_%j.out', partition='small-g', time_limit='0:10:00', extra_options=['--gpus=1'])")" \

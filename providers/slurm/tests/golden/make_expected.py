@@ -22,13 +22,18 @@ sys.path.insert(0, str(HERE.parents[1] / "src"))
 from slurm_provider.cli.job_files import parse_log_chunk, parse_progress  # noqa: E402
 from slurm_provider.cli.sacct import latest_job_rows, parse_sacct  # noqa: E402
 from slurm_provider.cli.sbatch import SbatchRefused, parse_sbatch_parsable, parse_sbatch_test_only  # noqa: E402
-from slurm_provider.cli.scontrol import parse_scontrol_show_config, parse_scontrol_show_job  # noqa: E402
+from slurm_provider.cli.scontrol import (  # noqa: E402
+    parse_scontrol_show_config,
+    parse_scontrol_show_job,
+    parse_scontrol_show_reservations,
+)
 from slurm_provider.cli.sinfo import parse_sinfo_unavailable  # noqa: E402
 from slurm_provider.cli.squeue import parse_squeue  # noqa: E402
 from slurm_provider.cli.sshare import account_tres_minutes, parse_sshare  # noqa: E402
 from slurm_provider.cli.values import is_invalid_job_id_error, is_slurm_unavailable  # noqa: E402
 from slurm_provider.scheduler_calls import is_rate_limited  # noqa: E402
 from slurm_provider.job_status import resolve_statuses, statuses_from_sacct  # noqa: E402
+from slurm_provider.maintenance import maintenance_windows  # noqa: E402
 
 # Byte offset each read_log capture asked for (see capture.sh).
 LOG_REQUESTED_OFFSETS = {
@@ -79,6 +84,10 @@ def expected_for(name: str) -> Any:
         return {"slurm_unavailable": is_slurm_unavailable(stderr), "rate_limited": is_rate_limited(stderr)}
     if name.startswith("config_"):
         return {"settings": parse_scontrol_show_config(stdout)}
+    if name in ("scontrol_show_reservation", "scontrol_no_reservation"):
+        return {"reservations": parse_scontrol_show_reservations(stdout),
+                "maintenance": [dataclasses.asdict(w) for w in maintenance_windows(
+                    parse_scontrol_show_reservations(stdout))]}
     if name.startswith("scontrol_"):
         return {
             "records": parse_scontrol_show_job(stdout),

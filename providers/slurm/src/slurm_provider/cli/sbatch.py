@@ -20,6 +20,7 @@ from slurm_provider.cli.squeue import build_squeue_live_jobs
 from slurm_provider.cli.values import FIELD_SEPARATOR, join_argv, parse_slurm_time
 from slurm_provider.validation import (
     ValidationError,
+    parse_time_limit,
     validate_account,
     validate_dependency,
     validate_export_vars,
@@ -137,6 +138,9 @@ class SubmitOptions:
     qos: str | None = None
     reservation: str | None = None
     time_limit: str | None = None
+    time_min: str | None = None
+    """``--time-min``: Slurm may start the job with its time limit lowered as far as this when that lets
+    it start sooner, e.g. to end before a maintenance reservation (for jobs that checkpoint and requeue)."""
     extra_options: Sequence[str] | None = None
 
     def as_kwargs(self) -> dict[str, Any]:
@@ -159,7 +163,7 @@ class SubmitOptions:
 
 def _sbatch_argv(options: SubmitOptions) -> list[str]:
     (job_name, output, error, comment, chdir, export, export_all, dependency, partition, account, qos,
-     reservation, time_limit, extra_options) = (getattr(options, f.name) for f in fields(options))
+     reservation, time_limit, time_min, extra_options) = (getattr(options, f.name) for f in fields(options))
     argv = ["sbatch", f"--job-name={validate_job_name(job_name)}"]
     argv.append(f"--output={validate_remote_path(output, 'output')}")
     if error is not None:
@@ -189,6 +193,9 @@ def _sbatch_argv(options: SubmitOptions) -> list[str]:
         argv.append(f"--reservation={validate_reservation(reservation)}")
     if time_limit is not None:
         argv.append(f"--time={validate_time_limit(time_limit)}")
+    if time_min is not None:
+        longest = parse_time_limit(time_limit, "time_limit") if time_limit is not None else None
+        argv.append(f"--time-min={validate_time_limit(time_min, 'time_min', longest)}")
     argv.extend(validate_extra_sbatch_options(extra_options))
     return argv
 

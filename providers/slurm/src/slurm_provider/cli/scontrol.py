@@ -1,5 +1,6 @@
-"""``scontrol show job`` (one job's full record, as ``Key=Value`` words), ``scontrol ping`` and
-``scontrol show config`` (the site's settings a workflow relies on)."""
+"""``scontrol show job`` (one job's full record, as ``Key=Value`` words), ``scontrol show reservation``
+(the site's announced maintenance windows), ``scontrol ping`` and ``scontrol show config`` (the
+site's settings a workflow relies on)."""
 
 from __future__ import annotations
 
@@ -23,18 +24,34 @@ def parse_scontrol_show_job(stdout: str | None) -> list[dict[str, str]]:
     Values may contain spaces (``JobName=probe one``, ``StdOut=/path with space/x.out``); a value
     ends where the next `` Key=`` begins. Keys with a colon (``AllocNode:Sid``) are kept whole.
     """
-    records = []
-    for line in output_lines(stdout):
-        text = line.strip()
-        matches = list(_SCONTROL_KEY.finditer(text))
-        if not matches or not text.startswith("JobId="):
-            raise SlurmOutputError(f"not a 'scontrol show job -o' line: {text[:200]!r}")
-        record: dict[str, str] = {}
-        for i, match in enumerate(matches):
-            end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
-            record[match.group(1)] = text[match.end() : end].strip()
-        records.append(record)
-    return records
+    return [_key_values(line.strip(), "JobId=", "scontrol show job -o") for line in output_lines(stdout)]
+
+
+def build_scontrol_show_reservations() -> str:
+    """``scontrol show reservation -o``: one ``Key=Value`` line per reservation, times in ISO form."""
+    return f"{TIME_FORMAT_ENV} " + join_argv(["scontrol", "show", "reservation", "-o"])
+
+
+NO_RESERVATIONS = "No reservations in the system"
+
+
+def parse_scontrol_show_reservations(stdout: str | None) -> list[dict[str, str]]:
+    """``scontrol show reservation -o``: one dict per reservation (``ReservationName``, ``StartTime``,
+    ``EndTime``, ``Nodes``, ``Flags``, ...); none when Slurm says it has none."""
+    return [_key_values(line.strip(), "ReservationName=", "scontrol show reservation -o")
+            for line in output_lines(stdout) if line.strip() != NO_RESERVATIONS]
+
+
+def _key_values(text: str, first: str, command: str) -> dict[str, str]:
+    """The ``Key=Value`` words of one ``-o`` line that starts with ``first``."""
+    matches = list(_SCONTROL_KEY.finditer(text))
+    if not matches or not text.startswith(first):
+        raise SlurmOutputError(f"not a '{command}' line: {text[:200]!r}")
+    record: dict[str, str] = {}
+    for i, match in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
+        record[match.group(1)] = text[match.end() : end].strip()
+    return record
 
 
 def build_scontrol_ping() -> str:
