@@ -178,6 +178,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
         budget = plan.request.max_resubmits
         self.resubmit_budgets = {cause: budget for cause in DEFAULT_BUDGETS}
         self.gpu_billing_factor = plan.profile.billing.factor
+        self.release_held = plan.profile.jobs.release_held
         self.cluster_profile = plan.profile
         # The trigger goes to this task's queue ([triggerer] queues_enabled): the run's profile's, the
         # host holding its connection's ControlMaster socket (vcloud_pipeline.dag.queues).

@@ -433,6 +433,11 @@ class JobDefaults(Document):
     with exactly this limit whenever it is the one that starts it, maintenance or not, so the job
     requeues every ``stage_time_min``. None: stage jobs start only with their whole time limit."""
 
+    release_held: Flag = False
+    """Release a job of the run that is put on user hold (``JobHeldUser``), once per watch, as LUMI puts
+    queued GPU jobs after a maintenance break; the task log says so. False: the task log and the HPC
+    view say that the job waits for a release and how to give it."""
+
     @pydantic.model_validator(mode="after")
     def _time_min_leaves_time_to_train(self) -> JobDefaults:
         if self.stage_time_min is not None and self.stage_time_min < 2 * self.signal_lead_seconds:

@@ -18,7 +18,7 @@ from slurm_provider.state_vocabulary import classify_pending_reason
      "waiting for nodes that are unavailable (down, drained or reserved)"),
     ("BeginTime", "waiting for its start time (--begin)"),
     ("Dependency", "waiting for the jobs it depends on"),
-    ("JobHeldUser", "held by its owner until 'scontrol release'"),
+    ("JobHeldUser", "on user hold until released ('scontrol release <job id>')"),
     (None, "waiting to be scheduled"),
 ])
 def test_common_reasons_in_words(reason: str | None, words: str) -> None:

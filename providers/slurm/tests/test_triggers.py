@@ -686,8 +686,43 @@ def test_a_job_waiting_for_its_begin_time_and_then_held_says_so_with_slurms_esti
     said = _events(logs, f"Job {job_id} PENDING")
     assert said[0] == (f"Job {job_id} PENDING: waiting for its start time (--begin) (BeginTime); "
                        f"expected to start {start.replace('T', ' ')[:16]}")
-    assert said[1].startswith(f"Job {job_id} PENDING: held by its owner until 'scontrol release' (JobHeldUser)")
+    assert said[1].startswith(f"Job {job_id} PENDING: on user hold until released ('scontrol release <job id>') (JobHeldUser)")
     assert len(said) == 2, "one line per reason, not one per poll"
+    assert _events(logs, f"Job {job_id} is on user hold") == [
+        f"Job {job_id} is on user hold (JobHeldUser) and waits for a release (release_held is off): run "
+        f"'scontrol release {job_id}' on the login node of {cluster_connection} to let it start"]
+
+
+def test_a_job_put_on_user_hold_is_released_once_by_a_watch_allowed_to_and_a_second_hold_stays(
+        local_cluster: LocalCluster, cluster_connection: str) -> None:
+    job_id, name, _ = _submit(local_cluster, cluster_connection, "true", "--hold", "--begin=now+1hour")
+
+    def reason() -> str:
+        return local_cluster.ssh(f"squeue -h -j {job_id} -o %r").stdout.strip()
+
+    async def watch(logs: list[dict[str, Any]]) -> dict[str, Any]:
+        watching = asyncio.ensure_future(_run_to_event_async(SlurmJobTrigger(
+            conn_id=cluster_connection, job_id=job_id, expected_job_name=name, release_held=True, **FAST)))
+        for told in ("released it (release_held)", "waits for a release (it was held again"):
+            while not any(told in line for line in _events(logs, f"Job {job_id} ")):
+                assert not watching.done(), watching.result()
+                await asyncio.sleep(0.2)
+            if told.startswith("released"):
+                assert await asyncio.to_thread(reason) in ("None", "BeginTime"), "released: no longer held"
+                await asyncio.to_thread(local_cluster.ssh, f"scontrol hold {job_id}")
+        assert await asyncio.to_thread(reason) == "JobHeldUser", "the second hold stays"
+        await asyncio.to_thread(local_cluster.ssh, f"scancel {job_id}")
+        return await asyncio.wait_for(watching, 60)
+
+    try:
+        with structlog.testing.capture_logs() as logs:
+            payload = asyncio.run(asyncio.wait_for(watch(logs), 180))
+    finally:
+        local_cluster.ssh(f"scancel {job_id}", check=False)
+    assert payload["kind"] == FINISHED and payload["status"]["state"] == "CANCELLED"
+    assert len(_events(logs, "released it (release_held)")) == 1
+    assert poll_until(lambda: local_cluster.ssh(f"sacct -X -n -P -j {job_id} -o State").stdout.strip(),
+                      timeout=30, what="the job in accounting").startswith("CANCELLED")
 
 
 def test_a_job_waiting_out_a_maintenance_window_is_told_which_and_a_job_with_a_time_min_starts_before_it(

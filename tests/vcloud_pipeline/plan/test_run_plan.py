@@ -97,3 +97,14 @@ def test_a_label_knows_its_stage_and_task() -> None:
                                                      "stage2", "stage3", "export"]
     with pytest.raises(ValueError, match="not a training stage"):
         JobLabel.of_stage(4)
+
+
+def test_a_stage_task_releases_user_held_jobs_only_where_the_runs_profile_allows_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    planned = plan_run({"profile": "local", "config": "tiny", "stages": [0], "run_name": "held"})
+    assert _bound(planned, _synced(planned), JobLabel.STAGE0).release_held is False
+    monkeypatch.setenv("VCLOUD_PROFILE_OVERRIDES", '{"local": {"jobs": {"release_held": true}}}')
+    planned = plan_run({"profile": "local", "config": "tiny", "stages": [0], "run_name": "released"})
+    task = _bound(planned, _synced(planned), JobLabel.STAGE0)
+    assert task.release_held is True
+    assert task.cluster_profile is not None and task.cluster_profile.jobs.release_held

@@ -80,6 +80,7 @@ from slurm_provider.cli.sbatch import (
 from slurm_provider.cli.scancel import build_scancel
 from slurm_provider.cli.scontrol import (
     build_scontrol_ping,
+    build_scontrol_release,
     build_scontrol_show_config,
     build_scontrol_show_job,
     build_scontrol_show_reservations,
@@ -516,6 +517,13 @@ def site_config_plan() -> Plan[dict[str, str]]:
         raise SlurmCommandFailed(f"scontrol show config printed output that cannot be read: {exc}", result) from exc
 
 
+def release_plan(job_id: str | int) -> Plan[None]:
+    """Release a held job (``scontrol release``); Slurm's refusal is raised with its words."""
+    result = yield RemoteCommand(build_scontrol_release(job_id), "scontrol")
+    if result.exit_status != 0:
+        raise _failed("scontrol release", result)
+
+
 def maintenance_plan() -> Plan[tuple[Window, ...]]:
     """The site's maintenance reservations that have not ended (``scontrol show reservation``)."""
     result = yield RemoteCommand(build_scontrol_show_reservations(), "scontrol")
@@ -765,6 +773,10 @@ class SlurmHook(BaseHook, _CommandCounter, FileVerbs):
         """The site's maintenance reservations that have not ended, earliest first."""
         return self._drive(maintenance_plan())
 
+    def release(self, job_id: str | int) -> None:
+        """Release a job held by a user hold (``JobHeldUser``); raises :class:`SlurmCommandFailed`."""
+        self._drive(release_plan(job_id))
+
     def test_connection(self) -> tuple[bool, str]:
         """What the connection form's Test button shows: log in and ask Slurm for its version."""
         try:
@@ -916,6 +928,9 @@ class SlurmAsyncHook(BaseHook, _CommandCounter):
 
     async def maintenance(self) -> tuple[Window, ...]:
         return await self._drive(maintenance_plan())
+
+    async def release(self, job_id: str | int) -> None:
+        await self._drive(release_plan(job_id))
 
     async def close(self) -> None:
         await self.runner.close()

@@ -228,6 +228,10 @@ class SlurmSubmitOperator(BaseOperator):
         (``AssocGrpBillingMinutes``) while the account's running jobs hold what it needs (then it
         fails, and the job is cancelled like any job the task gives up on). A job whose allocation
         the usage alone has spent fails at once.
+    :param release_held: release the job (once per watch) when it is put on user hold
+        (``JobHeldUser``), as LUMI does to queued GPU jobs after a maintenance break, saying so in the
+        task log; False (the default): the task log says that the job waits for a release and how to
+        give it (``scontrol release``).
 
     A login node that does not answer (refused, reset, timed out, no ``slurmctld``) is a wait, not a
     failure, because the jobs run on without it: maintenance breaks at HPC sites last hours, longer than
@@ -268,7 +272,7 @@ class SlurmSubmitOperator(BaseOperator):
                  short_job_wait: float = SHORT_JOB_WAIT, writes_end_record: bool = False,
                  watch_deadline: timedelta | float = DEFAULT_WATCH_DEADLINE,
                  follow: Sequence[Mapping[str, str]] = (), follow_interval: float = FOLLOW_INTERVAL,
-                 **kwargs: Any) -> None:
+                 release_held: bool = False, **kwargs: Any) -> None:
         # Named parameters (not kwargs.setdefault): Airflow fills a parameter of this signature from
         # the DAG's default_args when the task does not set it, so default_args win over these defaults.
         super().__init__(retries=retries, retry_delay=retry_delay, max_retry_delay=max_retry_delay,
@@ -298,6 +302,7 @@ class SlurmSubmitOperator(BaseOperator):
         self.done_markers = tuple(done_markers)
         self.replace_outputs = replace_outputs
         self.supersede_dirs = tuple(supersede_dirs)
+        self.release_held = release_held
         self.short_job_wait = short_job_wait
         self.writes_end_record = writes_end_record
         self.watch_deadline = watch_deadline
@@ -687,6 +692,7 @@ class SlurmSubmitOperator(BaseOperator):
                 adopted_from=(current.submitted_by or "another task") if current.adopted else None,
                 watch_deadline=self._deadline_seconds(),
                 follow=self.follow or None, follow_interval=self.follow_interval,
+                release_held=self.release_held,
             ),
             method_name="execute_complete",
         )

@@ -19,7 +19,7 @@ REASON_WORDS: dict[str, str] = {
     "BeginTime": "waiting for its start time (--begin)",
     "Dependency": "waiting for the jobs it depends on",
     "DependencyNeverSatisfied": "never starts: a job it depends on failed or was cancelled",
-    "JobHeldUser": "held by its owner until 'scontrol release'",
+    "JobHeldUser": "on user hold until released ('scontrol release <job id>')",
     "JobHeldAdmin": "held by an administrator",
     "JobHoldMaxRequeue": "held after too many requeues",
     "launch failed requeued held": "never starts: held after a failed launch",

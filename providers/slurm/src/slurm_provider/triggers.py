@@ -54,8 +54,14 @@ from slurm_provider.end_records import end_record_path
 from slurm_provider.followed_files import FOLLOW_INTERVAL, FollowedFile, advance, followed_files, load_fold
 from slurm_provider.maintenance import Window, maintenance_line, maintenance_words
 from slurm_provider.pending_words import waiting_line
-from slurm_provider.poller import shared_poller
-from slurm_provider.state_vocabulary import ReasonKind, SlurmState, StateCategory, classify_pending_reason
+from slurm_provider.poller import JobPoller, shared_poller
+from slurm_provider.state_vocabulary import (
+    ReasonKind,
+    SlurmState,
+    StateCategory,
+    classify_pending_reason,
+    split_reason,
+)
 from slurm_provider.job_status import JobStatus
 from slurm_provider.watch_state import (
     NOTE_REFRESH_S,
@@ -74,6 +80,9 @@ log = logging.getLogger(__name__)
 # Event kinds: the job ended (any terminal state), will never start, vanished, or could not be watched.
 FINISHED, NEVER_STARTS, LOST, ERROR = "finished", "never_starts", "lost", "error"
 PENDING_POLICIES = ("fail", "warn")
+USER_HOLD = "JobHeldUser"
+"""The pending reason of a job on user hold, which its owner may release (an administrator's hold,
+``JobHeldAdmin``, only an administrator)."""
 
 
 def _hook_factory(conn_id: str):
@@ -124,6 +133,9 @@ class SlurmJobTrigger(BaseTrigger):
         :mod:`slurm_provider.followed_files`); the offsets and states are kept in the XCom
         ``slurm_followed`` of the task try, and the event carries the offsets.
     :param follow_interval: least seconds between two size checks of the followed files.
+    :param release_held: release the job once when it is put on user hold (``JobHeldUser``), as sites
+        such as LUMI do to queued jobs after a maintenance break, and say so; only a job named
+        ``expected_job_name``. False: the task log says that it waits for a release and how to give it.
     """
 
     def __init__(self, *, conn_id: str, job_id: str, poll_interval: float = POLL_INTERVAL,
@@ -134,7 +146,7 @@ class SlurmJobTrigger(BaseTrigger):
                  err_log_offset: int = 0, adopted_from: str | None = None,
                  watch_deadline: float = DEFAULT_WATCH_DEADLINE.total_seconds(),
                  read_end_record: bool = True, follow: list[dict[str, Any]] | None = None,
-                 follow_interval: float = FOLLOW_INTERVAL) -> None:
+                 follow_interval: float = FOLLOW_INTERVAL, release_held: bool = False) -> None:
         super().__init__()
         if pending_policy not in PENDING_POLICIES:
             raise ValueError(f"pending_policy {pending_policy!r} not allowed (known: {', '.join(PENDING_POLICIES)})")
@@ -156,6 +168,9 @@ class SlurmJobTrigger(BaseTrigger):
         self.read_end_record = bool(read_end_record)
         self.follow = [{"path": f.path, "fold": f.fold, "offset": f.offset} for f in followed_files(follow)]
         self.follow_interval = float(follow_interval)
+        self.release_held = bool(release_held)
+        self._held = False  # the job is on user hold, and the watch said so
+        self._released = 0  # holds this watch released
         self._followed: dict[str, FollowedFile] = {}
         self._allocation_since: float | None = None
         self._allocation_said: tuple[Any, ...] | None = None
@@ -186,6 +201,7 @@ class SlurmJobTrigger(BaseTrigger):
                 "read_end_record": self.read_end_record,
                 "follow": self.follow,
                 "follow_interval": self.follow_interval,
+                "release_held": self.release_held,
             },
         )
 
@@ -317,6 +333,11 @@ class SlurmJobTrigger(BaseTrigger):
                 if status.state.has_started and self._allocation_since is not None:
                     self._allocation_since, self._allocation_said = None, None
                     await self._remember(task, last_state)
+                held = status.state is SlurmState.PENDING and split_reason(status.reason)[0] == USER_HOLD
+                if held and not self._held:  # a new hold: a job still held after a release was held again
+                    self._held = not await self._on_user_hold(poller, status)
+                elif not held:
+                    self._held = False
                 if status.state is SlurmState.PENDING and status.reason:
                     reason = classify_pending_reason(status.reason)
                     if reason.kind is ReasonKind.ALLOCATION:
@@ -332,6 +353,28 @@ class SlurmJobTrigger(BaseTrigger):
                         if warned_reason != status.reason:
                             self.log.warning("%s (still waiting: pending_policy=warn)", text)
                             warned_reason = status.reason
+
+    async def _on_user_hold(self, poller: JobPoller, status: JobStatus) -> bool:
+        """The job was just put on user hold: release it once (``release_held``, our job only), or say
+        that it waits for a release and how to give it. Returns whether it was released."""
+        ours = bool(self.expected_job_name) and status.name == self.expected_job_name
+        if not (self.release_held and ours and not self._released):
+            self.log.warning("%s", held_line(self.job_id, self.conn_id, released=self._released,
+                                             allowed=self.release_held))
+            return False
+        try:
+            source = await poller.source()
+            await asyncio.wait_for(source.release(self.job_id), timeout=60)
+        except Exception as exc:  # the watch goes on; a person can release it
+            self.log.warning("Job %s is on user hold (JobHeldUser) and releasing it failed (%s): run "
+                             "'scontrol release %s' on the login node of %s", self.job_id, exc, self.job_id,
+                             self.conn_id)
+            return False
+        self._released += 1
+        self.log.warning("Job %s was put on user hold (JobHeldUser), as a site does to queued jobs after a "
+                         "maintenance break: released it (release_held). Held again, it stays held",
+                         self.job_id)
+        return True
 
     async def _recall_followed(self, task: TaskKey | None) -> None:
         """The followed files as this task try's earlier triggers left them (a restart reads on from there)."""
@@ -489,6 +532,14 @@ class SlurmJobTrigger(BaseTrigger):
             self.log.info("Task stopped by a user: cancelled job %s", self.job_id)
         finally:
             await hook.close()
+
+
+def held_line(job_id: str, conn_id: str, *, released: int, allowed: bool) -> str:
+    """What the task log says about a job on user hold the watch does not release."""
+    why = ("it was held again after this watch released it once" if released else
+           "release_held is off" if not allowed else "it is not this task's job")
+    return (f"Job {job_id} is on user hold (JobHeldUser) and waits for a release ({why}): run "
+            f"'scontrol release {job_id}' on the login node of {conn_id} to let it start")
 
 
 def _describe(status: JobStatus) -> str:

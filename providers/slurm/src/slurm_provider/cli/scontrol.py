@@ -1,4 +1,5 @@
-"""``scontrol show job`` (one job's full record, as ``Key=Value`` words), ``scontrol show reservation``
+"""``scontrol show job`` (one job's full record, as ``Key=Value`` words), ``scontrol release`` (a held
+job), ``scontrol show reservation``
 (the site's announced maintenance windows), ``scontrol ping`` and ``scontrol show config`` (the
 site's settings a workflow relies on)."""
 
@@ -25,6 +26,11 @@ def parse_scontrol_show_job(stdout: str | None) -> list[dict[str, str]]:
     ends where the next `` Key=`` begins. Keys with a colon (``AllocNode:Sid``) are kept whole.
     """
     return [_key_values(line.strip(), "JobId=", "scontrol show job -o") for line in output_lines(stdout)]
+
+
+def build_scontrol_release(job_id: str | int) -> str:
+    """``scontrol release ID``: let a job its owner (or a site, as a user hold) held start again."""
+    return join_argv(["scontrol", "release", validate_job_id(job_id)])
 
 
 def build_scontrol_show_reservations() -> str:
