@@ -223,6 +223,23 @@ def test_a_log_that_grew_while_nobody_looked_is_shown_whole_before_the_end() -> 
     assert (update.new_log_text, update.log_offset) == (GrownLog.text, len(GrownLog.text))  # 8 reads, one cycle
 
 
+def watch_to_the_end(source: ScriptedSource, job_ids: Iterable[str]) -> dict[str, list[PollUpdate]]:
+    """Every update each job's watcher sees, all jobs watched at once through one poller, until each ends."""
+    poller, ids = JobPoller("c", lambda: source), list(job_ids)
+
+    async def one(job_id: str) -> list[PollUpdate]:
+        seen = []
+        async with poller.subscribe(job_id, **FAST) as updates:
+            while not seen or not seen[-1].status.is_terminal:
+                seen.append(await asyncio.wait_for(updates.get(), 10))
+        return seen
+
+    async def every_job() -> list[list[PollUpdate]]:
+        return await asyncio.gather(*(one(job_id) for job_id in ids))
+
+    return dict(zip(ids, asyncio.run(every_job())))
+
+
 class AllocationSource(ScriptedSource):
     """Jobs pending on their account's allocation until ``pending_cycles`` cycles passed, then done;
     counts the sshare reads (one per account and cycle at most)."""
@@ -249,19 +266,7 @@ class AllocationSource(ScriptedSource):
 
 def test_jobs_pending_on_an_allocation_share_one_sshare_per_account_and_cycle() -> None:
     source = AllocationSource({"1": "proj", "2": "proj", "3": "other", "4": "broken"}, pending_cycles=3)
-    poller = JobPoller("c", lambda: source)
-
-    async def one(job_id: str) -> list[PollUpdate]:
-        seen = []
-        async with poller.subscribe(job_id, **FAST) as updates:
-            while not seen or not seen[-1].status.is_terminal:
-                seen.append(await asyncio.wait_for(updates.get(), 10))
-        return seen
-
-    async def all_jobs() -> list[list[PollUpdate]]:
-        return await asyncio.gather(*(one(job_id) for job_id in "1234"))
-
-    seen = dict(zip("1234", asyncio.run(all_jobs())))
+    seen = watch_to_the_end(source, "1234")
     # Each cycle a job pends: one sshare per account, whatever the number of its jobs; none after.
     per_cycle = {}
     for cycle, account, _ in source.reads:
@@ -305,25 +310,9 @@ class MaintenanceSource(ScriptedSource):
         return (self.WINDOW,)
 
 
-def _watch_maintenance(source: MaintenanceSource) -> dict[str, list[PollUpdate]]:
-    poller = JobPoller("c", lambda: source)
-
-    async def one(job_id: str) -> list[PollUpdate]:
-        seen = []
-        async with poller.subscribe(job_id, **FAST) as updates:
-            while not seen or not seen[-1].status.is_terminal:
-                seen.append(await asyncio.wait_for(updates.get(), 10))
-        return seen
-
-    async def both() -> list[list[PollUpdate]]:
-        return await asyncio.gather(one("1"), one("2"))
-
-    return dict(zip("12", asyncio.run(both())))
-
-
 def test_the_windows_are_read_once_while_a_job_waits_one_out_and_handed_only_to_that_job() -> None:
     source = MaintenanceSource(pending_cycles=5)
-    seen = _watch_maintenance(source)
+    seen = watch_to_the_end(source, "12")
     assert source.reads == [1], "one read for every poll of the interval (timing.MAINTENANCE_READ_INTERVAL)"
     waiting = [u for u in seen["1"] if u.status.state is SlurmState.PENDING]
     assert waiting and all(u.maintenance == (MaintenanceSource.WINDOW,) for u in waiting)
@@ -335,7 +324,7 @@ def test_a_failed_reservation_read_leaves_the_window_unnamed_and_the_watch_going
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("slurm_provider.poller.MAINTENANCE_READ_INTERVAL", 0.0)
     source = MaintenanceSource(pending_cycles=4, fail_first=True)
-    seen = _watch_maintenance(source)
+    seen = watch_to_the_end(source, "12")
     assert source.reads[:2] == [1, 2], "read again at the next poll once the interval passed"
     waiting = [u for u in seen["1"] if u.status.state is SlurmState.PENDING]
     assert waiting[0].maintenance == () and waiting[-1].maintenance == (MaintenanceSource.WINDOW,)
