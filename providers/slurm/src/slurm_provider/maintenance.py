@@ -29,7 +29,7 @@ class Window:
     nodes: str
 
     def words(self) -> str:
-        """``'lumi-maint' from 2026-12-01 08:00 to 2026-12-01 20:00 on nid[005001-005003]``."""
+        """``'site-maint' from 2026-12-01 08:00 to 2026-12-01 20:00 on nid[005001-005003]``."""
         return f"{self.name!r} from {_minutes(self.start)} to {_minutes(self.end)} on {self.nodes or 'its nodes'}"
 
 
@@ -55,7 +55,7 @@ def waits_for_maintenance(reason: str | None) -> bool:
 def maintenance_words(windows: Iterable[Window]) -> str | None:
     """The windows a job waits out, in one phrase for a log line or a table cell; None without any.
 
-    ``waits out the maintenance window 'lumi-maint' from 2026-12-01 08:00 to 2026-12-01 20:00 on
+    ``waits out the maintenance window 'site-maint' from 2026-12-01 08:00 to 2026-12-01 20:00 on
     nid[005001-005003] (Slurm's time)``."""
     listed = list(windows)
     if not listed:

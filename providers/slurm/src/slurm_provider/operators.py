@@ -229,7 +229,7 @@ class SlurmSubmitOperator(BaseOperator):
         fails, and the job is cancelled like any job the task gives up on). A job whose allocation
         the usage alone has spent fails at once.
     :param release_held: release the job (once per watch) when it is put on user hold
-        (``JobHeldUser``), as LUMI does to queued GPU jobs after a maintenance break, saying so in the
+        (``JobHeldUser``), as some sites do to queued GPU jobs after a maintenance break, saying so in the
         task log; False (the default): the task log says that the job waits for a release and how to
         give it (``scontrol release``).
 

@@ -360,7 +360,7 @@ _EXACT_REASONS: dict[str, tuple[ReasonKind, str]] = {
     "QOSJobLimit": (ReasonKind.LIMIT, "The QOS job-count limit is reached; it starts when jobs end."),
     "QOSResourceLimit": (ReasonKind.LIMIT, "The QOS resource limit is reached; it starts when jobs end."),
     "QOSTimeLimit": (ReasonKind.LIMIT, "The QOS time limit is reached."),
-    "JobHeldUser": (ReasonKind.HELD, "On user hold, by its owner or by the site (LUMI holds queued jobs after a "
+    "JobHeldUser": (ReasonKind.HELD, "On user hold, by its owner or by the site (some hold queued jobs after a "
                                       "maintenance break); it waits until someone runs 'scontrol release <job id>'."),
     "JobHeldAdmin": (
         ReasonKind.HELD,

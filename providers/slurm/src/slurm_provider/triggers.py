@@ -133,8 +133,8 @@ class SlurmJobTrigger(BaseTrigger):
         :mod:`slurm_provider.followed_files`); the offsets and states are kept in the XCom
         ``slurm_followed`` of the task try, and the event carries the offsets.
     :param follow_interval: least seconds between two size checks of the followed files.
-    :param release_held: release the job once when it is put on user hold (``JobHeldUser``), as sites
-        such as LUMI do to queued jobs after a maintenance break, and say so; only a job named
+    :param release_held: release the job once when it is put on user hold (``JobHeldUser``), as some sites
+        do to queued jobs after a maintenance break, and say so; only a job named
         ``expected_job_name``. False: the task log says that it waits for a release and how to give it.
     """
 
