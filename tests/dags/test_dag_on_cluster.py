@@ -8,6 +8,7 @@ the image's build hash. One epoch per stage keeps a run to a few minutes on two 
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
 import math
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import rasterio.io
 
 from support.localcluster import LocalCluster
 
@@ -88,6 +90,15 @@ def test_full_run_then_restart_from_stage_2(local_cluster: LocalCluster, project
     assert listing.count("best.pt") == 4 and listing.count("COMPLETE") == 4
     viewer = local_cluster.ssh(f"ls {shlex.quote(project_dir)}/viewer_data/e2e").stdout.split()
     assert {"metrics.json", "quicklooks", "geotiff"} <= set(viewer)
+    # Stage 3 is a refiner: its export is the mean of its samples, with their spread as a 14th band.
+    exported = json.loads(local_cluster.ssh(f"cat {shlex.quote(project_dir)}/viewer_data/e2e/metrics.json").stdout)
+    assert exported["stage"] == 3 and exported["samples"] == 4, {k: exported.get(k) for k in ("stage", "samples")}
+    assert exported["geotiff_bands"][-1] == "uncertainty" and exported["panels"][-1] == "uncertainty"
+    assert exported["uncertainty"]["uncertainty"] >= 0.0
+    geotiff = f"{project_dir}/viewer_data/e2e/{exported['per_series'][0]['geotiff']}"
+    encoded = local_cluster.ssh(f"base64 -w0 {shlex.quote(geotiff)}").stdout
+    with rasterio.io.MemoryFile(base64.b64decode(encoded)) as memory, memory.open() as tif:
+        assert tif.count == 14 and tif.crs is not None
 
     synced = values["sync_code"]
     code_dir = f"{project_dir}/code/{synced['code_hash']}"

@@ -5,10 +5,15 @@ stage's ``best.pt``), writes to ``VIEWER_DIR``:
 
 - ``quicklooks/{series}.png``: true-colour (B4, B3, B2) panels side by side: the cloudy
   observation of the target date, the prediction, the cloud-free target; one brightness stretch
-  for all three so they compare honestly;
+  for all three so they compare honestly; for a refiner (stages 2 and 3) a fourth, grey panel: the
+  per-pixel uncertainty (white: the samples' largest spread);
 - ``geotiff/{series}.tif``: the 13-band prediction in Sentinel-2 L1C digital numbers
-  (reflectance x 10000, uint16), with the CRS and affine transform of the input patch;
-- ``metrics.json``: per-series and mean PSNR/SSIM/SAM/MAE/RMSE plus provenance;
+  (reflectance x 10000, uint16), with the CRS and affine transform of the input patch; a refiner's
+  prediction is the mean of ``--samples`` samples (:mod:`vcloud.export_uncertainty`), and a 14th band
+  holds their spread (per-pixel standard deviation averaged over the bands, same scale);
+- ``metrics.json``: per-series and mean PSNR/SSIM/SAM/MAE/RMSE plus provenance; for a refiner also
+  the samples drawn and, per series and on average, the mean uncertainty, its correlation with the
+  mean's error and the spread-skill ratio (``uncertainty``);
 - ``curves/stage{N}.png``: training loss and validation PSNR over the steps of every stage trained,
   from its ``metrics.jsonl`` (the curve the HPC view draws; per epoch from ``progress.json`` for a
   stage trained before that file existed);
@@ -53,6 +58,9 @@ from vcloud.contract import (
     exported_record,
     training_curve,
 )
+from vcloud.data.bands import S2_BANDS
+from vcloud.export_uncertainty import EXPORT_SAMPLES, mean_scores, summarize_samples
+from vcloud.models.draft_and_refiner import EVAL_SEED
 from vcloud.stage_registry import BuildContext, StageError, get_stage, load_stage_model
 from vcloud.training.markers import read_json, write_json
 from vcloud.training.paths import StagePaths
@@ -62,6 +70,8 @@ log = logging.getLogger("vcloud.export")
 RGB_BANDS = (3, 2, 1)
 """Indices of B4 (red), B3 (green), B2 (blue) among the 13 Sentinel-2 bands."""
 PANELS = ("cloudy_input", "prediction", "target")
+UNCERTAINTY_PANEL = "uncertainty"
+UNCERTAINTY_BAND = "uncertainty"
 
 
 def latest_trained_stage(run_dir: Path) -> int:
@@ -85,16 +95,24 @@ def input_stamps(run_dir: Path) -> dict[str, tuple[int, int]]:
     return stamps
 
 
-def rgb_quicklook(cloudy: np.ndarray, prediction: np.ndarray, target: np.ndarray, gap: int = 2) -> np.ndarray:
-    """[H, 3W + 2 gap, 3] uint8 mosaic of three [13, H, W] reflectance images.
+def rgb_quicklook(cloudy: np.ndarray, prediction: np.ndarray, target: np.ndarray, gap: int = 2,
+                  uncertainty: np.ndarray | None = None) -> np.ndarray:
+    """[H, 3W + 2 gap, 3] uint8 mosaic of three [13, H, W] reflectance images (with ``uncertainty``
+    [H, W], a fourth grey panel: [H, 4W + 3 gap, 3]).
 
-    The stretch maps the target's 98th RGB percentile to white, shared by all panels."""
+    The stretch maps the target's 98th RGB percentile to white, shared by the three image panels;
+    the uncertainty panel is stretched on its own (its 98th percentile white)."""
     rgb = [np.moveaxis(img[list(RGB_BANDS)], 0, -1) for img in (cloudy, prediction, target)]
     white = float(np.percentile(rgb[2], 98))
     gain = 1.0 / white if white > 1e-6 else 1.0
     height = rgb[0].shape[0]
     spacer = np.ones((height, gap, 3), dtype=np.float32)
-    mosaic = np.concatenate([rgb[0] * gain, spacer, rgb[1] * gain, spacer, rgb[2] * gain], axis=1)
+    panels = [rgb[0] * gain, spacer, rgb[1] * gain, spacer, rgb[2] * gain]
+    if uncertainty is not None:
+        top = float(np.percentile(uncertainty, 98))
+        grey = uncertainty / top if top > 1e-9 else np.zeros_like(uncertainty)
+        panels += [spacer, np.repeat(grey[..., None], 3, axis=-1)]
+    mosaic = np.concatenate(panels, axis=1)
     return (np.clip(mosaic, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
 
 
@@ -171,8 +189,12 @@ def _safe_name(series_id: str) -> str:
 
 
 def export_viewer(config: VCloudConfig, data_root: Path, run_dir: Path, dest: Path, *, stage: int | None = None,
-                  split: str = "test", limit: int | None = None, device: torch.device | None = None) -> dict[str, Any]:
-    """Write quicklooks, GeoTIFFs, metrics and curves; returns the metrics summary written."""
+                  split: str = "test", limit: int | None = None, device: torch.device | None = None,
+                  samples: int = EXPORT_SAMPLES) -> dict[str, Any]:
+    """Write quicklooks, GeoTIFFs, metrics and curves; returns the metrics summary written.
+
+    ``samples``: how many samples a refiner draws per series (at least 2 for an uncertainty; 1
+    exports one sample, as validation scores it); a point model (stages 0 and 1) ignores it."""
     import matplotlib.image
 
     from vcloud.data.dataset import SeriesDataset
@@ -192,6 +214,9 @@ def export_viewer(config: VCloudConfig, data_root: Path, run_dir: Path, dest: Pa
     spec = get_stage(stage)
     model, checkpoint = load_stage_model(stage, best, BuildContext(config=config, run_dir=run_dir, device=device))
     model.eval()
+    if samples < 1:
+        raise ValueError(f"--samples {samples}: export at least one sample")
+    sampler = samples >= 2 and callable(getattr(model, "refine", None)) and callable(getattr(model, "draft", None))
     precision = resolve_precision(device.type, config.memory.bf16)
     dataset = SeriesDataset(data_root, split)
     count = len(dataset) if limit is None else min(limit, len(dataset))
@@ -203,21 +228,32 @@ def export_viewer(config: VCloudConfig, data_root: Path, run_dir: Path, dest: Pa
         item = dataset[i]
         meta = dataset.meta(i)
         batch = {k: v.unsqueeze(0).to(device) if isinstance(v, torch.Tensor) else [v] for k, v in item.items()}
+        stats = None
         with torch.no_grad(), precision.autocast():
-            prediction = spec.restore_batch(model, batch)
+            if sampler:
+                draft = model.draft(batch)
+                drawn = torch.cat([model.refine(batch, generator=torch.Generator().manual_seed(EVAL_SEED + k),
+                                                draft=draft) for k in range(samples)])
+            else:
+                prediction = spec.restore_batch(model, batch)
+        if sampler:
+            stats = summarize_samples(drawn.float().clamp(0.0, 1.0).cpu(), item["target"])
+            prediction = stats.mean[None]
         prediction = prediction.float().clamp(0.0, 1.0).cpu()
         scores = {name: float(v[0]) for name, v in per_sample(prediction, item["target"][None]).items()}
         name = _safe_name(meta.series_id)
         cloudy = item["inputs"][int(item["target_index"])].numpy()
         pred = prediction[0].numpy()
+        spread = stats.spread.numpy() if stats is not None else None
         quicklook = dest / "quicklooks" / f"{name}.png"
         quicklook.parent.mkdir(parents=True, exist_ok=True)
-        matplotlib.image.imsave(quicklook, rgb_quicklook(cloudy, pred, item["target"].numpy()))
+        matplotlib.image.imsave(quicklook, rgb_quicklook(cloudy, pred, item["target"].numpy(), uncertainty=spread))
         geotiff = dest / "geotiff" / f"{name}.tif"
-        write_geotiff(geotiff, to_digital_numbers(pred), GeoRef(crs=meta.crs, transform=meta.transform))
+        bands = pred if spread is None else np.concatenate([pred, spread[None]])
+        write_geotiff(geotiff, to_digital_numbers(bands), GeoRef(crs=meta.crs, transform=meta.transform))
         per_series.append({"series_id": meta.series_id, "region": meta.region, "target_date": meta.target_date,
                            "quicklook": str(quicklook.relative_to(dest)), "geotiff": str(geotiff.relative_to(dest)),
-                           **scores})
+                           **scores, **(stats.scores() if stats is not None else {})})
 
     mean = {name: float(np.mean([s[name] for s in per_series])) if per_series else float("nan")
             for name in METRIC_NAMES}
@@ -238,11 +274,14 @@ def export_viewer(config: VCloudConfig, data_root: Path, run_dir: Path, dest: Pa
         "lineage": checkpoint.get(LINEAGE_KEY),
         "split": split,
         "series": len(per_series),
-        "panels": list(PANELS),
+        "panels": list(PANELS) + ([UNCERTAINTY_PANEL] if sampler else []),
         "rgb_bands": ["B4", "B3", "B2"],
+        "samples": samples if sampler else 1,
         "mean": mean,
+        **({"uncertainty": mean_scores(per_series)} if sampler else {}),
         "per_series": per_series,
         "curves": curves,
+        "geotiff_bands": list(S2_BANDS) + ([UNCERTAINTY_BAND] if sampler else []),
     }
     write_json(dest / "metrics.json", summary)
     if marks_done:
@@ -255,6 +294,11 @@ def export_viewer(config: VCloudConfig, data_root: Path, run_dir: Path, dest: Pa
                  exported_done_name(inputs))
     log.info("stage %d on %d %s series: PSNR %.2f dB, SSIM %.3f, SAM %.2f deg", stage, len(per_series), split,
              mean["psnr"], mean["ssim"], mean["sam"])
+    if sampler:
+        told = summary["uncertainty"]
+        log.info("stage %d, mean of %d samples: uncertainty %.4f (reflectance), its correlation with the error "
+                 "%.2f, spread-skill ratio %.2f", stage, samples, told["uncertainty"],
+                 told["uncertainty_error_corr"], told["spread_skill"])
     return summary
 
 
@@ -271,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="stage to export (default: the highest with a best.pt)")
     parser.add_argument("--split", default="test", choices=("train", "val", "test"))
     parser.add_argument("--limit", type=int, default=None, help="export at most N series")
+    parser.add_argument("--samples", type=int, default=EXPORT_SAMPLES,
+                        help="samples a refiner (stages 2, 3) draws per series: their mean and spread are exported")
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
@@ -278,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", exc)
         return exitcodes.BAD_CONFIG
     try:
-        export_viewer(config, args.data, args.out, args.dest, stage=args.stage, split=args.split, limit=args.limit)
+        export_viewer(config, args.data, args.out, args.dest, stage=args.stage, split=args.split, limit=args.limit,
+                      samples=args.samples)
     except (StageError, FileNotFoundError) as exc:
         log.error("export failed: %s", exc)
         return exitcodes.ERROR
