@@ -30,6 +30,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
+from slurm_provider.bad_nodes import LEFT_OUT_XCOM_KEY
 from slurm_provider.cli.values import format_duration
 from slurm_provider.followed_files import FOLLOW_XCOM_KEY
 from slurm_provider.links import JOB_ID_XCOM_KEY, task_log_url
@@ -129,6 +130,15 @@ class JobRecord:
     gain_metric: str | None = None
     stop_reason: str | None = None
     """Why the stage stopped (``epochs`` or ``patience``), from its ``COMPLETE`` record."""
+    left_out: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """The nodes the job was submitted not to run on (``--exclude``), each with the job that failed there
+    for the node's fault (``slurm_provider.bad_nodes.left_out_xcom``)."""
+
+    @property
+    def left_out_words(self) -> str:
+        """``nid005001 (job 11: exit 89)``, for the page."""
+        return ", ".join(f"{node} (job {fault.get('job_id')}: {fault.get('why')})"
+                         for node, fault in self.left_out.items())
 
     @property
     def slurm_state(self) -> SlurmState | None:
@@ -185,6 +195,7 @@ class JobRecord:
         data["resubmissions"] = self.resubmissions
         data["log_url"] = task_log_url("", self.dag_id, self.run_id, self.task_id, self.map_index, self.job_id)
         data["gain_per_gpu_hour"] = gain_per_gpu_hour(self.validation_gain, self.gpu_hours)
+        data["left_out_words"] = self.left_out_words
         return data
 
 
@@ -264,6 +275,15 @@ def _followed(note: XComRow | None, job_id: str) -> dict[str, Mapping[str, Any]]
     return {f["path"]: f for f in value["files"] if isinstance(f, Mapping) and isinstance(f.get("path"), str)}
 
 
+def _left_out(note: XComRow | None, job_id: str) -> dict[str, Mapping[str, Any]]:
+    """The nodes the task's job ``job_id`` was submitted without (its ``slurm_left_out`` XCom); nothing
+    when the XCom is about an earlier job of the task."""
+    value = note.value if note is not None else None
+    if not isinstance(value, Mapping) or str(value.get("job_id")) != job_id or not isinstance(value.get("nodes"), Mapping):
+        return {}
+    return {str(node): fault for node, fault in value["nodes"].items() if isinstance(fault, Mapping)}
+
+
 def _int(value: Any) -> int | None:
     try:
         return None if value is None else int(value)
@@ -307,7 +327,8 @@ def records_from_xcoms(rows: Iterable[XComRow]) -> list[JobRecord]:
                 stage=task_id, job_id=job_id, job_ids=(job_id,), finished_at=anchor.end_date,
                 unreachable_since=seen.unreachable_since, last_seen=seen.state, polled_at=seen.polled_at,
                 followed=_followed(xcoms.get(FOLLOW_XCOM_KEY), job_id),
-                pending=_watched_pending(xcoms.get(WATCH_XCOM_KEY), job_id)))
+                pending=_watched_pending(xcoms.get(WATCH_XCOM_KEY), job_id),
+                left_out=_left_out(xcoms.get(LEFT_OUT_XCOM_KEY), job_id)))
             continue
         job_ids = tuple(str(j) for j in summary.get("job_ids") or [summary["job_id"]])
         records.append(JobRecord(
@@ -325,7 +346,8 @@ def records_from_xcoms(rows: Iterable[XComRow]) -> list[JobRecord]:
             allocation=summary["allocation"] if isinstance(summary.get("allocation"), Mapping) else None,
             curve=summary["curve"] if isinstance(summary.get("curve"), Mapping) else None,
             final=True, validation_gain=_float(summary.get("validation_gain")),
-            gain_metric=summary.get("gain_metric"), stop_reason=summary.get("stop_reason")))
+            gain_metric=summary.get("gain_metric"), stop_reason=summary.get("stop_reason"),
+            left_out=_left_out(xcoms.get(LEFT_OUT_XCOM_KEY), str(summary["job_id"]))))
     records.sort(key=lambda r: (r.finished_at is None, r.finished_at or datetime.min, r.dag_id, r.run_id,
                                 r.task_id), reverse=False)
     return records

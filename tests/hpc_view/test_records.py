@@ -94,6 +94,20 @@ def test_a_task_whose_job_waits_out_a_maintenance_window_names_it_as_its_watch_d
     assert waiting.to_json()["pending"]["words"] == waiting.pending.words
 
 
+def test_a_tasks_row_names_the_nodes_its_job_was_submitted_without_and_why() -> None:
+    from slurm_provider.bad_nodes import NodeFault, left_out_xcom
+
+    fault = NodeFault("nid005001", "5", "exit 89", "2026-11-21T11:58:00")
+    rows = [*_rows(),
+            XComRow("vcloud_training", "r1", "stage2", -1, "slurm_left_out", left_out_xcom("8", {"nid005001": fault}),
+                    "deferred"),
+            XComRow("vcloud_training", "r1", "stage1", -1, "slurm_left_out", left_out_xcom("6", {"nid005001": fault}),
+                    "success")]
+    records = {r.task_id: r for r in records_from_xcoms(rows)}
+    assert records["stage2"].to_json()["left_out_words"] == "nid005001 (job 5: exit 89)"
+    assert records["stage1"].left_out == {} and records["stage1"].to_json()["left_out_words"] == ""  # job 6's, not 7's
+
+
 def test_charts_escape_labels_and_show_the_numbers() -> None:
     budget = profile_budget("lumi", records_from_xcoms(_rows()), allocation=100_000)
     svg = burndown_svg(budget)

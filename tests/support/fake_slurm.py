@@ -112,6 +112,10 @@ class FakeJob:
     signals: list[str] = field(default_factory=list)
     """Signals ``scancel --signal`` sent it."""
     script: str | None = None
+    excluded: tuple[str, ...] = ()
+    """Nodes it was submitted not to run on (``--exclude``)."""
+    begin: str | None = None
+    """``--begin`` it was submitted with (``now+120``)."""
 
     @property
     def is_terminal(self) -> bool:
@@ -316,7 +320,8 @@ def _sacct(line: str, argv: list[str], table: SlurmTable) -> CommandResult:
 
 
 SBATCH_OPTIONS = ("--job-name", "--output", "--error", "--comment", "--chdir", "--export", "--dependency",
-                  "--partition", "--account", "--qos", "--reservation", "--time")
+                  "--partition", "--account", "--qos", "--reservation", "--time", "--time-min", "--exclude",
+                  "--begin")
 
 
 def _parse_time(text: str) -> int:
@@ -337,7 +342,9 @@ def sbatch_submit(line: str, argv: list[str], table: SlurmTable,
               partition=options.get("--partition", "debug"), account=options.get("--account", "vcloud_local"),
               user=table.user, time_limit_s=_parse_time(options["--time"]) if "--time" in options else 300,
               std_out=options.get("--output", ""), std_err=options.get("--error", ""),
-              work_dir=options.get("--chdir", f"/home/{table.user}"), script=script)
+              work_dir=options.get("--chdir", f"/home/{table.user}"), script=script,
+              excluded=tuple(options["--exclude"].split(",")) if "--exclude" in options else (),
+              begin=options.get("--begin"))
     return _ok(line, f"{job_id}\n"), job_id
 
 

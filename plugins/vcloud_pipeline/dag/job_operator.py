@@ -32,6 +32,7 @@ from vcloud.contract import (
     BEST_CHECKPOINT,
     COMPLETE_FILE,
     LINEAGE_KEY,
+    NODE_FAULT_EXITS,
     STAGES,
     best_checkpoint_metrics,
     completed_epochs,
@@ -179,6 +180,9 @@ class PipelineJobOperator(SlurmSubmitOperator):
         self.resubmit_budgets = {cause: budget for cause in DEFAULT_BUDGETS}
         self.gpu_billing_factor = plan.profile.billing.factor
         self.release_held = plan.profile.jobs.release_held
+        self.leave_out_bad_nodes_for = plan.profile.jobs.bad_node_hours * 3600
+        self.node_fault_exit_codes = NODE_FAULT_EXITS
+        self.node_fault_first_retry = plan.profile.jobs.node_fault_first_retry_seconds
         self.cluster_profile = plan.profile
         # The trigger goes to this task's queue ([triggerer] queues_enabled): the run's profile's, the
         # host holding its connection's ControlMaster socket (vcloud_pipeline.dag.queues).

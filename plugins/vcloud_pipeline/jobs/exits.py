@@ -13,6 +13,7 @@ from vcloud.contract import (
     EXIT_GPUS_MISSING,
     EXIT_REQUEUE,
     EXIT_RESUME_REFUSED,
+    EXIT_RUNTIME_FAILED,
 )
 
 MEANINGS: dict[int, str] = {
@@ -27,8 +28,14 @@ MEANINGS: dict[int, str] = {
                         "missing or holds other code (removed by a cleanup, or edited there). Clear the run's "
                         "sync_code task and this one to sync the code again and submit the job.",
     EXIT_GPUS_MISSING: "the job was given GPUs, but PyTorch in the job saw fewer, so it stopped instead of "
-                       "running on the CPU and billing GPU-hours for it; nothing was trained, and running it "
-                       "again cannot help until the job's environment shows PyTorch its GPUs (see the hint).",
+                       "running on the CPU and billing GPU-hours for it; nothing was trained. On one node that "
+                       "is the node's fault (the profile's jobs.bad_node_hours leaves it out and resubmits); "
+                       "where every node shows it, the job's environment does not show PyTorch its GPUs (see "
+                       "the hint).",
+    EXIT_RUNTIME_FAILED: "the container runtime did not start on the job's node (the job's output says what it "
+                         "said), so the job did nothing. That is the node's fault: the profile's "
+                         "jobs.bad_node_hours leaves such nodes out and resubmits; where it happens on every "
+                         "node, check the profile's container image and runtime.",
     EXIT_RESUME_REFUSED: "the trainer refused to resume the stage's latest.pt, written by other code: its weights "
                          "no longer fit the model this code builds, or its optimizer layout differs and the run "
                          "asked on_code_change: refuse. Nothing was trained; the job's output (below) names both "

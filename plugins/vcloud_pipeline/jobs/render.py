@@ -38,6 +38,7 @@ from vcloud.contract import (
     EXIT_CODE_MISMATCH,
     EXIT_ERROR,
     EXIT_GPUS_MISSING,
+    EXIT_RUNTIME_FAILED,
     EXIT_REQUEUE,
     GPU_HINT_ENV,
     GPUS_REQUIRED_ENV,
@@ -281,6 +282,14 @@ def _container_command(c: ContainerSpec, code: CodePaths) -> str:
     return " ".join(p for p in parts if p)
 
 
+def _runtime_probe(c: ContainerSpec) -> str:
+    """The container runtime's command line that runs ``true`` in the image: a node where it fails
+    cannot run the job (the outer script exits with ``EXIT_RUNTIME_FAILED``)."""
+    if c.runtime == "charliecloud":
+        return 'ch-run "$IMAGE" -- true'
+    return f'{c.runtime} exec "$IMAGE" true'
+
+
 IMAGE_HASH_FILE = "/etc/vcloud-image.sha256"
 """Inside a locally built image (``include/local_cluster/build_image.sh``): the hash it was built
 from. The inner script logs it, so a job's log says which image it ran in."""
@@ -392,6 +401,7 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
         exit_records=paths.exit_records_dir(name) if torchrun else None,
         wait_for_child=_template_text(templates, "wait_for_child.sh").rstrip("\n"),
         EXIT_ERROR=EXIT_ERROR, EXIT_REQUEUE=EXIT_REQUEUE, EXIT_CODE_MISMATCH=EXIT_CODE_MISMATCH,
+        EXIT_RUNTIME_FAILED=EXIT_RUNTIME_FAILED, runtime_probe=_runtime_probe(c) if c is not None else None,
         RECORDED_EXITS=RECORDED_EXITS,
         CODE_HASH_ENV=CODE_HASH_ENV, GPUS_REQUIRED_ENV=GPUS_REQUIRED_ENV, GPU_HINT_ENV=GPU_HINT_ENV,
         OUTPUTS_MIRROR_ENV=OUTPUTS_MIRROR_ENV, RANK_EXITS_DIR_ENV=RANK_EXITS_DIR_ENV,

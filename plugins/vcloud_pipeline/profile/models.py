@@ -438,6 +438,15 @@ class JobDefaults(Document):
     queued GPU jobs after a maintenance break; the task log says so. False: the task log and the HPC
     view say that the job waits for a release and how to give it."""
 
+    bad_node_hours: Annotated[int, at_least(0)] = 0
+    """How long a node where the project's jobs just failed for the node's fault (``NODE_FAIL``,
+    ``BOOT_FAIL``, the container runtime not starting, the GPUs missing) is left out of the run's
+    submissions (``--exclude``); such a job is resubmitted to other nodes within ``max_resubmits``.
+    0: never (a job that found its node at fault then fails its task)."""
+    node_fault_first_retry_seconds: Annotated[int, at_least(0)] = 60
+    """How long the first resubmission after a node's fault waits in the queue before it may start
+    (``--begin``), doubling with each further one (at most 30 minutes)."""
+
     @pydantic.model_validator(mode="after")
     def _time_min_leaves_time_to_train(self) -> JobDefaults:
         if self.stage_time_min is not None and self.stage_time_min < 2 * self.signal_lead_seconds:

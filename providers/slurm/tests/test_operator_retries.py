@@ -260,3 +260,87 @@ def test_a_failure_that_is_not_a_kill_from_outside_fails_for_good(case: str,
         _operator(writes_end_record=case != "script-writes-none", resubmit_budgets=budgets).execute_complete(
             context, _event(FINISHED, ended))
     assert cluster.submitted == []
+
+
+def test_a_job_failed_for_its_nodes_fault_is_resubmitted_leaving_the_node_out_after_a_back_off(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Exit 89 (the script found its container runtime broken) on nid005001, with bad nodes left out
+    for an hour: the next job is submitted with --exclude=nid005001 and --begin, and says why."""
+    from slurm_provider.cli.sbatch import JobComment
+
+    ours = JobComment(dag="retries", task="train", run=RUN_ID, attempt=1).to_json()
+    faulted = _status("101", SlurmState.FAILED, exit_code=89, node_list="nid005001")
+    cluster = _cluster(monkeypatch)
+    cluster.add("101", NAME, state="FAILED", exit_code=89, node="nid005001", comment=ours)
+    cluster.add("99", "someone-elses", state="NODE_FAIL", node="nid005002")  # also this user's: a node failure
+    context = _context(1, "101")
+    op = _operator(leave_out_bad_nodes_for=timedelta(hours=1), node_fault_exit_codes=(89,),
+                   node_fault_first_retry=30, resubmit_budgets={"NODE_FAULT": 1})
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute_complete(context, _event(FINISHED, faulted))
+    job = cluster.job(deferred.value.trigger.job_id)
+    assert (job.excluded, job.begin) == (("nid005001", "nid005002"), "now+30")
+    assert [s["cause"] for s in context["task_state_store"][HISTORY_KEY]] == ["initial", "NODE_FAULT"]
+    out = capsys.readouterr().out
+    assert "Job 101 failed with exit code 89 on nid005001, which says its node is at fault" in out
+    assert "resubmitting after NODE_FAULT (1 of 1)" in out
+    assert ("Leaving out nid005001, nid005002 (sbatch --exclude): this project's jobs failed there for the "
+            "node's fault in the last 1 h: nid005001 (job 101 ended exit 89 at ") in out
+    assert f"Job {job.job_id} may start 30 s from now at the earliest (sbatch --begin)" in out
+
+    # the same end, with bad nodes never left out: the job's own failure, not resubmitted
+    cluster.table.jobs.pop(job.job_id)
+    with pytest.raises(AirflowFailException, match="ended FAILED"):
+        _operator(resubmit_budgets={"NODE_FAULT": 1}, node_fault_exit_codes=(89,)).execute_complete(
+            _context(1, "101"), _event(FINISHED, faulted))
+
+
+def test_a_node_faults_back_off_doubles_per_such_resubmission_and_sbatch_refusing_the_exclusion_runs_anywhere(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    op = _operator(leave_out_bad_nodes_for=3600, node_fault_first_retry=60)
+    history = SubmissionHistory([Submission("1", 1, "initial", 1), Submission("2", 2, "NODE_FAIL", 1),
+                                 Submission("3", 3, "TIMEOUT", 1), Submission("4", 4, "NODE_FAULT", 1)])
+    assert [op._node_fault_back_off(history, cause) for cause in ("NODE_FAULT", "BOOT_FAIL", "TIMEOUT")] == \
+        [240, 240, 0]
+    assert _operator(node_fault_first_retry=0)._node_fault_back_off(history, "NODE_FAIL") == 0
+    with pytest.raises(AirflowFailException, match="leave_out_bad_nodes_for"):
+        _operator(leave_out_bad_nodes_for=-1).execute(_context())
+
+    # three nodes failed, the newest last; a partition of two nodes cannot run the job without them all
+    cluster = _cluster(monkeypatch)
+    for job_id, node in (("97", "nid005001"), ("98", "nid005003"), ("99", "nid005002")):
+        cluster.add(job_id, "x", state="NODE_FAIL", node=node)
+        cluster.table.tick()
+    refusal = "sbatch: error: Batch job submission failed: Requested node configuration is not available"
+    real_submit = cluster._submit
+    asked: list[str] = []
+
+    def refuse_more_than_one_left_out(command: str, script: str | None) -> Any:
+        excluded = next((w.split("=", 1)[1] for w in command.split() if w.startswith("--exclude=")), "")
+        asked.append(excluded)
+        if excluded.count(",") >= 1:
+            from slurm_provider.transport import CommandResult
+            return CommandResult(command, 1, "", refusal + "\n")
+        return real_submit(command, script)
+
+    monkeypatch.setattr(cluster, "_submit", refuse_more_than_one_left_out)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(_context())
+    assert asked == ["nid005002,nid005003,nid005001", "nid005002,nid005003", "nid005002"]
+    assert cluster.job(deferred.value.trigger.job_id).excluded == ("nid005002",)  # the newest fault stays out
+    out = capsys.readouterr().out
+    assert f"sbatch refused {NAME} leaving out nid005002, nid005003, nid005001 (" in out
+    assert "trying again with nid005001 back in" in out and "trying again with nid005003 back in" in out
+
+
+def test_the_node_of_the_job_that_just_failed_is_left_out_before_accounting_lists_its_end(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """slurmdbd may record a job's end seconds after squeue shows it: the fault the task saw counts anyway."""
+    faulted = _status("101", SlurmState.FAILED, exit_code=87, node_list="nid005003")
+    cluster = _cluster(monkeypatch)
+    cluster.add("101", NAME, state="FAILED", exit_code=87, node="nid005003", in_sacct=False)
+    with pytest.raises(TaskDeferred) as deferred:
+        _operator(leave_out_bad_nodes_for=600, node_fault_exit_codes=(87,), node_fault_first_retry=0,
+                  resubmit_budgets={"NODE_FAULT": 1}).execute_complete(_context(1, "101"), _event(FINISHED, faulted))
+    job = cluster.job(deferred.value.trigger.job_id)
+    assert (job.excluded, job.begin) == (("nid005003",), None)

@@ -144,11 +144,27 @@ def test_a_kill_from_outside_is_resubmitted_within_its_own_budget() -> None:
 
     history = SubmissionHistory([Submission("1", 1, "initial", 1)])
     first = decide_resubmission(SlurmState.FAILED, history, {KILLED: 1}, progress_now=None,
-                                probe_configured=False, killed=True)
+                                probe_configured=False, cause=KILLED)
     assert (first.resubmit, first.cause) == (True, "KILLED") and "(1 of 1)" in first.message
     history.add(Submission("2", 2, KILLED, 1))
     second = decide_resubmission(SlurmState.FAILED, history, {KILLED: 1}, progress_now=None,
-                                 probe_configured=False, killed=True)
+                                 probe_configured=False, cause=KILLED)
     assert not second.resubmit and "budget for KILLED used up" in second.message
     assert not decide_resubmission(SlurmState.FAILED, history, {KILLED: 5}, progress_now=None,
                                    probe_configured=False).resubmit, "a plain FAILED is no interruption"
+
+
+def test_a_node_fault_needs_no_progress_only_its_budget() -> None:
+    from slurm_provider.bad_nodes import NODE_FAULT
+
+    history = SubmissionHistory([Submission("1", 1, "initial", 1, progress='{"epoch": 3}')])
+    first = decide_resubmission(SlurmState.FAILED, history, {NODE_FAULT: 1}, progress_now='{"epoch": 3}',
+                                probe_configured=True, cause=NODE_FAULT)
+    assert (first.resubmit, first.cause) == (True, NODE_FAULT)
+    history.add(Submission("2", 2, NODE_FAULT, 1))
+    again = decide_resubmission(SlurmState.FAILED, history, {NODE_FAULT: 1}, progress_now='{"epoch": 3}',
+                                probe_configured=True, cause=NODE_FAULT)
+    assert not again.resubmit and "budget for NODE_FAULT used up (1 of 1)" in again.message
+    timeout = decide_resubmission(SlurmState.TIMEOUT, SubmissionHistory(history.submissions[:1]), {"TIMEOUT": 5},
+                                  progress_now='{"epoch": 3}', probe_configured=True)
+    assert not timeout.resubmit and "without progress" in timeout.message

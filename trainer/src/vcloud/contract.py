@@ -145,6 +145,14 @@ model this code builds (always refused), or its optimizer layout differs and the
 :data:`ON_CODE_CHANGE_REFUSE`. Nothing was trained; the job's log names both code hashes and the
 remedies (``mode: restart`` for the stage, or the code that wrote the checkpoint)."""
 
+EXIT_RUNTIME_FAILED = 89
+"""The job script's own: the container runtime did not start on the job's first node (a probe that
+runs ``true`` in the image before the job's work). The node is at fault, not the job: with the
+profile's ``jobs.bad_node_hours`` the node is left out and the job resubmitted elsewhere."""
+
+NODE_FAULT_EXITS: tuple[int, ...] = (EXIT_GPUS_MISSING, EXIT_RUNTIME_FAILED)
+"""Exit codes that say the job's node is at fault (its GPUs missing, its container runtime broken)."""
+
 RECORDED_EXITS: tuple[int, ...] = (EXIT_REQUEUE, EXIT_GPUS_MISSING, EXIT_RESUME_REFUSED)
 """The trainer's exit codes that tell what a job did, not only that it failed. torchrun reports any
 failed worker as its own exit 1; under torchrun each rank that exits with one of these records it

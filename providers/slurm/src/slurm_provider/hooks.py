@@ -29,7 +29,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -109,6 +109,7 @@ from slurm_provider.cli.values import (
 from slurm_provider.connection_form import CONN_TYPE, CONNECTION_FIELDS, HOOK_NAME, ui_field_behaviour
 from slurm_provider.file_verbs import FileVerbs, RemoteCommandError
 from slurm_provider.job_status import JobStatus, resolve_statuses
+from slurm_provider.bad_nodes import NodeFault, node_faults
 from slurm_provider.maintenance import Window, maintenance_windows
 from slurm_provider.plans import Plan, RemoteCommand
 from slurm_provider.scheduler_calls import calls_of, is_rate_limited, min_call_interval, slurm_verbs
@@ -378,6 +379,13 @@ def find_jobs_plan(name: str | None, comment_contains: str | None, since: str,
                for status in matching if status.job_id in by_job
                for index, row in enumerate(by_job[status.job_id].runs[:-1])]
     return matching + earlier
+
+
+def node_faults_plan(since: str, fault_exit_codes: Collection[int]) -> Plan[list[NodeFault]]:
+    """The node faults (:mod:`slurm_provider.bad_nodes`) of the login user's jobs alive since ``since``:
+    one ``sacct``, of the hours a bad node is left out for."""
+    rows = _sacct_rows((yield RemoteCommand(build_sacct_own_jobs(since), "sacct")))
+    return node_faults(rows, fault_exit_codes)
 
 
 def _job_order(job_id: str | int) -> tuple[int, int]:
@@ -710,6 +718,10 @@ class SlurmHook(BaseHook, _CommandCounter, FileVerbs):
     def find_jobs(self, name: str | None = None, comment_contains: str | None = None,
                   since: str = DEFAULT_FIND_SINCE, every_run: bool = False) -> list[JobStatus]:
         return self._drive(find_jobs_plan(name, comment_contains, since, every_run))
+
+    def node_faults(self, since: str, fault_exit_codes: Collection[int] = ()) -> list[NodeFault]:
+        """This login user's jobs since ``since`` that failed for their node's fault, oldest first."""
+        return self._drive(node_faults_plan(since, fault_exit_codes))
 
     def cancel(self, job_id: str | int, signal: str | int | None = None) -> CancelResult:
         result = self._drive(cancel_plan(job_id, signal))

@@ -49,6 +49,18 @@ from slurm_provider.timing import (
     POLL_INTERVAL,
     SHORT_JOB_READ_INTERVAL,
     SHORT_JOB_WAIT,
+    NODE_FAULT_RETRY,
+)
+from slurm_provider.bad_nodes import (
+    LEFT_OUT_XCOM_KEY,
+    NODE_FAULT,
+    NODE_LEVEL_CAUSES,
+    NodeFault,
+    is_node_fault,
+    job_faults,
+    left_out_words,
+    left_out_xcom,
+    nodes_to_leave_out,
 )
 from slurm_provider.end_records import end_record_path, parse_end_record
 from slurm_provider.file_verbs import RemoteCommandError
@@ -79,6 +91,7 @@ from slurm_provider.outage import (
 from slurm_provider.resubmission import (
     ADOPTED,
     DEFAULT_BUDGETS,
+    KILLED,
     WATCHED_AGAIN,
     Submission,
     SubmissionHistory,
@@ -134,6 +147,11 @@ def _with_note(exc: Exception, note: str) -> Exception:
         return type(exc)(f"{exc}\n{note}")
     except Exception:
         return AirflowException(f"{exc}\n{note}")
+
+
+def _seconds(value: timedelta | float) -> float:
+    """A duration given as a timedelta or as seconds, in seconds."""
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
 
 
 def _utc_stamp() -> str:
@@ -232,6 +250,15 @@ class SlurmSubmitOperator(BaseOperator):
         (``JobHeldUser``), as some sites do to queued GPU jobs after a maintenance break, saying so in the
         task log; False (the default): the task log says that the job waits for a release and how to
         give it (``scontrol release``).
+    :param leave_out_bad_nodes_for: how long (a timedelta or seconds; 0, the default: never) a node where
+        this login user's jobs failed for the node's fault (``NODE_FAIL``, ``BOOT_FAIL``, or one of
+        ``node_fault_exit_codes``) is left out of this task's submissions (``--exclude``, said in the
+        task log; :mod:`slurm_provider.bad_nodes`). A job that ended so is resubmitted (``NODE_FAULT``
+        budget for the exit codes) to start no sooner than ``node_fault_first_retry`` seconds later,
+        doubling with each such resubmission (``--begin``: the job waits in Slurm's queue, not in a worker).
+    :param node_fault_exit_codes: exit codes of the script that mean the node is at fault (its container
+        runtime would not start, its GPUs are missing), counted only with ``leave_out_bad_nodes_for``.
+    :param node_fault_first_retry: seconds the first resubmission after a node's fault waits before it may start.
 
     A login node that does not answer (refused, reset, timed out, no ``slurmctld``) is a wait, not a
     failure, because the jobs run on without it: maintenance breaks at HPC sites last hours, longer than
@@ -272,7 +299,9 @@ class SlurmSubmitOperator(BaseOperator):
                  short_job_wait: float = SHORT_JOB_WAIT, writes_end_record: bool = False,
                  watch_deadline: timedelta | float = DEFAULT_WATCH_DEADLINE,
                  follow: Sequence[Mapping[str, str]] = (), follow_interval: float = FOLLOW_INTERVAL,
-                 release_held: bool = False, **kwargs: Any) -> None:
+                 release_held: bool = False, leave_out_bad_nodes_for: timedelta | float = 0.0,
+                 node_fault_exit_codes: Sequence[int] = (), node_fault_first_retry: float = NODE_FAULT_RETRY.base,
+                 **kwargs: Any) -> None:
         # Named parameters (not kwargs.setdefault): Airflow fills a parameter of this signature from
         # the DAG's default_args when the task does not set it, so default_args win over these defaults.
         super().__init__(retries=retries, retry_delay=retry_delay, max_retry_delay=max_retry_delay,
@@ -303,6 +332,9 @@ class SlurmSubmitOperator(BaseOperator):
         self.replace_outputs = replace_outputs
         self.supersede_dirs = tuple(supersede_dirs)
         self.release_held = release_held
+        self.leave_out_bad_nodes_for = leave_out_bad_nodes_for
+        self.node_fault_exit_codes = tuple(int(code) for code in node_fault_exit_codes)
+        self.node_fault_first_retry = node_fault_first_retry
         self.short_job_wait = short_job_wait
         self.writes_end_record = writes_end_record
         self.watch_deadline = watch_deadline
@@ -397,6 +429,8 @@ class SlurmSubmitOperator(BaseOperator):
                 return self._finish(context, hook, history, status)
             if status is not None and status.state.is_retryable:
                 return self._after_interruption(context, hook, history, status)
+            if status is not None and self._node_fault(status):
+                return self._after_interruption(context, hook, history, status, cause=NODE_FAULT)
             if status is not None and status.state.is_terminal:
                 # The watch was lost and the job ended badly meanwhile: the same as seeing it end.
                 ended = status if status.state.keeps_place_in_queue else self._accounted(hook, status)
@@ -456,7 +490,9 @@ class SlurmSubmitOperator(BaseOperator):
         if status.state.is_retryable:
             return self._after_interruption(context, hook, history, status)
         if self._killed_from_outside(context, hook, status):
-            return self._after_interruption(context, hook, history, status, killed=True)
+            return self._after_interruption(context, hook, history, status, cause=KILLED)
+        if self._node_fault(status):
+            return self._after_interruption(context, hook, history, status, cause=NODE_FAULT)
         message = self._failure_message(hook, status, context)
         left = self._give_up(context, hook, job_id, f"it ended {status.state.value}", history)
         raise AirflowFailException(f"{message}\n{left}".rstrip())
@@ -464,14 +500,41 @@ class SlurmSubmitOperator(BaseOperator):
     # --- submitting ------------------------------------------------------------------------------
 
     def _submit(self, context: Context, hook: SlurmHook, history: SubmissionHistory, *, cause: str,
-                progress: str | None = None) -> Any:
+                progress: str | None = None, ended: JobStatus | None = None) -> Any:
+        """``ended``: the job whose end this submission follows (its node may be at fault)."""
         number = len(history.submissions) + 1
         name = self._job_name(context)
         comment = self._comment(context, number)
+        left_out = self._bad_nodes(hook, ended)
+        begin_in = self._node_fault_back_off(history, cause)
         options: dict[str, Any] = dict(job_name=name, comment=comment, output=self._output_pattern(context),
                        error=self._error_pattern(context), partition=self.partition, account=self.account,
                        time_limit=self.time_limit, extra_options=self.sbatch_options,
-                       export=dict(self.export or {}) or None)
+                       export=dict(self.export or {}) or None, exclude=sorted(left_out) or None,
+                       begin_in=begin_in or None)
+        nodes = list(left_out)  # the newest fault first
+        try:
+            while True:
+                try:
+                    return self._sbatch(context, hook, history, number, cause, progress,
+                                        {**options, "exclude": nodes or None}, {n: left_out[n] for n in nodes})
+                except SbatchRefused as exc:
+                    if not nodes:
+                        raise
+                    # Leaving these out may leave too few nodes for the request (a small partition):
+                    # the node that failed longest ago goes back in first.
+                    self.log.warning("sbatch refused %s leaving out %s (%s): trying again with %s back in", name,
+                                     ", ".join(nodes), exc, nodes[-1])
+                    nodes.pop()
+        except SbatchRefused as exc:
+            hints = format_hints(find_submit_hints(str(exc)))
+            raise AirflowFailException(f"sbatch refused {name}: {exc}"
+                                       + (f"\nHint: {hints}" if hints else "")) from exc
+
+    def _sbatch(self, context: Context, hook: SlurmHook, history: SubmissionHistory, number: int, cause: str,
+                progress: str | None, options: dict[str, Any], left_out: Mapping[str, NodeFault]) -> Any:
+        """One ``sbatch`` (under the submit lock with ``exclusive_dir``), recorded, then watched."""
+        name = options["job_name"]
         try:
             if self.exclusive_dir:
                 outcome = hook.submit_exclusive(
@@ -487,10 +550,6 @@ class SlurmSubmitOperator(BaseOperator):
                 job_id = str(outcome.job_id)
             else:
                 job_id = str(hook.submit(self.script, **options).job_id)
-        except SbatchRefused as exc:
-            hints = format_hints(find_submit_hints(str(exc)))
-            raise AirflowFailException(f"sbatch refused {name}: {exc}"
-                                       + (f"\nHint: {hints}" if hints else "")) from exc
         except TransportError as exc:
             if not exc.retryable:
                 raise AirflowException(f"cannot submit {name} on {self.conn_id}: {exc}") from exc
@@ -506,7 +565,52 @@ class SlurmSubmitOperator(BaseOperator):
                                clear_number=self._clear_number(context)))
         self._store_history(context, history)
         self.log.info("Submitted job %s (%s, submission %d, cause %s)", job_id, name, number, cause)
+        if options.get("begin_in"):
+            self.log.warning("Job %s may start %d s from now at the earliest (sbatch --begin): back-off after a "
+                             "node's fault", job_id, options["begin_in"])
+        if left_out:
+            context["ti"].xcom_push(key=LEFT_OUT_XCOM_KEY, value=left_out_xcom(job_id, left_out))
         return self._watch_then_defer(context, hook, history)
+
+    def _bad_nodes(self, hook: SlurmHook, ended: JobStatus | None = None) -> dict[str, NodeFault]:
+        """The nodes to leave out of the next submission (:mod:`slurm_provider.bad_nodes`), said in the
+        task log; none when ``leave_out_bad_nodes_for`` is 0. The job that just ended counts whether or
+        not accounting lists its end yet (slurmdbd may lag a few seconds behind)."""
+        from slurm_provider.hooks import SlurmCommandFailed
+
+        window = _seconds(self.leave_out_bad_nodes_for)
+        if window <= 0:
+            return {}
+        try:
+            faults = hook.node_faults(f"now-{int(window)}seconds", self.node_fault_exit_codes)
+        except SlurmCommandFailed as exc:
+            self.log.warning("Could not read which nodes failed recently (%s): only the last job's are left out", exc)
+            faults = []
+        if ended is not None:  # the newest fault
+            faults += job_faults(ended.job_id, ended.state, ended.exit_code, ended.node_list, ended.end,
+                                 self.node_fault_exit_codes)
+        left_out = nodes_to_leave_out(faults)
+        if left_out:
+            self.log.warning("%s", left_out_words(left_out, window / 3600))
+        return left_out
+
+    def _node_fault_back_off(self, history: SubmissionHistory, cause: str) -> int:
+        """Seconds a resubmission after a node's fault waits in the queue before it may start (0: none):
+        ``node_fault_first_retry``, doubling with each earlier such resubmission of this task."""
+        if cause not in NODE_LEVEL_CAUSES or self.node_fault_first_retry <= 0:
+            return 0
+        earlier = sum(1 for s in history.submissions if s.cause in NODE_LEVEL_CAUSES)
+        return round(replace(NODE_FAULT_RETRY, base=self.node_fault_first_retry).scheduled(earlier))
+
+    def _node_fault(self, status: JobStatus) -> bool:
+        """The job's script said its node was at fault, and bad nodes are left out (so another node runs it)."""
+        if _seconds(self.leave_out_bad_nodes_for) <= 0 or \
+                not is_node_fault(status.state, status.exit_code, self.node_fault_exit_codes):
+            return False
+        self.log.warning("Job %s failed with exit code %s on %s, which says its node is at fault: an "
+                         "interruption, resubmitted to other nodes", status.job_id, status.exit_code,
+                         status.node_list or "its node")
+        return True
 
     def _adopt_live_writer(self, context: Context, history: SubmissionHistory, live: Sequence[JobStatus],
                            number: int, login_user: str | None = None) -> Any:
@@ -584,10 +688,10 @@ class SlurmSubmitOperator(BaseOperator):
         return True
 
     def _after_interruption(self, context: Context, hook: SlurmHook, history: SubmissionHistory,
-                            status: JobStatus, *, killed: bool = False) -> Any:
+                            status: JobStatus, *, cause: str | None = None) -> Any:
         progress = hook.read_file(self.progress_path) if self.progress_path else None
         decision = decide_resubmission(status.state, history, self.resubmit_budgets, progress_now=progress,
-                                       probe_configured=bool(self.progress_path), killed=killed)
+                                       probe_configured=bool(self.progress_path), cause=cause)
         self.log.warning("Job %s ended %s: %s", status.job_id, decision.cause, decision.message)
         if not decision.resubmit:
             left = self._give_up(context, hook, status.job_id, f"not resubmitted: {decision.message}", history)
@@ -602,7 +706,7 @@ class SlurmSubmitOperator(BaseOperator):
             if not left:
                 raise
             raise _with_note(exc, left) from exc
-        return self._submit(context, hook, history, cause=decision.cause, progress=progress)
+        return self._submit(context, hook, history, cause=decision.cause, progress=progress, ended=status)
 
     def check_before_resubmit(self, context: Context, hook: SlurmHook) -> None:
         """Raise to stop a resubmission the policy allows (e.g. the allocation cannot pay for it)."""
@@ -870,6 +974,10 @@ class SlurmSubmitOperator(BaseOperator):
             raise ValidationError("done_markers", "done_markers and supersede_dirs are lists of paths, not a string")
         for directory in self.supersede_dirs:
             validate_remote_path(directory, "supersede_dirs", absolute=True)
+        for field, value in (("leave_out_bad_nodes_for", self.leave_out_bad_nodes_for),
+                             ("node_fault_first_retry", self.node_fault_first_retry)):
+            if isinstance(value, bool) or not isinstance(value, (int, float, timedelta)) or _seconds(value) < 0:
+                raise ValidationError(field, "must be a number of seconds (or a timedelta) of at least 0", value)
         if self.code_version is not None and not _CODE_VERSION.match(str(self.code_version)):
             raise ValidationError("code_version", "must be 1-128 letters, digits or '._:+-' (it goes into the "
                                   "job comment), e.g. a content hash", self.code_version)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from slurm_provider.bad_nodes import NODE_FAULT
 from slurm_provider.end_records import EndRecord
 from slurm_provider.hints import MEMORY_KILL
 from slurm_provider.job_status import JobStatus
@@ -33,7 +34,12 @@ DEFAULT_BUDGETS: Mapping[str, int] = {
     SlurmState.PREEMPTED.value: 5,
     SlurmState.BOOT_FAIL.value: 3,
     KILLED: 3,
+    NODE_FAULT: 2,
 }
+
+NO_PROGRESS_EXPECTED = frozenset({SlurmState.BOOT_FAIL.value, NODE_FAULT})
+"""Causes of jobs that never got to work (the node did not boot, or the job script found the node at
+fault before it started its work): no progress to ask of them, the budget alone bounds them."""
 
 
 ADOPTED = "adopted"
@@ -153,11 +159,14 @@ def killed_from_outside(status: JobStatus, record: EndRecord | None, logs: str =
 
 def decide_resubmission(state: SlurmState, history: SubmissionHistory, budgets: Mapping[str, int],
                         *, progress_now: str | None, probe_configured: bool,
-                        killed: bool = False) -> ResubmitDecision:
-    """Resubmit after an interrupted end (``killed``: :func:`killed_from_outside`), within the cause's
-    budget and only if progress was made."""
-    cause = KILLED if killed else state.value
-    if not (killed or state.is_retryable):
+                        cause: str | None = None) -> ResubmitDecision:
+    """Resubmit after an interrupted end, within the cause's budget and only if progress was made.
+
+    ``cause``: an interruption the caller found that Slurm's state does not name (``KILLED``:
+    :func:`killed_from_outside`; ``NODE_FAULT``: :mod:`slurm_provider.bad_nodes`); None: the state's."""
+    interruption = cause is not None or state.is_retryable
+    cause = cause or state.value
+    if not interruption:
         return ResubmitDecision(False, cause, f"{cause} is not an interruption that a resubmission fixes")
     budget = int(budgets.get(cause, 0))
     used = history.resubmissions_for(cause)
@@ -165,7 +174,7 @@ def decide_resubmission(state: SlurmState, history: SubmissionHistory, budgets: 
         return ResubmitDecision(False, cause, f"resubmission budget for {cause} used up ({used} of {budget}); "
                                               f"jobs so far: {', '.join(history.job_ids)}")
     current = history.current
-    if probe_configured and not progress_made(current.progress if current else None, progress_now):
+    if probe_configured and cause not in NO_PROGRESS_EXPECTED and not progress_made(current.progress if current else None, progress_now):
         return ResubmitDecision(False, cause, (
             f"job {current.job_id if current else '?'} ended {cause} without progress "
             f"(progress file {'missing' if progress_now is None else 'unchanged'}: {progress_now!r}); "

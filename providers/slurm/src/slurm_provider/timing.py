@@ -65,3 +65,10 @@ LOOKUP_RETRY = Backoff(base=1.0, factor=2.0, cap=30.0)
 MAINTENANCE_READ_INTERVAL = 300.0
 """Seconds between two reads of the site's maintenance reservations (``scontrol show reservation``)
 while a watched job pends for one; sites announce them days ahead."""
+
+NODE_FAULT_RETRY = Backoff(base=60.0, factor=2.0, cap=1800.0)
+"""How long a resubmission after a node's fault (``NODE_FAIL``, ``BOOT_FAIL``, a node-fault exit code)
+waits in the queue before it may start (``sbatch --begin``): one minute, doubling, at most 30 minutes.
+A node failing under many jobs at once is usually the site's trouble; the jobs should not all return
+to the queue at once."""
+

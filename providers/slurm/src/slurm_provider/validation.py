@@ -22,12 +22,14 @@ __all__ = [
     "parse_time_limit",
     "quote",
     "validate_account",
+    "validate_begin_in",
     "validate_dependency",
     "validate_export_vars",
     "validate_extra_sbatch_options",
     "validate_job_id",
     "validate_job_ids",
     "validate_job_name",
+    "validate_nodes",
     "validate_partition",
     "validate_qos",
     "validate_remote_path",
@@ -117,6 +119,21 @@ def validate_qos(value: str, field: str = "qos") -> str:
 
 def validate_reservation(value: str, field: str = "reservation") -> str:
     return _validate_slurm_name(value, field, "reservation", allow_list=True)
+
+
+def validate_nodes(values: Iterable[str], field: str = "exclude") -> tuple[str, ...]:
+    """Node names such as ``nid005001`` (not host lists): the nodes a job must not run on."""
+    nodes = tuple(values) if not isinstance(values, str) else (values,)
+    for node in nodes:
+        _validate_slurm_name(node, field, "node")
+    return nodes
+
+
+def validate_begin_in(value: int, field: str = "begin_in") -> int:
+    """Seconds from the submit before the job may start (``--begin=now+<seconds>``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValidationError(field, f"{value!r} is not a number of seconds (an integer >= 0)", value)
+    return value
 
 
 def validate_user(value: str, field: str = "user") -> str:

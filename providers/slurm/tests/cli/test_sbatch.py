@@ -194,3 +194,15 @@ def test_time_min_lets_slurm_shorten_the_limit_never_beyond_it() -> None:
         build_sbatch_submit(job_name="x", output="/tmp/x.out", time_limit="1:00:00", time_min="2:00:00")
     with pytest.raises(ValidationError, match="time_min"):
         build_sbatch_submit(job_name="x", output="/tmp/x.out", time_min="soon")
+
+
+def test_nodes_left_out_and_a_later_begin_become_exclude_and_begin() -> None:
+    argv = argv_of(build_sbatch_submit(job_name="x", output="/tmp/x.out", exclude=["nid005001", "nid005003"],
+                                       begin_in=120))
+    assert "--exclude=nid005001,nid005003" in argv and "--begin=now+120" in argv
+    plain = argv_of(build_sbatch_submit(job_name="x", output="/tmp/x.out", exclude=[], begin_in=0))
+    assert not [a for a in plain if a.startswith(("--exclude", "--begin"))]
+    with pytest.raises(ValidationError, match="'nid\\[1-2\\]' is not a valid node name"):
+        build_sbatch_submit(job_name="x", output="/tmp/x.out", exclude=["nid[1-2]"])
+    with pytest.raises(ValidationError, match="begin_in"):
+        build_sbatch_submit(job_name="x", output="/tmp/x.out", begin_in=-5)

@@ -22,10 +22,12 @@ from slurm_provider.validation import (
     ValidationError,
     parse_time_limit,
     validate_account,
+    validate_begin_in,
     validate_dependency,
     validate_export_vars,
     validate_extra_sbatch_options,
     validate_job_name,
+    validate_nodes,
     validate_partition,
     validate_qos,
     validate_remote_path,
@@ -141,6 +143,11 @@ class SubmitOptions:
     time_min: str | None = None
     """``--time-min``: Slurm may start the job with its time limit lowered as far as this when that lets
     it start sooner, e.g. to end before a maintenance reservation (for jobs that checkpoint and requeue)."""
+    exclude: Sequence[str] | None = None
+    """``--exclude``: nodes the job must not run on (e.g. nodes where jobs just failed for the node's fault)."""
+    begin_in: int | None = None
+    """``--begin=now+<seconds>``: the job is queued now and may start only that much later (a back-off
+    that keeps the job in Slurm's queue, not in a sleeping worker)."""
     extra_options: Sequence[str] | None = None
 
     def as_kwargs(self) -> dict[str, Any]:
@@ -163,7 +170,8 @@ class SubmitOptions:
 
 def _sbatch_argv(options: SubmitOptions) -> list[str]:
     (job_name, output, error, comment, chdir, export, export_all, dependency, partition, account, qos,
-     reservation, time_limit, time_min, extra_options) = (getattr(options, f.name) for f in fields(options))
+     reservation, time_limit, time_min, exclude, begin_in, extra_options) = (getattr(options, f.name)
+                                                                            for f in fields(options))
     argv = ["sbatch", f"--job-name={validate_job_name(job_name)}"]
     argv.append(f"--output={validate_remote_path(output, 'output')}")
     if error is not None:
@@ -196,6 +204,10 @@ def _sbatch_argv(options: SubmitOptions) -> list[str]:
     if time_min is not None:
         longest = parse_time_limit(time_limit, "time_limit") if time_limit is not None else None
         argv.append(f"--time-min={validate_time_limit(time_min, 'time_min', longest)}")
+    if exclude:
+        argv.append(f"--exclude={','.join(validate_nodes(exclude))}")
+    if begin_in:
+        argv.append(f"--begin=now+{validate_begin_in(begin_in)}")
     argv.extend(validate_extra_sbatch_options(extra_options))
     return argv
 
