@@ -116,6 +116,13 @@ def pytest_make_parametrize_id(config: pytest.Config, val: object, argname: str)
 
 
 @pytest.fixture(autouse=True)
+def _own_worker_caches(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a worker host keeps between tasks (the incremental ledger), per test: tests talk to
+    different (fake) clusters through the same connection ids."""
+    monkeypatch.setenv("VCLOUD_CACHE_DIR", str(tmp_path_factory.mktemp("worker-cache")))
+
+
+@pytest.fixture(autouse=True)
 def _cluster_access(request: pytest.FixtureRequest):
     """Cluster tests share the node; a test that downs or preempts the whole node waits until it is alone.
 

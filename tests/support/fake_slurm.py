@@ -249,15 +249,17 @@ def squeue_row(job: FakeJob) -> str:
     return FIELD_SEPARATOR.join(values[name] for name in SQUEUE_FIELDS)
 
 
-def sacct_rows(job: FakeJob, duplicates: bool) -> list[str]:
+def sacct_rows(job: FakeJob, duplicates: bool, since: datetime | None = None) -> list[str]:
     """The allocation rows ``sacct --parsable2`` prints for the job: every run with ``-D``, else the
-    latest."""
+    latest; with ``since`` (``--starttime`` without ``--jobs``) only the runs alive at or after it."""
     state = f"CANCELLED by {job.cancelled_by}" if job.state == "CANCELLED" and job.cancelled_by else job.state
     latest = FakeRun(state, job.exit_code, job.signal, job.submit, job.start, job.end, job.node,
                      job.reason or "None")
     runs = [*job.earlier, *([latest] if job.current_in_sacct else [])]
     lines = []
     for run in runs if duplicates else runs[-1:]:
+        if since is not None and run.end is not None and run.end < since:
+            continue
         elapsed = int(((run.end or run.start) - run.start).total_seconds()) if run.start else 0
         values = {
             "JobID": job.job_id, "JobIDRaw": job.job_id, "JobName": job.name, "State": run.state,
@@ -315,13 +317,28 @@ def _sacct(line: str, argv: list[str], table: SlurmTable) -> CommandResult:
     if "--name" in options:
         jobs = [job for job in jobs if job.name == options["--name"]]
     jobs = [job for job in jobs if job.user == options.get("--user", table.user)]
-    rows = [row for job in jobs for row in sacct_rows(job, "--duplicates" in flags)]
+    since = None if "--jobs" in options else _since(options["--starttime"], table.clock)
+    rows = [row for job in jobs for row in sacct_rows(job, "--duplicates" in flags, since)]
     return _ok(line, "".join(row + "\n" for row in rows))
 
 
 SBATCH_OPTIONS = ("--job-name", "--output", "--error", "--comment", "--chdir", "--export", "--dependency",
                   "--partition", "--account", "--qos", "--reservation", "--time", "--time-min", "--exclude",
                   "--begin")
+
+
+_UNITS = {"seconds": 1, "minutes": 60, "hours": 3600, "days": 86400, "weeks": 604800}
+
+
+def _since(text: str, clock: datetime) -> datetime | None:
+    """sacct's ``--starttime`` as the fake's clock reads it (``now-3600seconds``, ``now-365days``, a date)."""
+    relative = re.fullmatch(r"now-(\d+)(seconds|minutes|hours|days|weeks)?", text)
+    if relative:
+        return clock - timedelta(seconds=int(relative[1]) * _UNITS[relative[2] or "seconds"])
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None
 
 
 def _parse_time(text: str) -> int:

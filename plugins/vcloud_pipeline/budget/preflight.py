@@ -16,6 +16,8 @@ own command (LUMI's ``lumi-allocations``), the account's ``GrpTRESMins`` limit i
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
@@ -38,13 +40,16 @@ from vcloud_pipeline.budget.billing import (
     slurm_minutes_from_units,
     summarize_ledger,
 )
+from vcloud_pipeline.budget import ledger_cache
 from vcloud_pipeline.budget.rates import JobShape
 from vcloud_pipeline.budget.site_allocation import SiteOutputError, command_script, parse_site_allocation
 from vcloud_pipeline.plan.jobspec import JobSpec
 from vcloud_pipeline.plan.labels import JobLabel
 from vcloud_pipeline.profile import ClusterProfile
 
-LEDGER_SINCE = "now-365days"
+log = logging.getLogger(__name__)
+
+LEDGER_DAYS = 365
 """How far back the ledger reads sacct: allocations on LUMI run for a year."""
 
 PROJECT_TAG = "vcloud"
@@ -131,9 +136,26 @@ def ledger_from_statuses(profile: ClusterProfile, statuses: Iterable[JobStatus])
                   queued_jobs=queued_jobs)
 
 
-def read_ledger(hook: SlurmVerbs, profile: ClusterProfile, since: str = LEDGER_SINCE) -> Ledger:
-    """This project's jobs from squeue and sacct, every run of a requeued job billed on its own."""
-    statuses = hook.find_jobs(comment_contains=f'"project":"{PROJECT_TAG}"', since=since, every_run=True)
+def read_ledger(hook: SlurmVerbs, profile: ClusterProfile, days: int = LEDGER_DAYS, *,
+                now: float | None = None, cache_dir: str | None = None) -> Ledger:
+    """This project's jobs from squeue and sacct, every run of a requeued job billed on its own; with
+    the profile's ``billing.incremental_ledger`` the runs that ended are kept on this host and only
+    what is new is read (:mod:`vcloud_pipeline.budget.ledger_cache`; ``cache_dir``: where, default
+    ``$VCLOUD_CACHE_DIR`` or ``$AIRFLOW_HOME/cache``)."""
+    query = f'"project":"{PROJECT_TAG}"'
+    if not profile.billing.incremental_ledger:
+        return ledger_from_statuses(profile, hook.find_jobs(comment_contains=query, since=f"now-{days}days",
+                                                            every_run=True))
+    now = time.time() if now is None else now
+    path = ledger_cache.cache_file(profile.connection.conn_id, profile.account, cache_dir)
+    kept = ledger_cache.load(path)
+    plan = ledger_cache.plan_read(kept, now, days)
+    found = hook.find_jobs(comment_contains=query, since=plan.since, every_run=True)
+    statuses, kept = ledger_cache.merge(kept, plan, found, now, days)
+    ledger_cache.save(path, kept)
+    log.info("ledger: %s: %d job runs read, %d ended runs kept on this host",
+             "a year of accounting read" if plan.full else f"accounting read since {plan.since}", len(found),
+             len(kept.runs))
     return ledger_from_statuses(profile, statuses)
 
 

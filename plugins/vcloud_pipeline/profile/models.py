@@ -298,6 +298,10 @@ class BillingSpec(Document):
     ``slurm_tres`` names a TRES, else ``profile`` (the choice before this setting existed)."""
     allocation_command: SiteCommand | None = None
     """``allocation_source: command``: the site command and the format of its output."""
+    incremental_ledger: Flag = False
+    """Keep the project's runs that ended on each worker host and ask ``sacct`` only for what is new
+    since the last read (:mod:`vcloud_pipeline.budget.ledger_cache`), instead of a year of accounting at
+    every budget check. False: every read reads the year."""
 
     @pydantic.model_validator(mode="after")
     def _source_has_what_it_reads(self) -> BillingSpec:
