@@ -102,14 +102,16 @@ with DAG(
     @task(task_id="summary", trigger_rule=TriggerRule.ALL_DONE, **_on_cluster)
     def summary(planned: dict) -> dict:
         """Per job: ids, states, GPU-hours, metrics; per stage: COMPLETE; the project's ledger. The run
-        submits nothing more: its code is no longer kept for it."""
+        submits nothing more: its code is no longer kept for it, and no job of it runs on unwatched."""
         from slurm_provider.hooks import SlurmHook
         from vcloud_pipeline.plan.run_plan import RunPlan
+        from vcloud_pipeline.dag.left_running import settle_left_jobs
         from vcloud_pipeline.dag.tasks import final_unless_unreachable, job_summaries, release_run_code, summarize
 
         run_plan = RunPlan.from_xcom(planned)
         context = get_current_context()
         with final_unless_unreachable(), SlurmHook(run_plan.conn_id) as hook:
+            settle_left_jobs(hook, context["ti"], context["dag"].dag_id, context["run_id"])
             release_run_code(run_plan, hook, (context["dag"].dag_id, context["run_id"]))
             return summarize(run_plan, hook, job_summaries(context["ti"]))
 

@@ -330,3 +330,38 @@ def test_triggering_a_run_name_again_while_it_trains_watches_its_job(deployment:
     assert "stage0: stage 0 is complete" in _task_log(api, third, 1)
     assert _settled_stage_jobs(local_cluster, stage_dir, 1) == jobs
     print(f"trigger the same run name again: 1 job in all ({jobs}); the second run watched it, the third skipped")
+
+
+def test_marking_a_stage_failed_before_any_triggerer_watches_its_job_still_cancels_the_job(
+        deployment: dict[str, Any], local_cluster: LocalCluster) -> None:
+    """The gesture in the seconds between the task's deferral and a triggerer starting its watch: here
+    the triggerer is stopped while the stage submits, so no watch starts at all. A triggerer drops the
+    trigger of a task marked failed (``Trigger.clean_unused``) when it gets to it before loading it;
+    the run's summary, which runs once every job task has ended, finds the job still running and
+    cancels it, with no triggerer running at all."""
+    api, components, run_name = deployment["api"], deployment["components"], "mark-failed-unwatched"
+    run_id = _trigger(api, run_name, max_epochs=5000)
+    stage_dir = _stage_dir(deployment, run_name)
+    try:
+        # The data and preflight jobs need the triggerer; stop it once the stage task is at work.
+        _wait(deployment, run_id, lambda: _ti(api, run_id)["state"] in ("queued", "running", "deferred"),
+              f"{STAGE} to start")
+        components.stop("triggerer")
+        _wait(deployment, run_id, lambda: _ti(api, run_id)["state"] == "deferred", f"{STAGE} to defer")
+        job = _wait(deployment, run_id, lambda: _live_writer(local_cluster, stage_dir), f"the {STAGE} job in squeue")
+        _mark(api, run_id, STAGE, "failed")
+        marked = time.monotonic()
+        final = _wait_run_end(deployment, run_id)
+        # Still no triggerer: a triggerer that loads the dropped watch later would cancel the job from it.
+        state = local_cluster.wait_for_state(int(job), {"CANCELLED", "COMPLETED", "FAILED"}, timeout=60)
+    finally:
+        if components.procs["triggerer"].poll() is not None:
+            components.start("triggerer")
+    print(f"mark a stage failed before its watch started: job {job} {state}, the run {final['state']} "
+          f"{time.monotonic() - marked:.1f} s after the gesture")
+    assert state == "CANCELLED"
+    states = _states(api, run_id)
+    assert (states[STAGE], states["summary"], final["state"]) == ("failed", "success", "failed"), states
+    assert _settled_stage_jobs(local_cluster, stage_dir, 1) == [(job, "CANCELLED")]
+    log = _task_log(api, run_id, 1, "summary")
+    assert f"Job {job} of {STAGE} was still" in log and "so that no job of this run runs unwatched" in log, log[-3000:]
