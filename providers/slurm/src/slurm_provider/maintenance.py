@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from slurm_provider.cli.values import slurm_minutes
 from slurm_provider.state_vocabulary import split_reason
 
 MAINTENANCE_FLAG = "MAINT"
@@ -30,7 +31,8 @@ class Window:
 
     def words(self) -> str:
         """``'site-maint' from 2026-12-01 08:00 to 2026-12-01 20:00 on nid[005001-005003]``."""
-        return f"{self.name!r} from {_minutes(self.start)} to {_minutes(self.end)} on {self.nodes or 'its nodes'}"
+        start, end = slurm_minutes(self.start) or self.start or "?", slurm_minutes(self.end) or self.end or "?"
+        return f"{self.name!r} from {start} to {end} on {self.nodes or 'its nodes'}"
 
 
 def maintenance_windows(reservations: Iterable[Mapping[str, str]]) -> tuple[Window, ...]:
@@ -56,7 +58,7 @@ def maintenance_words(windows: Iterable[Window]) -> str | None:
     """The windows a job waits out, in one phrase for a log line or a table cell; None without any.
 
     ``waits out the maintenance window 'site-maint' from 2026-12-01 08:00 to 2026-12-01 20:00 on
-    nid[005001-005003] (Slurm's time)``."""
+    nid[005001-005003] (the cluster's local time)``."""
     listed = list(windows)
     if not listed:
         return None
@@ -73,8 +75,3 @@ def maintenance_line(job_id: str, windows: Iterable[Window]) -> str | None:
         return None
     return (f"Job {job_id} {words}: its time limit reaches into the window, so it starts when the window "
             "ends, or before it where its --time-min lets Slurm shorten the limit to end in time")
-
-
-def _minutes(stamp: str) -> str:
-    """``2026-12-01T08:00:00`` -> ``2026-12-01 08:00``; other text as it is."""
-    return stamp.replace("T", " ")[:16] if stamp[:1].isdigit() else stamp or "?"

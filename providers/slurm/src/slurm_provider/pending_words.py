@@ -9,6 +9,7 @@ or the ``--begin`` time), so saying why a job waits costs no extra scheduler cal
 
 from __future__ import annotations
 
+from slurm_provider.cli.values import slurm_minutes
 from slurm_provider.state_vocabulary import ReasonKind, classify_pending_reason, split_reason
 
 REASON_WORDS: dict[str, str] = {
@@ -73,9 +74,8 @@ def reason_words(reason: str | None) -> str:
 
 def expected_start_words(expected_start: str | None) -> str | None:
     """Slurm's ``2026-11-27T14:05:00`` as "expected to start 2026-11-27 14:05"; None without one."""
-    if not expected_start or expected_start[:1] not in "0123456789":
-        return None
-    return f"expected to start {expected_start.replace('T', ' ')[:16]}"
+    shown = slurm_minutes(expected_start)
+    return f"expected to start {shown}" if shown else None
 
 
 def waiting_line(reason: str | None, expected_start: str | None, maintenance: str | None = None) -> str:

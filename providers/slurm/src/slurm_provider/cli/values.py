@@ -92,6 +92,11 @@ def parse_slurm_time(text: str | None) -> str | None:
     return value
 
 
+def slurm_minutes(stamp: str | None) -> str | None:
+    """Slurm's ``2026-12-01T08:00:00`` to the minute, for people: ``2026-12-01 08:00``; None for no time."""
+    return stamp.replace("T", " ")[:16] if stamp and stamp[:1].isdigit() else None
+
+
 def parse_int(text: str | None) -> int | None:
     value = (text or "").strip()
     return int(value) if value.lstrip("-").isdigit() else None
