@@ -335,3 +335,18 @@ def test_one_gpu_hour_formula_for_worst_case_ledger_and_provider() -> None:
                     partition=local.default_partition, node_list="c1", tres="cpu=4,gres/gpu=2,node=1")
     assert run.gpu_hours(local.billing.factor) == billed_hours(local, usage_of(local, run)) == pytest.approx(4.0)
     assert worst_case(local, JobSpec.train(0, gpus_per_node=2, time_limit="02:00:00")).amount == pytest.approx(4.0)
+
+
+def test_the_run_summary_says_the_exports_scores_and_how_sure_a_refiner_is() -> None:
+    from vcloud.contract import export_scores_words
+
+    draft = {"stage": 1, "series": 8, "split": "test", "samples": 1,
+             "mean": {"psnr": 31.234, "ssim": 0.9123, "sam": 3.456}}
+    assert export_scores_words(draft) == ("export of stage 1 on 8 test series: PSNR 31.23 dB, SSIM 0.912, "
+                                          "SAM 3.46 deg")
+    refiner = {**draft, "stage": 2, "samples": 4,
+               "uncertainty": {"uncertainty": 0.01234, "uncertainty_error_corr": 0.41, "spread_skill": 0.87}}
+    assert export_scores_words(refiner).endswith(
+        "; the mean of 4 samples, mean uncertainty 0.0123 (reflectance), its correlation with the error 0.41, "
+        "spread-skill ratio 0.87")
+    assert export_scores_words(None) is None and export_scores_words({"mean": {"psnr": "x"}}) is None

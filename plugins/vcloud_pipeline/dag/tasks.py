@@ -8,6 +8,7 @@ and never the profile file, so a profile edited while a run trains changes nothi
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -28,6 +29,7 @@ from vcloud.config import ConfigError, VCloudConfig, load_config
 from vcloud.contract import (
     STAGES,
     completed_epochs,
+    export_scores_words,
     gain_metric,
     gain_per_gpu_hour,
     gain_unit,
@@ -395,6 +397,9 @@ def summarize(plan: RunPlan, hook: SlurmVerbs, job_summaries: Mapping[str, Any])
     yields = stage_yields({label: records.get(label) for label in hours}, hours)
     for label, entry in yields.items():
         log.info("%s", yield_line(label, entry))
+    exported = export_scores_words(_json_or_none(hook.read_file(str(paths.export_metrics))))
+    if exported:
+        log.info("%s", exported)
     not_submitted = {f"stage{stage}": reason for stage, reason in plan.without_work.items()}
     for reason in not_submitted.values():
         log.info("%s", reason)
@@ -407,9 +412,17 @@ def summarize(plan: RunPlan, hook: SlurmVerbs, job_summaries: Mapping[str, Any])
         "not_submitted": not_submitted,
         "files": len(files),
         "curves": curves,
+        "export": exported,
         "ledger": ledger_report(ledger),
         "allocation": allocation.to_json(),
     }
+
+
+def _json_or_none(text: str | None) -> Any:
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
 
 
 def ledger_report(ledger: Ledger) -> dict[str, Any]:

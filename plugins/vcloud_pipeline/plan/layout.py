@@ -187,6 +187,11 @@ class RunPaths:
         """Written last by the export: the digest of the stage outputs it exported from."""
         return self.viewer_dir / contract.EXPORTED_FILE
 
+    @property
+    def export_metrics(self) -> PurePosixPath:
+        """The export's scores (``metrics.json``), which the run's summary reports."""
+        return self.viewer_dir / contract.EXPORT_METRICS_FILE
+
     def export_inputs(self) -> dict[str, PurePosixPath]:
         """The files the export reads, by their name relative to the output directory
         (:func:`vcloud.contract.export_input_names`, the names the export's marker digests)."""

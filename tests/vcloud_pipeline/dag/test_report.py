@@ -27,6 +27,9 @@ def test_the_summary_points_at_the_curve_pngs_the_export_wrote(local_cluster: Lo
     for path in plotted.values():  # where the export job leaves them, owned by the cluster user
         local_cluster.ssh(f"cat > {shlex.quote(str(path))}", input="a plot")
     local_cluster.ssh(f"touch {shlex.quote(str(ctx.paths.curve_png(3)))}")  # empty: not a plot
+    scores = {"stage": 2, "series": 4, "split": "test", "samples": 4, "mean": {"psnr": 30.0, "ssim": 0.9, "sam": 4.0},
+              "uncertainty": {"uncertainty": 0.02, "uncertainty_error_corr": 0.5, "spread_skill": 1.1}}
+    local_cluster.ssh(f"cat > {shlex.quote(str(ctx.paths.export_metrics))}", input=json.dumps(scores))
     try:
         with SlurmHook(ctx.profile.connection.conn_id) as hook:
             pngs = curve_pngs(ctx, hook)
@@ -36,6 +39,9 @@ def test_the_summary_points_at_the_curve_pngs_the_export_wrote(local_cluster: Lo
         local_cluster.ssh(f"rm -rf {shlex.quote(base)}")
     assert pngs == {"stage0": str(plotted[0]), "stage2": str(plotted[2])}
     assert summary["curves"] == pngs
+    assert summary["export"] == ("export of stage 2 on 4 test series: PSNR 30.00 dB, SSIM 0.900, SAM 4.00 deg; the "
+                                 "mean of 4 samples, mean uncertainty 0.0200 (reflectance), its correlation with "
+                                 "the error 0.50, spread-skill ratio 1.10")
     section = report.split("training curves (PNG, loss and validation PSNR over the steps of each stage):\n")[1]
     assert section.splitlines()[:2] == [f"  stage0: {plotted[0]}", f"  stage2: {plotted[2]}"]
     assert section.splitlines()[2] == ""  # then the ledger

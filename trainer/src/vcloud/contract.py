@@ -61,6 +61,10 @@ DATA_INDEX = "index.json"
 
 # --------------------------------------------------------------------------- the export's done marker
 
+EXPORT_METRICS_FILE = "metrics.json"
+"""The export's scores in the viewer directory: per series and on average; for a refiner the samples
+drawn and the mean ``uncertainty`` (:func:`export_scores_words` says them)."""
+
 EXPORTED_FILE = "EXPORTED"
 """Written last into the viewer directory by the DAG's export (atomically, :func:`exported_record`),
 removed when an export starts: the viewer data there are complete for the stage outputs it names."""
@@ -536,3 +540,26 @@ def describe_lineage(record: Mapping[str, Any] | None) -> str:
     if not record or record.get(LINEAGE_KEY) is None:
         return "lineage not recorded"
     return describe_built_from(recorded_lineage(record))
+
+
+# --------------------------------------------------------------------------- the export's scores
+
+
+def export_scores_words(metrics: Mapping[str, Any] | None) -> str | None:
+    """The export's ``metrics.json`` in one line for the run's summary: the stage, its scores and, for a
+    refiner, the mean of how many samples and how sure it is; None when it holds no scores."""
+    if not isinstance(metrics, Mapping) or not isinstance(metrics.get("mean"), Mapping):
+        return None
+    mean = metrics["mean"]
+    try:
+        words = (f"export of stage {metrics.get('stage')} on {metrics.get('series')} {metrics.get('split')} series: "
+                 f"PSNR {float(mean['psnr']):.2f} dB, SSIM {float(mean['ssim']):.3f}, SAM {float(mean['sam']):.2f} deg")
+        told = metrics.get("uncertainty")
+        if isinstance(told, Mapping) and int(metrics.get("samples") or 1) > 1:
+            words += (f"; the mean of {int(metrics['samples'])} samples, mean uncertainty "
+                      f"{float(told['uncertainty']):.4f} (reflectance), its correlation with the error "
+                      f"{float(told['uncertainty_error_corr']):.2f}, spread-skill ratio {float(told['spread_skill']):.2f}")
+    except (KeyError, TypeError, ValueError):
+        return None
+    return words
+

@@ -46,6 +46,7 @@ from vcloud.config import ConfigError, VCloudConfig, load_config
 from vcloud.contract import (
     CODE_HASH_ENV,
     EXPORT_DONE_PREFIX,
+    EXPORT_METRICS_FILE,
     EXPORTED_FILE,
     LINEAGE_KEY,
     STAGES,
@@ -283,7 +284,7 @@ def export_viewer(config: VCloudConfig, data_root: Path, run_dir: Path, dest: Pa
         "curves": curves,
         "geotiff_bands": list(S2_BANDS) + ([UNCERTAINTY_BAND] if sampler else []),
     }
-    write_json(dest / "metrics.json", summary)
+    write_json(dest / EXPORT_METRICS_FILE, summary)
     if marks_done:
         inputs = export_inputs_digest(stamps)
         write_json(dest / EXPORTED_FILE, exported_record(
