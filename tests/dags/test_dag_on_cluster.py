@@ -95,6 +95,8 @@ def test_full_run_then_restart_from_stage_2(local_cluster: LocalCluster, project
     assert exported["stage"] == 3 and exported["samples"] == 4, {k: exported.get(k) for k in ("stage", "samples")}
     assert exported["geotiff_bands"][-1] == "uncertainty" and exported["panels"][-1] == "uncertainty"
     assert exported["uncertainty"]["uncertainty"] >= 0.0
+    said = values["summary"]["export"]  # the run's summary states the same
+    assert said.startswith("export of stage 3 on ") and "; the mean of 4 samples, mean uncertainty " in said, said
     geotiff = f"{project_dir}/viewer_data/e2e/{exported['per_series'][0]['geotiff']}"
     encoded = local_cluster.ssh(f"base64 -w0 {shlex.quote(geotiff)}").stdout
     with rasterio.io.MemoryFile(base64.b64decode(encoded)) as memory, memory.open() as tif:
