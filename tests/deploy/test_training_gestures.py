@@ -365,3 +365,33 @@ def test_marking_a_stage_failed_before_any_triggerer_watches_its_job_still_cance
     assert _settled_stage_jobs(local_cluster, stage_dir, 1) == [(job, "CANCELLED")]
     log = _task_log(api, run_id, 1, "summary")
     assert f"Job {job} of {STAGE} was still" in log and "so that no job of this run runs unwatched" in log, log[-3000:]
+
+
+def test_marking_a_stage_success_before_any_triggerer_watches_its_job_has_the_next_stage_cancel_it(
+        deployment: dict[str, Any], local_cluster: LocalCluster) -> None:
+    """The same gesture with "success": the run goes on at once, and the next stage's task, before it
+    submits, finds the marked stage's job still running with no watch and cancels it, long before the
+    run's summary would."""
+    api, components, run_name = deployment["api"], deployment["components"], "mark-success-unwatched"
+    run_id = _trigger(api, run_name, stages=[0, 1], max_epochs=5000)
+    stage_dir = _stage_dir(deployment, run_name)
+    try:
+        _wait(deployment, run_id, lambda: _ti(api, run_id)["state"] in ("queued", "running", "deferred"),
+              f"{STAGE} to start")
+        components.stop("triggerer")
+        _wait(deployment, run_id, lambda: _ti(api, run_id)["state"] == "deferred", f"{STAGE} to defer")
+        job = _wait(deployment, run_id, lambda: _live_writer(local_cluster, stage_dir), f"the {STAGE} job in squeue")
+        _mark(api, run_id, STAGE, "success")
+        marked = time.monotonic()
+        state = local_cluster.wait_for_state(int(job), {"CANCELLED", "COMPLETED", "FAILED"}, timeout=120)
+        cancelled_after = time.monotonic() - marked
+        assert _ti(api, run_id, "summary")["state"] not in TERMINAL  # not the summary: the run goes on
+    finally:
+        if components.procs["triggerer"].poll() is not None:
+            components.start("triggerer")
+    print(f"mark a stage success before its watch started: job {job} {state} {cancelled_after:.1f} s later")
+    assert state == "CANCELLED"
+    _wait_run_end(deployment, run_id)
+    log = _task_log(api, run_id, 1, "stage1")
+    assert f"Job {job} of {STAGE} was still" in log and "so that no job of this run runs unwatched" in log, log[-3000:]
+    assert _settled_stage_jobs(local_cluster, stage_dir, 1) == [(job, "CANCELLED")]

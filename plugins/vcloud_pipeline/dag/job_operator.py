@@ -67,6 +67,7 @@ from vcloud_pipeline.plan.stages import (
 )
 from vcloud_pipeline.plan.labels import JobLabel
 from vcloud_pipeline.plan.run_plan import RunPlan, ScriptRefused, SyncedCode
+from vcloud_pipeline.dag.left_running import settle_left_jobs
 from vcloud_pipeline.dag.queues import default_queue
 from vcloud_pipeline.dag.tasks import PLAN_TASK, SYNC_TASK
 
@@ -285,10 +286,17 @@ class PipelineJobOperator(SlurmSubmitOperator):
             submitted_before = bool(self.history_since_clear(context).submissions)
             if not submitted_before:
                 with self._hook() as hook:
+                    ti = context["ti"]
+                    settle_left_jobs(hook, ti, ti.dag_id, ti.run_id, task_ids=self._earlier_job_tasks())
                     self._before_submitting(plan, hook)
                     self._keep_run_code(context, plan, hook)
             summary = super().execute(context)  # defers; returns only when the job had already completed
             return self._report(context, summary)
+
+    def _earlier_job_tasks(self) -> list[str]:
+        """The job tasks before this one in the run (the DAG chains them in :class:`JobLabel` order)."""
+        labels = list(JobLabel)
+        return [label.task_id for label in labels[:labels.index(self.job)]]
 
     def _before_submitting(self, plan: RunPlan, hook: SlurmVerbs) -> None:
         """Skip a job that is not needed, ask a restarted stage to start afresh, check the budget."""

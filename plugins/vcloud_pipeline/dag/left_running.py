@@ -3,17 +3,20 @@
 A job task's watch cancels the task's job when a person ends the task (marks it failed or success)
 while the watch runs (``SlurmJobTrigger.on_kill``). A gesture in the seconds between the task's
 deferral and a triggerer picking its watch up stops a watch that never started: Airflow drops the
-trigger, and the job would run on with nobody watching it, billing its hours. The summary task runs
-once every job task of the run has ended, whatever their states (``all_done``), so any job of the
-run still queued or running then has no watch left and never will: the summary cancels the jobs the
-run's tasks submitted, and leaves running, saying so, a job a task only adopted (another run's, by
-its comment), which the run that submitted it watches. Pure except :func:`settle_left_jobs`.
+trigger, and the job would run on with nobody watching it, billing its hours. Each job task, before
+it submits, looks at the jobs of the job tasks before it (they have ended, or it would not run: a
+stage marked success lets the next one start at once), and the summary task, which runs once every
+job task of the run has ended whatever their states (``all_done``: a stage marked failed ends the
+run), at all of them: a job of an ended task still queued or running has no watch left and never
+will. The jobs the run's tasks submitted are cancelled; a job a task only adopted (another run's, by
+its comment), which the run that submitted it watches, is left running and said so. Pure except
+:func:`settle_left_jobs`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,11 +55,13 @@ def left_running(job_ids: Mapping[str, str], statuses: Mapping[str, JobStatus], 
     return left
 
 
-def settle_left_jobs(hook: SlurmHook, ti: Any, dag_id: str, run_id: str) -> list[str]:
-    """Cancel what :func:`left_running` finds among the run's job tasks' jobs, saying each in the log;
-    the lines said."""
-    job_ids = {label.task_id: str(job_id) for label in JobLabel
-               if (job_id := ti.xcom_pull(task_ids=label.task_id, key=JOB_ID_XCOM_KEY))}
+def settle_left_jobs(hook: SlurmHook, ti: Any, dag_id: str, run_id: str,
+                     task_ids: Iterable[str] | None = None) -> list[str]:
+    """Cancel what :func:`left_running` finds among the jobs of the run's job tasks (``task_ids``, all
+    of them by default: they must have ended), saying each in the log; the lines said."""
+    wanted = [label.task_id for label in JobLabel] if task_ids is None else list(task_ids)
+    job_ids = {task_id: str(job_id) for task_id in wanted
+               if (job_id := ti.xcom_pull(task_ids=task_id, key=JOB_ID_XCOM_KEY))}
     if not job_ids:
         return []
     lines = []

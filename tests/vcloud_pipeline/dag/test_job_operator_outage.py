@@ -45,8 +45,8 @@ class TaskTry:
     def __init__(self, xcoms: dict[str, Any]) -> None:
         self.xcoms = xcoms
 
-    def xcom_pull(self, task_ids: str) -> Any:
-        return self.xcoms[task_ids]
+    def xcom_pull(self, task_ids: str, key: str = "return_value") -> Any:
+        return self.xcoms[task_ids] if key == "return_value" else None  # no earlier task submitted a job
 
     def xcom_push(self, key: str, value: Any) -> None:
         pass

@@ -37,6 +37,8 @@ def test_the_live_jobs_of_ended_tasks_are_cancelled_and_an_adopted_one_is_left_r
     fake.add("14", "s2", state="PENDING", comment=comment("stage2", run="manual__other"))  # adopted from another run
     ti = TaskTry({"prepare_data": "11", "stage0": "12", "stage1": "13", "stage2": "14"})
     with SlurmHook(ssh_conn_id="c") as hook:
+        # stage1's task starting looks only at the tasks before it, which have ended
+        assert settle_left_jobs(hook, ti, DAG, RUN, task_ids=["prepare_data", "stage0"]) == []
         statuses = hook.statuses(["11", "12", "13", "14"])
         assert [(j.task_id, j.status.job_id, j.adopted) for j in left_running(ti.job_ids, statuses, DAG, RUN)] == [
             ("stage1", "13", False), ("stage2", "14", True)]
@@ -45,3 +47,12 @@ def test_the_live_jobs_of_ended_tasks_are_cancelled_and_an_adopted_one_is_left_r
     assert lines[0].startswith("Job 13 of stage1 was still RUNNING though its task had ended") and "cancelled" in lines[0]
     assert lines[1].startswith("Job 14 (PENDING), watched by stage2") and lines[1].endswith("left running")
     assert settle_left_jobs(hook, TaskTry({}), DAG, RUN) == []
+
+
+def test_a_job_task_looks_at_the_job_tasks_before_it_in_the_run() -> None:
+    from vcloud_pipeline.dag.job_operator import PipelineJobOperator
+
+    assert PipelineJobOperator(task_id="stage1", job="stage1")._earlier_job_tasks() == [
+        "prepare_data", "preflight_imports", "stage0"]
+    assert PipelineJobOperator(task_id="prepare_data", job="data")._earlier_job_tasks() == []
+
