@@ -71,3 +71,17 @@ def test_the_task_log_and_the_view_say_which_nodes_and_why(hours: float) -> None
     assert left_out_words({}, hours) == ""
     assert left_out_xcom("20", left_out) == {
         "job_id": "20", "nodes": {"nid005001": {"job_id": "11", "why": "exit 89", "ended": "2026-11-29T01:05:00"}}}
+
+
+def test_the_same_exit_on_another_node_of_the_same_task_is_not_a_nodes_fault() -> None:
+    from slurm_provider.bad_nodes import same_fault_elsewhere
+    from slurm_provider.job_status import JobStatus
+    from slurm_provider.state_vocabulary import SlurmState
+
+    def failed(job_id: str, code: int, nodes: str) -> JobStatus:
+        return JobStatus(job_id=job_id, state=SlurmState.FAILED, exit_code=code, node_list=nodes, source="sacct")
+
+    ended = failed("3", 89, "nid005002")
+    assert same_fault_elsewhere(ended, [failed("1", 89, "nid005002"), failed("2", 87, "nid005003")]) is None
+    assert same_fault_elsewhere(ended, [failed("1", 89, "nid[005001-005002]")]).job_id == "1"
+    assert same_fault_elsewhere(ended, [failed("1", 89, "None assigned"), ended]) is None

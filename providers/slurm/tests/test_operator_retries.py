@@ -344,3 +344,20 @@ def test_the_node_of_the_job_that_just_failed_is_left_out_before_accounting_list
                   resubmit_budgets={"NODE_FAULT": 1}).execute_complete(_context(1, "101"), _event(FINISHED, faulted))
     job = cluster.job(deferred.value.trigger.job_id)
     assert (job.excluded, job.begin) == (("nid005003",), None)
+
+
+def test_the_same_node_fault_exit_on_two_nodes_is_the_jobs_environment_and_fails_for_good(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Exit 87 (GPUs missing) on nid005001, then again on nid005002 after leaving the first out: every
+    node shows it, so it is the job's environment (a site image without its GPU libraries)."""
+    cluster = _cluster(monkeypatch)
+    cluster.add("100", NAME, state="FAILED", exit_code=87, node="nid005001")
+    cluster.add("101", NAME, state="FAILED", exit_code=87, node="nid005002")
+    context = _context(1, "100", "101")
+    again = _status("101", SlurmState.FAILED, exit_code=87, node_list="nid005002")
+    with pytest.raises(AirflowFailException, match="ended FAILED"):
+        _operator(leave_out_bad_nodes_for=3600, node_fault_exit_codes=(87,),
+                  resubmit_budgets={"NODE_FAULT": 5}).execute_complete(context, _event(FINISHED, again))
+    assert cluster.submitted == []
+    assert ("Job 101 failed with exit code 87 on nid005002, as job 100 did on nid005001: not a node's fault but "
+            "the job's, not resubmitted") in capsys.readouterr().out

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from slurm_provider.cli.sacct import SacctRow
 from slurm_provider.cli.sbatch import parse_job_comment
 from slurm_provider.cli.values import expand_hostlist
+from slurm_provider.job_status import JobStatus
 from slurm_provider.state_vocabulary import SlurmState, parse_state_text
 
 NODE_FAULT = "NODE_FAULT"
@@ -83,6 +84,23 @@ def nodes_to_leave_out(faults: Iterable[NodeFault], most: int = MOST_NODES_LEFT_
         newest.pop(fault.node, None)
         newest[fault.node] = fault
     return dict(list(reversed(newest.items()))[:most])
+
+
+def same_fault_elsewhere(ended: JobStatus, earlier: Iterable[JobStatus]) -> JobStatus | None:
+    """An earlier job of the same task that ended with the same exit code on another node: then the
+    exit code is the job's environment (every node shows it), not a node's fault."""
+    first = _first_node(ended.node_list)
+    for job in earlier:
+        if job.job_id != ended.job_id and job.state is ended.state and job.exit_code == ended.exit_code \
+                and _first_node(job.node_list) not in (None, first):
+            return job
+    return None
+
+
+def _first_node(node_list: str | None) -> str | None:
+    if not node_list or node_list.startswith("None"):
+        return None
+    return expand_hostlist(node_list)[0]
 
 
 def left_out_words(left_out: Mapping[str, NodeFault], hours: float) -> str:

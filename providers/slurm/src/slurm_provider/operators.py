@@ -61,6 +61,7 @@ from slurm_provider.bad_nodes import (
     left_out_words,
     left_out_xcom,
     nodes_to_leave_out,
+    same_fault_elsewhere,
 )
 from slurm_provider.end_records import end_record_path, parse_end_record
 from slurm_provider.file_verbs import RemoteCommandError
@@ -429,7 +430,7 @@ class SlurmSubmitOperator(BaseOperator):
                 return self._finish(context, hook, history, status)
             if status is not None and status.state.is_retryable:
                 return self._after_interruption(context, hook, history, status)
-            if status is not None and self._node_fault(status):
+            if status is not None and self._node_fault(hook, history, status):
                 return self._after_interruption(context, hook, history, status, cause=NODE_FAULT)
             if status is not None and status.state.is_terminal:
                 # The watch was lost and the job ended badly meanwhile: the same as seeing it end.
@@ -491,7 +492,7 @@ class SlurmSubmitOperator(BaseOperator):
             return self._after_interruption(context, hook, history, status)
         if self._killed_from_outside(context, hook, status):
             return self._after_interruption(context, hook, history, status, cause=KILLED)
-        if self._node_fault(status):
+        if self._node_fault(hook, history, status):
             return self._after_interruption(context, hook, history, status, cause=NODE_FAULT)
         message = self._failure_message(hook, status, context)
         left = self._give_up(context, hook, job_id, f"it ended {status.state.value}", history)
@@ -602,10 +603,19 @@ class SlurmSubmitOperator(BaseOperator):
         earlier = sum(1 for s in history.submissions if s.cause in NODE_LEVEL_CAUSES)
         return round(replace(NODE_FAULT_RETRY, base=self.node_fault_first_retry).scheduled(earlier))
 
-    def _node_fault(self, status: JobStatus) -> bool:
-        """The job's script said its node was at fault, and bad nodes are left out (so another node runs it)."""
+    def _node_fault(self, hook: SlurmHook, history: SubmissionHistory, status: JobStatus) -> bool:
+        """The job's script said its node was at fault, bad nodes are left out (so another node runs it),
+        and no earlier job of this task ended so on another node (then every node fails it: the job's
+        environment, e.g. a site image without its GPU libraries, is at fault)."""
         if _seconds(self.leave_out_bad_nodes_for) <= 0 or \
                 not is_node_fault(status.state, status.exit_code, self.node_fault_exit_codes):
+            return False
+        earlier = [s for s in hook.statuses(history.job_ids).values() if s.job_id != status.job_id]
+        other = same_fault_elsewhere(status, earlier)
+        if other is not None:
+            self.log.warning("Job %s failed with exit code %s on %s, as job %s did on %s: not a node's fault but "
+                             "the job's, not resubmitted", status.job_id, status.exit_code, status.node_list,
+                             other.job_id, other.node_list)
             return False
         self.log.warning("Job %s failed with exit code %s on %s, which says its node is at fault: an "
                          "interruption, resubmitted to other nodes", status.job_id, status.exit_code,
