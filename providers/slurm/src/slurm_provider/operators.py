@@ -511,8 +511,7 @@ class SlurmSubmitOperator(BaseOperator):
         options: dict[str, Any] = dict(job_name=name, comment=comment, output=self._output_pattern(context),
                        error=self._error_pattern(context), partition=self.partition, account=self.account,
                        time_limit=self.time_limit, extra_options=self.sbatch_options,
-                       export=dict(self.export or {}) or None, exclude=sorted(left_out) or None,
-                       begin_in=begin_in or None)
+                       export=dict(self.export or {}) or None, begin_in=begin_in or None)
         nodes = list(left_out)  # the newest fault first
         try:
             while True:
