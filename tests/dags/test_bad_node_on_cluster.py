@@ -18,7 +18,9 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -61,13 +63,16 @@ def profile_overrides() -> dict[str, Any]:
 def runtime_broken_on_first_node(cluster: LocalCluster, project: str) -> Iterator[tuple[str, str]]:
     """(the test's image path, the file naming the broken node once a stage job met it), with a ch-run
     bound over every compute node's own while the block runs."""
-    tools = f"{project}/runtime"
-    image, broken, real = f"{project}/image", f"{tools}/broken-node", f"{tools}/ch-run.real"
+    image, broken = f"{project}/image", f"{project}/broken-node"
     profile = load_profile("local")
     assert profile.container is not None
-    cluster.ssh(f"mkdir -p {tools} && ln -s {shlex.quote(profile.container.image)} {image} && "
-                f"cp /usr/bin/ch-run {real}")
-    wrapper = Path(tools) / "ch-run"
+    cluster.ssh(f"ln -s {shlex.quote(profile.container.image)} {image}")
+    # The wrapper and the real ch-run where every user's jobs may run them (the second project member's
+    # jobs on these nodes pass through too); the node's name goes to the test's own directory.
+    tools = Path(tempfile.mkdtemp(prefix="vcloud-broken-runtime-", dir="/var/tmp"))
+    tools.chmod(0o755)
+    real, wrapper = tools / "ch-run.real", tools / "ch-run"
+    shutil.copy2("/usr/bin/ch-run", real)
     wrapper.write_text(BROKEN_CH_RUN.format(jobs=STAGE_JOBS, image=image, broken=broken, real=real))
     wrapper.chmod(0o755)
     pids = [p.read_text().strip() for p in sorted((cluster.state_dir / "run").glob("slurmd-*.pid"))]
@@ -82,6 +87,7 @@ def runtime_broken_on_first_node(cluster: LocalCluster, project: str) -> Iterato
     finally:
         for pid in bound:
             subprocess.run(["nsenter", "-t", pid, "-m", "umount", "/usr/bin/ch-run"], check=False)
+        shutil.rmtree(tools, ignore_errors=True)
 
 
 def stage_jobs(cluster: LocalCluster, run_id: str) -> list[dict[str, str]]:

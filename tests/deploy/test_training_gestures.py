@@ -17,6 +17,7 @@ to the provider as a running one) and resumes it afterwards: the stage then need
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import time
@@ -332,6 +333,25 @@ def test_triggering_a_run_name_again_while_it_trains_watches_its_job(deployment:
     print(f"trigger the same run name again: 1 job in all ({jobs}); the second run watched it, the third skipped")
 
 
+@contextlib.contextmanager
+def _no_triggerer_once_the_stage_submits(deployment: dict[str, Any], cluster: LocalCluster, run_id: str,
+                                         run_name: str) -> Iterator[str]:
+    """The stage's live job (yielded) once its task deferred with no triggerer running, so that no watch
+    of it starts; the triggerer runs again after the block. The data and preflight jobs before it need
+    the triggerer: it stops once the stage task is at work."""
+    api, components = deployment["api"], deployment["components"]
+    try:
+        _wait(deployment, run_id, lambda: _ti(api, run_id)["state"] in ("queued", "running", "deferred"),
+              f"{STAGE} to start")
+        components.stop("triggerer")
+        _wait(deployment, run_id, lambda: _ti(api, run_id)["state"] == "deferred", f"{STAGE} to defer")
+        yield _wait(deployment, run_id, lambda: _live_writer(cluster, _stage_dir(deployment, run_name)),
+                    f"the {STAGE} job in squeue")
+    finally:
+        if components.procs["triggerer"].poll() is not None:
+            components.start("triggerer")
+
+
 def test_marking_a_stage_failed_before_any_triggerer_watches_its_job_still_cancels_the_job(
         deployment: dict[str, Any], local_cluster: LocalCluster) -> None:
     """The gesture in the seconds between the task's deferral and a triggerer starting its watch: here
@@ -339,24 +359,15 @@ def test_marking_a_stage_failed_before_any_triggerer_watches_its_job_still_cance
     trigger of a task marked failed (``Trigger.clean_unused``) when it gets to it before loading it;
     the run's summary, which runs once every job task has ended, finds the job still running and
     cancels it, with no triggerer running at all."""
-    api, components, run_name = deployment["api"], deployment["components"], "mark-failed-unwatched"
+    api, run_name = deployment["api"], "mark-failed-unwatched"
     run_id = _trigger(api, run_name, max_epochs=5000)
     stage_dir = _stage_dir(deployment, run_name)
-    try:
-        # The data and preflight jobs need the triggerer; stop it once the stage task is at work.
-        _wait(deployment, run_id, lambda: _ti(api, run_id)["state"] in ("queued", "running", "deferred"),
-              f"{STAGE} to start")
-        components.stop("triggerer")
-        _wait(deployment, run_id, lambda: _ti(api, run_id)["state"] == "deferred", f"{STAGE} to defer")
-        job = _wait(deployment, run_id, lambda: _live_writer(local_cluster, stage_dir), f"the {STAGE} job in squeue")
+    with _no_triggerer_once_the_stage_submits(deployment, local_cluster, run_id, run_name) as job:
         _mark(api, run_id, STAGE, "failed")
         marked = time.monotonic()
         final = _wait_run_end(deployment, run_id)
         # Still no triggerer: a triggerer that loads the dropped watch later would cancel the job from it.
         state = local_cluster.wait_for_state(int(job), {"CANCELLED", "COMPLETED", "FAILED"}, timeout=60)
-    finally:
-        if components.procs["triggerer"].poll() is not None:
-            components.start("triggerer")
     print(f"mark a stage failed before its watch started: job {job} {state}, the run {final['state']} "
           f"{time.monotonic() - marked:.1f} s after the gesture")
     assert state == "CANCELLED"
@@ -372,25 +383,23 @@ def test_marking_a_stage_success_before_any_triggerer_watches_its_job_has_the_ne
     """The same gesture with "success": the run goes on at once, and the next stage's task, before it
     submits, finds the marked stage's job still running with no watch and cancels it, long before the
     run's summary would."""
-    api, components, run_name = deployment["api"], deployment["components"], "mark-success-unwatched"
+    api, run_name = deployment["api"], "mark-success-unwatched"
     run_id = _trigger(api, run_name, stages=[0, 1], max_epochs=5000)
     stage_dir = _stage_dir(deployment, run_name)
-    try:
-        _wait(deployment, run_id, lambda: _ti(api, run_id)["state"] in ("queued", "running", "deferred"),
-              f"{STAGE} to start")
-        components.stop("triggerer")
-        _wait(deployment, run_id, lambda: _ti(api, run_id)["state"] == "deferred", f"{STAGE} to defer")
-        job = _wait(deployment, run_id, lambda: _live_writer(local_cluster, stage_dir), f"the {STAGE} job in squeue")
+    with _no_triggerer_once_the_stage_submits(deployment, local_cluster, run_id, run_name) as job:
         _mark(api, run_id, STAGE, "success")
         marked = time.monotonic()
         state = local_cluster.wait_for_state(int(job), {"CANCELLED", "COMPLETED", "FAILED"}, timeout=120)
         cancelled_after = time.monotonic() - marked
         assert _ti(api, run_id, "summary")["state"] not in TERMINAL  # not the summary: the run goes on
-    finally:
-        if components.procs["triggerer"].poll() is not None:
-            components.start("triggerer")
     print(f"mark a stage success before its watch started: job {job} {state} {cancelled_after:.1f} s later")
     assert state == "CANCELLED"
+    # Stage 1 refuses without stage 0's best.pt, or trains on from the one stage 0 left (5000 epochs):
+    # then a person stops it, as its watch now runs.
+    stage1 = _wait(deployment, run_id, lambda: (st := _ti(api, run_id, "stage1")["state"]) in ("failed", "deferred")
+                   and st, "stage1 to refuse or to defer")
+    if stage1 == "deferred":
+        _mark(api, run_id, "stage1", "failed")
     _wait_run_end(deployment, run_id)
     log = _task_log(api, run_id, 1, "stage1")
     assert f"Job {job} of {STAGE} was still" in log and "so that no job of this run runs unwatched" in log, log[-3000:]
