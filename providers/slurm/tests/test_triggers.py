@@ -25,6 +25,7 @@ from slurm_provider.job_status import JobStatus
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.transport import TransportUnavailable
 from slurm_provider.triggers import ERROR, FINISHED, NEVER_STARTS, SlurmJobTrigger
+from slurm_provider.watch import job_watch
 from slurm_provider.watch_state import WatchNote
 
 FAST = {"poll_interval": 1.0, "max_poll_interval": 3.0, "first_poll_delay": 0.0}
@@ -547,7 +548,7 @@ def test_the_note_says_when_the_cluster_last_answered_and_is_renewed_while_nothi
     assert [n.state for n in written] == ["RUNNING", "COMPLETED"]  # quiet polls within a minute: no write
     assert all(n.polled_at is not None and before <= n.polled_at <= time.time() for n in written)
 
-    monkeypatch.setattr(triggers, "NOTE_REFRESH_S", 0.0)
+    monkeypatch.setattr(job_watch, "NOTE_REFRESH_S", 0.0)
     _scripted_cluster(monkeypatch, [*[SlurmState.RUNNING] * 6, SlurmState.COMPLETED])
     trigger = SlurmJobTrigger(conn_id="c", job_id="7", **SCRIPTED)
     written = _with_task(trigger, monkeypatch, WatchNote())

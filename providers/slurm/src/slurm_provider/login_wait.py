@@ -21,19 +21,11 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from slurm_provider.backoff import Backoff
 from slurm_provider.timing import LOGIN_PROBES, MAX_POLL_INTERVAL, POLL_INTERVAL
-from slurm_provider.outage import (
-    DEFAULT_WATCH_DEADLINE,
-    Outage,
-    gave_up_line,
-    reachable_again_line,
-    timeout_seconds,
-)
+from slurm_provider.outage import DEFAULT_WATCH_DEADLINE, timeout_seconds
 from slurm_provider.transport import TransportError
-from slurm_provider.triggers import ERROR
+from slurm_provider.watch.job_watch import ERROR, REACHABLE, LoginWatch
 
-REACHABLE = "reachable"
-"""The login node and a controller answer again: the task goes on. (``ERROR``, as for a watch: the
-wait ended without an answer, past ``watch_deadline`` or at a failure only a person can fix.)"""
+__all__ = ["ERROR", "REACHABLE", "SlurmLoginTrigger"]
 
 
 class SlurmLoginTrigger(BaseTrigger):
@@ -88,29 +80,24 @@ class SlurmLoginTrigger(BaseTrigger):
                              "message": message, "carry": self.carry})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Probe on the schedule until the wait ends (:class:`~slurm_provider.watch.job_watch.LoginWatch`)."""
+        wait = LoginWatch(self.conn_id, self.since, self.cause, self.watch_deadline, self.probes, self.tries)
         while True:
-            outage = Outage(self.since, self.cause)
-            wait = min(self.probes.delay(self.tries),
-                       max(0.0, outage.deadline(self.watch_deadline) - time.time()))
-            await asyncio.sleep(wait)
-            self.tries += 1
+            await asyncio.sleep(wait.next_wait(time.time()))
             try:
                 await self._probe()
             except TransportError as exc:
-                self.cause = str(exc)
-                if not exc.retryable:
-                    yield self._event(ERROR, f"cannot log in to {self.conn_id}: {exc}")
-                    return
-                outage = Outage(self.since, self.cause)
-                if outage.is_past(self.watch_deadline):
-                    yield self._event(ERROR, gave_up_line(self.conn_id, outage, self.watch_deadline))
-                    return
-                self.log.debug("Login node of %s still unreachable after %d tries: %s", self.conn_id,
-                               self.tries, exc)
-                continue
-            message = reachable_again_line(self.conn_id, self.since)
-            self.log.warning("%s", message)
-            yield self._event(REACHABLE, message)
+                end = wait.failed(str(exc), retryable=exc.retryable, now=time.time())
+                self.tries, self.cause = wait.tries, wait.cause
+                if end is None:
+                    self.log.debug("Login node of %s still unreachable after %d tries: %s", self.conn_id,
+                                   self.tries, exc)
+                    continue
+            else:
+                end = wait.answered(time.time())
+                self.tries = wait.tries
+                self.log.warning("%s", end.message)
+            yield self._event(end.kind, end.message)
             return
 
     async def _probe(self) -> None:
