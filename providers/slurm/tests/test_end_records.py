@@ -19,10 +19,10 @@ import pytest
 from slurm_provider.cli.job_files import build_poll_files, parse_poll_files
 from slurm_provider.end_records import EndRecord, end_record_path, end_record_shell, parse_end_record
 from slurm_provider.job_status import JobStatus
-from slurm_provider import poller as poller_module
 from slurm_provider.poller import JobPoller, PollUpdate
 from slurm_provider.timing import CONFIRM_RETRY
 from slurm_provider.state_vocabulary import SlurmState
+from slurm_provider.watch import end_confirmation
 
 
 def test_the_record_lies_next_to_the_output_file() -> None:
@@ -210,7 +210,7 @@ def test_an_end_slurm_still_completes_is_asked_about_again_within_seconds_not_at
     """The record is written in the batch script's last instant: Slurm may list the job a second
     longer. The next question comes after ``CONFIRM_RETRY``'s base (doubling), not a whole
     ``record_interval`` (20 s here) later."""
-    monkeypatch.setattr(poller_module, "CONFIRM_RETRY", replace(CONFIRM_RETRY, base=0.2))
+    monkeypatch.setattr(end_confirmation, "CONFIRM_RETRY", replace(CONFIRM_RETRY, base=0.2))
     cluster = RecordCluster("job=7 restart=0 exit=0 end=5 requeued=0", completing=1)
     poller = JobPoller("c", lambda: cluster, record_interval=20.0, jitter=0.0)
 

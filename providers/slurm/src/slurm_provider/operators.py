@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     from slurm_provider.hooks import SlurmHook
 
 from slurm_provider.timing import (
-    CONFIRM_RETRY,
     FIRST_POLL_DELAY,
     LOOKUP_RETRY,
     MAX_POLL_INTERVAL,
@@ -102,6 +101,7 @@ from slurm_provider.resubmission import (
 from slurm_provider.state_vocabulary import SlurmState, StateCategory
 from slurm_provider.transport import TransportError
 from slurm_provider.triggers import ERROR, FINISHED, LOST, NEVER_STARTS, SlurmJobTrigger
+from slurm_provider.watch.end_confirmation import EndConfirmation, confirm_schedule
 from slurm_provider.validation import (
     ValidationError,
     validate_account,
@@ -760,21 +760,19 @@ class SlurmSubmitOperator(BaseOperator):
         trigger then watches it, outages included)."""
         record_path = end_record_path(self._log_path(context, job_id))
         deadline = time.monotonic() + self.short_job_wait
-        confirm_at, confirms = 0.0, 0  # Slurm asked again after a doubling wait (timing.CONFIRM_RETRY)
-        confirm_retry = replace(CONFIRM_RETRY, cap=self.max_poll_interval)
+        confirmation = EndConfirmation(confirm_schedule(self.max_poll_interval))
         try:
             while (left := deadline - time.monotonic()) > 0:
                 time.sleep(min(SHORT_JOB_READ_INTERVAL, left))
                 record = parse_end_record(hook.read_file(record_path) or "")
-                if record is None or time.monotonic() < confirm_at:
+                if record is None or not confirmation.due(record, time.monotonic()):
                     continue
                 if record.job_id != str(job_id) or record.requeued:
                     return None  # another run follows: the trigger follows it
                 status = hook.statuses([job_id]).get(job_id)
                 if status is not None and status.state.is_terminal:
                     return status
-                confirm_at = time.monotonic() + confirm_retry.delay(confirms)  # still completing
-                confirms += 1
+                confirmation.not_confirmed(record, time.monotonic())  # still completing
         except (TransportError, RemoteCommandError) as exc:  # SlurmCommandFailed is a TransportError
             self.log.info("Watching job %s from the worker stopped (%s); the trigger watches it", job_id, exc)
         return None

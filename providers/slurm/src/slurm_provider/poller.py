@@ -73,7 +73,6 @@ from slurm_provider.maintenance import Window, waits_for_maintenance
 from slurm_provider.outage import STEP_FAILURES_WHILE_REACHABLE, Outage, reachable_again_line, slurm_error_line
 from slurm_provider.state_vocabulary import SlurmState, classify_pending_reason
 from slurm_provider.timing import (
-    CONFIRM_RETRY,
     MAINTENANCE_READ_INTERVAL,
     POLL_GROWTH,
     POLL_JITTER,
@@ -83,6 +82,7 @@ from slurm_provider.timing import (
     TRANSPORT_RETRY,
 )
 from slurm_provider.transport import ControlMasterNotRunning, TransportError
+from slurm_provider.watch.end_confirmation import EndConfirmation, confirm_schedule
 
 log = logging.getLogger(__name__)
 
@@ -163,14 +163,17 @@ class _Subscription:
     end_record_path: str | None = None
     restarts: int = 0
     """The restart count Slurm last reported: an older run's exit record is not the end."""
-    unconfirmed: EndRecord | None = None
-    """A record Slurm did not confirm yet; asked about again at ``confirm_after`` (monotonic)."""
-    confirm_after: float = 0.0
-    confirm_wait: float = 0.0
+    record_interval: float | None = None
+    """How often the poller reads the exit records (the first wait to confirm an end is at most this)."""
+    confirmation: EndConfirmation = field(init=False)
+    """The record Slurm did not confirm yet, and when to ask again (monotonic)."""
     follows: dict[str, int] = field(default_factory=dict)
     """Followed files of the job (:mod:`slurm_provider.followed_files`) by path: the bytes read so far."""
     follow_interval: float = FOLLOW_INTERVAL
     followed_at: float = float("-inf")
+
+    def __post_init__(self) -> None:
+        self.confirmation = EndConfirmation(confirm_schedule(self.max_poll_interval, read_interval=self.record_interval))
     """When (monotonic) the followed files' sizes were last checked."""
 
     def log_files(self) -> list[str]:
@@ -227,7 +230,8 @@ class JobPoller:
         seconds."""
         sub = _Subscription(str(job_id), poll_interval, max(poll_interval, max_poll_interval), log_path,
                             log_offset, err_path, err_offset, end_record_path=end_record_path,
-                            follows=dict(follows or {}), follow_interval=follow_interval)
+                            follows=dict(follows or {}), follow_interval=follow_interval,
+                            record_interval=self.record_interval)
         if first_poll_delay > 0:
             await asyncio.sleep(first_poll_delay)
         self._subs[id(sub)] = sub
@@ -349,7 +353,7 @@ class JobPoller:
         """Seconds to the next read of the exit records: ``record_interval``, or sooner when an end
         Slurm did not confirm yet is due to be asked about again."""
         now = time.monotonic()
-        due = [s.confirm_after - now for s in self._subs.values() if s.unconfirmed is not None]
+        due = [c.ask_at - now for s in self._subs.values() if (c := s.confirmation).pending]
         shortest = min(0.1, self.record_interval)  # an overdue question is asked now, without spinning
         return max(shortest, min([self.record_interval, *due]))
 
@@ -375,9 +379,9 @@ class JobPoller:
         for sub in subs:
             record = _record_of(sub, records)
             if record is None:
-                sub.unconfirmed = None  # a requeued run's old record: nothing to ask Slurm about
+                sub.confirmation.forget()  # a requeued run's old record: nothing to ask Slurm about
                 continue
-            if record == sub.unconfirmed and now < sub.confirm_after:
+            if not sub.confirmation.due(record, now):
                 continue
             ended[id(sub)] = record
         if not ended:
@@ -391,12 +395,7 @@ class JobPoller:
 
     def _not_confirmed(self, sub: _Subscription, record: EndRecord) -> None:
         """Slurm does not call the job ended yet (completing, requeued): ask again after a doubling wait."""
-        if record != sub.unconfirmed:
-            sub.confirm_wait = 0.0
-        confirms = replace(CONFIRM_RETRY, base=min(CONFIRM_RETRY.base, self.record_interval),
-                           cap=sub.max_poll_interval)
-        sub.confirm_wait = confirms.after(sub.confirm_wait)
-        sub.unconfirmed, sub.confirm_after = record, time.monotonic() + sub.confirm_wait
+        sub.confirmation.not_confirmed(record, time.monotonic())
 
     async def _cycle(self) -> bool:
         """One batched status query (plus reads of grown logs); returns True if any state changed."""
@@ -445,7 +444,7 @@ class JobPoller:
             elif (record := _record_of(sub, read)) is not None:  # this poll's answer: not ended yet
                 self._not_confirmed(sub, record)
             elif record_paths:
-                sub.unconfirmed = None
+                sub.confirmation.forget()
             text = err_text = ""
             if sub in streaming:
                 if sub.log_path and sizes.get(sub.log_path, 0) > sub.log_offset:
