@@ -23,7 +23,8 @@ from slurm_provider.backoff import Backoff
 from slurm_provider.timing import LOGIN_PROBES, MAX_POLL_INTERVAL, POLL_INTERVAL
 from slurm_provider.outage import DEFAULT_WATCH_DEADLINE, timeout_seconds
 from slurm_provider.transport import TransportError
-from slurm_provider.watch.job_watch import ERROR, REACHABLE, LoginWatch
+from slurm_provider.watch.events import ERROR, REACHABLE, LoginEvent
+from slurm_provider.watch.job_watch import LoginWatch
 
 __all__ = ["ERROR", "REACHABLE", "SlurmLoginTrigger"]
 
@@ -76,8 +77,7 @@ class SlurmLoginTrigger(BaseTrigger):
         )
 
     def _event(self, kind: str, message: str) -> TriggerEvent:
-        return TriggerEvent({"kind": kind, "conn_id": self.conn_id, "since": self.since, "tries": self.tries,
-                             "message": message, "carry": self.carry})
+        return TriggerEvent(LoginEvent(kind, self.conn_id, self.since, self.tries, message, self.carry).to_json())
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Probe on the schedule until the wait ends (:class:`~slurm_provider.watch.job_watch.LoginWatch`)."""

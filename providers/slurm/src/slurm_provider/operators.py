@@ -77,7 +77,7 @@ from slurm_provider.followed_files import FOLLOW_INTERVAL, followed_files, load_
 from slurm_provider.hints import find_submit_hints, format_hints, hint_for
 from slurm_provider.job_status import JobStatus
 from slurm_provider.links import JOB_ID_XCOM_KEY, SlurmJobLogLink
-from slurm_provider.login_wait import REACHABLE, SlurmLoginTrigger
+from slurm_provider.login_wait import SlurmLoginTrigger
 from slurm_provider.outage import (
     DEFAULT_WATCH_DEADLINE,
     STEP_FAILURES_WHILE_REACHABLE,
@@ -100,7 +100,8 @@ from slurm_provider.resubmission import (
 )
 from slurm_provider.state_vocabulary import SlurmState, StateCategory
 from slurm_provider.transport import TransportError
-from slurm_provider.triggers import ERROR, FINISHED, LOST, NEVER_STARTS, SlurmJobTrigger
+from slurm_provider.triggers import SlurmJobTrigger
+from slurm_provider.watch.events import ERROR, LOST, NEVER_STARTS, REACHABLE, LoginEvent, WatchEvent
 from slurm_provider.watch.end_confirmation import EndConfirmation, confirm_schedule
 from slurm_provider.validation import (
     ValidationError,
@@ -114,7 +115,6 @@ from slurm_provider.validation import (
 HISTORY_KEY = "slurm_submissions"
 SUBMITTER_KEY = "slurm_submitter"
 """Task state store key of the task's submitter token (``JobComment.by``)."""
-EVENT_KEYS = ("kind", "job_id", "status", "message", "carry")
 LOG_TAIL_BYTES = 12000
 TAIL_LINES = 25
 TRACEBACK_LINES = 80
@@ -405,11 +405,14 @@ class SlurmSubmitOperator(BaseOperator):
     def execute_after_outage(self, context: Context, event: dict[str, Any]) -> Any:
         """The login node answers again: do this try's work from the start (``execute``), adopting
         whatever it submitted before the outage. Past the deadline: a retryable failure."""
-        if (event or {}).get("kind") != REACHABLE:
-            raise AirflowException(f"{(event or {}).get('message')}. A retry of this task adopts any job it "
-                                   "submitted")
-        self._outage = (float(event["since"]), int(event.get("tries") or 0))
-        self._failures_while_reachable = int((event.get("carry") or {}).get("failures_while_reachable") or 0)
+        try:
+            ended = LoginEvent.from_json(event)
+        except ValueError as exc:
+            raise AirflowException(f"{exc}. A retry of this task adopts any job it submitted") from None
+        if ended.kind != REACHABLE:
+            raise AirflowException(f"{ended.message}. A retry of this task adopts any job it submitted")
+        self._outage = (ended.since, ended.tries)
+        self._failures_while_reachable = int(ended.carry.get("failures_while_reachable") or 0)
         return self.execute(context)
 
     def _adopt_or_submit(self, context: Context, hook: SlurmHook) -> Any:
@@ -453,33 +456,30 @@ class SlurmSubmitOperator(BaseOperator):
         return self._submit(context, hook, history, cause="initial")
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
-        missing = [key for key in EVENT_KEYS if key not in (event or {})]
-        if missing:
-            raise AirflowFailException(f"trigger event lacks {missing}: {event!r}")
+        try:
+            ended = WatchEvent.from_json(event)
+        except ValueError as exc:
+            raise AirflowFailException(str(exc)) from None
         history = SubmissionHistory.merge(self.history_since_clear(context),
-                                          SubmissionHistory.from_json(event["carry"].get("history")),
+                                          SubmissionHistory.from_json(ended.carry.get("history")),
                                           ).since_clear(self._clear_number(context))
         self._store_history(context, history)
         with self.waiting_out_outages(context), self._hook() as hook:
-            return self._interpret(context, hook, history, event)
+            return self._interpret(context, hook, history, ended)
 
-    def _interpret(self, context: Context, hook: SlurmHook, history: SubmissionHistory,
-                   event: dict[str, Any]) -> Any:
+    def _interpret(self, context: Context, hook: SlurmHook, history: SubmissionHistory, ended: WatchEvent) -> Any:
         """Map the trigger's event to success, a resubmission, a retry (lost watch) or a final failure."""
-        kind, job_id = event["kind"], event["job_id"]
-        if kind == ERROR:
-            raise AirflowException(f"{event['message']}. The job may still be running: a retry of this "
+        if ended.kind == ERROR:
+            raise AirflowException(f"{ended.message}. The job may still be running: a retry of this "
                                    "task adopts it instead of submitting again.")
-        if kind == LOST:
-            raise AirflowException(f"{event['message']}; check `sacct -j {job_id}` on the cluster. A retry "
+        if ended.kind == LOST:
+            raise AirflowException(f"{ended.message}; check `sacct -j {ended.job_id}` on the cluster. A retry "
                                    "of this task looks for the job again before submitting another.")
-        if kind not in (FINISHED, NEVER_STARTS):
-            raise AirflowFailException(f"unknown trigger event kind {kind!r}")
-        status = JobStatus.from_event(event["status"])
-        if kind == NEVER_STARTS:
-            left = self._give_up(context, hook, job_id, event["message"], history)
-            raise AirflowFailException(f"{event['message']}.\n{left}".rstrip())
-        return self._conclude(context, hook, history, status)
+        if ended.kind == NEVER_STARTS:
+            left = self._give_up(context, hook, ended.job_id, ended.message, history)
+            raise AirflowFailException(f"{ended.message}.\n{left}".rstrip())
+        assert ended.status is not None  # a finished event always carries one (WatchEvent)
+        return self._conclude(context, hook, history, ended.status)
 
     def _conclude(self, context: Context, hook: SlurmHook, history: SubmissionHistory, status: JobStatus) -> Any:
         """Success, a resubmission or a final failure for a job that ended in ``status``."""

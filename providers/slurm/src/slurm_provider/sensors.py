@@ -11,7 +11,8 @@ from airflow.sdk.exceptions import AirflowException
 from slurm_provider.timing import FIRST_POLL_DELAY, MAX_POLL_INTERVAL, POLL_INTERVAL
 from slurm_provider.state_vocabulary import StateCategory
 from slurm_provider.job_status import JobStatus
-from slurm_provider.triggers import FINISHED, SlurmJobTrigger
+from slurm_provider.triggers import SlurmJobTrigger
+from slurm_provider.watch.events import FINISHED, WatchEvent
 from slurm_provider.validation import validate_job_id
 
 
@@ -59,9 +60,13 @@ class SlurmJobSensor(BaseSensorOperator):
         return True
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
-        if not event or event.get("kind") != FINISHED or not event.get("status"):
-            raise AirflowException(f"waiting for job {self.job_id} failed: {(event or {}).get('message')}")
-        return self._interpret(JobStatus.from_event(event["status"]))
+        try:
+            ended = WatchEvent.from_json(event)
+        except ValueError as exc:
+            raise AirflowException(f"waiting for job {self.job_id} failed: {exc}") from None
+        if ended.kind != FINISHED or ended.status is None:
+            raise AirflowException(f"waiting for job {self.job_id} failed: {ended.message}")
+        return self._interpret(ended.status)
 
     def _status(self) -> JobStatus:
         from slurm_provider.hooks import SlurmHook

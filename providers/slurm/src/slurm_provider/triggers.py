@@ -40,17 +40,14 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from slurm_provider.end_records import end_record_path
 from slurm_provider.followed_files import FOLLOW_INTERVAL, FollowedFile, followed_files
-from slurm_provider.job_status import JobStatus
 from slurm_provider.outage import DEFAULT_WATCH_DEADLINE, timeout_seconds
 from slurm_provider.poller import JobPoller, shared_poller
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.timing import FIRST_POLL_DELAY, MAX_POLL_INTERVAL, POLL_INTERVAL
+from slurm_provider.watch.events import ERROR, FINISHED, LOST, NEVER_STARTS, WatchEvent
 from slurm_provider.watch.job_watch import (
-    ERROR,
-    FINISHED,
-    LOST,
-    NEVER_STARTS,
     PENDING_POLICIES,
+    End,
     JobWatch,
     KeepFollowed,
     Release,
@@ -186,23 +183,13 @@ class SlurmJobTrigger(BaseTrigger):
             },
         )
 
-    def _event(self, kind: str, status: JobStatus | None, message: str,
-               noticed_by: str | None = None) -> TriggerEvent:
-        return TriggerEvent({
-            "kind": kind,
-            "conn_id": self.conn_id,
-            "job_id": self.job_id,
-            "status": status.to_event() if status is not None else None,
-            "log_path": self.log_path,
-            "log_offset": self.log_offset,
-            "err_log_path": self.err_log_path,
-            "err_log_offset": self.err_log_offset,
-            "message": message,
-            "carry": self.carry,
-            "noticed_by": noticed_by,
-            "follow": [{"path": f.path, "fold": f.fold, "offset": f.offset} for f in self._followed.values()]
-                      or self.follow,
-        })
+    def _event(self, end: End) -> TriggerEvent:
+        return TriggerEvent(WatchEvent(
+            kind=end.kind, conn_id=self.conn_id, job_id=self.job_id, message=end.message, status=end.status,
+            log_path=self.log_path, log_offset=self.log_offset, err_log_path=self.err_log_path,
+            err_log_offset=self.err_log_offset, carry=self.carry, noticed_by=end.noticed_by,
+            follow=tuple({"path": f.path, "fold": f.fold, "offset": f.offset} for f in self._followed.values())
+            or tuple(self.follow)).to_json())
 
     def _watch(self) -> JobWatch:
         return JobWatch(self.conn_id, self.job_id, pending_policy=self.pending_policy,
@@ -241,7 +228,7 @@ class SlurmJobTrigger(BaseTrigger):
                     elif isinstance(action, Release):
                         actions[:0] = watch.released(await self._release(poller))
                     else:
-                        yield self._event(action.kind, action.status, action.message, action.noticed_by)
+                        yield self._event(action)
                         return
 
     async def _release(self, poller: JobPoller) -> str | None:

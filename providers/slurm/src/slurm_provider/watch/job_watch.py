@@ -37,12 +37,12 @@ from slurm_provider.state_vocabulary import (
     classify_pending_reason,
     split_reason,
 )
+from slurm_provider.watch.events import ERROR, FINISHED, LOST, NEVER_STARTS, REACHABLE
 from slurm_provider.watch_state import NOTE_REFRESH_S, WatchNote
 
-# Event kinds: the job ended (any terminal state), will never start, vanished, or could not be watched.
-FINISHED, NEVER_STARTS, LOST, ERROR = "finished", "never_starts", "lost", "error"
-REACHABLE = "reachable"
-"""The login node and a controller answer again: the waiting task goes on (a :class:`LoginWatch` end)."""
+__all__ = ["ERROR", "FINISHED", "LOST", "NEVER_STARTS", "REACHABLE", "Action", "End", "JobWatch", "KeepFollowed",
+           "LoginWatch", "Release", "Remember", "Say"]
+
 PENDING_POLICIES = ("fail", "warn")
 USER_HOLD = "JobHeldUser"
 """The pending reason of a job on user hold, which its owner may release (an administrator's hold,
