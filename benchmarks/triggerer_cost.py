@@ -39,6 +39,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "providers" / "slurm" / "src")]
 
@@ -55,7 +57,6 @@ from airflow.sdk import DAG
 with DAG("{DAG_ID}", schedule=None):
     EmptyOperator(task_id="watch_job")
 '''
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 CONNECTIONS = 3
 
 
@@ -76,51 +77,50 @@ def tree(pid: int) -> list[int]:
     return [pid, *descendants(pid)]
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system time of the processes and of their reaped children."""
-    total = 0
+def _processes(pids: list[int]) -> list[psutil.Process]:
+    """The processes of ``pids`` that still run (one may end while it is measured)."""
+    found = []
     for pid in pids:
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            found.append(psutil.Process(pid))
+        except psutil.Error:
             continue
-        total += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
-    return total / CLOCK_TICKS
+    return found
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system time of the processes and of their reaped children."""
+    total = 0.0
+    for process in _processes(pids):
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
 
 
 def rss_mib(pids: list[int]) -> tuple[float, float]:
     """(sum, largest) resident set size of the processes, MiB."""
     sizes = []
-    for pid in pids:
+    for process in _processes(pids):
         try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
+            sizes.append(process.memory_info().rss / 2**20)
+        except psutil.Error:
             continue
-        kib = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
-        sizes.append(kib / 1024)
     return round(sum(sizes), 1), round(max(sizes, default=0), 1)
 
 
 def tcp_connections(pids: list[int], ports: set[int]) -> int:
     """Established TCP connections owned by ``pids`` whose remote end is 127.0.0.1 on ``ports``."""
-    inodes = set()
-    for pid in pids:
-        try:
-            for fd in Path(f"/proc/{pid}/fd").iterdir():
-                try:
-                    target = os.readlink(fd)
-                except OSError:
-                    continue
-                if target.startswith("socket:["):
-                    inodes.add(target[8:-1])
-        except OSError:
-            continue
     count = 0
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        parts = line.split()
-        remote, state, inode = parts[2], parts[3], parts[9]
-        if state == "01" and int(remote.split(":")[1], 16) in ports and inode in inodes:
-            count += 1
+    for process in _processes(pids):
+        try:
+            connections = process.net_connections(kind="tcp4")
+        except psutil.Error:
+            continue
+        count += sum(1 for c in connections if c.status == psutil.CONN_ESTABLISHED and c.raddr
+                     and c.raddr.ip == "127.0.0.1" and c.raddr.port in ports)
     return count
 
 

@@ -30,6 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from support.deployment import RestClient, airflow_env, deployment_with_dag
@@ -75,40 +76,20 @@ def last_heartbeat(home: Path, dag_id: str, run_id: str, task_id: str) -> tuple[
     return state, (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
 
 
-def _socket_inodes(pid: int) -> set[str]:
-    inodes = set()
-    try:
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
-            try:
-                target = os.readlink(fd)
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[len("socket:["):-1])
-    except OSError:  # ended while we looked
-        pass
-    return inodes
-
-
 def cluster_contacts(pid: int, port: int) -> list[str]:
     """What ``pid`` and its descendants do towards the login node on ``port``: ``ssh``/``scp``
-    processes, and TCP connections to the port (from /proc: socket inodes against /proc/net/tcp*)."""
+    processes, and TCP connections to the port."""
     found: list[str] = []
-    inodes: set[str] = set()
     for proc in [pid, *descendants(pid)]:
         try:
-            name = Path(f"/proc/{proc}/comm").read_text().strip()
-        except OSError:
+            process = psutil.Process(proc)
+            name, connections = process.name(), process.net_connections(kind="tcp")
+        except psutil.Error:  # ended while we looked
             continue
         if name in ("ssh", "scp", "sftp"):
             found.append(f"process {proc} ({name})")
-        inodes |= _socket_inodes(proc)
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            remote_port = int(fields[2].rsplit(":", 1)[1], 16)
-            if remote_port == port and fields[9] in inodes:
-                found.append(f"TCP connection {fields[1]} -> {fields[2]} (socket {fields[9]})")
+        found += [f"TCP connection {c.laddr.ip}:{c.laddr.port} -> {c.raddr.ip}:{c.raddr.port} ({c.status})"
+                  for c in connections if c.raddr and c.raddr.port == port]
     return found
 
 
@@ -244,8 +225,8 @@ def test_a_frozen_login_node_leaves_the_api_server_answering_and_the_view_says_s
 def _stopped(pid: int) -> bool:
     """The process is stopped by a signal (state ``T`` in /proc)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
-    except OSError:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except psutil.Error:
         return False
 
 

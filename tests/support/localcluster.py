@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from support.processes import alive
+
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SCRIPT = REPO / "include" / "local_cluster" / "cluster.sh"
 SSH_ALIAS = "vcloud-local"
@@ -76,11 +78,7 @@ def _master_pid(check_answer: str) -> int | None:
 
 def _exited(pid: int) -> bool:
     """Gone, or a zombie: its exit (and whatever it removed on the way) has happened."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return True
-    return state == "Z"
+    return not alive(pid)
 
 
 @dataclass(frozen=True)

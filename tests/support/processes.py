@@ -18,34 +18,23 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 
 def alive(pid: int) -> bool:
     """Running (a zombie waiting for its parent to reap it counts as ended)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # no such process, or it ended while we looked
         return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children first), found by their parent pid in /proc."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # ended while we looked
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        parents.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+    """Every process below ``pid``, found by their parent pids (a child's children after it)."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:  # ``pid`` itself has ended: its orphans now belong to init
+        return []
 
 
 def start_logged(argv: list[str], env: Mapping[str, str], log: Path, **popen: Any) -> subprocess.Popen[bytes]:

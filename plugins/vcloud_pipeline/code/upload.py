@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_incrementing
+
 from slurm_provider.file_verbs import RemoteCommandError
 from slurm_provider.protocols import SlurmVerbs
 from slurm_provider.transport import SSHCommand, TransportError
@@ -156,20 +158,22 @@ def sync_code_tree(paths: RunPaths, tree: CodeTree, manifest: CodeManifest, hook
     hook.make_owner_writable([code.dir])
     with hook.ssh_command() as ssh:
         argv = code_sync_argv(tree, ssh.destination, code.dir, ssh.argv, basis=basis)
-        for attempt in range(1, CONCURRENT_WRITER_RETRIES + 1):
-            try:
-                run_rsync(argv, ssh=ssh, what=f"syncing {tree.root} to {code.dir}")
-                break
-            except SyncError as exc:
-                if exc.returncode not in CONCURRENT_WRITER_CODES:
+        def met_another_writer(exc: BaseException) -> bool:
+            return isinstance(exc, SyncError) and exc.returncode in CONCURRENT_WRITER_CODES
+
+        def said(state: RetryCallState) -> None:
+            log.warning("Syncing %s to %s met another writer of the same code (%s); syncing again", tree.root,
+                        code.dir, state.outcome.exception() if state.outcome else "?")
+
+        for attempt in Retrying(stop=stop_after_attempt(CONCURRENT_WRITER_RETRIES), wait=wait_incrementing(2.0, 2.0),
+                                retry=retry_if_exception(met_another_writer), before_sleep=said, reraise=True):
+            with attempt:
+                try:
+                    run_rsync(argv, ssh=ssh, what=f"syncing {tree.root} to {code.dir}")
+                except SyncError as exc:
+                    if met_another_writer(exc) and code_is_current(hook, code, manifest):
+                        return True  # the other writer (another member, another deployment) finished this code
                     raise
-                if code_is_current(hook, code, manifest):
-                    return True  # the other writer (another member, another deployment) finished this code
-                if attempt == CONCURRENT_WRITER_RETRIES:
-                    raise
-                log.warning("Syncing %s to %s met another writer of the same code (rsync exited %s); "
-                            "syncing again", tree.root, code.dir, exc.returncode)
-                time.sleep(2.0 * attempt)
     # Another writer of the same code may have finished, and frozen, the directory meanwhile: its
     # manifest then stands, and this sync writes none into a directory that is no longer writable.
     if code_is_current(hook, code, manifest):

@@ -34,6 +34,15 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    retry_if_not_result,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_fixed,
+)
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 if TYPE_CHECKING:
@@ -722,23 +731,21 @@ class SlurmSubmitOperator(BaseOperator):
 
     def _find_own_job(self, context: Context, hook: SlurmHook, *, number: int,
                       attempts: int = 1) -> JobStatus | None:
-        """The newest job on the cluster with this task's name and comment (submission ``number``)."""
+        """The newest job on the cluster with this task's name and comment (submission ``number``); a
+        lookup the cluster did not answer is tried ``attempts`` times on ``timing.LOOKUP_RETRY``."""
         name = self._job_name(context)
         expected = self._comment(context, number)
-        for attempt in range(attempts):
-            try:
-                jobs = hook.find_jobs(name=name)
-                mine = [j for j in jobs if (c := parse_job_comment(j.comment)) is not None
-                        and c.same_task(expected) and c.attempt == number]
-                if mine:
-                    return max(mine, key=lambda j: int(j.job_id.split("_")[0]))
-                return None
-            except TransportError as exc:
-                if attempt + 1 == attempts:
-                    raise
-                self.log.warning("Looking up %s failed (%s); retrying", name, exc)
-                time.sleep(LOOKUP_RETRY.delay(attempt))
-        return None
+
+        def said(state: RetryCallState) -> None:
+            self.log.warning("Looking up %s failed (%s); retrying", name, state.outcome.exception() if state.outcome
+                             else "?")
+
+        jobs = Retrying(stop=stop_after_attempt(attempts), retry=retry_if_exception_type(TransportError),
+                        wait=lambda state: LOOKUP_RETRY.delay(state.attempt_number - 1), before_sleep=said,
+                        reraise=True)(hook.find_jobs, name=name)
+        mine = [j for j in jobs if (c := parse_job_comment(j.comment)) is not None
+                and c.same_task(expected) and c.attempt == number]
+        return max(mine, key=lambda j: int(j.job_id.split("_")[0])) if mine else None
 
     def _watch_then_defer(self, context: Context, hook: SlurmHook, history: SubmissionHistory) -> Any:
         """Watch the job just submitted for ``short_job_wait`` seconds from its exit record; conclude
@@ -841,16 +848,15 @@ class SlurmSubmitOperator(BaseOperator):
     def _accounted(self, hook: SlurmHook, status: JobStatus, wait_s: float = 15.0) -> JobStatus:
         """The job's final row from accounting (exit code, elapsed, node list are complete there).
 
-        The trigger may have seen the end in ``squeue``; slurmdbd receives the record a moment later.
+        The trigger may have seen the end in ``squeue``; slurmdbd receives the record a moment later:
+        asked every second for up to ``wait_s``, then the status at hand stands.
         """
-        deadline = time.monotonic() + wait_s
-        while True:
-            runs = hook.runs(status.job_id)
-            if runs and runs[-1].state.is_terminal:
-                return runs[-1]
-            if time.monotonic() > deadline:
-                return status
-            time.sleep(1.0)
+        def final(runs: list[JobStatus]) -> bool:
+            return bool(runs) and runs[-1].state.is_terminal
+
+        runs = Retrying(stop=stop_after_delay(wait_s), wait=wait_fixed(1.0), retry=retry_if_not_result(final),
+                        retry_error_callback=lambda state: [])(hook.runs, status.job_id)
+        return runs[-1] if final(runs) else status
 
     def _failure_message(self, hook: SlurmHook, status: JobStatus, context: Context) -> str:
         log_path = self._log_path(context, status.job_id)
