@@ -20,6 +20,7 @@ from slurm_provider.operators import SlurmSubmitOperator, job_name_for
 from slurm_provider.resubmission import Submission, SubmissionHistory, progress_made
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.job_status import JobStatus
+from slurm_provider.job_task import ending, naming
 from vcloud import contract, exit_record, exitcodes
 from vcloud.config import ConfigError, config_from_dict
 from vcloud.data.index import INDEX_NAME
@@ -263,7 +264,7 @@ def test_the_operator_reads_the_log_files_a_rendered_job_writes() -> None:
     name = job_name_for("vcloud_training", "stage1", "manual__1")  # sbatch --job-name overrides the script's
     for stream, pattern in (("out", job.stdout_pattern), ("err", job.stderr_pattern)):
         written = expand_filename_pattern(str(pattern), job_id="4242", job_name=name)
-        assert operator._log_path(context, "4242", stream) == written == f"{paths.logs_dir}/{name}.4242.{stream}"
+        assert naming.log_path(operator, context, "4242", stream) == written == f"{paths.logs_dir}/{name}.4242.{stream}"
 
 
 # --------------------------------------------------------------------------- GPU-hours
@@ -308,7 +309,7 @@ def test_the_hpc_view_charts_the_gpu_hours_the_budget_bills() -> None:
     for number, job_id in enumerate(dict.fromkeys(r.job_id for r in runs), start=1):
         history.add(Submission(job_id, number, "initial" if number == 1 else "TIMEOUT", 1))
     context = task_context("manual__1", StateStore(), dag_id="vcloud_training", task_id="stage1")
-    summary = operator._finish(context, RunsHook(runs), history, runs[-1])
+    summary = ending.finish(operator, context, RunsHook(runs), history, runs[-1])
     assert summary["gpu_hours"] == pytest.approx(billed, abs=1e-4)
 
     record = JobRecord(dag_id="vcloud_training", run_id="manual__1", task_id="stage1", map_index=-1,

@@ -33,7 +33,7 @@ def test_the_jobs_own_meanings_come_first() -> None:
 
 
 def test_a_failure_excerpt_keeps_the_whole_last_traceback() -> None:
-    from slurm_provider.operators import log_excerpt
+    from slurm_provider.job_task.ending import log_excerpt
 
     frames = [f'  File "/code/mod{i}.py", line {i}, in f{i}' for i in range(40)]
     log = "\n".join(["starting", "Traceback (most recent call last):", "  old one", "KeyError: 1", "retrying",

@@ -24,6 +24,7 @@ from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.job_status import JobStatus
 from slurm_provider.transport import AuthenticationFailed
 from slurm_provider.triggers import ERROR, FINISHED, LOST, NEVER_STARTS
+from slurm_provider.job_task import naming, submission
 
 RUN_ID = "manual__retries"
 NAME = job_name_for("retries", "train", RUN_ID)
@@ -222,7 +223,7 @@ def test_sbatch_refusing_the_job_fails_for_good_and_a_login_failure_is_retried(
 def _record_path(context: dict[str, Any], job_id: str) -> str:
     from slurm_provider.end_records import end_record_path
 
-    return end_record_path(_operator()._log_path(context, job_id))
+    return end_record_path(naming.log_path(_operator(), context, job_id))
 
 
 def test_a_script_killed_before_it_could_end_is_resubmitted_as_an_interruption(
@@ -253,7 +254,7 @@ def test_a_failure_that_is_not_a_kill_from_outside_fails_for_good(case: str,
     if case == "record-of-the-run":  # the script ended on its own and said so
         cluster.table.files[_record_path(context, "101")] = "job=101 restart=0 exit=137 end=1764218000 requeued=0\n"
     if case == "killed-for-its-memory":  # Slurm's own memory enforcement killed the whole job
-        cluster.table.files[_operator()._log_path(context, "101", stream="err")] = (
+        cluster.table.files[naming.log_path(_operator(), context, "101", stream="err")] = (
             "slurmstepd: error: Exceeded job memory limit\n")
     budgets = {"KILLED": 0 if case == "budget-used-up" else 1}
     with pytest.raises(AirflowFailException, match="ended FAILED"):
@@ -300,9 +301,9 @@ def test_a_node_faults_back_off_doubles_per_such_resubmission_and_sbatch_refusin
     op = _operator(leave_out_bad_nodes_for=3600, node_fault_first_retry=60)
     history = SubmissionHistory([Submission("1", 1, "initial", 1), Submission("2", 2, "NODE_FAIL", 1),
                                  Submission("3", 3, "TIMEOUT", 1), Submission("4", 4, "NODE_FAULT", 1)])
-    assert [op._node_fault_back_off(history, cause) for cause in ("NODE_FAULT", "BOOT_FAIL", "TIMEOUT")] == \
+    assert [submission.node_fault_back_off(op, history, cause) for cause in ("NODE_FAULT", "BOOT_FAIL", "TIMEOUT")] == \
         [240, 240, 0]
-    assert _operator(node_fault_first_retry=0)._node_fault_back_off(history, "NODE_FAIL") == 0
+    assert submission.node_fault_back_off(_operator(node_fault_first_retry=0), history, "NODE_FAIL") == 0
     with pytest.raises(AirflowFailException, match="leave_out_bad_nodes_for"):
         _operator(leave_out_bad_nodes_for=-1).execute(_context())
 

@@ -21,6 +21,7 @@ from slurm_provider.hints import find_hints
 from slurm_provider.hooks import SlurmHook
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.job_status import JobStatus
+from slurm_provider.job_task import ending, naming
 from vcloud import exitcodes as trainer_exitcodes
 from vcloud.training import distributed
 from vcloud_pipeline.jobs import exits as exitcodes
@@ -175,8 +176,8 @@ def failure_message(operator: PipelineJobOperator, log: str, exit_code: int) -> 
     context = {"ti": _TI()}
     cluster = FakeSlurm()  # the job's log and error log, as the login node serves them
     for stream in ("out", "err"):
-        cluster.table.files[operator._log_path(context, "77", stream=stream)] = log
-    message = operator._failure_message(SlurmHook("c", runner=cluster), status, context)
+        cluster.table.files[naming.log_path(operator, context, "77", stream=stream)] = log
+    message = ending.failure_message(operator, SlurmHook("c", runner=cluster), status, context)
     assert cluster.verbs == ["file_sizes", "read_log", "file_sizes", "read_log"], "the tails of both logs"
     return message
 
