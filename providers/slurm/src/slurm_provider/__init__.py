@@ -12,6 +12,10 @@ Modules, one responsibility each:
   rsync that logs in the same way;
 - ``hooks``: one method per Slurm verb, plus ``ssh_command()`` for file transfers;
 - ``poller``: one batched status query per cluster;
+- ``watch``: what a watch decides (``job_watch``: a sans-IO state machine the trigger and the
+  login-node wait drive; ``events``: the typed events they fire; ``end_confirmation``);
+- ``job_task``: the steps of a task that runs one job (``submission``, ``ending``, ``naming``,
+  ``settings``), which ``operators`` calls;
 - ``triggers``, ``operators``, ``sensors``; ``resubmission`` (budgets and progress); ``hints``
   (known errors); ``watch_state`` (how far a trigger's watch got); ``exit_codes``; ``links``.
 """
