@@ -74,7 +74,7 @@ image:
 	@bash include/local_cluster/build_image.sh
 	@bash include/local_cluster/site_images.sh
 
-# mypy over the Slurm provider and the plugins, as configured in pyproject.toml.
+# mypy over the Slurm provider, the plugins, the trainer and the DAG file, as configured in pyproject.toml.
 typecheck: venv
 	$(VENV_PY) -m mypy
 

@@ -24,9 +24,10 @@ file, no connection) is the Airflow queue of every task that runs cluster comman
 from __future__ import annotations
 
 import os
+from typing import cast
 
 import pendulum
-from airflow.sdk import DAG, TriggerRule, chain, get_current_context, task
+from airflow.sdk import DAG, TriggerRule, XComArg, chain, get_current_context, task
 
 from vcloud_pipeline.dag.assets import outlets_of
 from vcloud_pipeline.dag.job_operator import PipelineJobOperator
@@ -40,6 +41,14 @@ _profile = os.environ.get("VCLOUD_DEFAULT_PROFILE", "local")
 # The tasks that run cluster commands run on the queue of the default profile's connection (the host
 # with its ControlMaster socket); a run of another profile is moved to its own by the cluster policy.
 _on_cluster = {**CLUSTER_STEP_RETRIES, **cluster_task_args(_profile)}
+
+
+def _resolved(arg: XComArg) -> dict:
+    """``arg`` as the task it is passed to receives it: TaskFlow resolves an XComArg to the upstream
+    task's return value (a dict here) when the task runs, while the decorator types the call with the
+    function's own parameters."""
+    return cast(dict, arg)
+
 
 with DAG(
     dag_id="vcloud_training",
@@ -120,14 +129,14 @@ with DAG(
         """Fails the DAG run when any job or check failed (the summary above runs regardless)."""
 
     planned = plan()
-    synced = sync_code(planned)
-    checks = preflight_checks(planned, synced)
-    provisioned = provision_env(planned, synced)
+    synced = sync_code(_resolved(planned))
+    checks = preflight_checks(_resolved(planned), _resolved(synced))
+    provisioned = provision_env(_resolved(planned), _resolved(synced))
     data, imports, *stages, export = [
         PipelineJobOperator(task_id=label.task_id, job=label, outlets=outlets_of(label),
                             trigger_rule=TriggerRule.NONE_FAILED, **cluster_task_args(_profile))
         for label in JobLabel
     ]
-    summarized = summary(planned)
+    summarized = summary(_resolved(planned))
     chain(synced, checks, provisioned, data, imports, *stages, export, summarized)
     [synced, checks, provisioned, data, imports, *stages, export, summarized] >> verdict()

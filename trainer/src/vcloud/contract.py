@@ -480,7 +480,9 @@ def validation_gain(record: Mapping[str, Any] | None) -> float | None:
     if not isinstance(best, Mapping):
         return None
     value, start, name = best.get("value"), best.get("start_value"), best.get("name")
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (value, start)):
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    if not isinstance(start, (int, float)) or isinstance(start, bool):
         return None
     if name not in HIGHER_IS_BETTER or not math.isfinite(value) or not math.isfinite(start):
         return None

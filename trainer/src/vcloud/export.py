@@ -36,7 +36,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -75,6 +75,15 @@ UNCERTAINTY_PANEL = "uncertainty"
 UNCERTAINTY_BAND = "uncertainty"
 
 
+class _Sampler(Protocol):
+    """A model export draws several refinements of one draft from (stages 2 and 3's ``DraftAndRefiner``)."""
+
+    def draft(self, batch: dict[str, Any]) -> torch.Tensor: ...
+
+    def refine(self, batch: dict[str, Any], generator: torch.Generator | None = None,
+               steps: int | None = None, draft: torch.Tensor | None = None) -> torch.Tensor: ...
+
+
 def latest_trained_stage(run_dir: Path) -> int:
     """Highest stage with a ``best.pt`` (3 > 2 > 1 > 0)."""
     for stage in (3, 2, 1, 0):
@@ -108,7 +117,7 @@ def rgb_quicklook(cloudy: np.ndarray, prediction: np.ndarray, target: np.ndarray
     gain = 1.0 / white if white > 1e-6 else 1.0
     height = rgb[0].shape[0]
     spacer = np.ones((height, gap, 3), dtype=np.float32)
-    panels = [rgb[0] * gain, spacer, rgb[1] * gain, spacer, rgb[2] * gain]
+    panels: list[np.ndarray] = [rgb[0] * gain, spacer, rgb[1] * gain, spacer, rgb[2] * gain]
     if uncertainty is not None:
         top = float(np.percentile(uncertainty, 98))
         grey = uncertainty / top if top > 1e-9 else np.zeros_like(uncertainty)
@@ -231,10 +240,12 @@ def export_viewer(config: VCloudConfig, data_root: Path, run_dir: Path, dest: Pa
         batch = {k: v.unsqueeze(0).to(device) if isinstance(v, torch.Tensor) else [v] for k, v in item.items()}
         stats = None
         with torch.no_grad(), precision.autocast():
-            if sampler:
-                draft = model.draft(batch)
-                drawn = torch.cat([model.refine(batch, generator=torch.Generator().manual_seed(EVAL_SEED + k),
-                                                draft=draft) for k in range(samples)])
+            if sampler:  # the model has draft and refine: checked above
+                drawer = cast(_Sampler, model)
+                draft = drawer.draft(batch)
+                drawn = torch.cat([
+                    drawer.refine(batch, generator=torch.Generator().manual_seed(EVAL_SEED + k), draft=draft)
+                    for k in range(samples)])
             else:
                 prediction = spec.restore_batch(model, batch)
         if sampler:
@@ -265,7 +276,7 @@ def export_viewer(config: VCloudConfig, data_root: Path, run_dir: Path, dest: Pa
             plot_training_curve(curve, curve_title(k, read_json(StagePaths(run_dir, k).progress)),
                                 dest / curve_png_name(k), x_label=x_label)
             curves.append(curve_png_name(k))
-    summary = {
+    summary: dict[str, Any] = {
         "stage": stage,
         "stage_name": spec.name,
         "checkpoint": str(best),

@@ -98,7 +98,8 @@ def cloud_layer(rng: np.random.Generator, kind: str, shape: tuple[int, int], *, 
     shadow = np.zeros(shape, np.float32)
     if kind != "thin":
         if shadow_offset is None:
-            shadow_offset = tuple(int(v) for v in rng.integers(-shape[0] // 6, shape[0] // 6 + 1, size=2))
+            oy, ox = rng.integers(-shape[0] // 6, shape[0] // 6 + 1, size=2)
+            shadow_offset = (int(oy), int(ox))
         dy, dx = shadow_offset
         shadow = _shift(ramp, dy, dx) * np.float32(rng.uniform(0.45, 0.65))
     return CloudLayer(kind, alpha, shadow.astype(np.float32))

@@ -6,8 +6,10 @@ DataLoader workers started with fork or spawn. Needs numpy, torch and tifffile, 
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -53,6 +55,12 @@ def filter_by_cloud_types(records: list[SeriesRecord],
         raise ValueError(f"unknown cloud types {sorted(unknown)} (known: {', '.join(OBSERVATION_TYPES)})")
     allowed = set(cloud_types) | {"clear"}
     return [r for r in records if set(r.cloud_types) <= allowed]
+
+
+def dataset_len(dataset: Dataset) -> int:
+    """``len(dataset)``. torch's ``Dataset`` declares no ``__len__``, but the map-style datasets training
+    reads all have one (``SeriesDataset`` and the ``Subset`` and ``ConcatDataset`` stage 3 makes of it)."""
+    return len(cast(Sized, dataset))
 
 
 class SeriesDataset(Dataset):

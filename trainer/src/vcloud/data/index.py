@@ -8,8 +8,10 @@ started (the lazy-cache-on-rank-0 deadlock of the field notes cannot happen).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from vcloud.contract import DATA_INDEX
 from vcloud.data.bands import N_S1, N_S2, QUANT
@@ -55,7 +57,8 @@ class RawSources:
     """Raw GeoTIFFs (relative to the raw root) a prepared series was built from."""
 
     s2: tuple[str, ...]
-    s1: tuple[str | None, ...]
+    s1: tuple[str, ...]
+    """One per input: prepare skips a series whose chosen inputs lack one."""
     cloud_masks: tuple[str | None, ...]
     target: str
     """The ``S2CLEAR`` file of synthetic data, or the cloud-free ``S2`` date of real data."""
@@ -89,10 +92,12 @@ class SeriesRecord:
     def from_dict(cls, d: dict) -> SeriesRecord:
         d = dict(d)
         raw = d.pop("raw")
-        return cls(
-            **{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()},
-            raw=RawSources(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}),
-        )
+        return cls(**_lists_as_tuples(d), raw=RawSources(**_lists_as_tuples(raw)))
+
+
+def _lists_as_tuples(d: Mapping[str, Any]) -> dict[str, Any]:
+    """A record's fields as read from JSON, its lists back to the tuples the dataclasses hold."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from vcloud.data.geotiff import read_bands, read_cloud_codes, read_georef, read_
 from vcloud.data.index import (
     INDEX_NAME, PreparedIndex, RawSources, SeriesRecord, StackLayout, load_index, write_index,
 )
-from vcloud.data.layout import RawObservation, RawSeries, scan_raw
+from vcloud.data.layout import RawSeries, scan_raw
 from vcloud.data.selection import (
     SPLITS, SplitFractions, assign_splits, clearest_index, detect_clouds, nearest_dates, reference_index,
 )
@@ -139,11 +139,10 @@ def build_series(raw_root: Path, series: RawSeries, split: str, n_inputs: int,
             codes[i] = read_cloud_codes(raw_root / mask) if mask else detect_clouds(s2[i])
 
     if series.has_ground_truth:
-        clear = [o for o in obs if o.clear is not None]
+        clear = [(o, o.clear) for o in obs if o.clear is not None]
         if len(clear) != 1:
             raise SkipSeries(f"{len(clear)} S2CLEAR files; a synthetic series needs exactly one")
-        target_obs: RawObservation = clear[0]
-        target_path = target_obs.clear
+        target_obs, target_path = clear[0]
         target = scale_s2(read_bands(raw_root / target_path))
         candidates = list(range(len(obs)))
     else:
@@ -162,12 +161,15 @@ def build_series(raw_root: Path, series: RawSeries, split: str, n_inputs: int,
         raise SkipSeries(f"{len(candidates)} input dates available, {n_inputs} needed")
     nearest = nearest_dates([obs[i].date for i in candidates], target_obs.date, n_inputs)
     chosen = [candidates[k] for k in nearest]
+    s1_paths: list[str] = []
     s1_layers = []
     for i in chosen:
         load(i)
-        if obs[i].s1 is None:
+        s1_path = obs[i].s1
+        if s1_path is None:
             raise SkipSeries(f"no S1 file for acquisition index {obs[i].index} ({obs[i].date})")
-        s1_layers.append(read_s1(raw_root / obs[i].s1))
+        s1_paths.append(s1_path)
+        s1_layers.append(read_s1(raw_root / s1_path))
 
     shape = target.shape[1:]
     for i in chosen:
@@ -203,7 +205,7 @@ def build_series(raw_root: Path, series: RawSeries, split: str, n_inputs: int,
         has_ground_truth=series.has_ground_truth,
         raw=RawSources(
             s2=tuple(obs[i].s2 for i in chosen),
-            s1=tuple(obs[i].s1 for i in chosen),
+            s1=tuple(s1_paths),
             cloud_masks=tuple(obs[i].cloud_mask for i in chosen),
             target=target_path,
         ),

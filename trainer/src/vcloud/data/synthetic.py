@@ -83,7 +83,7 @@ BASE_DATE = dt.date(2018, 1, 1)
 LAND_COVER: tuple[str, ...] = ("water", "forest", "crop", "grass", "soil", "urban")
 
 # Surface reflectance per class, bands B1..B12. Visible bands stay below 0.15 like real land surfaces.
-_SIGNATURES: dict[str, np.ndarray] = {
+_SIGNATURES: dict[str, list[float]] = {
     "water": [0.080, 0.060, 0.050, 0.030, 0.020, 0.015, 0.012, 0.010, 0.010, 0.005, 0.002, 0.005, 0.003],
     "forest": [0.085, 0.065, 0.060, 0.035, 0.080, 0.200, 0.250, 0.280, 0.290, 0.100, 0.004, 0.150, 0.070],
     "forest_leafoff": [0.090, 0.070, 0.065, 0.060, 0.090, 0.130, 0.150, 0.160, 0.170, 0.070, 0.004, 0.200,

@@ -32,7 +32,7 @@ The four model-side memory switches are in :mod:`vcloud.models.memory`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +46,9 @@ from vcloud.models.dtypes import at_least_float32
 from vcloud.config_fields import build_config, require, require_channels, require_positive_int
 from vcloud.models.memory import MemoryOptions
 from vcloud.optim import scale_learning_rate
+
+if TYPE_CHECKING:
+    from vcloud.config import MemoryConfig
 
 SECTION = "model.stage1"
 S2_BANDS = 13
@@ -187,6 +190,7 @@ class ChangeGate(nn.Module):
         self.pair_norm = group_norm(gc, g)
         self.pair_out = nn.Conv2d(gc, 1, 3, padding=1)
         nn.init.zeros_(self.pair_out.weight)
+        assert self.pair_out.bias is not None
         nn.init.constant_(self.pair_out.bias, 2.0)  # start trusting every date (gate ~0.88)
 
     def embed_dates(self, x: torch.Tensor) -> torch.Tensor:
@@ -261,8 +265,10 @@ class DraftDecoder(nn.Module):
             nn.Conv2d(head_in, ch, 3, padding=1), group_norm(ch, g), nn.SiLU(),
             nn.Conv2d(ch, S2_BANDS, 3, padding=1),
         )
-        nn.init.zeros_(self.head[-1].weight)
-        nn.init.zeros_(self.head[-1].bias)
+        head_out = self.head[-1]
+        assert isinstance(head_out, nn.Conv2d) and head_out.bias is not None
+        nn.init.zeros_(head_out.weight)
+        nn.init.zeros_(head_out.bias)
         self.correction_scale = float(cfg.correction_scale)
 
     def forward(self, fused: torch.Tensor, skips: Sequence[torch.Tensor], composite: torch.Tensor,
@@ -293,7 +299,7 @@ def ordered_pairs(num_dates: int, device: torch.device) -> tuple[torch.Tensor, t
 class CFDT(nn.Module):
     """Cloud-free draft model (stage 1); see the module docstring for the architecture."""
 
-    def __init__(self, cfg: CFDTConfig, memory: MemoryOptions | dict | None = None) -> None:
+    def __init__(self, cfg: CFDTConfig, memory: MemoryOptions | MemoryConfig | dict | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.memory = MemoryOptions.coerce(memory)
@@ -366,7 +372,10 @@ class CFDT(nn.Module):
         b, t, _, h, w = inputs.shape
         order = order_target_first(target_index.long(), t)
         rows = torch.arange(b, device=inputs.device)[:, None]
-        parts = [inputs, masks] + ([s1] if self.cfg.use_s1 else [])
+        parts = [inputs, masks]
+        if self.cfg.use_s1:
+            assert s1 is not None  # _check refuses a missing s1
+            parts.append(s1)
         x = torch.cat(parts, dim=2)[rows, order]
         bands, clouds = x[:, :, :S2_BANDS], x[:, :, S2_BANDS:S2_BANDS + 1]
 

@@ -158,6 +158,7 @@ class Denoiser(nn.Module):
         self.norm_out = group_norm(ch, g)
         self.out = nn.Conv2d(ch, latent_channels, 3, padding=1)
         nn.init.zeros_(self.out.weight)
+        assert self.out.bias is not None
         nn.init.zeros_(self.out.bias)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
@@ -178,6 +179,9 @@ class Denoiser(nn.Module):
 
 class LatentDiffusionRefiner(nn.Module):
     """Refines a stage-1 draft with conditional diffusion in the frozen autoencoder's latent."""
+
+    alphas_cumprod: torch.Tensor
+    latent_scale: torch.Tensor
 
     def __init__(self, cfg: RefinerConfig, autoencoder: Autoencoder) -> None:
         super().__init__()

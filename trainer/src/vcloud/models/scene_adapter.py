@@ -27,6 +27,7 @@ from torch import nn
 from torch.utils.data import Dataset, default_collate
 
 from vcloud.data.bands import N_S2
+from vcloud.data.dataset import dataset_len
 
 FEATURES = 2 * N_S2
 """Clear-pixel mean of each band over all dates, then over the target date."""
@@ -59,7 +60,7 @@ def reference_statistics(dataset: Dataset, limit: int = REFERENCE_SERIES,
                          batch_size: int = 16) -> torch.Tensor:
     """Scene statistics [N, 26] of up to ``limit`` series of ``dataset``, evenly spaced over it
     (the same series on every rank and every run)."""
-    count = len(dataset)
+    count = dataset_len(dataset)
     if count == 0:
         raise SceneAdapterError("the labeled training split is empty: no reference for the scene adapter")
     step = max(1, count // limit)
@@ -73,6 +74,10 @@ def reference_statistics(dataset: Dataset, limit: int = REFERENCE_SERIES,
 
 class SceneAdapter(nn.Module):
     """Per-band offset [B, 13, 1, 1] of the draft from the scene's statistics (module docstring)."""
+
+    center: torch.Tensor
+    spread: torch.Tensor
+    fitted: torch.Tensor
 
     def __init__(self, scale: float) -> None:
         super().__init__()

@@ -16,7 +16,7 @@ import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import ConcatDataset, Dataset, Subset
 
 from vcloud.lineage import checkpoint_digest
-from vcloud.data.dataset import SeriesDataset
+from vcloud.data.dataset import SeriesDataset, dataset_len
 from vcloud.durable import atomic_write_bytes, atomic_write_text
 from vcloud.models.cfdt import CFDT, CFDTConfig
 from vcloud.models.draft_and_refiner import DraftAndRefiner, run_draft
@@ -110,14 +110,14 @@ def _build_draft(cfg: CFDTConfig, ctx: BuildContext) -> nn.Module:
 
 
 def _draft_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
-    s1 = batch.get("s1") if _unwrap(model).cfg.use_s1 else None
+    s1 = batch.get("s1") if cast(CFDT, _unwrap(model)).cfg.use_s1 else None
     draft = model(batch["inputs"], batch["masks"], batch["target_index"], s1)
     return F.l1_loss(draft.float(), batch["target"])
 
 
 @torch.no_grad()
 def _draft_predict(model: nn.Module, batch: Batch) -> torch.Tensor:
-    return run_draft(_unwrap(model), batch).float().clamp(0.0, 1.0)
+    return run_draft(cast(CFDT, _unwrap(model)), batch).float().clamp(0.0, 1.0)
 
 
 STAGE1 = StageSpec(
@@ -134,9 +134,11 @@ STAGE1 = StageSpec(
 
 # ---- stage 2: latent diffusion refiner --------------------------------------------------------
 
-def _build_refiner(cfg: RefinerConfig, ctx: BuildContext) -> nn.Module:
-    autoencoder = ctx.load_predecessor(0)
-    draft_model = ctx.load_predecessor(1)
+def _build_refiner(cfg: RefinerConfig, ctx: BuildContext) -> DraftAndRefiner:
+    from vcloud.models.autoencoder import Autoencoder
+
+    autoencoder = cast(Autoencoder, ctx.load_predecessor(0))
+    draft_model = cast(CFDT, ctx.load_predecessor(1))
     return DraftAndRefiner(draft_model, LatentDiffusionRefiner(cfg, autoencoder), train_draft=False,
                            level=LevelCorrection() if cfg.level_correction else None)
 
@@ -146,7 +148,7 @@ def _refined_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 
 
 def _refined_predict(model: nn.Module, batch: Batch) -> torch.Tensor:
-    return _unwrap(model).refine(batch)
+    return cast(DraftAndRefiner, _unwrap(model)).refine(batch)
 
 
 STAGE2 = StageSpec(
@@ -170,14 +172,14 @@ def stage2_skipped(ctx: BuildContext) -> bool:
             and not (ctx.run_dir / "stage2" / "best.pt").is_file())
 
 
-def stage2_teacher(ctx: BuildContext) -> nn.Module:
+def stage2_teacher(ctx: BuildContext) -> DraftAndRefiner:
     """The stage-2 model stage 3 starts from and pseudo-labels with: stage 2's ``best.pt``, or, where
     stage 2 is off by default and was not trained (:func:`stage2_skipped`), stage 2's untrained
     start built from stages 0 and 1: stage 1's draft with a refiner that returns it unchanged (and a
     zero level correction), which is what stage 2 hands on when training does not beat its start.
     Built under a fixed seed, so the teacher and the student's start are the same weights."""
     if not stage2_skipped(ctx):
-        return ctx.load_predecessor(2)
+        return cast(DraftAndRefiner, ctx.load_predecessor(2))
     cfg = RefinerConfig.from_dict(dict(ctx.config.model.section(2)))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(ctx.config.train.seed)
@@ -223,6 +225,7 @@ def pseudo_label_pool(labeled: Dataset, cfg: SelfTrainConfig) -> tuple[Dataset, 
     the labeled set stays whole. Otherwise ``unlabeled_fraction`` of the labeled dataset's
     ``unlabeled_split`` is; with ``unlabeled_split: train`` those series are removed from the
     labeled set, so the ground truth of a pseudo-labelled series is never used."""
+    source: Dataset
     if cfg.unlabeled_data:
         root = Path(labeled.root) / cfg.unlabeled_data  # type: ignore[attr-defined]  # absolute stays absolute
         if not (root / "index.json").is_file():
@@ -237,10 +240,10 @@ def pseudo_label_pool(labeled: Dataset, cfg: SelfTrainConfig) -> tuple[Dataset, 
         source = SeriesDataset(Path(labeled.root), cfg.unlabeled_split)  # type: ignore[attr-defined]
     records = getattr(source, "records", None)
     ids = ([r.series_id for r in records] if records is not None
-           else [source[i]["series_id"] for i in range(len(source))])
+           else [source[i]["series_id"] for i in range(dataset_len(source))])
     pool = [i for i, sid in enumerate(ids) if is_unlabeled(sid, cfg.unlabeled_fraction, cfg.seed)]
     if cfg.unlabeled_split == "train":
-        keep = [i for i in range(len(labeled)) if i not in set(pool)]
+        keep = [i for i in range(dataset_len(labeled)) if i not in set(pool)]
         labeled = Subset(labeled, keep)
     return labeled, pool, source
 
@@ -294,10 +297,10 @@ def selftrain_dataset(labeled: Dataset, ctx: BuildContext, cfg: SelfTrainConfig 
     summary = labels.summary()
     log.info("stage 3: kept %d of %d pseudo-labels (agreement threshold %.4g, median agreement %s); "
              "%d labeled series", summary["pseudo_labels_kept"], summary["pseudo_labels_considered"],
-             cfg.agreement_threshold, summary["agreement_median"], len(labeled_part))
+             cfg.agreement_threshold, summary["agreement_median"], dataset_len(labeled_part))
     if labels.kept == 0:
         return labeled_part
-    repeats = cfg.pseudo_label_repeats(len(labeled_part), labels.kept)
+    repeats = cfg.pseudo_label_repeats(dataset_len(labeled_part), labels.kept)
     log.info("stage 3: each pseudo-labelled series %d time(s) per epoch, the student's inputs under an extra "
              "haze veil of optical depth up to %g", repeats, cfg.student_haze_depth)
     return ConcatDataset([labeled_part, PseudoLabeledSeries(source, labels, cfg.student_veil, repeats)])

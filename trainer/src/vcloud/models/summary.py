@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, TypedDict
 
 import torch
 import yaml
@@ -33,8 +33,17 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+class StageModels(TypedDict):
+    """Every stage's model, as :func:`build_stage_models` builds them (stages 2 and 3 share modules)."""
+
+    stage0: Autoencoder
+    stage1: CFDT
+    stage2: DraftAndRefiner
+    stage3: DraftAndRefiner
+
+
 def build_stage_models(model_sections: Mapping[str, Any], memory: Any = None,
-                       device: str | torch.device = "meta") -> dict[str, nn.Module]:
+                       device: str | torch.device = "meta") -> StageModels:
     """Every stage's model from the ``model:`` sections of a config (on ``device``)."""
     with torch.device(device):
         autoencoder = Autoencoder(AutoencoderConfig.from_dict(dict(model_sections.get("stage0") or {})))

@@ -117,8 +117,9 @@ def fingerprint_of(model: Any, optimizer: Any) -> Fingerprint:
 
 def _moment_shape(state: Mapping[str, Any] | None) -> Shape | None:
     """A parameter's shape from its optimizer state (its moments have the parameter's shape)."""
-    for key in sorted(state or {}):
-        value = state[key]
+    moments: Mapping[str, Any] = state or {}
+    for key in sorted(moments):
+        value = moments[key]
         if key != "step" and hasattr(value, "shape"):
             return _shape(value)
     return None

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from vcloud import exitcodes, lineage
 from vcloud.contract import STOP_EPOCHS
@@ -191,7 +191,7 @@ def train_stage(run: StageRun, ctx: DistContext, stop: StopRequest) -> int:
             return exitcodes.STAGE_COMPLETE
 
     session = _build_session(run, ctx, paths, budget, checkpoint)  # everything, before DDP (seed 002)
-    state = _restore(session, checkpoint, resumed[1]) if checkpoint is not None else TrainState()
+    state = _restore(session, resumed[0], resumed[1]) if resumed is not None else TrainState()
     train_model: nn.Module = session.model
     if ctx.distributed:
         train_model = DistributedDataParallel(
@@ -212,7 +212,7 @@ def train_stage(run: StageRun, ctx: DistContext, stop: StopRequest) -> int:
         monitor.validation(state.global_step, 0, state.last_metrics)
 
     every = run.config.train.checkpoint_every_steps
-    done: StageStop | None = None
+    done = None
     while state.epoch < budget.epochs:
         data = session.phases[session.phase(state.epoch)]
         data.sampler.set_position(state.epoch, state.batch_in_epoch)
@@ -457,22 +457,22 @@ def _build_train_data(run: StageRun, spec: StageSpec, budget: StageTrainConfig, 
                       build_ctx: BuildContext) -> dict[str, PhaseData]:
     """One dataset, sampler and loader per curriculum phase the stage will visit, all built now."""
     from vcloud.data.curriculum import PHASE_CLOUD_TYPES
-    from vcloud.data.dataset import SeriesDataset
+    from vcloud.data.dataset import SeriesDataset, dataset_len
 
     phases = sorted({_phase(run, spec, budget, e) for e in range(budget.epochs)}, key=list(PHASE_CLOUD_TYPES).index)
     out: dict[str, PhaseData] = {}
     for phase in phases:
         cloud_types = PHASE_CLOUD_TYPES[phase] if spec.uses_curriculum else None
-        dataset = SeriesDataset(run.data_root, "train", cloud_types)
+        dataset: Dataset = SeriesDataset(run.data_root, "train", cloud_types)
         if spec.train_dataset is not None:
             dataset = spec.train_dataset(dataset, build_ctx)
         sampler = ResumableSampler(dataset, batch_size=budget.batch_size, seed=run.config.train.seed,
                                    world_size=ctx.world_size, rank=ctx.rank)
         if sampler.batches_per_epoch == 0:
             raise TrainingError(
-                f"curriculum phase {phase!r} has {len(dataset)} training series under {run.data_root}: fewer than "
-                f"batch_size {budget.batch_size} x {ctx.world_size} rank(s). Lower train.stage{run.stage}.batch_size "
-                "or prepare more data"
+                f"curriculum phase {phase!r} has {dataset_len(dataset)} training series under "
+                f"{run.data_root}: fewer than batch_size {budget.batch_size} x {ctx.world_size} rank(s). Lower "
+                f"train.stage{run.stage}.batch_size or prepare more data"
             )
         loader = DataLoader(dataset, sampler=sampler, **_loader_kwargs(run, budget.batch_size, ctx))
         out[phase] = PhaseData(phase=phase, loader=loader, sampler=sampler)

@@ -8,7 +8,7 @@ The states are stored as tensors and plain tuples so checkpoints load with ``wei
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -23,7 +23,8 @@ def seed_everything(seed: int) -> None:
 
 def capture_rng_state() -> dict[str, Any]:
     """Snapshot of every global generator in a ``weights_only``-loadable form."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    # The call without arguments returns the legacy tuple; numpy's stubs type it as legacy=False's dict.
+    kind, keys, pos, has_gauss, cached = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": {

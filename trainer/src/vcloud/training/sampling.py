@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sized
 
-from torch.utils.data import DistributedSampler, Sampler
+from torch.utils.data import Dataset, DistributedSampler, Sampler
 
 
 class ResumableSampler(DistributedSampler):
@@ -22,7 +22,7 @@ class ResumableSampler(DistributedSampler):
     dropped per rank (``drop_last``) so every step has the same batch size on every rank.
     """
 
-    def __init__(self, dataset: Sized, *, batch_size: int, seed: int, world_size: int = 1, rank: int = 0,
+    def __init__(self, dataset: Dataset, *, batch_size: int, seed: int, world_size: int = 1, rank: int = 0,
                  shuffle: bool = True) -> None:
         super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed,
                          drop_last=True)
