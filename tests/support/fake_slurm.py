@@ -142,6 +142,10 @@ class SlurmTable:
     clock: datetime = EPOCH
     config: dict[str, str] = field(default_factory=lambda: dict(SITE_CONFIG))
     """What ``scontrol show config`` lists (a test turns a setting off by changing it)."""
+    most_left_out: int | None = None
+    """The most nodes a submission may leave out (``--exclude``) and still be placed (a small
+    partition; None: any number). With more, ``sbatch`` and ``sbatch --test-only`` refuse, and, as
+    Slurm does, a refused ``sbatch`` leaves its job in accounting as ``FAILED``."""
 
     def tick(self, seconds: int = 1) -> datetime:
         self.clock += timedelta(seconds=seconds)
@@ -347,6 +351,15 @@ def _parse_time(text: str) -> int:
     return int(text) * 60 if text.isdigit() else int(duration_seconds(text) or 0)
 
 
+UNPLACEABLE = "Requested node configuration is not available"
+
+
+def _unplaceable(options: dict[str, str], table: SlurmTable) -> bool:
+    """More nodes left out than the partition can spare (``SlurmTable.most_left_out``)."""
+    left_out = [n for n in options.get("--exclude", "").split(",") if n]
+    return table.most_left_out is not None and len(left_out) > table.most_left_out
+
+
 def sbatch_submit(line: str, argv: list[str], table: SlurmTable,
                   script: str | None) -> tuple[CommandResult, str]:
     """``sbatch --parsable``: a new PENDING job in the table; the answer and the new id."""
@@ -355,6 +368,11 @@ def sbatch_submit(line: str, argv: list[str], table: SlurmTable,
         raise UnknownCommand(line, "sbatch without a script on stdin")
     submitted = table.tick()
     job_id = table.new_id()
+    if _unplaceable(options, table):
+        refused = table.add(job_id, options["--job-name"], comment=options.get("--comment"), submit=submitted,
+                            state="FAILED", exit_code=1, user=table.user)
+        refused.node, refused.start, refused.end = "", submitted, submitted
+        return _ok(line, "", f"sbatch: error: Batch job submission failed: {UNPLACEABLE}\n", 1), job_id
     table.add(job_id, options["--job-name"], comment=options.get("--comment"), submit=submitted,
               partition=options.get("--partition", "debug"), account=options.get("--account", "vcloud_local"),
               user=table.user, time_limit_s=_parse_time(options["--time"]) if "--time" in options else 300,
@@ -370,6 +388,8 @@ def _sbatch_test_only(line: str, argv: list[str], table: SlurmTable, script: str
     if not (script or "").startswith("#!"):
         raise UnknownCommand(line, "sbatch without a script on stdin")
     job_id = table.new_id()
+    if _unplaceable(options, table):
+        return _ok(line, "", f"allocation failure: {UNPLACEABLE}\n", 1)
     partition = options.get("--partition", "debug")
     return _ok(line, "", f"sbatch: Job {job_id} to start at {_stamp(table.clock)} using 1 processors "
                          "on nodes "

@@ -22,7 +22,7 @@ from slurm_provider.operators import HISTORY_KEY, SlurmSubmitOperator, job_name_
 from slurm_provider.resubmission import Submission, SubmissionHistory
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.job_status import JobStatus
-from slurm_provider.transport import AuthenticationFailed
+from slurm_provider.transport import AuthenticationFailed, TransportUnavailable
 from slurm_provider.triggers import ERROR, FINISHED, LOST, NEVER_STARTS
 from slurm_provider.job_task import naming, submission
 
@@ -307,31 +307,41 @@ def test_a_node_faults_back_off_doubles_per_such_resubmission_and_sbatch_refusin
     with pytest.raises(AirflowFailException, match="leave_out_bad_nodes_for"):
         _operator(leave_out_bad_nodes_for=-1).execute(_context())
 
-    # three nodes failed, the newest last; a partition of two nodes cannot run the job without them all
+    # three nodes failed, the newest last; the partition can spare one node for the job, not more
     cluster = _cluster(monkeypatch)
     for job_id, node in (("97", "nid005001"), ("98", "nid005003"), ("99", "nid005002")):
         cluster.add(job_id, "x", state="NODE_FAIL", node=node)
         cluster.table.tick()
-    refusal = "sbatch: error: Batch job submission failed: Requested node configuration is not available"
-    real_submit = cluster._submit
-    asked: list[str] = []
-
-    def refuse_more_than_one_left_out(command: str, script: str | None) -> Any:
-        excluded = next((w.split("=", 1)[1] for w in command.split() if w.startswith("--exclude=")), "")
-        asked.append(excluded)
-        if excluded.count(",") >= 1:
-            from slurm_provider.transport import CommandResult
-            return CommandResult(command, 1, "", refusal + "\n")
-        return real_submit(command, script)
-
-    monkeypatch.setattr(cluster, "_submit", refuse_more_than_one_left_out)
+    cluster.table.most_left_out = 1
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(_context())
-    assert asked == ["nid005002,nid005003,nid005001", "nid005002,nid005003", "nid005002"]
+    tried = [a.line for a in cluster.asked if a.verb == "sbatch" and "--exclude=" in a.line]
+    asked = [w.split("=", 1)[1] for c in tried for w in c.split() if w.startswith("--exclude=")]
+    assert asked == ["nid005002,nid005003,nid005001", "nid005002,nid005003", "nid005002", "nid005002"], tried
+    assert ["--test-only" in c for c in tried] == [True, True, True, False]  # asked first, then submitted once
     assert cluster.job(deferred.value.trigger.job_id).excluded == ("nid005002",)  # the newest fault stays out
+    assert not [j for j in cluster.table.jobs.values() if j.name == NAME and j.state == "FAILED"]  # no refusal kept
     out = capsys.readouterr().out
-    assert f"sbatch refused {NAME} leaving out nid005002, nid005003, nid005001 (" in out
-    assert "trying again with nid005001 back in" in out and "trying again with nid005003 back in" in out
+    assert f"Slurm cannot place {NAME} leaving out nid005002, nid005003, nid005001 (" in out
+    assert "nid005001 goes back in" in out and "nid005003 goes back in" in out
+
+    # where the check could not be made (the connection dropped), the refused submission itself puts
+    # nodes back, oldest first
+    cluster = _cluster(monkeypatch)
+    for job_id, node in (("97", "nid005001"), ("99", "nid005002")):
+        cluster.add(job_id, "x", state="NODE_FAIL", node=node)
+        cluster.table.tick()
+    cluster.table.most_left_out = 1
+
+    def dropped_on_test_only(fake: FakeSlurm) -> None:
+        if "--test-only" in fake.asked[-1].line:
+            raise TransportUnavailable("connection reset by peer")
+
+    cluster.before_each = dropped_on_test_only
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(_context())
+    assert cluster.job(deferred.value.trigger.job_id).excluded == ("nid005002",)
+    assert f"sbatch refused {NAME} leaving out nid005002, nid005001 (" in capsys.readouterr().out
 
 
 def test_the_node_of_the_job_that_just_failed_is_left_out_before_accounting_lists_its_end(

@@ -52,3 +52,29 @@ def test_commands_over_ssh_on_the_local_cluster(local_cluster) -> None:
     unknown = ssh(build_squeue([999999999]))
     assert unknown.returncode == 1 and is_invalid_job_id_error(unknown.stderr)
     assert parse_squeue(unknown.stdout) == []
+
+
+def test_a_refused_sbatch_is_kept_in_accounting_as_failed_and_a_refused_test_only_is_not(local_cluster) -> None:
+    """Why a submission leaving out nodes asks ``--test-only`` first: Slurm keeps a job ``sbatch``
+    refused ("Requested node configuration is not available") in accounting, ``FAILED`` on no node."""
+    import time
+    import uuid
+
+    from slurm_provider.cli.sbatch import SbatchRefused, build_sbatch_submit
+
+    def accounted() -> list[str]:
+        return local_cluster.root("sacct", "-X", "-n", "-P", "-a", "-S", "now-1hours", f"--name={name}",
+                                  "--format=State,NodeList").stdout.splitlines()
+
+    name = f"refused-{uuid.uuid4().hex[:8]}"
+    options = dict(job_name=name, output="/dev/null", partition="small-g", time_limit="0:05:00", comment=COMMENT,
+                   extra_options=["--gpus=1"], exclude=["nid005001", "nid005002", "nid005003"])
+    script = "#!/bin/bash\necho 'never runs'\n"
+    with pytest.raises(SbatchRefused, match="Requested node configuration is not available"):
+        parse_sbatch_test_only(ssh(build_sbatch_test_only(**options), stdin=script).stderr)
+    refused = ssh(build_sbatch_submit(**options), stdin=script)
+    assert refused.returncode == 1 and "Requested node configuration is not available" in refused.stderr
+    deadline = time.monotonic() + 30
+    while not accounted() and time.monotonic() < deadline:  # slurmdbd may take a moment
+        time.sleep(0.5)
+    assert accounted() == ["FAILED|None assigned"]  # one record: the refused sbatch's, none of --test-only

@@ -110,27 +110,46 @@ def submit(op: SlurmSubmitOperator, context: Context, hook: SlurmHook, history: 
     left_out = bad_nodes(op, hook, ended)
     begin_in = node_fault_back_off(op, history, cause)
     options: dict[str, Any] = dict(job_name=name, comment=comment, output=naming.output_pattern(op, context),
-                   error=naming.error_pattern(op, context), partition=op.partition, account=op.account,
-                   time_limit=op.time_limit, extra_options=op.sbatch_options,
-                   export=dict(op.export or {}) or None, begin_in=begin_in or None)
-    nodes = list(left_out)  # the newest fault first
+                                   error=naming.error_pattern(op, context), partition=op.partition,
+                                   account=op.account, time_limit=op.time_limit, extra_options=op.sbatch_options,
+                                   export=dict(op.export or {}) or None, begin_in=begin_in or None)
+    nodes = nodes_that_fit(op, hook, options, list(left_out))  # the newest fault first
     try:
         while True:
             try:
                 return sbatch(op, context, hook, history, number, cause, progress,
-                                    {**options, "exclude": nodes or None}, {n: left_out[n] for n in nodes})
+                              {**options, "exclude": nodes or None}, {n: left_out[n] for n in nodes})
             except SbatchRefused as exc:
                 if not nodes:
                     raise
                 # Leaving these out may leave too few nodes for the request (a small partition):
                 # the node that failed longest ago goes back in first.
                 op.log.warning("sbatch refused %s leaving out %s (%s): trying again with %s back in", name,
-                                 ", ".join(nodes), exc, nodes[-1])
+                               ", ".join(nodes), exc, nodes[-1])
                 nodes.pop()
     except SbatchRefused as exc:
         hints = format_hints(find_submit_hints(str(exc)))
         raise AirflowFailException(f"sbatch refused {name}: {exc}"
                                    + (f"\nHint: {hints}" if hints else "")) from exc
+
+
+def nodes_that_fit(op: SlurmSubmitOperator, hook: SlurmHook, options: Mapping[str, Any],
+                   nodes: list[str]) -> list[str]:
+    """The nodes to leave out of this submission, newest fault first, as many as Slurm can leave out
+    and still place the job: asked with ``sbatch --test-only`` (which leaves no record), the node that
+    failed longest ago going back in first. Leaving out too many (a small partition) would have
+    ``sbatch`` refuse the job, and Slurm keeps even a refused job in accounting, as ``FAILED``."""
+    while nodes:
+        try:
+            hook.test_only(op.script, **{**options, "exclude": nodes})
+            return nodes
+        except SbatchRefused as exc:
+            op.log.warning("Slurm cannot place %s leaving out %s (%s): %s goes back in", options["job_name"],
+                           ", ".join(nodes), exc, nodes[-1])
+            nodes = nodes[:-1]
+        except TransportError:  # not asked: the submission itself decides, as without the check
+            return nodes
+    return nodes
 
 
 def sbatch(op: SlurmSubmitOperator, context: Context, hook: SlurmHook, history: SubmissionHistory, number: int, cause: str,
