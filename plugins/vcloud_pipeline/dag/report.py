@@ -18,6 +18,7 @@ import sys
 
 from vcloud.contract import best_checkpoint_metrics, completed_epochs, describe_lineage, final_metrics
 
+from vcloud_pipeline.plan.labels import training_label
 from vcloud_pipeline.plan.request import RequestError, parse_request
 from vcloud_pipeline.budget.billing import Allocation
 from vcloud_pipeline.budget.preflight import read_allocation, read_ledger
@@ -84,7 +85,7 @@ def yields_section(records: dict, ledger, dag_run_id: str | None) -> list[str]:
     hours = {}
     if dag_run_id:
         hours = {label: h for (run, label), h in ledger.summary.by_stage.items()
-                 if run == dag_run_id and label.startswith("stage")}
+                 if run == dag_run_id and training_label(label) is not None}
     title = f"GPU-hours of DAG run {dag_run_id}" if dag_run_id else "GPU-hours: pass --dag-run-id"
     lines = [f"what each stage bought on validation ({title}):"]
     yields = stage_yields(records, hours)
@@ -107,7 +108,7 @@ def render_report(plan: RunPlan, hook, dag_run_id: str | None = None) -> str:
     records = stage_records(plan, hook)
     for label, record in records.items():
         if record is None:
-            reason = plan.without_work.get(int(label[5:]))
+            reason = plan.without_work.get(label.stage) if label.stage is not None else None
             lines.append(f"  {label}: not complete" + (f" ({reason})" if reason else ""))
             continue
         best_epoch, best = best_checkpoint_metrics(record)

@@ -41,7 +41,7 @@ from vcloud.contract import (
 from vcloud_pipeline.code.retention import RetentionPlan, mark_run, release_run, remove_unused_code_dirs
 from vcloud_pipeline.plan.layout import run_key
 from vcloud_pipeline.plan.request import RequestError, TrainingRequest, parse_request
-from vcloud_pipeline.plan.labels import STAGE_LABELS, JobLabel
+from vcloud_pipeline.plan.labels import STAGE_LABELS, JobLabel, training_label
 from vcloud_pipeline.plan.run_plan import RunPlan, SyncedCode
 from vcloud_pipeline.budget.billing import Allocation
 from vcloud_pipeline.budget.site_settings import SiteSetting, site_settings
@@ -323,7 +323,7 @@ def job_summaries(ti: Any) -> dict[str, Any]:
     return {task_id: summary for task_id, summary in jobs.items() if summary}
 
 
-def stage_records(plan: RunPlan, hook: SlurmVerbs) -> dict[str, Any]:
+def stage_records(plan: RunPlan, hook: SlurmVerbs) -> dict[JobLabel, Any]:
     """Every stage's ``COMPLETE`` record (epochs, final metrics) as the cluster has it now."""
     return {label: completion_record(hook.read_file(str(plan.paths.complete_path(stage))))
             for stage, label in zip(STAGES, STAGE_LABELS)}
@@ -393,14 +393,14 @@ def summarize(plan: RunPlan, hook: SlurmVerbs, job_summaries: Mapping[str, Any])
     curves = curve_pngs(plan, hook)
     log.info("training curves: %s", "; ".join(f"{label} {path}" for label, path in curves.items())
              or "none plotted (the export job plots them)")
-    hours = {label: job.get("gpu_hours") for label, job in job_summaries.items() if label.startswith("stage")}
-    yields = stage_yields({label: records.get(label) for label in hours}, hours)
+    hours = {label: job.get("gpu_hours") for label, job in job_summaries.items() if training_label(label) is not None}
+    yields = stage_yields({label: records.get(JobLabel(label)) for label in hours}, hours)
     for label, entry in yields.items():
         log.info("%s", yield_line(label, entry))
     exported = export_scores_words(_json_or_none(hook.read_file(str(paths.export_metrics))))
     if exported:
         log.info("%s", exported)
-    not_submitted = {f"stage{stage}": reason for stage, reason in plan.without_work.items()}
+    not_submitted = {str(JobLabel.of_stage(stage)): reason for stage, reason in plan.without_work.items()}
     for reason in not_submitted.values():
         log.info("%s", reason)
     return {

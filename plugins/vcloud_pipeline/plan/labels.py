@@ -52,3 +52,10 @@ _STAGE_OF = {label: stage for stage, label in _BY_STAGE.items()}
 _TASK_IDS = {JobLabel.DATA: "prepare_data", JobLabel.PREFLIGHT: "preflight_imports"}
 
 STAGE_LABELS: tuple[JobLabel, ...] = tuple(_BY_STAGE[stage] for stage in STAGES)
+
+
+def training_label(text: object) -> JobLabel | None:
+    """The training stage's label ``text`` names (a key read back from an XCom, a ledger or a job
+    comment), or None for another job's label or anything else."""
+    label = JobLabel._value2member_map_.get(text) if isinstance(text, str) else None
+    return label if isinstance(label, JobLabel) and label.trains else None
