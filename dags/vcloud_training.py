@@ -74,7 +74,7 @@ with DAG(
     @task(task_id="sync_code", show_return_value_in_logs=False, **_on_cluster)
     def sync_code(planned: dict) -> dict:
         """Render every job once with the code's hash; rsync trainer/ (anchored excludes) and the scripts."""
-        from slurm_provider.hooks import SlurmHook
+        from slurm_provider import SlurmHook
         from vcloud_pipeline.plan.run_plan import RunPlan
         from vcloud_pipeline.dag.tasks import final_unless_unreachable
         from vcloud_pipeline.dag.tasks import sync_code as sync
@@ -87,7 +87,7 @@ with DAG(
     @task(task_id="preflight_checks", trigger_rule=TriggerRule.NONE_FAILED, **_on_cluster)
     def preflight_checks(planned: dict, synced: dict) -> dict:
         """sbatch --test-only of each job to run, the container image, and the GPU-hour budget."""
-        from slurm_provider.hooks import SlurmHook
+        from slurm_provider import SlurmHook
         from vcloud_pipeline.plan.run_plan import RunPlan, SyncedCode
         from vcloud_pipeline.dag.tasks import final_unless_unreachable
         from vcloud_pipeline.dag.tasks import preflight_checks as checks
@@ -99,7 +99,7 @@ with DAG(
     @task(task_id="provision_env", trigger_rule=TriggerRule.NONE_FAILED, **_on_cluster)
     def provision_env(planned: dict, synced: dict) -> dict:
         """Install what the container lacks of the runtime requirements into paths.pylibs/<hash>, once."""
-        from slurm_provider.hooks import SlurmHook
+        from slurm_provider import SlurmHook
         from vcloud_pipeline.plan.run_plan import RunPlan, SyncedCode
         from vcloud_pipeline.dag.tasks import final_unless_unreachable
         from vcloud_pipeline.dag.tasks import provision as install
@@ -112,7 +112,7 @@ with DAG(
     def summary(planned: dict) -> dict:
         """Per job: ids, states, GPU-hours, metrics; per stage: COMPLETE; the project's ledger. The run
         submits nothing more: its code is no longer kept for it, and no job of it runs on unwatched."""
-        from slurm_provider.hooks import SlurmHook
+        from slurm_provider import SlurmHook
         from vcloud_pipeline.plan.run_plan import RunPlan
         from vcloud_pipeline.dag.left_running import settle_left_jobs
         from vcloud_pipeline.dag.tasks import final_unless_unreachable, job_summaries, release_run_code, summarize

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
-from slurm_provider.outage import span
+from slurm_provider import span
 
 from vcloud.contract import TrainingCurve
 

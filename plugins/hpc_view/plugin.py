@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
-from slurm_provider.links import register_job_view
+from slurm_provider import register_job_view
 
 from hpc_view.app import URL_PREFIX, app
 

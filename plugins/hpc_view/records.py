@@ -30,14 +30,20 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from slurm_provider.bad_nodes import LEFT_OUT_XCOM_KEY
+from slurm_provider import (
+    FOLLOW_XCOM_KEY,
+    JOB_ID_XCOM_KEY,
+    LEFT_OUT_XCOM_KEY,
+    WATCH_XCOM_KEY,
+    classify_pending_reason,
+    clock,
+    parse_state,
+    SlurmState,
+    span,
+    task_log_url,
+    waiting_line,
+)
 from slurm_provider.cli.values import format_duration
-from slurm_provider.followed_files import FOLLOW_XCOM_KEY
-from slurm_provider.links import JOB_ID_XCOM_KEY, task_log_url
-from slurm_provider.outage import clock, span
-from slurm_provider.pending_words import waiting_line
-from slurm_provider.state_vocabulary import SlurmState, classify_pending_reason, parse_state
-from slurm_provider.watch_state import WATCH_XCOM_KEY
 from vcloud.contract import gain_per_gpu_hour
 
 RETURN_VALUE_KEY = "return_value"

@@ -15,10 +15,7 @@ from sqlalchemy import and_, exists, select
 from sqlalchemy.orm import Session, aliased
 
 from hpc_view.records import RETURN_VALUE_KEY, XComRow
-from slurm_provider.bad_nodes import LEFT_OUT_XCOM_KEY
-from slurm_provider.followed_files import FOLLOW_XCOM_KEY
-from slurm_provider.links import JOB_ID_XCOM_KEY
-from slurm_provider.watch_state import WATCH_XCOM_KEY
+from slurm_provider import FOLLOW_XCOM_KEY, JOB_ID_XCOM_KEY, LEFT_OUT_XCOM_KEY, WATCH_XCOM_KEY
 
 MAX_ROWS = 5000
 """Newest XComs read per page view; older runs drop out of the view, not out of the database."""

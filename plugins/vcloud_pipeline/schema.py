@@ -20,8 +20,7 @@ from typing import Annotated, Any, NoReturn
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from slurm_provider.validation import ValidationError as SlurmValueError
-from slurm_provider.validation import parse_time_limit
+from slurm_provider import parse_time_limit, ValidationError as SlurmValueError
 
 PROBLEM = "vcloud_problem"
 """Error type of a problem stated by our own validators: ``<dotted field> <problem>``."""

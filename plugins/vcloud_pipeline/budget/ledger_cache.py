@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from slurm_provider.job_status import JobStatus
+from slurm_provider import JobStatus
 
 log = logging.getLogger(__name__)
 

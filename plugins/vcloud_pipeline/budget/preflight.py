@@ -21,11 +21,9 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from slurm_provider.protocols import SlurmVerbs
+from slurm_provider import JobStatus, SlurmCommandFailed, SlurmVerbs
 from slurm_provider.cli.sbatch import parse_job_comment
-from slurm_provider.hooks import SlurmCommandFailed
 from slurm_provider.cli.values import expand_hostlist
-from slurm_provider.job_status import JobStatus
 
 from vcloud_pipeline.budget.billing import (
     COMMAND,

@@ -33,10 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from slurm_provider.protocols import SlurmVerbs
+from slurm_provider import parse_state, SlurmState, SlurmVerbs
 from slurm_provider.cli.files import DirInventory, build_dir_inventory, build_remove_dirs, parse_dir_inventory
 from slurm_provider.cli.squeue import SqueueRow
-from slurm_provider.state_vocabulary import SlurmState, parse_state
 
 from vcloud_pipeline.plan.layout import MANIFEST_NAME, REMOVING_SUFFIX, RUN_MARKERS, RunPaths, is_code_hash, is_run_key
 from vcloud_pipeline.profile import ClusterProfile

@@ -24,9 +24,7 @@ from pathlib import Path
 
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_incrementing
 
-from slurm_provider.file_verbs import RemoteCommandError
-from slurm_provider.protocols import SlurmVerbs
-from slurm_provider.transport import SSHCommand, TransportError
+from slurm_provider import RemoteCommandError, SlurmVerbs, SSHCommand, TransportError
 
 from vcloud_pipeline.plan.jobspec import JobSpec
 from vcloud_pipeline.plan.labels import JobLabel

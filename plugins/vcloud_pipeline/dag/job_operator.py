@@ -20,14 +20,17 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from slurm_provider.protocols import SlurmVerbs
-from slurm_provider.hooks import RemoteCommandError, SlurmCommandFailed
-from slurm_provider import timing
-from slurm_provider.followed_files import FOLLOW_INTERVAL
-from slurm_provider.operators import SlurmSubmitOperator
-from slurm_provider.resubmission import DEFAULT_BUDGETS
-from slurm_provider.job_status import JobStatus
-from slurm_provider.transport import TransportError
+from slurm_provider import (
+    DEFAULT_BUDGETS,
+    FOLLOW_INTERVAL,
+    JobStatus,
+    RemoteCommandError,
+    SlurmCommandFailed,
+    SlurmSubmitOperator,
+    SlurmVerbs,
+    timing,
+    TransportError,
+)
 from vcloud.contract import (
     BEST_CHECKPOINT,
     COMPLETE_FILE,

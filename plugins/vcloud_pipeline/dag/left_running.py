@@ -21,9 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurm_provider.cli.sbatch import parse_job_comment
-from slurm_provider.job_status import JobStatus
-from slurm_provider.links import JOB_ID_XCOM_KEY
-from slurm_provider.hooks import SlurmHook
+from slurm_provider import JOB_ID_XCOM_KEY, JobStatus, SlurmHook
 
 from vcloud_pipeline.plan.labels import JobLabel
 

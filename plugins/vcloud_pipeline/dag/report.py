@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     except RequestError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from slurm_provider.hooks import SlurmHook
+    from slurm_provider import SlurmHook
 
     with SlurmHook(plan.profile.connection.conn_id) as hook:
         print(render_report(plan, hook, args.dag_run_id))

@@ -16,15 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
-from slurm_provider.protocols import SlurmVerbs
-from slurm_provider.operators import (
+from slurm_provider import (
     DEFAULT_MAX_RETRY_DELAY,
     DEFAULT_RETRIES,
     DEFAULT_RETRY_DELAY,
     DEFAULT_RETRY_EXPONENTIAL_BACKOFF,
+    RemoteCommandError,
+    SlurmCommandFailed,
+    SlurmVerbs,
+    TransportError,
 )
-from slurm_provider.hooks import RemoteCommandError, SlurmCommandFailed
-from slurm_provider.transport.base import TransportError
 from vcloud.config import ConfigError, VCloudConfig, load_config
 from vcloud.contract import (
     STAGES,
@@ -126,7 +127,7 @@ def build_plan(request: TrainingRequest, project_root: Path = PROJECT_ROOT) -> R
 
 def connection_login(conn_id: str) -> str:
     """The user the profile's Airflow connection logs in as (reads the connection, no network)."""
-    from slurm_provider.hooks import SlurmHook
+    from slurm_provider import SlurmHook
 
     return SlurmHook(conn_id).remote_user()
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from slurm_provider.hints import Hint, HintRule, register_hints
+from slurm_provider import Hint, HintRule, register_hints
 
 _FIVE_OPTIMIZATIONS = (
     "bf16 autocast, gradient checkpointing of the per-date encoder, reduced-resolution (64x64) change "

@@ -30,8 +30,7 @@ from pathlib import Path, PurePosixPath
 import jinja2
 
 from slurm_provider.cli.job_files import expand_filename_pattern, job_log_name
-from slurm_provider.end_records import end_record_shell
-from slurm_provider.validation import format_time_limit
+from slurm_provider import end_record_shell, format_time_limit
 from vcloud import code_digest
 from vcloud.contract import (
     CODE_HASH_ENV,

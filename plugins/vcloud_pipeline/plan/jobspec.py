@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
-from slurm_provider.validation import parse_time_limit
+from slurm_provider import parse_time_limit
 from vcloud.contract import ON_CODE_CHANGE_CHOICES, STAGES
 
 from vcloud_pipeline.plan.labels import JobLabel

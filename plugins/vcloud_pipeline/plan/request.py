@@ -15,8 +15,7 @@ from typing import Annotated, Any, Literal, get_args
 import pydantic
 from pydantic import BeforeValidator, ValidationInfo
 
-from slurm_provider.validation import ValidationError as SlurmValueError
-from slurm_provider.validation import validate_partition
+from slurm_provider import validate_partition, ValidationError as SlurmValueError
 from vcloud.contract import ON_CODE_CHANGE_CHOICES, ON_CODE_CHANGE_DEFAULT, STAGES
 
 from vcloud_pipeline.plan.layout import RUN_NAME, RunNameError, validate_run_name

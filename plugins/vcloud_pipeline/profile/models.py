@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, get_args
 import pydantic
 from pydantic import AfterValidator, BeforeValidator, PlainSerializer, PrivateAttr
 
-from slurm_provider.validation import format_time_limit
+from slurm_provider import format_time_limit
 from vcloud_pipeline.schema import (
     Count,
     Document,

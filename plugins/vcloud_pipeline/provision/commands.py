@@ -22,7 +22,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from slurm_provider.cli.sbatch import EXIT_LOCK_BUSY, lock_acquire_lines
-from slurm_provider.validation import format_time_limit
+from slurm_provider import format_time_limit
 
 from vcloud_pipeline.plan.layout import PylibsPaths
 from vcloud_pipeline.profile import ClusterProfile

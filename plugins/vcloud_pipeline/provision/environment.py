@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import shlex
 
-from slurm_provider.protocols import SlurmVerbs
+from slurm_provider import SlurmVerbs
 
 from vcloud_pipeline.profile import ClusterProfile
 from vcloud_pipeline.provision.requirements import RequirementSet, parse_requirements

@@ -12,8 +12,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from slurm_provider.hints import format_hints
-from slurm_provider.protocols import SlurmVerbs
+from slurm_provider import format_hints, SlurmVerbs
 
 from vcloud_pipeline.jobs.hints import provision_hints
 from vcloud_pipeline.plan.layout import pylibs_set

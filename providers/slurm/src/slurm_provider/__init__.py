@@ -18,4 +18,86 @@ Modules, one responsibility each:
   ``settings``), which ``operators`` calls;
 - ``triggers``, ``operators``, ``sensors``; ``resubmission`` (budgets and progress); ``hints``
   (known errors); ``watch_state`` (how far a trigger's watch got); ``exit_codes``; ``links``.
+
+Public surface: the names below, imported from ``slurm_provider`` (``from slurm_provider import
+SlurmSubmitOperator``), and the command lines and parsers of :mod:`slurm_provider.cli`. Everything
+else is the provider's own and may change. The names load on first use, so importing the package
+(as Airflow's provider discovery does) loads nothing of Airflow's task machinery.
 """
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from slurm_provider import timing
+    from slurm_provider.bad_nodes import LEFT_OUT_XCOM_KEY
+    from slurm_provider.end_records import end_record_shell
+    from slurm_provider.file_verbs import RemoteCommandError
+    from slurm_provider.followed_files import FOLLOW_INTERVAL, FOLLOW_XCOM_KEY
+    from slurm_provider.hints import Hint, HintRule, format_hints, register_hints
+    from slurm_provider.hooks import SlurmAsyncHook, SlurmCommandFailed, SlurmHook
+    from slurm_provider.job_status import JobStatus
+    from slurm_provider.links import JOB_ID_XCOM_KEY, register_job_view, task_log_url
+    from slurm_provider.login_wait import SlurmLoginTrigger
+    from slurm_provider.operators import (
+        DEFAULT_MAX_RETRY_DELAY,
+        DEFAULT_RETRIES,
+        DEFAULT_RETRY_DELAY,
+        DEFAULT_RETRY_EXPONENTIAL_BACKOFF,
+        SlurmSubmitOperator,
+        job_name_for,
+    )
+    from slurm_provider.outage import clock, span
+    from slurm_provider.pending_words import waiting_line
+    from slurm_provider.protocols import SlurmVerbs
+    from slurm_provider.resubmission import DEFAULT_BUDGETS
+    from slurm_provider.sensors import SlurmJobSensor
+    from slurm_provider.state_vocabulary import SlurmState, classify_pending_reason, parse_state
+    from slurm_provider.transport import SSHCommand, TransportError
+    from slurm_provider.triggers import SlurmJobTrigger
+    from slurm_provider.validation import ValidationError, format_time_limit, parse_time_limit, validate_partition
+    from slurm_provider.watch_state import WATCH_XCOM_KEY
+
+_PUBLIC: dict[str, tuple[str, ...]] = {
+    # the Airflow parts
+    "hooks": ("SlurmHook", "SlurmAsyncHook", "SlurmCommandFailed"),
+    "operators": ("SlurmSubmitOperator", "job_name_for", "DEFAULT_RETRIES", "DEFAULT_RETRY_DELAY",
+                  "DEFAULT_RETRY_EXPONENTIAL_BACKOFF", "DEFAULT_MAX_RETRY_DELAY"),
+    "sensors": ("SlurmJobSensor",),
+    "triggers": ("SlurmJobTrigger",),
+    "login_wait": ("SlurmLoginTrigger",),
+    "protocols": ("SlurmVerbs",),
+    "transport": ("TransportError", "SSHCommand"),
+    "file_verbs": ("RemoteCommandError",),
+    # what a job is, and the words for it
+    "job_status": ("JobStatus",),
+    "state_vocabulary": ("SlurmState", "classify_pending_reason", "parse_state"),
+    "pending_words": ("waiting_line",),
+    "outage": ("clock", "span"),
+    "hints": ("Hint", "HintRule", "format_hints", "register_hints"),
+    "validation": ("ValidationError", "format_time_limit", "parse_time_limit", "validate_partition"),
+    # what a pipeline's job script writes, and what a resubmission may spend
+    "end_records": ("end_record_shell",),
+    "resubmission": ("DEFAULT_BUDGETS",),
+    # what a UI plugin reads of a task's watch
+    "links": ("JOB_ID_XCOM_KEY", "register_job_view", "task_log_url"),
+    "watch_state": ("WATCH_XCOM_KEY",),
+    "followed_files": ("FOLLOW_INTERVAL", "FOLLOW_XCOM_KEY"),
+    "bad_nodes": ("LEFT_OUT_XCOM_KEY",),
+}
+_MODULE_OF = {name: module for module, names in _PUBLIC.items() for name in names}
+__all__ = sorted([*_MODULE_OF, "timing"])
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use."""
+    if name == "timing":
+        return import_module("slurm_provider.timing")
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'slurm_provider' has no attribute {name!r}")
+    value = getattr(import_module(f"slurm_provider.{module}"), name)
+    globals()[name] = value
+    return value
