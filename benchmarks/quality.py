@@ -130,7 +130,7 @@ from vcloud.metrics import MetricTotals, per_sample  # noqa: E402
 from vcloud.models.draft_and_refiner import EVAL_SEED, target_observation  # noqa: E402
 from vcloud.optim import build_optimizer, set_learning_rate  # noqa: E402
 from vcloud.sampler_metrics import HIGH_FREQUENCY_CUTOFF, clearest_cover, stratified_report  # noqa: E402
-from vcloud.stage_registry import BuildContext, get_stage, load_stage_model  # noqa: E402
+from vcloud.stage_registry import BuildContext, build_context, get_stage, load_stage_model  # noqa: E402
 from vcloud.training.best import keeps_trained  # noqa: E402
 
 STAGE_SHARES = {0: 0.12, 1: 0.43, 2: 0.17, 3: 0.28}
@@ -544,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
         name = max(ranked, key=lambda k: ranked[k]["psnr"])
         shifted_best = (name, ranked[name]["psnr"])
 
-    ctx = BuildContext(config=cfg, run_dir=work / "run", device=torch.device(args.device), data_root=data)
+    ctx = build_context(cfg, work / "run", torch.device(args.device), data_root=data)
     results: dict[str, Any] = {"seed": args.seed, "device": args.device, "best_baseline": best_name,
                                "best_baseline_psnr": round(best_baseline, 3)}
     if shifted_best is not None:

@@ -20,7 +20,7 @@ from vcloud.export import main
 from vcloud.export_uncertainty import mean_scores, pearson, summarize_samples
 from vcloud.metrics import METRIC_NAMES
 from vcloud.models.draft_and_refiner import EVAL_SEED
-from vcloud.stage_registry import BuildContext, load_stage_model
+from vcloud.stage_registry import build_context, load_stage_model
 from vcloud.training import loop
 from vcloud.training.distributed import init_distributed
 from vcloud.training.loop import StageRun, train_stage
@@ -87,7 +87,7 @@ def test_a_refiners_geotiff_holds_the_mean_of_its_samples_and_their_spread(
     assert len(summary["geotiff_bands"]) == 14 and summary["geotiff_bands"][8] == "B8A"
     # The same samples drawn again, independently of the export: same seeds, same weights.
     model, _ = load_stage_model(2, run_dir / "stage2" / "best.pt",
-                                BuildContext(config=load_config(TINY), run_dir=run_dir, device=torch.device("cpu")))
+                                build_context(load_config(TINY), run_dir, torch.device("cpu")))
     model.eval()
     item = SeriesDataset(tiny_prepared, "test")[0]
     batch = {k: v.unsqueeze(0) if isinstance(v, torch.Tensor) else [v] for k, v in item.items()}

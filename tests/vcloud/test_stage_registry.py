@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vcloud.config import load_config
-from vcloud.stage_registry import BuildContext, get_stage, least_cloudy_input, load_stage_model
+from vcloud.stage_registry import build_context, get_stage, least_cloudy_input, load_stage_model
 from vcloud.training.distributed import init_distributed
 from vcloud.training.loop import StageRun, evaluate, train_stage
 from vcloud.training.precision import resolve_precision
@@ -54,7 +54,7 @@ def test_best_checkpoint_rebuilds_the_model_and_reproduces_its_score(stage0_run:
     ctx = init_distributed(env={})
     config = load_config(TINY)
     model, state = load_stage_model(0, stage0_run / "stage0" / "best.pt",
-                                    BuildContext(config=config, run_dir=stage0_run, device=ctx.device))
+                                    build_context(config, stage0_run, ctx.device))
     assert "optimizer" not in state, "best.pt is an inference checkpoint"
     loader = DataLoader(SeriesDataset(tiny_prepared, "val"), batch_size=2)
     scores = evaluate(get_stage(0), model, loader, resolve_precision("cpu", True), ctx)

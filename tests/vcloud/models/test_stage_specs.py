@@ -20,14 +20,14 @@ from vcloud.models.draft_and_refiner import DraftAndRefiner
 from vcloud.models.scene_adapter import SceneAdapterError, reference_statistics
 from vcloud.models.selftrain import PseudoLabeledSeries
 from vcloud.optim import build_optimizer
-from vcloud.stage_registry import BuildContext, StageError, get_stage
+from vcloud.stage_registry import BuildContext, StageError, build_context, get_stage
 
 TINY_YAML = Path(__file__).resolve().parents[3] / "trainer" / "configs" / "model_tiny.yaml"
 
 
 @pytest.fixture
 def ctx(tmp_path) -> BuildContext:
-    return BuildContext(config=load_config(TINY_YAML), run_dir=tmp_path, device=torch.device("cpu"))
+    return build_context(load_config(TINY_YAML), tmp_path, torch.device("cpu"))
 
 
 @pytest.fixture

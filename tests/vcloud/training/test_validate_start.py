@@ -21,7 +21,7 @@ from vcloud.contract import parse_metrics_lines
 from vcloud.data.dataset import SeriesDataset
 from vcloud.metrics import METRIC_NAMES
 from vcloud.contract import describe_lineage
-from vcloud.stage_registry import BuildContext, StageError, get_stage, load_stage_model
+from vcloud.stage_registry import StageError, build_context, get_stage, load_stage_model
 from vcloud.training import loop
 from vcloud.training.distributed import init_distributed
 from vcloud.training.loop import StageRun, train_stage
@@ -75,7 +75,7 @@ def test_best_checkpoint_is_the_start_when_training_makes_it_worse(tiny_prepared
         ("val", 0, 0), ("val", 1, latest["global_step"])], "the start's validation is the curve's first point"
     assert curve[0]["psnr"] == best["best_metric"]["value"]
 
-    build = BuildContext(config=cfg, run_dir=tmp_path, device=torch.device("cpu"))
+    build = build_context(cfg, tmp_path, torch.device("cpu"))
     refiner, _ = load_stage_model(2, tmp_path / "stage2" / "best.pt", build)
     draft, _ = load_stage_model(1, tmp_path / "stage1" / "best.pt", build)
     val = SeriesDataset(tiny_prepared, "val")

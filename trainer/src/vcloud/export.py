@@ -62,7 +62,7 @@ from vcloud.contract import (
 from vcloud.data.bands import S2_BANDS
 from vcloud.export_uncertainty import EXPORT_SAMPLES, mean_scores, summarize_samples
 from vcloud.models.draft_and_refiner import EVAL_SEED
-from vcloud.stage_registry import BuildContext, StageError, get_stage, load_stage_model
+from vcloud.stage_registry import StageError, build_context, get_stage, load_stage_model
 from vcloud.training.markers import read_json, write_json
 from vcloud.training.paths import StagePaths
 
@@ -222,7 +222,7 @@ def export_viewer(config: VCloudConfig, data_root: Path, run_dir: Path, dest: Pa
     stage = latest_trained_stage(run_dir) if stage is None else stage
     best = StagePaths(run_dir, stage).best
     spec = get_stage(stage)
-    model, checkpoint = load_stage_model(stage, best, BuildContext(config=config, run_dir=run_dir, device=device))
+    model, checkpoint = load_stage_model(stage, best, build_context(config, run_dir, device))
     model.eval()
     if samples < 1:
         raise ValueError(f"--samples {samples}: export at least one sample")

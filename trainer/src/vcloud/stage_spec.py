@@ -32,6 +32,10 @@ class StageError(RuntimeError):
     lineage."""
 
 
+StageLoader = Callable[[int, Path, "BuildContext"], tuple[nn.Module, dict[str, Any]]]
+"""Rebuilds stage N's model from a checkpoint, with its checkpoint (:func:`vcloud.stage_registry.load_stage_model`)."""
+
+
 @dataclass(frozen=True)
 class BuildContext:
     """What a stage may use to build its model."""
@@ -46,6 +50,10 @@ class BuildContext:
     takes its reference from the labeled training split); None when a checkpoint is only loaded."""
     built_from: dict[int, str] = field(default_factory=dict, compare=False)
     """The digest of each predecessor ``best.pt`` loaded so far, by stage: the model's lineage."""
+    load_stage: StageLoader | None = field(default=None, compare=False)
+    """How a predecessor's model is rebuilt from its checkpoint, handed in by what knows the stages
+    (:func:`vcloud.stage_registry.build_context`): a stage built on another never imports the
+    registry that lists it."""
 
     def predecessor_checkpoint(self, stage: int) -> Path:
         path = StagePaths(self.run_dir, stage).best
@@ -58,12 +66,13 @@ class BuildContext:
 
     def load_predecessor(self, stage: int) -> nn.Module:
         """Stage ``stage``'s best model, architecture from its checkpoint, in eval mode on ``device``."""
-        from vcloud.stage_registry import load_stage_model  # the registry lists the stages built on this
-
         from vcloud import lineage
 
+        if self.load_stage is None:
+            raise StageError(f"cannot load stage {stage}'s model: this build context was made without a stage "
+                             "loader (make it with vcloud.stage_registry.build_context)")
         path = self.predecessor_checkpoint(stage)
-        model, checkpoint = load_stage_model(stage, path, self)
+        model, checkpoint = self.load_stage(stage, path, self)
         recorded = lineage.recorded_lineage(checkpoint)
         replaced = lineage.replaced_since(recorded, lineage.current_digests(self.run_dir, recorded))
         if replaced:

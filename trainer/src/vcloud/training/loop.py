@@ -39,7 +39,7 @@ from vcloud.contract import STOP_EPOCHS
 from vcloud.checkpoint import load_latest, remove_stale_temporaries, save_checkpoint
 from vcloud.config import StageTrainConfig, VCloudConfig
 from vcloud.optim import build_optimizer, set_learning_rate
-from vcloud.stage_registry import Batch, BuildContext, StageError, StageSpec, get_stage
+from vcloud.stage_registry import Batch, BuildContext, StageError, StageSpec, build_context, get_stage
 from vcloud.training import markers
 from vcloud.training.best import improves, keeps_trained
 from vcloud.training.distributed import DistContext, all_reduce_sum, barrier, gather_to_main, max_over_ranks
@@ -339,8 +339,7 @@ def _build_session(run: StageRun, ctx: DistContext, paths: StagePaths, budget: S
     """Model, datasets of every curriculum phase, loaders and optimizer, on every rank alike."""
     spec = get_stage(run.stage)
     seed_everything(run.config.train.seed + ctx.rank)
-    build_ctx = BuildContext(config=run.config, run_dir=run.run_dir, device=ctx.device,
-                             data_root=run.data_root)
+    build_ctx = build_context(run.config, run.run_dir, ctx.device, data_root=run.data_root)
     model_section = _model_section(run, checkpoint)
     model_config = _parse_model_config(run, spec, model_section, checkpoint, paths.latest)
     model = spec.build_model(model_config, build_ctx).to(ctx.device)
