@@ -2,7 +2,7 @@
 records and without (the poll alone), side by side in one run.
 
 50 real jobs of mixed lengths per side run on the local cluster; their scripts leave an exit record
-(``slurm_provider.end_records``). Every job is watched by a real ``SlurmJobTrigger`` in one event loop,
+(``slurm_provider.watch.end_records``). Every job is watched by a real ``SlurmJobTrigger`` in one event loop,
 each side through its own connection's shared poller (a triggerer each), on the shipped schedule
 (first poll after 10 s, 15 s growing by 1.5x per quiet poll to 300 s; records read every 5 s). The
 side without records is today's behaviour: the same trigger with ``read_end_record=False``. Each
@@ -55,7 +55,7 @@ def ssh(command: str) -> str:
 
 
 async def submit(conn_id: str, directory: str, seconds: int, side: str) -> tuple[str, str]:
-    from slurm_provider.end_records import end_record_shell
+    from slurm_provider.watch.end_records import end_record_shell
     from slurm_provider.hooks import SlurmAsyncHook
 
     name = f"enddet-{side}-{seconds}s"

@@ -51,7 +51,7 @@ async def submit_jobs(conn_id: str, count: int) -> list[str]:
 
 async def measure_shared_poller(conn_id: str, job_ids: list[str], cycles: int) -> dict[str, float]:
     from slurm_provider import hooks, triggers
-    from slurm_provider.poller import _POLLERS
+    from slurm_provider.watch.poller import _POLLERS
 
     made: list[hooks.SlurmAsyncHook] = []
 

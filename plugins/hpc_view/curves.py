@@ -2,7 +2,7 @@
 
 Each training stage appends to its ``metrics.jsonl`` a line per log step (about one a minute) and
 per validation (:mod:`vcloud.contract`). While the stage trains, the trigger watching its job
-follows the file (``slurm_provider.followed_files``): at most every ``follow_interval`` seconds (60)
+follows the file (``slurm_provider.watch.followed_files``): at most every ``follow_interval`` seconds (60)
 it reads what the trainer appended and keeps the curve so far, thinned to
 ``vcloud_pipeline.dag.curves.CURVE_POINTS`` points a series, in the task try's ``slurm_followed``
 XCom; the view draws it with how old the last read is ("as of 40 s ago"). When the stage's job

@@ -40,7 +40,7 @@ POLL_S = 2
 """``VCLOUD_POLL_INTERVAL``: seconds between the watch's first polls (and the login wait's first probe)."""
 BACKOFF_CAP_S = 5
 """``VCLOUD_MAX_POLL_INTERVAL``: the longest interval between two polls, and the cap of the watch's
-back-off from an unreachable login node (``slurm_provider.poller.retry_delay``: ``2 ** try`` seconds,
+back-off from an unreachable login node (``slurm_provider.watch.poller.retry_delay``: ``2 ** try`` seconds,
 jittered down to half, never more than the cap; 300 s in a deployment)."""
 FIRST_POLL_S = 1
 """``VCLOUD_FIRST_POLL_DELAY``: fine for ``airflow dags test``, which runs the triggers inline."""
@@ -58,7 +58,7 @@ local cluster, quiet or loaded: the job runs 7-90 s); it ends early in the outag
 until slurmctld forgot it (MinJobAge, 60 s, and slurmctld's purge cadence: 1-2 min after its end)."""
 BACKOFF_LINE = re.compile(r"Cluster (?P<conn>\S+) still unreachable after (?P<tries>\d+) tries \(.*\); "
                           r"next try in (?P<delay>\d+)s")
-"""The watch's poller at every failed try (``slurm_provider.poller``)."""
+"""The watch's poller at every failed try (``slurm_provider.watch.poller``)."""
 
 
 def _job_writing(cluster: LocalCluster, directory: str) -> tuple[str, str] | None:

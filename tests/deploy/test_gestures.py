@@ -33,7 +33,7 @@ from support.deployment import RestClient, airflow_env, deployment_with_dag
 from support.localcluster import LocalCluster, poll_until
 from support.ports import free_port
 from slurm_provider.operators import job_name_for
-from slurm_provider.watch_state import WATCH_XCOM_KEY
+from slurm_provider.watch.notes import WATCH_XCOM_KEY
 
 DAG_ID, TASK_ID = "slurm_gestures", "job"
 POLL_INTERVAL_S = 30.0  # the fixture task's poll interval

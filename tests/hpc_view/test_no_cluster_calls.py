@@ -14,7 +14,7 @@ from pathlib import Path
 import hpc_view
 
 PACKAGE = Path(hpc_view.__file__).resolve().parent
-TRANSPORT_MODULES = ("slurm_provider.hooks", "slurm_provider.transport", "slurm_provider.poller", "paramiko",
+TRANSPORT_MODULES = ("slurm_provider.hooks", "slurm_provider.transport", "slurm_provider.watch.poller", "paramiko",
                      "asyncssh", "airflow.providers.ssh.hooks", "subprocess")
 
 

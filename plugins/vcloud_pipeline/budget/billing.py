@@ -7,7 +7,7 @@ stage's worst case (what it asks for, billed until the time limit) against what 
 of the allocation before submitting, and fails with the numbers when it does not fit. What running (and queued) jobs hold is not spent yet: they release what they do
 not use as they end, so a job that fits what the usage leaves is submitted and waits for them
 (Slurm pends it with ``AssocGrpBillingMinutes``; the provider's watch waits at most
-``watch_deadline``), the same rule :mod:`slurm_provider.allocation` applies to a pending job.
+``watch_deadline``), the same rule :mod:`slurm_provider.watch.allocation` applies to a pending job.
 
 Where the allocation comes from (:class:`Allocation`, ``billing.allocation_source``): a site's own
 command where Slurm's accounting is not the site's billing (LUMI's ``lumi-allocations``,

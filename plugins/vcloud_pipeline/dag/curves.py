@@ -2,7 +2,7 @@
 
 When a stage's job completes its operator reads the whole ``metrics.jsonl`` once and records the
 curve thinned to :data:`CURVE_POINTS` points a series. While it trains, the job's watch in the
-triggerer follows the same file (``slurm_provider.followed_files``): it reads only what the trainer
+triggerer follows the same file (``slurm_provider.watch.followed_files``): it reads only what the trainer
 appended since the last read, and :func:`fold_metrics` adds those lines to the curve kept so far.
 Both curves are thinned by :func:`vcloud.contract.thin_points`; the followed one keeps every
 ``every``-th point of each series, doubling ``every`` (and dropping every other point kept) whenever

@@ -17,7 +17,7 @@ import pytest
 
 from support.lifecycle import Injector, batch_script, jobs_of, run_lifecycle
 from support.localcluster import LocalCluster, PrivateAccount, poll_until
-from slurm_provider.allocation import AllocationVerdict
+from slurm_provider.watch.allocation import AllocationVerdict
 
 pytestmark = pytest.mark.usefixtures("cluster_connection", "airflow_home")
 

@@ -134,7 +134,7 @@ def test_a_batch_script_killed_from_outside_is_resubmitted_and_completes(local_c
     lost the job's start, leaves it): Slurm says FAILED 0:9 and the script left no exit record. An
     interruption: resubmitted (cause KILLED), and the second job, which finds the first one's mark,
     completes."""
-    from slurm_provider.end_records import end_record_shell
+    from slurm_provider.watch.end_records import end_record_shell
 
     log_dir = local_cluster.test_dir()
     mark = shlex.quote(f"{log_dir}/started")

@@ -24,7 +24,7 @@ from slurm_provider.hooks import SlurmCommandFailed, SlurmUnavailable, SubmitLoc
 from slurm_provider.job_status import JobStatus
 from slurm_provider.login_wait import REACHABLE, SlurmLoginTrigger
 from slurm_provider.operators import SlurmSubmitOperator
-from slurm_provider.outage import STEP_FAILURES_WHILE_REACHABLE
+from slurm_provider.watch.outage import STEP_FAILURES_WHILE_REACHABLE
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.transport import HostKeyRejected, TransportTimeout, TransportUnavailable
 from slurm_provider.triggers import ERROR, FINISHED, SlurmJobTrigger

@@ -221,7 +221,7 @@ def test_sbatch_refusing_the_job_fails_for_good_and_a_login_failure_is_retried(
 
 
 def _record_path(context: dict[str, Any], job_id: str) -> str:
-    from slurm_provider.end_records import end_record_path
+    from slurm_provider.watch.end_records import end_record_path
 
     return end_record_path(naming.log_path(_operator(), context, job_id))
 

@@ -12,7 +12,7 @@ import pytest
 
 from support.lifecycle import jobs_of, run_lifecycle
 from support.localcluster import LocalCluster
-from slurm_provider.end_records import end_record_shell
+from slurm_provider.watch.end_records import end_record_shell
 
 pytestmark = pytest.mark.usefixtures("cluster_connection", "airflow_home")
 

@@ -116,7 +116,7 @@ def test_history_since_the_last_clear_keeps_only_that_clears_jobs() -> None:
         "cancelled", "oom"])
 def test_killed_from_outside_is_a_signal_without_the_runs_exit_record(state: SlurmState, signal: int,
                                                                      record: str | None, killed: bool) -> None:
-    from slurm_provider.end_records import parse_end_record
+    from slurm_provider.watch.end_records import parse_end_record
     from slurm_provider.job_status import JobStatus
     from slurm_provider.resubmission import killed_from_outside
 

@@ -10,7 +10,7 @@ import pytest
 from slurm_provider.backoff import Backoff
 from slurm_provider.login_wait import SlurmLoginTrigger
 from slurm_provider.operators import SlurmSubmitOperator
-from slurm_provider.poller import JobPoller
+from slurm_provider.watch.poller import JobPoller
 from slurm_provider.sensors import SlurmJobSensor
 from slurm_provider.timing import (
     CONFIRM_RETRY,

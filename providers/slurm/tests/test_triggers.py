@@ -26,7 +26,7 @@ from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.transport import TransportUnavailable
 from slurm_provider.triggers import ERROR, FINISHED, NEVER_STARTS, SlurmJobTrigger
 from slurm_provider.watch import job_watch
-from slurm_provider.watch_state import WatchNote
+from slurm_provider.watch.notes import WatchNote
 
 FAST = {"poll_interval": 1.0, "max_poll_interval": 3.0, "first_poll_delay": 0.0}
 SCRIPTED = {"poll_interval": 0.05, "max_poll_interval": 0.1, "first_poll_delay": 0.0}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from support.localcluster import LocalCluster, poll_until
-from slurm_provider.end_records import end_record_shell, parse_end_record
+from slurm_provider.watch.end_records import end_record_shell, parse_end_record
 from slurm_provider.hooks import SlurmHook
 from slurm_provider.transport import CommandResult
 from vcloud_pipeline.code.retention import mark_run

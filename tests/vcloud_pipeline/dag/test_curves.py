@@ -6,7 +6,7 @@ import json
 
 from vcloud.contract import TrainingCurve, metrics_train_record, metrics_val_record, training_curve
 from vcloud_pipeline.dag.curves import CURVE_POINTS, METRICS_FOLD, fold_metrics, recorded_curve
-from slurm_provider.followed_files import load_fold
+from slurm_provider.watch.followed_files import load_fold
 
 
 def _lines(first: int, last: int, *, val_every: int = 100) -> list[str]:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from slurm_provider.cli.job_files import job_log_name
-from slurm_provider.end_records import EndRecord, end_record_path, parse_end_record
+from slurm_provider.watch.end_records import EndRecord, end_record_path, parse_end_record
 from slurm_provider.hints import find_hints
 from vcloud_pipeline.plan.jobspec import JobSpec
 from vcloud.code_digest import synced_tree_hash

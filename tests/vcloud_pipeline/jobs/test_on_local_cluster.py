@@ -33,7 +33,7 @@ from vcloud_pipeline.code.tree import (
     scripts_sync_argv,
 )
 from slurm_provider.cli.job_files import job_log_name
-from slurm_provider.end_records import EndRecord, end_record_path, parse_end_record
+from slurm_provider.watch.end_records import EndRecord, end_record_path, parse_end_record
 from slurm_provider.hooks import SlurmHook
 from tests.vcloud_pipeline.jobs.test_job_scripts import LAUNCHER, SLOW_START, STAND_IN_TRAINER, TRAINER_PACKAGE
 

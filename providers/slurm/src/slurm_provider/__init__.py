@@ -11,13 +11,16 @@ Modules, one responsibility each:
 - ``transport``: paramiko/asyncssh or the system OpenSSH client, and the ``ssh`` command line for
   rsync that logs in the same way;
 - ``hooks``: one method per Slurm verb, plus ``ssh_command()`` for file transfers;
-- ``poller``: one batched status query per cluster;
-- ``watch``: what a watch decides (``job_watch``: a sans-IO state machine the trigger and the
-  login-node wait drive; ``events``: the typed events they fire; ``end_confirmation``);
+- ``watch``: watching a job until it ends: ``job_watch`` (a sans-IO state machine the trigger and
+  the login-node wait drive), ``events`` (the typed events they fire), ``poller`` (one batched status
+  query per cluster for every watched job), ``notes`` (how far a trigger's watch got, kept with its
+  task), ``end_records`` and ``end_confirmation`` (a job's end, noticed within seconds), ``outage``
+  (a login node that does not answer), ``allocation``, ``maintenance``, ``pending_words``,
+  ``followed_files``;
 - ``job_task``: the steps of a task that runs one job (``submission``, ``ending``, ``naming``,
   ``settings``), which ``operators`` calls;
-- ``triggers``, ``operators``, ``sensors``; ``resubmission`` (budgets and progress); ``hints``
-  (known errors); ``watch_state`` (how far a trigger's watch got); ``exit_codes``; ``links``.
+- ``triggers``, ``login_wait``, ``operators``, ``sensors``; ``resubmission`` (budgets and progress);
+  ``hints`` (known errors); ``bad_nodes``; ``exit_codes``; ``links``.
 
 Public surface: the names below, imported from ``slurm_provider`` (``from slurm_provider import
 SlurmSubmitOperator``), and the command lines and parsers of :mod:`slurm_provider.cli`. Everything
@@ -33,9 +36,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from slurm_provider import timing
     from slurm_provider.bad_nodes import LEFT_OUT_XCOM_KEY
-    from slurm_provider.end_records import end_record_shell
+    from slurm_provider.watch.end_records import end_record_shell
     from slurm_provider.file_verbs import RemoteCommandError
-    from slurm_provider.followed_files import FOLLOW_INTERVAL, FOLLOW_XCOM_KEY
+    from slurm_provider.watch.followed_files import FOLLOW_INTERVAL, FOLLOW_XCOM_KEY
     from slurm_provider.hints import Hint, HintRule, format_hints, register_hints
     from slurm_provider.hooks import SlurmAsyncHook, SlurmCommandFailed, SlurmHook
     from slurm_provider.job_status import JobStatus
@@ -49,8 +52,8 @@ if TYPE_CHECKING:
         SlurmSubmitOperator,
         job_name_for,
     )
-    from slurm_provider.outage import clock, span
-    from slurm_provider.pending_words import waiting_line
+    from slurm_provider.watch.outage import clock, span
+    from slurm_provider.watch.pending_words import waiting_line
     from slurm_provider.protocols import SlurmVerbs
     from slurm_provider.resubmission import DEFAULT_BUDGETS
     from slurm_provider.sensors import SlurmJobSensor
@@ -58,7 +61,7 @@ if TYPE_CHECKING:
     from slurm_provider.transport import SSHCommand, TransportError
     from slurm_provider.triggers import SlurmJobTrigger
     from slurm_provider.validation import ValidationError, format_time_limit, parse_time_limit, validate_partition
-    from slurm_provider.watch_state import WATCH_XCOM_KEY
+    from slurm_provider.watch.notes import WATCH_XCOM_KEY
 
 _PUBLIC: dict[str, tuple[str, ...]] = {
     # the Airflow parts
@@ -74,17 +77,17 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     # what a job is, and the words for it
     "job_status": ("JobStatus",),
     "state_vocabulary": ("SlurmState", "classify_pending_reason", "parse_state"),
-    "pending_words": ("waiting_line",),
-    "outage": ("clock", "span"),
+    "watch.pending_words": ("waiting_line",),
+    "watch.outage": ("clock", "span"),
     "hints": ("Hint", "HintRule", "format_hints", "register_hints"),
     "validation": ("ValidationError", "format_time_limit", "parse_time_limit", "validate_partition"),
     # what a pipeline's job script writes, and what a resubmission may spend
-    "end_records": ("end_record_shell",),
+    "watch.end_records": ("end_record_shell",),
     "resubmission": ("DEFAULT_BUDGETS",),
     # what a UI plugin reads of a task's watch
     "links": ("JOB_ID_XCOM_KEY", "register_job_view", "task_log_url"),
-    "watch_state": ("WATCH_XCOM_KEY",),
-    "followed_files": ("FOLLOW_INTERVAL", "FOLLOW_XCOM_KEY"),
+    "watch.notes": ("WATCH_XCOM_KEY",),
+    "watch.followed_files": ("FOLLOW_INTERVAL", "FOLLOW_XCOM_KEY"),
     "bad_nodes": ("LEFT_OUT_XCOM_KEY",),
 }
 _MODULE_OF = {name: module for module, names in _PUBLIC.items() for name in names}

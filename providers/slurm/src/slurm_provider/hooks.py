@@ -110,7 +110,7 @@ from slurm_provider.connection_form import CONN_TYPE, CONNECTION_FIELDS, HOOK_NA
 from slurm_provider.file_verbs import FileVerbs, RemoteCommandError
 from slurm_provider.job_status import JobStatus, resolve_statuses
 from slurm_provider.bad_nodes import NodeFault, node_faults
-from slurm_provider.maintenance import Window, maintenance_windows
+from slurm_provider.watch.maintenance import Window, maintenance_windows
 from slurm_provider.plans import Plan, RemoteCommand
 from slurm_provider.scheduler_calls import calls_of, is_rate_limited, min_call_interval, slurm_verbs
 from slurm_provider.transport import (
@@ -450,7 +450,7 @@ def file_stamps_plan(paths: Iterable[str]) -> Plan[dict[str, tuple[int, int]]]:
 
 def poll_files_plan(size_paths: Iterable[str],
                     record_paths: Iterable[str]) -> Plan[tuple[dict[str, int], dict[str, str]]]:
-    """Log sizes and exit records (:mod:`slurm_provider.end_records`) in one command, no Slurm call
+    """Log sizes and exit records (:mod:`slurm_provider.watch.end_records`) in one command, no Slurm call
     (one more per ``POLL_FILES_CHUNK`` characters of paths: a shell takes a command line of 128 KiB)."""
     sizes, records = list(dict.fromkeys(size_paths)), list(dict.fromkeys(record_paths))
     found_sizes: dict[str, int] = {}

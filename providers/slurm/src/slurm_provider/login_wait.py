@@ -21,7 +21,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from slurm_provider.backoff import Backoff
 from slurm_provider.timing import LOGIN_PROBES, MAX_POLL_INTERVAL, POLL_INTERVAL
-from slurm_provider.outage import DEFAULT_WATCH_DEADLINE, timeout_seconds
+from slurm_provider.watch.outage import DEFAULT_WATCH_DEADLINE, timeout_seconds
 from slurm_provider.transport import TransportError
 from slurm_provider.watch.events import ERROR, REACHABLE, LoginEvent
 from slurm_provider.watch.job_watch import LoginWatch

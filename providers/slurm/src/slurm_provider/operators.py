@@ -33,15 +33,15 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from slurm_provider.cli.sbatch import DEFAULT_PROJECT_TAG
-from slurm_provider.end_records import end_record_path, parse_end_record
+from slurm_provider.watch.end_records import end_record_path, parse_end_record
 from slurm_provider.file_verbs import RemoteCommandError
-from slurm_provider.followed_files import FOLLOW_INTERVAL
+from slurm_provider.watch.followed_files import FOLLOW_INTERVAL
 from slurm_provider.job_status import JobStatus
 from slurm_provider.job_task import ending, naming, settings, submission
 from slurm_provider.job_task.naming import HISTORY_KEY, SUBMITTER_KEY, job_name_for
 from slurm_provider.links import JOB_ID_XCOM_KEY, SlurmJobLogLink
 from slurm_provider.login_wait import SlurmLoginTrigger
-from slurm_provider.outage import (
+from slurm_provider.watch.outage import (
     DEFAULT_WATCH_DEADLINE,
     STEP_FAILURES_WHILE_REACHABLE,
     Outage,
@@ -136,16 +136,16 @@ class SlurmSubmitOperator(BaseOperator):
         for a reason that never resolves, held after ``SPECIAL_EXIT``, requeued after an end the
         policy does not resubmit), leave the job there for a person instead of cancelling it.
     :param follow: more files of the job its watch reads as they grow, each ``{"path", "fold"}``
-        (:mod:`slurm_provider.followed_files`): a UI shows what the fold made of them while the job runs.
+        (:mod:`slurm_provider.watch.followed_files`): a UI shows what the fold made of them while the job runs.
     :param follow_interval: least seconds between two size checks of the followed files (60).
     :param short_job_wait: seconds the task watches a job it just submitted itself, reading the job's
-        exit record (:mod:`slurm_provider.end_records`) every second, before it defers (0, the default:
+        exit record (:mod:`slurm_provider.watch.end_records`) every second, before it defers (0, the default:
         it defers at once). A job that ends within them (a preflight, a data check) completes the task
         there, its output in the task log, without waiting for the trigger's first poll (at least
         ``first_poll_delay`` after the deferral); the task holds its worker slot meanwhile, and one
         Slurm call confirms the end. A job that runs on, requeues itself or cannot be read is watched by
         the trigger as usual.
-    :param writes_end_record: the script writes its exit record (:func:`slurm_provider.end_records.end_record_shell`)
+    :param writes_end_record: the script writes its exit record (:func:`slurm_provider.watch.end_records.end_record_shell`)
         whenever it ends on its own. A job Slurm calls ``FAILED`` by a signal with no record of that
         run was then killed from outside before its script could end (an administrator's kill, a
         controller that lost the job's start): an interruption, resubmitted within the ``KILLED``

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from slurm_provider.bad_nodes import NODE_FAULT
-from slurm_provider.end_records import EndRecord
+from slurm_provider.watch.end_records import EndRecord
 from slurm_provider.hints import MEMORY_KILL
 from slurm_provider.job_status import JobStatus
 from slurm_provider.state_vocabulary import SlurmState

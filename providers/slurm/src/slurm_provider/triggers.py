@@ -13,17 +13,17 @@ not answer at all (maintenance), the trigger says so once ("login node of myclus
 ``watch_deadline``; when the node answers again it says after how long and goes on (a job that
 ended meanwhile is read from ``sacct``); past the deadline it fires an ``error`` event, a lost watch.
 
-A job whose script leaves an exit record next to its output (:mod:`slurm_provider.end_records`) is
+A job whose script leaves an exit record next to its output (:mod:`slurm_provider.watch.end_records`) is
 seen to end within seconds: the poller reads the record between its polls and asks Slurm once to
 confirm. The event says what noticed the end (``noticed_by``: ``end_record`` or ``poll``).
 
 A watch may follow more files of its job (``follow``: a metrics log, say; see
-:mod:`slurm_provider.followed_files`): the poller reads what they grew by at most every
+:mod:`slurm_provider.watch.followed_files`): the poller reads what they grew by at most every
 ``follow_interval`` seconds, in a command it runs anyway, and the trigger folds their new lines into
 a small state it keeps as an XCom of the task try, for a UI to show while the job runs.
 
 A job pending on its account's allocation (``AssocGrpBillingMinutes``) is judged on the account's
-figures, which the poller reads for it (:mod:`slurm_provider.allocation`): when the usage alone
+figures, which the poller reads for it (:mod:`slurm_provider.watch.allocation`): when the usage alone
 leaves too little the job never starts and the watch ends at once; when teammates' running jobs hold
 the rest it waits, saying whose jobs hold how much, for at most ``watch_deadline`` seconds.
 """
@@ -38,10 +38,10 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from slurm_provider.end_records import end_record_path
-from slurm_provider.followed_files import FOLLOW_INTERVAL, FollowedFile, followed_files
-from slurm_provider.outage import DEFAULT_WATCH_DEADLINE, timeout_seconds
-from slurm_provider.poller import JobPoller, shared_poller
+from slurm_provider.watch.end_records import end_record_path
+from slurm_provider.watch.followed_files import FOLLOW_INTERVAL, FollowedFile, followed_files
+from slurm_provider.watch.outage import DEFAULT_WATCH_DEADLINE, timeout_seconds
+from slurm_provider.watch.poller import JobPoller, shared_poller
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.timing import FIRST_POLL_DELAY, MAX_POLL_INTERVAL, POLL_INTERVAL
 from slurm_provider.watch.events import ERROR, FINISHED, LOST, NEVER_STARTS, WatchEvent
@@ -54,7 +54,7 @@ from slurm_provider.watch.job_watch import (
     Remember,
     Say,
 )
-from slurm_provider.watch_state import (
+from slurm_provider.watch.notes import (
     TaskKey,
     WatchNote,
     ended_by_a_person,
@@ -116,7 +116,7 @@ class SlurmJobTrigger(BaseTrigger):
         is noticed within seconds; False: only the polls notice it.
     :param follow: files of the job to follow as they grow, each ``{"path", "fold"}`` (the import path
         of a pure function folding new lines into a small JSON-safe state, see
-        :mod:`slurm_provider.followed_files`); the offsets and states are kept in the XCom
+        :mod:`slurm_provider.watch.followed_files`); the offsets and states are kept in the XCom
         ``slurm_followed`` of the task try, and the event carries the offsets.
     :param follow_interval: least seconds between two size checks of the followed files.
     :param release_held: release the job once when it is put on user hold (``JobHeldUser``), as some sites

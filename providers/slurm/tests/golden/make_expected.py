@@ -33,7 +33,7 @@ from slurm_provider.cli.sshare import account_tres_minutes, parse_sshare  # noqa
 from slurm_provider.cli.values import is_invalid_job_id_error, is_slurm_unavailable  # noqa: E402
 from slurm_provider.scheduler_calls import is_rate_limited  # noqa: E402
 from slurm_provider.job_status import resolve_statuses, statuses_from_sacct  # noqa: E402
-from slurm_provider.maintenance import maintenance_windows  # noqa: E402
+from slurm_provider.watch.maintenance import maintenance_windows  # noqa: E402
 
 # Byte offset each read_log capture asked for (see capture.sh).
 LOG_REQUESTED_OFFSETS = {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from slurm_provider.end_records import EndRecord
+from slurm_provider.watch.end_records import EndRecord
 from slurm_provider.watch.end_confirmation import EndConfirmation, confirm_schedule
 
 RECORD = EndRecord("7", 0, 0, 1_800_000_000, False)

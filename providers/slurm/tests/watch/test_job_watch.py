@@ -9,14 +9,14 @@ import logging
 
 import pytest
 
-from slurm_provider.allocation import AccountReading
+from slurm_provider.watch.allocation import AccountReading
 from slurm_provider.backoff import Backoff
 from slurm_provider.cli.sshare import TresMinutes
-from slurm_provider.end_records import EndRecord
+from slurm_provider.watch.end_records import EndRecord
 from slurm_provider.job_status import JobStatus
-from slurm_provider.maintenance import Window
-from slurm_provider.outage import Outage
-from slurm_provider.poller import PollUpdate
+from slurm_provider.watch.maintenance import Window
+from slurm_provider.watch.outage import Outage
+from slurm_provider.watch.poller import PollUpdate
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.watch.job_watch import (
     ERROR,
@@ -33,7 +33,7 @@ from slurm_provider.watch.job_watch import (
     Remember,
     Say,
 )
-from slurm_provider.watch_state import WatchNote
+from slurm_provider.watch.notes import WatchNote
 
 T0 = 1_800_000_000.0
 """Every table's clock starts here (epoch seconds)."""
@@ -279,7 +279,7 @@ def test_an_error_the_poller_cannot_retry_ends_the_watch_at_once() -> None:
 
 
 def test_followed_files_are_folded_and_kept_even_between_polls() -> None:
-    from slurm_provider.followed_files import FollowedFile
+    from slurm_provider.watch.followed_files import FollowedFile
 
     watch = JobWatch("c", "7", followed={"/m.jsonl": FollowedFile("/m.jsonl", f"{__name__}.count_lines")})
     actions = watch.step(PollUpdate(None, followed=(("/m.jsonl", "{}\n", 3),), only_followed=True), T0)

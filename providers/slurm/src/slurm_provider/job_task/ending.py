@@ -16,7 +16,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from tenacity import Retrying, retry_if_not_result, stop_after_delay, wait_fixed
 
 from slurm_provider.bad_nodes import NODE_FAULT, is_node_fault, same_fault_elsewhere
-from slurm_provider.end_records import end_record_path, parse_end_record
+from slurm_provider.watch.end_records import end_record_path, parse_end_record
 from slurm_provider.exit_codes import explain_exit
 from slurm_provider.hints import hint_for
 from slurm_provider.job_status import JobStatus

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from slurm_provider.followed_files import followed_files, load_fold
+from slurm_provider.watch.followed_files import followed_files, load_fold
 from slurm_provider.job_task.submission import seconds
 from slurm_provider.validation import (
     ValidationError,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from slurm_provider.backoff import Backoff
-from slurm_provider.end_records import EndRecord
+from slurm_provider.watch.end_records import EndRecord
 from slurm_provider.timing import CONFIRM_RETRY
 
 

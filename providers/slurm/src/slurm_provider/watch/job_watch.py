@@ -1,7 +1,7 @@
 """The watch of one Slurm job as a sans-IO state machine, and the wait for a login node.
 
 :class:`JobWatch` takes what the connection's poller learned in one cycle (a
-:class:`~slurm_provider.poller.PollUpdate`) and the time, and answers with what to do, in order:
+:class:`~slurm_provider.watch.poller.PollUpdate`) and the time, and answers with what to do, in order:
 lines for the task log (:class:`Say`), the watch's note to keep (:class:`Remember`), the followed
 files' states to keep (:class:`KeepFollowed`), a held job to release (:class:`Release`, whose outcome
 is fed back with :meth:`JobWatch.released`), or the end of the watch (:class:`End`). It never sleeps,
@@ -21,15 +21,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Union
 
-from slurm_provider.allocation import AccountReading, deadline_message, judge
+from slurm_provider.watch.allocation import AccountReading, deadline_message, judge
 from slurm_provider.backoff import Backoff, Draw
 from slurm_provider.cli.values import format_duration
-from slurm_provider.followed_files import FollowedFile, advance, load_fold
+from slurm_provider.watch.followed_files import FollowedFile, advance, load_fold
 from slurm_provider.job_status import JobStatus
-from slurm_provider.maintenance import Window, maintenance_line, maintenance_words
-from slurm_provider.outage import Outage, gave_up_line, reachable_again_line, unreachable_line
-from slurm_provider.pending_words import waiting_line
-from slurm_provider.poller import PollUpdate
+from slurm_provider.watch.maintenance import Window, maintenance_line, maintenance_words
+from slurm_provider.watch.outage import Outage, gave_up_line, reachable_again_line, unreachable_line
+from slurm_provider.watch.pending_words import waiting_line
+from slurm_provider.watch.poller import PollUpdate
 from slurm_provider.state_vocabulary import (
     ReasonKind,
     SlurmState,
@@ -38,7 +38,7 @@ from slurm_provider.state_vocabulary import (
     split_reason,
 )
 from slurm_provider.watch.events import ERROR, FINISHED, LOST, NEVER_STARTS, REACHABLE
-from slurm_provider.watch_state import NOTE_REFRESH_S, WatchNote
+from slurm_provider.watch.notes import NOTE_REFRESH_S, WatchNote
 
 __all__ = ["ERROR", "FINISHED", "LOST", "NEVER_STARTS", "REACHABLE", "Action", "End", "JobWatch", "KeepFollowed",
            "LoginWatch", "Release", "Remember", "Say"]

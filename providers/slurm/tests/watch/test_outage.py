@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from slurm_provider.outage import (
+from slurm_provider.watch.outage import (
     Outage,
     clock,
     command_failed_line,

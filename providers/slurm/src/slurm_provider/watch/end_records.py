@@ -77,7 +77,7 @@ def end_record_shell(output_pattern: str) -> str:
     path = "".join(_SHELL_PATTERNS.get(part) or shlex.quote(part)
                    for part in re.split(r"(%[jx])", end_record_path(output_pattern)) if part)
     return "\n".join([
-        "# Exit record next to the job's output (slurm_provider.end_records): the watch notices the end",
+        "# Exit record next to the job's output (slurm_provider.watch.end_records): the watch notices the end",
         "# from it without asking Slurm. requeued=1 when this run requeues the job: not the end.",
         f"readonly END_RECORD={path}",
         "requeued=0",

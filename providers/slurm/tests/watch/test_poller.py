@@ -17,10 +17,10 @@ import pytest
 
 from slurm_provider.cli.sshare import TresMinutes
 from slurm_provider.hooks import SlurmCommandFailed, SlurmRateLimited, SlurmUnavailable
-from slurm_provider.poller import JobPoller, PollUpdate
+from slurm_provider.watch.poller import JobPoller, PollUpdate
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.job_status import JobStatus
-from slurm_provider.maintenance import Window
+from slurm_provider.watch.maintenance import Window
 from slurm_provider.transport import ControlMasterNotRunning, HostKeyRejected, TransportUnavailable
 
 FAST = {"poll_interval": 0.01, "max_poll_interval": 0.02}
@@ -322,7 +322,7 @@ def test_the_windows_are_read_once_while_a_job_waits_one_out_and_handed_only_to_
 
 def test_a_failed_reservation_read_leaves_the_window_unnamed_and_the_watch_going(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("slurm_provider.poller.MAINTENANCE_READ_INTERVAL", 0.0)
+    monkeypatch.setattr("slurm_provider.watch.poller.MAINTENANCE_READ_INTERVAL", 0.0)
     source = MaintenanceSource(pending_cycles=4, fail_first=True)
     seen = watch_to_the_end(source, "12")
     assert source.reads[:2] == [1, 2], "read again at the next poll once the interval passed"

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from slurm_provider.cli.job_files import build_poll_files, parse_poll_files
-from slurm_provider.end_records import EndRecord, end_record_path, end_record_shell, parse_end_record
+from slurm_provider.watch.end_records import EndRecord, end_record_path, end_record_shell, parse_end_record
 from slurm_provider.job_status import JobStatus
-from slurm_provider.poller import JobPoller, PollUpdate
+from slurm_provider.watch.poller import JobPoller, PollUpdate
 from slurm_provider.timing import CONFIRM_RETRY
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.watch import end_confirmation

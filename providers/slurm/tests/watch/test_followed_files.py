@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from slurm_provider.followed_files import (
+from slurm_provider.watch.followed_files import (
     MAX_REST_BYTES,
     MAX_STATE_BYTES,
     FollowedFile,

@@ -16,8 +16,9 @@ import pytest
 import structlog.testing
 
 from support.localcluster import LocalCluster, poll_until
-from slurm_provider import hooks, poller, triggers
-from slurm_provider.end_records import end_record_shell, parse_end_record
+from slurm_provider import hooks, triggers
+from slurm_provider.watch import poller
+from slurm_provider.watch.end_records import end_record_shell, parse_end_record
 from slurm_provider.hooks import SlurmHook
 from slurm_provider.scheduler_calls import calls_of, forget_calls
 from slurm_provider.triggers import FINISHED, SlurmJobTrigger

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from slurm_provider.cli.scontrol import parse_scontrol_show_reservations
-from slurm_provider.maintenance import (
+from slurm_provider.watch.maintenance import (
     Window,
     maintenance_line,
     maintenance_windows,
     maintenance_words,
     waits_for_maintenance,
 )
-from slurm_provider.pending_words import waiting_line
+from slurm_provider.watch.pending_words import waiting_line
 from providers.slurm.tests.cli.captured_output import raw
 
 MAINT = Window(start="2026-11-30T22:05:22", end="2026-12-01T02:05:22", name="maint-test", nodes="nid001001")

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from slurm_provider.watch_state import ENDED_BY_A_PERSON, TaskKey, ended_by_a_person
+from slurm_provider.watch.notes import ENDED_BY_A_PERSON, TaskKey, ended_by_a_person
 
 
 @pytest.mark.parametrize("state", ["failed", "success", "skipped", "upstream_failed", "removed"])
@@ -42,7 +42,7 @@ def test_a_restarted_triggerer_recalls_how_long_the_job_waited_for_its_allocatio
 
     from airflow.sdk.execution_time.xcom import XCom
 
-    from slurm_provider.watch_state import TaskKey, WatchNote, recall_watch, remember_watch
+    from slurm_provider.watch.notes import TaskKey, WatchNote, recall_watch, remember_watch
 
     stored: dict[str, object] = {}
 

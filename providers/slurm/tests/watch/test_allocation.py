@@ -4,7 +4,7 @@ the real cluster's two cases in test_operator_allocation.py."""
 
 from __future__ import annotations
 
-from slurm_provider.allocation import deadline_message, job_need, judge
+from slurm_provider.watch.allocation import deadline_message, job_need, judge
 from slurm_provider.cli.sshare import TresMinutes
 from slurm_provider.job_status import JobStatus
 from slurm_provider.state_vocabulary import SlurmState

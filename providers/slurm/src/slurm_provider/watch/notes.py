@@ -129,7 +129,7 @@ async def recall_followed(key: TaskKey, job_id: str) -> list[dict[str, Any]]:
     """The followed files (``FollowedFile.to_json``) an earlier trigger of this try kept for ``job_id``."""
     from airflow.sdk.execution_time.xcom import XCom
 
-    from slurm_provider.followed_files import FOLLOW_XCOM_KEY
+    from slurm_provider.watch.followed_files import FOLLOW_XCOM_KEY
 
     kept = await XCom.aget_one(key=FOLLOW_XCOM_KEY, dag_id=key.dag_id, task_id=key.task_id, run_id=key.run_id,
                                map_index=key.map_index)
@@ -141,7 +141,7 @@ async def recall_followed(key: TaskKey, job_id: str) -> list[dict[str, Any]]:
 async def remember_followed(key: TaskKey, job_id: str, files: list[dict[str, Any]]) -> None:
     from airflow.sdk.execution_time.xcom import XCom
 
-    from slurm_provider.followed_files import FOLLOW_XCOM_KEY
+    from slurm_provider.watch.followed_files import FOLLOW_XCOM_KEY
 
     await XCom.aset(FOLLOW_XCOM_KEY, {"job_id": job_id, "files": files}, dag_id=key.dag_id, task_id=key.task_id,
                     run_id=key.run_id, map_index=key.map_index)

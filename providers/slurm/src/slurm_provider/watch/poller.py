@@ -7,7 +7,7 @@ costs one SSH round trip per job per interval and hammers slurmctld; instead eve
 per cycle (one ``squeue``; ``sacct`` only for the jobs ``squeue`` has forgotten). Log files (a job's
 output and its error output) that grew since the last cycle are read over the same connection. Only
 while a watched job pends on its account's allocation (``AssocGrpBillingMinutes``) does a cycle add
-one ``sshare`` per such account (:mod:`slurm_provider.allocation`), shared by every job pending on it.
+one ``sshare`` per such account (:mod:`slurm_provider.watch.allocation`), shared by every job pending on it.
 
 The interval starts at the smallest interval any subscriber asked for and grows by ``growth``
 per quiet cycle (no watched job changed state) up to the smallest cap; any change or a new
@@ -18,7 +18,7 @@ to every subscriber.
 A login node that does not answer (refused, reset, timed out), or a Slurm that is away (no controller
 or accounting database answers: :class:`~slurm_provider.hooks.SlurmUnavailable`), is retried without
 a limit for as long as anyone watches: every failed try hands each subscriber the
-:class:`~slurm_provider.outage.Outage` so far (since when, why, next try in), and each watch decides
+:class:`~slurm_provider.watch.outage.Outage` so far (since when, why, next try in), and each watch decides
 by its own deadline when it has waited long enough. A failure retrying cannot heal (host key,
 authentication, configuration) ends every watch at once, and so does an error Slurm answered with
 while the login node answered (an option it refuses, output that cannot be read), once it came
@@ -32,7 +32,7 @@ subscriber hears that its job is still watched, and once Slurm answers the polle
 schedule. A site's ceiling on calls (the connection's ``min_call_interval`` extra) is kept by the hook
 the poller polls through, for every job of the connection at once.
 
-A job's end is noticed between two polls from its exit record (:mod:`slurm_provider.end_records`),
+A job's end is noticed between two polls from its exit record (:mod:`slurm_provider.watch.end_records`),
 a file its batch script leaves next to its output: every ``record_interval`` seconds (5) one command
 reads the records of every watched job over the same connection (no Slurm call; the poll itself reads
 them in the command that checks the logs' sizes), and a record that says the watched run ended is
@@ -41,7 +41,7 @@ call ended yet (still completing, requeued) is asked about again after a doublin
 4 s, ...: the records are read again then, between the regular reads), and a job
 killed before its script could write a record is noticed by the poll as before.
 
-More files a watch follows as they grow (:mod:`slurm_provider.followed_files`) have their sizes
+More files a watch follows as they grow (:mod:`slurm_provider.watch.followed_files`) have their sizes
 checked in the same commands (the read of the exit records, else the poll), at most every
 ``follow_interval`` seconds per job once it has started, and only the bytes they grew by are read;
 a read between two polls reaches the watch as an update without a status.
@@ -63,14 +63,14 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
-from slurm_provider.allocation import AccountReading
+from slurm_provider.watch.allocation import AccountReading
 from slurm_provider.backoff import Backoff, spread
-from slurm_provider.end_records import EndRecord, parse_end_record
-from slurm_provider.followed_files import FOLLOW_INTERVAL
+from slurm_provider.watch.end_records import EndRecord, parse_end_record
+from slurm_provider.watch.followed_files import FOLLOW_INTERVAL
 from slurm_provider.cli.sshare import TresMinutes
 from slurm_provider.job_status import JobStatus
-from slurm_provider.maintenance import Window, waits_for_maintenance
-from slurm_provider.outage import STEP_FAILURES_WHILE_REACHABLE, Outage, reachable_again_line, slurm_error_line
+from slurm_provider.watch.maintenance import Window, waits_for_maintenance
+from slurm_provider.watch.outage import STEP_FAILURES_WHILE_REACHABLE, Outage, reachable_again_line, slurm_error_line
 from slurm_provider.state_vocabulary import SlurmState, classify_pending_reason
 from slurm_provider.timing import (
     MAINTENANCE_READ_INTERVAL,
@@ -168,7 +168,7 @@ class _Subscription:
     confirmation: EndConfirmation = field(init=False)
     """The record Slurm did not confirm yet, and when to ask again (monotonic)."""
     follows: dict[str, int] = field(default_factory=dict)
-    """Followed files of the job (:mod:`slurm_provider.followed_files`) by path: the bytes read so far."""
+    """Followed files of the job (:mod:`slurm_provider.watch.followed_files`) by path: the bytes read so far."""
     follow_interval: float = FOLLOW_INTERVAL
     followed_at: float = float("-inf")
 

@@ -81,7 +81,7 @@ def expected_start_words(expected_start: str | None) -> str | None:
 def waiting_line(reason: str | None, expected_start: str | None, maintenance: str | None = None) -> str:
     """What a pending job waits for and when it may start, in one phrase with Slurm's own code:
     "waiting for free nodes (Resources); expected to start 2026-11-27 14:05". ``maintenance``: the
-    window it waits out (:func:`slurm_provider.maintenance.maintenance_words`), said after the reason."""
+    window it waits out (:func:`slurm_provider.watch.maintenance.maintenance_words`), said after the reason."""
     code, detail = split_reason(reason)
     words = reason_words(reason)
     if f"({code})" in words or code == "None":
