@@ -11,7 +11,8 @@ import pytest
 from slurm_provider.cli.sacct import parse_sacct
 from slurm_provider.cli.scontrol import parse_scontrol_show_job
 from slurm_provider.cli.squeue import parse_squeue
-from slurm_provider.state_vocabulary import ReasonKind, SlurmState, StateCategory
+from slurm_provider.state_vocabulary import SlurmState, StateCategory
+from slurm_provider.pending_reasons import ReasonKind
 from slurm_provider.job_status import JobStatus, resolve_statuses, statuses_from_sacct
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -8,18 +8,16 @@ from pathlib import Path
 import pytest
 
 from slurm_provider.state_vocabulary import (
-    ReasonKind,
     SlurmState,
     StateCategory,
     category,
-    classify_pending_reason,
     is_retryable,
     is_success,
     is_terminal,
     parse_state,
     parse_state_text,
-    split_reason,
 )
+from slurm_provider.pending_reasons import ReasonKind, classify_pending_reason, split_reason
 
 GOLDEN = Path(__file__).parent / "golden"
 

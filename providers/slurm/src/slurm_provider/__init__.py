@@ -5,7 +5,7 @@ Modules, one responsibility each:
 - ``cli``: one module per Slurm command (``sbatch``, ``squeue``, ``sacct``, ``scontrol``,
   ``scancel``, ``sinfo``, ``sshare``) with its pure command lines and output parsers, plus
   ``job_files`` (log and progress reads on the login node) and ``values`` (what they share);
-- ``state_vocabulary``: what every Slurm state and pending reason means;
+- ``state_vocabulary``, ``pending_reasons``: what every Slurm state and pending reason means;
 - ``job_status``: ``JobStatus``, one job's status resolved from squeue and sacct;
 - ``validation``: every value that reaches a shell;
 - ``transport``: paramiko/asyncssh or the system OpenSSH client, and the ``ssh`` command line for
@@ -57,7 +57,8 @@ if TYPE_CHECKING:
     from slurm_provider.protocols import SlurmVerbs
     from slurm_provider.resubmission import DEFAULT_BUDGETS
     from slurm_provider.sensors import SlurmJobSensor
-    from slurm_provider.state_vocabulary import SlurmState, classify_pending_reason, parse_state
+    from slurm_provider.state_vocabulary import SlurmState, parse_state
+    from slurm_provider.pending_reasons import classify_pending_reason
     from slurm_provider.transport import SSHCommand, TransportError
     from slurm_provider.triggers import SlurmJobTrigger
     from slurm_provider.validation import ValidationError, format_time_limit, parse_time_limit, validate_partition
@@ -76,7 +77,8 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     "file_verbs": ("RemoteCommandError",),
     # what a job is, and the words for it
     "job_status": ("JobStatus",),
-    "state_vocabulary": ("SlurmState", "classify_pending_reason", "parse_state"),
+    "state_vocabulary": ("SlurmState", "parse_state"),
+    "pending_reasons": ("classify_pending_reason",),
     "watch.pending_words": ("waiting_line",),
     "watch.outage": ("clock", "span"),
     "hints": ("Hint", "HintRule", "format_hints", "register_hints"),

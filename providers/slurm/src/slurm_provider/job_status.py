@@ -32,13 +32,8 @@ from slurm_provider.cli.values import (
     parse_int,
     parse_slurm_time,
 )
-from slurm_provider.state_vocabulary import (
-    PendingReason,
-    SlurmState,
-    StateCategory,
-    classify_pending_reason,
-    parse_state_text,
-)
+from slurm_provider.state_vocabulary import SlurmState, StateCategory, parse_state_text
+from slurm_provider.pending_reasons import PendingReason, classify_pending_reason
 
 EVENT_VERSION = 1
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slurm_provider.watch.pending_words import REASON_WORDS, expected_start_words, reason_words, waiting_line
-from slurm_provider.state_vocabulary import classify_pending_reason
+from slurm_provider.pending_reasons import classify_pending_reason
 
 
 @pytest.mark.parametrize(("reason", "words"), [

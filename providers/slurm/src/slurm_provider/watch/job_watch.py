@@ -30,13 +30,8 @@ from slurm_provider.watch.maintenance import Window, maintenance_line, maintenan
 from slurm_provider.watch.outage import Outage, gave_up_line, reachable_again_line, unreachable_line
 from slurm_provider.watch.pending_words import waiting_line
 from slurm_provider.watch.poller import PollUpdate
-from slurm_provider.state_vocabulary import (
-    ReasonKind,
-    SlurmState,
-    StateCategory,
-    classify_pending_reason,
-    split_reason,
-)
+from slurm_provider.state_vocabulary import SlurmState, StateCategory
+from slurm_provider.pending_reasons import ReasonKind, classify_pending_reason, split_reason
 from slurm_provider.watch.events import ERROR, FINISHED, LOST, NEVER_STARTS, REACHABLE
 from slurm_provider.watch.notes import NOTE_REFRESH_S, WatchNote
 

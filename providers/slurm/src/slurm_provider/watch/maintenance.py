@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from slurm_provider.cli.values import slurm_minutes
-from slurm_provider.state_vocabulary import split_reason
+from slurm_provider.pending_reasons import split_reason
 
 MAINTENANCE_FLAG = "MAINT"
 _MAINTENANCE_DETAIL = "reserved for maintenance"

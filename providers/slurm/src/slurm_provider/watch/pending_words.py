@@ -1,7 +1,7 @@
 """Why a job waits, in a few words, and when Slurm expects it to start. Pure.
 
 A task log line and a row of a jobs view have room for a phrase, not for the sentence
-:func:`~slurm_provider.state_vocabulary.classify_pending_reason` explains a reason with (that one goes
+:func:`~slurm_provider.pending_reasons.classify_pending_reason` explains a reason with (that one goes
 into failure messages). Both come from the same batched ``squeue`` the poller makes: the reason
 (``%r``) and, for a pending job, Slurm's estimated start (``%S``, the backfill scheduler's estimate,
 or the ``--begin`` time), so saying why a job waits costs no extra scheduler call.
@@ -10,7 +10,7 @@ or the ``--begin`` time), so saying why a job waits costs no extra scheduler cal
 from __future__ import annotations
 
 from slurm_provider.cli.values import slurm_minutes
-from slurm_provider.state_vocabulary import ReasonKind, classify_pending_reason, split_reason
+from slurm_provider.pending_reasons import ReasonKind, classify_pending_reason, split_reason
 
 REASON_WORDS: dict[str, str] = {
     "None": "waiting to be scheduled",

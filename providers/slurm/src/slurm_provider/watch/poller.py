@@ -71,7 +71,8 @@ from slurm_provider.cli.sshare import TresMinutes
 from slurm_provider.job_status import JobStatus
 from slurm_provider.watch.maintenance import Window, waits_for_maintenance
 from slurm_provider.watch.outage import STEP_FAILURES_WHILE_REACHABLE, Outage, reachable_again_line, slurm_error_line
-from slurm_provider.state_vocabulary import SlurmState, classify_pending_reason
+from slurm_provider.state_vocabulary import SlurmState
+from slurm_provider.pending_reasons import classify_pending_reason
 from slurm_provider.timing import (
     MAINTENANCE_READ_INTERVAL,
     POLL_GROWTH,
