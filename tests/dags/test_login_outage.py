@@ -63,7 +63,7 @@ BACKOFF_LINE = re.compile(r"Cluster (?P<conn>\S+) still unreachable after (?P<tr
 
 def _job_writing(cluster: LocalCluster, directory: str) -> tuple[str, str] | None:
     """(job id, state) of the live job whose comment names ``directory`` as the one it writes."""
-    from slurm_provider.cli.sbatch import exclusive_dir_marker
+    from slurm_provider.cli.exclusive_submit import exclusive_dir_marker
 
     marker = f'"xdir":"{exclusive_dir_marker(directory)}"'
     out = cluster.root("squeue", "-h", "-a", "-t", "all", "-o", "%i|%T|%k", check=False).stdout

@@ -169,7 +169,7 @@ def _settled_stage_jobs(cluster: LocalCluster, stage_dir: str, expect: int) -> l
 
 def _live_writer(cluster: LocalCluster, stage_dir: str) -> str | None:
     """The id of the live job whose comment names ``stage_dir`` as the directory it writes (squeue)."""
-    from slurm_provider.cli.sbatch import exclusive_dir_marker
+    from slurm_provider.cli.exclusive_submit import exclusive_dir_marker
 
     marker = f'"xdir":"{exclusive_dir_marker(stage_dir)}"'
     out = cluster.root("squeue", "-h", "-O", "JobID:20,Comment:2000", check=False).stdout

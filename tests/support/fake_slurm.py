@@ -36,7 +36,7 @@ from slurm_provider.cli.job_files import (
     build_read_progress,
 )
 from slurm_provider.cli.sacct import SACCT_FIELDS
-from slurm_provider.cli.sbatch import DONE_MARKER, LIVE_MARKER
+from slurm_provider.cli.exclusive_submit import DONE_MARKER, LIVE_MARKER
 from slurm_provider.cli.squeue import LIVE_JOB_STATES, SQUEUE_FIELDS
 from slurm_provider.cli.sshare import SSHARE_FIELDS
 from slurm_provider.cli.values import FIELD_SEPARATOR, TIME_FORMAT_ENV, format_duration

@@ -130,7 +130,7 @@ class LocalCluster:
     def jobs_writing(self, directory: str) -> list[str]:
         """Ids of every job (any state, name or user) whose comment names ``directory`` as the one it
         writes (``exclusive_dir``), from accounting, which has a job's comment once the job ended."""
-        from slurm_provider.cli.sbatch import exclusive_dir_marker
+        from slurm_provider.cli.exclusive_submit import exclusive_dir_marker
 
         marker = f'"xdir":"{exclusive_dir_marker(directory)}"'
         out = self.root("sacct", "-X", "-n", "-P", "-a", "-S", "now-1days", "--format=JobIDRaw,Comment").stdout

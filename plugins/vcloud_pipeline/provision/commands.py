@@ -3,7 +3,7 @@
 The script (run with ``bash -s`` on the login node, its text on stdin) ends at once when the set's
 directory is complete (its marker exists): a second run of the same set is one SSH command that
 installs nothing. Otherwise, under a lock of the submit lock's kind in ``paths.pylibs``
-(:func:`slurm_provider.cli.sbatch.lock_acquire_lines`), it asks the container's Python which pinned
+(:func:`slurm_provider.cli.exclusive_submit.lock_acquire_lines`), it asks the container's Python which pinned
 distributions it already has (``importlib.metadata``), installs the missing ones with the container's
 own ``pip`` (``--target``, ``--no-deps``: everything else is the container's; ``--only-binary``: a
 package that would need a compiler fails here, not in a job) into a directory of its own, writes the
@@ -21,7 +21,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-from slurm_provider.cli.sbatch import EXIT_LOCK_BUSY, lock_acquire_lines
+from slurm_provider.cli.exclusive_submit import EXIT_LOCK_BUSY, lock_acquire_lines
 from slurm_provider import format_time_limit
 
 from vcloud_pipeline.plan.layout import PylibsPaths
@@ -150,7 +150,7 @@ def _job_lines(profile: ClusterProfile, pylibs: PylibsPaths, environment: JobEnv
 def build_provision_script(profile: ClusterProfile, pylibs: PylibsPaths, environment: JobEnvironment) -> str:
     """The whole step as one ``bash`` script (see the module's docstring); exits 0 when the set is in
     place, :data:`EXIT_CHECK_FAILED` or :data:`EXIT_INSTALL_FAILED` with the reason in its output,
-    :data:`slurm_provider.cli.sbatch.EXIT_LOCK_BUSY` when another installer held the lock all along."""
+    :data:`slurm_provider.cli.exclusive_submit.EXIT_LOCK_BUSY` when another installer held the lock all along."""
     if profile.provision is None:
         raise ProvisionSetupError(f"profile {profile.name} has no provision section")
     if pylibs.hash != environment.key:

@@ -18,15 +18,13 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from support.localcluster import LocalCluster, poll_until
 from slurm_provider import hooks
-from slurm_provider.cli.sbatch import (
+from slurm_provider.cli.sbatch import JobComment, parse_job_comment, script_account
+from slurm_provider.cli.exclusive_submit import (
     DONE_MARKER,
     LIVE_MARKER,
     MOVED_MARKER,
-    JobComment,
     build_exclusive_sbatch_submit,
     exclusive_dir_marker,
-    parse_job_comment,
-    script_account,
 )
 from slurm_provider.operators import HISTORY_KEY, SlurmSubmitOperator, job_name_for
 from slurm_provider.validation import ValidationError

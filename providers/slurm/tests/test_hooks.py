@@ -18,7 +18,8 @@ import paramiko
 import pytest
 from support.localcluster import poll_until
 
-from slurm_provider.cli.sbatch import JobComment, exclusive_dir_marker, parse_job_comment
+from slurm_provider.cli.sbatch import JobComment, parse_job_comment
+from slurm_provider.cli.exclusive_submit import exclusive_dir_marker
 from slurm_provider.hooks import SlurmAsyncHook, SlurmCommandFailed, SlurmHook, SubmitLockBusy, SubmitOptions
 from slurm_provider.cli.sbatch import SbatchRefused
 from slurm_provider.state_vocabulary import SlurmState

@@ -7,8 +7,9 @@ import asyncio
 
 import pytest
 
-from slurm_provider.cli import job_files, sacct, sbatch, scancel, scontrol, sinfo, squeue, sshare
-from slurm_provider.cli.sbatch import JobComment, SubmitOptions, exclusive_dir_marker
+from slurm_provider.cli import exclusive_submit, job_files, sacct, sbatch, scancel, scontrol, sinfo, squeue, sshare
+from slurm_provider.cli.sbatch import JobComment, SubmitOptions
+from slurm_provider.cli.exclusive_submit import exclusive_dir_marker
 from slurm_provider.hooks import SlurmAsyncHook, SlurmCommandFailed, SlurmHook, SlurmRateLimited, SlurmUnavailable
 from slurm_provider.scheduler_calls import (
     MIN_CALL_INTERVAL_EXTRA,
@@ -34,8 +35,8 @@ def test_every_command_the_provider_builds_is_counted_as_the_slurm_clients_it_ru
     assert slurm_verbs(sacct.build_sacct(["1"])) == ("sacct",)
     assert slurm_verbs(sbatch.build_sbatch_submit(OPTIONS)) == ("sbatch",)
     assert slurm_verbs(sbatch.build_sbatch_test_only(OPTIONS)) == ("sbatch",)
-    assert slurm_verbs(sbatch.build_exclusive_sbatch_submit(exclusive_dir=XDIR, live_account="acc",
-                                                            **exclusive.as_kwargs())) == ("squeue", "sbatch")
+    assert slurm_verbs(exclusive_submit.build_exclusive_sbatch_submit(exclusive_dir=XDIR, live_account="acc",
+                                                                      **exclusive.as_kwargs())) == ("squeue", "sbatch")
     assert slurm_verbs(scontrol.build_scontrol_show_job(1)) == ("scontrol",)
     assert slurm_verbs(scontrol.build_scontrol_ping()) == ("scontrol",)
     assert slurm_verbs(sshare.build_sshare_account("acc")) == ("sshare",)

@@ -25,24 +25,26 @@ from slurm_provider.cli.sacct import (
     runs_of,
 )
 from slurm_provider.cli.sbatch import (
+    SbatchRefused,
+    SubmitOptions,
+    SubmitResult,
+    TestOnlyResult,
+    build_sbatch_submit,
+    build_sbatch_test_only,
+    parse_sbatch_parsable,
+    parse_sbatch_test_only,
+    sbatch_error_message,
+    script_account,
+)
+from slurm_provider.cli.exclusive_submit import (
     DONE_MARKER,
     EXIT_LOCK_BUSY,
     EXIT_NO_DIRECTORY,
     EXIT_QUERY_FAILED,
     LIVE_MARKER,
     MOVED_MARKER,
-    SbatchRefused,
-    SubmitOptions,
-    SubmitResult,
-    TestOnlyResult,
     build_exclusive_sbatch_submit,
-    build_sbatch_submit,
-    build_sbatch_test_only,
     exclusive_dir_marker,
-    parse_sbatch_parsable,
-    parse_sbatch_test_only,
-    sbatch_error_message,
-    script_account,
 )
 from slurm_provider.cli.scancel import build_scancel
 from slurm_provider.cli.scontrol import (

@@ -3,7 +3,8 @@
 validation) and the parsers for what each command prints (plain values exactly as Slurm meant
 them; what a state means is decided in :mod:`slurm_provider.state_vocabulary`).
 
-- :mod:`slurm_provider.cli.sbatch`     submit, test-only, the job comment, the exclusive submit
+- :mod:`slurm_provider.cli.sbatch`     submit, test-only, the job comment
+- :mod:`slurm_provider.cli.exclusive_submit` the submit under a lock in the directory the job writes
 - :mod:`slurm_provider.cli.squeue`     the queue (live jobs)
 - :mod:`slurm_provider.cli.sacct`      accounting records (finished jobs, requeued runs, steps)
 - :mod:`slurm_provider.cli.scontrol`   one job's full record

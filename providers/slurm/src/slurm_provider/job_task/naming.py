@@ -14,7 +14,8 @@ import uuid
 from typing import TYPE_CHECKING
 
 from slurm_provider.cli.job_files import job_log_name
-from slurm_provider.cli.sbatch import JobComment, exclusive_dir_marker
+from slurm_provider.cli.sbatch import JobComment
+from slurm_provider.cli.exclusive_submit import exclusive_dir_marker
 from slurm_provider.resubmission import Submission, SubmissionHistory
 
 if TYPE_CHECKING:

@@ -27,7 +27,8 @@ from slurm_provider.bad_nodes import (
     left_out_xcom,
     nodes_to_leave_out,
 )
-from slurm_provider.cli.sbatch import JobComment, SbatchRefused, exclusive_dir_marker, parse_job_comment
+from slurm_provider.cli.sbatch import JobComment, SbatchRefused, parse_job_comment
+from slurm_provider.cli.exclusive_submit import exclusive_dir_marker
 from slurm_provider.hints import find_submit_hints, format_hints
 from slurm_provider.job_status import JobStatus
 from slurm_provider.job_task import ending, naming
