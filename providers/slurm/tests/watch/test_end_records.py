@@ -19,7 +19,8 @@ import pytest
 from slurm_provider.cli.job_files import build_poll_files, parse_poll_files
 from slurm_provider.watch.end_records import EndRecord, end_record_path, end_record_shell, parse_end_record
 from slurm_provider.job_status import JobStatus
-from slurm_provider.watch.poller import JobPoller, PollUpdate
+from slurm_provider.watch.poller import JobPoller
+from slurm_provider.watch.subscription import PollUpdate
 from slurm_provider.timing import CONFIRM_RETRY
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.watch import end_confirmation

@@ -16,7 +16,7 @@ from slurm_provider.watch.end_records import EndRecord
 from slurm_provider.job_status import JobStatus
 from slurm_provider.watch.maintenance import Window
 from slurm_provider.watch.outage import Outage
-from slurm_provider.watch.poller import PollUpdate
+from slurm_provider.watch.subscription import PollUpdate
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.watch.job_watch import (
     ERROR,

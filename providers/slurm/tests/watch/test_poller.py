@@ -17,7 +17,8 @@ import pytest
 
 from slurm_provider.cli.sshare import TresMinutes
 from slurm_provider.hooks import SlurmCommandFailed, SlurmRateLimited, SlurmUnavailable
-from slurm_provider.watch.poller import JobPoller, PollUpdate
+from slurm_provider.watch.poller import JobPoller
+from slurm_provider.watch.subscription import PollUpdate
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.job_status import JobStatus
 from slurm_provider.watch.maintenance import Window

@@ -29,7 +29,7 @@ from slurm_provider.job_status import JobStatus
 from slurm_provider.watch.maintenance import Window, maintenance_line, maintenance_words
 from slurm_provider.watch.outage import Outage, gave_up_line, reachable_again_line, unreachable_line
 from slurm_provider.watch.pending_words import waiting_line
-from slurm_provider.watch.poller import PollUpdate
+from slurm_provider.watch.subscription import PollUpdate
 from slurm_provider.state_vocabulary import SlurmState, StateCategory
 from slurm_provider.pending_reasons import ReasonKind, classify_pending_reason, split_reason
 from slurm_provider.watch.events import ERROR, FINISHED, LOST, NEVER_STARTS, REACHABLE

@@ -60,14 +60,13 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import replace
+from typing import Any
 
 from slurm_provider.watch.allocation import AccountReading
 from slurm_provider.backoff import Backoff, spread
 from slurm_provider.watch.end_records import EndRecord, parse_end_record
 from slurm_provider.watch.followed_files import FOLLOW_INTERVAL
-from slurm_provider.cli.sshare import TresMinutes
 from slurm_provider.job_status import JobStatus
 from slurm_provider.watch.maintenance import Window, waits_for_maintenance
 from slurm_provider.watch.outage import STEP_FAILURES_WHILE_REACHABLE, Outage, reachable_again_line, slurm_error_line
@@ -83,7 +82,8 @@ from slurm_provider.timing import (
     TRANSPORT_RETRY,
 )
 from slurm_provider.transport import ControlMasterNotRunning, TransportError
-from slurm_provider.watch.end_confirmation import EndConfirmation, confirm_schedule
+
+from slurm_provider.watch.subscription import FileSource, PollUpdate, StatusSource, Subscription
 
 log = logging.getLogger(__name__)
 
@@ -91,100 +91,6 @@ RECORD_INTERVAL = 5.0
 """Seconds between two reads of the watched jobs' exit records (one file read, no Slurm call)."""
 MAX_LOG_READS_PER_CYCLE = 16
 """Reads of one log per cycle (each up to 64 KiB): a megabyte of output catches up in one cycle."""
-
-
-class StatusSource(Protocol):
-    """What the poller needs from a cluster connection (``SlurmAsyncHook`` provides it)."""
-
-    async def statuses(self, job_ids: list[str]) -> dict[str, JobStatus]: ...
-
-    async def read_log(self, path: str, offset: int) -> tuple[str, int]: ...
-
-    async def file_sizes(self, paths: list[str]) -> dict[str, int]: ...
-
-    async def account_tres(self, account: str, tres: str = "billing") -> TresMinutes | None: ...
-
-    async def maintenance(self) -> tuple[Window, ...]: ...
-
-    async def release(self, job_id: str) -> None: ...
-
-    async def close(self) -> None: ...
-
-
-@runtime_checkable
-class FileSource(Protocol):
-    """A source that reads log sizes and exit records in one command (``SlurmAsyncHook`` does)."""
-
-    async def poll_files(self, size_paths: list[str],
-                         record_paths: list[str]) -> tuple[dict[str, int], dict[str, str]]: ...
-
-
-@dataclass(frozen=True)
-class PollUpdate:
-    """What one subscriber learns from one poll cycle."""
-
-    status: JobStatus | None
-    new_log_text: str = ""
-    log_offset: int = 0
-    error: BaseException | None = None
-    """The watch cannot go on (a bug, or a transport error that retrying cannot fix)."""
-    waiting: str | None = None
-    """No status this cycle: the login waits for a person (what to do); the watch goes on."""
-    new_err_text: str = ""
-    """New text of the job's error output (stderr), when it is a file of its own."""
-    err_offset: int = 0
-    unreachable: Outage | None = None
-    """No status this cycle: the cluster did not answer (since when, why); the watch decides whether
-    to wait on."""
-    allocation: AccountReading | None = None
-    """The job's account allocation, read this cycle because the job pends on it (else None)."""
-    throttled: str | None = None
-    """No status this cycle: Slurm asked us to call less often (its answer); the watch goes on."""
-    end_record: EndRecord | None = None
-    """The exit record that made the poller ask Slurm this cycle (None: the regular poll)."""
-    followed: tuple[tuple[str, str, int], ...] = ()
-    """``(path, new text, offset after it)`` of each followed file that grew, read this cycle."""
-    only_followed: bool = False
-    """No status this cycle: only followed files were read (between two polls)."""
-    maintenance: tuple[Window, ...] = ()
-    """The maintenance windows the job waits out, while Slurm says it pends for one (else empty)."""
-
-
-@dataclass
-class _Subscription:
-    job_id: str
-    poll_interval: float
-    max_poll_interval: float
-    log_path: str | None
-    log_offset: int
-    err_path: str | None = None
-    err_offset: int = 0
-    queue: asyncio.Queue[PollUpdate] = field(default_factory=asyncio.Queue)
-    last_state: str | None = None
-    end_record_path: str | None = None
-    restarts: int = 0
-    """The restart count Slurm last reported: an older run's exit record is not the end."""
-    record_interval: float | None = None
-    """How often the poller reads the exit records (the first wait to confirm an end is at most this)."""
-    confirmation: EndConfirmation = field(init=False)
-    """The record Slurm did not confirm yet, and when to ask again (monotonic)."""
-    follows: dict[str, int] = field(default_factory=dict)
-    """Followed files of the job (:mod:`slurm_provider.watch.followed_files`) by path: the bytes read so far."""
-    follow_interval: float = FOLLOW_INTERVAL
-    followed_at: float = float("-inf")
-
-    def __post_init__(self) -> None:
-        self.confirmation = EndConfirmation(confirm_schedule(self.max_poll_interval, read_interval=self.record_interval))
-    """When (monotonic) the followed files' sizes were last checked."""
-
-    def log_files(self) -> list[str]:
-        return [p for p in (self.log_path, self.err_path) if p]
-
-    def follow_due(self, now: float, state: str | None) -> bool:
-        """Whether the followed files' sizes are to be checked now: the job has started and the last
-        check is ``follow_interval`` old."""
-        started = state in SlurmState.__members__ and SlurmState(state).has_started
-        return bool(self.follows) and started and now - self.followed_at >= self.follow_interval
 
 
 class JobPoller:
@@ -196,7 +102,7 @@ class JobPoller:
         self.conn_id = conn_id
         self._source_factory = source_factory
         self._source: StatusSource | None = None
-        self._subs: dict[int, _Subscription] = {}
+        self._subs: dict[int, Subscription] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._polls = replace(POLLS, factor=growth, jitter=spread(jitter))
@@ -229,7 +135,7 @@ class JobPoller:
         more files of the job to read as they grow (path: bytes read so far), their sizes checked in
         the command of a poll or of a read of the exit records, at most every ``follow_interval``
         seconds."""
-        sub = _Subscription(str(job_id), poll_interval, max(poll_interval, max_poll_interval), log_path,
+        sub = Subscription(str(job_id), poll_interval, max(poll_interval, max_poll_interval), log_path,
                             log_offset, err_path, err_offset, end_record_path=end_record_path,
                             follows=dict(follows or {}), follow_interval=follow_interval,
                             record_interval=self.record_interval)
@@ -394,7 +300,7 @@ class JobPoller:
                 self.unconfirmed += 1
                 self._not_confirmed(sub, ended[id(sub)])
 
-    def _not_confirmed(self, sub: _Subscription, record: EndRecord) -> None:
+    def _not_confirmed(self, sub: Subscription, record: EndRecord) -> None:
         """Slurm does not call the job ended yet (completing, requeued): ask again after a doubling wait."""
         sub.confirmation.not_confirmed(record, time.monotonic())
 
@@ -403,7 +309,7 @@ class JobPoller:
         changed, _ = await self._poll(list(self._subs.values()), None)
         return changed
 
-    async def _poll(self, subs: list[_Subscription],
+    async def _poll(self, subs: list[Subscription],
                     records: dict[int, EndRecord] | None) -> tuple[bool, set[int]]:
         """Ask Slurm about ``subs``' jobs and hand each its update: the regular poll (``records`` None),
         or the confirmation of the ends that ``records`` (by subscription) tell. Returns whether any
@@ -466,7 +372,7 @@ class JobPoller:
         return changed, confirmed
 
     @staticmethod
-    async def _read_followed(source: StatusSource, sub: _Subscription, sizes: dict[str, int],
+    async def _read_followed(source: StatusSource, sub: Subscription, sizes: dict[str, int],
                              now: float) -> tuple[tuple[str, str, int], ...]:
         """What the followed files of ``sub`` grew by, given their ``sizes`` just read."""
         sub.followed_at = now
@@ -634,7 +540,7 @@ def _state_of(status: JobStatus | None) -> str | None:
     return status.state.value if status is not None else None
 
 
-def _record_of(sub: _Subscription, records: dict[str, str]) -> EndRecord | None:
+def _record_of(sub: Subscription, records: dict[str, str]) -> EndRecord | None:
     """The exit record read for ``sub`` when it says the watched run ended, else None."""
     text = records.get(sub.end_record_path) if sub.end_record_path else None
     record = parse_end_record(text) if text else None
