@@ -315,7 +315,8 @@ def test_on_kill_of_a_sensor_watch_never_cancels_a_job_submitted_elsewhere(fake_
 
 def test_triggers_of_one_cluster_share_one_connection_and_one_query_per_cycle(
         local_cluster: LocalCluster, cluster_connection: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurm_provider import hooks, poller, triggers
+    from slurm_provider import hooks, triggers
+    from slurm_provider.watch import poller
 
     jobs = [_submit(local_cluster, cluster_connection, f"sleep {3 + i}")[0] for i in range(4)]
     hooks_made: list[Any] = []
