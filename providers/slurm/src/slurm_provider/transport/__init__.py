@@ -27,7 +27,8 @@ from slurm_provider.transport.factory import (
     runner_for_connection,
     transport_name,
 )
-from slurm_provider.transport.openssh import AsyncOpenSSHRunner, OpenSSHRunner, OpenSSHTarget
+from slurm_provider.transport.openssh import OpenSSHTarget
+from slurm_provider.transport.openssh_runners import AsyncOpenSSHRunner, OpenSSHRunner
 from slurm_provider.transport.ssh_command import (
     KeyLogin,
     SSHCommand,

@@ -23,7 +23,8 @@ from slurm_provider.transport.base import (
     describe_login,
 )
 from slurm_provider.transport.host_keys import extra_problems, refuse_unchecked
-from slurm_provider.transport.openssh import AsyncOpenSSHRunner, OpenSSHRunner, OpenSSHTarget
+from slurm_provider.transport.openssh import OpenSSHTarget
+from slurm_provider.transport.openssh_runners import AsyncOpenSSHRunner, OpenSSHRunner
 from slurm_provider.transport.ssh_provider import AsyncSSHProviderRunner, SSHProviderRunner
 
 PARAMIKO = "paramiko"

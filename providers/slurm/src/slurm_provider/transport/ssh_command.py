@@ -37,7 +37,8 @@ from slurm_provider.transport.base import (
     login_refused,
 )
 from slurm_provider.transport.factory import OPENSSH, checked_transport
-from slurm_provider.transport.openssh import OpenSSHRunner, OpenSSHTarget, classify_ssh_log
+from slurm_provider.transport.openssh import OpenSSHTarget, classify_ssh_log
+from slurm_provider.transport.openssh_runners import OpenSSHRunner
 
 DEFAULT_CONNECT_TIMEOUT = 10
 WORKDIR_PREFIX = "slurm-provider-ssh-command-"
