@@ -40,8 +40,8 @@ POLL_S = 2
 """``VCLOUD_POLL_INTERVAL``: seconds between the watch's first polls (and the login wait's first probe)."""
 BACKOFF_CAP_S = 5
 """``VCLOUD_MAX_POLL_INTERVAL``: the longest interval between two polls, and the cap of the watch's
-back-off from an unreachable login node (``slurm_provider.watch.poller.retry_delay``: ``2 ** try`` seconds,
-jittered down to half, never more than the cap; 300 s in a deployment)."""
+back-off from an unreachable login node (``slurm_provider.watch.poll_schedule.PollSchedule.transport_retry``:
+``2 ** try`` seconds, jittered down to half, never more than the cap; 300 s in a deployment)."""
 FIRST_POLL_S = 1
 """``VCLOUD_FIRST_POLL_DELAY``: fine for ``airflow dags test``, which runs the triggers inline."""
 CAPPED_FROM_TRY = math.ceil(math.log2(BACKOFF_CAP_S))

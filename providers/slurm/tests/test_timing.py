@@ -74,11 +74,11 @@ def test_slurms_not_now_doubles_the_wait_up_to_300_s(last: float, interval: floa
 
 def test_the_watches_use_the_schedules_of_timing_by_default() -> None:
     assert SlurmLoginTrigger(conn_id="lumi", since=0.0).probes == LOGIN_PROBES
-    assert JobPoller("c", lambda: None)._polls == POLLS  # type: ignore[arg-type]
+    assert JobPoller("c", lambda: None).schedule.polls == POLLS  # type: ignore[arg-type]
 
 
 def test_the_pollers_growth_and_jitter_stay_overridable() -> None:
-    polls = JobPoller("c", lambda: None, growth=2.0, jitter=0.0)._polls  # type: ignore[arg-type]
+    polls = JobPoller("c", lambda: None, growth=2.0, jitter=0.0).schedule.polls  # type: ignore[arg-type]
     assert (polls.factor, polls.jitter) == (2.0, (1.0, 1.0))
 
 

@@ -13,8 +13,9 @@ Modules, one responsibility each:
 - ``hooks``: one method per Slurm verb, plus ``ssh_command()`` for file transfers;
 - ``watch``: watching a job until it ends: ``job_watch`` (a sans-IO state machine the trigger and
   the login-node wait drive), ``events`` (the typed events they fire), ``poller`` (one batched
-  status query per cluster for every watched job), ``subscription`` (what each of its cycles tells
-  a watch), ``notes`` (how far a trigger's watch got, kept with its task), ``end_records`` and
+  status query per cluster for every watched job; ``poll_schedule`` decides its waits, ``side_reads``
+  are the logs, allocations and windows a cycle reads beside the statuses), ``subscription`` (what
+  each of its cycles tells a watch), ``notes`` (how far a trigger's watch got, kept with its task), ``end_records`` and
   ``end_confirmation`` (a job's end, noticed within seconds), ``outage`` (a login node that does
   not answer), ``allocation``, ``maintenance``, ``pending_words``, ``followed_files``;
 - ``job_task``: the steps of a task that runs one job (``submission``, ``ending``, ``naming``,

@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Iterable
+from dataclasses import replace
 
 import pytest
 
+from slurm_provider.backoff import NO_JITTER
 from slurm_provider.cli.sshare import TresMinutes
 from slurm_provider.hooks import SlurmCommandFailed, SlurmRateLimited, SlurmUnavailable
+from slurm_provider.timing import POLLS
+from slurm_provider.watch.poll_schedule import Asked, PollSchedule
 from slurm_provider.watch.poller import JobPoller
 from slurm_provider.watch.subscription import PollUpdate
 from slurm_provider.state_vocabulary import SlurmState
@@ -127,22 +132,24 @@ def test_slurms_rate_limit_slows_the_poller_down_on_the_same_connection_and_ever
 
 
 def test_after_refusals_the_wait_doubles_up_to_the_longest_interval_and_eases_back() -> None:
-    poller = JobPoller("c", lambda: ScriptedSource([SlurmState.RUNNING]), growth=1.5, jitter=0.0)
-
-    async def waits() -> tuple[list[float], list[float]]:
-        async with poller.subscribe("1", poll_interval=15, max_poll_interval=300):
-            poller._interval = 15.0
-            slower = []
-            for _ in range(6):
-                poller._throttle = poller._slower()
-                slower.append(poller._throttle)
-            eased = [poller._next_interval(changed=False) for _ in range(8)]
-            return slower, eased
-
-    slower, eased = asyncio.run(waits())
+    schedule = PollSchedule(replace(POLLS, factor=1.5, jitter=NO_JITTER), interval=15.0)
+    asked = Asked(15.0, 300.0)
+    slower = [schedule.slow_down(asked) for _ in range(6)]
+    eased = [schedule.next_wait(asked, changed=False) for _ in range(8)]
     assert slower == [30.0, 60.0, 120.0, 240.0, 300.0, 300.0]
     # the slow-down shrinks by the growth factor per answered poll while the schedule grows back
     assert eased == pytest.approx([300.0, 200.0, 133.33, 88.89, 113.91, 170.86, 256.29, 300.0], abs=0.01)
+
+
+def test_the_regular_polls_start_at_the_shortest_interval_asked_for_and_a_change_starts_them_again() -> None:
+    schedule = PollSchedule(replace(POLLS, factor=2.0, jitter=NO_JITTER))
+    asked = Asked.of([(10.0, 60.0), (20.0, 300.0)])
+    assert asked == Asked(10.0, 60.0)
+    assert [schedule.next_wait(asked, changed=False) for _ in range(4)] == [10.0, 20.0, 40.0, 60.0]
+    assert schedule.next_wait(asked, changed=True) == 10.0
+    schedule.restart()
+    assert schedule.next_wait(asked, changed=False) == 10.0
+    assert Asked.of([]) == Asked(1.0, math.inf)
 
 
 def test_an_error_slurm_keeps_answering_with_ends_every_watch_after_a_few_polls_not_a_day() -> None:
@@ -190,13 +197,8 @@ def test_a_failure_no_retry_can_heal_ends_every_watch_at_once() -> None:
                                                      (20, 4.0, 4.0), (5000, 600.0, 300.0)])
 def test_a_retry_waits_at_most_the_longest_interval_a_watch_allows(attempt: int, cap: float,
                                                                    most: float) -> None:
-    poller = JobPoller("c", lambda: ScriptedSource([SlurmState.RUNNING]))
-
-    async def delays() -> list[float]:
-        async with poller.subscribe("1", poll_interval=cap, max_poll_interval=cap):
-            return [poller._retry_delay(attempt) for _ in range(200)]
-
-    assert all(most / 2 <= d <= most for d in asyncio.run(delays()))
+    delays = [PollSchedule.transport_retry(Asked(cap, cap), attempt) for _ in range(200)]
+    assert all(most / 2 <= d <= most for d in delays)
 
 
 class GrownLog(ScriptedSource):
@@ -323,7 +325,7 @@ def test_the_windows_are_read_once_while_a_job_waits_one_out_and_handed_only_to_
 
 def test_a_failed_reservation_read_leaves_the_window_unnamed_and_the_watch_going(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("slurm_provider.watch.poller.MAINTENANCE_READ_INTERVAL", 0.0)
+    monkeypatch.setattr("slurm_provider.watch.side_reads.MAINTENANCE_READ_INTERVAL", 0.0)
     source = MaintenanceSource(pending_cycles=4, fail_first=True)
     seen = watch_to_the_end(source, "12")
     assert source.reads[:2] == [1, 2], "read again at the next poll once the interval passed"

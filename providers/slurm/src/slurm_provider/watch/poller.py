@@ -57,40 +57,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
-from slurm_provider.watch.allocation import AccountReading
-from slurm_provider.backoff import Backoff, spread
-from slurm_provider.watch.end_records import EndRecord, parse_end_record
-from slurm_provider.watch.followed_files import FOLLOW_INTERVAL
+from slurm_provider.backoff import spread
 from slurm_provider.job_status import JobStatus
-from slurm_provider.watch.maintenance import Window, waits_for_maintenance
-from slurm_provider.watch.outage import STEP_FAILURES_WHILE_REACHABLE, Outage, reachable_again_line, slurm_error_line
-from slurm_provider.state_vocabulary import SlurmState
-from slurm_provider.pending_reasons import classify_pending_reason
-from slurm_provider.timing import (
-    MAINTENANCE_READ_INTERVAL,
-    POLL_GROWTH,
-    POLL_JITTER,
-    POLLS,
-    SLURM_ERROR_RETRY,
-    SLURM_THROTTLE,
-    TRANSPORT_RETRY,
-)
+from slurm_provider.timing import POLL_GROWTH, POLL_JITTER, POLLS
 from slurm_provider.transport import ControlMasterNotRunning, TransportError
-
+from slurm_provider.watch.end_records import EndRecord
+from slurm_provider.watch.followed_files import FOLLOW_INTERVAL
+from slurm_provider.watch.maintenance import waits_for_maintenance
+from slurm_provider.watch.outage import STEP_FAILURES_WHILE_REACHABLE, Outage, reachable_again_line, slurm_error_line
+from slurm_provider.watch.poll_schedule import Asked, PollSchedule
+from slurm_provider.watch.side_reads import (
+    MaintenanceReads,
+    allocation_key,
+    read_allocations,
+    read_followed,
+    read_grown,
+    record_of,
+)
 from slurm_provider.watch.subscription import FileSource, PollUpdate, StatusSource, Subscription
 
 log = logging.getLogger(__name__)
 
 RECORD_INTERVAL = 5.0
 """Seconds between two reads of the watched jobs' exit records (one file read, no Slurm call)."""
-MAX_LOG_READS_PER_CYCLE = 16
-"""Reads of one log per cycle (each up to 64 KiB): a megabyte of output catches up in one cycle."""
 
 
 class JobPoller:
@@ -105,18 +99,14 @@ class JobPoller:
         self._subs: dict[int, Subscription] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
-        self._polls = replace(POLLS, factor=growth, jitter=spread(jitter))
+        self.schedule = PollSchedule(replace(POLLS, factor=growth, jitter=spread(jitter)))
         self._coalesce = coalesce
-        self._interval: float | None = None
-        self._throttle = 0.0  # the least wait between polls Slurm's "not now" answers asked for
         self.cycles = 0
         self.record_interval = record_interval
         self.record_reads = 0  # commands that read exit records between polls
         self.confirmations = 0  # status queries asked because of an exit record
         self.unconfirmed = 0  # ... that Slurm did not confirm (yet)
-        self._windows: tuple[Window, ...] = ()
-        self._windows_read_at = -math.inf  # monotonic
-        self.maintenance_reads = 0
+        self.maintenance = MaintenanceReads()
 
     # --- subscribing -----------------------------------------------------------------------------
 
@@ -142,7 +132,7 @@ class JobPoller:
         if first_poll_delay > 0:
             await asyncio.sleep(first_poll_delay)
         self._subs[id(sub)] = sub
-        self._interval = None  # a new watcher resets the interval to the smallest requested
+        self.schedule.restart()  # a new watcher resets the interval to the smallest requested
         self._wake.set()
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name=f"slurm-poller-{self.conn_id}")
@@ -174,7 +164,7 @@ class JobPoller:
                 changed = await self._cycle()
                 if slowed:
                     log.warning("Cluster %s: Slurm answers again after %d refused poll(s); polling at most every "
-                                "%.0fs for a while", self.conn_id, slowed, self._throttle)
+                                "%.0fs for a while", self.conn_id, slowed, self.schedule.throttle)
                 slowed = 0
                 if since is not None:
                     log.warning("Cluster %s: %s; watching %d job(s)", self.conn_id,
@@ -185,17 +175,17 @@ class JobPoller:
                 since = None
             except SlurmRateLimited as exc:
                 slowed += 1
-                self._throttle = self._slower()
+                wait = self.schedule.slow_down(self._asked())
                 log.warning("Cluster %s: Slurm asks for fewer calls (%s); still watching %d job(s), next poll in "
-                            "%.0fs", self.conn_id, exc, len(self._subs), self._throttle)
+                            "%.0fs", self.conn_id, exc, len(self._subs), wait)
                 self._broadcast_throttled(f"Slurm on {self.conn_id} asks for fewer calls ({exc}); next poll in "
-                                          f"{self._throttle:.0f}s")
-                await asyncio.sleep(self._throttle)  # a new subscriber does not cut this wait short
+                                          f"{wait:.0f}s")
+                await asyncio.sleep(wait)  # a new subscriber does not cut this wait short
                 continue
             except ControlMasterNotRunning as exc:
                 waits += 1
                 await self._drop_source()
-                delay = self._retry_delay(waits)
+                delay = self.schedule.transport_retry(self._asked(), waits)
                 log.warning("Cluster %s: %s. Still watching %d job(s); next try in %.0fs", self.conn_id, exc,
                             len(self._subs), delay)
                 self._broadcast_waiting(str(exc))
@@ -213,7 +203,7 @@ class JobPoller:
                         log.error("Cluster %s: %s", self.conn_id, stopped)
                         self._broadcast_error(SlurmCommandFailed(stopped, exc.result))
                         return
-                    delay = self._error_retry_delay(errors)
+                    delay = self.schedule.error_retry(self._asked(), errors)
                     log.warning("Cluster %s: Slurm answered with an error (%s); asking again in %.0fs (%d of %d)",
                                 self.conn_id, exc, delay, errors, STEP_FAILURES_WHILE_REACHABLE)
                     self._broadcast_waiting(f"Slurm answered with an error ({exc}); asking again in {delay:.0f}s, "
@@ -227,7 +217,7 @@ class JobPoller:
                     since = time.time()
                     log.warning("Cluster %s unreachable (%s); still watching %d job(s), trying again with a "
                                 "new connection", self.conn_id, exc, len(self._subs))
-                delay = self._retry_delay(failures)
+                delay = self.schedule.transport_retry(self._asked(), failures)
                 log.info("Cluster %s still unreachable after %d tries (%s); next try in %.0fs", self.conn_id,
                          failures, exc, delay)
                 self._broadcast_unreachable(Outage(since, str(exc), delay))
@@ -237,7 +227,7 @@ class JobPoller:
                 log.exception("Polling cluster %s failed", self.conn_id)
                 self._broadcast_error(exc)
                 return
-            await self._wait_reading_records(self._next_interval(changed))
+            await self._wait_reading_records(self.schedule.next_wait(self._asked(), changed) if self._subs else 0.0)
 
     async def _wait_reading_records(self, seconds: float) -> None:
         """Wait ``seconds`` for the next poll, reading the exit records every ``record_interval``
@@ -278,13 +268,13 @@ class JobPoller:
                                                  sorted({s.end_record_path for s in subs if s.end_record_path}))
         self.record_reads += 1
         for sub in following:
-            followed = await self._read_followed(source, sub, sizes, now)
+            followed = await read_followed(source, sub, sizes, now)
             if followed:
                 sub.queue.put_nowait(PollUpdate(status=None, log_offset=sub.log_offset, err_offset=sub.err_offset,
                                                 followed=followed, only_followed=True))
         ended: dict[int, EndRecord] = {}
         for sub in subs:
-            record = _record_of(sub, records)
+            record = record_of(sub, records)
             if record is None:
                 sub.confirmation.forget()  # a requeued run's old record: nothing to ask Slurm about
                 continue
@@ -334,8 +324,8 @@ class JobPoller:
             sizes, read = await source.poll_files(paths, record_paths)
         else:
             sizes = await source.file_sizes(paths) if paths else {}
-        readings = await self._read_allocations(source, statuses.values())
-        windows = await self._read_maintenance(source, statuses.values())
+        readings = await read_allocations(source, statuses.values())
+        windows = await self.maintenance.read(source, statuses.values())
         changed = False
         confirmed: set[int] = set()
         for sub in subs:
@@ -348,19 +338,19 @@ class JobPoller:
                 sub.restarts = max(sub.restarts, status.restarts)
             if status is not None and status.state.is_terminal:
                 confirmed.add(id(sub))
-            elif (record := _record_of(sub, read)) is not None:  # this poll's answer: not ended yet
+            elif (record := record_of(sub, read)) is not None:  # this poll's answer: not ended yet
                 self._not_confirmed(sub, record)
             elif record_paths:
                 sub.confirmation.forget()
             text = err_text = ""
             if sub in streaming:
                 if sub.log_path and sizes.get(sub.log_path, 0) > sub.log_offset:
-                    text, sub.log_offset = await _read_grown(source, sub.log_path, sub.log_offset,
+                    text, sub.log_offset = await read_grown(source, sub.log_path, sub.log_offset,
                                                              sizes[sub.log_path])
                 if sub.err_path and sizes.get(sub.err_path, 0) > sub.err_offset:
-                    err_text, sub.err_offset = await _read_grown(source, sub.err_path, sub.err_offset,
+                    err_text, sub.err_offset = await read_grown(source, sub.err_path, sub.err_offset,
                                                                  sizes[sub.err_path])
-            followed = await self._read_followed(source, sub, sizes, now) if sub in following else ()
+            followed = await read_followed(source, sub, sizes, now) if sub in following else ()
             reading = readings.get(key) if (key := allocation_key(status)) is not None else None
             sub.queue.put_nowait(PollUpdate(status=status, new_log_text=text, log_offset=sub.log_offset,
                                             new_err_text=err_text, err_offset=sub.err_offset,
@@ -371,110 +361,9 @@ class JobPoller:
                                             followed=followed))
         return changed, confirmed
 
-    @staticmethod
-    async def _read_followed(source: StatusSource, sub: Subscription, sizes: dict[str, int],
-                             now: float) -> tuple[tuple[str, str, int], ...]:
-        """What the followed files of ``sub`` grew by, given their ``sizes`` just read."""
-        sub.followed_at = now
-        grown = []
-        for path, offset in sub.follows.items():
-            if sizes.get(path, 0) > offset:
-                text, sub.follows[path] = await _read_grown(source, path, offset, sizes[path])
-                grown.append((path, text, sub.follows[path]))
-        return tuple(grown)
-
-    async def _read_allocations(self, source: StatusSource,
-                                statuses: Any) -> dict[tuple[str, str], AccountReading]:
-        """One ``sshare`` per account (and TRES) that watched jobs pend on; none when no job does.
-
-        A failed ``sshare`` is the reading's problem, not the poll's: the watches go on without it.
-        A dropped connection is the poll's (the cycle is retried like any other)."""
-        from slurm_provider.hooks import SlurmCommandFailed
-
-        readings: dict[tuple[str, str], AccountReading] = {}
-        for account, tres in sorted({key for status in statuses if (key := allocation_key(status)) is not None}):
-            try:
-                figures = await source.account_tres(account, tres)
-            except SlurmCommandFailed as exc:
-                readings[(account, tres)] = AccountReading(account, tres, None, f"sshare gave no answer: {exc}")
-                continue
-            except TransportError:
-                raise
-            except Exception as exc:  # unreadable answer or a refused account name: the watch goes on
-                readings[(account, tres)] = AccountReading(account, tres, None, f"sshare failed: {exc}")
-                continue
-            problem = None if figures is not None else f"sshare lists no association for account {account}"
-            readings[(account, tres)] = AccountReading(account, tres, figures, problem)
-        return readings
-
-    async def _read_maintenance(self, source: StatusSource, statuses: Any) -> tuple[Window, ...]:
-        """The site's maintenance windows, read (``scontrol show reservation``) while a watched job pends
-        for one, at most every ``timing.MAINTENANCE_READ_INTERVAL`` seconds; none when no job does.
-
-        A failed read leaves the windows unnamed (the pending reason still says maintenance); a
-        dropped connection is the poll's problem."""
-        from slurm_provider.hooks import SlurmCommandFailed
-
-        if not any(status.state is SlurmState.PENDING and waits_for_maintenance(status.reason)
-                   for status in statuses):
-            return ()
-        now = time.monotonic()
-        if now - self._windows_read_at < MAINTENANCE_READ_INTERVAL:
-            return self._windows
-        self._windows_read_at = now
-        self.maintenance_reads += 1
-        try:
-            self._windows = await source.maintenance()
-        except (SlurmCommandFailed, ValueError) as exc:  # Slurm answered, unusably: the reason still says it
-            log.warning("Could not read the maintenance reservations (%s); the jobs waiting for one are "
-                        "told without its name", exc)
-            self._windows = ()
-        except TransportError:  # the connection dropped: the poll's problem, retried as a poll
-            raise
-        return self._windows
-
-    def _next_interval(self, changed: bool) -> float:
-        subs = list(self._subs.values())
-        if not subs:
-            return 0.0
-        polls = self._schedule()
-        if changed or self._interval is None:
-            self._interval = polls.base
-        else:
-            self._interval = polls.after(self._interval)
-        interval = max(self._interval, self._throttle)
-        eased = self._throttle / polls.factor
-        self._throttle = eased if eased > polls.base else 0.0
-        return polls.jittered(interval)
-
-    def _schedule(self) -> Backoff:
-        """The polls (``timing.POLLS``) from the subscribers' shortest interval to their shortest cap."""
-        subs = self._subs.values()
-        return replace(self._polls, base=min(s.poll_interval for s in subs),
-                       cap=min(s.max_poll_interval for s in subs))
-
-    def _longest_wait(self) -> float:
-        """The longest wait between polls every subscriber allows."""
-        return min((s.max_poll_interval for s in self._subs.values()), default=math.inf)
-
-    def _slower(self) -> float:
-        """The next wait after Slurm asked for fewer calls (``timing.SLURM_THROTTLE``): twice the last
-        one (at least twice the current interval), never longer than the longest wait between polls a
-        subscriber allows."""
-        now = self._interval or min((s.poll_interval for s in self._subs.values()), default=1.0)
-        return SLURM_THROTTLE.capped_at(self._longest_wait()).after(max(self._throttle, now))
-
-    def _error_retry_delay(self, errors: int) -> float:
-        """The wait after the ``errors``-th error in a row Slurm answered with (``timing.SLURM_ERROR_RETRY``):
-        from the subscribers' shortest poll interval, doubling, never longer than the longest wait a
-        subscriber allows."""
-        shortest = min((s.poll_interval for s in self._subs.values()), default=SLURM_ERROR_RETRY.base)
-        return replace(SLURM_ERROR_RETRY, base=shortest).capped_at(self._longest_wait()).delay(errors - 1)
-
-    def _retry_delay(self, attempt: int) -> float:
-        """Back-off (``timing.TRANSPORT_RETRY``) never longer than the longest wait between polls a
-        subscriber allows."""
-        return TRANSPORT_RETRY.capped_at(self._longest_wait()).delay(attempt)
+    def _asked(self) -> Asked:
+        """What the subscribed watches allow between polls."""
+        return Asked.of((s.poll_interval, s.max_poll_interval) for s in self._subs.values())
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep, but wake early when a new job is subscribed so it gets its first status soon.
@@ -522,37 +411,8 @@ class JobPoller:
         _POLLERS.pop((id(asyncio.get_running_loop()), self.conn_id), None)
 
 
-async def _read_grown(source: StatusSource, path: str, offset: int, size: int) -> tuple[str, int]:
-    """What ``path`` grew by from ``offset`` to ``size``, in as many reads as that takes (at most
-    ``MAX_LOG_READS_PER_CYCLE``): a job that wrote a lot while nobody could look (an outage of the login
-    node) has its output shown before its end is announced."""
-    parts = []
-    for _ in range(MAX_LOG_READS_PER_CYCLE):
-        text, new_offset = await source.read_log(path, offset)
-        parts.append(text)
-        moved_on, offset = new_offset > offset, new_offset
-        if not moved_on or offset >= size:  # caught up, or the file was rewritten and read from 0
-            break
-    return "".join(parts), offset
-
-
 def _state_of(status: JobStatus | None) -> str | None:
     return status.state.value if status is not None else None
-
-
-def _record_of(sub: Subscription, records: dict[str, str]) -> EndRecord | None:
-    """The exit record read for ``sub`` when it says the watched run ended, else None."""
-    text = records.get(sub.end_record_path) if sub.end_record_path else None
-    record = parse_end_record(text) if text else None
-    return record if record is not None and record.ends(sub.job_id, sub.restarts) else None
-
-
-def allocation_key(status: JobStatus | None) -> tuple[str, str] | None:
-    """``(account, TRES)`` whose allocation a pending job waits for, or None."""
-    if status is None or status.state is not SlurmState.PENDING or not status.account:
-        return None
-    tres = classify_pending_reason(status.reason).allocation_tres if status.reason else None
-    return (status.account, tres) if tres else None
 
 
 _POLLERS: dict[tuple[int, str], JobPoller] = {}
