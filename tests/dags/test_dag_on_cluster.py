@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 import rasterio.io
 
+from slurm_provider import job_name_for
+
 from support.localcluster import LocalCluster
 
 pytestmark = [pytest.mark.usefixtures("cluster_connection", "airflow_home"), pytest.mark.timeout(1500)]
@@ -402,7 +404,10 @@ def test_the_rendered_template_view_shows_the_script_slurm_ran(local_cluster: Lo
     shown = row.rendered_fields
     (job_id,) = values["preflight_imports"]["job_ids"]
     stored = local_cluster.ssh(f"scontrol write batch_script {shlex.quote(str(job_id))} -").stdout
-    assert stored.startswith("#!/bin/bash\n#SBATCH --job-name=vcloud-shown-preflight\n")
+    # One name: the script's directive is the name the task submitted the job with (sacct's).
+    name = job_name_for("vcloud_training", "preflight_imports", run_id)
+    assert stored.startswith(f"#!/bin/bash\n#SBATCH --job-name={name}\n"), stored[:200]
+    assert local_cluster.root("sacct", "-X", "-n", "-P", "-j", str(job_id), "--format=JobName").stdout.strip() == name
     assert shown["script"] == stored == values["sync_code"]["scripts"]["preflight"]
     assert shown["log_dir"] == f"{project_dir}/logs/shown"
     assert shown["code_version"] == values["sync_code"]["code_hash"]

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from support.localcluster import LocalCluster
+from slurm_provider import job_name_for
 from slurm_provider.hooks import SlurmHook
 from vcloud_pipeline.code.tree import CodeTree
 from vcloud_pipeline.code.upload import local_manifest, render_run_jobs, sync_run
@@ -243,7 +244,8 @@ def test_the_dag_stops_at_provisioning_on_a_node_without_network_and_submits_no_
     # The provisioning job ran and failed; not one job of the run reached Slurm.
     names = local_cluster.root("sacct", "-a", "-X", "-n", "-P", "-S", "now-1hours", "--format=JobName,State").stdout
     assert re.search(r"^vcloud-provision-[0-9a-f]{16}\|FAILED", names, re.M), names
-    assert f"vcloud-{run_name}-" not in names, names
+    run_jobs = [job_name_for("vcloud_training", task, run_id) for task in later]
+    assert not [name for name in run_jobs if name in names], names
 
 
 def test_two_installers_of_one_set_at_once_install_it_once(

@@ -173,7 +173,7 @@ def sync_code(plan: RunPlan, hook: SlurmVerbs, *, project_root: Path = PROJECT_R
     environment = JobEnvironment.of(plan.profile, requirements, read_image_identity(plan.profile, hook))
     paths = plan.paths
     code = paths.code(manifest.hash)
-    jobs = plan.render(manifest.hash, environment)
+    jobs = plan.render(manifest.hash, environment, dag_run)
     with tempfile.TemporaryDirectory(prefix="vcloud-jobs-") as staging:
         result = sync_run(paths, tree, jobs, manifest, hook, Path(staging))
     if result.code_sent:
@@ -190,7 +190,7 @@ def sync_code(plan: RunPlan, hook: SlurmVerbs, *, project_root: Path = PROJECT_R
     cleanup = clean_code_dirs(plan, hook, manifest.hash)
     synced = SyncedCode.recording(
         manifest.hash, {label: job.outer for label, job in jobs.items()},
-        files=manifest.files, code_dir=str(code.dir), manifest_path=str(code.manifest),
+        job_names={label: job.job_name for label, job in jobs.items()}, files=manifest.files, code_dir=str(code.dir), manifest_path=str(code.manifest),
         code_seconds=round(result.code_seconds, 3), code_sent=result.code_sent,
         code_dirs_removed=list(cleanup.remove) if cleanup else None,
         requirements=requirements.pins, requirements_hash=requirements.hash, environment=environment)
@@ -264,7 +264,7 @@ def preflight_checks(plan: RunPlan, hook: SlurmVerbs, synced: SyncedCode) -> dic
                 log.info("%s is complete: not checked", label)
                 continue
         to_run.append(label)
-    verdicts = {label: test_only(hook, plan.job_name(label), synced.script_for(label),
+    verdicts = {label: test_only(hook, synced.job_name(label), synced.script_for(label),
                                  output=str(paths.logs_dir / LOG_OUTPUT_PATTERN)) for label in to_run}
     for line in verdicts.values():
         log.info("test-only: %s", line)

@@ -327,7 +327,10 @@ def _python_args(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code: 
 # --------------------------------------------------------------------------- the one entry point
 
 
-def job_name(paths: RunPaths, spec: JobSpec) -> str:
+def script_stem(paths: RunPaths, spec: JobSpec) -> str:
+    """What a job's scripts and files on the cluster are named by (``vcloud-<run name>-<label>``): the
+    same for every DAG run of a run name. The job's name in Slurm is the submitting task's
+    (:func:`slurm_provider.job_name_for`), rendered into the script's ``#SBATCH --job-name``."""
     return f"vcloud-{paths.run}-{spec.label}"
 
 
@@ -365,9 +368,11 @@ def _code_digest_source() -> str:
 
 
 def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_hash: str, *,
-               environment: JobEnvironment | None = None, templates_dir: Path | None = None) -> RenderedJob:
+               environment: JobEnvironment | None = None, templates_dir: Path | None = None,
+               job_name: str | None = None) -> RenderedJob:
     """Render the outer and inner scripts of one job. Pure: reads only the template files (and, without
-    ``environment``, the checkout's runtime requirements)."""
+    ``environment``, the checkout's runtime requirements). ``job_name``: the job's name in Slurm, the
+    one its task submits it with (None: the script stem, for a job submitted by hand)."""
     profile.require_complete()
     if not is_code_hash(code_hash):
         raise RenderError(f"code hash {code_hash!r} is not a sha256 hex digest; compute it with "
@@ -375,9 +380,10 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
     templates = str(templates_dir or TEMPLATES_DIR)
     code = paths.code(code_hash)
     res = resolve_resources(profile, spec)
-    name = job_name(paths, spec)
+    stem = script_stem(paths, spec)
+    name = job_name or stem
     torchrun = spec.kind is JobKind.TRAIN and res.nodes * res.gpus_per_node > 1
-    outer_path = paths.job_script(name)
+    outer_path = paths.job_script(stem)
     title = _title(spec, paths.run)
 
     options = _directives(profile, res, name, paths)
@@ -397,7 +403,7 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
     values = dict(
         profile=profile, container=c, res=res, paths=paths, code=code, job_name=name, title=title,
         torchrun=torchrun, node_local=node_local, sync_back=staged_outputs,
-        exit_records=paths.exit_records_dir(name) if torchrun else None,
+        exit_records=paths.exit_records_dir(stem) if torchrun else None,
         wait_for_child=_template_text(templates, "wait_for_child.sh").rstrip("\n"),
         EXIT_ERROR=EXIT_ERROR, EXIT_REQUEUE=EXIT_REQUEUE, EXIT_CODE_MISMATCH=EXIT_CODE_MISMATCH,
         EXIT_RUNTIME_FAILED=EXIT_RUNTIME_FAILED, runtime_probe=_runtime_probe(c) if c is not None else None,
@@ -427,7 +433,7 @@ def render_job(profile: ClusterProfile, spec: JobSpec, paths: RunPaths, code_has
     # The outer script (Slurm keeps the submitted copy) names its inner script by content and checks
     # that content before it runs it: a queued or requeued job runs exactly what it was submitted with.
     inner_sha256 = hashlib.sha256(inner.encode()).hexdigest()
-    inner_path = paths.inner_script(name, inner_sha256)
+    inner_path = paths.inner_script(stem, inner_sha256)
     outer = render_template(templates, "outer.sbatch", **values, directives=options, inner_path=inner_path,
                             inner_sha256=inner_sha256, step_resumes=spec.kind is JobKind.TRAIN, launch=launch,
                             end_record=end_record)

@@ -20,13 +20,15 @@ from typing import Any
 
 import pydantic
 
+from slurm_provider import job_name_for
+
 from vcloud_pipeline.plan.jobspec import JobSpec, resolve_resources
 from vcloud_pipeline.plan.layout import RunPaths, run_paths
 from vcloud_pipeline.plan.request import TrainingRequest
 from vcloud_pipeline.plan.labels import JobLabel
 from vcloud_pipeline.profile import ClusterProfile
 from vcloud_pipeline.provision.environment import JobEnvironment
-from vcloud_pipeline.jobs.render import RenderedJob, job_name, render_job
+from vcloud_pipeline.jobs.render import RenderedJob, render_job
 from vcloud_pipeline.schema import Document
 from vcloud_pipeline.plan.stages import StagePlan
 
@@ -117,19 +119,18 @@ class RunPlan(Document):
     def paths(self) -> RunPaths:
         return run_paths(self.profile, self.run_name, synthetic_preset=self.stage_plan.data_preset)
 
-    def job_name(self, label: JobLabel) -> str:
-        """The job's name in Slurm (``#SBATCH --job-name``) and of its scripts."""
-        return job_name(self.paths, self.jobs[label].spec)
-
     def specs(self) -> dict[JobLabel, JobSpec]:
         return {label: job.spec for label, job in self.jobs.items()}
 
-    def render(self, code_hash: str, environment: JobEnvironment | None = None) -> dict[JobLabel, RenderedJob]:
+    def render(self, code_hash: str, environment: JobEnvironment | None = None,
+               dag_run: tuple[str, str] | None = None) -> dict[JobLabel, RenderedJob]:
         """Both scripts of every job for code ``code_hash`` and the provisioned requirement set of
-        ``environment`` (the checkout's pins and the profile's image when None). Pure (reads only the
-        templates)."""
+        ``environment`` (the checkout's pins and the profile's image when None), each named as the task
+        of the DAG run ``dag_run`` (DAG id, run id) submits it (None: by its script stem). Pure (reads
+        only the templates)."""
         paths = self.paths
-        return {label: render_job(self.profile, job.spec, paths, code_hash, environment=environment)
+        return {label: render_job(self.profile, job.spec, paths, code_hash, environment=environment,
+                                  job_name=job_name_for(dag_run[0], label.task_id, dag_run[1]) if dag_run else None)
                 for label, job in self.jobs.items()}
 
 
@@ -148,6 +149,8 @@ class SyncedCode(Document):
     code_dirs_removed: list[str] | None = None
     requirements: list[str] = []
     """The runtime requirements (pins) the jobs were rendered for: the set the provisioning step installs."""
+    job_names: dict[JobLabel, str] = {}
+    """Each job's name in Slurm, as rendered into its script and submitted by its task."""
     requirements_hash: str = ""
     environment: JobEnvironment | None = None
     """The pins and the site image the jobs were rendered for: the provisioning step installs the set
@@ -158,6 +161,14 @@ class SyncedCode(Document):
         """The synced code with the digest of each script as it is now (when it has just been rendered)."""
         return cls(code_hash=code_hash, scripts=dict(scripts),
                    script_sha256={label: script_sha256(script) for label, script in scripts.items()}, **facts)
+
+    def job_name(self, label: JobLabel) -> str:
+        """The name ``label``'s job was rendered with, the one its task submits it with."""
+        name = self.job_names.get(label)
+        if name is None:
+            raise ScriptRefused(f"{label}: no job name recorded with its script (rendered by an earlier version); "
+                                "clear sync_code and this task to render it again")
+        return name
 
     def script_for(self, label: JobLabel) -> str:
         """The outer script of ``label``, once its digest is the one recorded when it was rendered."""

@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
+
+from slurm_provider import job_name_for
+from slurm_provider.cli.job_files import job_log_name
 
 from vcloud_pipeline.dag.job_operator import PipelineJobOperator
 from vcloud_pipeline.plan.labels import JobLabel
@@ -78,6 +82,28 @@ def test_the_plan_round_trips_through_xcom_and_names_each_job_by_its_label() -> 
     stage2 = plan.jobs[JobLabel.STAGE2]
     assert (stage2.stage, stage2.partition, stage2.nodes, stage2.gpus_per_node) == (2, "standard-g", 2, 8)
     assert planned["outputs_dir"] == str(plan.paths.outputs_dir) and planned["conn_id"] == "lumi"
+
+
+def test_a_job_rendered_for_a_dag_run_has_one_name_the_one_its_task_submits_it_with() -> None:
+    """The script's ``#SBATCH --job-name``, the name on sbatch's command line (the task's, which
+    adoption searches by) and the log file the watch reads are one name; the files on the cluster
+    keep the run name's stem, so another DAG run of the run name changes no inner script."""
+    plan = RunPlan.from_xcom(plan_run({"profile": "local", "config": "tiny", "run_name": "named"}))
+    first = plan.render(CODE_HASH, dag_run=("vcloud_training", "manual__1"))
+    second = plan.render(CODE_HASH, dag_run=("vcloud_training", "manual__2"))
+    for label, job in first.items():
+        name = job_name_for("vcloud_training", label.task_id, "manual__1")
+        assert job.job_name == name
+        assert re.findall(r"^#SBATCH --job-name=(.*)$", job.outer, re.M) == [name], job.outer[:400]
+        assert str(job.stdout_path("42")) == f"{plan.paths.logs_dir}/{job_log_name(name, '42', 'out')}"
+        other = second[label]
+        assert other.job_name != name and other.inner == job.inner and other.inner_path == job.inner_path
+        assert other.outer_path == job.outer_path == plan.paths.job_script(f"vcloud-named-{label}")
+    synced = SyncedCode.recording(CODE_HASH, {label: job.outer for label, job in first.items()},
+                                  job_names={label: job.job_name for label, job in first.items()})
+    assert synced.job_name(JobLabel.STAGE0) == job_name_for("vcloud_training", "stage0", "manual__1")
+    with pytest.raises(ScriptRefused, match="no job name recorded"):
+        SyncedCode.recording(CODE_HASH, {}).job_name(JobLabel.STAGE0)
 
 
 def test_a_synced_script_is_handed_out_only_with_its_recorded_digest() -> None:
