@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import ConcatDataset, Dataset, Subset
 
+from vcloud.contract import BEST_CHECKPOINT, stage_dir_name
 from vcloud.lineage import checkpoint_digest
 from vcloud.data.dataset import SeriesDataset, dataset_len
 from vcloud.durable import atomic_write_bytes, atomic_write_text
@@ -169,7 +170,11 @@ def stage2_skipped(ctx: BuildContext) -> bool:
     """Stage 3 starts without stage 2: stage 2 is off by default (``train.stage2.run_by_default``)
     and the run has no ``stage2/best.pt``."""
     return (not ctx.config.train.for_stage(2).run_by_default
-            and not (ctx.run_dir / "stage2" / "best.pt").is_file())
+            and not _stage2_best(ctx).is_file())
+
+
+def _stage2_best(ctx: BuildContext) -> Path:
+    return ctx.run_dir / stage_dir_name(2) / BEST_CHECKPOINT
 
 
 def stage2_teacher(ctx: BuildContext) -> DraftAndRefiner:
@@ -185,7 +190,7 @@ def stage2_teacher(ctx: BuildContext) -> DraftAndRefiner:
         torch.manual_seed(ctx.config.train.seed)
         model = _build_refiner(cfg, ctx)
     log.info("stage 3: no %s and stage 2 is off by default (train.stage2.run_by_default: false): starting "
-             "from stage 2's untrained start, stage 1's draft", ctx.run_dir / "stage2" / "best.pt")
+             "from stage 2's untrained start, stage 1's draft", _stage2_best(ctx))
     return model.to(ctx.device).eval()
 
 
@@ -261,7 +266,7 @@ def selftrain_dataset(labeled: Dataset, ctx: BuildContext, cfg: SelfTrainConfig 
         cfg = SelfTrainConfig.from_dict(ctx.config.model.section(3))
     labeled_part, pool, source = pseudo_label_pool(labeled, cfg)
     source_root = f"{getattr(source, 'root', '')}:{getattr(source, 'split', '')}"
-    cache = ctx.run_dir / "stage3" / PSEUDO_LABELS_FILE
+    cache = ctx.run_dir / stage_dir_name(3) / PSEUDO_LABELS_FILE
     teacher = stage2_teacher_id(ctx)
     labels = None
     if cache.is_file():
