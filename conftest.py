@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -160,10 +159,12 @@ def cluster_connection(local_cluster: LocalCluster) -> str:
 @pytest.fixture(scope="session")
 def airflow_home() -> Path:
     """A migrated throwaway Airflow home (SQLite, no examples) for dag.test() and `airflow dags test`."""
-    proc = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], capture_output=True,
-                          text=True, env=os.environ.copy(), timeout=600)
-    if proc.returncode != 0:
-        pytest.fail(f"airflow db migrate failed:\n{proc.stderr[-3000:]}", pytrace=False)
+    from support import migrated_db
+
+    try:
+        migrated_db.migrate(dict(os.environ))
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
     return _AIRFLOW_HOME
 
 

@@ -335,8 +335,9 @@ def test_a_stage_that_hits_its_time_limit_requeues_and_loses_no_epoch(local_clus
     trainer has not installed its handler yet (or has finished) must still end resumably.
 
     The epoch count is sized from a measured epoch time so that one 2-minute slot can never hold the
-    whole stage, whatever the machine's speed (about 220 s of training at the probe's pace: at least
-    two slots even when the machine runs twice as fast as it did for the probe, e.g. a busy probe).
+    whole stage, whatever the machine's speed: a slot trains at most 60 s before its USR2, and the
+    stage is about 150 s of training at the probe's pace, so even a machine twice as fast as it was
+    for the probe (a busy probe) needs a second slot.
     """
     def logs(label: str) -> str:
         return job_logs_tail(local_cluster, project_dir, "tl", label)
@@ -346,7 +347,7 @@ def test_a_stage_that_hits_its_time_limit_requeues_and_loses_no_epoch(local_clus
     _, states, _ = run_dag(profile="local", config="tiny", run_name="tl", stages=[1], max_epochs=6, export=False)
     assert states["stage1"] == "success", f"{states}\n{logs('stage1')}"
     probe_log = local_cluster.ssh(f"cat {shlex.quote(project_dir)}/logs/tl/*stage1*.out").stdout
-    epochs_total = min(600, max(14, math.ceil(220 / _epoch_seconds(probe_log))))
+    epochs_total = min(600, max(14, math.ceil(150 / _epoch_seconds(probe_log))))
 
     _, states, values = run_dag(profile="local", config="tiny", run_name="tl", stages=[1], mode="restart",
                                 max_epochs=epochs_total, time_limit="00:02:00", export=False)

@@ -32,7 +32,8 @@ import pytest
 from support.localcluster import LocalCluster, poll_until
 from support.ports import free_port
 from support.private_login import PrivateLogin
-from support.deployment import RECORDS_SCRIPT, airflow, airflow_env, run_cli
+from support import migrated_db
+from support.deployment import RECORDS_SCRIPT, airflow_env, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.usefixtures("cluster_connection")]
 RUN = "outage"
@@ -102,7 +103,7 @@ def test_a_login_node_down_under_a_training_stage_is_waited_out_at_the_backoff_c
     env.update(login.connection_env())
     env["VCLOUD_PROFILE_OVERRIDES"] = json.dumps(
         {"local": {"paths.base": project_dir, "connection.conn_id": login.conn_id}})
-    airflow("db", "migrate", env=env)
+    migrated_db.migrate(env)
     conf = {"profile": "local", "config": "tiny", "run_name": RUN, "stages": [0], "export": False,
             "max_epochs": MAX_EPOCHS}
     log = tmp_path / "dags-test.log"

@@ -4,7 +4,7 @@
   ``private_login``: a login node of its own that a test may take down; ``ports``: a free port.
 - ``deployment``: a test deployment of Airflow (the ``Deployment`` protocol every kind satisfies):
   its configuration on its own home, port and SQLite file (``sqlite_settings``: its database's busy
-  wait), its CLI and REST API, and ``LocalDeployment``: the API server, scheduler, DAG processor and
+  wait; ``migrated_db``: a copy of a database migrated once per test process), its CLI and REST API, and ``LocalDeployment``: the API server, scheduler, DAG processor and
   triggerer as separate processes the test can stop and restart;
   ``concurrent_deployments``: several deployments running the training DAG at once, each in a
   ``dag_runner`` process that keeps its parsed DAG between runs;

@@ -18,7 +18,8 @@ from typing import IO, Any
 
 from support.localcluster import LocalCluster
 from support.ports import free_port
-from support.deployment import airflow, airflow_env
+from support import migrated_db
+from support.deployment import airflow_env
 
 RUN_TIMEOUT = 1500.0
 """Seconds one DAG run of a tiny config may take on a busy host before the race counts as hung."""
@@ -37,7 +38,7 @@ def deployments(cluster: LocalCluster, tmp_path: Path, project_dir: str,
         if conn_id is not None:
             env["VCLOUD_PROFILE_OVERRIDES"] = json.dumps(
                 {"local": {"paths.base": project_dir, "connection.conn_id": conn_id}})
-        airflow("db", "migrate", env=env)
+        migrated_db.migrate(env)
         envs[name] = env
     return envs
 

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from support import processes
+from support import migrated_db, processes
 from support.localcluster import poll_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -119,7 +119,7 @@ runs at once on the one local cluster."""
 def migrate(env: dict[str, str], pool_slots: int = POOL_SLOTS) -> None:
     """Migrate the deployment's database and create the pool of each profile's cluster connection,
     as docker-compose.yaml's airflow-init does (``python -m vcloud_pipeline.dag.pools --create``)."""
-    airflow("db", "migrate", env=env)
+    migrated_db.migrate(env)
     run_cli([sys.executable, "-m", "vcloud_pipeline.dag.pools", "--create", "--slots", str(pool_slots)], env, 300)
 
 
