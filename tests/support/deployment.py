@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -35,6 +36,8 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+from cryptography.fernet import Fernet
 
 from support import migrated_db, processes
 from support.localcluster import poll_until
@@ -91,6 +94,11 @@ def airflow_env(home: Path, port: int, project_dir: str, *, schedule: str = "non
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
         "AIRFLOW__CORE__LAZY_LOAD_PLUGINS": "False",
         "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+        # The secrets every component of the deployment shares, as docker-compose.yaml hands them in
+        # (otherwise each component would make up its own in an airflow.cfg of its home).
+        "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
+        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
+        "AIRFLOW__API__SECRET_KEY": secrets.token_hex(16),
     })
     if short_job_wait is not None:
         env["VCLOUD_SHORT_JOB_WAIT"] = str(short_job_wait)
@@ -116,9 +124,19 @@ POOL_SLOTS = 8
 runs at once on the one local cluster."""
 
 
+CONFIG_NOTE = "# Each component's settings come from its environment (support.deployment.airflow_env).\n"
+
+
 def migrate(env: dict[str, str], pool_slots: int = POOL_SLOTS) -> None:
     """Migrate the deployment's database and create the pool of each profile's cluster connection,
-    as docker-compose.yaml's airflow-init does (``python -m vcloud_pipeline.dag.pools --create``)."""
+    as docker-compose.yaml's airflow-init does (``python -m vcloud_pipeline.dag.pools --create``).
+
+    The home also gets the ``airflow.cfg`` an ``airflow db migrate`` there would have written (empty:
+    the environment says everything): without one, the components started next would each write
+    their own at once."""
+    config = Path(env["AIRFLOW_HOME"]) / "airflow.cfg"
+    if not config.exists():
+        config.write_text(CONFIG_NOTE)
     migrated_db.migrate(env)
     run_cli([sys.executable, "-m", "vcloud_pipeline.dag.pools", "--create", "--slots", str(pool_slots)], env, 300)
 
