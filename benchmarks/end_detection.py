@@ -73,7 +73,7 @@ async def submit(conn_id: str, directory: str, seconds: int, side: str) -> tuple
 async def watch(conn_id: str, job_id: str, log_path: str, records: bool) -> dict[str, Any]:
     from slurm_provider.triggers import SlurmJobTrigger
 
-    trigger = SlurmJobTrigger(conn_id=conn_id, job_id=job_id, log_path=log_path, read_end_record=records)
+    trigger = SlurmJobTrigger.watching(conn_id=conn_id, job_id=job_id, log_path=log_path, read_end_record=records)
     async for event in trigger.run():
         return {"job_id": job_id, "event_at": time.time(), "kind": event.payload["kind"],
                 "state": (event.payload["status"] or {}).get("state"), "noticed_by": event.payload["noticed_by"]}

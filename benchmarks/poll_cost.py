@@ -63,7 +63,7 @@ async def measure_shared_poller(conn_id: str, job_ids: list[str], cycles: int) -
 
     triggers._hook_factory = factory
     watchers = [
-        asyncio.ensure_future(_drain(triggers.SlurmJobTrigger(conn_id=conn_id, job_id=j, poll_interval=1.0,
+        asyncio.ensure_future(_drain(triggers.SlurmJobTrigger.watching(conn_id=conn_id, job_id=j, poll_interval=1.0,
                                                               max_poll_interval=1.0, first_poll_delay=0.0)))
         for j in job_ids
     ]

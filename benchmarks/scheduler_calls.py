@@ -90,7 +90,7 @@ async def watch(conn_id: str, job_ids: list[str], speed: float, minutes: float,
     forget_calls(conn_id)
     started = time.monotonic()
     with structlog.testing.capture_logs():
-        watchers = [asyncio.ensure_future(_drain(triggers.SlurmJobTrigger(
+        watchers = [asyncio.ensure_future(_drain(triggers.SlurmJobTrigger.watching(
             conn_id=conn_id, job_id=job_id, poll_interval=POLL_INTERVAL / speed,
             max_poll_interval=MAX_POLL_INTERVAL / speed, first_poll_delay=FIRST_POLL_DELAY / speed)))
             for job_id in job_ids]

@@ -341,7 +341,7 @@ def ours(bench: Bench):
     def make(n: int, job_id: str):
         from slurm_provider.triggers import SlurmJobTrigger
 
-        return SlurmJobTrigger(conn_id=f"bench_cluster_{n % CONNECTIONS}", job_id=job_id,
+        return SlurmJobTrigger.watching(conn_id=f"bench_cluster_{n % CONNECTIONS}", job_id=job_id,
                                poll_interval=bench.interval, max_poll_interval=bench.interval,
                                first_poll_delay=10, log_path=f"{bench.remote_dir}/job-{n}.log")
     return make

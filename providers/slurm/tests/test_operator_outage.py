@@ -204,7 +204,7 @@ def test_the_watch_gets_the_tasks_deadline(monkeypatch: pytest.MonkeyPatch) -> N
     _down_cluster(monkeypatch, _status("101", SlurmState.RUNNING), down=None)
     with pytest.raises(TaskDeferred) as watching:
         _operator(watch_deadline=timedelta(hours=3)).execute(_context(2, "101"))
-    assert watching.value.trigger.serialize()[1]["watch_deadline"] == 3 * 3600.0
+    assert watching.value.trigger.serialize()[1]["schedule"]["watch_deadline"] == 3 * 3600.0
 
 
 # --- the real thing: a private login sshd of the local cluster stopped under a task and its job ------

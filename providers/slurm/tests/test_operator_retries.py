@@ -178,10 +178,10 @@ def test_the_watch_deadline_reaches_the_trigger_and_must_be_a_positive_number(
     _cluster(monkeypatch, _status("101", SlurmState.PENDING))
     with pytest.raises(TaskDeferred) as deferred:
         _operator().execute(_context(2, "101"))
-    assert deferred.value.trigger.watch_deadline == 86400.0  # a day unless said otherwise
+    assert deferred.value.trigger.schedule.watch_deadline == 86400.0  # a day unless said otherwise
     with pytest.raises(TaskDeferred) as deferred:
         _operator(watch_deadline=7200).execute(_context(2, "101"))
-    assert deferred.value.trigger.serialize()[1]["watch_deadline"] == 7200.0
+    assert deferred.value.trigger.serialize()[1]["schedule"]["watch_deadline"] == 7200.0
     for bad in (0, -5, "1 day", True):
         with pytest.raises(AirflowFailException, match="watch_deadline: must be a positive number of seconds"):
             _operator(watch_deadline=bad).execute(_context(2, "101"))

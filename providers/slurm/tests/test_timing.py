@@ -23,7 +23,7 @@ from slurm_provider.timing import (
     SLURM_THROTTLE,
     TRANSPORT_RETRY,
 )
-from slurm_provider.triggers import SlurmJobTrigger
+from slurm_provider.watch.watch_request import WatchSchedule
 
 
 def lowest(low: float, high: float) -> float:
@@ -82,7 +82,7 @@ def test_the_pollers_growth_and_jitter_stay_overridable() -> None:
     assert (polls.factor, polls.jitter) == (2.0, (1.0, 1.0))
 
 
-@pytest.mark.parametrize("watch", [SlurmSubmitOperator, SlurmJobSensor, SlurmJobTrigger, SlurmLoginTrigger])
+@pytest.mark.parametrize("watch", [SlurmSubmitOperator, SlurmJobSensor, WatchSchedule, SlurmLoginTrigger])
 def test_every_watch_polls_on_the_one_set_of_defaults(watch: type) -> None:
     parameters = inspect.signature(watch.__init__).parameters
     assert parameters["poll_interval"].default == POLL_INTERVAL

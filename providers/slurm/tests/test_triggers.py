@@ -25,6 +25,7 @@ from slurm_provider.job_status import JobStatus
 from slurm_provider.state_vocabulary import SlurmState
 from slurm_provider.transport import TransportUnavailable
 from slurm_provider.triggers import ERROR, FINISHED, NEVER_STARTS, SlurmJobTrigger
+from slurm_provider.watch.watch_request import FollowedFiles, WatchedJob, WatchSchedule
 from slurm_provider.watch import job_watch
 from slurm_provider.watch.notes import WatchNote
 
@@ -54,37 +55,61 @@ def _run_to_event(trigger: SlurmJobTrigger, timeout: float = 120) -> dict[str, A
     return asyncio.run(asyncio.wait_for(first_event(), timeout))
 
 
-def test_serialize_round_trips() -> None:
-    trigger = SlurmJobTrigger(conn_id="c", job_id="12", log_path="/p/x.out", log_offset=7, pending_policy="warn",
-                              expected_job_name="n", carry={"history": [{"job_id": "12"}]},
-                              err_log_path="/p/x.err", err_log_offset=3, watch_deadline=3600,
-                              adopted_from="user ana, DAG d, run r, task t", **FAST)
+def test_serialize_round_trips_the_three_records_and_the_carried_data() -> None:
+    trigger = SlurmJobTrigger(
+        job=WatchedJob(conn_id="c", job_id="12", log_path="/p/x.out", log_offset=7, err_log_path="/p/x.err",
+                       err_log_offset=3, expected_job_name="n", adopted_from="user ana, DAG d, run r, task t",
+                       pending_policy="warn"),
+        schedule=WatchSchedule(watch_deadline=3600, **FAST),
+        follow=FollowedFiles(({"path": "/p/m.jsonl", "fold": "mod.fold"},), 7.5),
+        carry={"history": [{"job_id": "12"}]})
     classpath, kwargs = trigger.serialize()
     assert classpath == "slurm_provider.triggers.SlurmJobTrigger"
-    assert kwargs["err_log_path"] == "/p/x.err" and kwargs["err_log_offset"] == 3
-    assert kwargs["watch_deadline"] == 3600.0
-    assert kwargs["adopted_from"] == "user ana, DAG d, run r, task t"
-    assert SlurmJobTrigger(**kwargs).serialize() == (classpath, kwargs)
-    # a trigger deferred before the error output was streamed, before outages had a deadline or
-    # before ownership was recorded still resumes
-    old = {k: v for k, v in kwargs.items()
-           if not k.startswith("err_") and k not in ("watch_deadline", "adopted_from")}
-    assert SlurmJobTrigger(**old).err_log_path is None
-    assert SlurmJobTrigger(**old).watch_deadline == 24 * 3600.0
-    assert SlurmJobTrigger(**old).adopted_from is None, "a watch deferred before ownership was recorded: its own"
+    assert sorted(kwargs) == ["carry", "follow", "job", "schedule"]
+    assert kwargs["job"]["err_log_path"] == "/p/x.err" and kwargs["job"]["err_log_offset"] == 3
+    assert kwargs["job"]["adopted_from"] == "user ana, DAG d, run r, task t"
+    assert kwargs["schedule"]["watch_deadline"] == 3600.0
+    assert kwargs["follow"] == {"files": [{"path": "/p/m.jsonl", "fold": "mod.fold", "offset": 0}], "interval": 7.5}
+    json.dumps(kwargs)  # what Airflow stores
+    again = SlurmJobTrigger(**kwargs)
+    assert again.serialize() == (classpath, kwargs)
+    assert (again.job, again.schedule, again.follow, again.carry) == \
+        (trigger.job, trigger.schedule, trigger.follow, trigger.carry)
+    with pytest.raises(ValueError, match=r"WatchSchedule: unknown key\(s\) poll_every"):
+        SlurmJobTrigger(job=kwargs["job"], schedule={"poll_every": 3})
+
+
+def test_a_trigger_stored_with_flat_keywords_by_an_earlier_version_still_resumes() -> None:
+    """Triggers deferred before the records (flat keywords), before the error output was streamed,
+    before outages had a deadline or before ownership was recorded."""
+    flat = {"conn_id": "c", "job_id": "12", "poll_interval": 2.0, "max_poll_interval": 5.0, "first_poll_delay": 0.0,
+            "log_path": "/p/x.out", "log_offset": 7, "pending_policy": "warn", "expected_job_name": "n",
+            "unknown_grace_polls": 6, "carry": {"history": [{"job_id": "12"}]}, "read_end_record": True,
+            "follow": [{"path": "/p/m.jsonl", "fold": "mod.fold", "offset": 4}], "follow_interval": 7.5}
+    old = SlurmJobTrigger(**flat)
+    assert old.job == WatchedJob(conn_id="c", job_id="12", log_path="/p/x.out", log_offset=7, pending_policy="warn",
+                                 expected_job_name="n")
+    assert old.job.err_log_path is None and old.job.adopted_from is None, "its own job, as then"
+    assert old.schedule == WatchSchedule(poll_interval=2.0, max_poll_interval=5.0, first_poll_delay=0.0)
+    assert old.schedule.watch_deadline == 24 * 3600.0
+    assert old.follow.files == ({"path": "/p/m.jsonl", "fold": "mod.fold", "offset": 4},)
+    assert old.carry == {"history": [{"job_id": "12"}]}
+    assert SlurmJobTrigger(**old.serialize()[1]).job == old.job  # stored again as records
+    with pytest.raises(TypeError, match="unknown watch argument"):
+        SlurmJobTrigger(**{**flat, "poll_every": 3})
 
 
 @pytest.mark.parametrize("timeout", [0, -5, "1 day"])
 def test_an_unusable_watch_deadline_is_refused(timeout: Any) -> None:
     with pytest.raises(ValueError, match="watch_deadline must be a positive number of seconds"):
-        SlurmJobTrigger(conn_id="c", job_id="1", watch_deadline=timeout)
+        SlurmJobTrigger(job=WatchedJob("c", "1"), schedule=WatchSchedule(watch_deadline=timeout))
 
 
 def test_bad_pending_policy_is_refused() -> None:
     with pytest.raises(ValueError, match="pending_policy 'maybe' not allowed"):
-        SlurmJobTrigger(conn_id="c", job_id="1", pending_policy="maybe")
+        SlurmJobTrigger(job={"conn_id": "c", "job_id": "1", "pending_policy": "maybe"})
     with pytest.raises(ValueError, match="watch_deadline must be a positive number of seconds"):
-        SlurmJobTrigger(conn_id="c", job_id="1", watch_deadline=0)
+        SlurmJobTrigger.watching("c", "1", watch_deadline=0)
 
 
 def _allocation_cluster(monkeypatch: pytest.MonkeyPatch, figures: TresMinutes, pending: int = 10**6) -> FakeSlurm:
@@ -124,7 +149,7 @@ def _info(logs: list[dict[str, Any]], text: str) -> list[str]:
 def test_a_job_whose_allocation_the_usage_spent_fails_at_the_first_poll(monkeypatch: pytest.MonkeyPatch) -> None:
     script = _allocation_cluster(monkeypatch, TresMinutes("proj", "billing", limit=1000, used=990, running=5,
                                                           holders=(("bob", 5),)))
-    payload = _run_to_event(SlurmJobTrigger(conn_id="c", job_id="7", **SCRIPTED), timeout=30)
+    payload = _run_to_event(SlurmJobTrigger.watching(conn_id="c", job_id="7", **SCRIPTED), timeout=30)
     assert payload["kind"] == NEVER_STARTS and _polls(script) == 1 and _reads(script) == 1
     assert payload["message"].startswith("job 7 will never start: AssocGrpBillingMinutes: the allocation of "
                                          "account proj is spent for it")
@@ -135,7 +160,7 @@ def test_a_job_waits_while_teammates_hold_the_allocation_and_says_who(monkeypatc
     held = TresMinutes("proj", "billing", limit=1000, used=10, running=980, holders=(("alice", 900), ("bob", 80)))
     script = _allocation_cluster(monkeypatch, held, pending=4)
     with structlog.testing.capture_logs() as logs:
-        payload = _run_to_event(SlurmJobTrigger(conn_id="c", job_id="7", **SCRIPTED), timeout=60)
+        payload = _run_to_event(SlurmJobTrigger.watching(conn_id="c", job_id="7", **SCRIPTED), timeout=60)
     assert payload["kind"] == FINISHED and payload["status"]["state"] == "COMPLETED"
     assert _reads(script) == 4  # one sshare per poll while it pends, none once it runs
     waiting = _info(logs, "waits for the allocation")
@@ -148,7 +173,7 @@ def test_a_job_waits_while_teammates_hold_the_allocation_and_says_who(monkeypatc
 def test_a_job_that_waited_for_the_allocation_past_the_deadline_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     held = TresMinutes("proj", "billing", limit=1000, used=10, running=980, holders=(("alice", 980),))
     _allocation_cluster(monkeypatch, held)
-    payload = _run_to_event(SlurmJobTrigger(conn_id="c", job_id="7", watch_deadline=0.5, **SCRIPTED), timeout=60)
+    payload = _run_to_event(SlurmJobTrigger.watching(conn_id="c", job_id="7", watch_deadline=0.5, **SCRIPTED), timeout=60)
     assert payload["kind"] == NEVER_STARTS
     assert payload["message"].startswith("job 7 still pends with AssocGrpBillingMinutes after the watch waited "
                                          "00:00:0")
@@ -160,7 +185,7 @@ def test_with_pending_policy_warn_a_spent_allocation_is_waited_out(monkeypatch: 
     spent = TresMinutes("proj", "billing", limit=100, used=90, running=0)
     _allocation_cluster(monkeypatch, spent, pending=3)
     with structlog.testing.capture_logs() as logs:
-        payload = _run_to_event(SlurmJobTrigger(conn_id="c", job_id="7", pending_policy="warn",
+        payload = _run_to_event(SlurmJobTrigger.watching(conn_id="c", job_id="7", pending_policy="warn",
                                                 watch_deadline=0.001, **SCRIPTED), timeout=60)
     assert payload["kind"] == FINISHED
     assert len(_info(logs, "(still waiting: pending_policy=warn)")) == 1
@@ -170,7 +195,7 @@ def test_failed_job_yields_one_event_with_status_and_streams_log(
         local_cluster: LocalCluster, cluster_connection: str) -> None:
     job_id, _, log_path = _submit(local_cluster, cluster_connection, "echo first line; sleep 3; echo last line; exit 3")
     with structlog.testing.capture_logs() as logs:
-        payload = _run_to_event(SlurmJobTrigger(conn_id=cluster_connection, job_id=job_id, log_path=log_path, **FAST))
+        payload = _run_to_event(SlurmJobTrigger.watching(conn_id=cluster_connection, job_id=job_id, log_path=log_path, **FAST))
     assert payload["kind"] == FINISHED
     assert payload["status"]["state"] == "FAILED"
     assert payload["status"]["exit_code"] == 3
@@ -182,7 +207,7 @@ def test_never_starting_job_is_reported_not_waited_for(local_cluster: LocalClust
     # small-g allows 3 days: Slurm keeps a 4-day request pending forever (PartitionConfig here).
     job_id, _, _ = _submit(local_cluster, cluster_connection, "true", time_limit="4-00:00:00")
     try:
-        payload = _run_to_event(SlurmJobTrigger(conn_id=cluster_connection, job_id=job_id, **FAST), timeout=60)
+        payload = _run_to_event(SlurmJobTrigger.watching(conn_id=cluster_connection, job_id=job_id, **FAST), timeout=60)
         assert payload["kind"] == NEVER_STARTS
         assert payload["status"]["reason"].startswith("Partition")
         assert f"job {job_id} will not start: {payload['status']['reason']}" in payload["message"]
@@ -198,7 +223,7 @@ def test_restarted_trigger_resumes_the_watch_without_repeating_log_lines(
     job_id, _, log_path = _submit(local_cluster, cluster_connection,
                                   f"echo before; until [ -e {release} ]; do sleep 0.5; done; echo after",
                                   time_limit="5")
-    trigger = SlurmJobTrigger(conn_id=cluster_connection, job_id=job_id, log_path=log_path, **FAST)
+    trigger = SlurmJobTrigger.watching(conn_id=cluster_connection, job_id=job_id, log_path=log_path, **FAST)
 
     async def watch_until_first_line_then_stop() -> None:
         # A triggerer shutdown cancels run(); it must not touch the job (that is on_kill's job only).
@@ -233,7 +258,7 @@ def test_restarted_trigger_resumes_the_watch_without_repeating_log_lines(
 def test_on_kill_cancels_our_running_job(local_cluster: LocalCluster, cluster_connection: str) -> None:
     job_id, name, _ = _submit(local_cluster, cluster_connection, "sleep 120")
     local_cluster.wait_for_state(int(job_id), {"RUNNING"}, timeout=60)
-    trigger = SlurmJobTrigger(conn_id=cluster_connection, job_id=job_id, expected_job_name=name, **FAST)
+    trigger = SlurmJobTrigger.watching(conn_id=cluster_connection, job_id=job_id, expected_job_name=name, **FAST)
     asyncio.run(trigger.on_kill())
     assert local_cluster.wait_for_state(int(job_id), {"CANCELLED"}, timeout=60) == "CANCELLED"
 
@@ -242,7 +267,7 @@ def test_on_kill_never_cancels_a_job_that_is_not_ours(local_cluster: LocalCluste
     job_id, _, _ = _submit(local_cluster, cluster_connection, "sleep 120")
     try:
         local_cluster.wait_for_state(int(job_id), {"RUNNING"}, timeout=60)
-        trigger = SlurmJobTrigger(conn_id=cluster_connection, job_id=job_id, expected_job_name="someone-else", **FAST)
+        trigger = SlurmJobTrigger.watching(conn_id=cluster_connection, job_id=job_id, expected_job_name="someone-else", **FAST)
         asyncio.run(trigger.on_kill())
         assert local_cluster.current_state(int(job_id)) == "RUNNING"
     finally:
@@ -260,7 +285,7 @@ def test_on_kill_leaves_an_adopted_job_running_when_a_person_stops_the_watching_
     job_id, name, _ = _submit(local_cluster, cluster_connection, "sleep 120")
     try:
         local_cluster.wait_for_state(int(job_id), {"RUNNING"}, timeout=60)
-        trigger = SlurmJobTrigger(conn_id=cluster_connection, job_id=job_id, expected_job_name=name,
+        trigger = SlurmJobTrigger.watching(conn_id=cluster_connection, job_id=job_id, expected_job_name=name,
                                   adopted_from="user vcloud, DAG other, run r1, task stage0", **FAST)
         trigger.task_instance = SimpleNamespace(dag_id="d", task_id="t", run_id="r", map_index=-1)
         with structlog.testing.capture_logs() as logs:
@@ -270,7 +295,7 @@ def test_on_kill_leaves_an_adopted_job_running_when_a_person_stops_the_watching_
         assert any("submitted by user vcloud, DAG other, run r1, task stage0, not by this task" in line
                    and "left running" in line for line in said), said
         # the same stop of the task that submitted it cancels it
-        asyncio.run(SlurmJobTrigger(conn_id=cluster_connection, job_id=job_id, expected_job_name=name,
+        asyncio.run(SlurmJobTrigger.watching(conn_id=cluster_connection, job_id=job_id, expected_job_name=name,
                                     **FAST).on_kill())
         assert local_cluster.wait_for_state(int(job_id), {"CANCELLED"}, timeout=60) == "CANCELLED"
     finally:
@@ -286,7 +311,7 @@ def test_on_kill_leaves_the_job_when_the_task_was_cleared_or_the_trigger_moved(
         return task_state
 
     monkeypatch.setattr(triggers, "task_state", state_of)
-    trigger = SlurmJobTrigger(conn_id="c", job_id="12", expected_job_name="ours", **FAST)
+    trigger = SlurmJobTrigger.watching(conn_id="c", job_id="12", expected_job_name="ours", **FAST)
     trigger.task_instance = SimpleNamespace(dag_id="d", task_id="t", run_id="r", map_index=-1)
     asyncio.run(trigger.on_kill())
     assert fake_slurm.asked == [], "on_kill must not reach the cluster here"
@@ -300,7 +325,7 @@ def test_on_kill_leaves_the_job_when_the_task_state_cannot_be_read(monkeypatch: 
         raise ConnectionError("supervisor gone")
 
     monkeypatch.setattr(triggers, "task_state", unreadable)
-    trigger = SlurmJobTrigger(conn_id="c", job_id="12", expected_job_name="ours", **FAST)
+    trigger = SlurmJobTrigger.watching(conn_id="c", job_id="12", expected_job_name="ours", **FAST)
     trigger.task_instance = SimpleNamespace(dag_id="d", task_id="t", run_id="r", map_index=-1)
     with structlog.testing.capture_logs() as logs:
         asyncio.run(trigger.on_kill())
@@ -309,7 +334,7 @@ def test_on_kill_leaves_the_job_when_the_task_state_cannot_be_read(monkeypatch: 
 
 
 def test_on_kill_of_a_sensor_watch_never_cancels_a_job_submitted_elsewhere(fake_slurm: FakeSlurm) -> None:
-    asyncio.run(SlurmJobTrigger(conn_id="c", job_id="12", expected_job_name=None, **FAST).on_kill())
+    asyncio.run(SlurmJobTrigger.watching(conn_id="c", job_id="12", expected_job_name=None, **FAST).on_kill())
     assert fake_slurm.asked == [], "on_kill must not reach the cluster here"
 
 
@@ -337,7 +362,7 @@ def test_triggers_of_one_cluster_share_one_connection_and_one_query_per_cycle(
 
     async def watch_all() -> list[dict[str, Any]]:
         async def one(job_id: str) -> dict[str, Any]:
-            async for event in SlurmJobTrigger(conn_id=cluster_connection, job_id=job_id, **FAST).run():
+            async for event in SlurmJobTrigger.watching(conn_id=cluster_connection, job_id=job_id, **FAST).run():
                 return event.payload
             raise AssertionError("no event")
         return await asyncio.gather(*(one(j) for j in jobs))
@@ -387,7 +412,7 @@ def test_a_lapsed_control_master_pauses_the_watches_until_a_person_opens_it_agai
 
     async def watch(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         async def one(job_id: str) -> dict[str, Any]:
-            async for event in SlurmJobTrigger(conn_id="otp_watch", job_id=job_id, **FAST).run():
+            async for event in SlurmJobTrigger.watching(conn_id="otp_watch", job_id=job_id, **FAST).run():
                 return event.payload
             raise AssertionError("no event")
 
@@ -488,7 +513,7 @@ def test_an_outage_is_told_once_and_the_watch_picks_up_when_the_login_node_answe
         monkeypatch: pytest.MonkeyPatch) -> None:
     _scripted_cluster(monkeypatch, [SlurmState.RUNNING, *[DOWN] * 30, SlurmState.COMPLETED])
     with structlog.testing.capture_logs() as logs:
-        payload = _run_to_event(SlurmJobTrigger(conn_id="c", job_id="7", **SCRIPTED), timeout=30)
+        payload = _run_to_event(SlurmJobTrigger.watching(conn_id="c", job_id="7", **SCRIPTED), timeout=30)
     assert (payload["kind"], payload["status"]["state"]) == (FINISHED, "COMPLETED")
     told = _events(logs, "unreachable since")
     assert len(told) == 1, "one line for the whole outage, not one per try"
@@ -501,7 +526,7 @@ def test_an_outage_is_told_once_and_the_watch_picks_up_when_the_login_node_answe
 def test_past_its_deadline_the_watch_ends_as_a_lost_watch(monkeypatch: pytest.MonkeyPatch) -> None:
     _scripted_cluster(monkeypatch, [SlurmState.RUNNING, DOWN])  # the login node never comes back
     with structlog.testing.capture_logs() as logs:
-        payload = _run_to_event(SlurmJobTrigger(conn_id="c", job_id="7", watch_deadline=1, **SCRIPTED),
+        payload = _run_to_event(SlurmJobTrigger.watching(conn_id="c", job_id="7", watch_deadline=1, **SCRIPTED),
                                 timeout=30)
     assert payload["kind"] == ERROR and payload["status"] is None
     assert "longer than watch_deadline (1 s); last error: " in payload["message"]
@@ -512,7 +537,7 @@ def test_past_its_deadline_the_watch_ends_as_a_lost_watch(monkeypatch: pytest.Mo
 def test_the_outage_is_noted_for_the_try_and_a_restarted_trigger_counts_from_its_start(
         monkeypatch: pytest.MonkeyPatch) -> None:
     _scripted_cluster(monkeypatch, [SlurmState.RUNNING, DOWN, DOWN, SlurmState.COMPLETED])
-    trigger = SlurmJobTrigger(conn_id="c", job_id="7", **SCRIPTED)
+    trigger = SlurmJobTrigger.watching(conn_id="c", job_id="7", **SCRIPTED)
     written = _with_task(trigger, monkeypatch, WatchNote())
     assert _run_to_event(trigger, timeout=30)["kind"] == FINISHED
     since = [n.unreachable_since for n in written if n.unreachable_since is not None]
@@ -520,14 +545,14 @@ def test_the_outage_is_noted_for_the_try_and_a_restarted_trigger_counts_from_its
 
     # A triggerer restarted two hours into an outage: the new trigger's deadline is the outage's.
     _scripted_cluster(monkeypatch, [DOWN])
-    trigger = SlurmJobTrigger(conn_id="c", job_id="7", watch_deadline=3600, **SCRIPTED)
+    trigger = SlurmJobTrigger.watching(conn_id="c", job_id="7", watch_deadline=3600, **SCRIPTED)
     _with_task(trigger, monkeypatch, WatchNote(0, "RUNNING", 0, unreachable_since=time.time() - 7200))
     payload = _run_to_event(trigger, timeout=30)
     assert payload["kind"] == ERROR and "longer than watch_deadline (1 h)" in payload["message"]
 
     # ... and says how long the whole outage lasted when the node answers.
     _scripted_cluster(monkeypatch, [SlurmState.COMPLETED])
-    trigger = SlurmJobTrigger(conn_id="c", job_id="7", **SCRIPTED)
+    trigger = SlurmJobTrigger.watching(conn_id="c", job_id="7", **SCRIPTED)
     _with_task(trigger, monkeypatch, WatchNote(0, "RUNNING", 0, unreachable_since=time.time() - 750))
     with structlog.testing.capture_logs() as logs:
         assert _run_to_event(trigger, timeout=30)["kind"] == FINISHED
@@ -542,7 +567,7 @@ def test_the_note_says_when_the_cluster_last_answered_and_is_renewed_while_nothi
     from slurm_provider import triggers
 
     _scripted_cluster(monkeypatch, [*[SlurmState.RUNNING] * 6, SlurmState.COMPLETED])
-    trigger = SlurmJobTrigger(conn_id="c", job_id="7", **SCRIPTED)
+    trigger = SlurmJobTrigger.watching(conn_id="c", job_id="7", **SCRIPTED)
     written = _with_task(trigger, monkeypatch, WatchNote())
     before = time.time()
     assert _run_to_event(trigger, timeout=30)["kind"] == FINISHED
@@ -551,7 +576,7 @@ def test_the_note_says_when_the_cluster_last_answered_and_is_renewed_while_nothi
 
     monkeypatch.setattr(job_watch, "NOTE_REFRESH_S", 0.0)
     _scripted_cluster(monkeypatch, [*[SlurmState.RUNNING] * 6, SlurmState.COMPLETED])
-    trigger = SlurmJobTrigger(conn_id="c", job_id="7", **SCRIPTED)
+    trigger = SlurmJobTrigger.watching(conn_id="c", job_id="7", **SCRIPTED)
     written = _with_task(trigger, monkeypatch, WatchNote())
     assert _run_to_event(trigger, timeout=30)["kind"] == FINISHED
     assert [n.state for n in written].count("RUNNING") >= 6  # every poll renews the note
@@ -560,7 +585,7 @@ def test_the_note_says_when_the_cluster_last_answered_and_is_renewed_while_nothi
 
     # An outage keeps the last answered poll's time: the view says how old the last state seen is.
     _scripted_cluster(monkeypatch, [SlurmState.RUNNING, DOWN, DOWN, SlurmState.COMPLETED])
-    trigger = SlurmJobTrigger(conn_id="c", job_id="7", **SCRIPTED)
+    trigger = SlurmJobTrigger.watching(conn_id="c", job_id="7", **SCRIPTED)
     written = _with_task(trigger, monkeypatch, WatchNote())
     assert _run_to_event(trigger, timeout=30)["kind"] == FINISHED
     [down] = [n for n in written if n.unreachable_since is not None]
@@ -583,7 +608,7 @@ def test_a_job_that_ends_while_its_login_node_is_down_is_read_from_sacct_when_it
                                                                  "done; echo done", time_limit="5")
 
     async def watch(logs: list[dict[str, Any]]) -> dict[str, Any]:
-        waiting = asyncio.ensure_future(_run_to_event_async(SlurmJobTrigger(
+        waiting = asyncio.ensure_future(_run_to_event_async(SlurmJobTrigger.watching(
             conn_id=login.conn_id, job_id=job_id, log_path=log_path, **FAST)))
         while not _events(logs, f"Job {job_id} RUNNING") or not _streamed(logs, job_id):
             assert not waiting.done(), waiting.result()
@@ -653,7 +678,7 @@ def test_a_pending_job_says_why_it_waits_and_when_it_may_start_each_time_the_rea
         monkeypatch: pytest.MonkeyPatch) -> None:
     _queue_story(monkeypatch)
     with structlog.testing.capture_logs() as logs:
-        payload = _run_to_event(SlurmJobTrigger(conn_id="queue", job_id="77", **SCRIPTED), timeout=30)
+        payload = _run_to_event(SlurmJobTrigger.watching(conn_id="queue", job_id="77", **SCRIPTED), timeout=30)
     assert payload["kind"] == FINISHED
     assert _events(logs, "Job 77 ") == [
         "Job 77 PENDING: waiting for higher-priority jobs (Priority)",
@@ -668,7 +693,7 @@ def test_a_job_waiting_for_its_begin_time_and_then_held_says_so_with_slurms_esti
 
     async def watch(logs: list[dict[str, Any]]) -> dict[str, Any]:
         waiting = asyncio.ensure_future(_run_to_event_async(
-            SlurmJobTrigger(conn_id=cluster_connection, job_id=job_id, **FAST)))
+            SlurmJobTrigger.watching(conn_id=cluster_connection, job_id=job_id, **FAST)))
         for reason in ("(BeginTime)", "(JobHeldUser)"):
             while not _events(logs, f"Job {job_id} PENDING: ") or reason not in _events(logs, f"Job {job_id} ")[-1]:
                 assert not waiting.done(), waiting.result()
@@ -703,7 +728,7 @@ def test_a_job_put_on_user_hold_is_released_once_by_a_watch_allowed_to_and_a_sec
         return local_cluster.ssh(f"squeue -h -j {job_id} -o %r").stdout.strip()
 
     async def watch(logs: list[dict[str, Any]]) -> dict[str, Any]:
-        watching = asyncio.ensure_future(_run_to_event_async(SlurmJobTrigger(
+        watching = asyncio.ensure_future(_run_to_event_async(SlurmJobTrigger.watching(
             conn_id=cluster_connection, job_id=job_id, expected_job_name=name, release_held=True, **FAST)))
         for told in ("released it (release_held)", "waits for a release (it was held again"):
             while not any(told in line for line in _events(logs, f"Job {job_id} ")):
@@ -745,7 +770,7 @@ def test_a_job_waiting_out_a_maintenance_window_is_told_which_and_a_job_with_a_t
 
         async def watch(logs: list[dict[str, Any]]) -> None:
             watching = asyncio.ensure_future(_run_to_event_async(
-                SlurmJobTrigger(conn_id=cluster_connection, job_id=waiting, **FAST)))
+                SlurmJobTrigger.watching(conn_id=cluster_connection, job_id=waiting, **FAST)))
             while not _events(logs, f"Job {waiting} waits out"):
                 assert not watching.done(), watching.result()
                 await asyncio.sleep(0.2)
@@ -830,7 +855,7 @@ def _following(monkeypatch: pytest.MonkeyPatch, recalled: list[dict[str, Any]]) 
 def test_a_followed_file_is_folded_as_it_grows_and_kept_for_the_try(monkeypatch: pytest.MonkeyPatch) -> None:
     cluster = _growing_cluster(monkeypatch, polls=6)
     written = _following(monkeypatch, [])
-    trigger = SlurmJobTrigger(conn_id="c", job_id="7", follow=FOLLOW, follow_interval=0.0, read_end_record=False,
+    trigger = SlurmJobTrigger.watching(conn_id="c", job_id="7", follow=FOLLOW, follow_interval=0.0, read_end_record=False,
                               **SCRIPTED)
     _with_task(trigger, monkeypatch, WatchNote())
     payload = _run_to_event(trigger, timeout=30)
@@ -852,7 +877,7 @@ def test_a_restarted_trigger_reads_a_followed_file_on_from_where_the_try_got(mon
     kept = {"path": FOLLOWED_PATH, "fold": FOLLOW[0]["fold"], "offset": len(before),
             "state": {"lines": 2, "last": '{"step": 2}'}, "rest": "", "read_at": 1.0}
     written = _following(monkeypatch, [kept])
-    trigger = SlurmJobTrigger(conn_id="c", job_id="7", follow=FOLLOW, follow_interval=0.0, read_end_record=False,
+    trigger = SlurmJobTrigger.watching(conn_id="c", job_id="7", follow=FOLLOW, follow_interval=0.0, read_end_record=False,
                               **SCRIPTED)
     _with_task(trigger, monkeypatch, WatchNote())
     assert _run_to_event(trigger, timeout=30)["kind"] == FINISHED
@@ -864,7 +889,7 @@ def test_a_fold_that_cannot_be_imported_stops_following_and_the_watch_goes_on(
         monkeypatch: pytest.MonkeyPatch) -> None:
     _growing_cluster(monkeypatch, polls=3)
     written = _following(monkeypatch, [])
-    trigger = SlurmJobTrigger(conn_id="c", job_id="7", follow=[{"path": FOLLOWED_PATH, "fold": "nowhere.fold"}],
+    trigger = SlurmJobTrigger.watching(conn_id="c", job_id="7", follow=[{"path": FOLLOWED_PATH, "fold": "nowhere.fold"}],
                               follow_interval=0.0, read_end_record=False, **SCRIPTED)
     _with_task(trigger, monkeypatch, WatchNote())
     with structlog.testing.capture_logs() as logs:
@@ -874,7 +899,7 @@ def test_a_fold_that_cannot_be_imported_stops_following_and_the_watch_goes_on(
 
 
 def test_serialize_round_trips_the_followed_files() -> None:
-    trigger = SlurmJobTrigger(conn_id="c", job_id="12", follow=FOLLOW, follow_interval=30, **FAST)
+    trigger = SlurmJobTrigger.watching(conn_id="c", job_id="12", follow=FOLLOW, follow_interval=30, **FAST)
     classpath, kwargs = trigger.serialize()
-    assert kwargs["follow"] == [{**FOLLOW[0], "offset": 0}] and kwargs["follow_interval"] == 30.0
+    assert kwargs["follow"] == {"files": [{**FOLLOW[0], "offset": 0}], "interval": 30.0}
     assert SlurmJobTrigger(**kwargs).serialize() == (classpath, kwargs)

@@ -15,7 +15,8 @@ Modules, one responsibility each:
   the login-node wait drive), ``events`` (the typed events they fire), ``poller`` (one batched
   status query per cluster for every watched job; ``poll_schedule`` decides its waits, ``side_reads``
   are the logs, allocations and windows a cycle reads beside the statuses), ``subscription`` (what
-  each of its cycles tells a watch), ``notes`` (how far a trigger's watch got, kept with its task), ``end_records`` and
+  each of its cycles tells a watch), ``watch_request`` (what a trigger is asked to watch: the job,
+  the schedule, the files it follows, as records), ``notes`` (how far a trigger's watch got, kept with its task), ``end_records`` and
   ``end_confirmation`` (a job's end, noticed within seconds), ``outage`` (a login node that does
   not answer), ``allocation``, ``maintenance``, ``pending_words``, ``followed_files``;
 - ``job_task``: the steps of a task that runs one job (``submission``, ``ending``, ``naming``,
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
     from slurm_provider.triggers import SlurmJobTrigger
     from slurm_provider.validation import ValidationError, format_time_limit, parse_time_limit, validate_partition
     from slurm_provider.watch.notes import WATCH_XCOM_KEY
+    from slurm_provider.watch.watch_request import FollowedFiles, WatchedJob, WatchSchedule
 
 _PUBLIC: dict[str, tuple[str, ...]] = {
     # the Airflow parts
@@ -72,6 +74,7 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
                   "DEFAULT_RETRY_EXPONENTIAL_BACKOFF", "DEFAULT_MAX_RETRY_DELAY"),
     "sensors": ("SlurmJobSensor",),
     "triggers": ("SlurmJobTrigger",),
+    "watch.watch_request": ("WatchedJob", "WatchSchedule", "FollowedFiles"),
     "login_wait": ("SlurmLoginTrigger",),
     "protocols": ("SlurmVerbs",),
     "transport": ("TransportError", "SSHCommand"),

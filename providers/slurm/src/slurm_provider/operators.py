@@ -62,8 +62,12 @@ from slurm_provider.timing import (
 )
 from slurm_provider.transport import TransportError
 from slurm_provider.triggers import SlurmJobTrigger
+from slurm_provider.watch.watch_request import FollowedFiles, WatchedJob, WatchSchedule
 from slurm_provider.validation import ValidationError
 from slurm_provider.watch.end_confirmation import EndConfirmation, confirm_schedule
+from slurm_provider.watch.events import FINISHED
+from slurm_provider.watch.job_watch import End, JobWatch
+from slurm_provider.watch.subscription import PollUpdate
 from slurm_provider.watch.events import REACHABLE, LoginEvent, WatchEvent
 
 if TYPE_CHECKING:
@@ -374,10 +378,13 @@ class SlurmSubmitOperator(BaseOperator):
     def _ended_soon(self, context: Context, hook: SlurmHook, job_id: str) -> JobStatus | None:
         """The job's status once its exit record says it ended and Slurm agrees, within
         ``short_job_wait`` seconds; None when it runs on, requeued itself, or could not be read (the
-        trigger then watches it, outages included)."""
+        trigger then watches it, outages included). What Slurm answers is judged by the same
+        :class:`~slurm_provider.watch.job_watch.JobWatch` the trigger steps."""
         record_path = end_record_path(naming.log_path(self, context, job_id))
         deadline = time.monotonic() + self.short_job_wait
         confirmation = EndConfirmation(confirm_schedule(self.max_poll_interval))
+        watch = JobWatch(self.conn_id, str(job_id), pending_policy=self.pending_policy,
+                         expected_job_name=naming.job_name(context), release_held=False)
         try:
             while (left := deadline - time.monotonic()) > 0:
                 time.sleep(min(SHORT_JOB_READ_INTERVAL, left))
@@ -386,9 +393,11 @@ class SlurmSubmitOperator(BaseOperator):
                     continue
                 if record.job_id != str(job_id) or record.requeued:
                     return None  # another run follows: the trigger follows it
-                status = hook.statuses([job_id]).get(job_id)
-                if status is not None and status.state.is_terminal:
-                    return status
+                update = PollUpdate(status=hook.statuses([job_id]).get(job_id), end_record=record)
+                # Only the end counts here: what the watch would say of a job that runs on, the trigger says.
+                ended = next((a for a in watch.step(update, time.time()) if isinstance(a, End)), None)
+                if ended is not None:
+                    return ended.status if ended.kind == FINISHED else None
                 confirmation.not_confirmed(record, time.monotonic())  # still completing
         except (TransportError, RemoteCommandError) as exc:  # SlurmCommandFailed is a TransportError
             self.log.info("Watching job %s from the worker stopped (%s); the trigger watches it", job_id, exc)
@@ -412,16 +421,17 @@ class SlurmSubmitOperator(BaseOperator):
         context["ti"].xcom_push(key=JOB_ID_XCOM_KEY, value=current.job_id)
         self.defer(
             trigger=SlurmJobTrigger(
-                conn_id=self.conn_id, job_id=current.job_id, poll_interval=self.poll_interval,
-                max_poll_interval=self.max_poll_interval, first_poll_delay=self.first_poll_delay,
-                log_path=naming.log_path(self, context, current.job_id),
-                err_log_path=naming.log_path(self, context, current.job_id, stream="err"),
-                pending_policy=self.pending_policy,
-                expected_job_name=current.name or naming.job_name(context), carry={"history": history.to_json()},
-                adopted_from=(current.submitted_by or "another task") if current.adopted else None,
-                watch_deadline=self._deadline_seconds(),
-                follow=self.follow or None, follow_interval=self.follow_interval,
-                release_held=self.release_held,
+                job=WatchedJob(
+                    conn_id=self.conn_id, job_id=current.job_id,
+                    log_path=naming.log_path(self, context, current.job_id),
+                    err_log_path=naming.log_path(self, context, current.job_id, stream="err"),
+                    expected_job_name=current.name or naming.job_name(context),
+                    adopted_from=(current.submitted_by or "another task") if current.adopted else None,
+                    pending_policy=self.pending_policy, release_held=self.release_held),
+                schedule=WatchSchedule(poll_interval=self.poll_interval, max_poll_interval=self.max_poll_interval,
+                                       first_poll_delay=self.first_poll_delay, watch_deadline=self._deadline_seconds()),
+                follow=FollowedFiles(tuple(self.follow or ()), self.follow_interval),
+                carry={"history": history.to_json()},
             ),
             method_name="execute_complete",
         )

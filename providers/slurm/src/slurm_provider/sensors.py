@@ -12,6 +12,7 @@ from slurm_provider.timing import FIRST_POLL_DELAY, MAX_POLL_INTERVAL, POLL_INTE
 from slurm_provider.state_vocabulary import StateCategory
 from slurm_provider.job_status import JobStatus
 from slurm_provider.triggers import SlurmJobTrigger
+from slurm_provider.watch.watch_request import WatchedJob, WatchSchedule
 from slurm_provider.watch.events import FINISHED, WatchEvent
 from slurm_provider.validation import validate_job_id
 
@@ -45,11 +46,10 @@ class SlurmJobSensor(BaseSensorOperator):
         status = self._status()
         if status.state.is_terminal:
             return self._interpret(status)
-        self.defer(trigger=SlurmJobTrigger(conn_id=self.conn_id, job_id=str(self.job_id),
-                                           poll_interval=self.poll_interval,
-                                           max_poll_interval=self.max_poll_interval,
-                                           first_poll_delay=self.first_poll_delay, pending_policy="warn"),
-                   method_name="execute_complete")
+        self.defer(trigger=SlurmJobTrigger(
+            job=WatchedJob(conn_id=self.conn_id, job_id=str(self.job_id), pending_policy="warn"),
+            schedule=WatchSchedule(poll_interval=self.poll_interval, max_poll_interval=self.max_poll_interval,
+                                   first_poll_delay=self.first_poll_delay)), method_name="execute_complete")
 
     def poke(self, context: Any) -> bool:
         status = self._status()

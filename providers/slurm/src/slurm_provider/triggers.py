@@ -34,19 +34,17 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from slurm_provider.watch.end_records import end_record_path
-from slurm_provider.watch.followed_files import FOLLOW_INTERVAL, FollowedFile, followed_files
-from slurm_provider.watch.outage import DEFAULT_WATCH_DEADLINE, timeout_seconds
+from slurm_provider.watch.followed_files import FollowedFile, followed_files
 from slurm_provider.watch.poller import JobPoller, shared_poller
 from slurm_provider.state_vocabulary import SlurmState
-from slurm_provider.timing import FIRST_POLL_DELAY, MAX_POLL_INTERVAL, POLL_INTERVAL
 from slurm_provider.watch.events import ERROR, FINISHED, LOST, NEVER_STARTS, WatchEvent
 from slurm_provider.watch.job_watch import (
-    PENDING_POLICIES,
     End,
     JobWatch,
     KeepFollowed,
@@ -54,6 +52,7 @@ from slurm_provider.watch.job_watch import (
     Remember,
     Say,
 )
+from slurm_provider.watch.watch_request import FollowedFiles, WatchedJob, WatchSchedule, from_flat_keywords
 from slurm_provider.watch.notes import (
     TaskKey,
     WatchNote,
@@ -81,122 +80,84 @@ def _hook_factory(conn_id: str):
 
 
 class SlurmJobTrigger(BaseTrigger):
-    """Fires one event when Slurm job ``job_id`` ends (or will never start, or cannot be found).
+    """Fires one event when Slurm job ``job.job_id`` ends (or will never start, or cannot be found).
 
-    :param conn_id: Airflow SSH connection of the cluster's login node.
-    :param job_id: the Slurm job id to watch.
-    :param poll_interval: first interval between status queries, seconds.
-    :param max_poll_interval: cap of the interval, which grows while nothing changes.
-    :param first_poll_delay: wait before the first query (keep >= 10 s in deployments: a trigger
-        firing within seconds of deferral can race the scheduler).
-    :param log_path: the job's output file on the cluster; new lines are copied to the task log.
-    :param log_offset: bytes of ``log_path`` already shown. In a triggerer the trigger also notes its
-        progress (offsets, last state announced, the time of the last answered poll) as an XCom of the
-        task try, so a restarted triggerer goes on where the last one stopped instead of showing lines
-        again, and a UI can show the job as of that poll.
-    :param err_log_path: the job's error output file (``sbatch --error``), streamed like ``log_path``
-        with its lines marked ``stderr``.
-    :param err_log_offset: bytes of ``err_log_path`` already shown.
-    :param pending_policy: ``fail`` ends the wait when the pending reason means the job can never
-        start (e.g. the allocation is spent), or when it waited ``watch_deadline`` for the allocation
-        in vain; ``warn`` logs it and keeps waiting, without a deadline.
-    :param expected_job_name: the job's name, checked before ``on_kill`` cancels anything, so a
-        recycled job id of someone else's job is never cancelled. None (a sensor watching a job
-        submitted elsewhere): ``on_kill`` never cancels.
-    :param unknown_grace_polls: consecutive polls in which neither squeue nor sacct knows the job
-        before it is reported lost (accounting reaches slurmdbd with a lag).
+    :param job: what to watch (:class:`~slurm_provider.watch.watch_request.WatchedJob`, or its JSON):
+        the connection and job id, its output and error output files (new lines go to the task log
+        from the given offsets; in a triggerer the trigger also notes its progress as an XCom of the
+        task try, so a restarted triggerer goes on where the last one stopped), whether its exit
+        record is read between polls, whose job it is (a person's gesture cancels only a job this task
+        submitted and still named as expected), how a job that cannot start is judged and whether a
+        job put on user hold is released.
+    :param schedule: when to ask and how long to wait for something outside the job
+        (:class:`~slurm_provider.watch.watch_request.WatchSchedule`): the first and the longest poll
+        interval, the delay before the first poll, the polls in which Slurm may not know the job yet,
+        and the deadline for a login node that does not answer or an allocation teammates hold.
+    :param follow: more files of the job to read as they grow
+        (:class:`~slurm_provider.watch.watch_request.FollowedFiles`); their states are kept in the XCom
+        ``slurm_followed`` of the task try, and the event carries their offsets.
     :param carry: opaque JSON-safe data returned unchanged in the event.
-    :param adopted_from: who submitted the job when the task only adopted it (another clear, run,
-        deployment): ``on_kill`` then leaves it running, whatever its name, and says so.
-    :param watch_deadline: seconds the watch may wait for something outside the job before it gives
-        up: a login node that does not answer (counted from the first failed try, kept across
-        triggerer restarts in the watch note; then an ``error`` event: the job runs on and a task
-        retry adopts it), or running jobs of the account that hold the allocation the job pends on.
-    :param read_end_record: read the job's exit record (``<log_path>.end``) between polls, so its end
-        is noticed within seconds; False: only the polls notice it.
-    :param follow: files of the job to follow as they grow, each ``{"path", "fold"}`` (the import path
-        of a pure function folding new lines into a small JSON-safe state, see
-        :mod:`slurm_provider.watch.followed_files`); the offsets and states are kept in the XCom
-        ``slurm_followed`` of the task try, and the event carries the offsets.
-    :param follow_interval: least seconds between two size checks of the followed files.
-    :param release_held: release the job once when it is put on user hold (``JobHeldUser``), as some sites
-        do to queued jobs after a maintenance break, and say so; only a job named
-        ``expected_job_name``. False: the task log says that it waits for a release and how to give it.
+    :param earlier: the flat keywords of a trigger stored by an earlier version of the provider
+        (``conn_id=..., job_id=..., poll_interval=...``), which a triggerer still resumes.
     """
 
-    def __init__(self, *, conn_id: str, job_id: str, poll_interval: float = POLL_INTERVAL,
-                 max_poll_interval: float = MAX_POLL_INTERVAL, first_poll_delay: float = FIRST_POLL_DELAY,
-                 log_path: str | None = None, log_offset: int = 0, pending_policy: str = "fail",
-                 expected_job_name: str | None = None, unknown_grace_polls: int = 6,
-                 carry: dict[str, Any] | None = None, err_log_path: str | None = None,
-                 err_log_offset: int = 0, adopted_from: str | None = None,
-                 watch_deadline: float = DEFAULT_WATCH_DEADLINE.total_seconds(),
-                 read_end_record: bool = True, follow: list[dict[str, Any]] | None = None,
-                 follow_interval: float = FOLLOW_INTERVAL, release_held: bool = False) -> None:
+    def __init__(self, *, job: WatchedJob | dict[str, Any] | None = None,
+                 schedule: WatchSchedule | dict[str, Any] | None = None,
+                 follow: FollowedFiles | dict[str, Any] | list[dict[str, Any]] | None = None,
+                 carry: dict[str, Any] | None = None, **earlier: Any) -> None:
         super().__init__()
-        if pending_policy not in PENDING_POLICIES:
-            raise ValueError(f"pending_policy {pending_policy!r} not allowed (known: {', '.join(PENDING_POLICIES)})")
-        self.conn_id = conn_id
-        self.job_id = str(job_id)
-        self.poll_interval = float(poll_interval)
-        self.max_poll_interval = float(max_poll_interval)
-        self.first_poll_delay = float(first_poll_delay)
-        self.log_path = log_path
-        self.log_offset = int(log_offset)
-        self.err_log_path = err_log_path
-        self.err_log_offset = int(err_log_offset)
-        self.pending_policy = pending_policy
-        self.expected_job_name = expected_job_name
-        self.unknown_grace_polls = int(unknown_grace_polls)
-        self.carry = dict(carry or {})
-        self.adopted_from = adopted_from
-        self.watch_deadline = timeout_seconds(watch_deadline)
-        self.read_end_record = bool(read_end_record)
-        self.follow = [{"path": f.path, "fold": f.fold, "offset": f.offset} for f in followed_files(follow)]
-        self.follow_interval = float(follow_interval)
-        self.release_held = bool(release_held)
+        if job is None:  # flat keywords: ``follow`` is then the list of files, as it was stored
+            flat = {**earlier, "carry": carry} if follow is None else {**earlier, "carry": carry, "follow": follow}
+            self.job, self.schedule, self.follow, self.carry = from_flat_keywords(flat)
+        elif earlier:
+            raise TypeError(f"unknown SlurmJobTrigger argument(s) {', '.join(sorted(earlier))}: give them in "
+                            "job, schedule or follow")
+        else:
+            self.job = WatchedJob.from_json(job)
+            self.schedule = WatchSchedule.from_json(schedule or {})
+            if isinstance(follow, list):
+                raise TypeError("follow: give a FollowedFiles (or its JSON) beside job; a list of files goes with "
+                                "flat keywords (SlurmJobTrigger.watching)")
+            self.follow = FollowedFiles.from_json(follow or {})
+            self.carry = dict(carry or {})
+        self.log_offset, self.err_log_offset = self.job.log_offset, self.job.err_log_offset  # as far as shown
         self._followed: dict[str, FollowedFile] = {}  # the watch's followed files, as far as they were read
+
+    @classmethod
+    def watching(cls, conn_id: str, job_id: str, **options: Any) -> SlurmJobTrigger:
+        """A trigger from flat options (``log_path=..., poll_interval=..., follow=[...]``), each put in its record."""
+        return cls(**{"conn_id": conn_id, "job_id": job_id, **options})
+
+    @property
+    def job_id(self) -> str:
+        return self.job.job_id
+
+    @property
+    def conn_id(self) -> str:
+        return self.job.conn_id
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
             f"{type(self).__module__}.{type(self).__qualname__}",
-            {
-                "conn_id": self.conn_id,
-                "job_id": self.job_id,
-                "poll_interval": self.poll_interval,
-                "max_poll_interval": self.max_poll_interval,
-                "first_poll_delay": self.first_poll_delay,
-                "log_path": self.log_path,
-                "log_offset": self.log_offset,
-                "err_log_path": self.err_log_path,
-                "err_log_offset": self.err_log_offset,
-                "pending_policy": self.pending_policy,
-                "expected_job_name": self.expected_job_name,
-                "unknown_grace_polls": self.unknown_grace_polls,
-                "carry": self.carry,
-                "adopted_from": self.adopted_from,
-                "watch_deadline": self.watch_deadline,
-                "read_end_record": self.read_end_record,
-                "follow": self.follow,
-                "follow_interval": self.follow_interval,
-                "release_held": self.release_held,
-            },
+            {"job": replace(self.job, log_offset=self.log_offset, err_log_offset=self.err_log_offset).to_json(),
+             "schedule": self.schedule.to_json(), "follow": self.follow.to_json(), "carry": self.carry},
         )
 
     def _event(self, end: End) -> TriggerEvent:
         return TriggerEvent(WatchEvent(
             kind=end.kind, conn_id=self.conn_id, job_id=self.job_id, message=end.message, status=end.status,
-            log_path=self.log_path, log_offset=self.log_offset, err_log_path=self.err_log_path,
+            log_path=self.job.log_path, log_offset=self.log_offset, err_log_path=self.job.err_log_path,
             err_log_offset=self.err_log_offset, carry=self.carry, noticed_by=end.noticed_by,
             follow=tuple({"path": f.path, "fold": f.fold, "offset": f.offset} for f in self._followed.values())
-            or tuple(self.follow)).to_json())
+            or self.follow.files).to_json())
 
     def _watch(self) -> JobWatch:
-        return JobWatch(self.conn_id, self.job_id, pending_policy=self.pending_policy,
-                        expected_job_name=self.expected_job_name, unknown_grace_polls=self.unknown_grace_polls,
-                        watch_deadline=self.watch_deadline, release_held=self.release_held,
+        job, schedule = self.job, self.schedule
+        return JobWatch(self.conn_id, self.job_id, pending_policy=job.pending_policy,
+                        expected_job_name=job.expected_job_name, unknown_grace_polls=schedule.unknown_grace_polls,
+                        watch_deadline=schedule.watch_deadline, release_held=job.release_held,
                         log_offset=self.log_offset, err_offset=self.err_log_offset,
-                        followed={f.path: f for f in followed_files(self.follow)})
+                        followed={f.path: f for f in followed_files(self.follow.files)})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Subscribe to the connection's poller, step the watch with each update, carry out its answer."""
@@ -206,14 +167,15 @@ class SlurmJobTrigger(BaseTrigger):
         watch.resume(await self._recalled(task), await self._recall_followed(task, watch))
         self._followed = watch.followed
         self.log_offset, self.err_log_offset = watch.log_offset, watch.err_offset
-        async with poller.subscribe(self.job_id, poll_interval=self.poll_interval,
-                                    max_poll_interval=self.max_poll_interval, log_path=self.log_path,
-                                    log_offset=self.log_offset, err_path=self.err_log_path,
+        schedule = self.schedule
+        async with poller.subscribe(self.job_id, poll_interval=schedule.poll_interval,
+                                    max_poll_interval=schedule.max_poll_interval, log_path=self.job.log_path,
+                                    log_offset=self.log_offset, err_path=self.job.err_log_path,
                                     err_offset=self.err_log_offset,
-                                    first_poll_delay=self.first_poll_delay,
+                                    first_poll_delay=schedule.first_poll_delay,
                                     end_record_path=self._end_record_path(),
                                     follows={f.path: f.offset for f in watch.followed.values() if not f.problem},
-                                    follow_interval=self.follow_interval) as updates:
+                                    follow_interval=self.follow.interval) as updates:
             while True:
                 actions = watch.step(await updates.get(), time.time())
                 while actions:
@@ -260,24 +222,25 @@ class SlurmJobTrigger(BaseTrigger):
             self.log.warning("Could not keep what job %s's followed files hold (%s)", self.job_id, exc)
 
     def _end_record_path(self) -> str | None:
-        return end_record_path(self.log_path) if self.read_end_record and self.log_path else None
+        log_path = self.job.log_path
+        return end_record_path(log_path) if self.job.read_end_record and log_path else None
 
     async def _recalled(self, task: TaskKey | None) -> WatchNote:
         """What an earlier trigger of this task try showed already (a triggerer restart loses nothing)."""
         if task is None:
             return WatchNote(self.log_offset, err_offset=self.err_log_offset)
         try:
-            return await asyncio.wait_for(recall_watch(task, self.job_id, self.log_path), timeout=30)
+            return await asyncio.wait_for(recall_watch(task, self.job_id, self.job.log_path), timeout=30)
         except Exception as exc:  # never fail the watch over it: at worst lines are shown twice
             self.log.warning("Could not read how far the watch of job %s got (%s); showing %s from byte %d",
-                             self.job_id, exc, self.log_path, self.log_offset)
+                             self.job_id, exc, self.job.log_path, self.log_offset)
             return WatchNote(self.log_offset)
 
     async def _remember(self, task: TaskKey | None, note: WatchNote) -> None:
         if task is None:
             return
         try:
-            await asyncio.wait_for(remember_watch(task, self.job_id, self.log_path, note), timeout=30)
+            await asyncio.wait_for(remember_watch(task, self.job_id, self.job.log_path, note), timeout=30)
         except Exception as exc:
             self.log.warning("Could not note how far the watch of job %s got (%s); a restarted triggerer may "
                              "show some lines again", self.job_id, exc)
@@ -292,13 +255,14 @@ class SlurmJobTrigger(BaseTrigger):
         triggerer (the task is still deferred): the task's state tells them apart. A triggerer that
         shuts down or restarts never calls it.
         """
-        if not self.expected_job_name:
+        expected = self.job.expected_job_name
+        if not expected:
             self.log.info("Watch of job %s stopped; the job was submitted elsewhere, so it is left running",
                           self.job_id)
             return
-        if self.adopted_from:
+        if self.job.adopted_from:
             self.log.warning("Watch of job %s stopped. The job was submitted by %s, not by this task, which only "
-                             "watched it: it is left running", self.job_id, self.adopted_from)
+                             "watched it: it is left running", self.job_id, self.job.adopted_from)
             return
         task = TaskKey.of(self.task_instance)
         if task is not None:
@@ -322,9 +286,9 @@ class SlurmJobTrigger(BaseTrigger):
             if status is None or status.state.is_terminal or status.state is SlurmState.UNKNOWN:
                 self.log.info("Task stopped; job %s has already ended, nothing to cancel", self.job_id)
                 return
-            if status.name != self.expected_job_name:
+            if status.name != expected:
                 self.log.warning("Task stopped, but job %s is now named %r, not %r: not cancelling it",
-                                 self.job_id, status.name, self.expected_job_name)
+                                 self.job_id, status.name, expected)
                 return
             await asyncio.wait_for(hook.cancel(self.job_id), timeout=20)
             self.log.info("Task stopped by a user: cancelled job %s", self.job_id)

@@ -75,7 +75,7 @@ def test_an_ended_job_is_noticed_through_its_record_before_the_next_poll_at_no_e
     job_id, log_path = _submit(local_cluster, cluster_connection, "echo working; sleep 4; exit 3")
     forget_calls(cluster_connection)
     watch = Watch(monkeypatch)
-    payload = watch.run(SlurmJobTrigger(conn_id=cluster_connection, job_id=job_id, log_path=log_path,
+    payload = watch.run(SlurmJobTrigger.watching(conn_id=cluster_connection, job_id=job_id, log_path=log_path,
                                         **SLOW_POLLS))
     assert payload["kind"] == FINISHED and payload["status"]["state"] == "FAILED"
     assert payload["status"]["exit_code"] == 3
@@ -109,7 +109,7 @@ echo "run ${SLURM_RESTART_COUNT}"
 sleep 2"""
     job_id, log_path = _submit(local_cluster, cluster_connection, body, "--requeue", "--open-mode=append")
     watch = Watch(monkeypatch)
-    payload = watch.run(SlurmJobTrigger(conn_id=cluster_connection, job_id=job_id, log_path=log_path,
+    payload = watch.run(SlurmJobTrigger.watching(conn_id=cluster_connection, job_id=job_id, log_path=log_path,
                                         **SLOW_POLLS))
     first = parse_end_record(local_cluster.ssh(f"cat {log_path}.end.first").stdout)
     assert first is not None and (first.restart, first.requeued) == (0, True)
@@ -130,7 +130,7 @@ def test_a_job_killed_before_its_script_could_leave_a_record_is_noticed_by_the_p
     local_cluster.wait_for_state(int(job_id), {"RUNNING"}, timeout=120)
     pid = poll_until(lambda: _named_pid(local_cluster, log_path), timeout=60, what="the job's shell names its pid")
     watch = Watch(monkeypatch)
-    trigger = SlurmJobTrigger(conn_id=cluster_connection, job_id=job_id, log_path=log_path, poll_interval=2.0,
+    trigger = SlurmJobTrigger.watching(conn_id=cluster_connection, job_id=job_id, log_path=log_path, poll_interval=2.0,
                               max_poll_interval=4.0, first_poll_delay=0.0)
 
     async def kill_then_watch() -> dict[str, Any]:
