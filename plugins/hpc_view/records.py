@@ -33,6 +33,7 @@ from typing import Any
 from slurm_provider import (
     FOLLOW_XCOM_KEY,
     JOB_ID_XCOM_KEY,
+    JobSummary,
     LEFT_OUT_XCOM_KEY,
     WATCH_XCOM_KEY,
     classify_pending_reason,
@@ -45,10 +46,10 @@ from slurm_provider import (
 )
 from slurm_provider.cli.values import format_duration
 from vcloud.contract import gain_per_gpu_hour
+from vcloud_pipeline.dag.job_summary import RunJobSummary
 
 RETURN_VALUE_KEY = "return_value"
-SUMMARY_KEYS = ("job_id", "job_ids", "state", "gpu_hours")
-"""Keys every ``SlurmSubmitOperator`` return value has; other return values are not Slurm records."""
+"""The XCom of a task's return value: a job task's summary (``JobSummary.is_summary``), else not a Slurm record."""
 UNASSIGNED = ""
 """Profile of records that name none (a plain ``SlurmSubmitOperator`` outside the training DAG)."""
 WAITING_TASK_STATES = ("deferred", "running", "queued", "scheduled", "up_for_retry", "up_for_reschedule",
@@ -205,11 +206,6 @@ class JobRecord:
         return data
 
 
-def is_job_summary(value: Any) -> bool:
-    """True for the return value of a ``SlurmSubmitOperator`` task (and its subclasses)."""
-    return isinstance(value, Mapping) and all(key in value for key in SUMMARY_KEYS)
-
-
 
 def pending_words(state: str | SlurmState | None, reason: str | None,
                   expected_start: str | None = None, maintenance: str | None = None) -> PendingWords | None:
@@ -315,13 +311,14 @@ def records_from_xcoms(rows: Iterable[XComRow]) -> list[JobRecord]:
     for key, xcoms in by_task.items():
         job_row = xcoms.get(JOB_ID_XCOM_KEY)
         summary_row = xcoms.get(RETURN_VALUE_KEY)
-        summary = summary_row.value if summary_row is not None and is_job_summary(summary_row.value) else None
+        summary = (RunJobSummary.from_json(summary_row.value)
+                   if summary_row is not None and JobSummary.is_summary(summary_row.value) else None)
         if job_row is None and summary is None:
             continue
         anchor = summary_row if summary is not None else job_row
         assert anchor is not None
         conf = anchor.run_conf or {}
-        profile = str((summary or {}).get("profile") or conf.get("profile") or UNASSIGNED)
+        profile = str((summary.profile if summary is not None else None) or conf.get("profile") or UNASSIGNED)
         dag_id, run_id, task_id, map_index = key
         if summary is None:
             assert job_row is not None
@@ -336,24 +333,23 @@ def records_from_xcoms(rows: Iterable[XComRow]) -> list[JobRecord]:
                 pending=_watched_pending(xcoms.get(WATCH_XCOM_KEY), job_id),
                 left_out=_left_out(xcoms.get(LEFT_OUT_XCOM_KEY), job_id)))
             continue
-        job_ids = tuple(str(j) for j in summary.get("job_ids") or [summary["job_id"]])
+        job = summary.job
         records.append(JobRecord(
             dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index,
             task_state=anchor.task_state, profile=profile,
-            run_name=str(summary.get("run") or conf.get("run_name") or ""),
-            stage=str(summary.get("job") or task_id),
-            job_id=str(summary["job_id"]), job_ids=job_ids,
-            submissions=_submissions(summary.get("submissions")),
-            state=str(summary["state"]), exit_code=_int(summary.get("exit_code")),
-            elapsed_s=_int(summary.get("elapsed_s")), restarts=_int(summary.get("restarts")) or 0,
-            node_list=summary.get("node_list"), gpus=_int(summary.get("gpus")) or 0,
-            gpu_hours=float(summary.get("gpu_hours") or 0.0),
-            finished_at=anchor.end_date, metrics=summary.get("metrics"),
-            allocation=summary["allocation"] if isinstance(summary.get("allocation"), Mapping) else None,
-            curve=summary["curve"] if isinstance(summary.get("curve"), Mapping) else None,
-            final=True, validation_gain=_float(summary.get("validation_gain")),
-            gain_metric=summary.get("gain_metric"), stop_reason=summary.get("stop_reason"),
-            left_out=_left_out(xcoms.get(LEFT_OUT_XCOM_KEY), str(summary["job_id"]))))
+            run_name=summary.run or str(conf.get("run_name") or ""),
+            stage=summary.label or task_id,
+            job_id=job.job_id, job_ids=job.job_ids,
+            submissions=_submissions(job.submissions),
+            state=job.state, exit_code=job.exit_code,
+            elapsed_s=job.elapsed_s, restarts=job.restarts,
+            node_list=job.node_list, gpus=job.gpus,
+            gpu_hours=job.gpu_hours,
+            finished_at=anchor.end_date, metrics=summary.metrics,
+            allocation=summary.allocation, curve=summary.curve,
+            final=True, validation_gain=summary.validation_gain,
+            gain_metric=summary.gain_metric, stop_reason=summary.stop_reason,
+            left_out=_left_out(xcoms.get(LEFT_OUT_XCOM_KEY), job.job_id)))
     records.sort(key=lambda r: (r.finished_at is None, r.finished_at or datetime.min, r.dag_id, r.run_id,
                                 r.task_id), reverse=False)
     return records

@@ -24,6 +24,7 @@ from slurm_provider import (
     DEFAULT_BUDGETS,
     FOLLOW_INTERVAL,
     JobStatus,
+    JobSummary,
     RemoteCommandError,
     SlurmCommandFailed,
     SlurmSubmitOperator,
@@ -53,6 +54,7 @@ from vcloud.contract import (
 from vcloud_pipeline.jobs import exits as job_exits
 from vcloud_pipeline.dag.assets import asset_for
 from vcloud_pipeline.dag.curves import METRICS_FOLD, recorded_curve
+from vcloud_pipeline.dag.job_summary import RunJobSummary
 from vcloud_pipeline.budget.billing import Allocation, BudgetExceeded, billed_hours, check_budget
 from vcloud_pipeline.code.retention import touch_run
 from vcloud_pipeline.plan.layout import run_key
@@ -350,9 +352,10 @@ class PipelineJobOperator(SlurmSubmitOperator):
             return self._report(context, super().execute_complete(context, event))
 
     def _report(self, context: Context, summary: dict[str, Any]) -> dict[str, Any]:
-        """Add every job's state, the code, the metrics of the stage's ``best.pt`` (and of its last
-        epoch), what its training gained on validation over its start and why it stopped, and the
-        asset event to the summary.
+        """The provider's job summary with every job's state, the code, the metrics of the stage's
+        ``best.pt`` (and of its last epoch), what its training gained on validation over its start and
+        why it stopped (:class:`~vcloud_pipeline.dag.job_summary.RunJobSummary`, as JSON), and the
+        asset event.
 
         ``code_hash`` is the code the jobs ran; ``trained_code_hash`` the code that finished the
         stage, as the trainer recorded it in ``COMPLETE`` (and in every checkpoint).
@@ -360,36 +363,34 @@ class PipelineJobOperator(SlurmSubmitOperator):
         plan, synced = self._bind(context)
         paths = plan.paths
         hook = self._hook()
-        states = {job_id: status.state.value for job_id, status in hook.statuses(summary["job_ids"]).items()}
+        job = JobSummary.from_json(summary)
+        states = {job_id: status.state.value for job_id, status in hook.statuses(list(job.job_ids)).items()}
         record = curve = None
         if self.job.stage is not None:
             record = completion_record(hook.read_file(str(paths.complete_path(self.job.stage))))
             curve = self._curve(hook, str(paths.metrics_path(self.job.stage)))
         best_epoch, best_metrics = best_checkpoint_metrics(record)
-        summary.update({"job": str(self.job), "run": plan.run_name, "profile": plan.profile.name,
-                        "code_hash": synced.code_hash, "trained_code_hash": recorded_code_hash(record),
-                        "states": states,
-                        "allocation": self._allocation_after(plan, hook),
-                        "metrics": best_metrics, "best_epoch": best_epoch,
-                        "final_metrics": final_metrics(record), "epochs": completed_epochs(record),
-                        "validation_gain": validation_gain(record),
-                        "gain_metric": gain_metric(record),
-                        "stop_reason": stop_reason(record), "stop_detail": stop_detail(record),
-                        "lineage": (record or {}).get(LINEAGE_KEY), "curve": curve})
+        report = RunJobSummary(
+            job=job, label=str(self.job), run=plan.run_name, profile=plan.profile.name, code_hash=synced.code_hash,
+            trained_code_hash=recorded_code_hash(record), states=states, allocation=self._allocation_after(plan, hook),
+            metrics=best_metrics, best_epoch=best_epoch, final_metrics=final_metrics(record),
+            epochs=completed_epochs(record), validation_gain=validation_gain(record), gain_metric=gain_metric(record),
+            stop_reason=stop_reason(record), stop_detail=stop_detail(record), lineage=(record or {}).get(LINEAGE_KEY),
+            curve=curve)
         asset = asset_for(self.job)
         if asset is not None and "outlet_events" in context:
             where = (str(paths.best_checkpoint(self.job.stage)) if self.job.stage is not None
                      else str(paths.viewer_dir))
             context["outlet_events"][asset].extra.update({
                 "profile": plan.profile.name, "run": plan.run_name, "path": where,
-                "code_hash": synced.code_hash, "job_ids": summary["job_ids"],
-                "metrics": summary["metrics"],
+                "code_hash": synced.code_hash, "job_ids": list(job.job_ids),
+                "metrics": report.to_json()["metrics"],
             })
         self.log.info("%s done: jobs %s, %s GPU-hours, best.pt from epoch %s: metrics %s", self.job, states,
-                      summary["gpu_hours"], best_epoch, summary["metrics"])
+                      job.gpu_hours, best_epoch, best_metrics)
         if record is not None:
             self.log.info("%s's best.pt: %s", self.job, describe_lineage(record))
-        return summary
+        return report.to_json()
 
     def _curve(self, hook: SlurmVerbs, path: str) -> dict[str, Any] | None:
         """The stage's training curve from its ``metrics.jsonl``, thinned to ``CURVE_POINTS`` a series, for

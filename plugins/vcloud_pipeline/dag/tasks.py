@@ -21,6 +21,7 @@ from slurm_provider import (
     DEFAULT_RETRIES,
     DEFAULT_RETRY_DELAY,
     DEFAULT_RETRY_EXPONENTIAL_BACKOFF,
+    JobSummary,
     RemoteCommandError,
     SlurmCommandFailed,
     SlurmVerbs,
@@ -39,6 +40,7 @@ from vcloud.contract import (
     validation_gain,
 )
 
+from vcloud_pipeline.dag.job_summary import RunJobSummary
 from vcloud_pipeline.code.retention import RetentionPlan, mark_run, release_run, remove_unused_code_dirs
 from vcloud_pipeline.plan.layout import run_key
 from vcloud_pipeline.plan.request import RequestError, TrainingRequest, parse_request
@@ -318,10 +320,10 @@ def _budgeted(plan: RunPlan, hook: SlurmVerbs, to_run: list[JobLabel]) -> list[J
     return labels + to_run
 
 
-def job_summaries(ti: Any) -> dict[str, Any]:
-    """What each job task of the run returned, by task id (the tasks that ran a job)."""
+def job_summaries(ti: Any) -> dict[str, RunJobSummary]:
+    """What each job task of the run returned, by task id (the tasks whose job completed)."""
     jobs = {label.task_id: ti.xcom_pull(task_ids=label.task_id) for label in JobLabel}
-    return {task_id: summary for task_id, summary in jobs.items() if summary}
+    return {task_id: RunJobSummary.from_json(value) for task_id, value in jobs.items() if JobSummary.is_summary(value)}
 
 
 def stage_records(plan: RunPlan, hook: SlurmVerbs) -> dict[JobLabel, Any]:
@@ -381,7 +383,7 @@ def yield_line(label: str, entry: Mapping[str, Any]) -> str:
     return line
 
 
-def summarize(plan: RunPlan, hook: SlurmVerbs, job_summaries: Mapping[str, Any]) -> dict[str, Any]:
+def summarize(plan: RunPlan, hook: SlurmVerbs, job_summaries: Mapping[str, RunJobSummary]) -> dict[str, Any]:
     """The run at a glance: per job what ran, per stage the final metrics, what its GPU-hours bought
     on validation and its training-curve PNG, the stages not submitted and why, the files, the ledger."""
     ledger = read_ledger(hook, plan.profile)
@@ -394,7 +396,8 @@ def summarize(plan: RunPlan, hook: SlurmVerbs, job_summaries: Mapping[str, Any])
     curves = curve_pngs(plan, hook)
     log.info("training curves: %s", "; ".join(f"{label} {path}" for label, path in curves.items())
              or "none plotted (the export job plots them)")
-    hours = {label: job.get("gpu_hours") for label, job in job_summaries.items() if training_label(label) is not None}
+    hours: dict[str, float | None] = {label: job.gpu_hours for label, job in job_summaries.items()
+                                      if training_label(label) is not None}
     yields = stage_yields({label: records.get(JobLabel(label)) for label in hours}, hours)
     for label, entry in yields.items():
         log.info("%s", yield_line(label, entry))
@@ -407,7 +410,7 @@ def summarize(plan: RunPlan, hook: SlurmVerbs, job_summaries: Mapping[str, Any])
     return {
         "run": plan.run_name,
         "profile": plan.profile.name,
-        "jobs": dict(job_summaries),
+        "jobs": {task_id: job.to_json() for task_id, job in job_summaries.items()},
         "stages": records,
         "stage_yields": yields,
         "not_submitted": not_submitted,

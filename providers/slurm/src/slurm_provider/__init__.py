@@ -20,7 +20,7 @@ Modules, one responsibility each:
   ``end_confirmation`` (a job's end, noticed within seconds), ``outage`` (a login node that does
   not answer), ``allocation``, ``maintenance``, ``pending_words``, ``followed_files``;
 - ``job_task``: the steps of a task that runs one job (``submission``, ``ending``, ``naming``,
-  ``settings``), which ``operators`` calls;
+  ``settings``), which ``operators`` calls, and what it returns (``summary``);
 - ``triggers``, ``login_wait``, ``operators``, ``sensors``; ``resubmission`` (budgets and progress);
   ``hints`` (known errors); ``bad_nodes``; ``exit_codes``; ``links``.
 
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from slurm_provider.hints import Hint, HintRule, format_hints, register_hints
     from slurm_provider.hooks import SlurmAsyncHook, SlurmCommandFailed, SlurmHook
     from slurm_provider.job_status import JobStatus
+    from slurm_provider.job_task.summary import JobSummary
     from slurm_provider.links import JOB_ID_XCOM_KEY, register_job_view, task_log_url
     from slurm_provider.login_wait import SlurmLoginTrigger
     from slurm_provider.operators import (
@@ -81,6 +82,7 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     "file_verbs": ("RemoteCommandError",),
     # what a job is, and the words for it
     "job_status": ("JobStatus",),
+    "job_task.summary": ("JobSummary",),
     "state_vocabulary": ("SlurmState", "parse_state"),
     "pending_reasons": ("classify_pending_reason",),
     "watch.pending_words": ("waiting_line",),

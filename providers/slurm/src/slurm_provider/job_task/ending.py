@@ -21,6 +21,7 @@ from slurm_provider.exit_codes import explain_exit
 from slurm_provider.hints import hint_for
 from slurm_provider.job_status import JobStatus
 from slurm_provider.job_task import naming, submission
+from slurm_provider.job_task.summary import JobSummary
 from slurm_provider.links import JOB_ID_XCOM_KEY
 from slurm_provider.resubmission import KILLED, SubmissionHistory, decide_resubmission, killed_from_outside
 from slurm_provider.state_vocabulary import SlurmState
@@ -151,26 +152,16 @@ def after_interruption(op: SlurmSubmitOperator, context: Context, hook: SlurmHoo
 
 def finish(op: SlurmSubmitOperator, context: Context, hook: SlurmHook, history: SubmissionHistory,
             status: JobStatus) -> dict[str, Any]:
+    """The task's return value (:class:`~slurm_provider.job_task.summary.JobSummary` as JSON) once its job completed."""
     gpu_hours = 0.0
     for job_id in history.job_ids:
         for run in hook.runs(job_id):
             gpu_hours += op.billed_gpu_hours(run)
-    summary = {
-        "job_id": status.job_id,
-        "job_ids": history.job_ids,
-        "state": status.state.value,
-        "exit_code": status.exit_code,
-        "elapsed_s": status.elapsed_s,
-        "restarts": status.restarts,
-        "node_list": status.node_list,
-        "gpus": status.gpus,
-        "gpu_hours": round(gpu_hours, 4),
-        "submissions": history.to_json(),
-    }
+    summary = JobSummary.of(status, history.job_ids, gpu_hours, history.to_json())
     context["ti"].xcom_push(key=JOB_ID_XCOM_KEY, value=status.job_id)
     op.log.info("Job %s completed: %s GPU-hours over %d submission(s)", status.job_id,
-                  summary["gpu_hours"], len(history.submissions))
-    return summary
+                  summary.gpu_hours, len(history.submissions))
+    return summary.to_json()
 
 
 def accounted(hook: SlurmHook, status: JobStatus, wait_s: float = 15.0) -> JobStatus:
