@@ -24,6 +24,7 @@ from slurm_provider.job_task import ending, naming
 from vcloud import contract, exit_record, exitcodes
 from vcloud.config import ConfigError, config_from_dict
 from vcloud.data.index import INDEX_NAME
+from vcloud.stage_records import BestCheckpoint, CompleteRecord, ProgressRecord, StopRecord
 from vcloud.training import distributed, markers, mirror, provenance
 from vcloud.training.best import improves
 from vcloud.training.paths import StagePaths
@@ -35,7 +36,7 @@ from vcloud_pipeline.plan.layout import run_paths
 from vcloud_pipeline.budget.preflight import PROJECT_TAG, ledger_from_statuses, usage_of
 from vcloud_pipeline.profile import load_profile
 from vcloud_pipeline.jobs.render import render_job
-from vcloud_pipeline.plan.stages import StagePlan, completion_record
+from vcloud_pipeline.plan.stages import StagePlan
 
 from support.task_context import StateStore, task_context
 
@@ -221,28 +222,34 @@ def _best(epoch: int) -> dict:
 
 def test_the_dag_reads_complete_as_the_trainer_writes_it(tmp_path: Path) -> None:
     path = tmp_path / contract.COMPLETE_FILE
-    markers.write_json(path, markers.complete_record(
-        stage=1, epochs=5, step=50, final_metrics={"psnr": 31.0}, best=_best(3), code_version="v", code_hash="h"))
-    record = completion_record(path.read_text())
-    assert contract.best_checkpoint_metrics(record) == (3, {"psnr": 33.0, "sam": 4.0})
-    assert (contract.completed_epochs(record), contract.final_metrics(record), contract.recorded_code_hash(record)) \
-        == (5, {"psnr": 31.0}, "h")
+    written = markers.CompleteRecord(stage=1, epochs=5, step=50, final_metrics={"psnr": 31.0},
+                                     best=BestCheckpoint.from_json(_best(3)), code_version="v", code_hash="h")
+    markers.write_json(path, written.to_json())
+    record = CompleteRecord.parse(path.read_text())
+    assert record == written
+    assert record.best_epoch_and_metrics() == (3, {"psnr": 33.0, "sam": 4.0})
+    assert (record.epochs, record.final_metrics, record.code_hash) == (5, {"psnr": 31.0}, "h")
+    assert json.loads(path.read_text())["best_metric"] == _best(3), "best.pt's record as the trainer keeps it"
+    assert CompleteRecord.parse(None) is None and CompleteRecord.parse("not json") is None
+    assert CompleteRecord.parse("[1]") is None
 
 
 def test_the_provider_sees_the_trainers_progress_move_forward(tmp_path: Path) -> None:
     def progress(epoch: int, step: int) -> str:
-        record = markers.progress_record(
+        record = markers.ProgressRecord(
             stage=0, status=contract.STATUS_RUNNING, epoch=epoch, epochs_total=5, step=step, batch_in_epoch=0,
-            batches_per_epoch=10, best=_best(epoch), last_metrics={}, history=[], world_size=1, device="cpu")
-        return json.dumps(record)
+            batches_per_epoch=10, best=_best(epoch), last_metrics={}, history=(), world_size=1, device="cpu")
+        return json.dumps(record.to_json())
 
     assert progress_made(progress(1, 10), progress(1, 12))
     assert progress_made(progress(1, 10), progress(2, 20))
     assert not progress_made(progress(2, 20), progress(2, 20))
-    done = markers.completed_progress(json.loads(progress(2, 20)), epoch=3, epochs_total=3, step=30, best=_best(3),
-                                      history=[])
-    assert done["status"] == contract.STATUS_COMPLETE and done["device"] == "cpu"
-    assert progress_made(progress(2, 20), json.dumps(done))
+    stop = StopRecord(contract.STOP_EPOCHS, "trained its 3 epochs", 3)
+    done = ProgressRecord.from_json(json.loads(progress(2, 20))).completed(
+        epoch=3, epochs_total=3, step=30, best=_best(3), history=[], stop=stop)
+    assert done.status == contract.STATUS_COMPLETE and done.device == "cpu" and done.stop == stop
+    assert ProgressRecord.from_json(json.loads(json.dumps(done.to_json()))) == done
+    assert progress_made(progress(2, 20), json.dumps(done.to_json()))
 
 
 # --------------------------------------------------------------------------- log files

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vcloud.contract import complete_record, describe_built_from, describe_lineage, recorded_lineage
+from vcloud.contract import describe_built_from, describe_lineage, recorded_lineage
+from vcloud.stage_records import CompleteRecord
 from vcloud.lineage import Replaced, checkpoint_digest, current_digests, lineage_json, replaced_since, resume_refusal
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
@@ -26,10 +27,12 @@ def test_replaced_since_names_each_predecessor_that_is_another_file_now(
 
 
 def test_the_record_round_trips_and_reads_as_a_line() -> None:
-    record = complete_record(stage=2, epochs=1, step=4, final_metrics={}, best=None, code_version="v",
-                             lineage=lineage_json({1: B, 0: A}))
+    complete = CompleteRecord(stage=2, epochs=1, step=4, final_metrics={}, best=None, code_version="v",
+                              lineage=lineage_json({1: B, 0: A}))
+    record = complete.to_json()
     assert record["lineage"] == {"0": A, "1": B}
-    assert recorded_lineage(record) == {0: A, 1: B}
+    assert recorded_lineage(record) == {0: A, 1: B} == complete.built_from()
+    assert complete.describe_lineage() == f"built from stage 0 best.pt {A[:12]}, stage 1 best.pt {B[:12]}"
     assert describe_lineage(record) == f"built from stage 0 best.pt {A[:12]}, stage 1 best.pt {B[:12]}"
     assert describe_lineage({**record, "lineage": {}}) == "built from no earlier stage's best.pt"
     assert describe_lineage({**record, "lineage": None}) == "lineage not recorded"

@@ -35,21 +35,12 @@ from slurm_provider import (
 from vcloud.contract import (
     BEST_CHECKPOINT,
     COMPLETE_FILE,
-    LINEAGE_KEY,
     NODE_FAULT_EXITS,
     STAGES,
-    best_checkpoint_metrics,
-    completed_epochs,
-    describe_lineage,
     export_inputs_digest,
     exported_done_name,
-    final_metrics,
-    gain_metric,
-    recorded_code_hash,
-    stop_detail,
-    stop_reason,
-    validation_gain,
 )
+from vcloud.stage_records import CompleteRecord
 
 from vcloud_pipeline.jobs import exits as job_exits
 from vcloud_pipeline.dag.assets import asset_for
@@ -65,7 +56,6 @@ from vcloud_pipeline.plan.stages import (
     ExportFiles,
     StageDecisionError,
     StageFiles,
-    completion_record,
     decide,
     decide_data,
     decide_export,
@@ -367,16 +357,15 @@ class PipelineJobOperator(SlurmSubmitOperator):
         states = {job_id: status.state.value for job_id, status in hook.statuses(list(job.job_ids)).items()}
         record = curve = None
         if self.job.stage is not None:
-            record = completion_record(hook.read_file(str(paths.complete_path(self.job.stage))))
+            record = CompleteRecord.parse(hook.read_file(str(paths.complete_path(self.job.stage))))
             curve = self._curve(hook, str(paths.metrics_path(self.job.stage)))
-        best_epoch, best_metrics = best_checkpoint_metrics(record)
+        best_epoch, best_metrics = record.best_epoch_and_metrics() if record is not None else (None, None)
         report = RunJobSummary(
             job=job, label=str(self.job), run=plan.run_name, profile=plan.profile.name, code_hash=synced.code_hash,
-            trained_code_hash=recorded_code_hash(record), states=states, allocation=self._allocation_after(plan, hook),
-            metrics=best_metrics, best_epoch=best_epoch, final_metrics=final_metrics(record),
-            epochs=completed_epochs(record), validation_gain=validation_gain(record), gain_metric=gain_metric(record),
-            stop_reason=stop_reason(record), stop_detail=stop_detail(record), lineage=(record or {}).get(LINEAGE_KEY),
+            states=states, allocation=self._allocation_after(plan, hook), metrics=best_metrics, best_epoch=best_epoch,
             curve=curve)
+        if record is not None:
+            report = report.with_stage(record)
         asset = asset_for(self.job)
         if asset is not None and "outlet_events" in context:
             where = (str(paths.best_checkpoint(self.job.stage)) if self.job.stage is not None
@@ -389,7 +378,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
         self.log.info("%s done: jobs %s, %s GPU-hours, best.pt from epoch %s: metrics %s", self.job, states,
                       job.gpu_hours, best_epoch, best_metrics)
         if record is not None:
-            self.log.info("%s's best.pt: %s", self.job, describe_lineage(record))
+            self.log.info("%s's best.pt: %s", self.job, record.describe_lineage())
         return report.to_json()
 
     def _curve(self, hook: SlurmVerbs, path: str) -> dict[str, Any] | None:

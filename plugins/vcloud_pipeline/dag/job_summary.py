@@ -10,10 +10,11 @@ provider's keys included) and parsed back by the run's summary and the HPC view.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from slurm_provider import JobSummary
+from vcloud.stage_records import CompleteRecord
 
 
 def _mapping(value: Any) -> dict[str, Any] | None:
@@ -60,6 +61,13 @@ class RunJobSummary:
     @property
     def gpu_hours(self) -> float:
         return self.job.gpu_hours
+
+    def with_stage(self, record: CompleteRecord) -> RunJobSummary:
+        """This summary with what the stage's ``COMPLETE`` record says: the code that finished it, its last
+        epoch's metrics and epoch count, its gain on validation, why it stopped and what it was built from."""
+        return replace(self, trained_code_hash=record.code_hash, final_metrics=record.final_metrics,
+                       epochs=record.epochs, validation_gain=record.validation_gain, gain_metric=record.gain_metric,
+                       stop_reason=record.stop_reason, stop_detail=record.stop_detail, lineage=record.lineage)
 
     def to_json(self) -> dict[str, Any]:
         return {**self.job.to_json(), "job": self.label, "run": self.run, "profile": self.profile,

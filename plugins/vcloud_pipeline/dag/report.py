@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 
-from vcloud.contract import best_checkpoint_metrics, completed_epochs, describe_lineage, final_metrics
+from vcloud.stage_records import CompleteRecord
 
-from vcloud_pipeline.plan.labels import training_label
+from vcloud_pipeline.plan.labels import JobLabel, training_label
 from vcloud_pipeline.plan.request import RequestError, parse_request
 from vcloud_pipeline.budget.billing import Allocation
 from vcloud_pipeline.budget.preflight import read_allocation, read_ledger
@@ -79,7 +80,7 @@ def curves_section(pngs: dict[str, str]) -> list[str]:
     return lines
 
 
-def yields_section(records: dict, ledger, dag_run_id: str | None) -> list[str]:
+def yields_section(records: Mapping[JobLabel, CompleteRecord | None], ledger, dag_run_id: str | None) -> list[str]:
     """Per stage: GPU-hours (of DAG run ``dag_run_id``, from the ledger), validation gain over its
     start, gain per GPU-hour, why it stopped."""
     hours = {}
@@ -111,9 +112,9 @@ def render_report(plan: RunPlan, hook, dag_run_id: str | None = None) -> str:
             reason = plan.without_work.get(label.stage) if label.stage is not None else None
             lines.append(f"  {label}: not complete" + (f" ({reason})" if reason else ""))
             continue
-        best_epoch, best = best_checkpoint_metrics(record)
-        lines.append(f"  {label}: {completed_epochs(record)} epochs; best.pt from epoch {best_epoch}: {_metrics(best)}; "
-                     f"last epoch: {_metrics(final_metrics(record))}; {describe_lineage(record)}")
+        best_epoch, best = record.best_epoch_and_metrics()
+        lines.append(f"  {label}: {record.epochs} epochs; best.pt from epoch {best_epoch}: {_metrics(best)}; "
+                     f"last epoch: {_metrics(record.final_metrics)}; {record.describe_lineage()}")
     ledger = read_ledger(hook, plan.profile)
     lines += ["", *yields_section(records, ledger, dag_run_id)]
     lines += ["", *curves_section(curve_pngs(plan, hook))]

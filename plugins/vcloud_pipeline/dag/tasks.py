@@ -30,16 +30,12 @@ from slurm_provider import (
 from vcloud.config import ConfigError, VCloudConfig, load_config
 from vcloud.contract import (
     STAGES,
-    completed_epochs,
     export_scores_words,
-    gain_metric,
     gain_per_gpu_hour,
     gain_unit,
-    stop_detail,
-    stop_reason,
-    validation_gain,
 )
 
+from vcloud.stage_records import CompleteRecord
 from vcloud_pipeline.dag.job_summary import RunJobSummary
 from vcloud_pipeline.code.retention import RetentionPlan, mark_run, release_run, remove_unused_code_dirs
 from vcloud_pipeline.plan.layout import run_key
@@ -59,7 +55,7 @@ from vcloud_pipeline.budget.preflight import (
 from vcloud_pipeline.profile import ClusterProfile, ProfileError, load_profile, overrides_from_environ
 from vcloud_pipeline.jobs.render import LOG_OUTPUT_PATTERN
 from vcloud_pipeline.code.tree import CodeTree
-from vcloud_pipeline.plan.stages import StageDecisionError, completion_record, decide_data, stages_without_work
+from vcloud_pipeline.plan.stages import StageDecisionError, decide_data, stages_without_work
 from vcloud_pipeline.checkout import PROJECT_ROOT
 from vcloud_pipeline.code.upload import local_manifest, sync_run
 from vcloud_pipeline.provision.environment import JobEnvironment, read_image_identity
@@ -326,9 +322,9 @@ def job_summaries(ti: Any) -> dict[str, RunJobSummary]:
     return {task_id: RunJobSummary.from_json(value) for task_id, value in jobs.items() if JobSummary.is_summary(value)}
 
 
-def stage_records(plan: RunPlan, hook: SlurmVerbs) -> dict[JobLabel, Any]:
+def stage_records(plan: RunPlan, hook: SlurmVerbs) -> dict[JobLabel, CompleteRecord | None]:
     """Every stage's ``COMPLETE`` record (epochs, final metrics) as the cluster has it now."""
-    return {label: completion_record(hook.read_file(str(plan.paths.complete_path(stage))))
+    return {label: CompleteRecord.parse(hook.read_file(str(plan.paths.complete_path(stage))))
             for stage, label in zip(STAGES, STAGE_LABELS)}
 
 
@@ -341,7 +337,7 @@ def curve_pngs(plan: RunPlan, hook: SlurmVerbs) -> dict[str, str]:
     return {label: path for label, path in wanted.items() if present.get(path)}
 
 
-def stage_yields(records: Mapping[str, Mapping[str, Any] | None],
+def stage_yields(records: Mapping[JobLabel, CompleteRecord | None],
                  gpu_hours: Mapping[str, float | None]) -> dict[str, dict[str, Any]]:
     """Per stage: the GPU-hours it cost (``gpu_hours``, by stage label), the validation gain its
     ``best.pt`` has over the model it started from (its ``COMPLETE`` record, ``records``), the gain
@@ -351,16 +347,16 @@ def stage_yields(records: Mapping[str, Mapping[str, Any] | None],
         record, hours = records.get(label), gpu_hours.get(label)
         if record is None and hours is None:
             continue
-        gain = validation_gain(record)
+        gain = record.validation_gain if record is not None else None
         per_hour = gain_per_gpu_hour(gain, hours)
         out[label] = {
             "gpu_hours": None if hours is None else round(hours, 4),
-            "metric": gain_metric(record),
+            "metric": record.gain_metric if record is not None else None,
             "gain": None if gain is None else round(gain, 4),
             "gain_per_gpu_hour": None if per_hour is None else round(per_hour, 4),
-            "epochs": completed_epochs(record),
-            "stop_reason": stop_reason(record),
-            "stop_detail": stop_detail(record),
+            "epochs": record.epochs if record is not None else None,
+            "stop_reason": record.stop_reason if record is not None else None,
+            "stop_detail": record.stop_detail if record is not None else None,
         }
     return out
 
@@ -398,7 +394,7 @@ def summarize(plan: RunPlan, hook: SlurmVerbs, job_summaries: Mapping[str, RunJo
              or "none plotted (the export job plots them)")
     hours: dict[str, float | None] = {label: job.gpu_hours for label, job in job_summaries.items()
                                       if training_label(label) is not None}
-    yields = stage_yields({label: records.get(JobLabel(label)) for label in hours}, hours)
+    yields = stage_yields({JobLabel(label): records.get(JobLabel(label)) for label in hours}, hours)
     for label, entry in yields.items():
         log.info("%s", yield_line(label, entry))
     exported = export_scores_words(_json_or_none(hook.read_file(str(paths.export_metrics))))
@@ -411,7 +407,7 @@ def summarize(plan: RunPlan, hook: SlurmVerbs, job_summaries: Mapping[str, RunJo
         "run": plan.run_name,
         "profile": plan.profile.name,
         "jobs": {task_id: job.to_json() for task_id, job in job_summaries.items()},
-        "stages": records,
+        "stages": {label: record.to_json() if record is not None else None for label, record in records.items()},
         "stage_yields": yields,
         "not_submitted": not_submitted,
         "files": len(files),

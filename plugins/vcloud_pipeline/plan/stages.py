@@ -10,12 +10,10 @@ give nothing to do (:func:`stages_without_work`) is decided at ``plan`` and neve
 
 from __future__ import annotations
 
-import json
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 from vcloud.config import VCloudConfig
 from vcloud.contract import DATA_INDEX, STAGES, export_inputs_digest, exported_inputs
@@ -218,16 +216,4 @@ def decide_export(plan: StagePlan, files: ExportFiles | None, paths: RunPaths) -
     else:
         why = f"the stage outputs changed since the last export (inputs {before}, now {now})"
     return Decision(Action.SUBMIT, f"exporting the viewer data of the best stage: {why}")
-
-
-def completion_record(text: str | None) -> dict[str, Any] | None:
-    """The trainer's ``COMPLETE`` file (JSON: epochs, final and best metrics), or None if
-    absent/unreadable."""
-    if not text:
-        return None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    return dict(data) if isinstance(data, Mapping) else None
 

@@ -16,14 +16,8 @@ import pytest
 
 from vcloud.checkpoint import load_checkpoint
 from vcloud.config import ConfigError, VCloudConfig, config_from_dict, load_config
-from vcloud.contract import (
-    STOP_EPOCHS,
-    STOP_PATIENCE,
-    gain_per_gpu_hour,
-    stop_detail,
-    stop_reason,
-    validation_gain,
-)
+from vcloud.contract import STOP_EPOCHS, STOP_PATIENCE, gain_per_gpu_hour
+from vcloud.stage_records import CompleteRecord
 from vcloud.metrics import METRIC_NAMES
 from vcloud.training import loop
 from vcloud.training.distributed import init_distributed
@@ -60,7 +54,7 @@ def test_stage_stop(done: int, patience: int, validated: list[int], best: int | 
                       phase_start=phase_start, metric="psnr")
     assert (stop.reason if stop else None) == reason
     if stop is not None:
-        assert stop.to_record()["epochs_planned"] == 8
+        assert stop.to_record().epochs_planned == 8
         assert stop.reason == STOP_EPOCHS or f"patience {patience}" in stop.detail
 
 
@@ -72,15 +66,18 @@ def test_patience_is_validated_with_the_field_named() -> None:
 
 
 def test_gain_from_a_complete_record() -> None:
-    record = {"best_metric": {"name": "psnr", "value": 31.5, "epoch": 4, "start_value": 30.25}}
-    assert validation_gain(record) == 1.25
+    def gain(best: dict) -> float | None:
+        return CompleteRecord.from_json({"stage": 1, "epochs": 4, "best_metric": best}).validation_gain
+
+    assert gain({"name": "psnr", "value": 31.5, "epoch": 4, "start_value": 30.25}) == 1.25
     assert gain_per_gpu_hour(1.25, 0.5) == 2.5
-    assert validation_gain({"best_metric": {"name": "mae", "value": 0.02, "epoch": 2, "start_value": 0.03}}) == \
+    assert gain({"name": "mae", "value": 0.02, "epoch": 2, "start_value": 0.03}) == \
         pytest.approx(0.01), "lower is better: a gain is positive"
-    assert validation_gain({"best_metric": {"name": "psnr", "value": 31.5, "epoch": 4}}) is None, "no start scored"
+    assert gain({"name": "psnr", "value": 31.5, "epoch": 4}) is None, "no start scored"
     assert gain_per_gpu_hour(None, 1.0) is None and gain_per_gpu_hour(1.0, 0.0) is None
-    assert stop_reason({"epochs": 3}) == STOP_EPOCHS, "a record written before early stopping existed"
-    assert stop_reason(None) is None and stop_detail({"epochs": 3}) is None
+    older = CompleteRecord.from_json({"epochs": 3})
+    assert older.stop_reason == STOP_EPOCHS, "a record written before early stopping existed"
+    assert older.stop_detail is None and older.validation_gain is None
 
 
 # ---- real training ----------------------------------------------------------------------------
@@ -125,15 +122,15 @@ def test_stage0_stops_after_patience_validations_and_a_rerun_decides_alike(
     assert _train(0, _config(0, epochs=8, patience=2), tiny_prepared, tmp_path) == 0
 
     complete = _complete(tmp_path, 0)
-    assert complete["epochs"] == 3 and stop_reason(complete) == STOP_PATIENCE, complete
+    assert complete["epochs"] == 3 and CompleteRecord.from_json(complete).stop_reason == STOP_PATIENCE, complete
     assert complete["stop"]["epochs_planned"] == 8
-    assert "after 3 of 8 epochs" in stop_detail(complete) and "best.pt is epoch 1" in stop_detail(complete)
+    assert "after 3 of 8 epochs" in CompleteRecord.from_json(complete).stop_detail and "best.pt is epoch 1" in CompleteRecord.from_json(complete).stop_detail
     assert load_checkpoint(tmp_path / "stage0" / "best.pt")["epoch"] == 1
     latest = load_checkpoint(tmp_path / "stage0" / "latest.pt")
     assert latest["epoch"] == 3 and latest["batch_in_epoch"] == 0, "the stopping epoch is checkpointed"
     progress = json.loads((tmp_path / "stage0" / "progress.json").read_text())
     assert progress["status"] == "complete" and progress["stop"]["reason"] == STOP_PATIENCE
-    assert validation_gain(complete) is None, "stage 0 scores no start"
+    assert CompleteRecord.from_json(complete).validation_gain is None, "stage 0 scores no start"
 
     assert _train(0, _config(0, epochs=8, patience=2), tiny_prepared, tmp_path) == 0
     assert given == [30.0, 29.0, 29.5], "complete: no step, no validation"
@@ -141,7 +138,7 @@ def test_stage0_stops_after_patience_validations_and_a_rerun_decides_alike(
     assert _train(0, _config(0, epochs=8, patience=3), tiny_prepared, tmp_path) == 0
     assert given == [30.0, 29.0, 29.5, 29.9], "one more epoch, then 3 validations without a gain"
     complete = _complete(tmp_path, 0)
-    assert complete["epochs"] == 4 and stop_reason(complete) == STOP_PATIENCE
+    assert complete["epochs"] == 4 and CompleteRecord.from_json(complete).stop_reason == STOP_PATIENCE
 
 
 def test_stage1_gets_patience_validations_in_every_curriculum_phase(
@@ -155,10 +152,10 @@ def test_stage1_gets_patience_validations_in_every_curriculum_phase(
     assert _train(1, cfg, tiny_prepared, tmp_path) == 0
 
     complete = _complete(tmp_path, 1)
-    assert complete["epochs"] == 6 and stop_reason(complete) == STOP_PATIENCE, complete
+    assert complete["epochs"] == 6 and CompleteRecord.from_json(complete).stop_reason == STOP_PATIENCE, complete
     assert len(given) == 7, "the start and six epochs"
     assert complete["best_metric"]["epoch"] == 1
-    assert validation_gain(complete) == pytest.approx(0.5)
+    assert CompleteRecord.from_json(complete).validation_gain == pytest.approx(0.5)
     phases = [record["phase"] for record in json.loads((tmp_path / "stage1" / "progress.json").read_text())["history"]]
     assert phases == ["thin_only", "thin_only", "mixed", "mixed", "all", "all"]
 
@@ -174,8 +171,8 @@ def test_stage2_that_never_beats_its_start_stops_after_patience_and_hands_on_the
     assert _train(2, cfg, tiny_prepared, tmp_path, epochs=3) == 0
 
     complete = _complete(tmp_path, 2)
-    assert complete["epochs"] == 1 and stop_reason(complete) == STOP_PATIENCE, complete
+    assert complete["epochs"] == 1 and CompleteRecord.from_json(complete).stop_reason == STOP_PATIENCE, complete
     assert complete["stop"]["epochs_planned"] == 3
-    assert complete["best_metric"]["epoch"] == 0 and validation_gain(complete) == 0.0
+    assert complete["best_metric"]["epoch"] == 0 and CompleteRecord.from_json(complete).validation_gain == 0.0
     assert complete["final_metrics"]["psnr"] < complete["best_metric"]["value"]
     assert load_checkpoint(tmp_path / "stage2" / "best.pt")["epoch"] == 0

@@ -65,7 +65,9 @@ def test_a_run_without_an_export_says_where_the_curves_will_be(local_cluster: Lo
 
 
 def test_stage_yields_put_each_stages_gain_against_its_gpu_hours() -> None:
+    from vcloud.stage_records import CompleteRecord
     from vcloud_pipeline.dag.tasks import stage_yields, yield_line
+    from vcloud_pipeline.plan.labels import JobLabel
 
     records = {
         "stage0": {"epochs": 8, "best_metric": {"name": "psnr", "value": 30.0, "epoch": 8}},
@@ -74,7 +76,8 @@ def test_stage_yields_put_each_stages_gain_against_its_gpu_hours() -> None:
         "stage2": {"epochs": 1, "best_metric": {"name": "psnr", "value": 31.5, "epoch": 0, "start_value": 31.5},
                    "stop": {"reason": "patience", "detail": "stopped early after 1 of 3 epochs", "epochs_planned": 3}},
     }
-    yields = stage_yields(records, {"stage0": 0.5, "stage1": 0.25, "stage2": 0.125})
+    yields = stage_yields({JobLabel(label): CompleteRecord.from_json(record) for label, record in records.items()},
+                          {"stage0": 0.5, "stage1": 0.25, "stage2": 0.125})
     assert yields["stage1"]["gain"] == 1.25 and yields["stage1"]["gain_per_gpu_hour"] == 5.0
     assert yields["stage2"]["gain"] == 0.0 and yields["stage2"]["stop_reason"] == "patience"
     assert yields["stage0"]["gain"] is None and yields["stage0"]["stop_reason"] == "epochs"

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from vcloud.config import config_from_dict, load_config
-from vcloud.contract import best_checkpoint_metrics, export_inputs_digest, exported_record
+from vcloud.contract import export_inputs_digest, exported_record
+from vcloud.stage_records import CompleteRecord
 from vcloud_pipeline.plan.layout import run_paths
 from vcloud_pipeline.plan.request import parse_request
 from vcloud_pipeline.profile import load_profile
@@ -16,7 +17,6 @@ from vcloud_pipeline.plan.stages import (
     StageDecisionError,
     StageFiles,
     StagePlan,
-    completion_record,
     decide,
     decide_data,
     decide_export,
@@ -133,19 +133,21 @@ def test_job_specs_cover_every_job_with_the_requested_limits() -> None:
     assert "data" not in plan(LUMI).job_specs()
 
 
-def test_completion_record_reads_the_trainer_complete_file() -> None:
-    assert completion_record('{"epochs": 3, "final_metrics": {"psnr": 35.5}}')["final_metrics"]["psnr"] == 35.5
-    assert completion_record(None) is None
-    assert completion_record("not json") is None
+def test_a_complete_record_reads_the_trainer_complete_file() -> None:
+    record = CompleteRecord.parse('{"epochs": 3, "final_metrics": {"psnr": 35.5}}')
+    assert record is not None and record.final_metrics == {"psnr": 35.5}
+    assert CompleteRecord.parse(None) is None
+    assert CompleteRecord.parse("not json") is None
 
 
 def test_best_checkpoint_metrics_are_those_of_best_pt_not_of_the_last_epoch() -> None:
-    record = {"epochs": 3, "final_metrics": {"psnr": 45.5},
-              "best_metric": {"name": "psnr", "value": 48.1, "epoch": 0, "metrics": {"psnr": 48.1, "ssim": 0.99}}}
-    assert best_checkpoint_metrics(record) == (0, {"psnr": 48.1, "ssim": 0.99})
-    older = {"epochs": 3, "final_metrics": {"psnr": 45.5}, "best_metric": {"name": "psnr", "value": 48.1, "epoch": 2}}
-    assert best_checkpoint_metrics(older) == (3, {"psnr": 45.5})
-    assert best_checkpoint_metrics(None) == (None, None)
+    record = CompleteRecord.from_json({
+        "epochs": 3, "final_metrics": {"psnr": 45.5},
+        "best_metric": {"name": "psnr", "value": 48.1, "epoch": 0, "metrics": {"psnr": 48.1, "ssim": 0.99}}})
+    assert record.best_epoch_and_metrics() == (0, {"psnr": 48.1, "ssim": 0.99})
+    older = CompleteRecord.from_json({"epochs": 3, "final_metrics": {"psnr": 45.5},
+                                      "best_metric": {"name": "psnr", "value": 48.1, "epoch": 2}})
+    assert older.best_epoch_and_metrics() == (3, {"psnr": 45.5})
 
 
 def _tiny(unlabeled_data: str = "", stage2_by_default: bool = True):

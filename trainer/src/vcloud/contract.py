@@ -24,6 +24,11 @@ STAGES: tuple[int, ...] = (0, 1, 2, 3)
 # --------------------------------------------------------------------------- files of a run
 
 
+def now_text() -> str:
+    """When a record is written: UTC to the second, ISO 8601."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
 def stage_dir_name(stage: int) -> str:
     """A stage's directory inside the run's output directory."""
     return f"stage{stage}"
@@ -36,11 +41,11 @@ BEST_CHECKPOINT = "best.pt"
 """The best validation model so far: what the next stage, the export and the asset point at."""
 
 PROGRESS_FILE = "progress.json"
-"""Where training stands (:func:`progress_record`), rewritten at every checkpoint."""
+"""Where training stands (:class:`vcloud.stage_records.ProgressRecord`), rewritten at every checkpoint."""
 
 COMPLETE_FILE = "COMPLETE"
 """Written once, when the stage stopped training: it reached its epoch count or its validation
-stopped improving (:func:`complete_record`, its ``stop``)."""
+stopped improving (:class:`vcloud.stage_records.CompleteRecord`, its ``stop``)."""
 
 METRICS_FILE = "metrics.jsonl"
 """The stage's training curve, append-only: one JSON object a line (:func:`metrics_train_record`
@@ -110,7 +115,7 @@ def exported_record(*, inputs: str, stamps: Mapping[str, tuple[int, int]], stage
     was made from, the stage and checkpoint exported, how many series, and the code that exported."""
     return {"inputs": inputs, "stamps": {name: list(stamp) for name, stamp in stamps.items()},
             "stage": stage, "checkpoint": checkpoint, "series": series, "code_hash": code_hash,
-            "exported_at": _now()}
+            "exported_at": now_text()}
 
 
 def exported_inputs(text: str | None) -> str | None:
@@ -341,51 +346,12 @@ def training_curve(text: str) -> TrainingCurve:
 
 
 # --------------------------------------------------------------------------- progress.json and COMPLETE
+# (their records: vcloud.stage_records)
 
 STATUS_RUNNING = "running"
 STATUS_STOPPED = "stopped"
 """Stopped on a signal after checkpointing; the stage resumes when rerun."""
 STATUS_COMPLETE = "complete"
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def progress_record(*, stage: int, status: str, epoch: int, epochs_total: int, step: int,
-                    batch_in_epoch: int, batches_per_epoch: int, best: dict[str, Any] | None,
-                    last_metrics: dict[str, float] | None, history: list[dict[str, Any]],
-                    world_size: int, device: str, code_hash: str | None = None) -> dict[str, Any]:
-    """The content of ``progress.json``; ``epoch`` counts completed epochs, ``epoch`` and ``step``
-    tell the orchestrator whether an interrupted job moved forward; ``code_hash``: the synced code
-    that wrote it (None outside a cluster job)."""
-    return {
-        "stage": stage,
-        "status": status,
-        "epoch": epoch,
-        "epochs_total": epochs_total,
-        "step": step,
-        "batch_in_epoch": batch_in_epoch,
-        "batches_per_epoch": batches_per_epoch,
-        "best_metric": best,
-        "last_metrics": last_metrics or {},
-        "world_size": world_size,
-        "device": device,
-        "code_hash": code_hash,
-        "updated_at": _now(),
-        "history": history,
-    }
-
-
-def completed_progress(record: Mapping[str, Any] | None, *, epoch: int, epochs_total: int, step: int,
-                       best: dict[str, Any] | None, history: list[dict[str, Any]],
-                       stop: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """``progress.json`` once the stage is complete: the last record (anything it carried kept),
-    marked complete at its final position, with why it stopped (:func:`stop_record`)."""
-    return {**(record or {}), "status": STATUS_COMPLETE, "epoch": epoch, "epochs_total": epochs_total,
-            "step": step, "batch_in_epoch": 0, "best_metric": best, "history": history,
-            "stop": dict(stop) if stop is not None else None}
-
 
 STOP_EPOCHS = "epochs"
 """A stage stopped because it trained its epoch count."""
@@ -394,105 +360,6 @@ STOP_PATIENCE = "patience"
 ``train.stage{N}.patience`` validations, so more epochs would have spent GPU-hours for weights
 the best-checkpoint rule throws away."""
 STOP_REASONS: tuple[str, ...] = (STOP_EPOCHS, STOP_PATIENCE)
-
-
-def stop_record(*, reason: str, detail: str, epochs_planned: int) -> dict[str, Any]:
-    """Why a stage stopped: ``reason`` one of :data:`STOP_REASONS`, ``detail`` the sentence for a
-    person, ``epochs_planned`` the epoch count it was given."""
-    if reason not in STOP_REASONS:
-        raise ValueError(f"stop reason {reason!r} is not one of {', '.join(STOP_REASONS)}")
-    return {"reason": reason, "detail": detail, "epochs_planned": epochs_planned}
-
-
-def complete_record(*, stage: int, epochs: int, step: int, final_metrics: dict[str, float],
-                    best: dict[str, Any] | None, code_version: str,
-                    code_hash: str | None = None, stop: Mapping[str, Any] | None = None,
-                    lineage: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The content of ``COMPLETE``; ``best``: ``{"name", "value", "epoch", "metrics"}`` of ``best.pt``
-    (and ``start_value``, the score of the model the stage started from, where it scored one);
-    ``code_hash``: the synced code that finished the stage; ``stop``: why it stopped
-    (:func:`stop_record`); ``lineage``: the sha256 of each earlier stage's ``best.pt`` its model was
-    built from, by stage (:mod:`vcloud.lineage`; None: not known)."""
-    return {
-        "stage": stage,
-        "epochs": epochs,
-        "step": step,
-        "final_metrics": final_metrics,
-        "best_metric": best,
-        "stop": dict(stop) if stop is not None else None,
-        "code_version": code_version,
-        "code_hash": code_hash,
-        "lineage": dict(lineage) if lineage is not None else None,
-        "completed_at": _now(),
-    }
-
-
-def completed_epochs(record: Mapping[str, Any] | None) -> int | None:
-    """Epochs a ``COMPLETE`` record says the stage trained."""
-    return (record or {}).get("epochs")
-
-
-def final_metrics(record: Mapping[str, Any] | None) -> dict[str, float] | None:
-    """Validation metrics of the last epoch in a ``COMPLETE`` record."""
-    return (record or {}).get("final_metrics")
-
-
-def recorded_code_hash(record: Mapping[str, Any] | None) -> str | None:
-    """The code hash a ``progress.json`` or ``COMPLETE`` record was written with."""
-    return (record or {}).get("code_hash")
-
-
-def best_checkpoint_metrics(record: Mapping[str, Any] | None) -> tuple[int | None, dict[str, float] | None]:
-    """(epoch, validation metrics) of ``best.pt`` from a ``COMPLETE`` record. Epoch 0 is the model the
-    stage started from, kept because training did not beat it. Records written before the best
-    epoch's metrics were stored give the last epoch's instead."""
-    if not record:
-        return None, None
-    best = record.get("best_metric") or {}
-    if isinstance(best.get("metrics"), Mapping):
-        return best.get("epoch"), dict(best["metrics"])
-    return completed_epochs(record), final_metrics(record)
-
-
-def stop_reason(record: Mapping[str, Any] | None) -> str | None:
-    """Why a stage stopped (:data:`STOP_REASONS`) from its ``COMPLETE`` record; records written before
-    stages stopped early say nothing and trained their epoch count: :data:`STOP_EPOCHS`."""
-    if not record:
-        return None
-    stop = record.get("stop")
-    if isinstance(stop, Mapping) and stop.get("reason") in STOP_REASONS:
-        return str(stop["reason"])
-    return STOP_EPOCHS
-
-
-def stop_detail(record: Mapping[str, Any] | None) -> str | None:
-    """The sentence that says why a stage stopped, from its ``COMPLETE`` record (None if it has none)."""
-    stop = (record or {}).get("stop")
-    return str(stop["detail"]) if isinstance(stop, Mapping) and stop.get("detail") else None
-
-
-def validation_gain(record: Mapping[str, Any] | None) -> float | None:
-    """What a stage's training bought on validation, from its ``COMPLETE`` record: the score of the
-    ``best.pt`` it hands on minus that of the model it started from (stages 1-3 score their start
-    before the first step), in ``best_metric``'s units (dB for psnr), positive when better. 0 when the
-    stage hands on its start; None when the stage scored no start (stage 0) or the record predates it."""
-    best = (record or {}).get("best_metric")
-    if not isinstance(best, Mapping):
-        return None
-    value, start, name = best.get("value"), best.get("start_value"), best.get("name")
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return None
-    if not isinstance(start, (int, float)) or isinstance(start, bool):
-        return None
-    if name not in HIGHER_IS_BETTER or not math.isfinite(value) or not math.isfinite(start):
-        return None
-    return float(value - start) if HIGHER_IS_BETTER[name] else float(start - value)
-
-
-def gain_metric(record: Mapping[str, Any] | None) -> str | None:
-    """The validation metric a ``COMPLETE`` record's best and gain are in (``train.best_metric``)."""
-    best = (record or {}).get("best_metric")
-    return str(best["name"]) if isinstance(best, Mapping) and best.get("name") else None
 
 
 def gain_unit(metric: str | None) -> str:

@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from vcloud.contract import STOP_EPOCHS, STOP_PATIENCE, stop_record
+from vcloud.contract import STOP_EPOCHS, STOP_PATIENCE
+from vcloud.stage_records import StopRecord
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,8 @@ class StageStop:
     """The sentence for the log and ``COMPLETE``."""
     epochs_planned: int
 
-    def to_record(self) -> dict[str, object]:
-        return stop_record(reason=self.reason, detail=self.detail, epochs_planned=self.epochs_planned)
+    def to_record(self) -> StopRecord:
+        return StopRecord(self.reason, self.detail, self.epochs_planned)
 
 
 def validations_without_gain(validated: Sequence[int], best_epoch: int, phase_start: int) -> int:

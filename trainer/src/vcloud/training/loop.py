@@ -39,6 +39,7 @@ from vcloud.contract import STOP_EPOCHS
 from vcloud.checkpoint import load_latest, remove_stale_temporaries, save_checkpoint
 from vcloud.config import StageTrainConfig, VCloudConfig
 from vcloud.optim import build_optimizer, set_learning_rate
+from vcloud.stage_records import BestCheckpoint
 from vcloud.stage_registry import Batch, BuildContext, StageError, StageSpec, build_context, get_stage
 from vcloud.training import markers
 from vcloud.training.best import improves, keeps_trained
@@ -506,7 +507,7 @@ def _update_best(run: StageRun, state: TrainState, epoch: int | None = None,
     ``train.start_min_gain``. With a ``tolerance`` (validation only guards the stage) the latest
     epoch that loses at most that much against the start is the best instead. Every best after a
     validated start carries the start's score (``start_value``: what the stage's gain is measured
-    against, :func:`vcloud.contract.validation_gain`)."""
+    against, :attr:`vcloud.stage_records.CompleteRecord.validation_gain`)."""
     name = run.config.train.best_metric
     value = state.last_metrics.get(name)
     if value is None or math.isnan(value):
@@ -695,12 +696,12 @@ def _first_line(exc: BaseException) -> str:
 
 def _write_progress(session: StageSession, state: TrainState, status: str) -> None:
     data = session.phases.get(session.phase(state.epoch))
-    markers.write_json(session.paths.progress, markers.progress_record(
+    markers.write_json(session.paths.progress, markers.ProgressRecord(
         stage=session.run.stage, status=status, epoch=state.epoch, epochs_total=session.budget.epochs,
         step=state.global_step, batch_in_epoch=state.batch_in_epoch,
         batches_per_epoch=data.sampler.batches_per_epoch if data else 0, best=state.best,
-        last_metrics=state.last_metrics, history=state.history, world_size=session.ctx.world_size,
-        device=session.ctx.device.type, code_hash=code_hash()))
+        last_metrics=state.last_metrics or {}, history=tuple(state.history), world_size=session.ctx.world_size,
+        device=session.ctx.device.type, code_hash=code_hash()).to_json())
     # Every checkpoint is followed by this marker: now both reach shared storage, when the job asked.
     mirror_after_checkpoint(session.paths.run_dir, session.paths.stage)
 
@@ -723,13 +724,18 @@ def _finish(run: StageRun, paths: StagePaths, budget: StageTrainConfig, state: T
     final = state.history[-1] if state.history else {}
     final_metrics = {k[4:]: v for k, v in final.items() if k.startswith("val_")}
     if not paths.complete.exists():
-        markers.write_json(paths.complete, markers.complete_record(
+        markers.write_json(paths.complete, markers.CompleteRecord(
             stage=run.stage, epochs=state.epoch, step=state.global_step, final_metrics=final_metrics,
-            best=state.best, code_version=code_version(), code_hash=code_hash(), stop=done.to_record(),
-            lineage=lineage.lineage_json(built_from) if built_from is not None else None))
-    markers.write_json(paths.progress, markers.completed_progress(
-        markers.read_json(paths.progress), epoch=state.epoch, epochs_total=budget.epochs, step=state.global_step,
-        best=state.best, history=state.history, stop=done.to_record()))
+            best=BestCheckpoint.from_json(state.best), code_version=code_version(), code_hash=code_hash(),
+            stop=done.to_record(),
+            lineage=lineage.lineage_json(built_from) if built_from is not None else None).to_json())
+    written = markers.read_json(paths.progress)
+    progress = (markers.ProgressRecord.from_json(written) if written is not None else
+                markers.ProgressRecord(stage=run.stage, status=markers.STATUS_COMPLETE, epoch=state.epoch,
+                                       epochs_total=budget.epochs, step=state.global_step))
+    markers.write_json(paths.progress, progress.completed(
+        epoch=state.epoch, epochs_total=budget.epochs, step=state.global_step, best=state.best,
+        history=state.history, stop=done.to_record()).to_json())
     mirror_after_checkpoint(paths.run_dir, paths.stage)
     if already:
         log.info("stage %d already complete (%d/%d epochs, %s; best %s); nothing to do",

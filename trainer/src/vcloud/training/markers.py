@@ -5,7 +5,7 @@ Both are tiny JSON files written atomically, so an ``ssh cat`` never sees half a
 history (also the source of the export's training curves); ``COMPLETE`` appears once, when the
 stage reached its epoch count, and carries the last epoch's metrics and those of ``best.pt`` (the
 weights the next stage and the export use; with ``validate_start`` possibly the starting model).
-Their fields are :mod:`vcloud.contract`'s, where the orchestrator reads them too.
+Their records are :mod:`vcloud.stage_records`'s, which the orchestrator parses too.
 """
 
 from __future__ import annotations
@@ -15,17 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from vcloud.durable import atomic_write_text
-from vcloud.contract import (
-    STATUS_COMPLETE,
-    STATUS_RUNNING,
-    STATUS_STOPPED,
-    complete_record,
-    completed_progress,
-    progress_record,
-)
+from vcloud.contract import STATUS_COMPLETE, STATUS_RUNNING, STATUS_STOPPED
+from vcloud.stage_records import CompleteRecord, ProgressRecord
 
-__all__ = ["STATUS_COMPLETE", "STATUS_RUNNING", "STATUS_STOPPED", "complete_record", "completed_progress",
-           "progress_record", "read_json", "write_json"]
+__all__ = ["STATUS_COMPLETE", "STATUS_RUNNING", "STATUS_STOPPED", "CompleteRecord", "ProgressRecord", "read_json",
+           "write_json"]
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:
