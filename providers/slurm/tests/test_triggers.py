@@ -421,8 +421,8 @@ def test_a_lapsed_control_master_pauses_the_watches_until_a_person_opens_it_agai
             await logged(logs, f"Job {job_id} RUNNING", tasks)
         await asyncio.to_thread(local_cluster.close_master, config)  # the master lapses mid-watch
         for job_id in jobs.values():
-            await logged(logs, f"Cannot see job {job_id} right now, still waiting: no ControlMaster is "
-                               f"running for ssh alias vcloud-local ({config})", tasks)
+            await logged(logs, f"Cannot see job {job_id} right now, still waiting (up to 24 h): no ControlMaster "
+                               f"is running for ssh alias vcloud-local ({config})", tasks)
         # The jobs end while nobody can see them; the watches keep trying with fresh connections.
         await asyncio.to_thread(local_cluster.ssh, f"touch {release}")
         for job_id in jobs.values():
@@ -455,6 +455,49 @@ def test_a_lapsed_control_master_pauses_the_watches_until_a_person_opens_it_agai
     assert all(" Open it again on host " in w and w.endswith(f") with: {reopen}") for w in warnings)
     for job_id in jobs.values():
         assert any(e.get("event") == f"Watching job {job_id} again on otp_watch" for e in logs)
+
+
+def test_a_lapsed_control_master_nobody_opens_again_ends_the_watch_at_its_deadline_saying_what_to_do(
+        local_cluster: LocalCluster, cluster_connection: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same stand-in, but nobody opens the master again: past ``watch_deadline`` the watch ends with
+    an error event that says which connection waits and how to open it again; the job runs on."""
+    control_dir = Path(tempfile.mkdtemp(prefix="cm-", dir="/tmp"))
+    config = local_cluster.otp_ssh_config(tmp_path, control_dir / "master")
+    monkeypatch.setenv("AIRFLOW_CONN_OTP_DEADLINE", json.dumps({"conn_type": "ssh", "extra": {
+        "transport": "openssh", "ssh_alias": "vcloud-local", "ssh_config_file": str(config)}}))
+    release = f"{local_cluster.test_dir()}/release"
+    job_id, _, _ = _submit(local_cluster, cluster_connection, f"until [ -e {release} ]; do sleep 0.5; done",
+                           time_limit="10")
+
+    async def watch(logs: list[dict[str, Any]]) -> dict[str, Any]:
+        trigger = SlurmJobTrigger.watching(conn_id="otp_deadline", job_id=job_id, watch_deadline=15, **FAST)
+        events = trigger.run()
+        waiting = asyncio.ensure_future(events.__anext__())
+        while not _events(logs, f"Job {job_id} RUNNING"):
+            assert not waiting.done(), waiting.result()
+            await asyncio.sleep(0.2)
+        started = time.monotonic()
+        await asyncio.to_thread(local_cluster.close_master, config)  # ... and nobody opens it again
+        event = await asyncio.wait_for(waiting, 120)
+        assert time.monotonic() - started >= 15, "ended before its deadline"
+        return event.payload
+
+    local_cluster.open_master(config)
+    try:
+        local_cluster.wait_for_state(int(job_id), {"RUNNING"}, timeout=120)
+        with structlog.testing.capture_logs() as logs:
+            payload = asyncio.run(watch(logs))
+        assert local_cluster.current_state(int(job_id)) == "RUNNING", "the job runs on for a retry to adopt"
+    finally:
+        local_cluster.close_master(config)
+        local_cluster.ssh(f"touch {release}; scancel {job_id}", check=False)
+        shutil.rmtree(control_dir, ignore_errors=True)
+    assert payload["kind"] == ERROR, payload
+    message = payload["message"]
+    assert "the login to otp_deadline has waited for a person since" in message, message
+    assert "longer than watch_deadline (15 s)" in message and " Open it again on host " in message, message
+    assert _events(logs, "the login to otp_deadline has waited for a person since"), "said in the task log too"
 
 
 # --- a login node that does not answer: a scripted cluster (fast); the real outage, an sshd stopped

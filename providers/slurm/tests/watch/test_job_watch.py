@@ -56,7 +56,8 @@ def described(action: Action) -> str:
     if isinstance(action, Remember):
         note = action.note
         since = "" if note.unreachable_since is None else f" unreachable since {note.unreachable_since - T0:+.0f}"
-        return f"note {note.state} offset {note.log_offset}{since}"
+        person = "" if note.person_since is None else f" person since {note.person_since - T0:+.0f}"
+        return f"note {note.state} offset {note.log_offset}{since}{person}"
     if isinstance(action, KeepFollowed):
         return f"keep {len(action.files)} followed"
     if isinstance(action, Release):
@@ -155,11 +156,22 @@ SEQUENCES: dict[str, tuple[list[tuple[float, PollUpdate]], list[list[str]]]] = {
          ["WARNING Slurm asks for fewer calls; job 7 is still watched"], [],
          ["INFO Watching job 7 again on c", "note RUNNING"]],  # a minute on: the note is renewed
     ),
-    "a login waiting for a person is said once per reason": (
+    "a login waiting for a person is said once per reason, and its start kept in the note": (
         [(0, PollUpdate(None, waiting="open the master")), (30, PollUpdate(None, waiting="open the master")),
          (60, answer("RUNNING"))],
-        [["WARNING Cannot see job 7 right now, still waiting: open the master"], [],
+        [["WARNING Cannot see job 7 right now, still waiting (up to 1 h): open the master",
+          "note None offset 0 person since +0"], [],
          ["INFO Watching job 7 again on c", "INFO Job 7 RUNNING", "note RUNNING"]],
+    ),
+    "a login that waits for a person past the deadline ends the watch with what to do": (
+        [(0, answer("RUNNING")), (60, PollUpdate(None, waiting="run ssh vcloud-lumi on host w1")),
+         (1800, PollUpdate(None, waiting="run ssh vcloud-lumi on host w1")),
+         (3660, PollUpdate(None, waiting="run ssh vcloud-lumi on host w1"))],
+        [["INFO Job 7 RUNNING", "note RUNNING"],
+         ["WARNING Cannot see job 7 right now, still waiting (up to 1 h): run ssh vcloud-lumi on host w1",
+          "note RUNNING offset 0 person since +60"], [],
+         ["ERROR the login to c has waited for a person since", "end error (None): the login to c has waited for a "
+          "person since"]],
     ),
     "the job's new output lines go to the task log, marked by stream": (
         [(0, PollUpdate(status("RUNNING"), new_log_text="epoch 1\nepoch 2\n", log_offset=16,

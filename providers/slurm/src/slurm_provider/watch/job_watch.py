@@ -27,7 +27,7 @@ from slurm_provider.cli.values import format_duration
 from slurm_provider.watch.followed_files import FollowedFile, advance, load_fold
 from slurm_provider.job_status import JobStatus
 from slurm_provider.watch.maintenance import Window, maintenance_line, maintenance_words
-from slurm_provider.watch.outage import Outage, gave_up_line, reachable_again_line, unreachable_line
+from slurm_provider.watch.outage import Outage, clock, gave_up_line, reachable_again_line, span, unreachable_line
 from slurm_provider.watch.pending_words import waiting_line
 from slurm_provider.watch.subscription import PollUpdate
 from slurm_provider.state_vocabulary import SlurmState, StateCategory
@@ -139,6 +139,8 @@ class JobWatch:
     """The last state announced in the task log."""
     unreachable_since: float | None = None
     """Since when the login node has not answered (an earlier trigger of the try may have begun it)."""
+    person_since: float | None = None
+    """Since when the login has waited for a person (an OpenSSH master to open again)."""
     allocation_since: float | None = None
     polled_at: float | None = None
     noted_at: float = 0.0
@@ -167,6 +169,7 @@ class JobWatch:
         self.allocation_since = note.allocation_since
         self.polled_at = note.polled_at
         self.unreachable_since = note.unreachable_since
+        self.person_since = note.person_since
         self.last_state = SlurmState(note.state) if note.state in SlurmState.__members__ else None
         for data in kept_followed:
             try:
@@ -187,7 +190,7 @@ class JobWatch:
                          self.err_offset, unreachable_since=self.unreachable_since,
                          allocation_since=self.allocation_since, reason=self._waiting[0],
                          expected_start=self._waiting[1], polled_at=self.polled_at,
-                         maintenance=maintenance_words(self._windows))
+                         maintenance=maintenance_words(self._windows), person_since=self.person_since)
 
     def step(self, update: PollUpdate, now: float) -> list[Action]:
         """What one poll cycle's update means, at ``now`` (epoch seconds)."""
@@ -197,11 +200,7 @@ class JobWatch:
         if update.only_followed:
             return actions
         if update.waiting is not None:  # the job keeps running; only our view of it paused
-            if update.waiting != self._waiting_for:
-                actions.append(Say(logging.WARNING, f"Cannot see job {self.job_id} right now, still waiting: "
-                                                    f"{update.waiting}"))
-                self._waiting_for = update.waiting
-            return actions
+            return actions + self._waiting_for_a_person(update.waiting, now)
         if update.throttled is not None:  # Slurm is busy or limits us: ask less often, never give up
             if not self._slowed:
                 actions.append(Say(logging.WARNING, f"{update.throttled}; job {self.job_id} is still watched"))
@@ -222,6 +221,8 @@ class JobWatch:
         actions += [Say(logging.INFO, f"[job {self.job_id} stderr] {line}")
                     for line in update.new_err_text.splitlines()]
         shown = bool(update.new_log_text or update.new_err_text)
+        if self.person_since is not None:  # the login works again: the note forgets the wait
+            self.person_since, shown = None, True
         status = update.status
         if status is None or status.state is SlurmState.UNKNOWN:
             if shown:
@@ -247,6 +248,26 @@ class JobWatch:
                                      "again, it stays held")]
 
     # --- one cycle's parts -----------------------------------------------------------------------
+
+    def _waiting_for_a_person(self, what_to_do: str, now: float) -> list[Action]:
+        """The login waits for a person (``what_to_do``): said once per reason, waited for up to
+        ``watch_deadline`` from the first such cycle (kept in the note across triggerer restarts); past
+        it the watch ends with the same words, and the job runs on for a retry to adopt."""
+        actions: list[Action] = []
+        started = self.person_since is None
+        since = self.person_since = now if self.person_since is None else self.person_since
+        if now - since >= self.watch_deadline:
+            message = (f"the login to {self.conn_id} has waited for a person since {clock(since, now)}, longer "
+                       f"than watch_deadline ({span(self.watch_deadline)}): {what_to_do}. Job {self.job_id} may "
+                       "still run: a retry of the task adopts it once the login is open again")
+            return [Say(logging.ERROR, message), End(ERROR, message)]
+        if what_to_do != self._waiting_for:
+            actions.append(Say(logging.WARNING, f"Cannot see job {self.job_id} right now, still waiting (up to "
+                                                f"{span(self.watch_deadline)}): {what_to_do}"))
+            self._waiting_for = what_to_do
+        if started:
+            actions.append(self._remember(now))
+        return actions
 
     def _unreachable(self, failed: Outage, now: float) -> list[Action]:
         """The login node did not answer this cycle: the job runs on; wait for it up to the deadline."""

@@ -83,6 +83,9 @@ class WatchNote:
     """When (epoch seconds) the watch last had an answer from the cluster: what a UI shows is that old."""
     maintenance: str | None = None
     """While the job pends for a maintenance reservation: the window(s) it waits out, in words."""
+    person_since: float | None = None
+    """Since when (epoch seconds) the login has waited for a person: the start of the wait that
+    ``watch_deadline`` bounds. None while the login needs nobody."""
 
 
 async def recall_watch(key: TaskKey, job_id: str, log_path: str | None) -> WatchNote:
@@ -93,10 +96,12 @@ async def recall_watch(key: TaskKey, job_id: str, log_path: str | None) -> Watch
                                map_index=key.map_index)
     if isinstance(note, dict) and note.get("job_id") == job_id and note.get("log_path") == log_path:
         since, waiting, polled = note.get("unreachable_since"), note.get("allocation_since"), note.get("polled_at")
+        person = note.get("person_since")
         return WatchNote(int(note.get("log_offset") or 0), note.get("state"), int(note.get("err_offset") or 0),
                          unreachable_since=float(since) if isinstance(since, (int, float)) else None,
                          allocation_since=float(waiting) if isinstance(waiting, (int, float)) else None,
-                         polled_at=float(polled) if isinstance(polled, (int, float)) else None)
+                         polled_at=float(polled) if isinstance(polled, (int, float)) else None,
+                         person_since=float(person) if isinstance(person, (int, float)) else None)
     return WatchNote()
 
 
@@ -108,7 +113,7 @@ async def remember_watch(key: TaskKey, job_id: str, log_path: str | None, note: 
                                      "unreachable_since": note.unreachable_since,
                                      "allocation_since": note.allocation_since, "reason": note.reason,
                                      "expected_start": note.expected_start, "polled_at": note.polled_at,
-                                     "maintenance": note.maintenance},
+                                     "maintenance": note.maintenance, "person_since": note.person_since},
                     dag_id=key.dag_id, task_id=key.task_id, run_id=key.run_id, map_index=key.map_index)
 
 
