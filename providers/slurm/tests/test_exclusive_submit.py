@@ -288,16 +288,16 @@ def test_a_cleared_task_adopts_the_job_still_writing_its_directory(local_cluster
         again = _deferred(_operator(cluster_connection, log_dir, writes, "c0ffee" * 8),
                           _context(run_id, store, clear_number=1))
         assert again.job_id == first.job_id
-        assert again.expected_job_name == job_name_for("exclusive", "stage1", run_id)
+        assert again.job.expected_job_name == job_name_for("exclusive", "stage1", run_id)
         assert [(s["job_id"], s["cause"], s["clear_number"]) for s in store.data[HISTORY_KEY]][-1] == \
             (first.job_id, "watched-again", 1), "its own job from before the clear"
-        assert again.adopted_from is None, "the task submitted it: stopping the task may cancel it"
+        assert again.job.adopted_from is None, "the task submitted it: stopping the task may cancel it"
         # the same directory from another DAG (another deployment, same run name) adopts it too
         other = _deferred(_operator(cluster_connection, log_dir, writes, "c0ffee" * 8),
                           _context(f"manual__{uuid.uuid4().hex}", StateStore(), dag_id="elsewhere"))
         assert other.job_id == first.job_id
-        assert other.expected_job_name == job_name_for("exclusive", "stage1", run_id), "watches the job's real name"
-        assert other.adopted_from == f"user {local_cluster.user}, DAG exclusive, run {run_id}, task stage1", \
+        assert other.job.expected_job_name == job_name_for("exclusive", "stage1", run_id), "watches the job's real name"
+        assert other.job.adopted_from == f"user {local_cluster.user}, DAG exclusive, run {run_id}, task stage1", \
             "another task's job: never cancelled by this one"
     finally:
         hooks.SlurmHook(cluster_connection).cancel(first.job_id)
