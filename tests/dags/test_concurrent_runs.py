@@ -138,9 +138,11 @@ def _freeze_both(cluster: LocalCluster, api: RestClient, runs: list[str]) -> lis
             for job, state in jobs[run_id].items():
                 if state == "RUNNING":
                     try:
-                        frozen.append((job, "stop", cluster.hang_job(job)))
+                        pids = cluster.hang_job(job)
                     except AssertionError:  # it ended in between
-                        pass
+                        continue
+                    if pids:  # none: its script has ended and Slurm ends the job any moment
+                        frozen.append((job, "stop", pids))
                 elif state == "PENDING":
                     cluster.root("scontrol", "hold", job, check=False)
                     frozen.append((job, "hold", []))
