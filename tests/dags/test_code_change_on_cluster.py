@@ -129,6 +129,7 @@ def test_a_stage_resumed_by_other_code_keeps_its_weights_or_is_refused_never_a_t
                                 export=False, on_code_change="keep_weights")
     output = "".join(capfd.readouterr())
     hash_c = values["sync_code"]["code_hash"]
+    assert states["preflight_imports"] == "success", states  # other code: the import check runs again
     assert states["stage1"] == "failed", f"{states}\n{job_logs_tail(local_cluster, project_dir, RUN, 'stage1')}"
     failed = re.search(r"Slurm job (\d+) ended FAILED", output)
     assert failed, output[-4000:]
@@ -153,6 +154,7 @@ def test_a_stage_resumed_by_other_code_keeps_its_weights_or_is_refused_never_a_t
                                 export=False)
     output = "".join(capfd.readouterr())
     hash_b = values["sync_code"]["code_hash"]
+    assert states["preflight_imports"] == "success", states
     assert states["stage1"] == "success", f"{states}\n{job_logs_tail(local_cluster, project_dir, RUN, 'stage1')}"
     summary: dict[str, Any] = values["stage1"]
     job_b = summary["job_id"]

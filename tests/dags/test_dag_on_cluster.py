@@ -154,6 +154,13 @@ def test_full_run_then_restart_from_stage_2(local_cluster: LocalCluster, project
     assert states2["prepare_data"] == "skipped"  # the prepared dataset exists
     assert states2["stage2"] == "success" and states2["stage3"] == "success", states2
     assert states2["export"] == "skipped" and states2["summary"] == "success"
+    # The same code, image and job shape passed the import check in the first run: not checked again.
+    assert states2["preflight_imports"] == "skipped", states2
+    key = values["sync_code"]["preflight_key"]
+    assert values2["sync_code"]["preflight_key"] == key
+    proof = json.loads(local_cluster.ssh(f"cat {shlex.quote(project_dir)}/code/.preflight/{synced['code_hash']}/{key[:16]}.json").stdout)
+    assert (proof["job_id"], proof["code_hash"], proof["run"]) == \
+        (values["preflight_imports"]["job_id"], synced["code_hash"], "e2e"), proof
     assert set(values2["preflight_checks"]["test_only"]) == {"stage2", "stage3"}
     moved = local_cluster.ssh(f"ls -d {shlex.quote(outputs)}/stage*.replaced-* {shlex.quote(outputs)}/stage*.superseded-*"
                               ).stdout.split()

@@ -241,7 +241,9 @@ def list_code_dirs(hook: SlurmVerbs, paths: RunPaths) -> CodeDirListing:
 
 def _removals(paths: RunPaths, plan: RetentionPlan) -> dict[str, Any]:
     return {"renames": [(paths.code(code).dir, paths.code_being_removed(code)) for code in plan.remove],
-            "leftovers": [paths.code_being_removed(code) for code in plan.leftovers],
+            # The proofs of the preflight checks that passed for a removed code go with it.
+            "leftovers": [*(paths.code_being_removed(code) for code in plan.leftovers),
+                          *(paths.preflight_proofs(code) for code in plan.remove)],
             "record_files": [paths.run_marker(m.key, m.hash) for m in plan.expired_runs]}
 
 

@@ -14,6 +14,7 @@ the step starts over, instead of failing it.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -61,6 +62,7 @@ from vcloud_pipeline.plan.stages import (
     decide_export,
 )
 from vcloud_pipeline.plan.labels import JobLabel
+from vcloud_pipeline.plan.preflight_proof import PreflightProof, decide_preflight
 from vcloud_pipeline.plan.run_plan import RunPlan, ScriptRefused, SyncedCode
 from vcloud_pipeline.dag.left_running import settle_left_jobs
 from vcloud_pipeline.dag.queues import default_queue
@@ -134,6 +136,8 @@ class PipelineJobOperator(SlurmSubmitOperator):
         self.sync_task = sync_task
         self.cluster_profile: ClusterProfile | None = None
         """The run's profile as planned, bound from the plan's XCom at run time."""
+        self.preflight_key: str | None = None
+        """What the run's preflight check asks (:class:`SyncedCode`), bound from the sync's XCom."""
 
     # --- binding ---------------------------------------------------------------------------------
 
@@ -180,6 +184,7 @@ class PipelineJobOperator(SlurmSubmitOperator):
         self.node_fault_exit_codes = NODE_FAULT_EXITS
         self.node_fault_first_retry = plan.profile.jobs.node_fault_first_retry_seconds
         self.cluster_profile = plan.profile
+        self.preflight_key = synced.preflight_key
         # The trigger goes to this task's queue ([triggerer] queues_enabled): the run's profile's, the
         # host holding its connection's ControlMaster socket (vcloud_pipeline.dag.queues).
         self.queue = plan.profile.connection.queue or default_queue()
@@ -216,10 +221,10 @@ class PipelineJobOperator(SlurmSubmitOperator):
     # --- deciding ----------------------------------------------------------------------------------
 
     def _decide(self, plan: RunPlan, hook: SlurmVerbs) -> Decision | None:
-        """None: always submit (preflight import check)."""
+        """Whether the job is needed, from what is on the cluster (None: submit without a reason)."""
         paths = plan.paths
         if self.job is JobLabel.PREFLIGHT:
-            return None
+            return self._decide_preflight(plan, hook)
         if self.job is JobLabel.DATA:
             sizes = hook.file_sizes([str(paths.data_index)])
             return decide_data(plan.stage_plan, sizes.get(str(paths.data_index)))
@@ -240,6 +245,35 @@ class PipelineJobOperator(SlurmSubmitOperator):
             return decide(plan.stage_plan, stage, files, paths)
         except StageDecisionError as exc:
             raise AirflowFailException(str(exc)) from None
+
+    def _decide_preflight(self, plan: RunPlan, hook: SlurmVerbs) -> Decision:
+        """Skip the import check where a passed one answered the same question lately (one read)."""
+        reuse_hours = plan.profile.jobs.preflight_reuse_hours
+        key, code = self.preflight_key, self.code_version
+        proof = hook.read_file(str(plan.paths.preflight_proof(code, key))) if key and code and reuse_hours else None
+        return decide_preflight(key, proof, dt.datetime.now(dt.timezone.utc), reuse_hours)
+
+    def _record_preflight_proof(self, plan: RunPlan, synced: SyncedCode, hook: SlurmVerbs, job: JobSummary) -> None:
+        """Leave the proof of a passed import check for later runs that ask the same; a proof that
+        cannot be written costs them a check of their own, never this task its success."""
+        key = synced.preflight_key
+        if key is None or not plan.profile.jobs.preflight_reuse_hours:
+            return
+        proof = PreflightProof(
+            key=key, job_id=job.job_id, code_hash=synced.code_hash,
+            environment=synced.environment.describe_image() if synced.environment else "its environment",
+            partition=plan.jobs[JobLabel.PREFLIGHT].partition, run=plan.run_name,
+            proven_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+        path = plan.paths.preflight_proof(synced.code_hash, key)
+        try:
+            hook.make_dirs([path.parent], what="creating the preflight proofs' directory")
+            hook.write_file(path, proof.to_json())
+        except (RemoteCommandError, SlurmCommandFailed) as exc:
+            self.log.warning("Could not record that job %s passed the preflight check (%s): later runs check again",
+                             job.job_id, exc)
+            return
+        self.log.info("preflight: passed; recorded in %s: runs asking the same within %d h skip their check", path,
+                      plan.profile.jobs.preflight_reuse_hours)
 
     def _export_files(self, plan: RunPlan, hook: SlurmVerbs) -> ExportFiles | None:
         """The export's marker and its inputs' stamps now (two commands); None where the run exports
@@ -366,6 +400,8 @@ class PipelineJobOperator(SlurmSubmitOperator):
             curve=curve)
         if record is not None:
             report = report.with_stage(record)
+        if self.job is JobLabel.PREFLIGHT:
+            self._record_preflight_proof(plan, synced, hook, job)
         asset = asset_for(self.job)
         if asset is not None and "outlet_events" in context:
             where = (str(paths.best_checkpoint(self.job.stage)) if self.job.stage is not None

@@ -191,7 +191,8 @@ def sync_code(plan: RunPlan, hook: SlurmVerbs, *, project_root: Path = PROJECT_R
         job_names={label: job.job_name for label, job in jobs.items()}, files=manifest.files, code_dir=str(code.dir), manifest_path=str(code.manifest),
         code_seconds=round(result.code_seconds, 3), code_sent=result.code_sent,
         code_dirs_removed=list(cleanup.remove) if cleanup else None,
-        requirements=requirements.pins, requirements_hash=requirements.hash, environment=environment)
+        requirements=requirements.pins, requirements_hash=requirements.hash, environment=environment,
+        preflight_key=plan.preflight_key(manifest.hash, environment))
     if plan.profile.provision is not None:
         log.info("jobs rendered for requirement set %s: %d pins, %s", environment.key, len(requirements),
                  environment.describe_image())

@@ -16,6 +16,10 @@ things are, so the layout can change here without hunting through the DAG and th
     <paths.code>/.runs/<run key>-<hash>   one marker per unfinished DAG run: the code it uses
                                           (written by its sync, refreshed when it submits a job,
                                           removed when the run ends)
+    <paths.code>/.preflight/<hash>/<key>.json
+                                          a passed preflight import check: the code, environment
+                                          and job shape its key names need not be checked again
+                                          for a while (plan/preflight_proof.py); removed with <hash>
     <paths.data>/                         prepared dataset, shared by all runs
     <paths.data>/../synthetic-<preset>/   clusters without the real dataset: one synthetic dataset
                                           per preset (raw/ and prepared/), so a tiny run and a
@@ -63,6 +67,9 @@ REMOVING_SUFFIX = ".removing"
 
 RUN_MARKERS = ".runs"
 """Directory under ``paths.code`` with one marker per unfinished DAG run (:meth:`RunPaths.run_marker`)."""
+
+PREFLIGHT_PROOFS = ".preflight"
+"""Directory under ``paths.code`` with one proof per passed preflight check (:meth:`RunPaths.preflight_proof`)."""
 
 _RUN_KEY = re.compile(r"^[0-9a-f]{16}$")
 
@@ -143,6 +150,18 @@ class RunPaths:
         if not is_run_key(key):
             raise ValueError(f"run key {key!r} is not 16 hex digits; make it with vcloud_pipeline.plan.layout.run_key")
         return self.run_markers_dir / f"{key}-{self.code(code_hash).hash}"
+
+    def preflight_proofs(self, code_hash: str) -> PurePosixPath:
+        """The proofs of the preflight checks that passed for ``code_hash``: removed with its code directory."""
+        return self.code_root / PREFLIGHT_PROOFS / self.code(code_hash).hash
+
+    def preflight_proof(self, code_hash: str, key: str) -> PurePosixPath:
+        """The proof that the preflight check of ``key`` (:mod:`vcloud_pipeline.plan.preflight_proof`)
+        passed for ``code_hash``."""
+        if not CODE_HASH.match(key):
+            raise ValueError(f"preflight key {key!r} is not a sha256 hex digest; make it with "
+                             "vcloud_pipeline.plan.preflight_proof.proof_key")
+        return self.preflight_proofs(code_hash) / f"{key[:16]}.json"
 
     def code(self, code_hash: str) -> CodePaths:
         """The code directory of ``code_hash``: what a job rendered for that hash runs."""

@@ -24,6 +24,7 @@ from slurm_provider import job_name_for
 
 from vcloud_pipeline.plan.jobspec import JobSpec, resolve_resources
 from vcloud_pipeline.plan.layout import RunPaths, run_paths
+from vcloud_pipeline.plan.preflight_proof import NEUTRAL_RUN, proof_key
 from vcloud_pipeline.plan.request import TrainingRequest
 from vcloud_pipeline.plan.labels import JobLabel
 from vcloud_pipeline.profile import ClusterProfile
@@ -133,6 +134,18 @@ class RunPlan(Document):
                                   job_name=job_name_for(dag_run[0], label.task_id, dag_run[1]) if dag_run else None)
                 for label, job in self.jobs.items()}
 
+    def preflight_key(self, code_hash: str, environment: JobEnvironment) -> str | None:
+        """The key of the question this run's preflight check answers (:mod:`~vcloud_pipeline.plan.preflight_proof`):
+        its scripts as a neutral run would submit them for ``code_hash`` and ``environment``, and the
+        image's identity. None: the run has no preflight job, or its image's identity is unknown."""
+        job = self.jobs.get(JobLabel.PREFLIGHT)
+        if job is None:
+            return None
+        neutral = render_job(self.profile, job.spec, run_paths(self.profile, NEUTRAL_RUN), code_hash,
+                             environment=environment, job_name=NEUTRAL_RUN)
+        return proof_key(neutral.outer, neutral.inner, environment.image_identity,
+                         has_container=self.profile.container is not None)
+
 
 class SyncedCode(Document):
     """What ``sync_code`` hands on: the code the run's jobs run, their outer scripts as submitted,
@@ -155,6 +168,8 @@ class SyncedCode(Document):
     environment: JobEnvironment | None = None
     """The pins and the site image the jobs were rendered for: the provisioning step installs the set
     of this environment (its :attr:`JobEnvironment.key` names the directory on their ``PYTHONPATH``)."""
+    preflight_key: str | None = None
+    """What the run's preflight check asks (:meth:`RunPlan.preflight_key`); None: it is checked every time."""
 
     @classmethod
     def recording(cls, code_hash: str, scripts: Mapping[JobLabel, str], **facts: Any) -> SyncedCode:

@@ -428,6 +428,11 @@ class JobDefaults(Document):
     master_port_range: Annotated[int, at_least(1)] = 1000
     """How many ports from ``master_port`` on the rendezvous may use."""
     preflight_time: SlurmDuration = 600
+    preflight_reuse_hours: Annotated[int, at_least(0)] = 24
+    """How long a passed preflight import check answers for later runs that ask exactly the same
+    (the same code, requirement set, image, software set-up, partition and resources:
+    :mod:`vcloud_pipeline.plan.preflight_proof`): those skip their preflight job instead of queueing
+    one. 0: every run checks."""
     export_time: SlurmDuration = 7200
     stage_time_min: SlurmDuration | None = None
     """``--time-min`` of the stage jobs: Slurm may start one with its time limit lowered as far as this

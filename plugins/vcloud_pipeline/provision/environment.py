@@ -91,10 +91,11 @@ def parse_image_identity(exit_status: int, stdout: str) -> str | None:
 
 
 def read_image_identity(profile: ClusterProfile, hook: SlurmVerbs) -> str | None:
-    """The identity of the profile's image on the login node; None (no command) for a profile that
-    provisions nothing or runs no container, and None when the image cannot be read (the preflight
-    checks say so)."""
-    if profile.provision is None or profile.container is None or not profile.paths.pylibs:
+    """The identity of the profile's image on the login node: it keys a requirement set provisioned for
+    it and the preflight check that proved it (:mod:`vcloud_pipeline.plan.preflight_proof`). None (no
+    command) for a profile that runs no container, and None when the image cannot be read (the
+    preflight checks say so)."""
+    if profile.container is None:
         return None
     result = hook.run_script(image_identity_script(profile.container.image), verb="image-identity",
                              timeout=IDENTITY_TIMEOUT)

@@ -300,6 +300,20 @@ def test_the_cleanup_lists_reads_the_queue_and_removes_in_three_commands(tmp_pat
     assert len(shell.commands) == 3 and "squeue" in shell.commands[1] and "--account=vcloud_local" in shell.commands[1]
 
 
+def test_the_preflight_proofs_of_a_removed_code_go_with_it_in_the_same_command(tmp_path: Path) -> None:
+    running_a = squeue_line(7, "RUNNING", JobComment(dag="d", task="stage0", run="r", attempt=1, code=A).to_json())
+    shell, profile, paths = cleanup_setup(tmp_path, f"echo {shlex.quote(running_a)}")
+    for code in (A, B):
+        proof = Path(paths.preflight_proof(code, "e" * 64))
+        proof.parent.mkdir(parents=True)
+        proof.write_text("{}")
+    plan = remove_unused_code_dirs(profile, paths, hook_of(shell), current=C)
+    assert plan.remove == (B,)
+    assert not Path(paths.preflight_proofs(B)).exists()
+    assert Path(paths.preflight_proof(A, "e" * 64)).read_text() == "{}"  # A's code stays, and what proved it
+    assert remaining(paths) == {A, C, ".preflight"} and len(shell.commands) == 3
+
+
 def test_the_cleanup_keeps_what_an_unfinished_run_recorded(tmp_path: Path) -> None:
     shell, profile, paths = cleanup_setup(tmp_path, "true")  # nothing in the queue
     mark_run(hook_of(shell), paths, run_key("vcloud_training", "manual__long"), A, "a run between two stages")

@@ -144,7 +144,7 @@ def test_the_image_identity_command_reads_the_build_hash_next_to_a_directory_ima
     assert parse_image_identity(done.returncode, done.stdout) is None
 
 
-def test_the_identity_is_read_only_for_profiles_that_provision_in_a_container() -> None:
+def test_the_identity_is_read_for_every_profile_that_runs_a_container() -> None:
     class _Answer:
         def __init__(self) -> None:
             self.scripts: list[str] = []
@@ -158,7 +158,9 @@ def test_the_identity_is_read_only_for_profiles_that_provision_in_a_container() 
     hook = _Answer()
     assert read_image_identity(complete_profile("lumi"), hook) == "size 7 mtime 8"  # type: ignore[arg-type]
     assert len(hook.scripts) == 1 and SIF in hook.scripts[0]
-    assert read_image_identity(complete_profile("local"), _NoCluster()) is None  # type: ignore[arg-type]
+    assert read_image_identity(complete_profile("local"), hook) == "size 7 mtime 8"  # type: ignore[arg-type]
+    assert len(hook.scripts) == 2  # local provisions nothing: its identity keys the preflight check's proof
+    assert read_image_identity(complete_profile("levante"), _NoCluster()) is None  # type: ignore[arg-type]
 
 
 def test_a_set_goes_to_a_directory_of_its_key_in_pylibs_and_profiles_without_pylibs_have_none() -> None:
