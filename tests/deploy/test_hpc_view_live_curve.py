@@ -81,6 +81,14 @@ def test_a_training_stage_shows_its_curve_with_its_age_while_its_job_runs(
                 assert curve["as_of_s"] is not None and curve["as_of_s"] >= 0
                 assert curve["points"]["loss"], curve["points"]
             assert later["live_at"] > first["live_at"] and later["job_id"] == first["job_id"]
+            # The running job's row gives a person the commands to reach it, with the connection's login.
+            view = get_json(f"{api.base}/hpc-view/api/jobs?dag_id={DAG_ID}&run_id={run_id}", api.token)
+            [row] = [job for profile in view["profiles"] for job in profile["jobs"] if job["task_id"] == STAGE]
+            handles = row["handles"]
+            assert handles is not None and handles["job_id"] == str(later["job_id"]), row
+            assert handles["shell"].endswith(f"'srun --jobid={later['job_id']} --overlap --pty bash -l'"), handles
+            assert handles["cancel"].startswith(f"ssh -p {local_cluster.ssh_port} -i ") and \
+                handles["cancel"].endswith(f"@127.0.0.1 'scancel {later['job_id']}'"), handles
             # What was drawn is what the trainer wrote: each point a line of the file, in step order.
             text = local_cluster.ssh(f"cat {shlex.quote(metrics)}").stdout
             from vcloud.contract import training_curve

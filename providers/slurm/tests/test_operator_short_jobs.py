@@ -39,6 +39,7 @@ def test_a_job_that_ends_within_the_wait_completes_the_task_without_a_trigger(
     assert f"Job {job_id} {ENDED_HERE}: COMPLETED" in outcome.output
     assert outcome.output.count(f"[job {job_id}] working") == 1
     assert "deferr" not in outcome.output.lower(), outcome.output[-3000:]
+    assert "a shell beside job" not in outcome.output  # it ended: nothing to reach by hand
     assert jobs_of(local_cluster, outcome) == [job_id]
 
 
@@ -67,6 +68,12 @@ def test_a_job_that_outlives_the_wait_is_watched_by_the_trigger(local_cluster: L
     assert outcome.state == "success", outcome.output[-3000:]
     job_id = outcome.result["job_id"]
     assert "ended within" not in outcome.output
+    # Handed to the trigger, the job's handles are said once, with the connection's login.
+    shell = f"a shell beside job {job_id} (in its allocation): ssh -t -p 2222 -i "
+    assert outcome.output.count(shell) == 1, outcome.output[-3000:]
+    assert f"vcloud@127.0.0.1 'srun --jobid={job_id} --overlap --pty bash -l'" in outcome.output
+    assert f"its output as it grows: ssh -p 2222 -i " in outcome.output
+    assert f"vcloud@127.0.0.1 'scancel {job_id}'" in outcome.output
     assert outcome.output.count(f"[job {job_id}] started") == 1
     assert outcome.output.count(f"[job {job_id}] finished") == 1
     assert jobs_of(local_cluster, outcome) == [job_id]

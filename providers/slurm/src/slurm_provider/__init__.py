@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from slurm_provider.watch.followed_files import FOLLOW_INTERVAL, FOLLOW_XCOM_KEY
     from slurm_provider.hints import Hint, HintRule, format_hints, register_hints
     from slurm_provider.hooks import SlurmAsyncHook, SlurmCommandFailed, SlurmHook
+    from slurm_provider.job_handles import JOB_HANDLES_XCOM_KEY, JobHandles
     from slurm_provider.job_status import JobStatus
     from slurm_provider.job_task.summary import JobSummary
     from slurm_provider.links import JOB_ID_XCOM_KEY, register_job_view, task_log_url
@@ -83,6 +84,7 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     # what a job is, and the words for it
     "job_status": ("JobStatus",),
     "job_task.summary": ("JobSummary",),
+    "job_handles": ("JobHandles", "JOB_HANDLES_XCOM_KEY"),
     "state_vocabulary": ("SlurmState", "parse_state"),
     "pending_reasons": ("classify_pending_reason",),
     "watch.pending_words": ("waiting_line",),

@@ -36,6 +36,7 @@ from slurm_provider.cli.sbatch import DEFAULT_PROJECT_TAG
 from slurm_provider.watch.end_records import end_record_path, parse_end_record
 from slurm_provider.file_verbs import RemoteCommandError
 from slurm_provider.watch.followed_files import FOLLOW_INTERVAL
+from slurm_provider.job_handles import JOB_HANDLES_XCOM_KEY, JobHandles
 from slurm_provider.job_status import JobStatus
 from slurm_provider.job_task import ending, naming, settings, submission
 from slurm_provider.job_task.naming import HISTORY_KEY, SUBMITTER_KEY, job_name_for
@@ -60,7 +61,7 @@ from slurm_provider.timing import (
     SHORT_JOB_READ_INTERVAL,
     SHORT_JOB_WAIT,
 )
-from slurm_provider.transport import TransportError
+from slurm_provider.transport import TransportError, person_login_argv
 from slurm_provider.triggers import SlurmJobTrigger
 from slurm_provider.watch.watch_request import FollowedFiles, WatchedJob, WatchSchedule
 from slurm_provider.validation import ValidationError
@@ -419,6 +420,7 @@ class SlurmSubmitOperator(BaseOperator):
         current = history.current
         assert current is not None
         context["ti"].xcom_push(key=JOB_ID_XCOM_KEY, value=current.job_id)
+        self._hand_over(context, current.job_id)
         self.defer(
             trigger=SlurmJobTrigger(
                 job=WatchedJob(
@@ -435,6 +437,18 @@ class SlurmSubmitOperator(BaseOperator):
             ),
             method_name="execute_complete",
         )
+
+    def _hand_over(self, context: Context, job_id: str) -> None:
+        """Say, once per job the trigger takes, how a person looks at it while it runs (and keep it in
+        XCom for a view of the running jobs). Naming the login is never worth failing the task for."""
+        try:
+            handles = JobHandles.of(person_login_argv(self.conn_id), job_id, naming.log_path(self, context, job_id))
+        except Exception as exc:  # a connection that cannot be read (any backend's error) costs only these lines
+            self.log.info("No commands to reach job %s by hand: %s", job_id, exc)
+            return
+        context["ti"].xcom_push(key=JOB_HANDLES_XCOM_KEY, value=handles.to_json())
+        for line in handles.lines():
+            self.log.info("%s", line)
 
     def on_kill(self) -> None:
         """Worker-side kill while not deferred (e.g. during submit): nothing running to stop here."""

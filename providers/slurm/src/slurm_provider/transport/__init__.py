@@ -32,6 +32,7 @@ from slurm_provider.transport.openssh_runners import AsyncOpenSSHRunner, OpenSSH
 from slurm_provider.transport.ssh_command import (
     KeyLogin,
     SSHCommand,
+    person_login_argv,
     remote_user_for_connection,
     ssh_command_for_connection,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "TransportTimeout",
     "TransportUnavailable",
     "async_runner_for_connection",
+    "person_login_argv",
     "remote_user_for_connection",
     "runner_for_connection",
     "ssh_command_for_connection",

@@ -262,3 +262,25 @@ def remote_user_for_connection(conn_id: str) -> str:
     from airflow.providers.ssh.hooks.ssh import SSHHook
 
     return str(SSHHook(ssh_conn_id=conn_id, conn_retry_attempts=1).username)
+
+
+def person_login_argv(conn_id: str) -> tuple[str, ...]:
+    """How a person logs in where connection ``conn_id``'s commands run, as an ssh argv without a
+    remote command (for :class:`~slurm_provider.job_handles.JobHandles`): ``ssh [-F file] alias`` for
+    an ``openssh`` connection (the person's session reuses the alias's ControlMaster), ``ssh [-p port]
+    [-i key_file] user@host`` for a key-based one (an inline ``private_key`` is the deployment's, not
+    shown). No network."""
+    conn = _connection(conn_id)
+    extra = conn.extra_dejson
+    if checked_transport(conn_id, extra) == OPENSSH:
+        target = OpenSSHTarget.from_extra(extra, host=conn.host)
+        return ("ssh", *(("-F", target.config_file) if target.config_file else ()), target.alias)
+    if not conn.host:
+        raise TransportConfigError(f"connection {conn_id!r} names no host")
+    argv = ["ssh"]
+    if conn.port and int(conn.port) != 22:
+        argv += ["-p", str(conn.port)]
+    if extra.get("key_file"):
+        argv += ["-i", str(extra["key_file"])]
+    argv.append(f"{conn.login}@{conn.host}" if conn.login else str(conn.host))
+    return tuple(argv)
