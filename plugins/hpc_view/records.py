@@ -27,12 +27,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 import time
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
 from typing import Any
 
 from slurm_provider import (
     FOLLOW_XCOM_KEY,
+    JOB_HANDLES_XCOM_KEY,
     JOB_ID_XCOM_KEY,
+    JobHandles,
     JobSummary,
     LEFT_OUT_XCOM_KEY,
     WATCH_XCOM_KEY,
@@ -46,6 +48,7 @@ from slurm_provider import (
 )
 from slurm_provider.cli.values import format_duration
 from vcloud.contract import gain_per_gpu_hour
+from vcloud_pipeline.budget.pacing import WINDOW_DAYS, Pace, pace_of
 from vcloud_pipeline.dag.job_summary import RunJobSummary
 
 RETURN_VALUE_KEY = "return_value"
@@ -140,6 +143,9 @@ class JobRecord:
     left_out: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """The nodes the job was submitted not to run on (``--exclude``), each with the job that failed there
     for the node's fault (``slurm_provider.bad_nodes.left_out_xcom``)."""
+    handles: JobHandles | None = None
+    """While the task waits: the commands a person reaches the job with (a shell beside it, its output,
+    its cancel), as its operator wrote them when it handed the job to the trigger."""
 
     @property
     def left_out_words(self) -> str:
@@ -203,6 +209,7 @@ class JobRecord:
         data["log_url"] = task_log_url("", self.dag_id, self.run_id, self.task_id, self.map_index, self.job_id)
         data["gain_per_gpu_hour"] = gain_per_gpu_hour(self.validation_gain, self.gpu_hours)
         data["left_out_words"] = self.left_out_words
+        data["handles"] = self.handles.to_json() if self.handles else None
         return data
 
 
@@ -286,6 +293,15 @@ def _left_out(note: XComRow | None, job_id: str) -> dict[str, Mapping[str, Any]]
     return {str(node): fault for node, fault in value["nodes"].items() if isinstance(fault, Mapping)}
 
 
+def _handles(note: XComRow | None, job_id: str) -> JobHandles | None:
+    """The commands to reach the waiting task's job ``job_id`` by hand; None when its task no longer
+    waits or the XCom is about an earlier job of the task."""
+    if note is None or note.task_state not in WAITING_TASK_STATES:
+        return None
+    handles = JobHandles.from_json(note.value)
+    return handles if handles is not None and handles.job_id == job_id else None
+
+
 def _int(value: Any) -> int | None:
     try:
         return None if value is None else int(value)
@@ -331,7 +347,8 @@ def records_from_xcoms(rows: Iterable[XComRow]) -> list[JobRecord]:
                 unreachable_since=seen.unreachable_since, last_seen=seen.state, polled_at=seen.polled_at,
                 followed=_followed(xcoms.get(FOLLOW_XCOM_KEY), job_id),
                 pending=_watched_pending(xcoms.get(WATCH_XCOM_KEY), job_id),
-                left_out=_left_out(xcoms.get(LEFT_OUT_XCOM_KEY), job_id)))
+                left_out=_left_out(xcoms.get(LEFT_OUT_XCOM_KEY), job_id),
+                handles=_handles(xcoms.get(JOB_HANDLES_XCOM_KEY), job_id)))
             continue
         job = summary.job
         records.append(JobRecord(
@@ -431,6 +448,19 @@ class ProfileBudget:
             "burn": [{"at": p.at.isoformat() if p.at else None, "label": p.label, "used": round(p.used, 4),
                       "left": None if p.left is None else round(p.left, 4)} for p in self.burn],
         }
+
+
+def budget_pace(budget: ProfileBudget, records: Iterable[JobRecord], *, ends_on: date | None, margin_percent: int,
+                now: float) -> Pace:
+    """The burn rate of the profile's completed jobs over the last days against what is left of its
+    allocation by ``ends_on`` (:mod:`vcloud_pipeline.budget.pacing`)."""
+    done = [r for r in records if r.profile == budget.profile and r.final and r.finished_at is not None]
+    window_start = now - WINDOW_DAYS * 86400
+    spent = sum(r.gpu_hours for r in done if r.finished_at is not None and r.finished_at.timestamp() >= window_start)
+    starts = [r.finished_at.timestamp() - (r.elapsed_s or 0) for r in done if r.finished_at is not None]
+    history_days = (now - min(starts)) / 86400 if starts else 0.0
+    return pace_of(spent=spent, history_days=history_days, left=budget.left, ends_on=ends_on,
+                   now=datetime.fromtimestamp(now, timezone.utc), margin_percent=margin_percent, unit=budget.unit)
 
 
 def _site_snapshot(record: JobRecord) -> Mapping[str, Any] | None:

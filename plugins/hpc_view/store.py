@@ -15,7 +15,7 @@ from sqlalchemy import and_, exists, select
 from sqlalchemy.orm import Session, aliased
 
 from hpc_view.records import RETURN_VALUE_KEY, XComRow
-from slurm_provider import FOLLOW_XCOM_KEY, JOB_ID_XCOM_KEY, LEFT_OUT_XCOM_KEY, WATCH_XCOM_KEY
+from slurm_provider import FOLLOW_XCOM_KEY, JOB_HANDLES_XCOM_KEY, JOB_ID_XCOM_KEY, LEFT_OUT_XCOM_KEY, WATCH_XCOM_KEY
 
 MAX_ROWS = 5000
 """Newest XComs read per page view; older runs drop out of the view, not out of the database."""
@@ -44,7 +44,7 @@ def load_xcom_rows(session: Session, dag_ids: Collection[str] | None, *, dag_id:
                        TI.task_id == XComModel.task_id, TI.map_index == XComModel.map_index))
         .join(DagRun, DagRun.id == XComModel.dag_run_id)
         .where(XComModel.key.in_((RETURN_VALUE_KEY, JOB_ID_XCOM_KEY, WATCH_XCOM_KEY, FOLLOW_XCOM_KEY,
-                                    LEFT_OUT_XCOM_KEY)))
+                                    LEFT_OUT_XCOM_KEY, JOB_HANDLES_XCOM_KEY)))
         .where(exists().where(job_xcom.dag_run_id == XComModel.dag_run_id,
                               job_xcom.task_id == XComModel.task_id,
                               job_xcom.map_index == XComModel.map_index,

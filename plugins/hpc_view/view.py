@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
 from typing import Any
 
 from hpc_view.charts import budget_charts
 from hpc_view.curves import CURVE_INTERVAL_S
-from hpc_view.records import UNASSIGNED, JobRecord, profile_budget
+from hpc_view.records import UNASSIGNED, JobRecord, budget_pace, profile_budget
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,8 @@ class ProfileInfo:
     description: str = ""
     problem: str | None = None
     """Why the profile could not be loaded (then no allocation is shown)."""
+    allocation_ends: date | None = None
+    pace_margin_percent: int = 20
 
 
 def profile_info(name: str) -> ProfileInfo:
@@ -46,7 +48,8 @@ def profile_info(name: str) -> ProfileInfo:
     except (ProfileError, ValueError) as exc:
         return ProfileInfo(name, None, "GPU-hours", None, problem=str(exc))
     return ProfileInfo(name, profile.billing.allocation, profile.billing.unit, profile.connection.conn_id,
-                       profile.description)
+                       profile.description, allocation_ends=profile.billing.allocation_ends,
+                       pace_margin_percent=profile.billing.pace_margin_percent)
 
 
 def allocation_words(meta: ProfileInfo) -> str:
@@ -70,12 +73,14 @@ def build_view(records: Iterable[JobRecord], *, info: Callable[[str], ProfileInf
         mine = [r for r in records if r.profile == name]
         budget = profile_budget(name, mine, allocation=meta.allocation, unit=meta.unit,
                                 allocation_from=allocation_words(meta))
+        pace = budget_pace(budget, mine, ends_on=meta.allocation_ends, margin_percent=meta.pace_margin_percent,
+                           now=now)
         profiles.append({
             "profile": name,
             "title": name or "no cluster profile",
             "description": meta.description,
             "problem": meta.problem,
-            "budget": budget.to_json(),
+            "budget": {**budget.to_json(), "pace": pace.to_json()},
             "charts": budget_charts(budget),
             "jobs": [r.to_json(now) for r in mine],
             "curves": [dict(c) for c in curves if c["profile"] == name],

@@ -14,6 +14,7 @@ Screenshots of the page and of the same view embedded in Airflow's navigation go
 
 from __future__ import annotations
 
+import datetime
 import json
 import shlex
 from collections.abc import Iterator
@@ -35,6 +36,7 @@ ARTIFACTS = REPO / ".artifacts"
 DAG_ID = "vcloud_training"
 SLURM_TASKS = ["prepare_data", "preflight_imports", "stage0", "stage1", "stage2", "stage3", "export"]
 """The tasks of a first run in an empty project directory that each leave one Slurm job record."""
+ALLOCATION_ENDS = (datetime.date.today() + datetime.timedelta(weeks=4)).isoformat()
 ALLOCATION = 1000.0  # GrpTRESMins=billing=60000 on account vcloud_local (cluster.sh), 60 billing-minutes a GPU-hour
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -54,6 +56,9 @@ def finished_run(local_cluster: LocalCluster, cluster_connection: str,
     port = free_port()
     project_dir = local_cluster.test_dir()
     env = airflow_env(home, port, project_dir)
+    # The allocation's period ends in four weeks: the run's summary and the page pace the spending.
+    env["VCLOUD_PROFILE_OVERRIDES"] = json.dumps({"local": {"paths.base": project_dir,
+                                                           "billing.allocation_ends": ALLOCATION_ENDS}})
     migrate(env)
     run_name = f"hpcview-{Path(project_dir).name}"
     # Two epochs a stage: a curve of two points per stage is a curve, and the page's figures are the same.
@@ -117,6 +122,8 @@ PAGE_JS = """JSON.stringify({
     left: s.querySelector('.budget-line .left')?.textContent,
     account_used: s.querySelector('.budget-line .account-used')?.textContent,
     source: s.querySelector('.budget-source')?.dataset.source,
+    pace: s.querySelector('p.pace')?.textContent,
+    pace_verdict: s.querySelector('p.pace')?.dataset.verdict,
     source_text: s.querySelector('.budget-source')?.textContent,
     charts: s.querySelectorAll('.charts svg').length,
     run_stage: [...s.querySelectorAll('table.run-stage tbody tr')].map(r => ({
@@ -211,6 +218,12 @@ def test_signed_in_user_sees_the_jobs_and_budget_the_ledger_holds(deployment: Lo
     left = ALLOCATION - slurm["used"]
     shown_left = f"{left:,.4f}" if used < 10 else f"{left:,.1f}"
     assert local["charts"] == 3 and local["burndown"] == f"GPU-hours left of {ALLOCATION:,.1f} (Slurm limit): {shown_left}"
+    # A tiny run's minutes against 1,000 GPU-hours over four weeks: under-spending, said by the run's
+    # summary (from sacct) and by the page (from the recorded jobs), with the date it ends.
+    for pace in (values["summary"]["pace"]["words"], local["pace"]):
+        assert " would spend the " in pace and f" left by {ALLOCATION_ENDS}; at this rate about " in pace, pace
+    assert values["summary"]["pace"]["verdict"] == local["pace_verdict"] == "under", local["pace"]
+    assert local["pace"].startswith("Pace: under-spending: "), local["pace"]
     per_stage = {(r["run_id"], r["stage"]): r["gpu_hours"] for r in local["run_stage"]}
     assert per_stage == {(run_id, recorded[task]["job"]): f"{run_ledger[f'{run_id} ' + recorded[task]['job']]:.4f}"
                          for task in SLURM_TASKS}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+import pytest
+
 from hpc_view.charts import bars_svg, burndown_svg
 from hpc_view.records import XComRow, profile_budget, records_from_xcoms
 
@@ -69,6 +71,31 @@ def test_the_budget_is_slurms_limit_and_account_usage_where_the_jobs_recorded_th
     assert "GPU-hours left of 90,000.0 (Slurm limit): 39,900.0" in burndown_svg(budget)
 
 
+def test_the_view_paces_the_allocation_by_the_jobs_of_the_last_week() -> None:
+    from datetime import date, timedelta
+
+    from hpc_view.view import ProfileInfo, build_view
+
+    def done(task: str, job: str, hours: float, at: datetime) -> list[XComRow]:
+        value = {"job_id": job, "job_ids": [job], "state": "COMPLETED", "gpu_hours": hours, "job": task,
+                 "run": "full", "profile": "lumi", "elapsed_s": 3600}
+        return [XComRow("vcloud_training", "r1", task, -1, "slurm_job_id", job, "success", end_date=at),
+                XComRow("vcloud_training", "r1", task, -1, "return_value", value, "success", end_date=at)]
+
+    rows = done("stage0", "1", 500.0, T - timedelta(days=20)) + done("stage1", "2", 140.0, T - timedelta(days=2))
+    info = ProfileInfo("lumi", 10_000.0, "GPU-hours", "lumi", allocation_ends=date(2027, 1, 30),
+                       pace_margin_percent=20)
+    view = build_view(records_from_xcoms(rows), info=lambda _: info, now=T.timestamp())
+    pace = view["profiles"][0]["budget"]["pace"]
+    # 140 in the last week (the 500 of three weeks ago are not this week's); 9,360 left over 10 weeks
+    assert (pace["per_week"], pace["left"], pace["ends_on"], pace["verdict"]) == (140.0, 9_360.0, "2027-01-30", "under")
+    assert pace["planned_per_week"] == pytest.approx(9_360 / (70.5 / 7))
+    assert pace["words"].startswith("under-spending: 140.0 GPU-hours/week over the last 7 day(s), while 929.4 GPU-hours/week")
+    unpaced = build_view(records_from_xcoms(rows), info=lambda _: ProfileInfo("lumi", 10_000.0, "GPU-hours", "lumi"),
+                         now=T.timestamp())
+    assert unpaced["profiles"][0]["budget"]["pace"]["verdict"] is None
+
+
 def test_a_waiting_tasks_row_says_why_its_job_pends_and_when_it_may_start_from_the_watch_note() -> None:
     note = {"job_id": "8", "log_path": None, "log_offset": 0, "state": "PENDING", "reason": "Priority",
             "expected_start": "2026-11-27T14:05:00"}
@@ -106,6 +133,25 @@ def test_a_tasks_row_names_the_nodes_its_job_was_submitted_without_and_why() -> 
     records = {r.task_id: r for r in records_from_xcoms(rows)}
     assert records["stage2"].to_json()["left_out_words"] == "nid005001 (job 5: exit 89)"
     assert records["stage1"].left_out == {} and records["stage1"].to_json()["left_out_words"] == ""  # job 6's, not 7's
+
+
+def test_a_waiting_tasks_row_gives_the_commands_to_reach_its_job_by_hand() -> None:
+    from slurm_provider import JobHandles
+
+    login = ("ssh", "-F", "/etc/ssh/cluster.conf", "lumi")
+    now = JobHandles.of(login, "8", "/scratch/logs/r1/stage2.8.out").to_json()
+    earlier = JobHandles.of(login, "6", "/scratch/logs/r1/stage1.6.out").to_json()
+    rows = [*_rows(),
+            XComRow("vcloud_training", "r1", "stage2", -1, "slurm_job_handles", now, "deferred"),
+            XComRow("vcloud_training", "r1", "stage1", -1, "slurm_job_handles", earlier, "success")]
+    records = {r.task_id: r for r in records_from_xcoms(rows)}
+    shown = records["stage2"].to_json()["handles"]
+    assert shown["shell"] == "ssh -t -F /etc/ssh/cluster.conf lumi 'srun --jobid=8 --overlap --pty bash -l'"
+    assert shown["follow"] == "ssh -F /etc/ssh/cluster.conf lumi 'tail -n 50 -F /scratch/logs/r1/stage2.8.out'"
+    assert shown["cancel"] == "ssh -F /etc/ssh/cluster.conf lumi 'scancel 8'"
+    assert records["stage1"].to_json()["handles"] is None  # ended: nothing to reach
+    stale = [*_rows(), XComRow("vcloud_training", "r1", "stage2", -1, "slurm_job_handles", earlier, "deferred")]
+    assert {r.task_id: r for r in records_from_xcoms(stale)}["stage2"].handles is None  # another job's
 
 
 def test_charts_escape_labels_and_show_the_numbers() -> None:

@@ -57,6 +57,9 @@ function jobsTable(jobs) {
       el("div", { class: "desc" }, job.state_description));
     if (job.pending) stateCell.append(el("div", { class: "pending", title: job.pending.explanation },
       "Pending: " + (job.pending.words || job.pending.code + ": " + job.pending.explanation)));
+    if (job.handles) stateCell.append(el("details", { class: "handles" }, el("summary", {}, "Reach it by hand"),
+      ...[["A shell beside it", job.handles.shell], ["Its output", job.handles.follow], ["Cancel it", job.handles.cancel]]
+        .map(([what, command]) => el("div", {}, el("span", { class: "muted" }, what + ": "), el("code", { class: "command" }, command)))));
     const row = el("tr", { id: "job-" + job.job_id, "data-job-id": job.job_id, "data-task-id": job.task_id, "data-run-id": job.run_id,
       "data-gpu-hours": String(job.gpu_hours), "data-state": job.state || "" },
       el("td", {}, el("div", {}, job.run_id), job.run_name ? el("div", { class: "muted" }, "run " + job.run_name) : null),
@@ -155,6 +158,8 @@ function profileSection(profile) {
     source.append(el("br"), "Used from: the GPU-hours the jobs recorded here cost (sacct)");
   }
   section.append(source);
+  if (b.pace) section.append(el("p", { class: "pace " + (b.pace.verdict || "").replace(" ", "-"), "data-verdict": b.pace.verdict || "" },
+    "Pace: " + b.pace.words));
   section.append(el("div", { class: "charts" }, svg(profile.charts.burndown), svg(profile.charts.by_stage), svg(profile.charts.by_run)));
   if (profile.curves && profile.curves.length) {
     section.append(el("h3", {}, "Training curves"), curvesBlock(profile.curves));

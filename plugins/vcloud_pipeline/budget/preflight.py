@@ -16,6 +16,7 @@ own command (LUMI's ``lumi-allocations``), the account's ``GrpTRESMins`` limit i
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -39,6 +40,7 @@ from vcloud_pipeline.budget.billing import (
     summarize_ledger,
 )
 from vcloud_pipeline.budget import ledger_cache
+from vcloud_pipeline.budget.pacing import WINDOW_DAYS, Pace, pace_of
 from vcloud_pipeline.budget.rates import JobShape
 from vcloud_pipeline.budget.site_allocation import SiteOutputError, command_script, parse_site_allocation
 from vcloud_pipeline.plan.jobspec import JobSpec
@@ -66,6 +68,12 @@ class Ledger:
     queued: float = 0.0
     """The part of ``reserved`` held by jobs that have not started (Slurm counts only running ones)."""
     queued_jobs: int = 0
+    recent: float = 0.0
+    """Spent by the runs that ended in the last :data:`~vcloud_pipeline.budget.pacing.WINDOW_DAYS` days
+    or still run (their time so far): the burn rate's figure."""
+    history_days: float = 0.0
+    """Days since the oldest run of the ledger started (the burn rate of a younger project is
+    measured over its own history)."""
 
     @property
     def used(self) -> float:
@@ -102,15 +110,27 @@ def usage_of(profile: ClusterProfile, status: JobStatus, run: str = "", label: s
                  job_id=status.job_id, cores=shape.cores, mem_mib=shape.mem_mib)
 
 
-def ledger_from_statuses(profile: ClusterProfile, statuses: Iterable[JobStatus]) -> Ledger:
-    """Bill this project's jobs (by comment and account); pure.
+def _cluster_time(stamp: str | None) -> dt.datetime | None:
+    try:
+        return dt.datetime.fromisoformat(stamp) if stamp else None
+    except ValueError:
+        return None
+
+
+def ledger_from_statuses(profile: ClusterProfile, statuses: Iterable[JobStatus],
+                         now: dt.datetime | None = None) -> Ledger:
+    """Bill this project's jobs (by comment and account); pure but for ``now`` (default: this host's
+    local time, compared with Slurm's times, which are the cluster's local time).
 
     A job id may come more than once: first its current state, then each earlier run of a
     requeued job (``find_jobs(every_run=True)``). Every run is billed; only the current state
     can still hold time ahead.
     """
+    now = now or dt.datetime.now()
+    window_start = now - dt.timedelta(days=WINDOW_DAYS)
     rows: list[Usage] = []
-    reserved = queued = 0.0
+    reserved = queued = recent = 0.0
+    oldest: dt.datetime | None = None
     queued_jobs = 0
     seen: set[str] = set()
     for status in statuses:
@@ -121,6 +141,11 @@ def ledger_from_statuses(profile: ClusterProfile, statuses: Iterable[JobStatus])
         label = comment.stage or comment.task
         row = usage_of(profile, status, comment.run, label)
         rows.append(row)
+        ended, started = _cluster_time(status.end), _cluster_time(status.start)
+        if started is not None and (oldest is None or started < oldest):
+            oldest = started
+        if (ended is None and status.state.has_started) or (ended is not None and ended >= window_start):
+            recent += billed_hours(profile, row)
         current = status.job_id not in seen
         seen.add(status.job_id)
         if current and not status.is_terminal and status.time_limit_s:
@@ -130,8 +155,9 @@ def ledger_from_statuses(profile: ClusterProfile, statuses: Iterable[JobStatus])
             if not status.state.has_started:
                 queued += hours
                 queued_jobs += 1
+    history = (now - oldest).total_seconds() / 86400 if oldest is not None else 0.0
     return Ledger(summary=summarize_ledger(profile, rows), reserved=reserved, queued=queued,
-                  queued_jobs=queued_jobs)
+                  queued_jobs=queued_jobs, recent=recent, history_days=max(history, 0.0))
 
 
 def read_ledger(hook: SlurmVerbs, profile: ClusterProfile, days: int = LEDGER_DAYS, *,
@@ -155,6 +181,15 @@ def read_ledger(hook: SlurmVerbs, profile: ClusterProfile, days: int = LEDGER_DA
              "a year of accounting read" if plan.full else f"accounting read since {plan.since}", len(found),
              len(kept.runs))
     return ledger_from_statuses(profile, statuses)
+
+
+def ledger_pace(profile: ClusterProfile, ledger: Ledger, allocation: Allocation,
+                now: dt.datetime | None = None) -> Pace:
+    """The burn rate of this project's jobs (the ledger's recent runs) against what is left of
+    ``allocation`` by the profile's ``billing.allocation_ends``."""
+    return pace_of(spent=ledger.recent, history_days=ledger.history_days, left=allocation.left,
+                   ends_on=profile.billing.allocation_ends, now=now or dt.datetime.now(dt.timezone.utc),
+                   margin_percent=profile.billing.pace_margin_percent, unit=profile.billing.unit)
 
 
 def read_allocation(hook: SlurmVerbs, profile: ClusterProfile, ledger: Ledger) -> Allocation:

@@ -22,7 +22,8 @@ from vcloud.stage_records import CompleteRecord
 from vcloud_pipeline.plan.labels import JobLabel, training_label
 from vcloud_pipeline.plan.request import RequestError, parse_request
 from vcloud_pipeline.budget.billing import Allocation
-from vcloud_pipeline.budget.preflight import read_allocation, read_ledger
+from vcloud_pipeline.budget.pacing import Pace
+from vcloud_pipeline.budget.preflight import ledger_pace, read_allocation, read_ledger
 from vcloud_pipeline.plan.run_plan import RunPlan
 from vcloud_pipeline.dag.tasks import build_plan, curve_pngs, stage_records, stage_yields, yield_line
 
@@ -55,8 +56,8 @@ def ledger_section(ledger, dag_run_id: str | None, unit: str) -> list[str]:
     return lines
 
 
-def allocation_section(allocation: Allocation) -> list[str]:
-    """The allocation the budget check uses: each figure with its source, and what is left."""
+def allocation_section(allocation: Allocation, pace: Pace | None = None) -> list[str]:
+    """The allocation the budget check uses: each figure with its source, what is left, and the pace."""
     lines = [f"Allocation ({allocation.unit}, from {allocation.source}):"]
     if allocation.limit is None:
         lines.append(f"  limit: none tracked ({allocation.limit_from})")
@@ -68,6 +69,8 @@ def allocation_section(allocation: Allocation) -> list[str]:
         lines.append(f"  left:  {allocation.left:.4f}")
     if allocation.note:
         lines.append(f"  (not from Slurm: {allocation.note})")
+    if pace is not None:
+        lines.append(f"  pace:  {pace.words}")
     return lines
 
 
@@ -119,7 +122,8 @@ def render_report(plan: RunPlan, hook, dag_run_id: str | None = None) -> str:
     lines += ["", *yields_section(records, ledger, dag_run_id)]
     lines += ["", *curves_section(curve_pngs(plan, hook))]
     lines += ["", *ledger_section(ledger, dag_run_id, plan.profile.billing.unit)]
-    lines += ["", *allocation_section(read_allocation(hook, plan.profile, ledger))]
+    allocation = read_allocation(hook, plan.profile, ledger)
+    lines += ["", *allocation_section(allocation, ledger_pace(plan.profile, ledger, allocation))]
     return "\n".join(lines)
 
 

@@ -48,6 +48,7 @@ from vcloud_pipeline.budget.preflight import (
     Ledger,
     check_image,
     check_jobs_budget,
+    ledger_pace,
     read_allocation,
     read_ledger,
     test_only,
@@ -386,6 +387,8 @@ def summarize(plan: RunPlan, hook: SlurmVerbs, job_summaries: Mapping[str, RunJo
     ledger = read_ledger(hook, plan.profile)
     allocation = read_allocation(hook, plan.profile, ledger)
     log.info("allocation (%s): %s", allocation.source, allocation.describe())
+    pace = ledger_pace(plan.profile, ledger, allocation)
+    log.info("pace: %s", pace.words)
     records = stage_records(plan, hook)
     paths = plan.paths
     files = hook.list_files(paths.outputs_dir) + [
@@ -416,6 +419,7 @@ def summarize(plan: RunPlan, hook: SlurmVerbs, job_summaries: Mapping[str, RunJo
         "export": exported,
         "ledger": ledger_report(ledger),
         "allocation": allocation.to_json(),
+        "pace": pace.to_json(),
     }
 
 

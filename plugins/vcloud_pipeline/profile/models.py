@@ -9,6 +9,7 @@ durations, ``billing.slurm_tres: none`` as ``none``.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, get_args
 
@@ -298,6 +299,12 @@ class BillingSpec(Document):
     ``slurm_tres`` names a TRES, else ``profile`` (the choice before this setting existed)."""
     allocation_command: SiteCommand | None = None
     """``allocation_source: command``: the site command and the format of its output."""
+    allocation_ends: datetime.date | None = None
+    """The last day of the allocation's period (``2027-03-31``): the burn rate is paced against it
+    (:mod:`vcloud_pipeline.budget.pacing`; Slurm holds no end date). None: the pace is not judged."""
+    pace_margin_percent: Annotated[int, at_least(0)] = 20
+    """How far the burn rate may stray from the rate that spends what is left by ``allocation_ends``
+    before the report and the HPC view call it over- or under-spending."""
     incremental_ledger: Flag = False
     """Keep the project's runs that ended on each worker host and ask ``sacct`` only for what is new
     since the last read (:mod:`vcloud_pipeline.budget.ledger_cache`), instead of a year of accounting at
