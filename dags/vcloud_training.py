@@ -16,9 +16,10 @@ each stage's job through the provider's one-writer-per-directory lock. The jobs 
 on a cluster are bounded by the pool of the run's connection (``vcloud_pipeline.dag.pools``).
 
 Deployment settings (read when the file is parsed): ``VCLOUD_TRAINING_SCHEDULE``
-(cron or preset, default ``@monthly``; ``none`` for manual runs only) and
+(cron or preset, default ``@monthly``; ``none`` for manual runs only),
 ``VCLOUD_DEFAULT_PROFILE`` (default ``local``), whose ``connection.queue`` (read from the profile
-file, no connection) is the Airflow queue of every task that runs cluster commands.
+file, no connection) is the Airflow queue of every task that runs cluster commands, and
+``VCLOUD_RETRY_DELAY`` (seconds before a first retry, default the provider's 2 minutes).
 """
 
 from __future__ import annotations
@@ -34,13 +35,14 @@ from vcloud_pipeline.dag.job_operator import PipelineJobOperator
 from vcloud_pipeline.dag.queues import cluster_task_args
 from vcloud_pipeline.plan.request import dag_params
 from vcloud_pipeline.plan.labels import JobLabel
-from vcloud_pipeline.dag.tasks import CLUSTER_STEP_RETRIES
+from vcloud_pipeline.dag.tasks import cluster_step_retries
 
 _schedule = os.environ.get("VCLOUD_TRAINING_SCHEDULE", "@monthly")
 _profile = os.environ.get("VCLOUD_DEFAULT_PROFILE", "local")
 # The tasks that run cluster commands run on the queue of the default profile's connection (the host
 # with its ControlMaster socket); a run of another profile is moved to its own by the cluster policy.
-_on_cluster = {**CLUSTER_STEP_RETRIES, **cluster_task_args(_profile)}
+_retries = cluster_step_retries(os.environ)
+_on_cluster = {**_retries, **cluster_task_args(_profile)}
 
 
 def _resolved(arg: XComArg) -> dict:
@@ -134,7 +136,7 @@ with DAG(
     provisioned = provision_env(_resolved(planned), _resolved(synced))
     data, imports, *stages, export = [
         PipelineJobOperator(task_id=label.task_id, job=label, outlets=outlets_of(label),
-                            trigger_rule=TriggerRule.NONE_FAILED, **cluster_task_args(_profile))
+                            trigger_rule=TriggerRule.NONE_FAILED, **_on_cluster)
         for label in JobLabel
     ]
     summarized = summary(_resolved(planned))

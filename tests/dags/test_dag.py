@@ -150,6 +150,27 @@ def test_job_tasks_retry_a_lost_watch_by_default_as_the_scheduler_sees_them(dag)
             (DEFAULT_RETRIES, DEFAULT_RETRY_DELAY, 2.0, DEFAULT_MAX_RETRY_DELAY), task_id
 
 
+def test_a_deployment_sets_the_first_retry_delay_of_every_task_that_talks_to_the_cluster(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import timedelta
+
+    from vcloud_pipeline.dag.tasks import cluster_step_retries
+
+    assert cluster_step_retries({})["retry_delay"] == cluster_step_retries({"VCLOUD_RETRY_DELAY": " "})["retry_delay"] \
+        == timedelta(minutes=2)
+    assert cluster_step_retries({"VCLOUD_RETRY_DELAY": "15"})["retry_delay"] == timedelta(seconds=15)
+    for wrong in ("0", "-5", "2m"):
+        with pytest.raises(ValueError, match=f"VCLOUD_RETRY_DELAY='{wrong}': give the seconds before a first retry"):
+            cluster_step_retries({"VCLOUD_RETRY_DELAY": wrong})
+    monkeypatch.setenv("VCLOUD_RETRY_DELAY", "15")
+    from airflow.dag_processing.dagbag import DagBag
+
+    parsed = DagBag(dag_folder=str(REPO / "dags")).dags["vcloud_training"]
+    for task_id in [*JOB_TASKS, "sync_code", "preflight_checks", "provision_env", "summary"]:
+        assert parsed.get_task(task_id).retry_delay == timedelta(seconds=15), task_id
+    assert parsed.get_task("plan").retries == 0
+
+
 class _RunXComs:
     """What ``context["ti"].xcom_pull`` returns in a run: the plan's and the sync's values."""
 

@@ -349,10 +349,12 @@ class CeleryDeployment:
         self.cluster = cluster
         self.compose = yaml.safe_load(COMPOSE.read_text())
         # Job tasks defer at once (VCLOUD_SHORT_JOB_WAIT 0): the tests kill a triggerer host while it
-        # watches one of the tiny config's stages, which end within seconds.
+        # watches one of the tiny config's stages, which end within seconds. A worker host's lost task is
+        # tried again 15 s after the scheduler gives up on it (VCLOUD_RETRY_DELAY), not 2 minutes.
         self.variables = {**new_secrets(), "VCLOUD_DEFAULT_PROFILE": "local", "VCLOUD_TRAINING_SCHEDULE": "none",
                           "VCLOUD_POLL_INTERVAL": "2", "VCLOUD_MAX_POLL_INTERVAL": "5",
-                          "VCLOUD_FIRST_POLL_DELAY": "10", "VCLOUD_SHORT_JOB_WAIT": "0"}
+                          "VCLOUD_FIRST_POLL_DELAY": "10", "VCLOUD_SHORT_JOB_WAIT": "0",
+                          "VCLOUD_RETRY_DELAY": "15"}
         self.queue = queue
         self.conn_id = conn_id
         self.connection = dict(connection)

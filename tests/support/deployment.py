@@ -78,6 +78,9 @@ def airflow_env(home: Path, port: int, project_dir: str, *, schedule: str = "non
         "VCLOUD_MAX_POLL_INTERVAL": "5",
         "VCLOUD_FIRST_POLL_DELAY": str(first_poll_delay),
         "VCLOUD_TRAINING_SCHEDULE": schedule,
+        # A task lost with its worker (or a step that found the login node down) is tried again after
+        # 15 s, not the shipped 2 minutes: what the retry does is the same, sooner.
+        "VCLOUD_RETRY_DELAY": "15",
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
         # an `airflow ...` found on PATH (a command a component or a test starts) is this interpreter's
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",

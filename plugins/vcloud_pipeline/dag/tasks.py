@@ -8,6 +8,7 @@ and never the profile file, so a profile edited while a run trains changes nothi
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import logging
 import tempfile
@@ -68,14 +69,31 @@ log = logging.getLogger(__name__)
 PLAN_TASK = "plan"
 SYNC_TASK = "sync_code"
 
-CLUSTER_STEP_RETRIES: dict[str, Any] = {
-    "retries": DEFAULT_RETRIES, "retry_delay": DEFAULT_RETRY_DELAY,
-    "retry_exponential_backoff": DEFAULT_RETRY_EXPONENTIAL_BACKOFF, "max_retry_delay": DEFAULT_MAX_RETRY_DELAY,
-}
-"""Task retries of the Python tasks that talk to the cluster (sync, checks, summary): the job tasks'
-defaults, so that a login node down for minutes does not fail a run; inside
-:func:`final_unless_unreachable` only a failure to reach it is retried. (The job tasks wait out
-longer outages in the triggerer; these steps run before anything is submitted or after it all ended.)"""
+RETRY_DELAY_ENV = "VCLOUD_RETRY_DELAY"
+"""Seconds before the first retry of a task that talks to the cluster (a job task whose worker or
+watch was lost, a step that could not reach the login node), doubling with each further one; unset or
+empty: the Slurm provider's default (2 minutes)."""
+
+
+def cluster_step_retries(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Task retries of every task that talks to the cluster, read when the DAG file is parsed: the
+    Slurm provider's defaults, the first delay from :data:`RETRY_DELAY_ENV` where the deployment sets
+    it. The Python steps (sync, checks, summary) retry only a failure to reach the login node (inside
+    :func:`final_unless_unreachable`), so that a node down for minutes does not fail a run; the job
+    tasks retry a lost watch and adopt their job (longer outages are waited out in the triggerer)."""
+    text = (environ.get(RETRY_DELAY_ENV) or "").strip()
+    delay = DEFAULT_RETRY_DELAY
+    if text:
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = -1.0
+        if not seconds > 0:
+            raise ValueError(f"{RETRY_DELAY_ENV}={text!r}: give the seconds before a first retry (e.g. 120), or "
+                             "leave it unset for the Slurm provider's 2 minutes")
+        delay = dt.timedelta(seconds=seconds)
+    return {"retries": DEFAULT_RETRIES, "retry_delay": delay,
+            "retry_exponential_backoff": DEFAULT_RETRY_EXPONENTIAL_BACKOFF, "max_retry_delay": DEFAULT_MAX_RETRY_DELAY}
 
 
 @contextlib.contextmanager
