@@ -64,8 +64,15 @@ def run_a_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def code_dirs(cluster: LocalCluster, project_dir: str) -> set[str]:
-    """The code root's entries, hidden ones included, but the DAG runs' markers (``.runs``)."""
-    return set(cluster.ssh(f"ls -A {shlex.quote(project_dir)}/code").stdout.split()) - {".runs"}
+    """The code root's entries, hidden ones included, but the DAG runs' markers (``.runs``), the
+    preflight checks' proofs (``.preflight``) and the sync lock of each code directory there."""
+    entries = set(cluster.ssh(f"ls -A {shlex.quote(project_dir)}/code").stdout.split()) - {".runs", ".preflight"}
+    return entries - {f".{name}.sync-lock" for name in entries}
+
+
+def preflight_proved(cluster: LocalCluster, project_dir: str) -> set[str]:
+    """The codes whose preflight check left a proof (``.preflight/<code>/``)."""
+    return set(cluster.ssh(f"ls -A {shlex.quote(project_dir)}/code/.preflight").stdout.split())
 
 
 def stage_job(cluster: LocalCluster, project_dir: str, run: str, stage: str) -> int | None:
@@ -178,7 +185,12 @@ def test_a_requeued_job_runs_its_own_code_after_another_run_synced_new_code(
     finally:
         local_cluster.ssh(f"scancel {held}")
     local_cluster.wait_for_state(held, {"CANCELLED"}, timeout=60)
+    assert preflight_proved(local_cluster, project_dir) == {hash_a}  # run A's import check passed
     with SlurmHook(ctx.profile.connection.conn_id) as hook:
         last = sync_code(ctx, hook, project_root=run_b.tree)
     assert last["code_dirs_removed"] == [hash_a]
     assert code_dirs(local_cluster, project_dir) == {hash_b}
+    # A's sync lock and the proof of its preflight check went with its directory; B's lock stays.
+    entries = set(local_cluster.ssh(f"ls -A {shlex.quote(project_dir)}/code").stdout.split())
+    assert entries == {hash_b, f".{hash_b}.sync-lock", ".runs", ".preflight"}, entries
+    assert preflight_proved(local_cluster, project_dir) == set()

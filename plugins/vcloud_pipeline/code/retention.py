@@ -244,7 +244,8 @@ def _removals(paths: RunPaths, plan: RetentionPlan) -> dict[str, Any]:
             # The proofs of the preflight checks that passed for a removed code go with it.
             "leftovers": [*(paths.code_being_removed(code) for code in plan.leftovers),
                           *(paths.preflight_proofs(code) for code in plan.remove)],
-            "record_files": [paths.run_marker(m.key, m.hash) for m in plan.expired_runs]}
+            "record_files": [*(paths.run_marker(m.key, m.hash) for m in plan.expired_runs),
+                             *(paths.code_sync_lock(code) for code in plan.remove)]}
 
 
 def removal_command(paths: RunPaths, plan: RetentionPlan) -> str | None:

@@ -235,13 +235,25 @@ def build_manifest(tree: CodeTree, created_at: dt.datetime) -> CodeManifest:
 # --------------------------------------------------------------------------- rsync argv
 
 
-PROJECT_SHARED = ("--no-perms", "--omit-dir-times", "--rsync-path=umask 002 && rsync")
+PROJECT_SHARED = ("--no-perms", "--omit-dir-times")
 """A project's members share its directories: what rsync creates is group-writable (the remote
-rsync runs under umask 002; new directories inherit the setgid bit, so files keep the project's
-group), and it never sets the permissions or times of what exists, which fails on a directory
-another member created (rsync exit 23, "failed to set permissions on ...: Operation not
+rsync runs under umask 002, :func:`remote_rsync`; new directories inherit the setgid bit, so files
+keep the project's group), and it never sets the permissions or times of what exists, which fails on
+a directory another member created (rsync exit 23, "failed to set permissions on ...: Operation not
 permitted"): a run's job scripts directory is the same for every member who triggers the run.
 The permissions of what rsync creates are the ``chmod`` of :func:`rsync_argv`."""
+
+SYNC_LOCK_WAIT = 900
+"""Seconds a code sync waits for another writer of the same code to finish (:func:`remote_rsync`)."""
+
+
+def remote_rsync(lock: PurePosixPath | str | None = None) -> str:
+    """``--rsync-path``: the remote rsync under umask 002, and with ``lock`` under ``flock`` of that
+    file, so that two writers of one directory (two deployments or two members syncing the same code
+    at the same moment) take turns: a job checking its code never sees another writer's temporary
+    files in a directory whose manifest already stands."""
+    held = f"flock -w {SYNC_LOCK_WAIT} {shlex.quote(str(lock))} " if lock is not None else ""
+    return f"--rsync-path=umask 002 && {held}rsync"
 
 WRITABLE_WHILE_SYNCING = "ug+rwX"
 """A code tree while it arrives: made read-only (``vcloud_pipeline.code.upload``) once its manifest is written."""
@@ -253,8 +265,8 @@ directory that stays group-writable, since every member who triggers the run add
 
 def rsync_argv(source_dir: Path, destination: str, remote_dir: PurePosixPath | str,
                ssh_command: Sequence[str], *, filters: Sequence[str] = (), delete: bool = True,
-               chmod: str = WRITABLE_WHILE_SYNCING) -> list[str]:
-    """``rsync -az [--delete] -e "ssh ..." <PROJECT_SHARED> --chmod=<chmod> <filters> source_dir/ destination:remote_dir/``.
+               chmod: str = WRITABLE_WHILE_SYNCING, lock: PurePosixPath | str | None = None) -> list[str]:
+    """``rsync -az [--delete] -e "ssh ..." <PROJECT_SHARED> --rsync-path=... --chmod=<chmod> <filters> source_dir/ destination:remote_dir/``.
 
     ``ssh_command`` and ``destination`` come from the cluster's connection
     (``SlurmHook.ssh_command()``), so rsync logs in exactly as the Slurm commands do.
@@ -265,20 +277,22 @@ def rsync_argv(source_dir: Path, destination: str, remote_dir: PurePosixPath | s
     argv = ["rsync", "-az", "-s"]
     if delete:
         argv.append("--delete")
-    argv += ["-e", shlex.join(ssh_command), *PROJECT_SHARED, f"--chmod={chmod}", *filters]
+    argv += ["-e", shlex.join(ssh_command), *PROJECT_SHARED, remote_rsync(lock), f"--chmod={chmod}", *filters]
     argv += [f"{str(source_dir).rstrip('/')}/", f"{destination}:{str(remote_dir).rstrip('/')}/"]
     return argv
 
 
 def code_sync_argv(tree: CodeTree, destination: str, remote_code_dir: PurePosixPath | str,
-                   ssh_command: Sequence[str], *, basis: str | None = None) -> list[str]:
+                   ssh_command: Sequence[str], *, basis: str | None = None,
+                   lock: PurePosixPath | str | None = None) -> list[str]:
     """Mirror the code tree into its hash's code directory (``--delete``: removed files go too).
 
     The manifest is excluded (``/.vcloud_manifest.json``), so ``--delete`` leaves it in place
     until the new one is uploaded after the transfer. ``basis`` names a sibling code directory
     (another hash) whose unchanged files rsync copies on the cluster instead of sending them
     (``--copy-dest``: copies, not hard links, so no two code directories share a file that an
-    edit in one would change in both).
+    edit in one would change in both). ``lock``: the file whose ``flock`` the remote rsync holds
+    (:func:`remote_rsync`).
     """
     if f"/{MANIFEST_NAME}" not in tree.excludes:
         raise ExcludeError(f"the code tree must exclude '/{MANIFEST_NAME}' so that rsync --delete "
@@ -288,7 +302,7 @@ def code_sync_argv(tree: CodeTree, destination: str, remote_code_dir: PurePosixP
         if not basis or "/" in basis or basis in (".", ".."):
             raise ValueError(f"basis {basis!r} must name a sibling code directory")
         filters = [f"--copy-dest=../{basis}", *filters]
-    return rsync_argv(tree.root, destination, remote_code_dir, ssh_command, filters=filters)
+    return rsync_argv(tree.root, destination, remote_code_dir, ssh_command, filters=filters, lock=lock)
 
 
 def scripts_sync_argv(local_jobs_dir: Path, destination: str, remote_jobs_dir: PurePosixPath | str,

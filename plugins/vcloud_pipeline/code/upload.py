@@ -2,9 +2,11 @@
 
 One sync serves every job of a run. The manifest (content hash of exactly the files rsync sends)
 is computed locally before the transfer and rendered into every job script. The code goes into
-the directory of that hash (``<paths.code>/<hash>/``), which no other sync writes to, and the
-manifest is uploaded into it only after the code has arrived, so a job never sees a manifest that
-promises code that is not there yet. Code already there is not sent again; a new hash is sent
+the directory of that hash (``<paths.code>/<hash>/``), which syncs of other code never write to and
+syncs of the same code (two deployments, two members at the same moment) write one at a time: the
+remote rsync holds the directory's lock (``.<hash>.sync-lock``). The manifest is uploaded only after
+the code has arrived, so a job never sees a manifest that promises code that is not there yet, nor
+another writer's temporary files next to it. Code already there is not sent again; a new hash is sent
 against the newest code directory already there, so only changed files travel. Everything goes
 through the caller's Slurm hook: its file verbs, and rsync over the hook's own ssh command, which logs
 in exactly as the hook does (the connection's key and pinned host key, or its ssh_config alias and
@@ -155,7 +157,8 @@ def sync_code_tree(paths: RunPaths, tree: CodeTree, manifest: CodeManifest, hook
     # ours that did not go through; one of another member's stays theirs (rsync then says so).
     hook.make_owner_writable([code.dir])
     with hook.ssh_command() as ssh:
-        argv = code_sync_argv(tree, ssh.destination, code.dir, ssh.argv, basis=basis)
+        argv = code_sync_argv(tree, ssh.destination, code.dir, ssh.argv, basis=basis,
+                              lock=paths.code_sync_lock(manifest.hash))
         def met_another_writer(exc: BaseException) -> bool:
             return isinstance(exc, SyncError) and exc.returncode in CONCURRENT_WRITER_CODES
 
@@ -170,18 +173,25 @@ def sync_code_tree(paths: RunPaths, tree: CodeTree, manifest: CodeManifest, hook
                     run_rsync(argv, ssh=ssh, what=f"syncing {tree.root} to {code.dir}")
                 except SyncError as exc:
                     if met_another_writer(exc) and code_is_current(hook, code, manifest):
-                        return True  # the other writer (another member, another deployment) finished this code
+                        return _frozen(hook, code)  # the other writer (another member, another deployment) finished it
                     raise
-    # Another writer of the same code may have finished, and frozen, the directory meanwhile: its
-    # manifest then stands, and this sync writes none into a directory that is no longer writable.
+    # Another writer of the same code may have finished, and frozen, the directory while this sync
+    # waited for its lock: its manifest then stands, and this sync writes none into it.
     if code_is_current(hook, code, manifest):
-        return True
+        return _frozen(hook, code)
     try:
         hook.write_file(code.manifest, manifest.to_json())
     except RemoteCommandError:
         if code_is_current(hook, code, manifest):
-            return True
+            return _frozen(hook, code)
         raise
+    hook.make_read_only([code.dir])
+    return True
+
+
+def _frozen(hook: SlurmVerbs, code: CodePaths) -> bool:
+    """A directory another writer finished: what this sync's rsync created in it meanwhile (its
+    directories, say) is made read-only like the rest. True: this sync sent the code too."""
     hook.make_read_only([code.dir])
     return True
 

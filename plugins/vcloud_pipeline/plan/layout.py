@@ -13,6 +13,8 @@ things are, so the layout can change here without hunting through the DAG and th
                                           (see code/tree.py); directories no live job and no
                                           unfinished DAG run uses are removed beyond the newest
                                           paths.code_keep (code/retention.py)
+    <paths.code>/.<hash>.sync-lock       held (flock) by the rsync that writes <hash>/: one writer
+                                          of a code directory at a time
     <paths.code>/.runs/<run key>-<hash>   one marker per unfinished DAG run: the code it uses
                                           (written by its sync, refreshed when it submits a job,
                                           removed when the run ends)
@@ -64,6 +66,7 @@ CODE_HASH = re.compile(r"^[0-9a-f]{64}$")
 """A content hash (sha256 hex, :func:`vcloud_pipeline.code.tree.code_hash`): also a code directory's name."""
 
 REMOVING_SUFFIX = ".removing"
+SYNC_LOCK_SUFFIX = ".sync-lock"
 
 RUN_MARKERS = ".runs"
 """Directory under ``paths.code`` with one marker per unfinished DAG run (:meth:`RunPaths.run_marker`)."""
@@ -150,6 +153,10 @@ class RunPaths:
         if not is_run_key(key):
             raise ValueError(f"run key {key!r} is not 16 hex digits; make it with vcloud_pipeline.plan.layout.run_key")
         return self.run_markers_dir / f"{key}-{self.code(code_hash).hash}"
+
+    def code_sync_lock(self, code_hash: str) -> PurePosixPath:
+        """The lock a sync of ``code_hash`` holds while it writes that directory (one writer at a time)."""
+        return self.code_root / f".{self.code(code_hash).hash}{SYNC_LOCK_SUFFIX}"
 
     def preflight_proofs(self, code_hash: str) -> PurePosixPath:
         """The proofs of the preflight checks that passed for ``code_hash``: removed with its code directory."""

@@ -59,7 +59,7 @@ def _sync(monkeypatch: pytest.MonkeyPatch, exits: list[int], login: Login, ran: 
     monkeypatch.setattr(upload, "list_code_dirs", lambda hook, paths: SimpleNamespace(dirs=[]))
     monkeypatch.setattr(upload.time, "sleep", lambda seconds: None)
     code = SimpleNamespace(dir=PurePosixPath("/p/code/abc"), manifest=PurePosixPath("/p/code/abc/.vcloud_manifest.json"))
-    paths = SimpleNamespace(code=lambda digest: code)
+    paths = SimpleNamespace(code=lambda digest: code, code_sync_lock=lambda digest: PurePosixPath("/p/code/.abc.sync-lock"))
     manifest = SimpleNamespace(hash="abc", to_json=lambda: "{}")
     sync_code_tree(paths, SimpleNamespace(root="/repo"), manifest, login)  # type: ignore[arg-type]
 
@@ -112,7 +112,8 @@ def test_code_another_member_finished_meanwhile_is_taken_as_it_is(
     login, ran = FinishedByAnotherMember(finished_after), []
     _sync(monkeypatch, exits, login, ran)
     assert ran == exits
-    assert login.written == ["writable /p/code/abc"], "no manifest written, nothing made read-only by this sync"
+    # No manifest written; what this sync's rsync may have created meanwhile is frozen like the rest.
+    assert login.written == ["writable /p/code/abc", "read-only /p/code/abc"]
 
 
 def test_a_manifest_write_refused_after_the_check_is_taken_when_the_other_writers_manifest_is_there(
@@ -126,4 +127,4 @@ def test_a_manifest_write_refused_after_the_check_is_taken_when_the_other_writer
 
     login, ran = Racing(finished_after=99), []
     _sync(monkeypatch, [0], login, ran)
-    assert login.written == ["writable /p/code/abc"]
+    assert login.written == ["writable /p/code/abc", "read-only /p/code/abc"]  # its manifest stands, ours frozen

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path, PurePosixPath
@@ -187,6 +188,17 @@ def test_lumi_code_sync_argv() -> None:
     assert argv.index("--include=/trainer") < argv.index("--exclude=/*")
     assert argv[-2:] == ["/home/me/vcloud/", f"lumi2:/scratch/project_465002500/vcloud/code/{'e' * 64}/"]
     assert not any(a.startswith("--copy-dest") for a in argv)
+
+
+def test_the_remote_rsync_of_a_code_sync_holds_the_directorys_lock(tmp_path: Path) -> None:
+    paths = run_paths(load_profile("lumi", overrides={"paths.base": "/scratch/my project/vcloud"}), "full")
+    lock = paths.code_sync_lock("e" * 64)
+    assert lock == PurePosixPath(f"/scratch/my project/vcloud/code/.{'e' * 64}.sync-lock")
+    argv = code_sync_argv(CodeTree(tmp_path), "h", paths.code("e" * 64).dir, ["ssh"], lock=lock)
+    # The remote shell runs it: the lock's path is one word there, spaces and all.
+    [remote] = [a for a in argv if a.startswith("--rsync-path=")]
+    assert remote == f"--rsync-path=umask 002 && flock -w 900 '{lock}' rsync"
+    assert shlex.split(remote.split("=", 1)[1].split("&& ", 1)[1]) == ["flock", "-w", "900", str(lock), "rsync"]
 
 
 def test_a_new_code_directory_copies_unchanged_files_from_its_sibling(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from support.localcluster import LocalCluster, poll_until
 from slurm_provider.hooks import SlurmHook
 from slurm_provider.transport import HostKeyRejected
 from vcloud_pipeline.code.retention import remove_unused_code_dirs
-from vcloud_pipeline.plan.layout import RunPaths, run_paths
+from vcloud_pipeline.plan.layout import MANIFEST_NAME, RunPaths, run_paths
 from vcloud_pipeline.plan.request import parse_request
 from vcloud_pipeline.profile import load_profile
 from vcloud_pipeline.jobs.render import EXIT_CODE_MISMATCH
@@ -212,14 +212,15 @@ def test_a_cleanup_keeps_the_newest_and_what_live_jobs_use_and_removes_the_rest(
         try:
             plan = remove_unused_code_dirs(profile, paths, hook, current=newest)
             assert (plan.remove, plan.in_use, plan.newest) == ((middle,), (oldest,), (newest,))
-            assert remote_code_dirs(local_cluster, paths) == {oldest, newest}
+            assert remote_code_dirs(local_cluster, paths) == {oldest, newest, f".{oldest}.sync-lock",
+                                                              f".{newest}.sync-lock"}  # middle's lock went too
         finally:
             local_cluster.ssh(f"scancel {held}")
         local_cluster.wait_for_state(held, {"CANCELLED"}, timeout=60)
 
         plan = remove_unused_code_dirs(profile, paths, hook, current=newest)
         assert (plan.remove, plan.in_use) == ((oldest,), ())
-        assert remote_code_dirs(local_cluster, paths) == {newest}
+        assert remote_code_dirs(local_cluster, paths) == {newest, f".{newest}.sync-lock"}
         assert remove_unused_code_dirs(profile, paths, hook, current=newest).remove == ()
 
 
@@ -291,3 +292,49 @@ def test_two_members_of_a_project_sync_the_same_run_one_after_the_other(
     assert len(scripts) == 2 * len(jobs), listing
     # read-only for everyone; the directory is the group's, so either member adds (or renames over) them
     assert all(mode[2] == "-" and mode[5] == "-" and mode[8] == "-" for _, mode, _ in scripts), listing
+
+
+def test_two_writers_of_one_code_take_turns_and_leave_no_temporary_file(local_cluster: LocalCluster,
+                                                                        tmp_path: Path) -> None:
+    """Two deployments (or two members) sync the same code at the same moment: the second one's rsync
+    waits for the first one's lock, so a job that checks its code once the manifest stands never meets
+    the other's temporary files. Here another writer holds the lock; the sync waits, writes nothing
+    meanwhile, and once the lock is free leaves the complete, frozen tree."""
+    import threading
+
+    source = project_like_tree(tmp_path / "src")
+    profile = load_profile("local", overrides={"paths.base": local_cluster.test_dir()})
+    paths = run_paths(profile, "turns")
+    tree = CodeTree(source)
+    manifest = local_manifest(tree)
+    code, lock = paths.code(manifest.hash), paths.code_sync_lock(manifest.hash)
+    q = shlex.quote
+    local_cluster.ssh(f"mkdir -p {q(str(paths.code_root))}")
+    holder = local_cluster.ssh(f"setsid flock {q(str(lock))} sleep 600 >/dev/null 2>&1 < /dev/null & echo $!").stdout.strip()
+    outcome: dict[str, object] = {}
+
+    def sync() -> None:
+        try:
+            with SlurmHook(profile.connection.conn_id) as hook:
+                outcome["sent"] = sync_code_tree(paths, tree, manifest, hook)
+        except BaseException as exc:  # the assertion below names it
+            outcome["error"] = exc
+
+    writer = threading.Thread(target=sync)
+    writer.start()
+    try:
+        poll_until(lambda: f"flock -w 900 {lock} rsync" in local_cluster.ssh("ps -eo args", check=False).stdout,
+                   timeout=120, what="the sync's rsync to wait for the other writer's lock")
+        files = local_cluster.ssh(f"find {q(str(code.dir))} -type f 2>/dev/null | wc -l").stdout.strip()
+        assert files == "0", f"{files} file(s) written while another writer held the lock"
+    finally:
+        local_cluster.ssh(f"kill -- -{holder}", check=False)
+    writer.join(300)
+    assert not writer.is_alive() and "error" not in outcome, outcome
+    assert outcome["sent"] is True
+    stray = local_cluster.ssh(f"find {q(str(code.dir))} -name '.*' ! -name {MANIFEST_NAME}").stdout.split()
+    assert stray == [], f"temporary files left in the code directory: {stray}"
+    remote_hash = local_cluster.ssh(f"cat {q(str(code.manifest))}").stdout
+    assert json.loads(remote_hash)["hash"] == manifest.hash
+    writable = local_cluster.ssh(f"find {q(str(code.dir))} -perm /222 | wc -l").stdout.strip()
+    assert writable == "0", "the finished tree is read-only"
