@@ -21,6 +21,9 @@ WINDOW_DAYS = 7.0
 MIN_HISTORY_DAYS = 1.0
 """A younger history is measured as one day: a first hour of jobs does not make a weekly rate."""
 
+MAX_WEEKS = 52 * 100
+"""What is left lasting longer than this at the measured rate has no date (a century is "never" here)."""
+
 Verdict = Literal["over", "under", "on pace"]
 
 
@@ -49,8 +52,9 @@ class Pace:
         if self.left is None:
             return f"spent {said}; no allocation is tracked to pace against"
         if self.ends_on is None:
-            lasts = f"; at this rate what is left ({self.left:,.1f}) lasts until {self.runs_out_on}" \
-                if self.runs_out_on else ""
+            lasts = (f"; at this rate what is left ({self.left:,.1f}) lasts until {self.runs_out_on}"
+                     if self.runs_out_on else f"; at this rate what is left ({self.left:,.1f}) lasts beyond a century"
+                     if self.per_week > 0 else "")
             return (f"spent {said}{lasts}; the allocation's end is not known (set billing.allocation_ends in the "
                     "profile to pace against it)")
         if self.planned_per_week is None:
@@ -89,7 +93,7 @@ def pace_of(*, spent: float, history_days: float, left: float | None, ends_on: d
     days = min(max(history_days, MIN_HISTORY_DAYS), WINDOW_DAYS)
     per_week = max(spent, 0.0) / days * 7
     runs_out_on = None
-    if left is not None and per_week > 0:
+    if left is not None and per_week > 0 and max(left, 0.0) / per_week <= MAX_WEEKS:
         runs_out_on = (now + dt.timedelta(weeks=max(left, 0.0) / per_week)).date()
     pace = Pace(unit=unit, per_week=per_week, measured_days=days, left=left, ends_on=ends_on,
                 runs_out_on=runs_out_on, margin_percent=margin_percent)

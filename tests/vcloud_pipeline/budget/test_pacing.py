@@ -55,6 +55,13 @@ def test_without_an_end_date_or_an_allocation_the_pace_is_said_not_judged() -> N
     assert open_ended.words == ("spent 70.0 GPU-hours/week over the last 7 day(s); at this rate what is left "
                                 "(1,000.0) lasts until 2027-03-09; the allocation's end is not known (set "
                                 "billing.allocation_ends in the profile to pace against it)")
+    # A tiny run against a big allocation: no date within a century, never an overflow.
+    crawl = pace_of(spent=0.0001, history_days=7, left=1000.0, ends_on=None, now=NOW, margin_percent=20,
+                    unit="GPU-hours")
+    assert crawl.runs_out_on is None and "lasts beyond a century" in crawl.words
+    crawl_to_an_end = pace_of(spent=0.0001, history_days=7, left=1000.0, ends_on=IN_TEN_WEEKS, now=NOW,
+                              margin_percent=20, unit="GPU-hours")
+    assert crawl_to_an_end.verdict == "under" and crawl_to_an_end.runs_out_on is None
     untracked = pace_of(spent=70.0, history_days=7, left=None, ends_on=IN_TEN_WEEKS, now=NOW, margin_percent=20,
                         unit="GPU-hours")
     assert untracked.verdict is None and untracked.words.endswith("no allocation is tracked to pace against")
