@@ -36,7 +36,7 @@ class JobHandles:
     @classmethod
     def of(cls, login: Sequence[str], job_id: str, output_path: str) -> JobHandles:
         """The handles of job ``job_id`` writing ``output_path``, reached with ``login`` (an ssh argv
-        without a remote command, e.g. ``("ssh", "-F", "/etc/ssh/cluster.conf", "lumi")``)."""
+        without a remote command, e.g. ``("ssh", "-F", "/etc/ssh/cluster.conf", "cluster")``)."""
         if not login or login[0] != "ssh":
             raise ValueError(f"a login is an ssh command line (ssh [options] destination), not {list(login)!r}")
         if not str(job_id).isdigit():
