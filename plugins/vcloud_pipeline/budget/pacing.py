@@ -52,11 +52,8 @@ class Pace:
         if self.left is None:
             return f"spent {said}; no allocation is tracked to pace against"
         if self.ends_on is None:
-            lasts = (f"; at this rate what is left ({self.left:,.1f}) lasts until {self.runs_out_on}"
-                     if self.runs_out_on else f"; at this rate what is left ({self.left:,.1f}) lasts beyond a century"
-                     if self.per_week > 0 else "")
-            return (f"spent {said}{lasts}; the allocation's end is not known (set billing.allocation_ends in the "
-                    "profile to pace against it)")
+            return (f"spent {said}{self._lasts()}; the allocation's end is not known (set billing.allocation_ends "
+                    "in the profile to pace against it)")
         if self.planned_per_week is None:
             return f"spent {said}; the allocation ended on {self.ends_on}"
         plan = f"{self.planned_per_week:,.1f} {unit}/week would spend the {self.left:,.1f} left by {self.ends_on}"
@@ -67,6 +64,13 @@ class Pace:
             lost = f"; at this rate about {self._unspent():,.1f} would go unspent (lost when the allocation ends)"
             return f"under-spending: {said}, while {plan}{lost}"
         return f"on pace: {said}, and {plan} (within {self.margin_percent} %)"
+
+    def _lasts(self) -> str:
+        """How long what is left lasts at this rate, where the allocation's end is not known."""
+        if self.per_week <= 0:
+            return ""
+        until = f"until {self.runs_out_on}" if self.runs_out_on else "beyond a century"
+        return f"; at this rate what is left ({self.left:,.1f}) lasts {until}"
 
     def _unspent(self) -> float:
         assert self.left is not None and self.ends_on is not None

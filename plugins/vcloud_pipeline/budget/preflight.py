@@ -192,6 +192,22 @@ def ledger_pace(profile: ClusterProfile, ledger: Ledger, allocation: Allocation,
                    margin_percent=profile.billing.pace_margin_percent, unit=profile.billing.unit)
 
 
+@dataclass(frozen=True)
+class Budget:
+    """What a run's summary and its report say of the money: the ledger, the allocation, the pace."""
+
+    ledger: Ledger
+    allocation: Allocation
+    pace: Pace
+
+
+def read_budget(hook: SlurmVerbs, profile: ClusterProfile) -> Budget:
+    """The ledger of this project's jobs, the allocation read as the profile says, and their pace."""
+    ledger = read_ledger(hook, profile)
+    allocation = read_allocation(hook, profile, ledger)
+    return Budget(ledger, allocation, ledger_pace(profile, ledger, allocation))
+
+
 def read_allocation(hook: SlurmVerbs, profile: ClusterProfile, ledger: Ledger) -> Allocation:
     """The allocation from where the profile says it is read (``billing.allocation_source``).
 

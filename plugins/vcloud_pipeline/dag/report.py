@@ -23,7 +23,7 @@ from vcloud_pipeline.plan.labels import JobLabel, training_label
 from vcloud_pipeline.plan.request import RequestError, parse_request
 from vcloud_pipeline.budget.billing import Allocation
 from vcloud_pipeline.budget.pacing import Pace
-from vcloud_pipeline.budget.preflight import ledger_pace, read_allocation, read_ledger
+from vcloud_pipeline.budget.preflight import read_budget
 from vcloud_pipeline.plan.run_plan import RunPlan
 from vcloud_pipeline.dag.tasks import build_plan, curve_pngs, stage_records, stage_yields, yield_line
 
@@ -118,12 +118,11 @@ def render_report(plan: RunPlan, hook, dag_run_id: str | None = None) -> str:
         best_epoch, best = record.best_epoch_and_metrics()
         lines.append(f"  {label}: {record.epochs} epochs; best.pt from epoch {best_epoch}: {_metrics(best)}; "
                      f"last epoch: {_metrics(record.final_metrics)}; {record.describe_lineage()}")
-    ledger = read_ledger(hook, plan.profile)
-    lines += ["", *yields_section(records, ledger, dag_run_id)]
+    budget = read_budget(hook, plan.profile)
+    lines += ["", *yields_section(records, budget.ledger, dag_run_id)]
     lines += ["", *curves_section(curve_pngs(plan, hook))]
-    lines += ["", *ledger_section(ledger, dag_run_id, plan.profile.billing.unit)]
-    allocation = read_allocation(hook, plan.profile, ledger)
-    lines += ["", *allocation_section(allocation, ledger_pace(plan.profile, ledger, allocation))]
+    lines += ["", *ledger_section(budget.ledger, dag_run_id, plan.profile.billing.unit)]
+    lines += ["", *allocation_section(budget.allocation, budget.pace)]
     return "\n".join(lines)
 
 

@@ -49,8 +49,8 @@ from vcloud_pipeline.budget.preflight import (
     Ledger,
     check_image,
     check_jobs_budget,
-    ledger_pace,
     read_allocation,
+    read_budget,
     read_ledger,
     test_only,
 )
@@ -402,11 +402,9 @@ def yield_line(label: str, entry: Mapping[str, Any]) -> str:
 def summarize(plan: RunPlan, hook: SlurmVerbs, job_summaries: Mapping[str, RunJobSummary]) -> dict[str, Any]:
     """The run at a glance: per job what ran, per stage the final metrics, what its GPU-hours bought
     on validation and its training-curve PNG, the stages not submitted and why, the files, the ledger."""
-    ledger = read_ledger(hook, plan.profile)
-    allocation = read_allocation(hook, plan.profile, ledger)
-    log.info("allocation (%s): %s", allocation.source, allocation.describe())
-    pace = ledger_pace(plan.profile, ledger, allocation)
-    log.info("pace: %s", pace.words)
+    budget = read_budget(hook, plan.profile)
+    log.info("allocation (%s): %s", budget.allocation.source, budget.allocation.describe())
+    log.info("pace: %s", budget.pace.words)
     records = stage_records(plan, hook)
     paths = plan.paths
     files = hook.list_files(paths.outputs_dir) + [
@@ -435,9 +433,9 @@ def summarize(plan: RunPlan, hook: SlurmVerbs, job_summaries: Mapping[str, RunJo
         "files": len(files),
         "curves": curves,
         "export": exported,
-        "ledger": ledger_report(ledger),
-        "allocation": allocation.to_json(),
-        "pace": pace.to_json(),
+        "ledger": ledger_report(budget.ledger),
+        "allocation": budget.allocation.to_json(),
+        "pace": budget.pace.to_json(),
     }
 
 
