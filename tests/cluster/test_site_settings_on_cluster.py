@@ -9,7 +9,10 @@ this proves the reading against a real controller, and the consequences as Slurm
 
 from __future__ import annotations
 
+import logging
+import re
 import shlex
+import uuid
 
 import pytest
 
@@ -26,11 +29,13 @@ COMMENTS, JOBS, USAGE, ALLOCATION = ("AccountingStoreFlags includes job_comment"
                                      "an allocation limit the site reports for the whole account")
 
 
-def _off(local_cluster: LocalCluster, conn_id: str) -> list[str]:
+def _off(local_cluster: LocalCluster, conn_id: str, said_as: str | None = None) -> list[str]:
+    """The settings the preflight finds off; ``said_as``: the name it says the site's version under."""
     profile = load_profile("local")
     hook = SlurmHook(conn_id)
     allocation = read_allocation(hook, profile, ledger_from_statuses(profile, []))
-    return [setting.setting for setting in read_site_settings(hook, allocation) if not setting.holds]
+    return [setting.setting for setting in read_site_settings(hook, allocation, said_as or conn_id)
+            if not setting.holds]
 
 
 def _teammate_sees(local_cluster: LocalCluster, job_id: int) -> bool:
@@ -39,9 +44,16 @@ def _teammate_sees(local_cluster: LocalCluster, job_id: int) -> bool:
     return str(job_id) in listed
 
 
-def test_the_preflight_names_each_setting_the_site_turns_off(local_cluster: LocalCluster,
-                                                             cluster_connection: str) -> None:
-    assert _off(local_cluster, cluster_connection) == []  # the local cluster as it is set up
+def test_the_preflight_names_each_setting_the_site_turns_off(local_cluster: LocalCluster, cluster_connection: str,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    # The local cluster as it is set up; the site's version comes with its settings (a name of its own:
+    # the version is said once per name in a process, and this worker may have run a preflight before).
+    said_as = f"{cluster_connection}-{uuid.uuid4().hex[:8]}"
+    with caplog.at_level(logging.INFO, logger="vcloud_pipeline.dag.tasks"):
+        assert _off(local_cluster, cluster_connection, said_as) == []
+    [version] = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"{said_as}: ")]
+    assert re.fullmatch(rf"{said_as}: Slurm 22\.05\.\d+ \(a release this provider is tested against\)", version), \
+        version
 
     held = local_cluster.sbatch("#!/bin/bash\ntrue\n", "--hold", "-J", "site-settings", "-t", "1")
     try:

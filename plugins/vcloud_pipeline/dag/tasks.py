@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from slurm_provider.slurm_versions import note_site_version
 from slurm_provider import (
     DEFAULT_MAX_RETRY_DELAY,
     DEFAULT_RETRIES,
@@ -292,7 +293,7 @@ def preflight_checks(plan: RunPlan, hook: SlurmVerbs, synced: SyncedCode) -> dic
     log.info("allocation (%s): %s", allocation.source, allocation.describe())
     log.info("ledger of this project's jobs: %s", "; ".join(
         ledger.lines()[-1:] + [f"held by queued/running jobs {ledger.reserved:.2f}"]))
-    settings = read_site_settings(hook, allocation)
+    settings = read_site_settings(hook, allocation, plan.conn_id)
     specs = plan.specs()
     budgeted = {label: specs[label] for label in _budgeted(plan, hook, to_run)}
     worst = check_jobs_budget(plan.profile, budgeted, allocation)
@@ -310,15 +311,18 @@ def preflight_checks(plan: RunPlan, hook: SlurmVerbs, synced: SyncedCode) -> dic
     }
 
 
-def read_site_settings(hook: SlurmVerbs, allocation: Allocation) -> tuple[SiteSetting, ...]:
+def read_site_settings(hook: SlurmVerbs, allocation: Allocation, conn_id: str) -> tuple[SiteSetting, ...]:
     """The site settings the pipeline relies on (:mod:`vcloud_pipeline.budget.site_settings`), each logged:
-    a warning for one that does not hold. A controller that cannot list its settings is said, not fatal."""
+    a warning for one that does not hold. A controller that cannot list its settings is said, not fatal.
+    The site's Slurm version comes with them, said once per process (a warning for an untested release)."""
     try:
         config = hook.site_config()
     except SlurmCommandFailed as exc:
         log.warning("site settings: scontrol show config gave no answer (%s); the settings the pipeline relies "
                     "on are not checked", exc)
         config = None
+    if config is not None:
+        note_site_version(conn_id, config.get("SLURM_VERSION"), "scontrol show config's SLURM_VERSION", log)
     settings = site_settings(config, allocation)
     for setting in settings:
         (log.info if setting.holds else log.warning)("%s", setting.line())

@@ -5,6 +5,7 @@ not hold (vcloud_pipeline.budget.site_settings); the preflight reads them from `
 from __future__ import annotations
 
 import logging
+import uuid
 
 import pytest
 
@@ -84,7 +85,7 @@ def test_the_preflight_reads_the_sites_settings_and_warns_of_each_missing_one(
     hook = SlurmHook("c", runner=fake)
     allocation = read_allocation(hook, LOCAL, _empty_ledger())
     with caplog.at_level(logging.INFO, logger="vcloud_pipeline.dag.tasks"):
-        findings = read_site_settings(hook, allocation)
+        findings = read_site_settings(hook, allocation, "c")
     assert "scontrol show config" in [asked.line for asked in fake.asked]
     assert [f.setting for f in findings if not f.holds] == warned
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -97,10 +98,30 @@ def test_a_controller_that_lists_no_settings_is_said_and_the_preflight_goes_on(
     fake.erring["scontrol"] = (1, "scontrol: error: Unable to contact slurm controller (connect failure)\n")
     hook = SlurmHook("c", runner=fake)
     with caplog.at_level(logging.INFO, logger="vcloud_pipeline.dag.tasks"):
-        findings = read_site_settings(hook, read_allocation(hook, LOCAL, _empty_ledger()))
+        findings = read_site_settings(hook, read_allocation(hook, LOCAL, _empty_ledger()), "c")
     assert [f.setting for f in findings] == [SETTINGS[3]] and findings[0].holds
     assert any("scontrol show config gave no answer" in r.getMessage() and "Unable to contact" in r.getMessage()
                for r in caplog.records if r.levelno == logging.WARNING)
+
+
+@pytest.mark.parametrize("version, level, said", [
+    ("22.05.8", logging.INFO, "Slurm 22.05.8 (a release this provider is tested against)"),
+    ("24.11.5", logging.WARNING, "Slurm 24.11.5: release 24.11 is not one this provider is tested against (22.05)"),
+], ids=["tested", "untested"])
+def test_the_preflight_says_the_sites_slurm_version_once_and_warns_of_an_untested_release(
+        version: str, level: int, said: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Read from the settings the preflight reads anyway (no command more); a second preflight of the
+    same connection in the same process says nothing more; an untested release is used, not refused."""
+    fake = accounting(TresMinutes("vcloud_local", "billing", limit=60000, used=0, running=0))
+    fake.table.config["SLURM_VERSION"] = version
+    hook = SlurmHook("c", runner=fake)
+    conn_id = f"site-version-{uuid.uuid4().hex[:8]}"
+    with caplog.at_level(logging.INFO, logger="vcloud_pipeline.dag.tasks"):
+        for _ in range(2):
+            read_site_settings(hook, read_allocation(hook, LOCAL, _empty_ledger()), conn_id)
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.getMessage().startswith(f"{conn_id}: ")]
+    assert len(lines) == 1 and lines[0][0] == level and said in lines[0][1], lines
+    assert [asked.line for asked in fake.asked].count("scontrol show config") == 2
 
 
 def _empty_ledger() -> Ledger:

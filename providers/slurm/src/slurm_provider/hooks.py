@@ -45,6 +45,7 @@ from slurm_provider.bad_nodes import NodeFault
 from slurm_provider.watch.maintenance import Window
 from slurm_provider.plans import Plan, RemoteCommand
 from slurm_provider.scheduler_calls import calls_of, is_rate_limited, min_call_interval, slurm_verbs
+from slurm_provider.slurm_versions import parse_slurm_version, version_words
 from slurm_provider.transport import (
     AsyncConnectionRunner,
     AsyncRemoteCommandRunner,
@@ -332,7 +333,10 @@ class SlurmHook(BaseHook, _CommandCounter, FileVerbs):
         if not result.ok:
             detail = (result.stderr or result.stdout).strip() or f"exit status {result.exit_status}"
             return False, f"logged in, but 'sinfo --version' failed ({detail}): is Slurm on the login node's PATH?"
-        return True, f"logged in; {result.stdout.strip()}"
+        said = result.stdout.strip()
+        version = parse_slurm_version(said)
+        source = "sinfo --version" if version is not None else f"sinfo --version, which printed {said!r}"
+        return True, f"logged in; {version_words(version, source)}"
 
     def close(self) -> None:
         if self._runner is not None:
