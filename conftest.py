@@ -57,29 +57,53 @@ EXCLUSIVE_GROUP = "exclusive-cluster"
 """The pytest-xdist group of the whole-cluster fault tests: one worker runs them one after another."""
 
 
-def _run_order(item: pytest.Item) -> tuple[int, bool]:
-    """Cluster tests first, then the whole-cluster fault tests, then the tests that need no cluster;
-    slow tests first within each.
+CPU_BOUND = ("tests/vcloud/training/",)
+"""Tests that need no cluster and keep a core busy from start to end (real training on the CPU, in
+the test's process and in the trainers it starts)."""
+
+
+def _slow_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    return sorted(items, key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def _spread(waiting: list[pytest.Item], busy: list[pytest.Item]) -> list[pytest.Item]:
+    """``busy`` spread evenly among ``waiting``, each list keeping its own order."""
+    placed = [(i / len(waiting), 0, n, item) for n, (i, item) in enumerate(enumerate(waiting))]
+    placed += [((j + 0.5) / len(busy), 1, n, item) for n, (j, item) in enumerate(enumerate(busy))]
+    return [item for *_, item in sorted(placed, key=lambda entry: entry[:3])]
+
+
+def run_order(items: list[pytest.Item]) -> list[pytest.Item]:
+    """Slow cluster tests; the cluster's short tests with the CPU-bound tests that need no cluster
+    spread among them; the whole-cluster fault tests; the other tests that need no cluster. Slow
+    tests first within each part.
 
     pytest-xdist (``--dist loadgroup --no-loadscope-reorder``, as ``make test`` runs it) hands out
     work units in this order as workers free up. Longest first: a long test started early overlaps
-    the rest instead of running on alone at the end. The fault tests wait for every other cluster
-    test to end (they take the cluster's lock exclusively) and then run alone on the cluster: one
-    group, so only one worker waits, while the others run the tests that need no cluster (about a
-    seventh of the suite's time), which fill what would otherwise be an idle end of the run."""
-    if item.get_closest_marker("exclusive_cluster") is not None:
-        phase = 1
-    elif item.get_closest_marker("cluster") is not None:
-        phase = 0
-    else:
-        phase = 2
-    return phase, item.get_closest_marker("slow") is None
+    the rest instead of running on alone at the end. The cluster's short tests mostly wait on Slurm
+    (a job to start, end or be requeued): four workers running only them left the two cores half
+    idle for five minutes, which the training tests (:data:`CPU_BOUND`) now fill. The fault tests
+    wait for every other cluster test to end (they take the cluster's lock exclusively) and then run
+    alone on the cluster: one group, so only one worker waits, while the others run the remaining
+    tests that need no cluster, which fill what would otherwise be an idle end of the run."""
+    exclusive, slow_cluster, short_cluster, cpu_bound, rest = [], [], [], [], []
+    for item in items:
+        if item.get_closest_marker("exclusive_cluster") is not None:
+            exclusive.append(item)
+        elif item.get_closest_marker("cluster") is not None:
+            (slow_cluster if item.get_closest_marker("slow") is not None else short_cluster).append(item)
+        elif item.nodeid.startswith(CPU_BOUND):
+            cpu_bound.append(item)
+        else:
+            rest.append(item)
+    return [*slow_cluster, *_spread(short_cluster, _slow_first(cpu_bound)), *_slow_first(exclusive),
+            *_slow_first(rest)]
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark cluster tests (`-m "not cluster"` skips them), group the whole-cluster fault tests and
-    sort by :func:`_run_order` (a stable sort: otherwise the collection order stays).
+    put them in :func:`run_order` (otherwise the collection order stays).
 
     First among the hooks: pytest-xdist's own hook names each test's group from its marks."""
     for item in items:
@@ -87,7 +111,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.cluster)
         if item.get_closest_marker("exclusive_cluster") is not None:
             item.add_marker(pytest.mark.xdist_group(EXCLUSIVE_GROUP))
-    items.sort(key=_run_order)
+    items[:] = run_order(items)
 
 
 def _process_specific_texts() -> tuple[str, ...]:
